@@ -1,0 +1,23 @@
+"""Option declarations and the parser built from them.
+
+configargparse patches ``argparse`` process-wide when imported, so it is imported only here.
+"""
+
+from .gc_options import gc_options
+from .options import Option, Surface
+from .parser import DynamoArgParser, build_parser, parse_surface
+from .values import Choice, FiniteFloat, IntRange, Text, parse_bool_word
+
+__all__ = [
+    "Choice",
+    "DynamoArgParser",
+    "FiniteFloat",
+    "IntRange",
+    "Option",
+    "Surface",
+    "Text",
+    "build_parser",
+    "gc_options",
+    "parse_bool_word",
+    "parse_surface",
+]

@@ -1,0 +1,44 @@
+"""The two GC options, declared once and instantiated per surface.
+
+The frontend reads them as ``--dyn-freeze-gc-heap`` / ``DYN_FREEZE_GC_HEAP``; the vLLM worker as
+``--freeze-gc-heap`` / ``DYN_VLLM_FREEZE_GC_HEAP``. Both surfaces put them in the same
+``freeze_gc_heap`` and ``gc_pause_log_ms`` attributes so the lifecycle code is shared.
+"""
+
+from __future__ import annotations
+
+from .options import Option
+from .values import FiniteFloat
+
+FREEZE_GC_HEAP = Option(
+    name="freeze-gc-heap",
+    env_var="FREEZE_GC_HEAP",
+    default=True,
+    dest="freeze_gc_heap",
+    help=(
+        "Collect once and move the start-up heap into CPython's permanent GC generation at the "
+        "last quiescent start-up point, so later full collections skip it. --no-* restores "
+        "stock CPython behaviour."
+    ),
+)
+
+GC_PAUSE_LOG_MS = Option(
+    name="gc-pause-log-ms",
+    env_var="GC_PAUSE_LOG_MS",
+    default=0.0,
+    dest="gc_pause_log_ms",
+    kind=FiniteFloat(minimum=0.0),
+    metavar="MS",
+    help=(
+        "Log a WARNING for every GC pause at least this many milliseconds long; 0 turns the "
+        "log off."
+    ),
+)
+
+
+def gc_options(*, flag_prefix: str, env_prefix: str) -> list[Option]:
+    """The GC options under one surface's naming scheme."""
+    return [
+        option.renamed(name=flag_prefix + option.name, env_var=env_prefix + option.env_var)
+        for option in (FREEZE_GC_HEAP, GC_PAUSE_LOG_MS)
+    ]

@@ -1,0 +1,86 @@
+"""The serving phase of this process, and the guard that keeps freezes at quiescent points.
+
+A process is ``starting`` until it admits requests (frontend: its HTTP listener opens; worker:
+``register_model`` is about to be called), then ``serving``, then ``draining`` on shutdown.
+:func:`dynamo.common.utils.gc_freeze.freeze_gc_heap` asks :func:`freeze_allowed` and refuses
+outside ``starting``, so a freeze from the discovery watcher or the chat engine factory is
+impossible by construction rather than by review.
+
+The phase is per process: a spawned child (a preprocess worker, a rank) starts in ``starting``.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+
+logger = logging.getLogger(__name__)
+
+
+class Phase(str, enum.Enum):
+    STARTING = "starting"
+    SERVING = "serving"
+    DRAINING = "draining"
+
+
+_ORDER = {Phase.STARTING: 0, Phase.SERVING: 1, Phase.DRAINING: 2}
+_lock = threading.Lock()
+_phase = Phase.STARTING
+_listeners: list = []
+
+
+def current_phase() -> Phase:
+    return _phase
+
+
+def freeze_allowed() -> bool:
+    """True only while the process admits no requests yet."""
+    return _phase is Phase.STARTING
+
+
+def _advance(to: Phase, reason: str) -> None:
+    global _phase
+    with _lock:
+        if _ORDER[to] < _ORDER[_phase]:
+            raise RuntimeError(f"serving phase cannot go back from {_phase.value} to {to.value}")
+        if to is _phase:
+            return
+        previous, _phase = _phase, to
+        listeners = list(_listeners)
+    logger.info("Serving phase %s -> %s (%s)", previous.value, to.value, reason)
+    for listener in listeners:
+        listener(to)
+
+
+def mark_serving(reason: str) -> None:
+    """Call right before the process admits its first request."""
+    _advance(Phase.SERVING, reason)
+
+
+def mark_draining(reason: str) -> None:
+    """Call when shutdown starts: no new requests, in-flight ones finish."""
+    _advance(Phase.DRAINING, reason)
+
+
+def add_phase_listener(listener) -> None:
+    """``listener(phase)`` runs after every change (metrics use it); it must not block."""
+    with _lock:
+        _listeners.append(listener)
+
+
+def remove_phase_listener(listener) -> None:
+    with _lock:
+        if listener in _listeners:
+            _listeners.remove(listener)
+
+
+def reset_for_new_process() -> None:
+    """Put the phase back to ``starting``.
+
+    For a process that inherits this module's state without being the process that served: a
+    forked child, and tests. Never call it in a process that has admitted requests.
+    """
+    global _phase
+    with _lock:
+        _phase = Phase.STARTING

@@ -1,0 +1,224 @@
+"""Freeze the GC heap at quiescent points, and measure GC pauses without lengthening them.
+
+CPython facts this module relies on (checked on 3.10-3.13, see shared/DESIGN.md):
+
+* ``gc.freeze()`` moves every tracked object into the permanent generation, which later
+  collections never walk. Freezing without collecting first would keep today's garbage forever,
+  so :func:`freeze_gc_heap` always collects every generation first.
+* ``gc.get_freeze_count()`` walks the permanent generation (milliseconds per 100k objects): it is
+  called once per freeze for the log line and nowhere else.
+* ``gc.callbacks`` get ``(phase, info)`` around each collection, in the thread that triggered
+  it, never nested. A pause logger is two timestamps and a comparison; it must not walk the heap.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from dynamo.common import lifecycle
+
+logger = logging.getLogger(__name__)
+
+# The generations CPython reports in ``info["generation"]`` (0, 1, 2 on 3.10-3.13).
+GENERATIONS = 3
+
+
+@dataclass(frozen=True)
+class FreezeRecord:
+    """What one successful freeze did (for metrics and status endpoints)."""
+
+    context: str
+    collected: int
+    frozen: int
+    took_ms: float
+
+
+# Observers of successful freezes (metrics). They get the FreezeRecord and must not block.
+_freeze_observers: list[Callable[[FreezeRecord], None]] = []
+_last_freeze: FreezeRecord | None = None
+
+
+def add_freeze_observer(observer: Callable[[FreezeRecord], None]) -> None:
+    _freeze_observers.append(observer)
+
+
+def remove_freeze_observer(observer: Callable[[FreezeRecord], None]) -> None:
+    if observer in _freeze_observers:
+        _freeze_observers.remove(observer)
+
+
+def last_freeze() -> FreezeRecord | None:
+    """The most recent successful freeze in this process, or ``None``."""
+    return _last_freeze
+
+
+def freeze_gc_heap(*, context: str) -> int | None:
+    """Collect every generation, freeze what survives, log one line; return the frozen count.
+
+    Refused (WARNING, ``None``, no GC state touched) once the process admits requests: a
+    blocking full collection then would stall every request in flight, which is the very pause
+    this project exists to remove.
+    """
+    global _last_freeze
+    if not lifecycle.freeze_allowed():
+        logger.warning(
+            "GC heap freeze refused (%s): process is %s requests",
+            context,
+            lifecycle.current_phase().value,
+        )
+        return None
+    started = time.perf_counter()
+    collected = gc.collect()  # every generation: garbage must not be frozen
+    gc.freeze()
+    took_ms = (time.perf_counter() - started) * 1000.0
+    frozen = gc.get_freeze_count()  # one heap walk per freeze, for the log line and metrics
+    record = FreezeRecord(context=context, collected=collected, frozen=frozen, took_ms=took_ms)
+    _last_freeze = record
+    logger.info(
+        "GC heap frozen (%s): collected=%d frozen=%d took_ms=%.1f",
+        context,
+        collected,
+        frozen,
+        took_ms,
+    )
+    for observer in list(_freeze_observers):
+        observer(record)
+    return frozen
+
+
+def maybe_freeze_gc_heap(enabled: bool, *, context: str) -> int | None:
+    """:func:`freeze_gc_heap` when ``enabled``; otherwise ``None`` and no GC state touched."""
+    if not enabled:
+        logger.info("GC heap freeze disabled (%s): stock CPython GC", context)
+        return None
+    return freeze_gc_heap(context=context)
+
+
+class GcPauseLogger:
+    """A ``gc.callbacks`` entry that times each collection and logs the long ones.
+
+    The callback reads a clock, subtracts and bumps a few integers: no heap walk, no
+    ``gc.get_objects()``, no ``gc.get_freeze_count()``, so it does not lengthen the pause it
+    reports. Counters are plain attributes that metrics and tests read.
+
+    ``threshold_ms <= 0`` records every pause without logging any (metrics only).
+    ``on_pause(generation, seconds)`` runs for every collection, after the counters; it must be
+    as cheap as the callback itself (a histogram ``observe``).
+    """
+
+    def __init__(
+        self,
+        threshold_ms: float,
+        log: logging.Logger | None = None,
+        on_pause: Callable[[int, float], None] | None = None,
+    ) -> None:
+        self.threshold_ms = float(threshold_ms)
+        self._threshold_ns = int(self.threshold_ms * 1e6) if self.threshold_ms > 0 else None
+        self._log = log if log is not None else logger
+        self._on_pause = on_pause
+        self._start_ns: int | None = None
+        self.collections = [0] * GENERATIONS
+        self.pauses_logged = [0] * GENERATIONS
+        self.max_pause_ns = 0
+        self.total_pause_ns = 0
+        self.callback_errors = 0
+
+    @property
+    def max_pause_ms(self) -> float:
+        return self.max_pause_ns / 1e6
+
+    @property
+    def total_pause_ms(self) -> float:
+        return self.total_pause_ns / 1e6
+
+    def __call__(self, phase: str, info: dict) -> None:
+        # Never raise into the collector: CPython would print the error and carry on, but a
+        # noisy traceback on every collection is its own outage.
+        try:
+            if phase == "start":
+                self._start_ns = time.perf_counter_ns()
+                return
+            if phase != "stop" or self._start_ns is None:
+                return  # a stop without a start (installed mid-collection) is ignored
+            pause_ns = time.perf_counter_ns() - self._start_ns
+            self._start_ns = None
+            generation = info.get("generation", GENERATIONS - 1)
+            if not isinstance(generation, int) or not 0 <= generation < GENERATIONS:
+                generation = GENERATIONS - 1
+            self.collections[generation] += 1
+            self.total_pause_ns += pause_ns
+            if pause_ns > self.max_pause_ns:
+                self.max_pause_ns = pause_ns
+            if self._on_pause is not None:
+                self._on_pause(generation, pause_ns / 1e9)
+            if self._threshold_ns is not None and pause_ns >= self._threshold_ns:
+                self.pauses_logged[generation] += 1
+                self._log.warning(
+                    "GC gen%d pause %.1f ms (collected=%s uncollectable=%s)",
+                    generation,
+                    pause_ns / 1e6,
+                    info.get("collected", "?"),
+                    info.get("uncollectable", "?"),
+                )
+        except Exception:  # noqa: BLE001 - see above
+            self.callback_errors += 1
+
+    def snapshot(self) -> dict:
+        """The counters as plain data (for status endpoints and tests)."""
+        return {
+            "threshold_ms": self.threshold_ms,
+            "collections": list(self.collections),
+            "pauses_logged": list(self.pauses_logged),
+            "max_pause_ms": self.max_pause_ms,
+            "total_pause_ms": self.total_pause_ms,
+        }
+
+
+_install_lock = threading.Lock()
+_installed: GcPauseLogger | None = None
+
+
+def installed_gc_pause_logger() -> GcPauseLogger | None:
+    return _installed
+
+
+def install_gc_pause_logger(
+    threshold_ms: float,
+    *,
+    on_pause: Callable[[int, float], None] | None = None,
+) -> GcPauseLogger | None:
+    """Install the process's pause logger (replacing an earlier one: one callback at most).
+
+    ``threshold_ms <= 0`` with no ``on_pause`` installs nothing and returns ``None``.
+    """
+    global _installed
+    with _install_lock:
+        _remove_installed()
+        if threshold_ms <= 0 and on_pause is None:
+            return None
+        pause_logger = GcPauseLogger(threshold_ms, on_pause=on_pause)
+        gc.callbacks.append(pause_logger)
+        _installed = pause_logger
+    if threshold_ms > 0:
+        logger.info("GC pause logger installed: WARNING for pauses >= %g ms", threshold_ms)
+    return pause_logger
+
+
+def uninstall_gc_pause_logger() -> None:
+    with _install_lock:
+        _remove_installed()
+
+
+def _remove_installed() -> None:
+    global _installed
+    if _installed is not None:
+        try:
+            gc.callbacks.remove(_installed)
+        except ValueError:
+            pass  # someone cleared gc.callbacks (a test fixture); nothing left to remove
+        _installed = None

@@ -1,0 +1,94 @@
+"""Options of ``python -m dynamo.vllm`` (the worker)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Mapping, Sequence
+
+from dynamo.common.configuration import (
+    Choice,
+    FiniteFloat,
+    IntRange,
+    Option,
+    Surface,
+    Text,
+    gc_options,
+    parse_surface,
+)
+from dynamo.common.configuration.runtime_options import DISCOVERY_DIR, default_discovery_dir
+
+OPTIONS = [
+    Option(
+        name="model",
+        env_var="DYN_VLLM_MODEL",
+        default="dynamo-mock",
+        kind=Text("model name"),
+        metavar="NAME",
+        help="Model name the worker registers and serves",
+    ),
+    Option(
+        name="engine",
+        env_var="DYN_VLLM_ENGINE",
+        default="mock",
+        kind=Choice(("mock", "vllm")),
+        metavar="{mock,vllm}",
+        help="Engine behind the worker: the built-in mock engine, or vLLM's AsyncLLM",
+    ),
+    DISCOVERY_DIR,
+    Option(
+        name="request-plane-host",
+        env_var="DYN_VLLM_REQUEST_PLANE_HOST",
+        default="127.0.0.1",
+        kind=Text("host"),
+        metavar="HOST",
+        help="Address the worker's request plane listens on (the frontend connects to it)",
+    ),
+    Option(
+        name="request-plane-port",
+        env_var="DYN_VLLM_REQUEST_PLANE_PORT",
+        default=0,
+        kind=IntRange(0, 65535),
+        metavar="PORT",
+        help="Port of the worker's request plane (0 picks a free port)",
+    ),
+    Option(
+        name="mock-token-ms",
+        env_var="DYN_VLLM_MOCK_TOKEN_MS",
+        default=5.0,
+        kind=FiniteFloat(minimum=0.0),
+        metavar="MS",
+        help="Mock engine: time per generated token, in milliseconds",
+    ),
+    Option(
+        name="mock-heap-objects",
+        env_var="DYN_VLLM_MOCK_HEAP_OBJECTS",
+        default=0,
+        kind=IntRange(0, 50_000_000),
+        metavar="N",
+        help=(
+            "Mock engine: build a synthetic long-lived heap of about N tracked objects at engine "
+            "init, shaped like engine imports and tokenizer tables (for demos and benchmarks)"
+        ),
+    ),
+    *gc_options(flag_prefix="", env_prefix="DYN_VLLM_"),
+]
+
+SURFACE = Surface(
+    name="vllm-worker",
+    title="vLLM worker (`python -m dynamo.vllm`)",
+    program="python -m dynamo.vllm",
+    description=(
+        "Inference worker. It initialises its engine, freezes its GC heap, registers its model "
+        "for discovery and serves requests from the frontend."
+    ),
+    options=OPTIONS,
+)
+
+
+def parse_args(
+    argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
+) -> argparse.Namespace:
+    config = parse_surface(SURFACE, argv, env)
+    if config.discovery_dir is None:
+        config.discovery_dir = default_discovery_dir()
+    return config

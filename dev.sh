@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The project's two commands. Each sets itself up on a fresh clone (a virtual environment per
+# Python version, with the package and its test extra) and is harmless to run twice.
+#
+#   ./dev.sh icebox [args...]   start the "icebox" pair: a frontend and a mock worker on loopback,
+#                               GC heaps frozen, pause logger on; Ctrl-C stops both
+#   ./dev.sh test [pytest args] run the test suite
+#
+# PYTHON=/path/to/python3.X picks the interpreter (default: python3); each version gets its own
+# .venv-3.X so switching is cheap.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+PYTHON=${PYTHON:-python3}
+
+ensure_venv() {
+  local version venv stamp
+  version=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+  if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then
+    echo "dev.sh: $PYTHON is Python $version; this project needs 3.10 or newer" >&2
+    exit 2
+  fi
+  venv=".venv-$version"
+  if [ ! -x "$venv/bin/python" ]; then
+    echo "dev.sh: creating $venv with $PYTHON" >&2
+    "$PYTHON" -m venv "$venv"
+    "$venv/bin/python" -m pip install --quiet --upgrade pip >&2
+  fi
+  # Reinstall only when the dependency declarations change.
+  stamp="$venv/.installed-$(cksum pyproject.toml | cut -d' ' -f1)"
+  if [ ! -f "$stamp" ]; then
+    echo "dev.sh: installing the package and its test extra into $venv" >&2
+    "$venv/bin/python" -m pip install --quiet -e ".[test]" >&2
+    rm -f "$venv"/.installed-*
+    touch "$stamp"
+  fi
+  VENV_PYTHON="$venv/bin/python"
+}
+
+command=${1:-}
+[ $# -gt 0 ] && shift
+case "$command" in
+  icebox)
+    ensure_venv
+    exec "$VENV_PYTHON" scripts/icebox.py "$@"
+    ;;
+  test)
+    ensure_venv
+    echo "dev.sh: running the tests on $("$VENV_PYTHON" -V)" >&2
+    set +e
+    "$VENV_PYTHON" -m pytest "$@"
+    rc=$?
+    set -e
+    if [ "$rc" -eq 5 ]; then
+      echo "dev.sh: no test ran; that is a failure" >&2
+      exit 1
+    fi
+    exit "$rc"
+    ;;
+  *)
+    sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//' >&2
+    exit 2
+    ;;
+esac

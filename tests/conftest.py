@@ -1,0 +1,25 @@
+"""Fixtures every test gets: GC state and the serving phase are put back after each test."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+from dynamo.common import lifecycle
+from dynamo.common.utils import gc_freeze
+
+
+@pytest.fixture(autouse=True)
+def restore_gc_state():
+    """Restore freeze, thresholds, enabled flag, callbacks and the process phase."""
+    enabled = gc.isenabled()
+    thresholds = gc.get_threshold()
+    callbacks = list(gc.callbacks)
+    yield
+    gc_freeze.uninstall_gc_pause_logger()
+    gc.callbacks[:] = callbacks
+    gc.unfreeze()
+    gc.set_threshold(*thresholds)
+    (gc.enable if enabled else gc.disable)()
+    lifecycle.reset_for_new_process()
