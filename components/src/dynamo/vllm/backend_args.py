@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import Mapping, Sequence
 
 from dynamo.common.configuration import (
@@ -16,6 +17,7 @@ from dynamo.common.configuration import (
     parse_surface,
 )
 from dynamo.common.configuration.runtime_options import DISCOVERY_DIR, default_discovery_dir
+from dynamo.vllm import self_benchmark_args
 
 OPTIONS = [
     Option(
@@ -84,11 +86,15 @@ SURFACE = Surface(
     options=OPTIONS,
 )
 
+# What the command line accepts: the worker's options plus the self-benchmark's (documented on a
+# page of their own, see self_benchmark_args).
+_PARSED = dataclasses.replace(SURFACE, options=[*OPTIONS, *self_benchmark_args.OPTIONS])
+
 
 def parse_args(
     argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 ) -> argparse.Namespace:
-    config = parse_surface(SURFACE, argv, env)
+    config = parse_surface(_PARSED, argv, env)
     if config.discovery_dir is None:
         config.discovery_dir = default_discovery_dir()
     return config

@@ -19,6 +19,7 @@ from .options import Option, Surface
 SURFACE_MODULES = (
     "dynamo.frontend.frontend_args",
     "dynamo.vllm.backend_args",
+    "dynamo.vllm.self_benchmark_args",
 )
 
 GENERATED_NOTE = (

@@ -1,0 +1,85 @@
+"""Options of the worker's self-benchmark and its benchmark-scoped GC policy.
+
+They are read by ``python -m dynamo.vllm`` together with the worker's own options, and have a
+docs page of their own. The policy's two env vars are also read by rank processes that never see
+the command line (see ``dynamo.vllm.gc_policy``).
+"""
+
+from __future__ import annotations
+
+from dynamo.common.configuration import Choice, FiniteFloat, IntRange, Option, Surface, Text
+
+POLICY_OFF = "off"
+POLICY_FREEZE = "freeze"
+
+FPM_GC_POLICY = Option(
+    name="fpm-gc-policy",
+    env_var="DYN_FPM_GC_POLICY",
+    default=POLICY_OFF,
+    kind=Choice((POLICY_OFF, POLICY_FREEZE)),
+    metavar="{off,freeze}",
+    help=(
+        "GC policy during the self-benchmark: 'freeze' disables automatic gen2 collections and "
+        "freezes the heap so no full-collection pause lands in a measured window; everything is "
+        "restored before serving"
+    ),
+)
+
+FPM_GC_FREEZE_INTERVAL_S = Option(
+    name="fpm-gc-freeze-interval-s",
+    env_var="DYN_FPM_GC_FREEZE_INTERVAL_S",
+    default=60.0,
+    kind=FiniteFloat(minimum=1.0),
+    metavar="SECONDS",
+    help=(
+        "With the 'freeze' policy: how often a background thread moves survivors into the "
+        "permanent generation (a bare gc.freeze(), no heap walk)"
+    ),
+)
+
+OPTIONS = [
+    Option(
+        name="self-benchmark-points",
+        env_var="DYN_VLLM_SELF_BENCHMARK_POINTS",
+        default=0,
+        kind=IntRange(0, 10_000_000),
+        metavar="N",
+        help=(
+            "Before serving, time N forward passes over a sweep of (batch size x sequence "
+            "length) points; 0 turns the self-benchmark off"
+        ),
+    ),
+    Option(
+        name="self-benchmark-output",
+        env_var="DYN_VLLM_SELF_BENCHMARK_OUTPUT",
+        default=None,
+        kind=Text("file path"),
+        metavar="PATH",
+        help="Write one JSON line per self-benchmark point (with its wall time) to this file",
+    ),
+    Option(
+        name="tensor-parallel-size",
+        env_var="DYN_VLLM_TENSOR_PARALLEL_SIZE",
+        default=1,
+        kind=IntRange(1, 64),
+        metavar="R",
+        help=(
+            "Mock engine: run each forward pass across R rank processes in lockstep (a step ends "
+            "when every rank is done)"
+        ),
+    ),
+    FPM_GC_POLICY,
+    FPM_GC_FREEZE_INTERVAL_S,
+]
+
+SURFACE = Surface(
+    name="vllm-self-benchmark",
+    title="vLLM worker self-benchmark and its GC policy",
+    program="python -m dynamo.vllm",
+    description=(
+        "Options of the worker's self-benchmark, which runs after engine init and before the "
+        "serving freeze and register_model, and of the GC policy that keeps gen2 pauses out of "
+        "its measured windows."
+    ),
+    options=OPTIONS,
+)

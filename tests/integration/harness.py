@@ -1,0 +1,106 @@
+"""Start the real launchers as child processes on loopback, and wait on what they log.
+
+Synchronisation is always "wait for a condition, with a deadline": a log line appearing, a
+process exiting, a file appearing. Never a fixed sleep.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+DEFAULT_DEADLINE_S = 60.0
+POLL_S = 0.02
+
+
+def wait_until(condition: Callable[[], object], *, deadline_s: float, what: str):
+    """Return ``condition()``'s first truthy value, or fail after ``deadline_s`` seconds."""
+    end = time.monotonic() + deadline_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise TimeoutError(f"timed out after {deadline_s:.0f}s waiting for {what}")
+        time.sleep(POLL_S)  # polling interval of a condition wait, not a synchronisation sleep
+
+
+class LauncherProcess:
+    """One ``python -m <module>`` child with its combined output in a log file."""
+
+    def __init__(
+        self,
+        name: str,
+        module: str,
+        args: Sequence[str],
+        *,
+        log_dir: Path,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.name = name
+        self.log_path = Path(log_dir) / f"{name}.log"
+        child_env = dict(os.environ)
+        child_env.update(env or {})
+        child_env.setdefault("PYTHONUNBUFFERED", "1")
+        self._log_file = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", module, *args],
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=child_env,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def wait_for_log(self, pattern: str, *, deadline_s: float = DEFAULT_DEADLINE_S) -> re.Match:
+        regex = re.compile(pattern)
+
+        def found():
+            match = regex.search(self.log())
+            if match is None and self.proc.poll() is not None:
+                raise AssertionError(
+                    f"{self.name} exited with {self.proc.returncode} before logging "
+                    f"{pattern!r}; its log:\n{self.log()}"
+                )
+            return match
+
+        return wait_until(found, deadline_s=deadline_s, what=f"{self.name} to log {pattern!r}")
+
+    def count(self, pattern: str) -> int:
+        return len(re.findall(pattern, self.log()))
+
+    def signal(self, signum: int = signal.SIGTERM) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signum)
+
+    def wait_exit(self, deadline_s: float = 30.0) -> int:
+        try:
+            return self.proc.wait(timeout=deadline_s)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{self.name} did not exit within {deadline_s}s:\n{self.log()}")
+
+    def stop(self, deadline_s: float = 15.0) -> int | None:
+        """SIGTERM, then SIGKILL after the deadline; always closes the log file."""
+        try:
+            if self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGTERM)
+                try:
+                    self.proc.wait(timeout=deadline_s)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait(timeout=deadline_s)
+            return self.proc.returncode
+        finally:
+            self._log_file.close()
