@@ -1,0 +1,265 @@
+"""Prometheus metrics of the GC layer: pause durations, the freeze, the serving phase.
+
+One :class:`DynamoMetrics` per process, on a registry of its own (never prometheus_client's
+global default), so a test can build two and scrape each without cross-talk. The registry also
+carries the standard process and GC collectors.
+
+Where each value comes from (no heap walk anywhere on these paths):
+
+* ``dynamo_gc_pause_seconds{generation}``: :meth:`DynamoMetrics.observe_pause`, the pause
+  logger's ``on_pause`` sink, called from ``gc.callbacks`` for every collection. It bumps plain
+  integers; the histogram is assembled only when scraped.
+* ``dynamo_gc_frozen_objects`` / ``dynamo_gc_freeze_seconds``: set once per freeze by the freeze
+  observer from the :class:`~dynamo.common.utils.gc_freeze.FreezeRecord`; a scrape reads the
+  stored numbers and never calls ``gc.get_freeze_count()`` (a walk of the permanent generation).
+* ``dynamo_gc_freeze_enabled``: the process's freeze option, 1 or 0.
+* ``dynamo_serving_phase{phase}``: 1 for the current phase, 0 for the others, updated by a
+  lifecycle phase listener.
+
+Why the pause histogram is not a ``prometheus_client.Histogram``: its ``observe`` takes a
+``threading.Lock`` per value. A GC callback runs in whichever thread triggered the collection; on
+3.12+ a collection can start at almost any bytecode boundary, including while the scrape thread
+holds one of those very locks to read the value, and the callback would then wait forever on a
+lock its own thread holds. Our sink touches no lock at all: the callback is the only writer
+(collections never overlap, even across threads), and a scrape only reads.
+"""
+
+from __future__ import annotations
+
+import bisect
+import gc
+import logging
+import time
+from typing import Iterable
+
+from aiohttp import web
+from prometheus_client import (
+    CollectorRegistry,
+    GCCollector,
+    Gauge,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.core import HistogramMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
+
+from dynamo.common import lifecycle
+from dynamo.common.utils import gc_freeze
+
+logger = logging.getLogger(__name__)
+
+# 0.1 ms (a young collection) to 10 s (a full pass over tens of millions of objects).
+PAUSE_BUCKETS_S: tuple[float, ...] = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
+
+PAUSE_METRIC = "dynamo_gc_pause_seconds"
+FROZEN_OBJECTS_METRIC = "dynamo_gc_frozen_objects"
+FREEZE_SECONDS_METRIC = "dynamo_gc_freeze_seconds"
+FREEZE_ENABLED_METRIC = "dynamo_gc_freeze_enabled"
+PHASE_METRIC = "dynamo_serving_phase"
+
+METRICS_PATH = "/metrics"
+DEBUG_GC_COLLECT_PATH = "/debug/gc/collect"
+
+
+class PauseHistogram:
+    """Per-generation pause buckets kept as plain integers, exported as a histogram on scrape."""
+
+    def __init__(self, bounds: Iterable[float] = PAUSE_BUCKETS_S) -> None:
+        self.bounds = tuple(sorted(bounds))
+        # One slot per finite bucket plus one for +Inf; not cumulative (the scrape sums them).
+        self._counts = [[0] * (len(self.bounds) + 1) for _ in range(gc_freeze.GENERATIONS)]
+        self._sums = [0.0] * gc_freeze.GENERATIONS
+
+    def observe(self, generation: int, seconds: float) -> None:
+        # bisect_left: the first bound >= seconds, i.e. Prometheus' "le" (value <= bound).
+        self._counts[generation][bisect.bisect_left(self.bounds, seconds)] += 1
+        self._sums[generation] += seconds
+
+    def count(self, generation: int) -> int:
+        return sum(self._counts[generation])
+
+    def collect(self) -> Iterable[Metric]:
+        family = HistogramMetricFamily(
+            PAUSE_METRIC,
+            "Duration of each CPython GC collection in this process, by generation",
+            labels=["generation"],
+        )
+        for generation in range(gc_freeze.GENERATIONS):
+            counts = list(self._counts[generation])  # one copy, so buckets and count agree
+            cumulative, buckets = 0, []
+            for bound, count in zip(self.bounds, counts):
+                cumulative += count
+                buckets.append((_le(bound), cumulative))
+            buckets.append(("+Inf", cumulative + counts[-1]))
+            family.add_metric([str(generation)], buckets, self._sums[generation])
+        return [family]
+
+    def describe(self) -> Iterable[Metric]:
+        # Lets the registry check names without running collect() at registration.
+        return [HistogramMetricFamily(PAUSE_METRIC, "", labels=["generation"])]
+
+
+def _le(bound: float) -> str:
+    return repr(float(bound))
+
+
+class DynamoMetrics:
+    """The metrics of one process and the registry they live on.
+
+    Build it, :meth:`attach` it (freeze observer and phase listener), and give
+    :meth:`observe_pause` to the pause logger::
+
+        metrics = DynamoMetrics(freeze_enabled=config.freeze_gc_heap).attach()
+        install_gc_pause_logger(config.gc_pause_log_ms, on_pause=metrics.observe_pause)
+    """
+
+    def __init__(self, *, freeze_enabled: bool, process_collectors: bool = True) -> None:
+        self.registry = CollectorRegistry()
+        if process_collectors:
+            ProcessCollector(registry=self.registry)
+            GCCollector(registry=self.registry)
+        self.pauses = PauseHistogram()
+        self.registry.register(self.pauses)
+        self.frozen_objects = Gauge(
+            FROZEN_OBJECTS_METRIC,
+            "Objects moved into the permanent GC generation by the last heap freeze "
+            "(0 before the first freeze)",
+            registry=self.registry,
+        )
+        self.freeze_seconds = Gauge(
+            FREEZE_SECONDS_METRIC,
+            "How long the last heap freeze (collect every generation, then freeze) took",
+            registry=self.registry,
+        )
+        self.freeze_enabled = Gauge(
+            FREEZE_ENABLED_METRIC,
+            "1 when this process is configured to freeze its GC heap at start-up, else 0",
+            registry=self.registry,
+        )
+        self.phase = Gauge(
+            PHASE_METRIC,
+            "Serving phase of this process: 1 for the current phase, 0 for the others",
+            labelnames=["phase"],
+            registry=self.registry,
+        )
+        self.freeze_enabled.set(1 if freeze_enabled else 0)
+        self.set_phase(lifecycle.current_phase())
+        self._attached = False
+
+    # -- sinks -----------------------------------------------------------------------------
+
+    def observe_pause(self, generation: int, seconds: float) -> None:
+        """The pause logger's ``on_pause``: runs inside ``gc.callbacks``, so no lock, no walk."""
+        self.pauses.observe(generation, seconds)
+
+    def observe_freeze(self, record: gc_freeze.FreezeRecord) -> None:
+        """A freeze observer: copy the numbers the freeze already measured."""
+        self.frozen_objects.set(record.frozen)
+        self.freeze_seconds.set(record.took_ms / 1000.0)
+
+    def set_phase(self, phase: lifecycle.Phase) -> None:
+        for each in lifecycle.Phase:
+            self.phase.labels(phase=each.value).set(1 if each is phase else 0)
+
+    # -- wiring ----------------------------------------------------------------------------
+
+    def attach(self) -> "DynamoMetrics":
+        """Follow this process's freezes and phase changes; seed from what already happened."""
+        if not self._attached:
+            gc_freeze.add_freeze_observer(self.observe_freeze)
+            lifecycle.add_phase_listener(self.set_phase)
+            self._attached = True
+        previous = gc_freeze.last_freeze()
+        if previous is not None:
+            self.observe_freeze(previous)
+        self.set_phase(lifecycle.current_phase())
+        return self
+
+    def detach(self) -> None:
+        gc_freeze.remove_freeze_observer(self.observe_freeze)
+        lifecycle.remove_phase_listener(self.set_phase)
+        self._attached = False
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric on this registry."""
+        return generate_latest(self.registry)
+
+
+async def _serve_metrics(request: web.Request) -> web.Response:
+    metrics: DynamoMetrics = request.app[_METRICS_KEY]
+    # Prometheus' Accept header picks the text format or OpenMetrics, as prometheus_client's
+    # own HTTP server does.
+    encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+    return web.Response(body=encoder(metrics.registry), headers={"Content-Type": content_type})
+
+
+_METRICS_KEY = web.AppKey("dynamo_metrics", DynamoMetrics)
+
+
+def metrics_route(app: web.Application, metrics: DynamoMetrics) -> None:
+    """Serve ``GET /metrics`` from ``metrics`` on ``app`` (before the app starts)."""
+    app[_METRICS_KEY] = metrics
+    app.router.add_get(METRICS_PATH, _serve_metrics)
+
+
+def debug_gc_collect() -> dict:
+    """Run one full ``gc.collect()`` in this process and say what it did.
+
+    The process pauses for the length of the collection (after a freeze that is short: frozen
+    objects are not walked). Also reports how many generation-2 collections CPython and the
+    installed pause logger counted during the call, so a caller can tell this collection from
+    an automatic one that happened around it.
+    """
+    pause_logger = gc_freeze.installed_gc_pause_logger()
+    recorded_before = pause_logger.collections[2] if pause_logger is not None else None
+    cpython_before = gc.get_stats()[2]["collections"]
+    started = time.perf_counter()
+    collected = gc.collect()
+    took_s = time.perf_counter() - started
+    cpython_after = gc.get_stats()[2]["collections"]
+    result = {
+        "generation": 2,
+        "collected": collected,
+        "took_ms": took_s * 1000.0,
+        "gen2_collections_delta": cpython_after - cpython_before,
+        "recorded_gen2_pauses_delta": (
+            None if pause_logger is None else pause_logger.collections[2] - recorded_before
+        ),
+    }
+    logger.warning(
+        "Debug GC collection via %s: collected=%d took_ms=%.1f",
+        DEBUG_GC_COLLECT_PATH,
+        collected,
+        result["took_ms"],
+    )
+    return result
+
+
+async def _serve_debug_gc_collect(request: web.Request) -> web.Response:
+    return web.json_response(debug_gc_collect())
+
+
+def debug_gc_route(app: web.Application) -> None:
+    """Serve ``POST /debug/gc/collect`` on ``app``. Only when the operator's option enables it."""
+    app.router.add_post(DEBUG_GC_COLLECT_PATH, _serve_debug_gc_collect)
+    logger.warning(
+        "Debug endpoint POST %s enabled: each call pauses this process for one full collection",
+        DEBUG_GC_COLLECT_PATH,
+    )

@@ -1,0 +1,71 @@
+"""The worker's system port: ``GET /health`` and ``GET /metrics`` (and, opt-in, a debug GC route).
+
+A worker has no HTTP service of its own (the frontend talks to it over the request plane), so
+operators and Kubernetes probes reach it here. It runs in the worker's event loop and is started
+early, before engine init, so a readiness probe sees ``starting`` (503) rather than a refused
+connection, then ``serving`` (200) once the model is registered, then ``draining`` (503).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from dynamo.common import lifecycle
+from dynamo.common.metrics import DynamoMetrics, debug_gc_route, metrics_route
+
+logger = logging.getLogger(__name__)
+
+HEALTH_PATH = "/health"
+
+
+async def _serve_health(request: web.Request) -> web.Response:
+    phase = lifecycle.current_phase()
+    ready = phase is lifecycle.Phase.SERVING
+    return web.json_response(
+        {"status": "ready" if ready else "notready", "phase": phase.value},
+        status=200 if ready else 503,
+    )
+
+
+def build_system_app(metrics: DynamoMetrics, *, debug_gc_endpoint: bool = False) -> web.Application:
+    app = web.Application()
+    app.router.add_get(HEALTH_PATH, _serve_health)
+    metrics_route(app, metrics)
+    if debug_gc_endpoint:
+        debug_gc_route(app)
+    return app
+
+
+@dataclass
+class SystemServer:
+    """A started system server; :meth:`stop` it on shutdown."""
+
+    runner: web.AppRunner
+    host: str
+    port: int
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+
+
+async def start_system_server(
+    metrics: DynamoMetrics,
+    *,
+    host: str,
+    port: int,
+    debug_gc_endpoint: bool = False,
+) -> SystemServer:
+    """Listen on ``host:port`` (0 picks a free port) and log the address actually bound."""
+    runner = web.AppRunner(
+        build_system_app(metrics, debug_gc_endpoint=debug_gc_endpoint),
+        access_log=None,  # probes every few seconds would drown the worker's own log
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound_port = runner.addresses[0][1]  # the real port when 0 was asked for
+    logger.info("System server listening on http://%s:%d (/health, /metrics)", host, bound_port)
+    return SystemServer(runner=runner, host=host, port=bound_port)

@@ -1,0 +1,92 @@
+"""The worker's system server, on a real loopback socket: /health by phase, /metrics, debug GC."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+
+import aiohttp
+import pytest
+
+from dynamo.common import lifecycle
+from dynamo.common.metrics import DynamoMetrics
+from dynamo.common.system_server import start_system_server
+from dynamo.common.utils import gc_freeze
+
+
+@pytest.fixture
+def process_metrics():
+    m = DynamoMetrics(freeze_enabled=True).attach()
+    yield m
+    m.detach()
+
+
+def run_against_server(m: DynamoMetrics, scenario, *, debug_gc_endpoint: bool = False):
+    """Start the server on a free loopback port, run ``scenario(session, base_url)``, stop."""
+
+    async def main():
+        server = await start_system_server(
+            m, host="127.0.0.1", port=0, debug_gc_endpoint=debug_gc_endpoint
+        )
+        try:
+            async with aiohttp.ClientSession() as session:
+                return await scenario(session, f"http://127.0.0.1:{server.port}")
+        finally:
+            await server.stop()
+
+    return asyncio.run(main())
+
+
+def test_health_follows_the_serving_phase(process_metrics):
+    async def scenario(session, base):
+        seen = []
+        for advance in (None, lifecycle.mark_serving, lifecycle.mark_draining):
+            if advance is not None:
+                advance("test")
+            async with session.get(base + "/health") as response:
+                seen.append((response.status, (await response.json())["phase"]))
+        return seen
+
+    assert run_against_server(process_metrics, scenario) == [
+        (503, "starting"),
+        (200, "serving"),
+        (503, "draining"),
+    ]
+
+
+def test_metrics_are_served_in_the_text_format(process_metrics):
+    gc_freeze.freeze_gc_heap(context="system server test")
+
+    async def scenario(session, base):
+        async with session.get(base + "/metrics") as response:
+            return response.status, response.headers["Content-Type"], await response.text()
+
+    status, content_type, body = run_against_server(process_metrics, scenario)
+    assert status == 200
+    assert content_type.startswith("text/plain")
+    assert f"dynamo_gc_frozen_objects {float(gc_freeze.last_freeze().frozen)}" in body
+    assert 'dynamo_serving_phase{phase="starting"} 1.0' in body
+
+
+def test_debug_gc_route_is_off_by_default(process_metrics):
+    async def scenario(session, base):
+        async with session.post(base + "/debug/gc/collect") as response:
+            return response.status
+
+    assert run_against_server(process_metrics, scenario) in (404, 405)
+
+
+def test_debug_gc_route_collects_once(process_metrics):
+    gc.disable()  # no automatic collection can land in the window (the fixture re-enables)
+    gc_freeze.install_gc_pause_logger(0, on_pause=process_metrics.observe_pause)
+
+    async def scenario(session, base):
+        async with session.post(base + "/debug/gc/collect") as response:
+            return response.status, await response.json()
+
+    before = process_metrics.pauses.count(2)
+    status, result = run_against_server(process_metrics, scenario, debug_gc_endpoint=True)
+    assert status == 200
+    assert result["gen2_collections_delta"] == 1
+    assert result["recorded_gen2_pauses_delta"] == 1
+    assert process_metrics.pauses.count(2) == before + 1
