@@ -38,6 +38,17 @@ OPTIONS = [
         ),
     ),
     *gc_options(flag_prefix="dyn-", env_prefix="DYN_"),
+    Option(
+        name="dyn-debug-gc-endpoint",
+        env_var="DYN_DEBUG_GC_ENDPOINT",
+        default=False,
+        dest="debug_gc_endpoint",  # the worker's attribute too, so shared code reads one name
+        help=(
+            "Serve POST /debug/gc/collect on the HTTP port: one full gc.collect() in this "
+            "process, which pauses it for the collection (for tests and diagnosis; keep off in "
+            "production)"
+        ),
+    ),
 ]
 
 SURFACE = Surface(

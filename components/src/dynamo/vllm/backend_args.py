@@ -73,6 +73,35 @@ OPTIONS = [
         ),
     ),
     *gc_options(flag_prefix="", env_prefix="DYN_VLLM_"),
+    Option(
+        name="system-host",
+        env_var="DYN_SYSTEM_HOST",
+        default="0.0.0.0",
+        kind=Text("host"),
+        metavar="HOST",
+        help="Address the system server (/health, /metrics) listens on, with --system-port",
+    ),
+    Option(
+        name="system-port",
+        env_var="DYN_SYSTEM_PORT",
+        default=None,
+        kind=IntRange(0, 65535),
+        metavar="PORT",
+        help=(
+            "Serve GET /health (200 once serving, 503 while starting or draining) and GET "
+            "/metrics on this port (unset: no system server; 0 picks a free port and logs it)"
+        ),
+    ),
+    Option(
+        name="debug-gc-endpoint",
+        env_var="DYN_VLLM_DEBUG_GC_ENDPOINT",
+        default=False,
+        help=(
+            "Serve POST /debug/gc/collect on the system port: one full gc.collect() in this "
+            "process, which pauses it for the collection (for tests and diagnosis; keep off in "
+            "production; needs --system-port)"
+        ),
+    ),
 ]
 
 SURFACE = Surface(
