@@ -1,0 +1,303 @@
+"""What the benchmark scripts share: arguments, interpreters, tables, JSON, the machine, plots.
+
+Standard library only (matplotlib is imported lazily, and only by the parent process that
+plots), so a measurement child can import this module on a bare CPython.
+
+Conventions every script follows (shared/DESIGN.md, issue 5):
+- every figure is a ratio of arms measured side by side in one run (this machine is shared and
+  noisy, so absolute milliseconds are context, never the result);
+- ``--quick`` finishes in under a minute, the default is the full mode, ``--smoke`` is the
+  seconds-long mode the unit tests run to notice a script rotting;
+- results go to ``--out`` (default ``runs/``, git-ignored) as JSON with the machine they ran on;
+  ``--publish`` also copies the JSON to docs/results/ and the plot to docs/img/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterable, Sequence
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SRC_DIR = REPO_ROOT / "components" / "src"
+DOCS_IMG = REPO_ROOT / "docs" / "img"
+DOCS_RESULTS = REPO_ROOT / "docs" / "results"
+
+# The CPython versions the project supports and the benchmarks compare.
+SUPPORTED_VERSIONS = ((3, 10), (3, 11), (3, 12), (3, 13))
+
+
+def add_mode_args(parser: argparse.ArgumentParser) -> None:
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="small sizes, under a minute")
+    mode.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny sizes, seconds: only checks that the script still runs (used by the tests)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=REPO_ROOT / "runs",
+        help="directory for the JSON result and the plot (default: runs/, git-ignored)",
+    )
+    parser.add_argument(
+        "--publish",
+        action="store_true",
+        help="also copy the JSON to docs/results/ and the plot to docs/img/",
+    )
+
+
+def mode_name(args: argparse.Namespace) -> str:
+    if getattr(args, "smoke", False):
+        return "smoke"
+    if getattr(args, "quick", False):
+        return "quick"
+    return "full"
+
+
+# --- interpreters -------------------------------------------------------------------------
+
+
+def _version_of(python: str) -> tuple[int, int] | None:
+    try:
+        out = subprocess.run(
+            [python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    major, minor = out.split(".")
+    return int(major), int(minor)
+
+
+def pyenv_interpreters() -> dict[tuple[int, int], str]:
+    """The newest pyenv CPython of each supported minor version: {(3, 11): "/.../python"}."""
+    try:
+        root = subprocess.run(
+            ["pyenv", "root"], capture_output=True, text=True, timeout=30, check=True
+        ).stdout.strip()
+        names = subprocess.run(
+            ["pyenv", "versions", "--bare"], capture_output=True, text=True, timeout=30, check=True
+        ).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    found: dict[tuple[int, int], tuple[tuple[int, ...], str]] = {}
+    for name in names:
+        match = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)", name)  # plain CPython releases only
+        if not match:
+            continue
+        full = tuple(int(part) for part in match.groups())
+        key = full[:2]
+        python = Path(root) / "versions" / name / "bin" / "python"
+        if key in SUPPORTED_VERSIONS and python.exists():
+            if key not in found or full > found[key][0]:
+                found[key] = (full, str(python))
+    return {key: path for key, (_, path) in sorted(found.items())}
+
+
+def project_venv_interpreters() -> dict[tuple[int, int], str]:
+    """The project's ``.venv-3.X`` interpreters (they have the third-party dependencies)."""
+    found = {}
+    for key in SUPPORTED_VERSIONS:
+        python = REPO_ROOT / f".venv-{key[0]}.{key[1]}" / "bin" / "python"
+        if python.exists():
+            found[key] = str(python)
+    return found
+
+
+def choose_interpreters(
+    requested: Sequence[str] | None, *, prefer_venvs: bool = False
+) -> list[tuple[str, str]]:
+    """``[(label, python), ...]``: the requested ones, or one per supported CPython found.
+
+    Without a request: pyenv's CPython 3.10-3.13 (``prefer_venvs`` takes the project's
+    ``.venv-3.X`` where it exists, for measurements that need third-party packages), falling
+    back to the interpreter running this script.
+    """
+    if requested:
+        chosen = []
+        for python in requested:
+            version = _version_of(python)
+            label = f"{version[0]}.{version[1]}" if version else python
+            chosen.append((label, python))
+        return chosen
+    found = pyenv_interpreters()
+    if prefer_venvs:
+        found.update(project_venv_interpreters())
+    if not found:
+        found = {tuple(sys.version_info[:2]): sys.executable}
+    return [(f"{major}.{minor}", python) for (major, minor), python in sorted(found.items())]
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a measurement child: the project's sources first on PYTHONPATH."""
+    env = dict(os.environ)
+    paths = [str(SRC_DIR), str(Path(__file__).resolve().parent)]
+    if env.get("PYTHONPATH"):
+        paths.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.update(extra or {})
+    return env
+
+
+def run_json_child(argv: Sequence[str], *, timeout_s: float, env: dict | None = None) -> dict:
+    """Run a child that prints one JSON document as its last stdout line; return it."""
+    proc = subprocess.run(
+        list(argv),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env=env if env is not None else child_env(),
+        cwd=REPO_ROOT,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"child {' '.join(argv)} exited {proc.returncode}:\n{proc.stderr[-4000:]}"
+        )
+    last = proc.stdout.strip().splitlines()[-1]
+    return json.loads(last)
+
+
+# --- numbers ------------------------------------------------------------------------------
+
+
+def median(values: Iterable[float]) -> float:
+    values = list(values)
+    return statistics.median(values) if values else float("nan")
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100): an observed value, no interpolation."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), int(-(-q * len(ordered) // 100))))
+    return ordered[rank - 1]
+
+
+def ratio(numerator: float, denominator: float) -> float:
+    return numerator / denominator if denominator else float("nan")
+
+
+# --- the machine --------------------------------------------------------------------------
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def git_commit() -> str | None:
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            cwd=REPO_ROOT,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def machine_info() -> dict:
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    return {
+        "nproc": os.cpu_count(),
+        "cpu_model": cpu_model(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "loadavg_at_start": list(load) if load else None,
+        "git_commit": git_commit(),
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+# --- output -------------------------------------------------------------------------------
+
+
+def _cell(value) -> str:
+    if isinstance(value, float):
+        if value != value:  # nan
+            return "-"
+        if abs(value) >= 100:
+            return f"{value:.0f}"
+        if abs(value) >= 1:
+            return f"{value:.2f}"
+        return f"{value:.4f}"
+    return str(value)
+
+
+def format_table(headers: Sequence[str], rows: Iterable[Sequence]) -> str:
+    """A Markdown table (pastes into docs/benchmarks.md as it is)."""
+    cells = [[_cell(value) for value in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in cells:
+        widths = [max(width, len(cell)) for width, cell in zip(widths, row)]
+    lines = [
+        "| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths)) + " |",
+        "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+    ]
+    lines += ["| " + " | ".join(c.rjust(w) for c, w in zip(row, widths)) + " |" for row in cells]
+    return "\n".join(lines)
+
+
+def write_result(args: argparse.Namespace, name: str, result: dict) -> Path:
+    """Write ``<out>/<name>[-quick|-smoke].json``; with --publish copy it to docs/results/."""
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    mode = mode_name(args)
+    stem = name if mode == "full" else f"{name}-{mode}"
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    result.setdefault("machine", {})["loadavg_at_end"] = list(load) if load else None
+    path = out_dir / f"{stem}.json"
+    path.write_text(json.dumps(result, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    if getattr(args, "publish", False):
+        DOCS_RESULTS.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, DOCS_RESULTS / path.name)
+    return path
+
+
+def plot_path(args: argparse.Namespace, name: str) -> Path:
+    mode = mode_name(args)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    return Path(args.out) / (f"{name}.png" if mode == "full" else f"{name}-{mode}.png")
+
+
+def publish_plot(args: argparse.Namespace, path: Path | None) -> None:
+    if path is not None and getattr(args, "publish", False):
+        DOCS_IMG.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, DOCS_IMG / path.name)
+
+
+def pyplot():
+    """matplotlib's pyplot on a file backend, or ``None`` (plots are optional: extra 'bench')."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib not installed (pip install -e '.[bench]'): no plot", file=sys.stderr)
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
