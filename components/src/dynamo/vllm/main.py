@@ -1,0 +1,304 @@
+"""``python -m dynamo.vllm``: the worker, with its GC heap frozen at its quiescent point.
+
+Lifecycle, each step logged at INFO, in this order:
+
+1. parse args (bad input exits 2 before anything else runs);
+2. logging set-up, then the GC pause logger;
+3. engine init (``await engine.start()``), then the optional self-benchmark;
+4. the serving freeze (``maybe_freeze_gc_heap``): after everything start-up allocates, before
+   anything can be admitted;
+5. open the request-plane listener (the port must be known before it can be registered);
+6. mark the phase ``serving``, then ``register_model``: the frontend routes to this worker
+   only once its discovery record exists;
+7. serve until SIGTERM/SIGINT; then mark ``draining``, remove the record first (so the frontend
+   stops routing here), let in-flight requests finish within a grace period (then abort them),
+   shut the engine down and exit 0.
+
+A signal during start-up cancels start-up, shuts the engine down and exits 0 without ever
+registering.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import sys
+import time
+from typing import AsyncIterator, Sequence
+
+from aiohttp import web
+
+from dynamo.common import lifecycle
+from dynamo.common.utils import gc_freeze
+from dynamo.runtime.discovery import DiscoveryStore, ModelRecord
+from dynamo.runtime.request_plane import add_request_plane_routes
+from dynamo.vllm import backend_args, engine_factory
+from dynamo.vllm.engine import Engine, EngineUnavailable
+
+logger = logging.getLogger(__name__)
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+FREEZE_CONTEXT = "vllm worker"
+# How long a drain waits for in-flight requests before aborting them. Long enough for a chat
+# completion to finish, short enough for a Kubernetes default terminationGracePeriodSeconds.
+DRAIN_GRACE_S = 30.0
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def configure_logging(level: int = logging.INFO) -> None:
+    """One format for every line (timestamp, level, logger name), to stderr.
+
+    A no-op when the root logger already has handlers (an embedding program, pytest).
+    """
+    logging.basicConfig(level=level, format=LOG_FORMAT, stream=sys.stderr)
+
+
+class StopSignals:
+    """SIGTERM/SIGINT handling for one run of the worker.
+
+    During start-up a signal cancels the start-up task (engine init and the self-benchmark can
+    take minutes; nothing is registered yet, so there is nothing to drain). Once serving, it
+    starts the drain. Further signals while stopping are logged and otherwise ignored: the
+    drain is already bounded by its grace period.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, startup_task: asyncio.Task) -> None:
+        self._loop = loop
+        self._startup_task = startup_task
+        self._serving = False
+        self._stop = asyncio.Event()
+        self.received: str | None = None
+
+    def install(self) -> None:
+        for signum in STOP_SIGNALS:
+            self._loop.add_signal_handler(signum, self._on_signal, signum)
+
+    def uninstall(self) -> None:
+        for signum in STOP_SIGNALS:
+            self._loop.remove_signal_handler(signum)
+
+    def serving(self) -> None:
+        self._serving = True
+
+    async def wait(self) -> str:
+        await self._stop.wait()
+        assert self.received is not None
+        return self.received
+
+    def _on_signal(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        if self.received is not None:
+            logger.info("Received %s while stopping (after %s): already stopping", name, self.received)
+            return
+        self.received = name
+        if self._serving:
+            logger.info("Received %s: draining", name)
+            self._stop.set()
+        else:
+            logger.info("Received %s during start-up: abandoning start-up", name)
+            self._startup_task.cancel()
+
+
+class RequestPlaneServer:
+    """The worker's request-plane listener (aiohttp), counting the requests in flight."""
+
+    def __init__(self, engine: Engine, host: str, port: int, *, drain_grace_s: float) -> None:
+        self._engine = engine
+        self._host = host
+        self._port = port
+        self.drain_grace_s = drain_grace_s
+        self.endpoint: str | None = None
+        self.in_flight = 0
+        self.finished = 0
+        self.aborted = 0
+        app = web.Application()
+        add_request_plane_routes(app, self._generate, self._admitting)
+        # aiohttp waits up to shutdown_timeout for running handlers on cleanup, then cancels
+        # them: exactly "finish in-flight requests, bounded". No access log: one INFO line per
+        # request would drown the lifecycle lines under load.
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=drain_grace_s)
+
+    @staticmethod
+    def _admitting() -> bool:
+        # Nothing is admitted before the phase is `serving` (see run_worker) nor while draining.
+        return lifecycle.current_phase() is lifecycle.Phase.SERVING
+
+    async def _generate(self, request: dict) -> AsyncIterator[dict]:
+        self.in_flight += 1
+        finished = False
+        try:
+            # aclosing: when the client goes away, the engine's stream is closed (= aborted)
+            # right now, not whenever the garbage collector gets to it.
+            async with contextlib.aclosing(self._engine.generate(request)) as stream:
+                async for item in stream:
+                    finished = finished or "finish_reason" in item
+                    yield item
+        finally:
+            self.in_flight -= 1
+            if finished:
+                self.finished += 1
+            else:
+                self.aborted += 1
+
+    async def open(self) -> str:
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self._host, self._port)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        self.endpoint = f"http://{_advertised_host(self._host)}:{port}"
+        logger.info("Request plane listening on %s", self.endpoint)
+        return self.endpoint
+
+    async def close(self) -> None:
+        if self.endpoint is None:
+            await self._runner.cleanup()  # never listened: nothing to drain
+            return
+        logger.info(
+            "Draining: %d request(s) in flight; waiting up to %g s before aborting them",
+            self.in_flight,
+            self.drain_grace_s,
+        )
+        await self._runner.cleanup()
+        logger.info(
+            "Request plane closed: requests finished=%d aborted=%d", self.finished, self.aborted
+        )
+
+
+def _advertised_host(host: str) -> str:
+    """The host part of the URL others use to reach a listener bound to ``host``."""
+    if host in ("", "0.0.0.0", "::"):
+        return socket.gethostname()  # a wildcard bind is reachable under the host's name
+    return f"[{host}]" if ":" in host else host
+
+
+def install_pause_logger(config: argparse.Namespace) -> gc_freeze.GcPauseLogger | None:
+    pause_logger = gc_freeze.install_gc_pause_logger(config.gc_pause_log_ms)
+    if pause_logger is None:
+        logger.info("GC pause logger off (gc_pause_log_ms=0)")
+    return pause_logger
+
+
+def register_model(store: DiscoveryStore, model: str, endpoint: str) -> ModelRecord:
+    """Publish this worker's model; the frontend routes to it from the moment this returns."""
+    record = ModelRecord(model=model, endpoint=endpoint)
+    store.register(record)
+    logger.info(
+        "Model registered: model=%s instance=%s endpoint=%s",
+        record.model,
+        record.instance_id,
+        record.endpoint,
+    )
+    return record
+
+
+def unregister_model(store: DiscoveryStore, record: ModelRecord) -> None:
+    store.unregister(record.instance_id)
+    logger.info("Model unregistered: model=%s instance=%s", record.model, record.instance_id)
+
+
+async def shutdown_engine(engine: Engine) -> None:
+    await engine.shutdown()
+    logger.info("Engine shut down")
+
+
+async def run_worker(config: argparse.Namespace) -> int:
+    """Everything after argument parsing; returns the exit code (0 after a signal)."""
+    signals = StopSignals(asyncio.get_running_loop(), asyncio.current_task())
+    signals.install()
+    try:
+        async with contextlib.AsyncExitStack() as cleanup:
+            # Unwound last-in first-out: unregister, close the request plane, stop the engine.
+            await _start_and_serve(config, signals, cleanup)
+    except asyncio.CancelledError:
+        if signals.received is None:
+            raise
+        _consume_cancellation()
+        logger.info("Worker stopped during start-up (%s); it never registered", signals.received)
+        return 0
+    finally:
+        signals.uninstall()
+    logger.info("Worker stopped")
+    return 0
+
+
+async def _start_and_serve(
+    config: argparse.Namespace, signals: StopSignals, cleanup: contextlib.AsyncExitStack
+) -> None:
+    install_pause_logger(config)
+
+    engine = engine_factory.build_engine(config)
+    logger.info("Engine init: starting the %s engine for model %s", config.engine, config.model)
+    began = time.perf_counter()
+    cleanup.push_async_callback(shutdown_engine, engine)
+    await engine.start()
+    logger.info("Engine init done in %.0f ms", (time.perf_counter() - began) * 1000.0)
+
+    if config.self_benchmark_points > 0:
+        from dynamo.vllm.self_benchmark import run_self_benchmark
+
+        await run_self_benchmark(engine, config)
+
+    # The quiescent point: engine init (and the benchmark, with its GC policy stopped) is done,
+    # and no request can reach this process yet.
+    gc_freeze.maybe_freeze_gc_heap(config.freeze_gc_heap, context=FREEZE_CONTEXT)
+
+    # The listener opens before `serving` because register_model needs its port (0 = any free
+    # port). That admits nothing early: no one knows the address until the record below is
+    # written, and the generate route refuses (503) unless the phase is `serving`.
+    plane = RequestPlaneServer(
+        engine,
+        config.request_plane_host,
+        config.request_plane_port,
+        drain_grace_s=DRAIN_GRACE_S,
+    )
+    cleanup.push_async_callback(plane.close)
+    await plane.open()
+
+    lifecycle.mark_serving("register_model")
+    store = DiscoveryStore(config.discovery_dir)
+    record = register_model(store, config.model, plane.endpoint)
+    cleanup.callback(unregister_model, store, record)
+
+    signals.serving()
+    logger.info("Worker serving model %s; stop it with SIGTERM or SIGINT", config.model)
+    reason = await signals.wait()
+    # Draining refuses new requests at once; the record is removed next (the exit stack), then
+    # in-flight requests finish within the grace period, then the engine stops.
+    lifecycle.mark_draining(reason)
+
+
+def _consume_cancellation() -> None:
+    """Mark the start-up cancellation as handled (3.11+ counts pending cancellations)."""
+    task = asyncio.current_task()
+    uncancel = getattr(task, "uncancel", None)
+    if uncancel is not None:
+        uncancel()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        config = backend_args.parse_args(argv)
+    except SystemExit as exc:  # bad input (exit 2) or --help (exit 0): nothing else has run
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    configure_logging()
+    logger.info(
+        "Worker options: model=%s engine=%s discovery_dir=%s request_plane=%s:%s "
+        "freeze_gc_heap=%s gc_pause_log_ms=%g self_benchmark_points=%d",
+        config.model,
+        config.engine,
+        config.discovery_dir,
+        config.request_plane_host,
+        config.request_plane_port,
+        config.freeze_gc_heap,
+        config.gc_pause_log_ms,
+        config.self_benchmark_points,
+    )
+    try:
+        return asyncio.run(run_worker(config))
+    except EngineUnavailable as exc:
+        logger.error("Cannot start the worker: %s", exc)
+        return 2
