@@ -87,7 +87,12 @@ def freeze_gc_heap(*, context: str) -> int | None:
         took_ms,
     )
     for observer in list(_freeze_observers):
-        observer(record)
+        # The freeze has happened; a broken metrics observer must not fail the launcher's
+        # start-up or keep the other observers from hearing about it.
+        try:
+            observer(record)
+        except Exception:  # noqa: BLE001 - see above
+            logger.exception("GC freeze observer %r failed", observer)
     return frozen
 
 
@@ -118,7 +123,9 @@ class GcPauseLogger:
         on_pause: Callable[[int, float], None] | None = None,
     ) -> None:
         self.threshold_ms = float(threshold_ms)
-        self._threshold_ns = int(self.threshold_ms * 1e6) if self.threshold_ms > 0 else None
+        # round, not int: 4.1 * 1e6 is 4099999.9999..., and truncating it would log a pause one
+        # nanosecond under the operator's threshold.
+        self._threshold_ns = round(self.threshold_ms * 1e6) if self.threshold_ms > 0 else None
         self._log = log if log is not None else logger
         self._on_pause = on_pause
         self._start_ns: int | None = None
@@ -154,8 +161,6 @@ class GcPauseLogger:
             self.total_pause_ns += pause_ns
             if pause_ns > self.max_pause_ns:
                 self.max_pause_ns = pause_ns
-            if self._on_pause is not None:
-                self._on_pause(generation, pause_ns / 1e9)
             if self._threshold_ns is not None and pause_ns >= self._threshold_ns:
                 self.pauses_logged[generation] += 1
                 self._log.warning(
@@ -165,6 +170,9 @@ class GcPauseLogger:
                     info.get("collected", "?"),
                     info.get("uncollectable", "?"),
                 )
+            # Last, so a failing sink (metrics) cannot swallow the WARNING above.
+            if self._on_pause is not None:
+                self._on_pause(generation, pause_ns / 1e9)
         except Exception:  # noqa: BLE001 - see above
             self.callback_errors += 1
 
