@@ -1,0 +1,476 @@
+"""The GC core: freeze_gc_heap, maybe_freeze_gc_heap, freeze observers, GcPauseLogger.
+
+Pause-logger thresholds are tested by driving the callback directly with a fake
+``time.perf_counter_ns``, so every pause is an exact number of nanoseconds and no assert depends
+on real timing. The conftest fixture puts freeze, thresholds, enabled flag and callbacks back.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import re
+import weakref
+from decimal import Decimal
+
+import pytest
+
+from dynamo.common.utils import gc_freeze
+from dynamo.common.utils.gc_freeze import (
+    FreezeRecord,
+    GcPauseLogger,
+    freeze_gc_heap,
+    install_gc_pause_logger,
+    installed_gc_pause_logger,
+    last_freeze,
+    maybe_freeze_gc_heap,
+    uninstall_gc_pause_logger,
+)
+
+LOGGER_NAME = "dynamo.common.utils.gc_freeze"
+FROZEN_LINE = re.compile(
+    r"GC heap frozen \((?P<context>.*)\): collected=(?P<collected>\d+) "
+    r"frozen=(?P<frozen>\d+) took_ms=(?P<took_ms>\d+\.\d+)"
+)
+PAUSE_LINE = re.compile(
+    r"GC gen(?P<gen>\d) pause (?P<ms>\d+\.\d) ms "
+    r"\(collected=(?P<collected>\S+) uncollectable=(?P<uncollectable>\S+)\)"
+)
+
+
+class _Node:
+    """A plain GC-tracked object that can sit in a reference cycle."""
+
+    other: object = None
+
+
+def _garbage_cycle() -> weakref.ref:
+    """Build a two-object cycle, drop every outside reference, return a weakref to it."""
+    a, b = _Node(), _Node()
+    a.other, b.other = b, a
+    return weakref.ref(a)
+
+
+def _assert_is_live_freeze_count(frozen: int) -> None:
+    # A frozen object that loses its last reference is still freed (and leaves the permanent
+    # generation), so the live count may have dropped by the few temporaries alive during the call.
+    assert 0 <= frozen - gc.get_freeze_count() <= 50, (frozen, gc.get_freeze_count())
+
+
+def _frozen_records(caplog) -> list[logging.LogRecord]:
+    return [
+        r for r in caplog.records if r.name == LOGGER_NAME and r.getMessage().startswith("GC heap frozen")
+    ]
+
+
+# --- freeze_gc_heap -------------------------------------------------------------------------
+
+
+def test_garbage_that_exists_before_the_call_is_collected_not_frozen():
+    gc.disable()  # no automatic collection may reclaim the cycle before the call under test
+    ref = _garbage_cycle()
+    assert ref() is not None, "the cycle must still be uncollected garbage before the freeze"
+
+    freeze_gc_heap(context="test")
+
+    # Had freeze_gc_heap frozen without collecting, the cycle would live in the permanent
+    # generation forever and the weakref would still resolve.
+    assert ref() is None
+
+
+def test_freeze_moves_survivors_into_the_permanent_generation():
+    keep = [[i] for i in range(2000)]
+    assert gc.get_freeze_count() == 0
+
+    frozen = freeze_gc_heap(context="test")
+
+    _assert_is_live_freeze_count(frozen)
+    assert frozen >= len(keep)
+
+
+def test_a_second_freeze_extends_the_permanent_generation():
+    first = freeze_gc_heap(context="first")
+    more = [[i] for i in range(1000)]  # born after the first freeze
+
+    second = freeze_gc_heap(context="second")
+
+    _assert_is_live_freeze_count(second)
+    assert second >= first + len(more)
+
+
+def test_freeze_logs_one_info_line_whose_frozen_count_is_the_return_value(caplog):
+    caplog.set_level(logging.INFO, logger=LOGGER_NAME)
+    gc.disable()
+    _garbage_cycle()
+
+    frozen = freeze_gc_heap(context="frontend start-up")
+
+    records = _frozen_records(caplog)
+    assert len(records) == 1
+    assert records[0].levelno == logging.INFO
+    match = FROZEN_LINE.fullmatch(records[0].getMessage())
+    assert match, records[0].getMessage()
+    assert match["context"] == "frontend start-up"
+    assert int(match["frozen"]) == frozen
+    assert int(match["collected"]) >= 2  # at least the two objects of the garbage cycle
+    assert float(match["took_ms"]) >= 0.0
+
+
+def test_freeze_records_last_freeze_and_notifies_observers():
+    seen: list[FreezeRecord] = []
+    gc_freeze.add_freeze_observer(seen.append)
+    try:
+        frozen = freeze_gc_heap(context="observed")
+    finally:
+        gc_freeze.remove_freeze_observer(seen.append)
+
+    assert len(seen) == 1
+    record = seen[0]
+    assert record.context == "observed"
+    assert record.frozen == frozen
+    assert record.collected >= 0 and record.took_ms >= 0.0
+    assert last_freeze() is record
+
+
+def test_a_removed_observer_is_not_called():
+    seen: list[FreezeRecord] = []
+    gc_freeze.add_freeze_observer(seen.append)
+    gc_freeze.remove_freeze_observer(seen.append)
+    gc_freeze.remove_freeze_observer(seen.append)  # removing twice is harmless
+
+    freeze_gc_heap(context="unobserved")
+
+    assert seen == []
+
+
+def test_a_failing_observer_neither_breaks_the_freeze_nor_starves_other_observers(caplog):
+    seen: list[FreezeRecord] = []
+
+    def broken(record: FreezeRecord) -> None:
+        raise RuntimeError("metrics backend down")
+
+    gc_freeze.add_freeze_observer(broken)
+    gc_freeze.add_freeze_observer(seen.append)
+    try:
+        frozen = freeze_gc_heap(context="observed")
+    finally:
+        gc_freeze.remove_freeze_observer(broken)
+        gc_freeze.remove_freeze_observer(seen.append)
+
+    _assert_is_live_freeze_count(frozen)
+    assert [r.frozen for r in seen] == [frozen]
+    assert any("metrics backend down" in r.getMessage() or r.exc_info for r in caplog.records)
+
+
+# --- maybe_freeze_gc_heap -------------------------------------------------------------------
+
+
+def test_disabled_freeze_touches_no_gc_state(mocker):
+    keep = [[i] for i in range(100)]
+    collect = mocker.spy(gc, "collect")
+    freeze = mocker.spy(gc, "freeze")
+    unfreeze = mocker.spy(gc, "unfreeze")
+    threshold = gc.get_threshold()
+    enabled = gc.isenabled()
+    count = gc.get_freeze_count()
+
+    assert maybe_freeze_gc_heap(False, context="disabled") is None
+
+    assert collect.call_count == 0
+    assert freeze.call_count == 0
+    assert unfreeze.call_count == 0
+    assert gc.get_freeze_count() == count
+    assert gc.get_threshold() == threshold
+    assert gc.isenabled() == enabled
+    del keep
+
+
+def test_enabled_maybe_freeze_collects_and_freezes(mocker):
+    # The counterpart of the test above: the spies do see the calls when enabled.
+    collect = mocker.spy(gc, "collect")
+    freeze = mocker.spy(gc, "freeze")
+
+    frozen = maybe_freeze_gc_heap(True, context="enabled")
+
+    assert collect.call_count == 1 and collect.call_args.args == ()  # every generation
+    assert freeze.call_count == 1
+    assert frozen > 0
+    _assert_is_live_freeze_count(frozen)
+
+
+# --- GcPauseLogger, driven directly with an exact fake clock ----------------------------------
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now_ns = 1_000_000_000
+
+    def __call__(self) -> int:
+        return self.now_ns
+
+
+@pytest.fixture
+def clock(mocker) -> FakeClock:
+    fake = FakeClock()
+    mocker.patch.object(gc_freeze.time, "perf_counter_ns", fake)
+    return fake
+
+
+def _pause(pause_logger: GcPauseLogger, clock: FakeClock, pause_ns: int, info) -> None:
+    pause_logger("start", info)
+    clock.now_ns += pause_ns
+    pause_logger("stop", info)
+
+
+def _info(generation=2, collected=3, uncollectable=0) -> dict:
+    return {"generation": generation, "collected": collected, "uncollectable": uncollectable}
+
+
+def _pause_records(caplog) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if PAUSE_LINE.fullmatch(r.getMessage())]
+
+
+def _exact_ns(threshold_ms: float) -> int:
+    return int(Decimal(repr(threshold_ms)) * 1_000_000)
+
+
+# 4.1 and 2.01 are thresholds whose float product with 1e6 lands just under the exact number of
+# nanoseconds (4099999.9999...), the case a truncating conversion gets wrong.
+THRESHOLDS_MS = [0.001, 0.3, 1.0, 2.01, 4.1, 100.0, 2500.0]
+
+
+@pytest.mark.parametrize("threshold_ms", THRESHOLDS_MS)
+def test_a_pause_exactly_at_the_threshold_is_logged(threshold_ms, clock, caplog):
+    pause_logger = GcPauseLogger(threshold_ms)
+    _pause(pause_logger, clock, _exact_ns(threshold_ms), _info())
+    assert len(_pause_records(caplog)) == 1
+    assert pause_logger.pauses_logged == [0, 0, 1]
+
+
+@pytest.mark.parametrize("threshold_ms", THRESHOLDS_MS)
+def test_a_pause_one_nanosecond_under_the_threshold_is_not_logged(threshold_ms, clock, caplog):
+    pause_logger = GcPauseLogger(threshold_ms)
+    _pause(pause_logger, clock, _exact_ns(threshold_ms) - 1, _info())
+    assert _pause_records(caplog) == []
+    assert pause_logger.pauses_logged == [0, 0, 0]
+    assert pause_logger.collections == [0, 0, 1]  # counted all the same
+
+
+@pytest.mark.parametrize("threshold_ms", THRESHOLDS_MS)
+def test_a_pause_above_the_threshold_is_logged(threshold_ms, clock, caplog):
+    pause_logger = GcPauseLogger(threshold_ms)
+    _pause(pause_logger, clock, _exact_ns(threshold_ms) * 3 + 1, _info())
+    assert len(_pause_records(caplog)) == 1
+
+
+def test_the_pause_warning_names_generation_pause_and_collector_counts(clock, caplog):
+    pause_logger = GcPauseLogger(2.0)
+    _pause(pause_logger, clock, 12_345_678, _info(generation=1, collected=42, uncollectable=7))
+
+    (record,) = _pause_records(caplog)
+    assert record.levelno == logging.WARNING
+    assert record.getMessage() == "GC gen1 pause 12.3 ms (collected=42 uncollectable=7)"
+
+
+def test_the_pause_warning_goes_to_the_given_logger(clock, caplog):
+    custom = logging.getLogger("test.custom.gc")
+    pause_logger = GcPauseLogger(1.0, log=custom)
+    _pause(pause_logger, clock, 5_000_000, _info())
+    (record,) = _pause_records(caplog)
+    assert record.name == "test.custom.gc"
+
+
+def test_counters_per_generation_with_max_and_total(clock, caplog):
+    pause_logger = GcPauseLogger(2.0)
+    _pause(pause_logger, clock, 1_000_000, _info(generation=0))  # under: counted, not logged
+    _pause(pause_logger, clock, 3_000_000, _info(generation=0))
+    _pause(pause_logger, clock, 2_000_000, _info(generation=1))
+    _pause(pause_logger, clock, 5_000_000, _info(generation=2))
+    _pause(pause_logger, clock, 500_000, _info(generation=2))
+
+    assert pause_logger.collections == [2, 1, 2]
+    assert pause_logger.pauses_logged == [1, 1, 1]
+    assert pause_logger.max_pause_ns == 5_000_000
+    assert pause_logger.total_pause_ns == 11_500_000
+    assert pause_logger.max_pause_ms == pytest.approx(5.0)
+    assert pause_logger.total_pause_ms == pytest.approx(11.5)
+    assert pause_logger.snapshot() == {
+        "threshold_ms": 2.0,
+        "collections": [2, 1, 2],
+        "pauses_logged": [1, 1, 1],
+        "max_pause_ms": pytest.approx(5.0),
+        "total_pause_ms": pytest.approx(11.5),
+    }
+    assert len(_pause_records(caplog)) == 3
+
+
+def test_a_stop_without_a_start_is_ignored(clock, caplog):
+    pause_logger = GcPauseLogger(0.001)
+    clock.now_ns += 10_000_000
+    pause_logger("stop", _info())
+    assert pause_logger.collections == [0, 0, 0]
+    assert pause_logger.total_pause_ns == 0
+
+    _pause(pause_logger, clock, 1_000_000, _info())
+    pause_logger("stop", _info())  # a second stop for the same start
+    assert pause_logger.collections == [0, 0, 1]
+    assert pause_logger.total_pause_ns == 1_000_000
+    assert len(_pause_records(caplog)) == 1
+
+
+def test_zero_threshold_records_pauses_without_logging(clock, caplog):
+    pause_logger = GcPauseLogger(0)
+    _pause(pause_logger, clock, 900_000_000, _info())
+    assert pause_logger.collections == [0, 0, 1]
+    assert pause_logger.max_pause_ns == 900_000_000
+    assert _pause_records(caplog) == []
+
+
+def test_on_pause_sink_gets_generation_and_seconds(clock):
+    calls: list[tuple[int, float]] = []
+    pause_logger = GcPauseLogger(1000.0, on_pause=lambda g, s: calls.append((g, s)))
+    _pause(pause_logger, clock, 2_500_000, _info(generation=1))
+    _pause(pause_logger, clock, 40_000, _info(generation=0))
+    assert calls == [(1, pytest.approx(0.0025)), (0, pytest.approx(0.00004))]
+
+
+def test_a_failing_on_pause_sink_does_not_hide_the_warning(clock, caplog):
+    def broken(generation: int, seconds: float) -> None:
+        raise RuntimeError("histogram gone")
+
+    pause_logger = GcPauseLogger(1.0, on_pause=broken)
+    _pause(pause_logger, clock, 5_000_000, _info(generation=2))
+
+    assert len(_pause_records(caplog)) == 1
+    assert pause_logger.pauses_logged == [0, 0, 1]
+    assert pause_logger.callback_errors == 1
+
+
+ODD_INFOS = [
+    pytest.param({}, id="empty-dict"),
+    pytest.param({"generation": None}, id="generation-None"),
+    pytest.param({"generation": 7}, id="generation-7"),
+    pytest.param({"generation": -1}, id="generation-negative"),
+    pytest.param({"generation": "x"}, id="generation-str"),
+    pytest.param({"generation": 1.5}, id="generation-float"),
+    pytest.param({"generation": 1, "collected": None}, id="collected-None"),
+    pytest.param(None, id="info-None"),
+    pytest.param([1, 2], id="info-list"),
+    pytest.param("info", id="info-str"),
+    pytest.param(42, id="info-int"),
+]
+
+
+@pytest.mark.parametrize("info", ODD_INFOS)
+def test_odd_info_never_raises_and_the_logger_keeps_working(info, clock, caplog):
+    pause_logger = GcPauseLogger(0.001)
+
+    _pause(pause_logger, clock, 1_000_000, info)  # must not raise
+    before = list(pause_logger.collections)
+    _pause(pause_logger, clock, 1_000_000, _info(generation=0))
+
+    assert pause_logger.collections[0] == before[0] + 1
+    assert sum(pause_logger.collections) <= 2
+
+
+def test_odd_phase_names_are_ignored(clock):
+    pause_logger = GcPauseLogger(0.001)
+    pause_logger("bogus", _info())
+    pause_logger(None, _info())
+    assert pause_logger.collections == [0, 0, 0]
+
+
+# --- GcPauseLogger in gc.callbacks, with real collections ------------------------------------
+
+
+def _installed_pause_loggers() -> list:
+    return [cb for cb in gc.callbacks if isinstance(cb, GcPauseLogger)]
+
+
+def test_a_real_full_collection_is_counted_for_generation_2():
+    gc.disable()  # only the explicit collection below may run
+    pause_logger = install_gc_pause_logger(10_000.0)
+    assert pause_logger is not None
+
+    gc.collect()
+
+    assert pause_logger.collections == [0, 0, 1]
+    assert pause_logger.pauses_logged == [0, 0, 0]
+
+
+def test_a_real_collection_over_a_tiny_threshold_logs_a_warning(caplog):
+    gc.disable()
+    install_gc_pause_logger(0.000001)  # 1 ns: every real collection qualifies
+
+    gc.collect(1)
+
+    records = _pause_records(caplog)
+    assert len(records) == 1
+    assert PAUSE_LINE.fullmatch(records[0].getMessage())["gen"] == "1"
+
+
+def test_the_callback_walks_no_heap_during_a_real_collection(mocker):
+    gc.disable()
+    install_gc_pause_logger(0.000001, on_pause=lambda g, s: None)
+    get_objects = mocker.spy(gc, "get_objects")
+    get_freeze_count = mocker.spy(gc, "get_freeze_count")
+    get_referrers = mocker.spy(gc, "get_referrers")
+
+    gc.collect()
+
+    assert installed_gc_pause_logger().collections == [0, 0, 1]
+    assert get_objects.call_count == 0
+    assert get_freeze_count.call_count == 0
+    assert get_referrers.call_count == 0
+
+
+def test_installing_twice_keeps_exactly_one_callback():
+    first = install_gc_pause_logger(5.0)
+    second = install_gc_pause_logger(10.0)
+
+    assert _installed_pause_loggers() == [second]
+    assert first not in gc.callbacks
+    assert installed_gc_pause_logger() is second
+    assert second.threshold_ms == 10.0
+
+
+def test_uninstall_is_idempotent():
+    before = list(gc.callbacks)
+    install_gc_pause_logger(5.0)
+
+    uninstall_gc_pause_logger()
+    uninstall_gc_pause_logger()
+
+    assert _installed_pause_loggers() == []
+    assert installed_gc_pause_logger() is None
+    assert gc.callbacks == before
+
+
+def test_uninstall_survives_someone_clearing_gc_callbacks():
+    install_gc_pause_logger(5.0)
+    gc.callbacks.clear()
+    uninstall_gc_pause_logger()
+    assert installed_gc_pause_logger() is None
+
+
+@pytest.mark.parametrize("threshold_ms", [0, 0.0, -1.0])
+def test_a_threshold_at_or_below_zero_installs_nothing(threshold_ms):
+    before = list(gc.callbacks)
+
+    assert install_gc_pause_logger(threshold_ms) is None
+
+    assert gc.callbacks == before
+    assert installed_gc_pause_logger() is None
+
+
+def test_zero_threshold_with_a_sink_installs_a_metrics_only_logger(caplog):
+    calls: list[tuple[int, float]] = []
+    gc.disable()
+    pause_logger = install_gc_pause_logger(0, on_pause=lambda g, s: calls.append((g, s)))
+    assert pause_logger is not None and _installed_pause_loggers() == [pause_logger]
+
+    gc.collect()
+
+    assert [g for g, _ in calls] == [2]
+    assert calls[0][1] >= 0.0
+    assert _pause_records(caplog) == []
