@@ -50,7 +50,12 @@ def _advance(to: Phase, reason: str) -> None:
         listeners = list(_listeners)
     logger.info("Serving phase %s -> %s (%s)", previous.value, to.value, reason)
     for listener in listeners:
-        listener(to)
+        # The phase has changed; a broken listener (metrics) must not fail the launcher at the
+        # moment it opens for traffic, nor keep the other listeners from hearing about it.
+        try:
+            listener(to)
+        except Exception:  # noqa: BLE001 - see above
+            logger.exception("Serving-phase listener %r failed", listener)
 
 
 def mark_serving(reason: str) -> None:

@@ -66,11 +66,9 @@ def freeze_gc_heap(*, context: str) -> int | None:
     """
     global _last_freeze
     if not lifecycle.freeze_allowed():
-        logger.warning(
-            "GC heap freeze refused (%s): process is %s requests",
-            context,
-            lifecycle.current_phase().value,
-        )
+        # The issue's exact line in every non-starting phase: a draining process still serves
+        # the requests in flight. The phase itself is in the lifecycle's own log.
+        logger.warning("GC heap freeze refused (%s): process is serving requests", context)
         return None
     started = time.perf_counter()
     collected = gc.collect()  # every generation: garbage must not be frozen
