@@ -33,6 +33,8 @@ from typing import AsyncIterator, Sequence
 from aiohttp import web
 
 from dynamo.common import lifecycle
+from dynamo.common.metrics import DynamoMetrics
+from dynamo.common.system_server import start_system_server
 from dynamo.common.utils import gc_freeze
 from dynamo.runtime.discovery import DiscoveryStore, ModelRecord
 from dynamo.runtime.request_plane import add_request_plane_routes
@@ -175,11 +177,36 @@ def _advertised_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def install_pause_logger(config: argparse.Namespace) -> gc_freeze.GcPauseLogger | None:
-    pause_logger = gc_freeze.install_gc_pause_logger(config.gc_pause_log_ms)
-    if pause_logger is None:
-        logger.info("GC pause logger off (gc_pause_log_ms=0)")
+def install_pause_logger(
+    config: argparse.Namespace, metrics: DynamoMetrics | None = None
+) -> gc_freeze.GcPauseLogger | None:
+    # With metrics the logger is always installed: every pause feeds dynamo_gc_pause_seconds,
+    # even when the log threshold is 0 (no log lines).
+    on_pause = None if metrics is None else metrics.observe_pause
+    pause_logger = gc_freeze.install_gc_pause_logger(config.gc_pause_log_ms, on_pause=on_pause)
+    if config.gc_pause_log_ms <= 0:
+        logger.info(
+            "GC pause logger off (gc_pause_log_ms=0)%s",
+            "; pauses still recorded in dynamo_gc_pause_seconds" if metrics is not None else "",
+        )
     return pause_logger
+
+
+async def start_system_port(
+    config: argparse.Namespace, metrics: DynamoMetrics, cleanup: contextlib.AsyncExitStack
+) -> None:
+    """/health and /metrics on --system-port, from the start so probes see `starting`."""
+    if config.system_port is None:
+        if config.debug_gc_endpoint:
+            logger.warning("--debug-gc-endpoint needs --system-port: no debug endpoint served")
+        return
+    server = await start_system_server(
+        metrics,
+        host=config.system_host,
+        port=config.system_port,
+        debug_gc_endpoint=config.debug_gc_endpoint,
+    )
+    cleanup.push_async_callback(server.stop)  # pushed first, so it closes last
 
 
 def register_model(store: DiscoveryStore, model: str, endpoint: str) -> ModelRecord:
@@ -228,7 +255,9 @@ async def run_worker(config: argparse.Namespace) -> int:
 async def _start_and_serve(
     config: argparse.Namespace, signals: StopSignals, cleanup: contextlib.AsyncExitStack
 ) -> None:
-    install_pause_logger(config)
+    metrics = DynamoMetrics(freeze_enabled=config.freeze_gc_heap).attach()
+    install_pause_logger(config, metrics)
+    await start_system_port(config, metrics, cleanup)
 
     engine = engine_factory.build_engine(config)
     logger.info("Engine init: starting the %s engine for model %s", config.engine, config.model)
