@@ -256,6 +256,7 @@ async def _start_and_serve(
     config: argparse.Namespace, signals: StopSignals, cleanup: contextlib.AsyncExitStack
 ) -> None:
     metrics = DynamoMetrics(freeze_enabled=config.freeze_gc_heap).attach()
+    cleanup.callback(metrics.detach)  # an in-process run (tests) leaves no observer behind
     install_pause_logger(config, metrics)
     await start_system_port(config, metrics, cleanup)
 

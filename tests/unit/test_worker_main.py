@@ -1,0 +1,255 @@
+"""The worker's lifecycle, on the real ``main`` / ``run_worker`` in this process.
+
+Spies record the order of the steps and the process state at each one; the worker stops the
+way it does in production, on a real SIGTERM (sent to this process once it has registered, when
+the worker's loop owns the signal).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import signal
+import sys
+
+import aiohttp
+import pytest
+
+from dynamo.common import lifecycle
+from dynamo.common.utils import gc_freeze
+from dynamo.runtime import request_plane
+from dynamo.runtime.discovery import DiscoveryStore
+from dynamo.vllm import backend_args, main as worker_main
+from dynamo.vllm.mock_engine import MockEngine
+
+
+def sigterm_self() -> None:
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+@pytest.fixture
+def discovery_dir(tmp_path):
+    return tmp_path / "discovery"
+
+
+@pytest.fixture
+def steps(mocker):
+    """Wrap each lifecycle step to append (step, phase, freeze count) to a list, in order."""
+    recorded: list[tuple[str, lifecycle.Phase, int]] = []
+
+    def note(step: str) -> None:
+        recorded.append((step, lifecycle.current_phase(), gc.get_freeze_count()))
+
+    def wrap(owner, name: str, step: str, *, is_async: bool = False):
+        real = getattr(owner, name)
+        if is_async:
+
+            async def wrapper(*args, **kwargs):
+                note(step)
+                return await real(*args, **kwargs)
+
+        else:
+
+            def wrapper(*args, **kwargs):
+                note(step)
+                return real(*args, **kwargs)
+
+        mocker.patch.object(owner, name, wrapper)
+
+    wrap(gc_freeze, "install_gc_pause_logger", "pause_logger")
+    wrap(MockEngine, "start", "engine_init", is_async=True)
+    wrap(gc_freeze, "freeze_gc_heap", "freeze")
+    wrap(worker_main.RequestPlaneServer, "open", "listen", is_async=True)
+    wrap(lifecycle, "mark_serving", "mark_serving")
+    wrap(lifecycle, "mark_draining", "mark_draining")
+    wrap(MockEngine, "shutdown", "engine_shutdown", is_async=True)
+
+    real_register = DiscoveryStore.register
+    real_unregister = DiscoveryStore.unregister
+
+    def register(store, record):
+        note("register")
+        path = real_register(store, record)
+        assert path.exists()
+        sigterm_self()  # handled by the worker's loop: the drain starts once this returns
+        return path
+
+    def unregister(store, instance_id):
+        note("unregister")
+        return real_unregister(store, instance_id)
+
+    mocker.patch.object(DiscoveryStore, "register", register)
+    mocker.patch.object(DiscoveryStore, "unregister", unregister)
+    return recorded
+
+
+def names(recorded) -> list[str]:
+    return [step for step, _, _ in recorded]
+
+
+def test_freeze_after_engine_init_and_before_register_model(steps, discovery_dir):
+    frozen_before = gc.get_freeze_count()
+    assert worker_main.main(["--discovery-dir", str(discovery_dir)]) == 0
+
+    assert names(steps) == [
+        "pause_logger",
+        "engine_init",
+        "freeze",
+        "listen",
+        "mark_serving",
+        "register",
+        "mark_draining",
+        "unregister",
+        "engine_shutdown",
+    ]
+    state = {step: (phase, frozen) for step, phase, frozen in steps}
+    # Engine init ran on an unfrozen heap, in the starting phase.
+    assert state["engine_init"] == (lifecycle.Phase.STARTING, frozen_before)
+    # The freeze ran while nothing could be admitted; register_model saw a frozen heap and the
+    # serving phase (the frontend may route here as soon as it returns).
+    assert state["freeze"][0] is lifecycle.Phase.STARTING
+    assert state["register"][0] is lifecycle.Phase.SERVING
+    assert state["register"][1] > frozen_before
+    # Draining: the record went away after the phase changed and before the engine stopped.
+    assert state["unregister"][0] is lifecycle.Phase.DRAINING
+    assert list(discovery_dir.iterdir()) == []
+
+
+def test_freeze_refused_if_it_ran_after_mark_serving(steps, discovery_dir, mocker, caplog):
+    """The guard is what makes the order matter: the same freeze after mark_serving is refused."""
+    caplog.set_level("INFO")
+    real_freeze = gc_freeze.maybe_freeze_gc_heap
+
+    def freeze_late(enabled, *, context):
+        lifecycle.mark_serving("test: too early")
+        return real_freeze(enabled, context=context)
+
+    mocker.patch.object(gc_freeze, "maybe_freeze_gc_heap", freeze_late)
+    frozen_before = gc.get_freeze_count()
+    assert worker_main.main(["--discovery-dir", str(discovery_dir)]) == 0
+    assert "GC heap freeze refused (vllm worker)" in caplog.text
+    assert gc.get_freeze_count() == frozen_before
+
+
+def test_no_freeze_gc_heap_never_touches_gc_state(steps, discovery_dir, mocker, caplog):
+    # The pause logger's gc.callbacks entry is governed by --gc-pause-log-ms and metrics, not by
+    # this option; everything the freeze could touch is checked here.
+    caplog.set_level("INFO")
+    spies = {
+        name: mocker.spy(gc, name)
+        for name in ("collect", "freeze", "unfreeze", "set_threshold", "disable", "enable")
+    }
+    frozen_before = gc.get_freeze_count()
+    thresholds_before = gc.get_threshold()
+
+    assert worker_main.main(["--discovery-dir", str(discovery_dir), "--no-freeze-gc-heap"]) == 0
+
+    assert "register" in names(steps)  # it did start and serve
+    assert "freeze" not in names(steps)
+    for name, spy in spies.items():
+        assert spy.call_count == 0, f"gc.{name} was called"
+    assert gc.get_freeze_count() == frozen_before
+    assert gc.get_threshold() == thresholds_before
+    assert "GC heap freeze disabled (vllm worker)" in caplog.text
+    assert "GC heap frozen" not in caplog.text
+
+
+def test_engine_vllm_without_vllm_exits_2_naming_the_mock_engine(
+    steps, discovery_dir, mocker, caplog
+):
+    mocker.patch.dict(sys.modules, {"vllm": None})  # `import vllm` raises ImportError
+    frozen_before = gc.get_freeze_count()
+    assert worker_main.main(["--discovery-dir", str(discovery_dir), "--engine", "vllm"]) == 2
+    assert "--engine mock" in caplog.text
+    assert "scripts/setup_vllm_env.sh" in caplog.text
+    assert "engine_init" not in names(steps) and "register" not in names(steps)
+    assert gc.get_freeze_count() == frozen_before
+    assert not discovery_dir.exists() or list(discovery_dir.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "argv, env",
+    [
+        (["--mock-token-ms", "nan"], {}),
+        (["--engine", "tpu"], {}),
+        ([], {"DYN_VLLM_GC_PAUSE_LOG_MS": "nan"}),
+        ([], {"DYN_VLLM_FREEZE_GC_HEAP": "maybe"}),
+    ],
+)
+def test_bad_input_exits_2_before_anything_runs(
+    steps, discovery_dir, monkeypatch, capsys, argv, env
+):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert worker_main.main(["--discovery-dir", str(discovery_dir), *argv]) == 2
+    assert steps == []
+    assert "error:" in capsys.readouterr().err
+    assert not discovery_dir.exists()
+
+
+def test_signal_during_engine_init_stops_without_registering(steps, discovery_dir, mocker):
+    engine_shutdowns = []
+
+    async def start_until_signalled(self):
+        sigterm_self()
+        await asyncio.Event().wait()  # engine init that only a cancellation ends
+
+    async def shutdown(self):
+        engine_shutdowns.append(self)
+
+    mocker.patch.object(MockEngine, "start", start_until_signalled)
+    mocker.patch.object(MockEngine, "shutdown", shutdown)
+    frozen_before = gc.get_freeze_count()
+
+    assert worker_main.main(["--discovery-dir", str(discovery_dir)]) == 0
+    assert names(steps) == ["pause_logger"]  # no freeze, no listener, no register
+    assert len(engine_shutdowns) == 1
+    assert gc.get_freeze_count() == frozen_before
+    assert lifecycle.current_phase() is lifecycle.Phase.STARTING
+
+
+def test_drain_aborts_requests_still_running_after_the_grace_period(discovery_dir, mocker):
+    """SIGTERM while a request streams: record removed at once, request aborted after grace."""
+    mocker.patch.object(worker_main, "DRAIN_GRACE_S", 0.2)
+    config = backend_args.parse_args(
+        ["--discovery-dir", str(discovery_dir), "--mock-token-ms", "60000"], env={}
+    )
+    engines: list[MockEngine] = []
+    registered = asyncio.Event()
+    real_start = MockEngine.start
+    real_register = DiscoveryStore.register
+
+    async def start(self):
+        engines.append(self)
+        await real_start(self)
+
+    def register(store, record):
+        path = real_register(store, record)
+        registered.set()
+        return path
+
+    mocker.patch.object(MockEngine, "start", start)
+    mocker.patch.object(DiscoveryStore, "register", register)
+
+    async def scenario():
+        worker = asyncio.ensure_future(worker_main.run_worker(config))
+        await registered.wait()
+        (record,) = DiscoveryStore(discovery_dir).read_all().values()
+        (engine,) = engines
+        async with aiohttp.ClientSession() as session:
+            stream = request_plane.generate(
+                session, record.endpoint, {"request_id": "slow", "token_ids": [1], "max_tokens": 2}
+            )
+            first_item = asyncio.ensure_future(stream.__anext__())
+            while engine.requests_started == 0:  # the request is in the engine, mid-step
+                await asyncio.sleep(0.01)
+            sigterm_self()
+            with pytest.raises(request_plane.WorkerUnavailable):
+                await first_item
+        return await worker, engine
+
+    exit_code, engine = asyncio.run(scenario())
+    assert exit_code == 0
+    assert engine.requests_aborted == 1
+    assert list(discovery_dir.iterdir()) == []
