@@ -1,0 +1,285 @@
+"""The examples under docs/ may only use what the option declarations accept.
+
+Every Kubernetes manifest under docs/deploy/ is parsed; each container (or DynamoGraphDeployment
+service) that starts ``python -m dynamo.frontend`` or ``python -m dynamo.vllm`` is checked against
+that program's own options: an env var or flag no option declares fails, and so does a value the
+option's kind would reject. The real parser then reads the same argv and env, so the check
+cannot be laxer than the program. Every docs page may name only declared DYN_* env vars, and the
+log lines the operator guide quotes must exist in the source.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import yaml
+
+from dynamo.common.configuration import Option, build_parser, parse_bool_word
+from dynamo.common.configuration.docs import all_options, surfaces
+from dynamo.common.configuration.options import Surface
+
+REPO = Path(__file__).resolve().parents[2]
+DOCS = REPO / "docs"
+DEPLOY = DOCS / "deploy"
+SOURCE = REPO / "components" / "src" / "dynamo"
+
+# Env vars in the manifests that belong to other software, each with the reason it is there.
+FOREIGN_ENV_VARS = {
+    "PYTHONUNBUFFERED": "CPython: log lines reach `kubectl logs` as they are written",
+    "POD_IP": "Kubernetes downward API, substituted into DYN_VLLM_REQUEST_PLANE_HOST",
+}
+
+# Which options each program reads (the worker also reads the self-benchmark's).
+PROGRAM_SURFACES = {
+    "dynamo.frontend": ("frontend",),
+    "dynamo.vllm": ("vllm-worker", "vllm-self-benchmark"),
+}
+
+
+def program_options(program: str) -> list[Option]:
+    by_name = {surface.name: surface for surface in surfaces()}
+    return [o for name in PROGRAM_SURFACES[program] for o in by_name[name].options]
+
+
+@dataclass
+class Launch:
+    """One container (or DGD service) that starts one of our programs."""
+
+    where: str
+    program: str
+    argv: list[str]  # the program's own arguments, after ``-m dynamo.x``
+    env: dict[str, str | None] = field(default_factory=dict)  # None: valueFrom (not literal)
+
+
+def manifest_files() -> list[Path]:
+    return sorted(p for p in DEPLOY.rglob("*") if p.suffix in (".yaml", ".yml"))
+
+
+def _env_list(entries, where: str) -> dict[str, str | None]:
+    env = {}
+    for entry in entries or []:
+        assert isinstance(entry, dict) and "name" in entry, f"{where}: odd env entry {entry!r}"
+        value = entry.get("value")
+        env[entry["name"]] = None if value is None and "valueFrom" in entry else str(value)
+    return env
+
+
+def _split_program(command: list[str]) -> tuple[str, list[str]] | None:
+    tokens = [str(t) for t in command]
+    for index, token in enumerate(tokens[:-1]):
+        if token == "-m" and tokens[index + 1] in PROGRAM_SURFACES:
+            return tokens[index + 1], tokens[index + 2 :]
+    return None
+
+
+def _launch(node: dict, env_entries, where: str) -> Launch | None:
+    split = _split_program([*(node.get("command") or []), *(node.get("args") or [])])
+    if split is None:
+        return None
+    program, argv = split
+    return Launch(where=where, program=program, argv=argv, env=_env_list(env_entries, where))
+
+
+def launches_in(path: Path) -> Iterator[Launch]:
+    """Every launch of our programs in one file; fails on a DYN_ env list it cannot attribute."""
+    documents = [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d]
+    assert documents, f"{path}: no YAML document"
+    seen_env_lists: set[int] = set()
+    dgd_containers: set[int] = set()
+    for number, document in enumerate(documents):
+        name = f"{path.name}#{number} {document.get('kind')}"
+        if document.get("kind") == "DynamoGraphDeployment":
+            for service_name, service in document["spec"]["services"].items():
+                container = (service.get("extraPodSpec") or {}).get("mainContainer") or {}
+                dgd_containers.add(id(container))
+                # The operator puts the service's `envs` and the container's own `env` together.
+                envs = [*(service.get("envs") or []), *(container.get("env") or [])]
+                seen_env_lists.update({id(service.get("envs")), id(container.get("env"))})
+                launch = _launch(container, envs, f"{name} service {service_name}")
+                assert launch is not None, f"{name} service {service_name}: no dynamo program"
+                yield launch
+        for container, where in _containers(document, name):
+            seen_env_lists.add(id(container.get("env")))
+            if id(container) in dgd_containers:
+                continue
+            launch = _launch(container, container.get("env"), where)
+            if launch is not None:
+                yield launch
+            else:
+                assert not [
+                    n for n in _env_list(container.get("env"), where) if n.startswith("DYN_")
+                ], f"{where}: sets DYN_* env vars but starts no dynamo program"
+        for env_list, where in _env_lists(document, name):
+            assert id(env_list) in seen_env_lists, f"{where}: env list outside a checked launch"
+
+
+def _containers(node, where: str) -> Iterator[tuple[dict, str]]:
+    if isinstance(node, dict):
+        for key in ("containers", "initContainers"):
+            for container in node.get(key) or []:
+                yield container, f"{where} container {container.get('name')}"
+        for value in node.values():
+            yield from _containers(value, where)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _containers(value, where)
+
+
+def _env_lists(node, where: str) -> Iterator[tuple[list, str]]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in ("env", "envs") and isinstance(value, list):
+                yield value, f"{where} {key}"
+            else:
+                yield from _env_lists(value, where)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _env_lists(value, where)
+
+
+def all_launches() -> list[Launch]:
+    return [launch for path in manifest_files() for launch in launches_in(path)]
+
+
+def check_value(option: Option, value: str, source: str) -> list[str]:
+    try:
+        if option.is_bool:
+            parse_bool_word(value)
+        else:
+            option.kind.parse(value)
+    except ValueError as exc:
+        return [f"{source}={value!r} is rejected by {option.source_label()}: {exc}"]
+    return []
+
+
+def problems(launch: Launch) -> list[str]:
+    options = program_options(launch.program)
+    by_env = {o.env_var: o for o in options}
+    found = []
+    for name, value in launch.env.items():
+        if name in FOREIGN_ENV_VARS:
+            continue
+        option = by_env.get(name)
+        if option is None:
+            found.append(f"env {name}: no option of {launch.program} declares it")
+        elif value is not None:
+            found.extend(check_value(option, value, f"env {name}"))
+    by_flag = {}
+    for option in options:
+        by_flag[option.flag] = (option, True)
+        if option.is_bool:
+            by_flag["--no-" + option.name] = (option, False)
+    tokens = iter(launch.argv)
+    for token in tokens:
+        flag, has_inline, inline = token.partition("=")
+        if not flag.startswith("--"):
+            found.append(f"argument {token!r} is not a flag")
+            continue
+        entry = by_flag.get(flag)
+        if entry is None:
+            found.append(f"flag {flag}: no option of {launch.program} declares it")
+            continue
+        option, _ = entry
+        if option.is_bool:
+            if has_inline:
+                found.append(f"flag {token}: booleans take no value (use --x / --no-x)")
+            continue
+        value = inline if has_inline else next(tokens, None)
+        if value is None:
+            found.append(f"flag {flag}: missing its value")
+        else:
+            found.extend(check_value(option, value, f"flag {flag}"))
+    return found
+
+
+def parse_with_the_real_parser(launch: Launch) -> None:
+    """What the program itself would do with this argv and env (exit 2 on anything bad)."""
+    surface = Surface(
+        name=launch.program,
+        title=launch.program,
+        program=f"python -m {launch.program}",
+        description="",
+        options=program_options(launch.program),
+    )
+    env = {name: value for name, value in launch.env.items() if value is not None}
+    build_parser(surface).parse_args(launch.argv, env_vars=env)
+
+
+def test_there_are_manifests_for_both_programs_and_a_freeze_off_variant():
+    launches = all_launches()
+    assert {launch.program for launch in launches} == set(PROGRAM_SURFACES)
+    freeze_off_flags = {"--no-dyn-freeze-gc-heap", "--no-freeze-gc-heap"}
+    assert freeze_off_flags <= {token for launch in launches for token in launch.argv}
+
+
+@pytest.mark.parametrize("path", manifest_files(), ids=lambda p: p.name)
+def test_manifest_uses_only_declared_options_with_valid_values(path):
+    launches = list(launches_in(path))
+    for launch in launches:
+        assert problems(launch) == [], launch.where
+        parse_with_the_real_parser(launch)
+
+
+@pytest.mark.parametrize(
+    "launch, expected",
+    [
+        (Launch("t", "dynamo.vllm", [], {"DYN_VLLM_FREEZE_GC_HEAP": "maybe"}), "rejected"),
+        (Launch("t", "dynamo.vllm", [], {"DYN_VLLM_FREEZ_GC_HEAP": "0"}), "no option"),
+        (Launch("t", "dynamo.frontend", [], {"DYN_SYSTEM_PORT": "9090"}), "no option"),
+        (Launch("t", "dynamo.vllm", ["--system-port", "70000"], {}), "rejected"),
+        (Launch("t", "dynamo.vllm", ["--no-dyn-freeze-gc-heap"], {}), "no option"),
+        (Launch("t", "dynamo.frontend", ["--dyn-gc-pause-log-ms=nan"], {}), "rejected"),
+        (Launch("t", "dynamo.frontend", ["--dyn-freeze-gc-heap=0"], {}), "take no value"),
+    ],
+)
+def test_the_manifest_check_catches_mistakes(launch, expected):
+    assert any(expected in problem for problem in problems(launch)), problems(launch)
+
+
+def test_the_walker_refuses_dyn_env_it_cannot_attribute(tmp_path):
+    stray = tmp_path / "stray.yaml"
+    stray.write_text(
+        yaml.safe_dump(
+            {
+                "kind": "Deployment",
+                "spec": {"template": {"spec": {"containers": [
+                    {"name": "sidecar", "command": ["sh"], "env": [{"name": "DYN_X", "value": "1"}]}
+                ]}}},
+            }
+        )
+    )
+    with pytest.raises(AssertionError, match="starts no dynamo program"):
+        list(launches_in(stray))
+
+
+DYN_NAME = re.compile(r"\bDYN_[A-Z0-9_]*[A-Z0-9]\b|\bDYN_[A-Z0-9_]*_(?=\*|\b)")
+
+
+def markdown_pages() -> list[Path]:
+    return sorted(DOCS.rglob("*.md"))
+
+
+@pytest.mark.parametrize("page", markdown_pages(), ids=lambda p: str(p.relative_to(DOCS)))
+def test_docs_name_only_declared_env_vars(page):
+    declared = {option.env_var for option in all_options()}
+    unknown = set()
+    for name in DYN_NAME.findall(page.read_text(encoding="utf-8")):
+        if name.endswith("_"):  # a prefix, as in DYN_VLLM_*
+            if not any(env.startswith(name) for env in declared):
+                unknown.add(name + "*")
+        elif name not in declared:
+            unknown.add(name)
+    assert not unknown, f"{page}: undeclared env vars {sorted(unknown)}"
+
+
+def test_the_operator_guide_quotes_log_lines_that_exist():
+    guide = (DOCS / "operator-guide.md").read_text(encoding="utf-8")
+    quoted = [q for q in re.findall(r"`([^`\n]+)`", guide) if re.search(r"%[-.0-9]*[sdgf]", q)]
+    assert len(quoted) >= 4, "the guide should quote the freeze and pause log formats"
+    source = "\n".join(p.read_text(encoding="utf-8") for p in SOURCE.rglob("*.py"))
+    missing = [q for q in quoted if f'"{q}"' not in source]
+    assert not missing, f"log formats quoted in the guide but not in the source: {missing}"
