@@ -29,6 +29,7 @@ import aiohttp
 from aiohttp import web
 
 from dynamo.common import lifecycle
+from dynamo.common.metrics import DynamoMetrics, debug_gc_route, metrics_route
 from dynamo.common.utils import gc_freeze
 from dynamo.runtime.discovery import DiscoveryWatcher
 
@@ -67,7 +68,9 @@ class Frontend:
             self.preprocess_pool.shutdown()
 
 
-async def build_frontend(config: argparse.Namespace) -> Frontend:
+async def build_frontend(
+    config: argparse.Namespace, metrics: DynamoMetrics | None = None
+) -> Frontend:
     pool = None
     if config.dyn_preprocess_workers > 0:
         pool = PreprocessPool(
@@ -82,6 +85,10 @@ async def build_frontend(config: argparse.Namespace) -> Frontend:
     session = create_worker_session()
     registry = ModelRegistry(build_chat_processor)
     app = FrontendService(registry, WorkerRouter(session), pool).build_app()
+    if metrics is not None:
+        metrics_route(app, metrics)  # GET /metrics on the HTTP port
+    if config.debug_gc_endpoint:
+        debug_gc_route(app)  # POST /debug/gc/collect: off unless the operator asks
     runner = web.AppRunner(
         app,
         handler_cancellation=True,  # a client that hangs up aborts its request in the worker
@@ -99,7 +106,7 @@ def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-async def serve(config: argparse.Namespace) -> int:
+async def serve(config: argparse.Namespace, metrics: DynamoMetrics | None = None) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
 
@@ -113,7 +120,7 @@ async def serve(config: argparse.Namespace) -> int:
     frontend = None
     try:
         try:
-            frontend = await build_frontend(config)
+            frontend = await build_frontend(config, metrics)
         except PreprocessPoolError as exc:
             logger.error("Frontend start-up failed: %s", exc)
             return 1
@@ -155,7 +162,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = frontend_args.parse_args(argv)  # exits 2 on bad input, before anything runs
     configure_logging()
     gc_collect_trace.install_if_requested()
-    gc_freeze.install_gc_pause_logger(config.gc_pause_log_ms)
+    metrics = DynamoMetrics(freeze_enabled=config.freeze_gc_heap).attach()
+    # Always installed: every pause feeds dynamo_gc_pause_seconds, even with the log off (0).
+    gc_freeze.install_gc_pause_logger(config.gc_pause_log_ms, on_pause=metrics.observe_pause)
     logger.info(
         "Frontend starting: http=%s discovery_dir=%s preprocess_workers=%d freeze_gc_heap=%s",
         _url(config.http_host, config.http_port),
@@ -163,6 +172,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         config.dyn_preprocess_workers,
         "on" if config.freeze_gc_heap else "off",
     )
-    code = asyncio.run(serve(config))
+    code = asyncio.run(serve(config, metrics))
     logger.info("Frontend exiting with code %d", code)
     return code
