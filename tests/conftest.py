@@ -8,15 +8,17 @@ import pytest
 
 from dynamo.common import lifecycle
 from dynamo.common.utils import gc_freeze
+from dynamo.vllm import gc_policy
 
 
 @pytest.fixture(autouse=True)
 def restore_gc_state():
-    """Restore freeze, thresholds, enabled flag, callbacks and the process phase."""
+    """Restore freeze, thresholds, enabled flag, callbacks, GC policy and the process phase."""
     enabled = gc.isenabled()
     thresholds = gc.get_threshold()
     callbacks = list(gc.callbacks)
     yield
+    gc_policy.stop_gc_policy()  # the benchmark policy's thread and saved thresholds are global
     gc_freeze.uninstall_gc_pause_logger()
     gc.callbacks[:] = callbacks
     gc.unfreeze()

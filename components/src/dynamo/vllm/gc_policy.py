@@ -1,0 +1,276 @@
+"""The self-benchmark's GC policy: no automatic gen2 collection in a measured window, no trace after.
+
+A self-benchmark times one forward pass per point. CPython's full (gen2) collection fires whenever
+the objects promoted since the last full pass exceed 25% of the long-lived ones, so over a sweep it
+lands at geometrically spaced points, each time walking the whole heap (and, with ranks in
+lockstep, stalling every rank). While the policy runs:
+
+* automatic gen2 collections are off, gen0/gen1 collections and refcounting go on as usual;
+* the heap is frozen once at start, and a daemon thread repeats a bare ``gc.freeze()`` every
+  interval so that survivors of young collections leave the generations the collector walks;
+* :func:`gc_maintain` (unfreeze, collect, freeze) reclaims cyclic garbage in an untimed window
+  between points of a long sweep.
+
+:func:`stop_gc_policy` puts everything back: stock thresholds (exactly as saved, never a
+hard-coded 700: 3.13 uses 2000), the deferred garbage collected, and the heap frozen again only if
+it was frozen before the policy started or the caller's serving freeze follows. Both functions are
+idempotent.
+
+How gen2 is disabled (CPython 3.10-3.13, Modules/gcmodule.c ``gc_collect_generations`` /
+3.13 ``gc_select_generation``): on each automatic collection CPython picks the oldest generation
+``i`` whose ``count > threshold[i]``; for gen2 it also requires ``long_lived_pending >=
+long_lived_total / 4``. ``count[2]`` grows by one per gen1 collection. So ``threshold2 = 0`` does
+*not* disable gen2 -- it makes gen2 eligible after every gen1 collection, gated only by the 25%
+rule (measured: the same gen2 count as the stock 10). Only ``threshold0 = 0`` turns automatic
+collection off, and then gen0/gen1 go too. We keep threshold0/threshold1 and set threshold2 to
+INT_MAX (``set_threshold`` takes C ints): gen2 would need 2**31 gen1 collections, i.e. never.
+
+Unsound builds: on a free-threaded build ``gc.freeze()`` is a stop-the-world walk of the whole
+heap, and on CPython 3.14.0-3.14.4 (incremental GC) the third threshold is ignored and a freeze
+walks part of the heap. There the policy logs a WARNING and runs without the periodic freeze.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import math
+import os
+import sys
+import sysconfig
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from dynamo.common.configuration import Option
+from dynamo.vllm.self_benchmark_args import (
+    FPM_GC_FREEZE_INTERVAL_S,
+    FPM_GC_POLICY,
+    POLICY_FREEZE,
+)
+
+logger = logging.getLogger(__name__)
+
+# gc.set_threshold() parses C ints: this is the largest threshold2 it accepts.
+GEN2_NEVER = 2**31 - 1
+FREEZE_THREAD_NAME = "dynamo-gc-policy-freeze"
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """The policy as an operator configured it (``--fpm-gc-policy`` and its interval)."""
+
+    policy: str = FPM_GC_POLICY.default
+    interval_s: float = FPM_GC_FREEZE_INTERVAL_S.default
+
+    @property
+    def enabled(self) -> bool:
+        return self.policy == POLICY_FREEZE
+
+
+def _read_env_option(environ: Mapping[str, str], option: Option) -> Any:
+    text = environ.get(option.env_var)
+    if text is None:
+        return option.default
+    try:
+        return option.kind.parse(text)
+    except ValueError as exc:
+        # A rank never sees the command line and must not die over a value the main process
+        # would have rejected at start-up: say so and carry on with the default.
+        logger.warning(
+            "Ignoring %s=%r (%s); using the default %s",
+            option.env_var,
+            text,
+            exc,
+            option.render_default(),
+        )
+        return option.default
+
+
+def policy_config_from_env(environ: Mapping[str, str] | None = None) -> PolicyConfig:
+    """The policy config of a process that never sees the command line (a rank).
+
+    A bad value logs a WARNING naming the env var and the value, and the default is used.
+    """
+    env = os.environ if environ is None else environ
+    return PolicyConfig(
+        policy=_read_env_option(env, FPM_GC_POLICY),
+        interval_s=_read_env_option(env, FPM_GC_FREEZE_INTERVAL_S),
+    )
+
+
+def policy_env(config: PolicyConfig) -> dict[str, str]:
+    """The env vars that give a child process (a rank) this config."""
+    return {
+        FPM_GC_POLICY.env_var: config.policy,
+        FPM_GC_FREEZE_INTERVAL_S.env_var: repr(float(config.interval_s)),
+    }
+
+
+def unsound_build_reason() -> str | None:
+    """Why this interpreter cannot run the periodic freeze soundly, or ``None``."""
+    if sysconfig.get_config_var("Py_GIL_DISABLED"):
+        return (
+            "free-threaded build: gc.freeze() is a stop-the-world walk of the whole heap, not a "
+            "list splice"
+        )
+    major, minor, micro = sys.version_info[:3]
+    if (major, minor) == (3, 14) and micro <= 4:
+        return (
+            f"CPython {major}.{minor}.{micro} (incremental GC): the third GC threshold is "
+            "ignored and gc.freeze() walks part of the heap"
+        )
+    return None
+
+
+@dataclass
+class _RunningPolicy:
+    saved_thresholds: tuple[int, ...]
+    was_frozen: bool
+    interval_s: float
+    unsound_reason: str | None
+    stop_event: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+    periodic_freezes: int = 0
+
+
+# _lifecycle_lock serialises start/stop (so a start can never save the policy's own thresholds).
+# _freeze_lock serialises every freeze/unfreeze the policy does, so the thread cannot freeze the
+# heap between gc_maintain's unfreeze and its collect. stop joins the thread without holding
+# _freeze_lock, so the thread can always finish its last tick.
+_lifecycle_lock = threading.Lock()
+_freeze_lock = threading.Lock()
+_running: _RunningPolicy | None = None
+
+
+def _freeze_loop(policy: _RunningPolicy) -> None:
+    # Event.wait returns True as soon as stop is asked: no sleep to wait out on shutdown.
+    while not policy.stop_event.wait(policy.interval_s):
+        with _freeze_lock:
+            gc.freeze()  # a list splice: no traversal, no pause, no get_freeze_count()
+        policy.periodic_freezes += 1
+
+
+def start_gc_policy(*, interval_s: float | None = None) -> bool:
+    """Start the policy in this process; ``False`` (and nothing changed) if it already runs.
+
+    ``interval_s`` is the period of the background freeze; ``None`` reads
+    ``DYN_FPM_GC_FREEZE_INTERVAL_S`` (WARNING and default when bad).
+    """
+    global _running
+    if interval_s is None:
+        interval_s = policy_config_from_env().interval_s
+    if not (math.isfinite(interval_s) and interval_s > 0):
+        raise ValueError(f"GC policy freeze interval must be a positive number, not {interval_s!r}")
+    with _lifecycle_lock:
+        if _running is not None:
+            return False
+        reason = unsound_build_reason()
+        # One walk of the permanent generation, once, before any measurement: it tells stop
+        # whether the heap must be frozen again to look as it did (vLLM freezes its ranks).
+        was_frozen = gc.get_freeze_count() > 0
+        saved = gc.get_threshold()
+        policy = _RunningPolicy(
+            saved_thresholds=saved,
+            was_frozen=was_frozen,
+            interval_s=float(interval_s),
+            unsound_reason=reason,
+        )
+        gc.set_threshold(saved[0], saved[1], GEN2_NEVER)
+        with _freeze_lock:
+            # No collect first: stop_gc_policy unfreezes and collects, so today's garbage is
+            # deferred, not kept forever.
+            gc.freeze()
+        if reason is None:
+            policy.thread = threading.Thread(
+                target=_freeze_loop, args=(policy,), name=FREEZE_THREAD_NAME, daemon=True
+            )
+            policy.thread.start()
+        else:
+            logger.warning(
+                "GC policy is not sound on this build (%s): running without the periodic "
+                "freeze; gen2 pauses may still land in measured windows",
+                reason,
+            )
+        _running = policy
+    logger.info(
+        "GC policy started: automatic gen2 off (thresholds %s -> %s), heap frozen, %s",
+        saved,
+        gc.get_threshold(),
+        "no periodic freeze"
+        if reason is not None
+        else f"bare gc.freeze() every {policy.interval_s:g}s",
+    )
+    return True
+
+
+def stop_gc_policy(*, serving_freeze: bool = False) -> bool:
+    """Stop the policy and put GC state back; ``False`` if it was not running.
+
+    Stops the freeze thread, restores the saved thresholds exactly, unfreezes and collects the
+    garbage the policy deferred. The heap is frozen again when it was frozen before the policy
+    started, or when ``serving_freeze`` says the caller's serving freeze follows: that freeze
+    (``freeze_gc_heap``, with its log line) then only collects the young generations and splices,
+    instead of walking the whole heap a second time. Either way the end state is the one serving
+    would have had without the benchmark.
+    """
+    global _running
+    with _lifecycle_lock:
+        policy = _running
+        if policy is None:
+            return False
+        policy.stop_event.set()
+        if policy.thread is not None:
+            policy.thread.join()
+        started = time.perf_counter()
+        gc.set_threshold(*policy.saved_thresholds)
+        refreeze = serving_freeze or policy.was_frozen
+        with _freeze_lock:
+            gc.unfreeze()
+            collected = gc.collect()
+            if refreeze:
+                gc.freeze()
+        _running = None
+    logger.info(
+        "GC policy stopped: thresholds restored to %s, collected=%d deferred objects, heap %s, "
+        "took_ms=%.1f",
+        policy.saved_thresholds,
+        collected,
+        "frozen again" if refreeze else "left unfrozen",
+        (time.perf_counter() - started) * 1000.0,
+    )
+    return True
+
+
+def gc_maintain() -> int:
+    """Unfreeze, collect, freeze: an untimed window in a long sweep. Returns objects collected.
+
+    Only while the policy runs (0 otherwise): outside it, a freeze here would be a trace.
+    """
+    if _running is None:
+        return 0
+    with _freeze_lock:
+        gc.unfreeze()
+        collected = gc.collect()
+        gc.freeze()
+    return collected
+
+
+def policy_running() -> bool:
+    return _running is not None
+
+
+def gc_policy_state() -> dict:
+    """This process's GC state and policy, as plain data (no heap walk)."""
+    policy = _running
+    return {
+        "pid": os.getpid(),
+        "thresholds": tuple(gc.get_threshold()),
+        "isenabled": gc.isenabled(),
+        "policy_running": policy is not None,
+        "interval_s": None if policy is None else policy.interval_s,
+        "periodic_freezes": 0 if policy is None else policy.periodic_freezes,
+        "freeze_thread_alive": bool(policy and policy.thread and policy.thread.is_alive()),
+        "unsound_reason": unsound_build_reason(),
+    }

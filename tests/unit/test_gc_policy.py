@@ -1,0 +1,284 @@
+"""The benchmark-scoped GC policy in this process: start/stop, gen2 off, deferred garbage, thread."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import sys
+import sysconfig
+import threading
+import weakref
+
+import pytest
+
+from dynamo.vllm import gc_policy
+from tests.integration.harness import wait_until
+
+
+class Node:
+    """A weakref-able object for building cycles."""
+
+
+def make_cycle() -> weakref.ref:
+    node = Node()
+    node.self = node
+    return weakref.ref(node)
+
+
+class GenerationCounter:
+    """A gc.callbacks entry counting collections per generation (no heap walk)."""
+
+    def __init__(self) -> None:
+        self.counts = [0, 0, 0]
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self.counts[info["generation"]] += 1
+
+
+def policy_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == gc_policy.FREEZE_THREAD_NAME]
+
+
+def churn_length() -> int:
+    """Iterations that, with stock thresholds, must end in an automatic gen2 collection.
+
+    Call it before changing thresholds. Enough gen1 collections to pass threshold2, and
+    survivors well past a quarter of today's heap (CPython's 25% rule). Each iteration leaves
+    one tracked object alive on average, and only survivors pace young collections (freeing a
+    tracked object decrements the gen0 count).
+    """
+    gc.collect()  # long_lived_total := today's heap
+    t0, t1, t2 = gc.get_threshold()
+    return max(len(gc.get_objects()) * 3, 2 * t0 * t1 * (t2 + 2))
+
+
+def churn_with_survivors(iterations: int) -> list:
+    """Allocate like a growing long-lived heap: one in three items survives."""
+    kept = []
+    for i in range(iterations):
+        item = {"i": [i], "meta": {}}
+        if i % 3 == 0:
+            kept.append(item)
+    return kept
+
+
+def test_start_and_stop_are_idempotent_and_restartable():
+    assert gc_policy.start_gc_policy() is True
+    assert gc_policy.start_gc_policy() is False
+    assert gc_policy.policy_running()
+    assert gc_policy.stop_gc_policy() is True
+    assert gc_policy.stop_gc_policy() is False
+    assert not gc_policy.policy_running()
+    assert gc_policy.start_gc_policy() is True
+    assert gc_policy.policy_running()
+    assert gc_policy.stop_gc_policy() is True
+
+
+@pytest.mark.parametrize("thresholds", [(123, 4, 5), (2000, 10, 10), (700, 10, 10)])
+def test_thresholds_are_restored_exactly(thresholds):
+    gc.set_threshold(*thresholds)
+    gc_policy.start_gc_policy()
+    assert gc.get_threshold() == (thresholds[0], thresholds[1], gc_policy.GEN2_NEVER)
+    gc_policy.stop_gc_policy()
+    assert gc.get_threshold() == thresholds
+
+
+def test_stock_thresholds_of_this_interpreter_come_back():
+    stock = gc.get_threshold()  # 3.13 raised threshold0 to 2000: nothing may assume 700
+    gc_policy.start_gc_policy()
+    gc_policy.stop_gc_policy()
+    assert gc.get_threshold() == stock
+
+
+def test_stop_leaves_the_enabled_flag_as_it_was():
+    gc.disable()
+    gc_policy.start_gc_policy()
+    gc_policy.stop_gc_policy()
+    assert not gc.isenabled()
+
+
+def test_without_the_policy_the_workload_triggers_gen2():
+    iterations = churn_length()
+    counter = GenerationCounter()
+    gc.callbacks.append(counter)
+    kept = churn_with_survivors(iterations)
+    gc.callbacks.remove(counter)
+    assert counter.counts[2] >= 1, counter.counts
+    del kept
+
+
+def test_threshold2_of_zero_does_not_disable_gen2():
+    # Why the policy uses INT_MAX: 0 makes gen2 eligible after every gen1 collection.
+    iterations = churn_length()
+    t0, t1, _ = gc.get_threshold()
+    gc.set_threshold(t0, t1, 0)
+    counter = GenerationCounter()
+    gc.callbacks.append(counter)
+    kept = churn_with_survivors(iterations)
+    gc.callbacks.remove(counter)
+    assert counter.counts[2] >= 1, counter.counts
+    del kept
+
+
+def test_policy_stops_automatic_gen2_but_not_young_collections():
+    iterations = churn_length()
+    gc_policy.start_gc_policy()
+    counter = GenerationCounter()
+    gc.callbacks.append(counter)
+    kept = churn_with_survivors(iterations)
+    gc.callbacks.remove(counter)
+    assert counter.counts[2] == 0, counter.counts
+    assert counter.counts[0] > 0 and counter.counts[1] > 0, counter.counts
+    del kept
+
+
+def test_stop_reclaims_a_cycle_that_died_in_the_frozen_heap():
+    gc_policy.start_gc_policy()
+    ref = make_cycle()
+    gc.freeze()  # what the background thread does each interval
+    gc.collect()
+    assert ref() is not None  # frozen: no collection reaches it while the policy runs
+    gc_policy.stop_gc_policy()
+    assert ref() is None
+
+
+def test_gc_maintain_reclaims_deferred_cycles_and_keeps_the_policy():
+    gc_policy.start_gc_policy()
+    ref = make_cycle()
+    gc.freeze()
+    gc.collect()
+    assert ref() is not None
+    collected = gc_policy.gc_maintain()
+    assert ref() is None
+    assert collected >= 1
+    assert gc_policy.policy_running()
+    assert gc.get_freeze_count() > 0  # frozen again after the window
+    assert gc.get_threshold()[2] == gc_policy.GEN2_NEVER
+
+
+def test_gc_maintain_outside_the_policy_touches_nothing():
+    ref = make_cycle()
+    gc.freeze()
+    assert gc_policy.gc_maintain() == 0
+    assert ref() is not None
+    assert gc.get_freeze_count() > 0
+
+
+def test_background_thread_freezes_survivors_and_stops():
+    if gc_policy.unsound_build_reason():
+        pytest.skip("no periodic freeze on this build")
+    gc_policy.start_gc_policy(interval_s=0.01)
+    (thread,) = policy_threads()
+    assert thread.daemon
+    frozen_at_start = gc.get_freeze_count()
+    survivors = [{"n": [i]} for i in range(1000)]
+    policy = gc_policy._running
+    wait_until(lambda: policy.periodic_freezes >= 2, deadline_s=10, what="two periodic freezes")
+    assert gc.get_freeze_count() >= frozen_at_start + len(survivors)
+    gc_policy.stop_gc_policy()
+    assert not thread.is_alive()
+    assert policy_threads() == []
+
+
+def test_restarting_does_not_leak_threads():
+    for _ in range(3):
+        gc_policy.start_gc_policy()
+        gc_policy.stop_gc_policy()
+    assert policy_threads() == []
+
+
+@pytest.mark.parametrize(
+    ("serving_freeze", "frozen_before", "frozen_after"),
+    [(False, False, False), (True, False, True), (False, True, True)],
+)
+def test_stop_refreezes_only_for_serving_or_a_heap_frozen_before(
+    serving_freeze, frozen_before, frozen_after
+):
+    if frozen_before:
+        gc.collect()
+        gc.freeze()
+    gc_policy.start_gc_policy()
+    gc_policy.stop_gc_policy(serving_freeze=serving_freeze)
+    assert (gc.get_freeze_count() > 0) is frozen_after
+
+
+def test_bad_interval_given_by_a_caller_is_refused():
+    with pytest.raises(ValueError):
+        gc_policy.start_gc_policy(interval_s=float("nan"))
+    assert not gc_policy.policy_running()
+
+
+@pytest.mark.parametrize("text", ["inf", "nan", "-1", "0.5", "abc", ""])
+def test_bad_interval_env_warns_and_uses_the_default(text, caplog):
+    caplog.set_level(logging.WARNING, logger="dynamo.vllm.gc_policy")
+    config = gc_policy.policy_config_from_env({"DYN_FPM_GC_FREEZE_INTERVAL_S": text})
+    assert config.interval_s == 60.0
+    assert f"DYN_FPM_GC_FREEZE_INTERVAL_S={text!r}" in caplog.text
+
+
+def test_bad_policy_env_warns_and_uses_off(caplog):
+    caplog.set_level(logging.WARNING, logger="dynamo.vllm.gc_policy")
+    config = gc_policy.policy_config_from_env({"DYN_FPM_GC_POLICY": "always"})
+    assert config.policy == "off" and not config.enabled
+    assert "DYN_FPM_GC_POLICY='always'" in caplog.text
+
+
+def test_good_env_values_are_read(caplog):
+    config = gc_policy.policy_config_from_env(
+        {"DYN_FPM_GC_POLICY": "freeze", "DYN_FPM_GC_FREEZE_INTERVAL_S": "2.5"}
+    )
+    assert config == gc_policy.PolicyConfig("freeze", 2.5)
+    assert config.enabled
+    assert gc_policy.policy_config_from_env(gc_policy.policy_env(config)) == config
+    assert caplog.records == []
+
+
+def test_start_without_interval_reads_the_env(monkeypatch):
+    monkeypatch.setenv("DYN_FPM_GC_FREEZE_INTERVAL_S", "7")
+    gc_policy.start_gc_policy()
+    assert gc_policy.gc_policy_state()["interval_s"] == 7.0
+
+
+@pytest.mark.parametrize(
+    ("version", "unsound"),
+    [
+        ((3, 14, 0, "final", 0), True),
+        ((3, 14, 4, "final", 0), True),
+        ((3, 14, 0, "beta", 1), True),
+        ((3, 14, 5, "final", 0), False),
+        ((3, 13, 2, "final", 0), False),
+        ((3, 10, 13, "final", 0), False),
+    ],
+)
+def test_incremental_gc_versions_are_unsound(mocker, version, unsound):
+    mocker.patch.object(sysconfig, "get_config_var", return_value=None)
+    mocker.patch.object(sys, "version_info", version)
+    reason = gc_policy.unsound_build_reason()
+    assert (reason is not None) is unsound
+    if unsound:
+        assert f"3.14.{version[2]}" in reason
+
+
+def test_free_threaded_build_is_unsound(mocker):
+    mocker.patch.object(
+        sysconfig, "get_config_var", side_effect=lambda name: 1 if name == "Py_GIL_DISABLED" else None
+    )
+    assert "free-threaded" in gc_policy.unsound_build_reason()
+
+
+def test_unsound_build_runs_without_the_periodic_freeze(mocker, caplog):
+    caplog.set_level(logging.WARNING, logger="dynamo.vllm.gc_policy")
+    mocker.patch.object(gc_policy, "unsound_build_reason", return_value="test build")
+    thresholds = gc.get_threshold()
+    assert gc_policy.start_gc_policy() is True
+    assert policy_threads() == []
+    assert "not sound on this build (test build)" in caplog.text
+    gc_policy.stop_gc_policy()
+    assert gc.get_threshold() == thresholds
+
+
+def test_this_interpreter_is_detected_as_it_is():
+    gil_disabled = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
+    incremental = sys.version_info[:2] == (3, 14) and sys.version_info[2] <= 4
+    assert (gc_policy.unsound_build_reason() is not None) is (gil_disabled or incremental)
