@@ -24,8 +24,24 @@ from dynamo.vllm import backend_args, main as worker_main
 from dynamo.vllm.mock_engine import MockEngine
 
 
+async def until(condition, deadline_s: float = 30.0) -> None:
+    """Wait for ``condition()`` on the running loop, failing after the deadline."""
+
+    async def poll():
+        while not condition():
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(poll(), deadline_s)
+
+
 def sigterm_self() -> None:
     os.kill(os.getpid(), signal.SIGTERM)
+
+
+@pytest.fixture(autouse=True)
+def forget_this_modules_freezes(monkeypatch):
+    """The worker really freezes this process; its FreezeRecord must not outlive the test."""
+    monkeypatch.setattr(gc_freeze, "_last_freeze", gc_freeze.last_freeze())
 
 
 @pytest.fixture
@@ -242,8 +258,7 @@ def test_drain_aborts_requests_still_running_after_the_grace_period(discovery_di
                 session, record.endpoint, {"request_id": "slow", "token_ids": [1], "max_tokens": 2}
             )
             first_item = asyncio.ensure_future(stream.__anext__())
-            while engine.requests_started == 0:  # the request is in the engine, mid-step
-                await asyncio.sleep(0.01)
+            await until(lambda: engine.requests_started == 1)  # in the engine, mid-step
             sigterm_self()
             with pytest.raises(request_plane.WorkerUnavailable):
                 await first_item

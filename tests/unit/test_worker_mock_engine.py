@@ -56,13 +56,13 @@ def test_cancelling_the_consumer_aborts_the_request():
 
     async def cancel_mid_step():
         task = asyncio.ensure_future(collect(engine, {"token_ids": [1], "max_tokens": 2}))
-        while engine.requests_started == 0:
+        while engine.requests_started == 0:  # the task reaches the engine's first step
             await asyncio.sleep(0)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
 
-    asyncio.run(cancel_mid_step())
+    asyncio.run(asyncio.wait_for(cancel_mid_step(), 30))
     assert engine.requests_aborted == 1
 
 
