@@ -23,7 +23,9 @@ STABLE_FAMILIES = {
 
 
 @pytest.fixture
-def process_metrics():
+def process_metrics(monkeypatch):
+    # As in a fresh process: no freeze yet (earlier tests in this process may have frozen).
+    monkeypatch.setattr(gc_freeze, "_last_freeze", None)
     built = []
 
     def build(**kwargs) -> DynamoMetrics:
