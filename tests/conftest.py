@@ -13,10 +13,18 @@ from dynamo.vllm import gc_policy
 
 @pytest.fixture(autouse=True)
 def restore_gc_state():
-    """Restore freeze, thresholds, enabled flag, callbacks, GC policy and the process phase."""
+    """Restore freeze, thresholds, enabled flag, callbacks, GC policy and the process phase.
+
+    Also the module state that describes them: the last freeze record (the heap is unfrozen
+    again, so a later test must not see an earlier test's freeze), and freeze observers and phase
+    listeners a test forgot to remove.
+    """
     enabled = gc.isenabled()
     thresholds = gc.get_threshold()
     callbacks = list(gc.callbacks)
+    last_freeze = gc_freeze.last_freeze()
+    observers = list(gc_freeze._freeze_observers)
+    listeners = list(lifecycle._listeners)
     yield
     gc_policy.stop_gc_policy()  # the benchmark policy's thread and saved thresholds are global
     gc_freeze.uninstall_gc_pause_logger()
@@ -25,3 +33,6 @@ def restore_gc_state():
     gc.set_threshold(*thresholds)
     (gc.enable if enabled else gc.disable)()
     lifecycle.reset_for_new_process()
+    gc_freeze._last_freeze = last_freeze
+    gc_freeze._freeze_observers[:] = observers
+    lifecycle._listeners[:] = listeners
