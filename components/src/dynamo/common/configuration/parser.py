@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from typing import Mapping, Sequence
 
 import configargparse
@@ -23,6 +24,48 @@ class DynamoArgParser(configargparse.ArgParser):
     def __init__(self, *args, options: Sequence[Option] = (), **kwargs):
         super().__init__(*args, **kwargs)
         self._bool_options = {o.env_var: o for o in options if o.is_bool}
+        self._valued_flags = {o.flag for o in options if not o.is_bool}
+
+    def parse_known_args(self, args=None, namespace=None, **kwargs):
+        if args is None:
+            args = sys.argv[1:]
+        if not isinstance(args, str):  # configargparse also takes one string; leave that alone
+            args = self._glue_dash_values(list(args))
+        return super().parse_known_args(args, namespace, **kwargs)
+
+    def _glue_dash_values(self, args: list[str]) -> list[str]:
+        """``--x -inf`` -> ``--x=-inf`` for our options that take a value.
+
+        argparse takes a word that starts with '-' and is not a plain negative number for an
+        option, so ``--gc-pause-log-ms -inf`` failed with "expected one argument", naming neither
+        the env var nor the value. Glued to its flag, the word reaches our ``type=``, whose
+        message names all three. A word that is (a prefix of) one of our flags stays a flag.
+        """
+        glued: list[str] = []
+        i = 0
+        while i < len(args):
+            word = args[i]
+            if word == "--":
+                glued.extend(args[i:])
+                break
+            value = args[i + 1] if i + 1 < len(args) else None
+            if (
+                word in self._valued_flags
+                and value is not None
+                and len(value) > 1
+                and value.startswith("-")
+                and not self._looks_like_our_flag(value)
+            ):
+                glued.append(f"{word}={value}")
+                i += 2
+                continue
+            glued.append(word)
+            i += 1
+        return glued
+
+    def _looks_like_our_flag(self, word: str) -> bool:
+        key = word.split("=", 1)[0]
+        return any(flag.startswith(key) for flag in self._option_string_actions)
 
     def convert_item_to_command_line_arg(self, action, key, value):
         option = self._bool_options.get(key)
