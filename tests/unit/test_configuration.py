@@ -1,0 +1,526 @@
+"""Option declarations and both arg surfaces (frontend, vLLM worker).
+
+Bad-value cases are generated from the declarations themselves (every surface listed in
+``dynamo.common.configuration.docs``), so an option declared later is covered without editing
+this file; a new value kind fails :func:`bad_values` until someone says what is bad for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from dynamo.common.configuration import (
+    Choice,
+    FiniteFloat,
+    IntRange,
+    Option,
+    Text,
+    build_parser,
+    docs,
+    parse_bool_word,
+)
+from dynamo.common.configuration.gc_options import FREEZE_GC_HEAP, GC_PAUSE_LOG_MS
+from dynamo.frontend import frontend_args
+from dynamo.vllm import backend_args, self_benchmark_args
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Each program and the parse_args that reads its command line and env.
+PARSERS: dict[str, Callable[..., argparse.Namespace]] = {
+    "python -m dynamo.frontend": frontend_args.parse_args,
+    "python -m dynamo.vllm": backend_args.parse_args,
+}
+MAIN_MODULES = {
+    "python -m dynamo.frontend": "dynamo.frontend",
+    "python -m dynamo.vllm": "dynamo.vllm",
+}
+
+
+def options_by_program() -> dict[str, list[Option]]:
+    grouped: dict[str, list[Option]] = {}
+    for surface in docs.surfaces():
+        grouped.setdefault(surface.program, []).extend(surface.options)
+    return grouped
+
+
+OPTIONS = options_by_program()
+
+
+# The issue's table: the two GC options, declared once, under two naming schemes.
+@dataclasses.dataclass(frozen=True)
+class GcSurface:
+    program: str
+    freeze_flag: str
+    freeze_env: str
+    pause_flag: str
+    pause_env: str
+
+    @property
+    def parse(self) -> Callable[..., argparse.Namespace]:
+        return PARSERS[self.program]
+
+    @property
+    def no_freeze_flag(self) -> str:
+        return "--no-" + self.freeze_flag[2:]
+
+
+GC_SURFACES = [
+    GcSurface(
+        "python -m dynamo.frontend",
+        "--dyn-freeze-gc-heap",
+        "DYN_FREEZE_GC_HEAP",
+        "--dyn-gc-pause-log-ms",
+        "DYN_GC_PAUSE_LOG_MS",
+    ),
+    GcSurface(
+        "python -m dynamo.vllm",
+        "--freeze-gc-heap",
+        "DYN_VLLM_FREEZE_GC_HEAP",
+        "--gc-pause-log-ms",
+        "DYN_VLLM_GC_PAUSE_LOG_MS",
+    ),
+]
+GC_IDS = ["frontend", "vllm"]
+
+
+def expect_exit_2(capsys, parse, argv, env) -> str:
+    """Run a parse that must stop with exit code 2; return what it printed to stderr."""
+    with pytest.raises(SystemExit) as exc:
+        parse(argv, env)
+    assert exc.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    return captured.err
+
+
+def assert_names_flag_env_and_value(err: str, flag: str, env_var: str, value: str) -> None:
+    assert flag in err, err
+    assert env_var in err, err
+    assert repr(value) in err, err
+
+
+# --- the declarations themselves ------------------------------------------------------------
+
+
+def test_every_documented_program_has_a_parser_here():
+    # A new program (surface) must be added to PARSERS so that its options are tested below.
+    assert set(OPTIONS) == set(PARSERS)
+
+
+@pytest.mark.parametrize("program", sorted(OPTIONS))
+def test_flags_env_vars_and_destinations_are_unique_per_program(program):
+    options = OPTIONS[program]
+    flags = [flag for option in options for flag in option.flags()]
+    env_vars = [option.env_var for option in options]
+    dests = [option.dest for option in options]
+    assert len(flags) == len(set(flags))
+    assert len(env_vars) == len(set(env_vars))
+    assert len(dests) == len(set(dests))
+
+
+@pytest.mark.parametrize("program", sorted(OPTIONS))
+def test_every_option_has_a_long_flag_and_an_explicit_env_var(program):
+    for option in OPTIONS[program]:
+        assert all(flag.startswith("--") for flag in option.flags()), option
+        assert option.env_var and option.env_var.startswith("DYN_"), option
+        assert option.help.strip(), option
+
+
+@pytest.mark.parametrize("surface", docs.surfaces(), ids=lambda s: s.name)
+def test_every_parser_argument_reads_exactly_its_declared_env_var(surface):
+    parser = build_parser(surface)
+    declared = {o.dest: o.env_var for o in surface.options}
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        assert getattr(action, "env_var", None) == declared[action.dest], action
+
+
+@pytest.mark.parametrize("gc_surface", GC_SURFACES, ids=GC_IDS)
+def test_the_gc_options_are_one_declaration_under_two_names(gc_surface):
+    by_flag = {o.flag: o for o in OPTIONS[gc_surface.program]}
+    freeze = by_flag[gc_surface.freeze_flag]
+    pause = by_flag[gc_surface.pause_flag]
+    assert freeze.env_var == gc_surface.freeze_env
+    assert pause.env_var == gc_surface.pause_env
+    assert freeze.flags() == (gc_surface.freeze_flag, gc_surface.no_freeze_flag)
+    assert freeze == dataclasses.replace(FREEZE_GC_HEAP, name=freeze.name, env_var=freeze.env_var)
+    assert pause == dataclasses.replace(GC_PAUSE_LOG_MS, name=pause.name, env_var=pause.env_var)
+    assert (freeze.dest, pause.dest) == ("freeze_gc_heap", "gc_pause_log_ms")
+
+
+def test_configargparse_is_imported_only_by_the_configuration_package():
+    # Importing it patches argparse process-wide (DESIGN.md, conventions).
+    package = REPO / "components" / "src" / "dynamo"
+    allowed = package / "common" / "configuration"
+    offenders = [
+        str(path.relative_to(REPO))
+        for path in package.rglob("*.py")
+        if allowed not in path.parents and "configargparse" in path.read_text(encoding="utf-8")
+    ]
+    assert offenders == []
+
+
+# --- value kinds --------------------------------------------------------------------------------
+
+TRUE_SPELLINGS = ["1", "true", "yes", "on", "TRUE", "True", "tRuE", "YES", "Yes", "ON", "oN"]
+FALSE_SPELLINGS = ["0", "false", "no", "off", "FALSE", "False", "fAlSe", "NO", "No", "OFF", "Off"]
+
+
+@pytest.mark.parametrize("word", TRUE_SPELLINGS)
+def test_parse_bool_word_true(word):
+    assert parse_bool_word(word) is True
+
+
+@pytest.mark.parametrize("word", FALSE_SPELLINGS)
+def test_parse_bool_word_false(word):
+    assert parse_bool_word(word) is False
+
+
+@pytest.mark.parametrize("word", ["maybe", "", "2", "-1", "tru", "y", "n", "enable", "none"])
+def test_parse_bool_word_rejects_anything_else(word):
+    with pytest.raises(ValueError):
+        parse_bool_word(word)
+
+
+@pytest.mark.parametrize("text", ["nan", "NaN", "inf", "-inf", "Infinity", "1e309", "-1e309"])
+def test_finite_float_rejects_non_finite(text):
+    with pytest.raises(ValueError, match="finite"):
+        FiniteFloat(0.0).parse(text)
+
+
+@pytest.mark.parametrize("text", ["", " ", "abc", "1,5", "0x10", "1.2.3"])
+def test_finite_float_rejects_non_numbers(text):
+    with pytest.raises(ValueError, match="not a number"):
+        FiniteFloat(0.0).parse(text)
+
+
+def test_finite_float_bounds():
+    assert FiniteFloat(0.0).parse("0") == 0.0
+    assert FiniteFloat(0.0).parse("1e308") == 1e308
+    assert FiniteFloat(1.0).parse("1") == 1.0
+    with pytest.raises(ValueError, match=">= 1"):
+        FiniteFloat(1.0).parse("0.999")
+    with pytest.raises(ValueError, match=">= 0"):
+        FiniteFloat(0.0).parse("-0.001")
+
+
+def test_int_range_bounds():
+    kind = IntRange(0, 10)
+    assert kind.parse("0") == 0 and kind.parse("10") == 10
+    for bad in ["-1", "11", "1.0", "1e1", "", "x"]:
+        with pytest.raises(ValueError):
+            kind.parse(bad)
+    assert IntRange(5).parse("123456789") == 123456789
+
+
+def test_choice_is_exact():
+    kind = Choice(("off", "freeze"))
+    assert kind.parse("freeze") == "freeze"
+    for bad in ["", "bogus", "Freeze", "fr"]:
+        with pytest.raises(ValueError, match="off, freeze"):
+            kind.parse(bad)
+
+
+# --- both GC surfaces: defaults, env spellings, precedence ------------------------------------
+
+
+@pytest.mark.parametrize("gc_surface", GC_SURFACES, ids=GC_IDS)
+def test_gc_defaults(gc_surface):
+    config = gc_surface.parse([], {})
+    assert config.freeze_gc_heap is True
+    assert config.gc_pause_log_ms == 0.0
+    assert isinstance(config.gc_pause_log_ms, float)
+
+
+@pytest.mark.parametrize("program", sorted(OPTIONS))
+def test_every_option_has_its_declared_default(program):
+    config = PARSERS[program]([], {})
+    for option in OPTIONS[program]:
+        assert hasattr(config, option.dest), option
+        if option.default is not None:  # None means "resolved later" (discovery dir)
+            assert getattr(config, option.dest) == option.default, option
+
+
+@pytest.mark.parametrize("gc_surface", GC_SURFACES, ids=GC_IDS)
+@pytest.mark.parametrize(
+    "word,expected",
+    [(w, True) for w in TRUE_SPELLINGS] + [(w, False) for w in FALSE_SPELLINGS],
+)
+def test_freeze_env_spellings(gc_surface, word, expected):
+    config = gc_surface.parse([], {gc_surface.freeze_env: word})
+    assert config.freeze_gc_heap is expected
+
+
+@pytest.mark.parametrize("gc_surface", GC_SURFACES, ids=GC_IDS)
+def test_freeze_flags_without_env(gc_surface):
+    assert gc_surface.parse([gc_surface.freeze_flag], {}).freeze_gc_heap is True
+    assert gc_surface.parse([gc_surface.no_freeze_flag], {}).freeze_gc_heap is False
+
+
+@pytest.mark.parametrize("gc_surface", GC_SURFACES, ids=GC_IDS)
+@pytest.mark.parametrize("word", ["1", "true", "YES", "on"])
+def test_no_flag_beats_a_true_env_var(gc_surface, word):
+    config = gc_surface.parse([gc_surface.no_freeze_flag], {gc_surface.freeze_env: word})
+    assert config.freeze_gc_heap is False
+
+
+@pytest.mark.parametrize("gc_surface", GC_SURFACES, ids=GC_IDS)
+@pytest.mark.parametrize("word", ["0", "false", "NO", "off"])
+def test_flag_beats_a_false_env_var(gc_surface, word):
+    config = gc_surface.parse([gc_surface.freeze_flag], {gc_surface.freeze_env: word})
+    assert config.freeze_gc_heap is True
+
+
+@pytest.mark.parametrize("gc_surface", GC_SURFACES, ids=GC_IDS)
+def test_pause_threshold_from_env_and_cli(gc_surface):
+    assert gc_surface.parse([], {gc_surface.pause_env: "2.5"}).gc_pause_log_ms == 2.5
+    assert gc_surface.parse([gc_surface.pause_flag, "7"], {}).gc_pause_log_ms == 7.0
+    config = gc_surface.parse([f"{gc_surface.pause_flag}=7"], {gc_surface.pause_env: "2.5"})
+    assert config.gc_pause_log_ms == 7.0
+    config = gc_surface.parse([gc_surface.pause_flag, "0"], {gc_surface.pause_env: "2.5"})
+    assert config.gc_pause_log_ms == 0.0
+
+
+def test_the_surfaces_read_only_their_own_env_vars():
+    frontend = frontend_args.parse_args([], {"DYN_VLLM_FREEZE_GC_HEAP": "0"})
+    worker = backend_args.parse_args([], {"DYN_FREEZE_GC_HEAP": "0"})
+    assert frontend.freeze_gc_heap is True
+    assert worker.freeze_gc_heap is True
+
+
+def test_parse_args_reads_os_environ_when_no_env_is_given(monkeypatch):
+    monkeypatch.setenv("DYN_VLLM_GC_PAUSE_LOG_MS", "12")
+    monkeypatch.setenv("DYN_FREEZE_GC_HEAP", "off")
+    assert backend_args.parse_args([]).gc_pause_log_ms == 12.0
+    assert frontend_args.parse_args([]).freeze_gc_heap is False
+
+
+# --- bad boolean env values -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("gc_surface", GC_SURFACES, ids=GC_IDS)
+@pytest.mark.parametrize("word", ["maybe", "", " ", "2", "truee", "disabled"])
+def test_bad_freeze_env_value_exits_2_naming_flag_env_and_value(gc_surface, word, capsys):
+    err = expect_exit_2(capsys, gc_surface.parse, [], {gc_surface.freeze_env: word})
+    assert_names_flag_env_and_value(err, gc_surface.freeze_flag, gc_surface.freeze_env, word)
+
+
+@pytest.mark.parametrize("program", sorted(OPTIONS))
+def test_every_boolean_rejects_a_bad_env_value(program, capsys):
+    booleans = [o for o in OPTIONS[program] if o.is_bool]
+    assert booleans, "each program has at least the freeze option"
+    for option in booleans:
+        err = expect_exit_2(capsys, PARSERS[program], [], {option.env_var: "maybe"})
+        assert_names_flag_env_and_value(err, option.flag, option.env_var, "maybe")
+
+
+# --- bad values for every non-boolean option, generated from the declarations ------------------
+
+
+# Tried on every option whose kind this file does not know: the ones its own parse rejects must
+# make the surface exit 2 too, so a new kind is tested without editing this file.
+GENERIC_JUNK = ["", "  ", "abc", "nan", "-1", "1.5", "bogus value", "a..b", "\x00"]
+GENERIC_GOOD = ["some-value", "package.module.Class", "1", "2", "on"]
+
+
+def _rejects(option: Option, text: str) -> bool:
+    try:
+        option.kind.parse(text)
+    except ValueError:
+        return True
+    return False
+
+
+def bad_values(option: Option) -> list[str]:
+    kind = option.kind
+    if isinstance(kind, FiniteFloat):
+        below = [f"{kind.minimum - 1:g}"] + ([f"{kind.minimum / 2:g}"] if kind.minimum > 0 else [])
+        return ["nan", "inf", "-inf", "1e309", "", "abc", *below]
+    if isinstance(kind, IntRange):
+        values = ["", "abc", "1.5", str(kind.minimum - 1)]
+        if kind.maximum is not None:
+            values.append(str(kind.maximum + 1))
+        return values
+    if isinstance(kind, Choice):
+        return ["", "bogus"]
+    if isinstance(kind, Text):
+        return ["", "  "]
+    return [text for text in GENERIC_JUNK if _rejects(option, text)]
+
+
+def good_value(option: Option) -> tuple[str, object]:
+    """A valid value other than the default, and what it parses to."""
+    kind = option.kind
+    if isinstance(kind, FiniteFloat):
+        return f"{kind.minimum + 1.5:g}", kind.minimum + 1.5
+    if isinstance(kind, IntRange):
+        value = kind.minimum + 1 if option.default == kind.minimum else kind.minimum
+        return str(value), value
+    if isinstance(kind, Choice):
+        word = next(w for w in kind.words if w != option.default)
+        return word, word
+    for text in GENERIC_GOOD:
+        if not _rejects(option, text) and kind.parse(text) != option.default:
+            return text, kind.parse(text)
+    raise AssertionError(f"{option.flag}: add a valid value of {kind!r} to GENERIC_GOOD")
+
+
+VALUED = [
+    (program, option)
+    for program, options in sorted(OPTIONS.items())
+    for option in options
+    if not option.is_bool
+]
+BAD_CASES = [
+    pytest.param(program, option, value, id=f"{program.split('.')[-1]}:{option.flag}={value!r}")
+    for program, option in VALUED
+    for value in bad_values(option)
+]
+
+
+@pytest.mark.parametrize("program,option", [pytest.param(p, o, id=o.flag) for p, o in VALUED])
+def test_every_valued_option_has_bad_values_to_test(program, option):
+    assert bad_values(option), f"{option.flag}: no rejected value found; extend GENERIC_JUNK"
+
+
+@pytest.mark.parametrize("program,option,value", BAD_CASES)
+def test_bad_env_value_exits_2_naming_flag_env_and_value(program, option, value, capsys):
+    err = expect_exit_2(capsys, PARSERS[program], [], {option.env_var: value})
+    assert_names_flag_env_and_value(err, option.flag, option.env_var, value)
+
+
+@pytest.mark.parametrize("program,option,value", BAD_CASES)
+def test_bad_cli_value_exits_2_naming_flag_env_and_value(program, option, value, capsys):
+    err = expect_exit_2(capsys, PARSERS[program], [f"{option.flag}={value}"], {})
+    assert_names_flag_env_and_value(err, option.flag, option.env_var, value)
+
+
+@pytest.mark.parametrize("program,option,value", BAD_CASES)
+def test_bad_cli_value_as_separate_word_exits_2_naming_flag_env_and_value(
+    program, option, value, capsys
+):
+    # `--x -inf` as two words: argparse alone would take "-inf" for an unknown option and say
+    # only "expected one argument".
+    err = expect_exit_2(capsys, PARSERS[program], [option.flag, value], {})
+    assert_names_flag_env_and_value(err, option.flag, option.env_var, value)
+
+
+@pytest.mark.parametrize(
+    "program,option", [pytest.param(p, o, id=o.flag) for p, o in VALUED]
+)
+def test_every_option_takes_a_good_value_and_cli_beats_env(program, option):
+    parse = PARSERS[program]
+    text, value = good_value(option)
+    assert getattr(parse([], {option.env_var: text}), option.dest) == value
+    assert getattr(parse([option.flag, text], {}), option.dest) == value
+    # the command line wins over a different, even invalid, env value
+    other = bad_values(option)[-1]
+    assert getattr(parse([f"{option.flag}={text}"], {option.env_var: other}), option.dest) == value
+
+
+def test_a_value_may_be_a_negative_looking_word_when_the_flag_takes_one():
+    config = backend_args.parse_args(["--model", "-weird-name"], {})
+    assert config.model == "-weird-name"
+
+
+def test_a_following_flag_is_not_taken_for_a_value(capsys):
+    err = expect_exit_2(capsys, backend_args.parse_args, ["--model", "--engine", "mock"], {})
+    assert "--model" in err
+
+
+# --- self-benchmark options -------------------------------------------------------------------
+
+INTERVAL = self_benchmark_args.FPM_GC_FREEZE_INTERVAL_S
+POLICY = self_benchmark_args.FPM_GC_POLICY
+
+
+@pytest.mark.parametrize("value", ["0.5", "inf", "nan", "-1", "abc"])
+@pytest.mark.parametrize("source", ["env", "cli"])
+def test_self_benchmark_freeze_interval_rejects(value, source, capsys):
+    argv, env = ([f"{INTERVAL.flag}={value}"], {}) if source == "cli" else ([], {INTERVAL.env_var: value})
+    err = expect_exit_2(capsys, backend_args.parse_args, argv, env)
+    assert_names_flag_env_and_value(err, INTERVAL.flag, INTERVAL.env_var, value)
+
+
+@pytest.mark.parametrize("source", ["env", "cli"])
+def test_self_benchmark_policy_rejects_bogus(source, capsys):
+    argv, env = ([POLICY.flag, "bogus"], {}) if source == "cli" else ([], {POLICY.env_var: "bogus"})
+    err = expect_exit_2(capsys, backend_args.parse_args, argv, env)
+    assert_names_flag_env_and_value(err, POLICY.flag, POLICY.env_var, "bogus")
+
+
+def test_self_benchmark_defaults_and_values():
+    config = backend_args.parse_args([], {})
+    assert config.fpm_gc_policy == "off"
+    assert config.fpm_gc_freeze_interval_s == 60.0
+    config = backend_args.parse_args(
+        [], {POLICY.env_var: "freeze", INTERVAL.env_var: "1"}
+    )
+    assert config.fpm_gc_policy == "freeze"
+    assert config.fpm_gc_freeze_interval_s == 1.0
+
+
+def test_the_frontend_does_not_accept_worker_options(capsys):
+    err = expect_exit_2(capsys, frontend_args.parse_args, ["--fpm-gc-policy", "freeze"], {})
+    assert "unrecognized arguments" in err
+
+
+# --- help ---------------------------------------------------------------------------------------
+
+
+def _normalised(text: str) -> str:
+    return " ".join(text.split())
+
+
+def parse_args_help(program: str, capsys) -> str:
+    with pytest.raises(SystemExit) as exc:
+        PARSERS[program](["--help"], {})
+    assert exc.value.code == 0
+    return capsys.readouterr().out
+
+
+def launcher_help(program: str, capsys) -> str:
+    """``python -m <module> --help`` once the launcher exists, else parse_args' own help."""
+    module = MAIN_MODULES[program]
+    if importlib.util.find_spec(module + ".__main__") is None:
+        return parse_args_help(program, capsys)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DYN_")}
+    done = subprocess.run(
+        [sys.executable, "-m", module, "--help"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.parametrize("gc_surface", GC_SURFACES, ids=GC_IDS)
+def test_help_lists_both_gc_flags_with_env_vars_and_defaults(gc_surface, capsys):
+    text = _normalised(launcher_help(gc_surface.program, capsys))
+    assert f"{gc_surface.freeze_flag}, {gc_surface.no_freeze_flag}" in text
+    assert f"(default: on) [env var: {gc_surface.freeze_env}]" in text
+    assert f"{gc_surface.pause_flag} MS" in text
+    assert f"(default: 0) [env var: {gc_surface.pause_env}]" in text
+    assert "(default: True)" not in text  # argparse's own wording, not the operator's
+
+
+@pytest.mark.parametrize("program", sorted(OPTIONS))
+def test_help_of_parse_args_lists_every_option_with_env_var_and_default(program, capsys):
+    text = _normalised(parse_args_help(program, capsys))
+    for option in OPTIONS[program]:
+        for flag in option.flags():
+            assert flag in text, flag
+        assert f"(default: {option.render_default()}) [env var: {option.env_var}]" in text, option
