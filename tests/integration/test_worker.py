@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import json
 import re
 import signal
 from pathlib import Path

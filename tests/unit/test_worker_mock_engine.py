@@ -20,7 +20,8 @@ async def collect(engine: MockEngine, request: dict) -> list[dict]:
 
 def test_echoes_the_prompt_then_counts_up_to_max_tokens():
     engine = MockEngine("m", token_ms=0)
-    items = asyncio.run(collect(engine, {"request_id": "r", "token_ids": [41, 42], "max_tokens": 5}))
+    request = {"request_id": "r", "token_ids": [41, 42], "max_tokens": 5}
+    items = asyncio.run(collect(engine, request))
     assert [item["token_ids"] for item in items[:-1]] == [[41], [42], [2], [3], [4]]
     assert items[-1] == {"finish_reason": "length", "prompt_tokens": 2, "completion_tokens": 5}
     assert (engine.requests_started, engine.requests_finished, engine.requests_aborted) == (1, 1, 0)

@@ -3,7 +3,7 @@
 Lifecycle, each step logged at INFO, in this order:
 
 1. parse args (bad input exits 2 before anything else runs);
-2. logging set-up, then the GC pause logger;
+2. logging set-up, the GC pause logger (and metrics), the optional system port;
 3. engine init (``await engine.start()``), then the optional self-benchmark;
 4. the serving freeze (``maybe_freeze_gc_heap``): after everything start-up allocates, before
    anything can be admitted;
@@ -94,7 +94,7 @@ class StopSignals:
     def _on_signal(self, signum: int) -> None:
         name = signal.Signals(signum).name
         if self.received is not None:
-            logger.info("Received %s while stopping (after %s): already stopping", name, self.received)
+            logger.info("Received %s while stopping (after %s): ignored", name, self.received)
             return
         self.received = name
         if self._serving:
