@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 
 import aiohttp
 import pytest
@@ -77,16 +76,15 @@ def test_debug_gc_route_is_off_by_default(process_metrics):
 
 
 def test_debug_gc_route_collects_once(process_metrics):
-    gc.disable()  # no automatic collection can land in the window (the fixture re-enables)
     gc_freeze.install_gc_pause_logger(0, on_pause=process_metrics.observe_pause)
 
     async def scenario(session, base):
         async with session.post(base + "/debug/gc/collect") as response:
             return response.status, await response.json()
 
-    before = process_metrics.pauses.count(2)
     status, result = run_against_server(process_metrics, scenario, debug_gc_endpoint=True)
     assert status == 200
     assert result["gen2_collections_delta"] == 1
-    assert result["recorded_gen2_pauses_delta"] == 1
-    assert process_metrics.pauses.count(2) == before + 1
+    before = result["pause_histogram_gen2_count_before"]
+    assert result["pause_histogram_gen2_count_after"] == before + 1
+    assert process_metrics.pauses.count(2) >= before + 1

@@ -219,29 +219,35 @@ def metrics_route(app: web.Application, metrics: DynamoMetrics) -> None:
     app.router.add_get(METRICS_PATH, _serve_metrics)
 
 
-def debug_gc_collect() -> dict:
+def debug_gc_collect(metrics: DynamoMetrics | None = None) -> dict:
     """Run one full ``gc.collect()`` in this process and say what it did.
 
     The process pauses for the length of the collection (after a freeze that is short: frozen
-    objects are not walked). Also reports how many generation-2 collections CPython and the
-    installed pause logger counted during the call, so a caller can tell this collection from
-    an automatic one that happened around it.
+    objects are not walked). The answer says how many generation-2 collections CPython counted
+    during the call and, given ``metrics``, the ``dynamo_gc_pause_seconds`` generation-2 count
+    before and after it. Automatic collection is switched off for the few lines around the call,
+    so no automatic collection can land between the readings: both deltas are exactly 1.
     """
-    pause_logger = gc_freeze.installed_gc_pause_logger()
-    recorded_before = pause_logger.collections[2] if pause_logger is not None else None
-    cpython_before = gc.get_stats()[2]["collections"]
-    started = time.perf_counter()
-    collected = gc.collect()
-    took_s = time.perf_counter() - started
-    cpython_after = gc.get_stats()[2]["collections"]
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        cpython_before = gc.get_stats()[2]["collections"]
+        recorded_before = metrics.pauses.count(2) if metrics is not None else None
+        started = time.perf_counter()
+        collected = gc.collect()
+        took_s = time.perf_counter() - started
+        cpython_after = gc.get_stats()[2]["collections"]
+        recorded_after = metrics.pauses.count(2) if metrics is not None else None
+    finally:
+        if was_enabled:
+            gc.enable()
     result = {
         "generation": 2,
         "collected": collected,
         "took_ms": took_s * 1000.0,
         "gen2_collections_delta": cpython_after - cpython_before,
-        "recorded_gen2_pauses_delta": (
-            None if pause_logger is None else pause_logger.collections[2] - recorded_before
-        ),
+        "pause_histogram_gen2_count_before": recorded_before,
+        "pause_histogram_gen2_count_after": recorded_after,
     }
     logger.warning(
         "Debug GC collection via %s: collected=%d took_ms=%.1f",
@@ -253,11 +259,14 @@ def debug_gc_collect() -> dict:
 
 
 async def _serve_debug_gc_collect(request: web.Request) -> web.Response:
-    return web.json_response(debug_gc_collect())
+    return web.json_response(debug_gc_collect(request.app.get(_METRICS_KEY)))
 
 
 def debug_gc_route(app: web.Application) -> None:
-    """Serve ``POST /debug/gc/collect`` on ``app``. Only when the operator's option enables it."""
+    """Serve ``POST /debug/gc/collect`` on ``app``. Only when the operator's option enables it.
+
+    Call :func:`metrics_route` first, so the answer can report the pause histogram's count.
+    """
     app.router.add_post(DEBUG_GC_COLLECT_PATH, _serve_debug_gc_collect)
     logger.warning(
         "Debug endpoint POST %s enabled: each call pauses this process for one full collection",
