@@ -52,6 +52,8 @@ class ModelRecord:
             )
         except KeyError as exc:
             raise ValueError(f"record lacks field {exc.args[0]!r}") from None
+        except TypeError as exc:  # e.g. "pid": null, "registered_at": {}
+            raise ValueError(f"record has a field of the wrong type: {exc}") from None
         for name in ("model", "endpoint", "instance_id"):
             value = getattr(record, name)
             if not isinstance(value, str) or not value:
