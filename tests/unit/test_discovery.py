@@ -1,0 +1,305 @@
+"""Model discovery through a shared directory: atomic records, a watcher that never crashes.
+
+The watcher is driven with ``poll_once`` (no sleeps); one test runs its own polling task and
+waits on an event with a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from pathlib import Path
+
+import pytest
+
+from dynamo.runtime import discovery
+from dynamo.runtime.discovery import DiscoveryStore, DiscoveryWatcher, ModelRecord
+
+LOGGER = "dynamo.runtime.discovery"
+
+
+def _record(model: str = "m", instance_id: str = "i1", port: int = 40001) -> ModelRecord:
+    return ModelRecord(model=model, endpoint=f"http://127.0.0.1:{port}", instance_id=instance_id)
+
+
+class Recorder:
+    """A watcher with its adds and removes recorded, polled by hand."""
+
+    def __init__(self, directory: Path) -> None:
+        self.added: list[ModelRecord] = []
+        self.removed: list[ModelRecord] = []
+        self.watcher = DiscoveryWatcher(
+            directory, on_add=self.added.append, on_remove=self.removed.append
+        )
+
+    def poll(self) -> None:
+        asyncio.run(self.watcher.poll_once())
+
+
+def _warnings(caplog, path: Path) -> list[logging.LogRecord]:
+    return [
+        r
+        for r in caplog.records
+        if r.name == LOGGER and r.levelno == logging.WARNING and str(path) in r.getMessage()
+    ]
+
+
+# --- records and the store ----------------------------------------------------------------
+
+
+def test_record_round_trips_through_json():
+    record = _record()
+    assert ModelRecord.from_json(record.to_json()) == record
+    data = json.loads(record.to_json())
+    assert data["pid"] == os.getpid()
+    assert set(data) == {"model", "endpoint", "instance_id", "pid", "registered_at"}
+
+
+def test_register_writes_one_whole_record_and_no_temp_file(tmp_path):
+    store = DiscoveryStore(tmp_path / "discovery")  # created on first register
+    record = _record()
+
+    path = store.register(record)
+
+    assert path == tmp_path / "discovery" / "i1.json"
+    assert ModelRecord.from_json(path.read_text(encoding="utf-8")) == record
+    assert sorted(p.name for p in path.parent.iterdir()) == ["i1.json"]
+    assert store.read_all() == {"i1": record}
+
+
+def test_unregister_removes_the_record_and_is_idempotent(tmp_path):
+    store = DiscoveryStore(tmp_path)
+    store.register(_record())
+    store.unregister("i1")
+    store.unregister("i1")
+    store.unregister("never-registered")
+    assert list(tmp_path.iterdir()) == []
+    assert store.read_all() == {}
+
+
+def test_a_failed_write_leaves_neither_a_record_nor_a_temp_file(tmp_path, mocker):
+    store = DiscoveryStore(tmp_path)
+    mocker.patch.object(discovery.os, "fsync", side_effect=OSError("disk full"))
+    with pytest.raises(OSError, match="disk full"):
+        store.register(_record())
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_rewrite_is_atomic_readers_keep_the_old_record_until_the_replace(tmp_path, mocker):
+    store = DiscoveryStore(tmp_path)
+    old = _record(port=40001)
+    path = store.register(old)
+    mocker.patch.object(discovery.os, "replace", side_effect=OSError("interrupted"))
+
+    with pytest.raises(OSError):
+        store.register(_record(port=40002))
+
+    assert ModelRecord.from_json(path.read_text(encoding="utf-8")) == old
+    assert [p.name for p in tmp_path.iterdir()] == ["i1.json"]
+
+
+def test_read_all_of_a_missing_directory_is_empty(tmp_path):
+    assert DiscoveryStore(tmp_path / "nope").read_all() == {}
+
+
+# --- the watcher --------------------------------------------------------------------------
+
+
+def test_watcher_reports_adds_and_removals(tmp_path):
+    store = DiscoveryStore(tmp_path)
+    seen = Recorder(tmp_path)
+    seen.poll()
+    assert seen.added == [] and seen.removed == []
+
+    first = _record(instance_id="a")
+    store.register(first)
+    seen.poll()
+    seen.poll()  # nothing new: reported once
+    assert seen.added == [first] and seen.removed == []
+
+    second = _record(instance_id="b", port=40002)
+    store.register(second)
+    store.unregister("a")
+    seen.poll()
+    assert seen.added == [first, second]
+    assert seen.removed == [first]
+    assert set(seen.watcher.known) == {"b"}
+
+
+def test_watcher_of_a_missing_directory_sees_nothing_and_does_not_crash(tmp_path):
+    seen = Recorder(tmp_path / "not-yet")
+    seen.poll()
+    DiscoveryStore(tmp_path / "not-yet").register(_record())
+    seen.poll()
+    assert [r.instance_id for r in seen.added] == ["i1"]
+
+
+def test_watcher_ignores_temp_hidden_and_foreign_files(tmp_path, caplog):
+    (tmp_path / ".tmp-abc.part").write_text("{half", encoding="utf-8")
+    (tmp_path / ".hidden.json").write_text("{half", encoding="utf-8")
+    (tmp_path / "notes.txt").write_text("hello", encoding="utf-8")
+    (tmp_path / "sub.json").mkdir()  # a directory named like a record
+    seen = Recorder(tmp_path)
+    seen.poll()
+    assert seen.added == []
+    assert not [r for r in caplog.records if ".tmp-" in r.getMessage() or ".hidden" in r.getMessage()]
+
+
+def _valid(instance_id: str) -> str:
+    return _record(instance_id=instance_id).to_json()
+
+
+MALFORMED = {
+    "not-json": "{not json",
+    "missing-fields": json.dumps({"model": "m"}),
+    "empty-model": json.dumps({"model": "", "endpoint": "http://x", "instance_id": "x"}),
+    "wrong-type": json.dumps({"model": 1, "endpoint": "http://x", "instance_id": "x"}),
+    "pid-null": json.dumps(
+        {"model": "m", "endpoint": "http://x", "instance_id": "x", "pid": None}
+    ),
+    "pid-text": json.dumps(
+        {"model": "m", "endpoint": "http://x", "instance_id": "x", "pid": "abc"}
+    ),
+    "registered-at-object": json.dumps(
+        {"model": "m", "endpoint": "http://x", "instance_id": "x", "registered_at": {}}
+    ),
+    "array": "[1, 2, 3]",
+    "number": "42",
+    "null": "null",
+    "empty": "",
+    "half-written": _valid("half-written")[: len(_valid("half-written")) // 2],
+    "not-utf8": b"\xff\xfe{}".decode("latin-1"),
+}
+
+
+def test_malformed_records_are_ignored_with_one_warning_per_file_version(tmp_path, caplog):
+    for name, text in MALFORMED.items():
+        (tmp_path / f"{name}.json").write_bytes(text.encode("latin-1"))
+    good = _record(instance_id="good")
+    DiscoveryStore(tmp_path).register(good)
+    seen = Recorder(tmp_path)
+
+    seen.poll()
+    seen.poll()
+    seen.poll()
+
+    assert seen.added == [good]
+    for name in MALFORMED:
+        assert len(_warnings(caplog, tmp_path / f"{name}.json")) == 1, name
+
+
+def test_a_record_completed_later_is_picked_up_without_another_warning(tmp_path, caplog):
+    path = tmp_path / "late.json"
+    whole = _valid("late")
+    path.write_text(whole[: len(whole) // 2], encoding="utf-8")  # a non-atomic writer, mid-write
+    seen = Recorder(tmp_path)
+    seen.poll()
+    seen.poll()
+    assert seen.added == []
+    assert len(_warnings(caplog, path)) == 1
+
+    path.write_text(whole, encoding="utf-8")
+    seen.poll()
+
+    assert [r.instance_id for r in seen.added] == ["late"]
+    assert len(_warnings(caplog, path)) == 1
+
+
+def test_a_new_bad_version_of_a_file_warns_again(tmp_path, caplog):
+    path = tmp_path / "flaky.json"
+    path.write_text("{bad", encoding="utf-8")
+    seen = Recorder(tmp_path)
+    seen.poll()
+    path.write_text("{still bad, and longer", encoding="utf-8")
+    seen.poll()
+    seen.poll()
+    assert len(_warnings(caplog, path)) == 2
+
+
+def test_a_bad_file_that_goes_away_and_comes_back_warns_again(tmp_path, caplog):
+    path = tmp_path / "again.json"
+    path.write_text("{bad", encoding="utf-8")
+    seen = Recorder(tmp_path)
+    seen.poll()
+    path.unlink()
+    seen.poll()
+    path.write_text("{bad", encoding="utf-8")
+    seen.poll()
+    assert len(_warnings(caplog, path)) == 2
+
+
+def test_a_raising_callback_does_not_stop_the_watcher(tmp_path, caplog):
+    store = DiscoveryStore(tmp_path)
+    added: list[str] = []
+    removed: list[str] = []
+
+    def on_add(record: ModelRecord) -> None:
+        added.append(record.instance_id)
+        if record.instance_id == "a":
+            raise RuntimeError("engine set-up failed")
+
+    def on_remove(record: ModelRecord) -> None:
+        removed.append(record.instance_id)
+        raise RuntimeError("teardown failed")
+
+    watcher = DiscoveryWatcher(tmp_path, on_add=on_add, on_remove=on_remove)
+    store.register(_record(instance_id="a"))
+    store.register(_record(instance_id="b"))
+    asyncio.run(watcher.poll_once())
+    assert added == ["a", "b"]  # "b" still reported after "a" raised
+
+    store.unregister("a")
+    store.register(_record(instance_id="c"))
+    asyncio.run(watcher.poll_once())
+    assert removed == ["a"]
+    assert added == ["a", "b", "c"]  # "a" is not reported twice; "c" after a raising remove
+    errors = [r for r in caplog.records if r.name == LOGGER and r.levelno == logging.ERROR]
+    assert len(errors) == 2 and all(r.exc_info for r in errors)
+
+
+def test_coroutine_callbacks_are_awaited(tmp_path):
+    added: list[str] = []
+
+    async def on_add(record: ModelRecord) -> None:
+        await asyncio.sleep(0)
+        added.append(record.instance_id)
+
+    async def on_remove(record: ModelRecord) -> None:
+        raise RuntimeError("async failure is contained too")
+
+    DiscoveryStore(tmp_path).register(_record())
+    watcher = DiscoveryWatcher(tmp_path, on_add=on_add, on_remove=on_remove)
+
+    async def scenario() -> None:
+        await watcher.poll_once()
+        DiscoveryStore(tmp_path).unregister("i1")
+        await watcher.poll_once()
+
+    asyncio.run(scenario())
+    assert added == ["i1"]
+    assert watcher.known == {}
+
+
+def test_the_polling_task_reports_a_record_and_stops_cleanly(tmp_path):
+    async def scenario() -> list[str]:
+        seen = asyncio.Event()
+        added: list[str] = []
+
+        def on_add(record: ModelRecord) -> None:
+            added.append(record.instance_id)
+            seen.set()
+
+        watcher = DiscoveryWatcher(
+            tmp_path, on_add=on_add, on_remove=lambda r: None, poll_interval_s=0.01
+        )
+        task = watcher.start()
+        DiscoveryStore(tmp_path).register(_record())
+        await asyncio.wait_for(seen.wait(), timeout=30)
+        await watcher.stop()
+        await watcher.stop()  # idempotent
+        assert task.done()
+        return added
+
+    assert asyncio.run(scenario()) == ["i1"]
