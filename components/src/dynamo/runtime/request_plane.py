@@ -66,7 +66,7 @@ def add_request_plane_routes(
     async def handle_generate(request: web.Request) -> web.StreamResponse:
         try:
             body = validate_generate_request(await request.json())
-        except (json.JSONDecodeError, BadGenerateRequest) as exc:
+        except ValueError as exc:  # bad JSON, bad UTF-8 (UnicodeDecodeError), bad fields
             return web.json_response({"error": str(exc)}, status=400)
         if not is_healthy():
             return web.json_response({"error": "worker is draining"}, status=503)
@@ -95,6 +95,18 @@ def add_request_plane_routes(
     app.router.add_get(HEALTH_PATH, handle_health)
 
 
+def _parse_line(line: bytes) -> dict:
+    """One NDJSON item; anything else means the stream is not ours to trust."""
+    try:
+        item = json.loads(line)
+    except ValueError:  # JSONDecodeError, UnicodeDecodeError, a line cut short
+        raise WorkerUnavailable(f"worker sent a malformed line: {line[:200]!r}") from None
+    if not isinstance(item, dict):
+        # e.g. ["finish_reason"] would otherwise pass the `in` tests below
+        raise WorkerUnavailable(f"worker sent a line that is not an object: {line[:200]!r}")
+    return item
+
+
 async def generate(
     session: aiohttp.ClientSession, endpoint: str, request: dict
 ) -> AsyncIterator[dict]:
@@ -109,7 +121,7 @@ async def generate(
             async for line in response.content:
                 if not line.strip():
                     continue
-                item = json.loads(line)
+                item = _parse_line(line)
                 if "error" in item:
                     raise WorkerUnavailable(f"worker failed: {item['error']}")
                 if "finish_reason" in item:
