@@ -1,0 +1,348 @@
+"""The request plane on a real aiohttp server on 127.0.0.1, with the real client.
+
+Each test runs its own event loop with ``asyncio.run``; waits are events with deadlines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+from typing import AsyncIterator, Callable
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from dynamo.runtime import request_plane
+from dynamo.runtime.request_plane import (
+    GENERATE_PATH,
+    WorkerUnavailable,
+    add_request_plane_routes,
+    generate,
+    validate_generate_request,
+)
+
+DEADLINE_S = 30.0
+
+
+async def echo_engine(request: dict) -> AsyncIterator[dict]:
+    """Echo each prompt token back, one per step, up to max_tokens."""
+    emitted = 0
+    for token in request["token_ids"][: request["max_tokens"]]:
+        await asyncio.sleep(0)
+        emitted += 1
+        yield {"token_ids": [token]}
+    yield {
+        "finish_reason": "length" if emitted == request["max_tokens"] else "stop",
+        "prompt_tokens": len(request["token_ids"]),
+        "completion_tokens": emitted,
+    }
+
+
+@contextlib.asynccontextmanager
+async def worker(handler, is_healthy: Callable[[], bool] = lambda: True):
+    app = web.Application()
+    add_request_plane_routes(app, handler, is_healthy)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        async with aiohttp.ClientSession() as session:
+            yield session, str(server.make_url("")).rstrip("/")
+    finally:
+        await server.close()
+
+
+@contextlib.asynccontextmanager
+async def raw_worker(body_lines: list[bytes]):
+    """A worker that answers /generate with exactly these bytes (to test the client)."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await response.prepare(request)
+        for line in body_lines:
+            await response.write(line)
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_post(GENERATE_PATH, handle)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        async with aiohttp.ClientSession() as session:
+            yield session, str(server.make_url("")).rstrip("/")
+    finally:
+        await server.close()
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, DEADLINE_S))
+
+
+async def collect(session, endpoint, request) -> list[dict]:
+    return [item async for item in generate(session, endpoint, request)]
+
+
+REQUEST = {"request_id": "r1", "token_ids": [5, 6, 7], "max_tokens": 2}
+
+
+# --- the happy path -----------------------------------------------------------------------------
+
+
+def test_generate_streams_every_item_then_the_finish():
+    async def scenario():
+        async with worker(echo_engine) as (session, endpoint):
+            return await collect(session, endpoint, REQUEST)
+
+    assert run(scenario()) == [
+        {"token_ids": [5]},
+        {"token_ids": [6]},
+        {"finish_reason": "length", "prompt_tokens": 3, "completion_tokens": 2},
+    ]
+
+
+def test_items_reach_the_client_before_the_stream_ends():
+    # The engine produces its second token only after the client has seen the first: a client
+    # (or server) that buffered the whole response would deadlock here and hit the deadline.
+    async def scenario():
+        first_seen = asyncio.Event()
+
+        async def lockstep(request: dict) -> AsyncIterator[dict]:
+            yield {"token_ids": [1]}
+            await asyncio.wait_for(first_seen.wait(), DEADLINE_S / 2)
+            yield {"token_ids": [2]}
+            yield {"finish_reason": "stop", "prompt_tokens": 1, "completion_tokens": 2}
+
+        items = []
+        async with worker(lockstep) as (session, endpoint):
+            async for item in generate(session, endpoint, REQUEST):
+                items.append(item)
+                first_seen.set()
+        return items
+
+    assert [i.get("token_ids") for i in run(scenario())] == [[1], [2], None]
+
+
+def test_the_handler_gets_the_validated_request():
+    seen: list[dict] = []
+
+    async def recording(request: dict) -> AsyncIterator[dict]:
+        seen.append(request)
+        yield {"finish_reason": "stop", "prompt_tokens": 0, "completion_tokens": 0}
+
+    async def scenario():
+        async with worker(recording) as (session, endpoint):
+            await collect(session, endpoint, {**REQUEST, "extra": "dropped"})
+
+    run(scenario())
+    assert seen == [REQUEST]
+
+
+def test_health_is_200_while_healthy_and_503_while_draining():
+    healthy = [True]
+
+    async def scenario():
+        async with worker(echo_engine, lambda: healthy[0]) as (session, endpoint):
+            async with session.get(endpoint + request_plane.HEALTH_PATH) as response:
+                first = (response.status, await response.json())
+            healthy[0] = False
+            async with session.get(endpoint + request_plane.HEALTH_PATH) as response:
+                second = (response.status, await response.json())
+            return first, second
+
+    assert run(scenario()) == ((200, {"status": "ok"}), (503, {"status": "draining"}))
+
+
+# --- errors -------------------------------------------------------------------------------------
+
+BAD_BODIES = [
+    pytest.param(b"{not json", id="not-json"),
+    pytest.param(b"", id="empty"),
+    pytest.param(b"\xff\xfe", id="not-utf8"),
+    pytest.param(b"[1, 2]", id="array"),
+    pytest.param(b'{"max_tokens": 1}', id="no-token-ids"),
+    pytest.param(b'{"token_ids": "abc", "max_tokens": 1}', id="token-ids-str"),
+    pytest.param(b'{"token_ids": [1, "2"], "max_tokens": 1}', id="token-str"),
+    pytest.param(b'{"token_ids": [true], "max_tokens": 1}', id="token-bool"),
+    pytest.param(b'{"token_ids": [1]}', id="no-max-tokens"),
+    pytest.param(b'{"token_ids": [1], "max_tokens": 0}', id="max-tokens-0"),
+    pytest.param(b'{"token_ids": [1], "max_tokens": 1.5}', id="max-tokens-float"),
+    pytest.param(b'{"token_ids": [1], "max_tokens": true}', id="max-tokens-bool"),
+    pytest.param(b'{"token_ids": [1], "max_tokens": 1, "request_id": 7}', id="request-id-int"),
+]
+
+
+@pytest.mark.parametrize("body", BAD_BODIES)
+def test_a_bad_body_is_a_400_and_never_reaches_the_engine(body):
+    called: list[dict] = []
+
+    async def engine(request: dict) -> AsyncIterator[dict]:
+        called.append(request)
+        yield {"finish_reason": "stop"}
+
+    async def scenario():
+        async with worker(engine) as (session, endpoint):
+            async with session.post(
+                endpoint + GENERATE_PATH,
+                data=body,
+                headers={"Content-Type": "application/json"},
+            ) as response:
+                return response.status, await response.json()
+
+    status, answer = run(scenario())
+    assert status == 400
+    assert isinstance(answer["error"], str) and answer["error"]
+    assert called == []
+
+
+def test_the_client_turns_a_400_into_worker_unavailable():
+    async def scenario():
+        async with worker(echo_engine) as (session, endpoint):
+            await collect(session, endpoint, {"token_ids": [1], "max_tokens": 0})
+
+    with pytest.raises(WorkerUnavailable, match="400"):
+        run(scenario())
+
+
+def test_a_draining_worker_answers_503_and_the_client_raises():
+    called: list[dict] = []
+
+    async def engine(request: dict) -> AsyncIterator[dict]:
+        called.append(request)
+        yield {"finish_reason": "stop"}
+
+    async def scenario():
+        async with worker(engine, lambda: False) as (session, endpoint):
+            async with session.post(endpoint + GENERATE_PATH, json=REQUEST) as response:
+                status = response.status
+            with pytest.raises(WorkerUnavailable, match="503"):
+                await collect(session, endpoint, REQUEST)
+            return status
+
+    assert run(scenario()) == 503
+    assert called == []
+
+
+def _closed_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_a_closed_port_is_worker_unavailable():
+    async def scenario():
+        async with aiohttp.ClientSession() as session:
+            await collect(session, f"http://127.0.0.1:{_closed_port()}", REQUEST)
+
+    with pytest.raises(WorkerUnavailable, match="unreachable"):
+        run(scenario())
+
+
+def test_a_stream_that_ends_without_finish_reason_is_worker_unavailable():
+    received: list[dict] = []
+
+    async def unfinished(request: dict) -> AsyncIterator[dict]:
+        yield {"token_ids": [1]}
+        yield {"token_ids": [2]}
+
+    async def scenario():
+        async with worker(unfinished) as (session, endpoint):
+            async for item in generate(session, endpoint, REQUEST):
+                received.append(item)
+
+    with pytest.raises(WorkerUnavailable, match="before finishing"):
+        run(scenario())
+    assert received == [{"token_ids": [1]}, {"token_ids": [2]}]
+
+
+def test_an_engine_failure_mid_stream_is_reported_in_band():
+    async def failing(request: dict) -> AsyncIterator[dict]:
+        yield {"token_ids": [1]}
+        raise RuntimeError("engine died")
+
+    async def scenario():
+        async with worker(failing) as (session, endpoint):
+            await collect(session, endpoint, REQUEST)
+
+    with pytest.raises(WorkerUnavailable, match="engine died"):
+        run(scenario())
+
+
+def test_a_connection_dropped_mid_stream_is_worker_unavailable():
+    async def dropping(request: dict) -> AsyncIterator[dict]:
+        yield {"token_ids": [1]}
+        raise ConnectionResetError("peer gone")  # the handler lets this through and aborts
+
+    async def scenario():
+        async with worker(dropping) as (session, endpoint):
+            await collect(session, endpoint, REQUEST)
+
+    with pytest.raises(WorkerUnavailable):
+        run(scenario())
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        pytest.param([b'{"token_ids": [1]}\n', b"not json\n"], id="not-json"),
+        pytest.param([b'{"token_ids": [1]}\n', b"42\n"], id="number"),
+        pytest.param([b'{"token_ids": [1]}\n', b'["finish_reason"]\n'], id="array"),
+        pytest.param([b'{"token_ids": [1]}\n', b'{"finish_re'], id="cut-mid-line"),
+    ],
+)
+def test_a_garbled_stream_is_worker_unavailable(lines):
+    async def scenario():
+        async with raw_worker(lines) as (session, endpoint):
+            await collect(session, endpoint, REQUEST)
+
+    with pytest.raises(WorkerUnavailable):
+        run(scenario())
+
+
+def test_blank_lines_are_skipped():
+    finish = {"finish_reason": "stop", "prompt_tokens": 1, "completion_tokens": 1}
+    lines = [b"\n", b'{"token_ids": [1]}\n', b"\n", json.dumps(finish).encode() + b"\n"]
+
+    async def scenario():
+        async with raw_worker(lines) as (session, endpoint):
+            return await collect(session, endpoint, REQUEST)
+
+    assert run(scenario()) == [{"token_ids": [1]}, finish]
+
+
+def test_closing_the_client_stream_aborts_the_request_in_the_worker():
+    async def scenario():
+        aborted = asyncio.Event()
+
+        async def endless(request: dict) -> AsyncIterator[dict]:
+            try:
+                n = 0
+                while True:
+                    n += 1
+                    yield {"token_ids": [n]}
+                    await asyncio.sleep(0.001)
+            finally:
+                aborted.set()
+
+        async with worker(endless) as (session, endpoint):
+            stream = generate(session, endpoint, REQUEST)
+            first = await stream.__anext__()
+            await stream.aclose()  # the frontend's client went away
+            await asyncio.wait_for(aborted.wait(), DEADLINE_S / 2)
+        return first
+
+    assert run(scenario()) == {"token_ids": [1]}
+
+
+# --- validation as a function (shared by both ends) --------------------------------------------
+
+
+def test_validate_generate_request_defaults_the_request_id():
+    assert validate_generate_request({"token_ids": [], "max_tokens": 1}) == {
+        "request_id": "",
+        "token_ids": [],
+        "max_tokens": 1,
+    }
