@@ -7,6 +7,8 @@ the command line (see ``dynamo.vllm.gc_policy``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from dynamo.common.configuration import Choice, FiniteFloat, IntRange, Option, Surface, Text
 
 POLICY_OFF = "off"
@@ -34,6 +36,35 @@ FPM_GC_FREEZE_INTERVAL_S = Option(
     help=(
         "With the 'freeze' policy: how often a background thread moves survivors into the "
         "permanent generation (a bare gc.freeze(), no heap walk)"
+    ),
+)
+
+
+@dataclass(frozen=True)
+class QualifiedName:
+    """A dotted ``package.module.Class`` name, the way vLLM names its worker extension."""
+
+    def parse(self, text: str) -> str:
+        name = text.strip()
+        parts = name.split(".")
+        if len(parts) < 2 or not all(part.isidentifier() for part in parts):
+            raise ValueError("expected a qualified class name such as package.module.Class")
+        return name
+
+    def describe(self) -> str:
+        return "qualified class name"
+
+
+WORKER_EXTENSION_CLS = Option(
+    name="worker-extension-cls",
+    env_var="DYN_VLLM_WORKER_EXTENSION_CLS",
+    default=None,
+    kind=QualifiedName(),
+    metavar="PACKAGE.MODULE.CLASS",
+    help=(
+        "Worker extension class mixed into every rank's worker (vLLM's worker_extension_cls). "
+        "With the self-benchmark and --fpm-gc-policy freeze it defaults to "
+        "dynamo.vllm.worker_extension.FpmGcWorkerExtension; another class must subclass it"
     ),
 )
 
@@ -70,6 +101,7 @@ OPTIONS = [
     ),
     FPM_GC_POLICY,
     FPM_GC_FREEZE_INTERVAL_S,
+    WORKER_EXTENSION_CLS,
 ]
 
 SURFACE = Surface(

@@ -1,0 +1,282 @@
+"""The worker's self-benchmark: one timed forward pass per (batch size x sequence length) point.
+
+It runs after engine init and before the serving freeze and ``register_model``. With
+``--fpm-gc-policy freeze`` the GC policy (:mod:`dynamo.vllm.gc_policy`) runs around the sweep in
+the main process and, through the worker extension, in every rank; it is stopped on every exit
+path (success, exception, KeyboardInterrupt, cancellation) before this function returns or
+raises, so the serving freeze that follows sees stock thresholds, as if the benchmark never ran.
+
+Before the engine is built, the worker calls :func:`resolve_worker_extension` (the ranks must load
+the extension) and :func:`export_policy_env` (the ranks read the policy from their environment).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import IO, Any, Sequence
+
+from dynamo.vllm import gc_policy
+from dynamo.vllm.ranks import resolve_qualname
+from dynamo.vllm.self_benchmark_args import (
+    FPM_GC_POLICY,
+    POLICY_FREEZE,
+    WORKER_EXTENSION_CLS,
+)
+from dynamo.vllm.worker_extension import QUALNAME as POLICY_EXTENSION
+from dynamo.vllm.worker_extension import FpmGcWorkerExtension
+
+logger = logging.getLogger(__name__)
+
+PROG = "python -m dynamo.vllm"
+BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
+SEQ_LENS = (16, 32, 64, 128, 256, 512, 1024, 2048)
+SWEEP_SEED = 0
+# In long sweeps, an untimed gc_maintain window every this many points keeps the garbage the
+# policy defers (cycles that reached a frozen generation) from piling up.
+MAINTAIN_EVERY_POINTS = 1000
+OUTLIER_FACTOR = 3.0
+
+
+class WorkerExtensionConflict(ValueError):
+    """The user's worker extension would leave the ranks without the GC policy."""
+
+
+def policy_active(config: argparse.Namespace) -> bool:
+    """The policy runs when the self-benchmark does and ``--fpm-gc-policy`` is ``freeze``."""
+    return config.self_benchmark_points > 0 and config.fpm_gc_policy == POLICY_FREEZE
+
+
+def check_worker_extension(config: argparse.Namespace) -> str | None:
+    """The ``worker_extension_cls`` the engine must get (raises on a conflict).
+
+    With the policy active every rank must load :class:`FpmGcWorkerExtension`: it is injected
+    when the user set no extension, and a user extension must subclass it. Otherwise the user's
+    value is returned untouched.
+    """
+    user_value = config.worker_extension_cls
+    if not policy_active(config):
+        return user_value
+    if user_value is None or user_value == POLICY_EXTENSION:
+        return POLICY_EXTENSION
+    try:
+        extension = resolve_qualname(user_value)
+    except Exception as exc:  # noqa: BLE001 - any import failure is the same operator error
+        raise WorkerExtensionConflict(
+            f"{WORKER_EXTENSION_CLS.source_label()} {user_value!r} cannot be loaded ({exc})"
+        ) from None
+    if isinstance(extension, type) and issubclass(extension, FpmGcWorkerExtension):
+        return user_value
+    raise WorkerExtensionConflict(
+        f"{WORKER_EXTENSION_CLS.source_label()} is {user_value!r}, but "
+        f"{FPM_GC_POLICY.source_label()} 'freeze' with the self-benchmark needs every rank to "
+        f"load {POLICY_EXTENSION}: make your extension subclass it, or set "
+        f"{FPM_GC_POLICY.flag} off"
+    )
+
+
+def resolve_worker_extension(config: argparse.Namespace) -> str | None:
+    """:func:`check_worker_extension`, with a conflict ending the program like a bad flag (2)."""
+    try:
+        return check_worker_extension(config)
+    except WorkerExtensionConflict as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def policy_env_for(config: argparse.Namespace) -> dict[str, str]:
+    """The policy env vars the engine's rank processes need (none outside benchmark mode)."""
+    if config.self_benchmark_points <= 0:
+        return {}
+    return gc_policy.policy_env(
+        gc_policy.PolicyConfig(config.fpm_gc_policy, config.fpm_gc_freeze_interval_s)
+    )
+
+
+def export_policy_env(config: argparse.Namespace) -> None:
+    """Give the engine's rank processes (started later, never seeing argv) this policy config.
+
+    The values were validated by the parser, so a rank reads back exactly what was given on the
+    command line or in the environment.
+    """
+    os.environ.update(policy_env_for(config))
+
+
+def benchmark_points(count: int, *, seed: int = SWEEP_SEED) -> list[tuple[int, int]]:
+    """``count`` (batch size, sequence length) points: the whole grid in a seeded order, repeated."""
+    rng = random.Random(seed)
+    grid = [(batch, seq) for batch in BATCH_SIZES for seq in SEQ_LENS]
+    points: list[tuple[int, int]] = []
+    while len(points) < count:
+        cycle = list(grid)
+        rng.shuffle(cycle)
+        points.extend(cycle)
+    return points[:count]
+
+
+@dataclass(frozen=True)
+class PointResult:
+    point: int
+    batch: int
+    seq: int
+    wall_ms: float
+
+    def json_line(self) -> str:
+        return json.dumps(asdict(self)) + "\n"
+
+
+@dataclass(frozen=True)
+class BenchmarkSummary:
+    points: int
+    p50_ms: float
+    max_ms: float
+    outliers: int  # samples slower than OUTLIER_FACTOR x the median of their own point
+    gc_policy: str
+
+    def log_line(self) -> str:
+        return (
+            f"Self-benchmark done: points={self.points} p50_ms={self.p50_ms:.3f} "
+            f"max_ms={self.max_ms:.3f} outliers={self.outliers} "
+            f"(>{OUTLIER_FACTOR:g}x their point's median) gc_policy={self.gc_policy}"
+        )
+
+
+def summarize(results: Sequence[PointResult], *, gc_policy_name: str) -> BenchmarkSummary:
+    """p50 and max over every sample; outliers against the median of the same (batch, seq).
+
+    A big point is legitimately slower than the sweep's median; a GC pause makes one sample of
+    a point slower than the other samples of that same point.
+    """
+    if not results:
+        return BenchmarkSummary(0, 0.0, 0.0, 0, gc_policy_name)
+    by_point: dict[tuple[int, int], list[float]] = {}
+    for result in results:
+        by_point.setdefault((result.batch, result.seq), []).append(result.wall_ms)
+    outliers = 0
+    for samples in by_point.values():
+        median = statistics.median(samples)
+        outliers += sum(1 for value in samples if value > OUTLIER_FACTOR * median)
+    wall_ms = [result.wall_ms for result in results]
+    return BenchmarkSummary(
+        points=len(results),
+        p50_ms=statistics.median(wall_ms),
+        max_ms=max(wall_ms),
+        outliers=outliers,
+        gc_policy=gc_policy_name,
+    )
+
+
+class PointWriter:
+    """One JSON line per point, flushed as it goes (a crash keeps every point measured so far)."""
+
+    def __init__(self, path: str | None) -> None:
+        self._file: IO[str] | None = None if path is None else open(path, "w", encoding="utf-8")
+
+    def write(self, result: PointResult) -> None:
+        if self._file is not None:
+            self._file.write(result.json_line())
+            self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+
+
+async def run_sweep(
+    engine: Any,
+    points: Sequence[tuple[int, int]],
+    writer: PointWriter,
+    *,
+    maintain_every: int | None,
+) -> list[PointResult]:
+    """Time one ``engine.forward_pass`` per point; ``gc_maintain`` windows between points."""
+    results: list[PointResult] = []
+    for index, (batch, seq) in enumerate(points):
+        if maintain_every and index and index % maintain_every == 0:
+            collected = gc_policy.gc_maintain()  # untimed: between two measured points
+            await engine.collective_rpc("fpm_gc_maintain")
+            logger.debug("GC maintain window before point %d: collected=%d", index, collected)
+        started = time.perf_counter()
+        await engine.forward_pass(batch, seq)
+        elapsed_ms = (time.perf_counter() - started) * 1000.0
+        result = PointResult(point=index, batch=batch, seq=seq, wall_ms=round(elapsed_ms, 4))
+        writer.write(result)
+        results.append(result)
+    return results
+
+
+async def _start_policy(engine: Any, config: argparse.Namespace) -> None:
+    gc_policy.start_gc_policy(interval_s=config.fpm_gc_freeze_interval_s)
+    started = await engine.collective_rpc("fpm_gc_start")
+    unpoliced = [rank for rank, running in enumerate(started) if not running]
+    if unpoliced:
+        logger.warning(
+            "GC policy did not start in rank(s) %s: their environment turns it off, so their "
+            "gen2 pauses can land in measured windows",
+            unpoliced,
+        )
+
+
+async def _stop_policy(engine: Any, *, serving_freeze: bool, raise_errors: bool) -> None:
+    # The main process first: if the engine runs the extension in this very process, its
+    # fpm_gc_stop is then a no-op instead of stopping without the serving-freeze hint.
+    errors: list[Exception] = []
+    try:
+        gc_policy.stop_gc_policy(serving_freeze=serving_freeze)
+    except Exception as exc:  # noqa: BLE001 - the ranks must still be stopped
+        errors.append(exc)
+    try:
+        await engine.collective_rpc("fpm_gc_stop")
+    except Exception as exc:  # noqa: BLE001 - reported below
+        errors.append(exc)
+    if errors and raise_errors:
+        raise errors[0]
+    for exc in errors:
+        logger.error("Stopping the GC policy failed: %s", exc)
+
+
+async def run_self_benchmark(engine: Any, config: argparse.Namespace) -> BenchmarkSummary:
+    """Run the sweep (after engine init, before the serving freeze); log and return its summary.
+
+    The benchmark's own error propagates after the policy has been stopped everywhere.
+    """
+    points = benchmark_points(config.self_benchmark_points)
+    use_policy = policy_active(config)
+    policy_name = config.fpm_gc_policy if use_policy else "off"
+    serving_freeze = bool(getattr(config, "freeze_gc_heap", False))
+    logger.info(
+        "Self-benchmark: %d points, GC policy %s, output %s",
+        len(points),
+        policy_name,
+        config.self_benchmark_output or "none",
+    )
+    writer = PointWriter(config.self_benchmark_output)  # fails before any GC state changes
+    policy_started = False
+    try:
+        if use_policy:
+            policy_started = True  # set first: a start that fails half-way is still stopped
+            await _start_policy(engine, config)
+        results = await run_sweep(
+            engine,
+            points,
+            writer,
+            maintain_every=MAINTAIN_EVERY_POINTS if use_policy else None,
+        )
+    except BaseException:
+        if policy_started:
+            await _stop_policy(engine, serving_freeze=serving_freeze, raise_errors=False)
+        raise
+    finally:
+        writer.close()
+    if policy_started:
+        await _stop_policy(engine, serving_freeze=serving_freeze, raise_errors=True)
+    summary = summarize(results, gc_policy_name=policy_name)
+    logger.info(summary.log_line())
+    return summary
