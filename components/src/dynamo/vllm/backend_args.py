@@ -123,7 +123,17 @@ _PARSED = dataclasses.replace(SURFACE, options=[*OPTIONS, *self_benchmark_args.O
 def parse_args(
     argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 ) -> argparse.Namespace:
-    config = parse_surface(_PARSED, argv, env)
+    """The worker's options; with ``--engine vllm`` the rest goes to vLLM.
+
+    The worker's own options are parsed first. With ``--engine vllm`` every argument the worker
+    does not know is kept, in order, in ``config.vllm_args`` for vLLM's own parser (see
+    ``dynamo.vllm.vllm_engine.parse_vllm_args``), so vLLM's flags work as they are; with the mock
+    engine an unknown argument exits 2 as usual.
+    """
+    config, rest = parse_surface(_PARSED, argv, env, allow_unknown=True)
+    if rest and config.engine != "vllm":
+        parse_surface(_PARSED, argv, env)  # exits 2, naming the unrecognized arguments
+    config.vllm_args = list(rest)
     if config.discovery_dir is None:
         config.discovery_dir = default_discovery_dir()
     return config
