@@ -17,11 +17,13 @@ Where each value comes from (no heap walk anywhere on these paths):
   lifecycle phase listener.
 
 Why the pause histogram is not a ``prometheus_client.Histogram``: its ``observe`` takes a
-``threading.Lock`` per value. A GC callback runs in whichever thread triggered the collection; on
-3.12+ a collection can start at almost any bytecode boundary, including while the scrape thread
-holds one of those very locks to read the value, and the callback would then wait forever on a
-lock its own thread holds. Our sink touches no lock at all: the callback is the only writer
-(collections never overlap, even across threads), and a scrape only reads.
+non-reentrant ``threading.Lock`` per value touched (sum, bucket). A GC callback runs in whichever
+thread triggered the collection, in the middle of whatever that thread was doing; if that ever
+were a scrape holding one of those locks (prometheus_client's locked sections are tiny today,
+but nothing promises they never reach a point where CPython starts a pending collection), the
+callback would wait forever on a lock its own thread holds. Our sink takes no lock at all, which
+is also cheaper: the callback is the only writer (collections never overlap, even across
+threads), and a scrape only reads.
 """
 
 from __future__ import annotations
