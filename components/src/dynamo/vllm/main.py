@@ -260,7 +260,9 @@ async def _start_and_serve(
     install_pause_logger(config, metrics)
     await start_system_port(config, metrics, cleanup)
 
-    engine = engine_factory.build_engine(config)
+    engine = engine_factory.build_engine(
+        config, worker_extension_cls=getattr(config, "worker_extension_cls", None)
+    )
     logger.info("Engine init: starting the %s engine for model %s", config.engine, config.model)
     began = time.perf_counter()
     cleanup.push_async_callback(shutdown_engine, engine)
@@ -312,6 +314,14 @@ def _consume_cancellation() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = backend_args.parse_args(argv)
+        if config.self_benchmark_points > 0:
+            # Before the engine exists: its ranks must load the GC policy's worker extension
+            # (a conflicting user extension exits 2 here), and read the policy from their
+            # environment, since they never see this command line.
+            from dynamo.vllm.self_benchmark import export_policy_env, resolve_worker_extension
+
+            config.worker_extension_cls = resolve_worker_extension(config)
+            export_policy_env(config)
     except SystemExit as exc:  # bad input (exit 2) or --help (exit 0): nothing else has run
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     configure_logging()
