@@ -1,0 +1,118 @@
+"""``scripts/icebox.py`` (``./dev.sh icebox``): the icebox pair comes up, prints a curl command
+that works, streams both logs, stops cleanly on SIGTERM, and fails loudly when a child dies."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.harness import wait_until
+from tests.integration.test_pair_helpers import CLIENT_TIMEOUT_S, expected_content, request
+
+pytestmark = pytest.mark.integration
+
+ICEBOX = Path(__file__).resolve().parents[2] / "scripts" / "icebox.py"
+BANNER = re.compile(
+    r"frontend (http://127\.0\.0\.1:\d+) \(pid (\d+)\), worker model (\S+) \(pid (\d+)\)"
+)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+class Icebox:
+    def __init__(self, log_dir: Path) -> None:
+        self.log_path = log_dir / "icebox.out"
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, str(ICEBOX), "--port", "0"],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        )
+
+    def output(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def wait_ready(self) -> re.Match:
+        def ready():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"icebox exited with {self.proc.returncode}:\n{self.output()}")
+            return "Ctrl-C stops both" in self.output() and BANNER.search(self.output())
+
+        return wait_until(ready, deadline_s=120, what="the icebox pair to be ready")
+
+    def curl_argv(self) -> list[str]:
+        line = next(l for l in self.output().splitlines() if l.strip().startswith("curl "))
+        return shlex.split(line)
+
+    def wait_exit(self, deadline_s: float = 60.0) -> int:
+        try:
+            return self.proc.wait(timeout=deadline_s)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"icebox did not exit:\n{self.output()}") from None
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.wait_exit()
+        self._log.close()
+
+
+@pytest.fixture
+def icebox(tmp_path):
+    box = Icebox(tmp_path)
+    yield box
+    box.close()
+
+
+def test_icebox_prints_a_working_curl_command_and_stops_cleanly(icebox):
+    banner = icebox.wait_ready()
+    url, frontend_pid, model, worker_pid = banner.groups()
+    assert model == "icebox-mock"
+    output = icebox.output()
+    assert "GC heap frozen (frontend)" in output and "GC heap frozen (vllm worker)" in output
+    assert re.search(r"logs: \S+frontend\.log and \S+worker\.log", output)
+
+    argv = icebox.curl_argv()
+    assert argv[0] == "curl" and argv[2] == url + "/v1/chat/completions"
+    body = json.loads(argv[argv.index("-d") + 1])
+    if shutil.which("curl"):
+        completed = subprocess.run(argv, capture_output=True, timeout=CLIENT_TIMEOUT_S, check=True)
+        answer = json.loads(completed.stdout)
+    else:  # the same request the printed command sends
+        status, answer = request("POST", argv[2], body)
+        assert status == 200
+    assert answer["choices"][0]["message"]["content"] == expected_content(body)
+
+    icebox.proc.send_signal(signal.SIGTERM)
+    assert icebox.wait_exit() == 0
+    output = icebox.output()
+    assert "[frontend]" in output and "[worker]" in output
+    assert "exit codes: {'frontend': 0, 'worker': 0}" in output
+    assert not alive(int(frontend_pid)) and not alive(int(worker_pid))
+
+
+def test_icebox_exits_nonzero_with_the_last_lines_when_a_child_dies(icebox):
+    _, frontend_pid, _, worker_pid = icebox.wait_ready().groups()
+    os.kill(int(worker_pid), signal.SIGKILL)
+    assert icebox.wait_exit() == 1
+    output = icebox.output()
+    assert f"the worker exited on its own with code {-signal.SIGKILL}" in output
+    assert re.search(r"last lines of \S+worker\.log:\n(  .*\n)*  .*Model registered", output)
+    assert not alive(int(frontend_pid))

@@ -1,0 +1,169 @@
+"""The frontend's start-up order, on the real ``main`` in this process.
+
+Wrappers record the order of the steps that matter and the GC state at each; the frontend stops
+the way it does in production, on a real SIGTERM sent to this process once the discovery watcher
+starts (the last start-up step), when the frontend's loop owns the signal.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import signal
+
+import pytest
+from aiohttp import web
+
+from dynamo.common import lifecycle
+from dynamo.common.utils import gc_freeze
+from dynamo.frontend import logging_setup
+from dynamo.frontend import main as frontend_main
+from dynamo.runtime.discovery import DiscoveryWatcher
+
+
+@pytest.fixture(autouse=True)
+def restore_process_state(monkeypatch):
+    """main configures logging, attaches metrics observers and (maybe) freezes this process:
+    none of it may outlive the test."""
+    root = logging.getLogger()
+    level = root.level
+    monkeypatch.setattr(gc_freeze, "_last_freeze", gc_freeze.last_freeze())
+    monkeypatch.setattr(gc_freeze, "_freeze_observers", list(gc_freeze._freeze_observers))
+    monkeypatch.setattr(lifecycle, "_listeners", list(lifecycle._listeners))
+    yield
+    logging_setup.remove_logging_handler()
+    root.setLevel(level)
+
+
+@pytest.fixture
+def steps(mocker):
+    """Record (step, phase, frozen objects) for each start-up step, in order."""
+    recorded: list[tuple[str, lifecycle.Phase, int]] = []
+
+    def note(step: str) -> None:
+        recorded.append((step, lifecycle.current_phase(), gc.get_freeze_count()))
+
+    def wrap(owner, name: str, step: str, *, is_async: bool = False, after=None):
+        real = getattr(owner, name)
+        if is_async:
+
+            async def wrapper(*args, **kwargs):
+                note(step)
+                return await real(*args, **kwargs)
+
+        else:
+
+            def wrapper(*args, **kwargs):
+                note(step)
+                result = real(*args, **kwargs)
+                if after is not None:
+                    after()
+                return result
+
+        mocker.patch.object(owner, name, wrapper)
+
+    wrap(gc_freeze, "install_gc_pause_logger", "pause_logger")
+    wrap(frontend_main, "build_frontend", "build", is_async=True)
+    wrap(gc_freeze, "maybe_freeze_gc_heap", "freeze")
+    wrap(lifecycle, "mark_serving", "mark_serving")
+    wrap(web.TCPSite, "start", "listen", is_async=True)
+    wrap(
+        DiscoveryWatcher,
+        "start",
+        "watcher",
+        after=lambda: os.kill(os.getpid(), signal.SIGTERM),  # stop once start-up is done
+    )
+    wrap(lifecycle, "mark_draining", "mark_draining")
+    return recorded
+
+
+def run_main(tmp_path, *extra: str) -> int:
+    return frontend_main.main(
+        [
+            "--http-host", "127.0.0.1",
+            "--http-port", "0",
+            "--discovery-dir", str(tmp_path / "discovery"),
+            *extra,
+        ]
+    )  # fmt: skip
+
+
+def test_freeze_happens_after_build_and_before_the_listener_opens(tmp_path, steps, caplog):
+    caplog.set_level(logging.INFO)
+    assert run_main(tmp_path) == 0
+    names = [step for step, _, _ in steps]
+    assert names == [
+        "pause_logger",
+        "build",
+        "freeze",
+        "mark_serving",
+        "listen",
+        "watcher",
+        "mark_draining",
+    ]
+    by_name = {step: (phase, frozen) for step, phase, frozen in steps}
+    assert by_name["freeze"][0] is lifecycle.Phase.STARTING
+    assert by_name["mark_serving"][1] > 0  # frozen before admission
+    assert by_name["listen"] == (lifecycle.Phase.SERVING, by_name["mark_serving"][1])
+    assert caplog.text.count("GC heap frozen (frontend)") == 1
+    assert "HTTP service listening on http://127.0.0.1:" in caplog.text
+    assert lifecycle.current_phase() is lifecycle.Phase.DRAINING
+
+
+def test_no_freeze_flag_never_touches_gc_state(tmp_path, steps, mocker, caplog):
+    caplog.set_level(logging.INFO)
+    touched = {
+        name: mocker.patch.object(gc, name, wraps=getattr(gc, name))
+        for name in ("collect", "freeze", "unfreeze", "set_threshold", "disable", "enable")
+    }
+    thresholds, callbacks = gc.get_threshold(), list(gc.callbacks)
+    assert run_main(tmp_path, "--no-dyn-freeze-gc-heap") == 0
+    assert [name for name, spy in touched.items() if spy.called] == []
+    assert gc.get_freeze_count() == 0
+    assert gc.get_threshold() == thresholds
+    # The one callback main adds observes pauses (for the log and /metrics); it changes nothing.
+    added = [callback for callback in gc.callbacks if callback not in callbacks]
+    assert added == [gc_freeze.installed_gc_pause_logger()]
+    assert "freeze" in [step for step, _, _ in steps]  # asked, and declined
+    assert "GC heap freeze disabled (frontend)" in caplog.text
+
+
+def test_env_var_turns_the_freeze_off_too(tmp_path, steps, monkeypatch):
+    monkeypatch.setenv("DYN_FREEZE_GC_HEAP", "off")
+    assert run_main(tmp_path) == 0
+    assert gc.get_freeze_count() == 0
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--http-port", "70000"],
+        ["--http-port", "eighty"],
+        ["--dyn-preprocess-workers", "-1"],
+        ["--dyn-gc-pause-log-ms", "nan"],
+        ["--no-such-flag"],
+    ],
+)
+def test_bad_input_exits_2_before_anything_runs(argv, steps, capsys):
+    with pytest.raises(SystemExit) as exited:
+        frontend_main.main(argv)
+    assert exited.value.code == 2
+    assert steps == []
+    assert "error" in capsys.readouterr().err
+
+
+def test_a_taken_port_exits_1_after_logging_why(tmp_path, steps, caplog):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        caplog.set_level(logging.INFO)
+        code = frontend_main.main(
+            ["--http-host", "127.0.0.1", "--http-port", str(port),
+             "--discovery-dir", str(tmp_path)]
+        )  # fmt: skip
+    assert code == 1
+    assert f"Cannot listen on http://127.0.0.1:{port}" in caplog.text
