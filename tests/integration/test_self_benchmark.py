@@ -80,7 +80,8 @@ def test_policy_runs_everywhere_and_stops_before_the_one_serving_freeze(benchmar
     stopped = line_numbers(log, r"GC policy stopped: thresholds restored")
     # The main process and each rank, each once.
     assert len(started) == len(stopped) == 1 + RANKS, log
-    assert len(line_numbers(log, r"\[rank \d\] dynamo\.vllm\.gc_policy: GC policy stopped")) == RANKS
+    rank_stops = line_numbers(log, r"\[rank \d\] dynamo\.vllm\.gc_policy: GC policy stopped")
+    assert len(rank_stops) == RANKS, log
     (summary,) = line_numbers(log, SUMMARY_LINE)
     (serving_freeze,) = line_numbers(log, SERVING_FREEZE_LINE)
     (registered,) = line_numbers(log, REGISTERED_LINE)
@@ -102,7 +103,8 @@ def test_registers_after_the_benchmark_and_serves(benchmarked_worker):
     async def generate():
         async with aiohttp.ClientSession() as session:
             request = {"request_id": "after-bench", "token_ids": [4, 5], "max_tokens": 3}
-            return [item async for item in request_plane.generate(session, record.endpoint, request)]
+            stream = request_plane.generate(session, record.endpoint, request)
+            return [item async for item in stream]
 
     items = asyncio.run(generate())
     assert items[-1] == {"finish_reason": "length", "prompt_tokens": 2, "completion_tokens": 3}

@@ -1,4 +1,4 @@
-"""The benchmark-scoped GC policy in this process: start/stop, gen2 off, deferred garbage, thread."""
+"""The benchmark-scoped GC policy in this process: start/stop, gen2 off, deferred garbage, thread"""
 
 from __future__ import annotations
 
@@ -262,7 +262,9 @@ def test_incremental_gc_versions_are_unsound(mocker, version, unsound):
 
 def test_free_threaded_build_is_unsound(mocker):
     mocker.patch.object(
-        sysconfig, "get_config_var", side_effect=lambda name: 1 if name == "Py_GIL_DISABLED" else None
+        sysconfig,
+        "get_config_var",
+        side_effect=lambda name: 1 if name == "Py_GIL_DISABLED" else None,
     )
     assert "free-threaded" in gc_policy.unsound_build_reason()
 

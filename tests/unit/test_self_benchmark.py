@@ -114,12 +114,14 @@ def test_a_malformed_extension_name_exits_2(capsys, text):
 
 def test_benchmark_with_the_policy_injects_the_extension():
     assert resolve_worker_extension(config_for(*BENCH_FREEZE)) == QUALNAME
-    assert resolve_worker_extension(config_for(*BENCH_FREEZE, "--worker-extension-cls", QUALNAME)) == QUALNAME
+    explicit = config_for(*BENCH_FREEZE, "--worker-extension-cls", QUALNAME)
+    assert resolve_worker_extension(explicit) == QUALNAME
 
 
 def test_an_extension_that_subclasses_ours_is_accepted():
     name = f"{__name__}.PolicyAwareExtension"
-    assert resolve_worker_extension(config_for(*BENCH_FREEZE, "--worker-extension-cls", name)) == name
+    config = config_for(*BENCH_FREEZE, "--worker-extension-cls", name)
+    assert resolve_worker_extension(config) == name
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,13 @@ POINTS = 30
 FAIL_AT = 12
 RANKS = 2
 # What "as before" means in a rank: its GC state, not its pid or counters.
-RANK_STATE_KEYS = ("thresholds", "isenabled", "freeze_count", "policy_running", "freeze_thread_alive")
+RANK_STATE_KEYS = (
+    "thresholds",
+    "isenabled",
+    "freeze_count",
+    "policy_running",
+    "freeze_thread_alive",
+)
 MAIN_THRESHOLDS = (555, 7, 9)  # custom, so a hard-coded restore would show
 
 
@@ -183,7 +189,10 @@ def test_success_with_the_serving_freeze_leaves_stock_thresholds_and_a_frozen_he
 def test_with_the_policy_off_gc_is_never_touched(tmp_path, monkeypatch):
     # The user's extension (ours, to read rank state) is loaded, but the policy never starts.
     config = benchmark_config(
-        tmp_path, "--fpm-gc-policy", "off", "--no-freeze-gc-heap", "--worker-extension-cls", QUALNAME
+        tmp_path,
+        "--fpm-gc-policy", "off",
+        "--no-freeze-gc-heap",
+        "--worker-extension-cls", QUALNAME,
     )
     probe, outcome, (main_before, main_after), (ranks_before, ranks_after) = run_benchmark(
         config, monkeypatch

@@ -1,4 +1,4 @@
-"""The self-benchmark's GC policy: no automatic gen2 collection in a measured window, no trace after.
+"""The self-benchmark's GC policy: no automatic gen2 collection in a measured window, no trace.
 
 A self-benchmark times one forward pass per point. CPython's full (gen2) collection fires whenever
 the objects promoted since the last full pass exceed 25% of the long-lived ones, so over a sweep it

@@ -102,7 +102,7 @@ class RankWorkerBase:
 
 
 class MockRankWorker(RankWorkerBase):
-    """One rank's worker: each ``execute_forward`` allocates like a scheduler step, then computes."""
+    """One rank's worker: ``execute_forward`` allocates like a scheduler step, then computes."""
 
     def __init__(self, rank: int, world_size: int) -> None:
         super().__init__(rank, world_size)

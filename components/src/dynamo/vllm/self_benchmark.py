@@ -110,7 +110,7 @@ def export_policy_env(config: argparse.Namespace) -> None:
 
 
 def benchmark_points(count: int, *, seed: int = SWEEP_SEED) -> list[tuple[int, int]]:
-    """``count`` (batch size, sequence length) points: the whole grid in a seeded order, repeated."""
+    """``count`` (batch size, sequence length) points: the grid in a seeded order, repeated."""
     rng = random.Random(seed)
     grid = [(batch, seq) for batch in BATCH_SIZES for seq in SEQ_LENS]
     points: list[tuple[int, int]] = []

@@ -1,17 +1,18 @@
 """The GC policy as a worker extension, so every rank of the engine runs it.
 
-vLLM loads ``parallel_config.worker_extension_cls`` in each rank (``WorkerWrapperBase.init_worker``):
-it resolves the qualified name with ``importlib``, checks that none of the extension's public
-attributes clash with the worker class, appends the extension to the worker class's
-``__bases__``, and ``collective_rpc("name", args=...)`` then calls ``worker.name(*args)`` in every
-rank. The mock engine's ranks (:mod:`dynamo.vllm.ranks`) load it the same way, so this class works
-under both. It has no ``__init__`` and keeps no state on ``self`` (vLLM never calls an extension's
-initialiser): the state lives in :mod:`dynamo.vllm.gc_policy`, one per process.
+vLLM loads ``parallel_config.worker_extension_cls`` in each rank
+(``WorkerWrapperBase.init_worker``): it resolves the qualified name with ``importlib``, checks
+that none of the extension's public attributes clash with the worker class, appends the
+extension to the worker class's ``__bases__``, and ``collective_rpc("name", args=...)`` then
+calls ``worker.name(*args)`` in every rank. The mock engine's ranks (:mod:`dynamo.vllm.ranks`)
+load it the same way, so this class works under both. It has no ``__init__`` and keeps no state
+on ``self`` (vLLM never calls an extension's initialiser): the state lives in
+:mod:`dynamo.vllm.gc_policy`, one per process.
 
 Each rank reads the policy from its environment (``DYN_FPM_GC_POLICY``,
 ``DYN_FPM_GC_FREEZE_INTERVAL_S``); a bad value logs a WARNING and the default is used. The worker
-exports both before the engine starts its ranks (see :func:`dynamo.vllm.self_benchmark.
-export_policy_env`).
+exports both before the engine starts its ranks
+(:func:`dynamo.vllm.self_benchmark.export_policy_env`).
 """
 
 from __future__ import annotations
