@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+import signal
 
 import pytest
 
@@ -88,10 +89,18 @@ def test_requests_still_succeed_through_the_pool(pair):
     assert events[-1] == "[DONE]" and streamed_text(events) == expected_content(body)
 
 
-def test_sigterm_stops_the_frontend_and_its_pool(pair):
-    frontend, _ = pair
+def test_sigterm_lets_the_stream_in_flight_finish_then_stops_the_pool(pair):
+    frontend, url = pair
     pids = {pid for pid, line in lines_with_pids(frontend.log(), FROZEN_LINE)
             if "(preprocess worker)" in line}  # fmt: skip
     assert len(pids) == WORKERS and all(alive(pid) for pid in pids)
-    assert frontend.stop() == 0
+    body = chat_body(MODEL, max_tokens=500, stream=True)  # ~0.6 s of tokens at 1 ms each
+    events = stream_events(url, body)
+    first = next(events)
+    frontend.signal(signal.SIGTERM)
+    frontend.wait_for_log(r"Draining: 1 request\(s\) in flight")
+    rest = list(events)
+    assert rest[-1] == "[DONE]"
+    assert streamed_text([first, *rest]) == expected_content(body)  # nothing cut short
+    assert frontend.wait_exit() == 0
     wait_until(lambda: not any(alive(pid) for pid in pids), deadline_s=30, what="pool exit")

@@ -146,7 +146,9 @@ def test_malformed_discovery_records_are_logged_and_ignored(pair):
     partial.write_text(json.dumps({"model": "ghost"}), encoding="utf-8")
     try:
         pair.frontend.wait_for_log(r"WARNING .*Ignoring malformed discovery record .*broken-record")
-        pair.frontend.wait_for_log(r"WARNING .*Ignoring malformed discovery record .*partial-record")
+        pair.frontend.wait_for_log(
+            r"WARNING .*Ignoring malformed discovery record .*partial-record"
+        )
         status, models = request("GET", pair.url + "/v1/models")
         assert [m["id"] for m in models["data"]] == [MODEL]
         status, completion = request("POST", pair.chat_url(), chat_body(MODEL))

@@ -40,7 +40,9 @@ class ChatProcessor:
         return self.tokenizer.detokenizer()
 
 
-def build_chat_processor(model: str, *, merged_tokens: int = DEFAULT_MERGED_TOKENS) -> ChatProcessor:
+def build_chat_processor(
+    model: str, *, merged_tokens: int = DEFAULT_MERGED_TOKENS
+) -> ChatProcessor:
     """The chat engine factory: build one model's processor (its tables are its heap)."""
     started = time.perf_counter()
     processor = ChatProcessor(

@@ -11,6 +11,8 @@ import asyncio
 import json
 import logging
 import time
+from dataclasses import dataclass
+from typing import AsyncGenerator
 
 from aiohttp import web
 
@@ -48,6 +50,7 @@ class FrontendService:
         self.registry = registry
         self.router = router
         self.preprocess_pool = preprocess_pool
+        self.in_flight = 0  # chat requests admitted and not finished (reported when draining)
 
     def build_app(self) -> web.Application:
         app = web.Application(middlewares=[openai_error_middleware])
@@ -91,107 +94,108 @@ class FrontendService:
         except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
             raise oai.invalid_request(f"request body is not valid JSON: {exc}", code="invalid_json")
         chat = oai.parse_chat_request(body)
+        self.in_flight += 1
+        try:
+            return await self._serve_chat(request, chat)
+        finally:
+            self.in_flight -= 1
+
+    async def _serve_chat(
+        self, request: web.Request, chat: oai.ChatCompletionRequest
+    ) -> web.StreamResponse:
         entry = self.registry.get(chat.model)
         if entry is None:
             raise oai.model_not_found(chat.model)
-        prompt = entry.processor.render(chat.messages)
+        prompt_ids = await self._encode(entry.processor, entry.processor.render(chat.messages))
         completion_id = oai.new_completion_id()
         plane_request = {
             "request_id": completion_id,
-            "token_ids": await self._encode(entry.processor, prompt),
+            "token_ids": prompt_ids,
             "max_tokens": chat.max_tokens,
         }
         try:
             first, stream = await self.router.open_stream(entry, plane_request)
         except NoWorkerAvailable as exc:
             raise oai.service_unavailable(str(exc)) from exc
+        generation = Generation(
+            chat, entry.processor, completion_id, len(prompt_ids), first, stream
+        )
         try:
             if chat.stream:
-                return await self._stream(request, chat, entry.processor, completion_id, first, stream)
-            return await self._complete(chat, entry.processor, completion_id, first, stream)
+                return await self._stream(request, generation)
+            return await self._complete(generation)
         finally:
             # Whatever ended the handler (done, client gone, cancelled), the worker's stream is
             # closed, which closes its connection and aborts the request in the worker.
             await stream.aclose()
 
-    async def _complete(self, chat, processor, completion_id, first, stream) -> web.Response:
+    async def _complete(self, generation: "Generation") -> web.Response:
         token_ids: list[int] = []
-        final: dict = {}
         try:
-            item = first
+            item = generation.first
             while True:
                 token_ids.extend(item.get("token_ids", ()))
                 if "finish_reason" in item:
-                    final = item
                     break
-                item = await stream.__anext__()
+                item = await generation.stream.__anext__()
         except (WorkerUnavailable, StopAsyncIteration) as exc:
-            logger.warning("Worker failed mid-request %s: %s", completion_id, exc)
+            logger.warning("Worker failed mid-request %s: %s", generation.completion_id, exc)
             raise oai.service_unavailable(f"the worker failed during the request: {exc}") from exc
-        detokenizer = processor.detokenizer()
-        content = detokenizer.add(token_ids) + detokenizer.finish()
+        detokenizer = generation.processor.detokenizer()
         return web.json_response(
             oai.chat_completion(
-                completion_id=completion_id,
-                model=chat.model,
-                content=content,
-                finish_reason=final["finish_reason"],
-                usage=oai.usage(
-                    final.get("prompt_tokens", len(first.get("token_ids", ()))),
-                    final.get("completion_tokens", len(token_ids)),
-                ),
+                completion_id=generation.completion_id,
+                model=generation.chat.model,
+                content=detokenizer.add(token_ids) + detokenizer.finish(),
+                finish_reason=item["finish_reason"],
+                usage=generation.usage(item, len(token_ids)),
             )
         )
 
-    async def _stream(self, request, chat, processor, completion_id, first, stream):
+    async def _stream(self, request: web.Request, generation: "Generation") -> web.StreamResponse:
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
         await response.prepare(request)
         created = int(time.time())
 
-        def chunk(delta: dict, finish_reason: str | None = None) -> dict:
+        def chunk(delta: dict, finish_reason: str | None = None, **extra) -> dict:
             return oai.chat_completion_chunk(
-                completion_id=completion_id,
+                completion_id=generation.completion_id,
                 created=created,
-                model=chat.model,
+                model=generation.chat.model,
                 delta=delta,
                 finish_reason=finish_reason,
+                **extra,
             )
 
-        detokenizer = processor.detokenizer()
+        detokenizer = generation.processor.detokenizer()
+        streamed = 0
         try:
             await send_event(response, chunk({"role": "assistant", "content": ""}))
-            item = first
+            item = generation.first
             while True:
-                text = detokenizer.add(item.get("token_ids", ()))
+                token_ids = item.get("token_ids", ())
+                streamed += len(token_ids)
+                text = detokenizer.add(token_ids)
                 if "finish_reason" in item:
                     text += detokenizer.finish()
                     if text:
                         await send_event(response, chunk({"content": text}))
                     await send_event(response, chunk({}, item["finish_reason"]))
-                    if chat.include_usage:
-                        await send_event(
-                            response,
-                            oai.chat_completion_chunk(
-                                completion_id=completion_id,
-                                created=created,
-                                model=chat.model,
-                                delta={},
-                                with_choice=False,
-                                usage=oai.usage(
-                                    item.get("prompt_tokens", 0), item.get("completion_tokens", 0)
-                                ),
-                            ),
-                        )
+                    if generation.chat.include_usage:
+                        usage = generation.usage(item, streamed)
+                        await send_event(response, chunk({}, with_choice=False, usage=usage))
                     break
                 if text:
                     await send_event(response, chunk({"content": text}))
                 try:
-                    item = await stream.__anext__()
+                    item = await generation.stream.__anext__()
                 except (WorkerUnavailable, StopAsyncIteration) as exc:
                     # Headers are gone: the failure travels in-band, then the stream ends.
-                    logger.warning("Worker failed mid-stream %s: %s", completion_id, exc)
+                    logger.warning(
+                        "Worker failed mid-stream %s: %s", generation.completion_id, exc
+                    )
                     error = oai.service_unavailable(f"the worker failed during the stream: {exc}")
                     await send_event(response, error.body())
                     break
@@ -199,11 +203,30 @@ class FrontendService:
             await response.write_eof()
         except ConnectionResetError:
             # The client closed its connection; the caller's finally aborts the worker's side.
-            logger.info("Client went away mid-stream: request %s aborted", completion_id)
+            logger.info("Client went away mid-stream: request %s aborted", generation.completion_id)
         except asyncio.CancelledError:
-            logger.info("Request %s cancelled mid-stream: aborted", completion_id)
+            logger.info("Request %s cancelled mid-stream: aborted", generation.completion_id)
             raise
         return response
+
+
+@dataclass
+class Generation:
+    """One admitted request: what the client asked, and the worker stream answering it."""
+
+    chat: oai.ChatCompletionRequest
+    processor: ChatProcessor
+    completion_id: str
+    prompt_tokens: int
+    first: dict
+    stream: AsyncGenerator[dict, None]
+
+    def usage(self, final: dict, completion_tokens: int) -> dict:
+        # The worker's counts when it sends them (the request plane's final item does).
+        return oai.usage(
+            final.get("prompt_tokens", self.prompt_tokens),
+            final.get("completion_tokens", completion_tokens),
+        )
 
 
 async def send_event(response: web.StreamResponse, payload: dict | str) -> None:

@@ -54,6 +54,7 @@ class Frontend:
 
     config: argparse.Namespace
     registry: ModelRegistry
+    service: FrontendService
     session: aiohttp.ClientSession
     app: web.Application
     runner: web.AppRunner
@@ -84,7 +85,8 @@ async def build_frontend(
         pool.start()
     session = create_worker_session()
     registry = ModelRegistry(build_chat_processor)
-    app = FrontendService(registry, WorkerRouter(session), pool).build_app()
+    service = FrontendService(registry, WorkerRouter(session), pool)
+    app = service.build_app()
     if metrics is not None:
         metrics_route(app, metrics)  # GET /metrics on the HTTP port
     if config.debug_gc_endpoint:
@@ -99,7 +101,7 @@ async def build_frontend(
     watcher = DiscoveryWatcher(
         config.discovery_dir, on_add=registry.add_instance, on_remove=registry.remove_instance
     )
-    return Frontend(config, registry, session, app, runner, watcher, pool)
+    return Frontend(config, registry, service, session, app, runner, watcher, pool)
 
 
 def _url(host: str, port: int) -> str:
@@ -146,6 +148,11 @@ async def serve(config: argparse.Namespace, metrics: DynamoMetrics | None = None
 
         await stop.wait()
         lifecycle.mark_draining("signal")
+        logger.info(
+            "Draining: %d request(s) in flight; waiting up to %.0f s for them",
+            frontend.service.in_flight,
+            DRAIN_TIMEOUT_S,
+        )
         await frontend.watcher.stop()
         # Closes the listener, waits up to DRAIN_TIMEOUT_S for in-flight handlers, then cancels.
         await frontend.runner.cleanup()

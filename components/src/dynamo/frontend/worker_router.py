@@ -8,7 +8,7 @@ a SIGKILLed worker's port refuses at once, and a hung one hits the connect or re
 from __future__ import annotations
 
 import logging
-from typing import AsyncIterator
+from typing import AsyncGenerator
 
 import aiohttp
 
@@ -47,7 +47,7 @@ class WorkerRouter:
 
     async def open_stream(
         self, entry: ModelEntry, plane_request: dict
-    ) -> tuple[dict, AsyncIterator[dict]]:
+    ) -> tuple[dict, AsyncGenerator[dict, None]]:
         """The first item of a worker's stream and the stream itself (the caller closes it).
 
         Waiting for the first item before answering the client lets a dead worker become a
