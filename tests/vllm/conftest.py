@@ -1,0 +1,70 @@
+"""Tests with the real vLLM engine: skipped, with the reason, where vLLM is not installed.
+
+vLLM is large, so it lives in its own virtual environment (``scripts/setup_vllm_env.sh`` makes
+``.venv-vllm``); the default ``.venv-3.X`` environments skip every test marked ``vllm`` here.
+Tests in this folder without the marker (argument handling that needs no vLLM) run everywhere.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+MAKE_TINY_MODEL = REPO / "scripts" / "make_tiny_model.py"
+# Nothing may come from a hub: the model is built locally (scripts/make_tiny_model.py).
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
+# A small KV cache in bytes (vLLM's start-up memory check would read a NUMA node's size
+# otherwise), eager mode (torch.compile would add ~25 s to each engine start), no stats lines.
+VLLM_ARGS = [
+    "--max-model-len", "256",
+    "--kv-cache-memory-bytes", "64M",
+    "--enforce-eager",
+    "--disable-log-stats",
+]  # fmt: skip
+# CI sets this where it has just built .venv-vllm: a missing vLLM is then an error, not a skip.
+REQUIRE_VLLM_ENV = "DYNAMO_REQUIRE_VLLM"
+VLLM_MISSING_REASON = (
+    "vLLM is not installed in this Python environment ({python}); create its environment with "
+    "scripts/setup_vllm_env.sh and run .venv-vllm/bin/python -m pytest -m vllm"
+)
+
+
+def vllm_installed() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def pytest_collection_modifyitems(config, items):
+    if vllm_installed():
+        return
+    if os.environ.get(REQUIRE_VLLM_ENV) == "1":
+        raise pytest.UsageError(
+            f"{REQUIRE_VLLM_ENV}=1 but " + VLLM_MISSING_REASON.format(python=sys.executable)
+        )
+    here = Path(__file__).parent
+    skip = pytest.mark.skip(reason=VLLM_MISSING_REASON.format(python=sys.executable))
+    for item in items:
+        if item.get_closest_marker("vllm") is not None and here in Path(item.path).parents:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> str:
+    """The tiny random Llama's directory, built once per machine (a cache) and reused."""
+    out = os.environ.get("DYNAMO_TINY_MODEL_DIR")
+    command = [sys.executable, str(MAKE_TINY_MODEL)] + (["--out", out] if out else [])
+    result = subprocess.run(
+        command,
+        env={**os.environ, **OFFLINE_ENV},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, f"make_tiny_model failed:\n{result.stderr}"
+    return result.stdout.strip().splitlines()[-1]

@@ -1,0 +1,207 @@
+"""The real worker (``python -m dynamo.vllm --engine vllm``) on the tiny model, with the real
+frontend.
+
+One module-scoped start serves every test here: two workers started side by side (engine init
+dominates, so running them together roughly halves the wait) and one frontend.
+
+* ``frozen``: default options (the serving freeze on), paired with the frontend;
+* ``unfrozen``: ``--no-freeze-gc-heap``, plus a short self-benchmark with the GC policy, so the
+  sweep's forward passes are real vLLM steps and the policy runs in the real rank process. It
+  has a discovery directory of its own, so the frontend never routes to it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from dynamo.runtime.discovery import DiscoveryStore
+from tests.integration.harness import LauncherProcess
+from tests.vllm.conftest import OFFLINE_ENV, VLLM_ARGS
+
+pytestmark = [pytest.mark.vllm, pytest.mark.integration]
+
+START_DEADLINE_S = 360.0  # engine init is 10-40 s alone; two at once on 2 cores, plus imports
+EXIT_DEADLINE_S = 60.0
+SELF_BENCHMARK_POINTS = 12
+FREEZE_LINE = re.compile(r"GC heap frozen \(vllm worker\): collected=\d+ frozen=(\d+) took_ms=")
+REGISTERED_LINE = re.compile(r"Model registered: ")
+
+_opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback only
+
+
+@dataclass
+class RealVllm:
+    model: str
+    frozen: LauncherProcess
+    unfrozen: LauncherProcess
+    frontend: LauncherProcess
+    frontend_url: str
+    frozen_discovery: Path
+
+
+def _worker(name: str, model: str, discovery: Path, log_dir: Path, *extra: str) -> LauncherProcess:
+    return LauncherProcess(
+        name,
+        "dynamo.vllm",
+        [
+            "--engine", "vllm",
+            "--model", model,
+            "--discovery-dir", str(discovery),
+            "--request-plane-host", "127.0.0.1",
+            *extra,
+            *VLLM_ARGS,
+        ],
+        log_dir=log_dir,
+        env=OFFLINE_ENV,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def real_vllm(tiny_model, tmp_path_factory) -> RealVllm:
+    directory = tmp_path_factory.mktemp("real-vllm")
+    frozen_discovery = directory / "discovery-frozen"
+    processes: list[LauncherProcess] = []
+    try:
+        frozen = _worker("worker-frozen", tiny_model, frozen_discovery, directory)
+        processes.append(frozen)
+        unfrozen = _worker(
+            "worker-unfrozen",
+            tiny_model,
+            directory / "discovery-unfrozen",
+            directory,
+            "--no-freeze-gc-heap",
+            "--self-benchmark-points", str(SELF_BENCHMARK_POINTS),
+            "--self-benchmark-output", str(directory / "self-benchmark.jsonl"),
+            "--fpm-gc-policy", "freeze",
+        )
+        processes.append(unfrozen)
+        frontend = LauncherProcess(
+            "frontend",
+            "dynamo.frontend",
+            [
+                "--http-host", "127.0.0.1",
+                "--http-port", "0",
+                "--discovery-dir", str(frozen_discovery),
+            ],
+            log_dir=directory,
+        )  # fmt: skip
+        processes.append(frontend)
+        port = frontend.wait_for_log(
+            r"HTTP service listening on http://127\.0\.0\.1:(\d+)", deadline_s=START_DEADLINE_S
+        ).group(1)
+        frozen.wait_for_log(REGISTERED_LINE.pattern, deadline_s=START_DEADLINE_S)
+        frontend.wait_for_log(r"Model added: model=" + re.escape(tiny_model), deadline_s=60)
+        unfrozen.wait_for_log(REGISTERED_LINE.pattern, deadline_s=START_DEADLINE_S)
+        yield RealVllm(
+            model=tiny_model,
+            frozen=frozen,
+            unfrozen=unfrozen,
+            frontend=frontend,
+            frontend_url=f"http://127.0.0.1:{port}",
+            frozen_discovery=frozen_discovery,
+        )
+    finally:
+        for process in reversed(processes):
+            process.stop(deadline_s=EXIT_DEADLINE_S)
+
+
+def _post_json(url: str, body: dict) -> urllib.request.Request:
+    return urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+
+
+def test_streamed_chat_completion_through_the_real_frontend(real_vllm):
+    request = _post_json(
+        real_vllm.frontend_url + "/v1/chat/completions",
+        {
+            "model": real_vllm.model,
+            "messages": [{"role": "user", "content": "Say hello."}],
+            "max_tokens": 8,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    )
+    with _opener.open(request, timeout=120) as response:
+        assert response.status == 200
+        events = [
+            line[len(b"data: ") :].decode()
+            for line in response.read().splitlines()
+            if line.startswith(b"data: ")
+        ]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(event) for event in events[:-1]]
+    assert all("error" not in chunk for chunk in chunks), chunks
+    finishes = [c["choices"][0]["finish_reason"] for c in chunks if c.get("choices")]
+    assert finishes[-1] in ("length", "stop")
+    usage = chunks[-1]["usage"]
+    # The random model may sample its end-of-text token early; it never runs past max_tokens.
+    assert 1 <= usage["completion_tokens"] <= 8
+    assert usage["prompt_tokens"] > 0
+
+
+def test_parent_freezes_its_real_heap_after_engine_init_and_before_register_model(real_vllm):
+    log = real_vllm.frozen.log()
+    freezes = list(FREEZE_LINE.finditer(log))
+    assert len(freezes) == 1, log
+    frozen_objects = int(freezes[0].group(1))
+    # torch, transformers, vLLM and the AsyncLLM client: ~600k tracked objects here.
+    assert frozen_objects >= 200_000, freezes[0].group(0)
+    engine_done = log.index("Engine init done")
+    registered = REGISTERED_LINE.search(log).start()
+    assert engine_done < freezes[0].start() < registered
+
+
+def test_no_freeze_gc_heap_leaves_the_real_parent_unfrozen(real_vllm):
+    log = real_vllm.unfrozen.log()
+    assert REGISTERED_LINE.search(log) is not None
+    assert "GC heap frozen (" not in log
+    disabled = log.index("GC heap freeze disabled (vllm worker)")
+    assert log.index("Engine init done") < disabled < REGISTERED_LINE.search(log).start()
+
+
+def test_self_benchmark_runs_real_forward_passes_with_the_policy_in_the_ranks(real_vllm):
+    log = real_vllm.unfrozen.log()
+    summary = re.search(r"Self-benchmark done: points=(\d+) .* gc_policy=(\w+)", log)
+    assert summary is not None, log
+    assert summary.group(1) == str(SELF_BENCHMARK_POINTS)
+    assert summary.group(2) == "freeze"
+    # Every rank started the policy (a rank that did not is logged as unpoliced).
+    assert "GC policy did not start in rank" not in log
+    assert summary.start() < REGISTERED_LINE.search(log).start()
+
+
+def test_client_disconnect_aborts_the_request_in_vllm(real_vllm):
+    (record,) = DiscoveryStore(real_vllm.frozen_discovery).read_all().values()
+    request = _post_json(
+        record.endpoint + "/generate",
+        {"request_id": "disconnect-test", "token_ids": [72, 105, 33], "max_tokens": 200},
+    )
+    response = _opener.open(request, timeout=60)
+    try:
+        first = json.loads(response.readline())
+        assert first.get("token_ids"), first
+    finally:
+        response.close()  # the client goes away mid-stream
+    real_vllm.frozen.wait_for_log(
+        r"vLLM request disconnect-test-\S+ aborted after \d+ token\(s\)", deadline_s=60
+    )
+
+
+def test_sigterm_stops_the_real_worker_and_its_engine(real_vllm):
+    worker = real_vllm.unfrozen
+    worker.signal(signal.SIGTERM)
+    assert worker.wait_exit(EXIT_DEADLINE_S) == 0, worker.log()
+    log = worker.log()
+    assert re.search(r"vLLM AsyncLLM shut down in [\d.]+ s", log), log
+    assert "Worker stopped" in log
