@@ -37,7 +37,8 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 logger = logging.getLogger("make_tiny_model")
 
-DEFAULT_OUT = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dynamo-gc" / "tiny-llama"
+CACHE_HOME = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+DEFAULT_OUT = CACHE_HOME / "dynamo-gc" / "tiny-llama"
 STAMP_NAME = ".tiny-model-recipe.json"
 SEED = 20240601
 
@@ -209,8 +210,12 @@ def build(out: Path, *, force: bool = False) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"model directory (default: {DEFAULT_OUT})")
-    parser.add_argument("--force", action="store_true", help="rebuild even if the directory is current")
+    parser.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, help=f"model directory (default: {DEFAULT_OUT})"
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="rebuild even if the directory is current"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr)
     print(build(args.out, force=args.force))

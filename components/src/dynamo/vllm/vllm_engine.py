@@ -244,7 +244,8 @@ class VllmEngine:
             number = next(self._request_ids)
             prompt = self._benchmark_prompt(number, seq)
             request_id = f"fpm-{self._id_prefix}-{number}"
-            async for _ in engine.generate(TokensPrompt(prompt_token_ids=prompt), params, request_id):
+            prompt_input = TokensPrompt(prompt_token_ids=prompt)
+            async for _ in engine.generate(prompt_input, params, request_id):
                 pass
 
         tasks = [asyncio.ensure_future(one_request()) for _ in range(batch_size)]
