@@ -244,6 +244,8 @@ def _cell(value) -> str:
             return f"{value:.0f}"
         if abs(value) >= 1:
             return f"{value:.2f}"
+        if value != 0 and abs(value) < 0.001:
+            return f"{value:.1e}"
         return f"{value:.4f}"
     return str(value)
 

@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
             pct = 100.0 * at_goal[0]["frozen_over_stock_median"]
             verdicts.append({"python": measured["python"], "frozen_over_stock_pct": pct,
                              "met": pct < GOAL_FROZEN_PCT})
-            print(f"goal on {measured['python']}: frozen/stock at 1M = {pct:.3f}% "
+            print(f"goal on {measured['python']}: frozen/stock at 1M = {pct:.2g}% "
                   f"({'met' if pct < GOAL_FROZEN_PCT else 'MISSED'}, goal < {GOAL_FROZEN_PCT}%)")
     result["goal"]["verdicts"] = verdicts
     path = plot(args, result["interpreters"])

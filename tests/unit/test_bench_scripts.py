@@ -58,3 +58,54 @@ def test_bench_gc_pause_smoke(tmp_path):
             assert all(value > 0 for value in row[key])
         assert row["frozen_over_stock_median"] > 0
         assert row["freeze_call_over_collect_median"] > 0
+
+
+def test_bench_overheads_smoke(tmp_path):
+    result = run_smoke("bench_overheads.py", tmp_path)
+    assert result["benchmark"] == "overheads"
+    assert_machine(result)
+    (measured,) = result["interpreters"]
+    logger = measured["logger"]
+    # The test venv has prometheus_client and aiohttp: the metrics arm must be measured too.
+    assert logger["arms"] == ["none", "logger", "logger+metrics"], logger["metrics_unavailable"]
+    rounds = result["settings"]["rounds"]
+    for arm in logger["arms"]:
+        assert len(logger[arm]["seconds"]) == rounds
+        assert all(seconds > 0 for seconds in logger[arm]["seconds"])
+    for arm in logger["arms"][1:]:
+        assert logger[arm]["collections_median"] > 0  # the workload did trigger collections
+        assert logger[arm]["callback_ns_per_collection"] > 0
+        assert "cost_pct_median" in logger[arm]
+    tick = measured["tick"]
+    small, big = (str(size) for size in tick["sizes"])
+    assert tick["frozen_counts"][big] > tick["frozen_counts"][small]
+    assert tick["tick_us_median"][small] > 0 and tick["tick_us_median"][big] > 0
+    assert tick["big_over_small"] > 0
+    assert {verdict["what"] for verdict in result["goal"]["verdicts"]} == {
+        "logger cost %",
+        "logger+metrics cost %",
+        f"tick {big}/{small}",
+    }
+
+
+@pytest.mark.integration  # a real frontend and worker on loopback
+def test_ab_serving_smoke(tmp_path):
+    result = run_smoke("ab_serving.py", tmp_path, timeout_s=180)
+    assert result["benchmark"] == "ab_serving"
+    assert_machine(result)
+    rows = result["rows"]
+    assert [(row["arm"], row["offered_rps"]) for row in rows] == [
+        ("ctl", rate) for rate in result["rungs"]
+    ] + [("all", rate) for rate in result["rungs"]]
+    for row in rows:
+        # Real processes answered real requests through the frontend.
+        assert row["sent"] > 0 and row["ok"] == row["sent"], row["errors_by_kind"]
+        assert row["achieved_rps"] > 0
+        for key in ("latency", "ttft"):
+            assert 0 < row[key]["p50_ms"] <= row[key]["p99_ms"] <= row[key]["max_ms"]
+        for process in ("frontend", "worker"):
+            assert row[process]["pauses_ge_50ms"] >= 0
+            assert row[process]["gen2_collections"] >= 0
+    goal = result["goal"]
+    assert set(goal["ceiling_rps"]) == {"ctl", "all"}
+    assert "all_pauses_ge_50ms" in goal

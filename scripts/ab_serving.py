@@ -1,0 +1,669 @@
+#!/usr/bin/env python3
+"""A/B of the GC freeze in serving: a real frontend + mock worker, open-loop Poisson load.
+
+Arms (each a fresh pair of real processes, ``python -m dynamo.frontend`` and
+``python -m dynamo.vllm --engine mock``, each with a synthetic long-lived heap):
+
+- ``ctl``: both ``--no-*``: stock CPython GC in both processes;
+- ``worker``: the worker frozen, the frontend stock;
+- ``all``: both frozen (the defaults);
+- ``nogc``: both frozen and automatic GC disabled in both (``BENCH_GC_DISABLE``, see
+  scripts/bench_launch.py): the limit.
+
+The arms run in alternating order (``ctl worker all nogc``, then reversed), ``--passes`` times.
+Per arm, the offered load climbs through the rungs. The load comes from a client in its own
+process (asyncio + aiohttp) that sends at Poisson-scheduled times whatever the server does
+(open loop) and counts latency from the *scheduled* send time, so a stalled server is charged
+for the requests it delayed (no coordinated omission). Per arm and rung: p50/p99/max of the
+end-to-end latency and of the time to first token, errors, achieved RPS, and the pauses of 50 ms
+or more that each process's pause logger reported (``GC gen<g> pause <x> ms`` WARNING lines).
+
+The frontend's heap is built before its start-up freeze by scripts/bench_launch.py (the frontend
+has no heap option); the worker's by its own ``--mock-heap-objects``.
+
+    python scripts/ab_serving.py [--quick|--smoke] [--rungs 50,100,...] [--out DIR] [--publish]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import bench_common as bc
+
+NAME = "ab_serving"
+ARMS = ("ctl", "worker", "all", "nogc")
+PAUSE_LINE = re.compile(rb"GC gen(\d) pause ([0-9.]+) ms")
+PAUSE_LOG_MS = 50.0
+MODEL = "bench"
+# Requests live ~0.65 s (16 tokens x 40 ms): long enough that their objects survive young
+# collections and get promoted, which is what makes the stock GC run full collections at all.
+DEFAULT_TOKEN_MS = 40.0
+DEFAULT_MAX_TOKENS = 16
+
+# Rungs are fractions of the capacity a calibration run measures (unless --rungs is given), so
+# the ladder reaches past saturation on whatever machine runs it.
+MODES = {
+    "full": {"heap": 800_000, "duration_s": 30.0, "passes": 2,
+             "rung_fractions": [0.3, 0.5, 0.7, 0.85, 1.0, 1.2]},
+    # Quick: one fixed rung, no calibration; it shows the script works, rarely a gen2 pause.
+    "quick": {"heap": 800_000, "duration_s": 6.0, "passes": 1, "rungs": [150.0]},
+    "smoke": {"heap": 20_000, "duration_s": 1.0, "passes": 1, "rung_fractions": [0.5],
+              "arms": ("ctl", "all"), "rungs": [20.0], "token_ms": 1.0, "max_tokens": 4},
+}
+
+
+# --- the load client (its own process) -----------------------------------------------------------
+
+
+def poisson_schedule(rate: float, duration_s: float, seed: int) -> list[float]:
+    """Send times (seconds from the start) of a Poisson process of ``rate`` per second."""
+    rng = random.Random(seed)
+    times, now = [], 0.0
+    while True:
+        now += rng.expovariate(rate)
+        if now >= duration_s:
+            return times
+        times.append(now)
+
+
+def request_body(messages: int, max_tokens: int, stream: bool, index: int) -> dict:
+    """A chat request: a few turns of conversation (the frontend parses and renders them)."""
+    turns = []
+    for turn in range(messages):
+        role = "user" if turn % 2 == 0 else "assistant"
+        turns.append({"role": role, "content": f"turn {turn} of request {index}: tell me more"})
+    return {"model": MODEL, "messages": turns, "max_tokens": max_tokens, "stream": stream}
+
+
+async def _one_request(session, url: str, body: dict, scheduled: float, stream: bool, loop):
+    sent = loop.time()
+    first = None
+    try:
+        async with session.post(url, json=body) as response:
+            if response.status != 200:
+                await response.read()
+                return {"ok": False, "error": f"http {response.status}", "lag": sent - scheduled}
+            if stream:
+                done = False
+                async for line in response.content:
+                    if not line.startswith(b"data: "):
+                        continue
+                    if first is None:
+                        first = loop.time()
+                    if line.startswith(b"data: [DONE]"):
+                        done = True
+                    elif b'"error"' in line:
+                        return {"ok": False, "error": "in-band error", "lag": sent - scheduled}
+                if not done:
+                    return {"ok": False, "error": "stream ended early", "lag": sent - scheduled}
+            else:
+                payload = await response.json()
+                if not payload.get("choices"):
+                    return {"ok": False, "error": "no choices", "lag": sent - scheduled}
+        end = loop.time()
+        return {
+            "ok": True,
+            "latency": end - scheduled,
+            "ttft": (first if first is not None else end) - scheduled,
+            "lag": sent - scheduled,
+            "end": end,
+        }
+    except asyncio.TimeoutError:
+        return {"ok": False, "error": "timeout", "lag": sent - scheduled}
+    except Exception as exc:  # noqa: BLE001 - every failure is an error of this request
+        return {"ok": False, "error": type(exc).__name__, "lag": sent - scheduled}
+
+
+async def run_load(args: argparse.Namespace) -> dict:
+    import aiohttp
+
+    schedule = poisson_schedule(args.rate, args.duration, args.seed)
+    connector = aiohttp.TCPConnector(limit=0)  # open loop: never queue in the client
+    timeout = aiohttp.ClientTimeout(total=args.timeout)
+    loop = asyncio.get_running_loop()
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        start = loop.time() + 0.05
+        tasks = []
+        for index, offset in enumerate(schedule):
+            delay = start + offset - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            body = request_body(args.messages, args.max_tokens, args.stream, index)
+            tasks.append(
+                asyncio.ensure_future(
+                    _one_request(session, args.url, body, start + offset, args.stream, loop)
+                )
+            )
+        results = await asyncio.gather(*tasks)
+    ok = [r for r in results if r["ok"]]
+    errors: dict[str, int] = {}
+    for r in results:
+        if not r["ok"]:
+            errors[r["error"]] = errors.get(r["error"], 0) + 1
+    last_end = max((r["end"] for r in ok), default=start + args.duration)
+    span = max(args.duration, last_end - start)
+    return {
+        "offered_rps": args.rate,
+        "duration_s": args.duration,
+        "sent": len(results),
+        "ok": len(ok),
+        "errors": sum(errors.values()),
+        "errors_by_kind": errors,
+        "achieved_rps": len(ok) / span,
+        "latency_s": [r["latency"] for r in ok],
+        "ttft_s": [r["ttft"] for r in ok],
+        "send_lag_s": [r["lag"] for r in results],
+    }
+
+
+def client_main(args: argparse.Namespace) -> int:
+    import gc
+
+    # The client's own collections would add to the latencies it measures, in every arm alike:
+    # its start-up heap is frozen and automatic GC is off while it sends (a rung is short).
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    result = asyncio.run(run_load(args))
+    print(json.dumps(result))
+    return 0
+
+
+# --- the processes under test --------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Process:
+    """One launcher started through scripts/bench_launch.py, its output in a log file."""
+
+    def __init__(self, name: str, module: str, argv: list[str], log_dir: Path, env: dict) -> None:
+        self.name = name
+        self.log_path = log_dir / f"{name}.log"
+        self._log = open(self.log_path, "wb")
+        launch = Path(__file__).resolve().parent / "bench_launch.py"
+        self.proc = subprocess.Popen(
+            [sys.executable, str(launch), module, *argv],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=bc.child_env(env),
+            cwd=bc.REPO_ROOT,
+        )
+
+    def log_size(self) -> int:
+        return self.log_path.stat().st_size
+
+    def log_bytes(self, start: int = 0, end: int | None = None) -> bytes:
+        with open(self.log_path, "rb") as handle:
+            handle.seek(start)
+            return handle.read() if end is None else handle.read(end - start)
+
+    def check_alive(self) -> None:
+        if self.proc.poll() is not None:
+            tail = self.log_bytes()[-3000:].decode(errors="replace")
+            raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{tail}")
+
+    def stop(self, deadline_s: float = 40.0) -> None:
+        try:
+            if self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGTERM)
+                try:
+                    self.proc.wait(timeout=deadline_s)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait(timeout=deadline_s)
+        finally:
+            self._log.close()
+
+
+def wait_until(condition, *, deadline_s: float, what: str, poll_s: float = 0.1):
+    end = time.monotonic() + deadline_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise TimeoutError(f"timed out after {deadline_s:.0f}s waiting for {what}")
+        time.sleep(poll_s)  # polling interval of a condition wait
+
+
+def http_get(url: str, timeout_s: float = 5.0) -> bytes | None:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            return response.read()
+    except OSError:
+        return None
+
+
+def gc_counters(metrics_url: str) -> dict:
+    """Collections per generation (all of them, timed or not) from a process's /metrics."""
+    text = (http_get(metrics_url) or b"").decode(errors="replace")
+    counters = {}
+    for generation in range(3):
+        match = re.search(
+            rf'^python_gc_collections_total{{generation="{generation}"}} ([0-9.e+]+)$',
+            text,
+            re.MULTILINE,
+        )
+        counters[f"gen{generation}"] = float(match.group(1)) if match else None
+    return counters
+
+
+def pauses_in(log: bytes) -> list[dict]:
+    return [
+        {"generation": int(g), "ms": float(ms)} for g, ms in PAUSE_LINE.findall(log)
+    ]
+
+
+class Pair:
+    """A frontend and a worker for one arm, up and serving MODEL."""
+
+    def __init__(self, arm: str, heap: int, args: argparse.Namespace, work_dir: Path) -> None:
+        self.arm = arm
+        discovery = work_dir / "discovery"
+        discovery.mkdir(parents=True, exist_ok=True)
+        worker_frozen = arm in ("worker", "all", "nogc")
+        frontend_frozen = arm in ("all", "nogc")
+        bench_env = {"BENCH_GC_DISABLE": "1" if arm == "nogc" else "0"}
+        self.worker_metrics_port = free_port()
+        self.http_port = free_port()
+        self.worker = Process(
+            "worker",
+            "dynamo.vllm",
+            [
+                "--engine", "mock", "--model", MODEL, "--discovery-dir", str(discovery),
+                "--request-plane-host", "127.0.0.1",
+                "--mock-heap-objects", str(heap), "--mock-token-ms", str(args.token_ms),
+                "--gc-pause-log-ms", str(PAUSE_LOG_MS),
+                "--system-host", "127.0.0.1", "--system-port", str(self.worker_metrics_port),
+                "--freeze-gc-heap" if worker_frozen else "--no-freeze-gc-heap",
+            ],
+            work_dir,
+            bench_env,
+        )
+        self.frontend = Process(
+            "frontend",
+            "dynamo.frontend",
+            [
+                "--http-host", "127.0.0.1", "--http-port", str(self.http_port),
+                "--discovery-dir", str(discovery),
+                "--dyn-gc-pause-log-ms", str(PAUSE_LOG_MS),
+                "--dyn-freeze-gc-heap" if frontend_frozen else "--no-dyn-freeze-gc-heap",
+            ],
+            work_dir,
+            {**bench_env, "BENCH_START_UP_HEAP_OBJECTS": str(heap)},
+        )
+        self.base_url = f"http://127.0.0.1:{self.http_port}"
+
+    def wait_ready(self, deadline_s: float = 120.0) -> None:
+        def ready():
+            self.worker.check_alive()
+            self.frontend.check_alive()
+            body = http_get(self.base_url + "/v1/models", timeout_s=2.0)
+            return body is not None and f'"{MODEL}"'.encode() in body
+
+        wait_until(ready, deadline_s=deadline_s, what=f"the {self.arm} pair to serve {MODEL}")
+
+    def processes(self) -> dict[str, tuple[Process, str]]:
+        return {
+            "frontend": (self.frontend, self.base_url + "/metrics"),
+            "worker": (self.worker, f"http://127.0.0.1:{self.worker_metrics_port}/metrics"),
+        }
+
+    def stop(self) -> None:
+        self.frontend.stop()
+        self.worker.stop()
+
+
+def run_client(url: str, rate: float, duration_s: float, seed: int, args) -> dict:
+    argv = [
+        sys.executable, __file__, "--client", "--url", url, "--rate", str(rate),
+        "--duration", str(duration_s), "--seed", str(seed), "--timeout", str(args.timeout),
+        "--messages", str(args.messages), "--max-tokens", str(args.max_tokens),
+        "--stream" if args.stream else "--no-stream",
+    ]
+    return bc.run_json_child(argv, timeout_s=duration_s + args.timeout + 120)
+
+
+def run_rung(pair: Pair, rate: float, duration_s: float, seed: int, args) -> dict:
+    processes = pair.processes()
+    before = {name: (proc.log_size(), gc_counters(url)) for name, (proc, url) in processes.items()}
+    load = run_client(pair.base_url + "/v1/chat/completions", rate, duration_s, seed, args)
+    per_process = {}
+    for name, (proc, url) in processes.items():
+        proc.check_alive()
+        offset, counters_before = before[name]
+        counters_after = gc_counters(url)
+        pauses = pauses_in(proc.log_bytes(offset, proc.log_size()))
+        per_process[name] = {
+            "pauses_ge_50ms": len(pauses),
+            "max_pause_ms": max((p["ms"] for p in pauses), default=0.0),
+            "pauses": pauses,
+            "collections": {
+                gen: (counters_after[gen] - counters_before[gen])
+                if counters_after[gen] is not None and counters_before[gen] is not None
+                else None
+                for gen in counters_after
+            },
+        }
+    load["processes"] = per_process
+    return load
+
+
+def summarise(samples: list[list[float]]) -> dict:
+    pooled = [value for sample in samples for value in sample]
+    return {
+        "n": len(pooled),
+        "p50_ms": 1000 * bc.percentile(pooled, 50),
+        "p99_ms": 1000 * bc.percentile(pooled, 99),
+        "max_ms": 1000 * max(pooled) if pooled else float("nan"),
+    }
+
+
+def calibrate(args, heap: int, work_root: Path) -> dict:
+    """Capacity in RPS of the `all` pair: double the offered load until it stops keeping up.
+
+    Each step is a short open-loop run; the pair "keeps up" while it completes at least 90% of
+    the offered rate without errors. The capacity is the best achieved rate seen.
+    """
+    work_dir = work_root / "calibration"
+    work_dir.mkdir(parents=True)
+    pair = Pair("all", heap, args, work_dir)
+    url = pair.base_url + "/v1/chat/completions"
+    steps = []
+    try:
+        pair.wait_ready()
+        run_client(url, 20.0, 1.0, 0, args)  # warm-up
+        rate = args.calibration_start_rps
+        while True:
+            load = run_client(url, rate, args.calibration_s, len(steps) + 1, args)
+            steps.append({"offered_rps": rate, "achieved_rps": load["achieved_rps"],
+                          "errors": load["errors"]})
+            print(f"  calibration: offered {rate:.0f} -> achieved {load['achieved_rps']:.0f} RPS, "
+                  f"errors {load['errors']}", file=sys.stderr, flush=True)
+            if load["achieved_rps"] < 0.9 * rate or load["errors"] or len(steps) >= 8:
+                break
+            rate *= 2
+    finally:
+        pair.stop()
+    return {"capacity_rps": max(step["achieved_rps"] for step in steps), "steps": steps}
+
+
+def run_arms(args, mode: str, settings: dict, rungs: list[float], work_root: Path) -> list[dict]:
+    arms = list(args.arms.split(",")) if args.arms else list(settings.get("arms", ARMS))
+    passes = args.passes or settings["passes"]
+    duration_s = args.duration or settings["duration_s"]
+    heap = args.heap_objects if args.heap_objects is not None else settings["heap"]
+    runs = []
+    for pass_index in range(passes):
+        order = arms if pass_index % 2 == 0 else list(reversed(arms))
+        for arm in order:
+            print(f"pass {pass_index + 1}/{passes}: arm {arm}", file=sys.stderr, flush=True)
+            work_dir = work_root / f"pass{pass_index}-{arm}"
+            work_dir.mkdir(parents=True)
+            pair = Pair(arm, heap, args, work_dir)
+            try:
+                pair.wait_ready()
+                # Warm-up (unmeasured): connections, first-request code paths.
+                run_client(pair.base_url + "/v1/chat/completions", rungs[0], 1.0, 0, args)
+                for rung_index, rate in enumerate(rungs):
+                    seed = 1000 * rung_index + pass_index  # same schedule for every arm
+                    measured = run_rung(pair, rate, duration_s, seed, args)
+                    measured.update({"arm": arm, "pass": pass_index, "rung": rung_index})
+                    runs.append(measured)
+                    fe, wk = measured["processes"]["frontend"], measured["processes"]["worker"]
+                    print(
+                        f"  {arm:6} {rate:7.1f} rps: ok={measured['ok']} "
+                        f"errors={measured['errors']} achieved={measured['achieved_rps']:.1f} "
+                        f"p99={1000 * bc.percentile(measured['latency_s'], 99):.0f} ms "
+                        f"pauses>=50ms fe={fe['pauses_ge_50ms']} wk={wk['pauses_ge_50ms']} "
+                        f"gen2 fe={fe['collections']['gen2']} wk={wk['collections']['gen2']}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+            finally:
+                pair.stop()
+            if args.keep_logs:
+                for name in ("worker", "frontend"):
+                    shutil.copy(work_dir / f"{name}.log",
+                                Path(args.out) / f"{NAME}-pass{pass_index}-{arm}-{name}.log")
+    return runs
+
+
+def aggregate(runs: list[dict], rungs: list[float]) -> list[dict]:
+    """One row per arm and rung, the passes pooled (and each pass's p99 kept)."""
+    rows = []
+    arms = list(dict.fromkeys(run["arm"] for run in runs))
+    for arm in arms:
+        for rung_index, rate in enumerate(rungs):
+            same = [r for r in runs if r["arm"] == arm and r["rung"] == rung_index]
+            if not same:
+                continue
+            latency = summarise([r["latency_s"] for r in same])
+            ttft = summarise([r["ttft_s"] for r in same])
+            row = {
+                "arm": arm,
+                "offered_rps": rate,
+                "passes": len(same),
+                "sent": sum(r["sent"] for r in same),
+                "ok": sum(r["ok"] for r in same),
+                "errors": sum(r["errors"] for r in same),
+                "errors_by_kind": _merge_counts(r["errors_by_kind"] for r in same),
+                "achieved_rps": bc.median(r["achieved_rps"] for r in same),
+                "latency": latency,
+                "ttft": ttft,
+                "p99_ms_per_pass": [1000 * bc.percentile(r["latency_s"], 99) for r in same],
+                "send_lag_p99_ms": 1000 * bc.percentile(
+                    [v for r in same for v in r["send_lag_s"]], 99
+                ),
+            }
+            for name in ("frontend", "worker"):
+                pauses = [p for r in same for p in r["processes"][name]["pauses"]]
+                gen2 = [r["processes"][name]["collections"]["gen2"] for r in same]
+                row[name] = {
+                    "pauses_ge_50ms": len(pauses),
+                    "max_pause_ms": max((p["ms"] for p in pauses), default=0.0),
+                    "gen2_collections": sum(g for g in gen2 if g is not None),
+                }
+            rows.append(row)
+    return rows
+
+
+def _merge_counts(dicts) -> dict:
+    merged: dict[str, int] = {}
+    for counts in dicts:
+        for key, value in counts.items():
+            merged[key] = merged.get(key, 0) + value
+    return merged
+
+
+def judge(rows: list[dict]) -> dict:
+    """The issue's serving goals, evaluated on the measured rows."""
+    by = {(row["arm"], row["offered_rps"]): row for row in rows}
+    rates = sorted({row["offered_rps"] for row in rows})
+    verdict: dict = {}
+    all_rows = [row for row in rows if row["arm"] == "all"]
+    if all_rows:
+        pauses = sum(r["frontend"]["pauses_ge_50ms"] + r["worker"]["pauses_ge_50ms"]
+                     for r in all_rows)
+        verdict["all_pauses_ge_50ms"] = {"measured": pauses, "met": pauses == 0}
+    # "The highest rung where ctl still answers": at least half of its requests succeeded.
+    answering = [rate for rate in rates
+                 if ("ctl", rate) in by and by[("ctl", rate)]["ok"] >= 0.5 * by[("ctl", rate)]["sent"]]
+    if answering and all_rows:
+        rate = max(answering)
+        verdict["rung_rps"] = rate
+        all_p99 = by[("all", rate)]["latency"]["p99_ms"] if ("all", rate) in by else None
+        ctl_p99 = by[("ctl", rate)]["latency"]["p99_ms"]
+        if all_p99 is not None:
+            verdict["all_over_ctl_p99"] = {"measured": bc.ratio(all_p99, ctl_p99),
+                                          "met": all_p99 <= ctl_p99 / 3.0}
+            if ("nogc", rate) in by:
+                nogc_p99 = by[("nogc", rate)]["latency"]["p99_ms"]
+                verdict["all_over_nogc_p99"] = {"measured": bc.ratio(all_p99, nogc_p99),
+                                               "met": all_p99 <= 1.2 * nogc_p99}
+    ceilings = {}
+    for arm in dict.fromkeys(row["arm"] for row in rows):
+        ceilings[arm] = max(row["achieved_rps"] for row in rows if row["arm"] == arm)
+    verdict["ceiling_rps"] = ceilings
+    if "ctl" in ceilings and "all" in ceilings:
+        verdict["ceiling_all_over_ctl"] = bc.ratio(ceilings["all"], ceilings["ctl"])
+    return verdict
+
+
+def plot(args, rows: list[dict]):
+    plt = bc.pyplot()
+    if plt is None:
+        return None
+    fig, (p99_ax, ttft_ax, rps_ax) = plt.subplots(1, 3, figsize=(15, 4.6))
+    styles = {"ctl": "C3", "worker": "C1", "all": "C0", "nogc": "C2"}
+    for arm in dict.fromkeys(row["arm"] for row in rows):
+        mine = [row for row in rows if row["arm"] == arm]
+        x = [row["offered_rps"] for row in mine]
+        color = styles.get(arm)
+        p99_ax.plot(x, [row["latency"]["p99_ms"] for row in mine], "o-", color=color, label=arm)
+        ttft_ax.plot(x, [row["ttft"]["p99_ms"] for row in mine], "o-", color=color, label=arm)
+        rps_ax.plot(x, [row["achieved_rps"] for row in mine], "o-", color=color, label=arm)
+    p99_ax.set_yscale("log")
+    p99_ax.set_title("p99 end-to-end latency vs offered load")
+    p99_ax.set_ylabel("ms (from the scheduled send time)")
+    ttft_ax.set_yscale("log")
+    ttft_ax.set_title("p99 time to first token vs offered load")
+    ttft_ax.set_ylabel("ms (from the scheduled send time)")
+    rps_ax.set_title("achieved vs offered load")
+    rps_ax.set_ylabel("achieved RPS (OK responses)")
+    lim = max(row["offered_rps"] for row in rows)
+    rps_ax.plot([0, lim], [0, lim], color="grey", lw=0.8, ls=":")
+    for ax in (p99_ax, ttft_ax, rps_ax):
+        ax.set_xlabel("offered load, RPS (open-loop Poisson)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"ab_serving ({bc.mode_name(args)}): frontend + mock worker, "
+                 f"{rows[0].get('heap', '')} {bc.cpu_model()}, {os.cpu_count()} cores", fontsize=9)
+    fig.tight_layout()
+    path = bc.plot_path(args, NAME)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--url", help=argparse.SUPPRESS)
+    parser.add_argument("--rate", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--duration", type=float, help="seconds of load per rung")
+    parser.add_argument("--rungs", help="offered loads in RPS, comma-separated (default: "
+                        "fractions of a calibrated capacity)")
+    parser.add_argument("--arms", help=f"comma-separated subset of {','.join(ARMS)}")
+    parser.add_argument("--passes", type=int, help="passes over the arms (alternating order)")
+    parser.add_argument("--heap-objects", type=int, help="synthetic heap per process")
+    parser.add_argument("--token-ms", type=float,
+                        help=f"mock per-token time (default {DEFAULT_TOKEN_MS:g})")
+    parser.add_argument("--max-tokens", type=int,
+                        help=f"tokens per request (default {DEFAULT_MAX_TOKENS})")
+    parser.add_argument("--messages", type=int, default=8, help="chat turns per request")
+    parser.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
+                        help="streaming requests (time to first token is measured too)")
+    parser.add_argument("--timeout", type=float, default=10.0, help="request timeout, seconds")
+    parser.add_argument("--calibration-start-rps", type=float, default=50.0,
+                        help="first offered load of the capacity calibration (doubled per step)")
+    parser.add_argument("--calibration-s", type=float, default=6.0,
+                        help="seconds per calibration step")
+    parser.add_argument("--keep-logs", action="store_true", help="copy the processes' logs to --out")
+    bc.add_mode_args(parser)
+    args = parser.parse_args(argv)
+    if args.client:
+        return client_main(args)
+
+    mode = bc.mode_name(args)
+    settings = MODES[mode]
+    if args.token_ms is None:
+        args.token_ms = settings.get("token_ms", DEFAULT_TOKEN_MS)
+    if args.max_tokens is None:
+        args.max_tokens = settings.get("max_tokens", DEFAULT_MAX_TOKENS)
+    heap = args.heap_objects if args.heap_objects is not None else settings["heap"]
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    result = {
+        "benchmark": NAME,
+        "mode": mode,
+        "machine": bc.machine_info(),
+        "settings": {
+            "heap_objects_per_process": heap,
+            "token_ms": args.token_ms,
+            "max_tokens": args.max_tokens,
+            "messages": args.messages,
+            "stream": args.stream,
+            "timeout_s": args.timeout,
+            "duration_s": args.duration or settings["duration_s"],
+            "pause_log_ms": PAUSE_LOG_MS,
+        },
+    }
+    with tempfile.TemporaryDirectory(prefix="ab_serving-") as tmp:
+        work_root = Path(tmp)
+        if args.rungs:
+            rungs = [float(r) for r in args.rungs.split(",")]
+        elif "rungs" in settings:
+            rungs = list(settings["rungs"])
+        else:
+            calibration = calibrate(args, heap, work_root)
+            result["calibration"] = calibration
+            capacity = calibration["capacity_rps"]
+            print(f"calibrated capacity: {capacity:.0f} RPS", file=sys.stderr, flush=True)
+            rungs = [round(capacity * f, 1) for f in settings["rung_fractions"]]
+        result["rungs"] = rungs
+        runs = run_arms(args, mode, settings, rungs, work_root)
+    rows = aggregate(runs, rungs)
+    result["rows"] = rows
+    result["per_pass"] = [
+        {k: v for k, v in run.items() if k not in ("latency_s", "ttft_s", "send_lag_s")}
+        for run in runs
+    ]
+    result["goal"] = judge(rows)
+
+    table = []
+    for row in rows:
+        table.append([
+            row["arm"], row["offered_rps"], row["achieved_rps"], row["ok"], row["errors"],
+            row["latency"]["p50_ms"], row["latency"]["p99_ms"], row["latency"]["max_ms"],
+            row["ttft"]["p99_ms"],
+            f"{row['frontend']['pauses_ge_50ms']}/{row['worker']['pauses_ge_50ms']}",
+            max(row["frontend"]["max_pause_ms"], row["worker"]["max_pause_ms"]),
+            f"{row['frontend']['gen2_collections']:.0f}/{row['worker']['gen2_collections']:.0f}",
+        ])
+    print(bc.format_table(
+        ["arm", "offered", "achieved", "ok", "errors", "p50 ms", "p99 ms", "max ms",
+         "ttft p99 ms", "pauses>=50 fe/wk", "max pause ms", "gen2 fe/wk"],
+        table,
+    ))
+    print(json.dumps(result["goal"], indent=1))
+    path = plot(args, rows)
+    result["plot"] = str(path) if path else None
+    json_path = bc.write_result(args, NAME, result)
+    bc.publish_plot(args, path)
+    print(f"wrote {json_path}" + (f" and {path}" if path else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,313 @@
+#!/usr/bin/env python3
+"""What the GC layer costs while it runs: the pause logger, its metrics sink, the policy's tick.
+
+For each CPython 3.10-3.13 (the project's ``.venv-3.X`` where it exists, so the metrics sink's
+dependencies are there; else pyenv's bare interpreter, without the metrics arm) a child process:
+
+1. **Pause logger.** Runs an allocation-heavy loop shaped like request handling (per-request
+   dicts and lists, a window of them surviving a while, so gen0, gen1 and gen2 collections all
+   fire) with a frozen start-up heap, as in serving. Arms: ``none`` (no GC callback), ``logger``
+   (``install_gc_pause_logger(50)``, as the launchers install it) and, where
+   ``dynamo.common.metrics`` imports, ``logger+metrics`` (``on_pause=DynamoMetrics.observe_pause``).
+   Repetitions are interleaved (the arms' order rotates each round) and the cost is the median of
+   the per-round ratios ``t(arm) / t(none) - 1``. The cost per collection of the callback itself is
+   also timed directly (no workload noise) and multiplied by the collections the loop triggers.
+2. **Freeze tick.** The policy's background thread does a bare ``gc.freeze()`` each interval
+   (``dynamo.vllm.gc_policy``; its public ``freeze_tick()`` is timed instead when it has one). It is
+   timed with 1e4 and with 5e6 objects already frozen, in alternating blocks, each tick after a
+   batch of fresh survivors like the ones a real tick moves.
+
+Goals (issue 5): logger < 3%; tick at 5e6 < 2x tick at 1e4.
+
+    python scripts/bench_overheads.py [--quick|--smoke] [--python PATH ...] [--out DIR] [--publish]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+NAME = "overheads"
+
+SETTINGS = {
+    # rounds: interleaved repetitions of the logger arms; iterations: loop length per repetition
+    # (about 0.2-0.4 s); tick_sizes: frozen heaps; tick_blocks: alternating blocks per size.
+    "full": {"rounds": 21, "iterations": 300_000, "tick_sizes": [10_000, 5_000_000],
+             "tick_blocks": 2, "ticks": 400, "callback_calls": 200_000},
+    "quick": {"rounds": 5, "iterations": 150_000, "tick_sizes": [10_000, 1_000_000],
+              "tick_blocks": 1, "ticks": 200, "callback_calls": 50_000},
+    "smoke": {"rounds": 1, "iterations": 5_000, "tick_sizes": [1_000, 10_000],
+              "tick_blocks": 1, "ticks": 10, "callback_calls": 1_000},
+}
+START_UP_HEAP = {"full": 500_000, "quick": 200_000, "smoke": 5_000}
+LOGGER_THRESHOLD_MS = 50.0
+WINDOW = 2_000  # requests kept alive at once: their objects survive young collections
+SURVIVORS_PER_TICK = 1_000
+GOAL_LOGGER_PCT = 3.0
+GOAL_TICK_RATIO = 2.0
+
+
+# --- child: runs under each interpreter ---------------------------------------------------------
+
+
+def _workload(iterations: int) -> None:
+    """Allocation-heavy, request-shaped: every iteration makes ~5 tracked containers."""
+    from collections import deque
+
+    window: deque = deque(maxlen=WINDOW)
+    for i in range(iterations):
+        tokens = [i, i + 1, i + 2]
+        request = {"id": i, "tokens": tokens, "sampling": {"n": [1]}, "meta": (tokens, [i])}
+        window.append(request)
+
+
+def _collections() -> int:
+    import gc
+
+    return sum(stat["collections"] for stat in gc.get_stats())
+
+
+def measure_logger(settings: dict, start_up_heap: int) -> dict:
+    import gc
+    import logging
+    import statistics
+    import time
+
+    from dynamo.common.utils import gc_freeze
+    from dynamo.common.utils.synthetic_heap import build_synthetic_heap
+
+    logging.getLogger("dynamo").setLevel(logging.ERROR)  # no "installed" INFO line per round
+    try:
+        from dynamo.common.metrics import DynamoMetrics
+
+        metrics_error = None
+    except ImportError as exc:  # a bare interpreter without prometheus_client / aiohttp
+        DynamoMetrics, metrics_error = None, f"{type(exc).__name__}: {exc}"
+
+    heap = build_synthetic_heap(start_up_heap)
+    gc.collect()
+    gc.freeze()  # as in serving: the start-up heap is frozen, collections walk only the young
+    sink = DynamoMetrics(freeze_enabled=True, process_collectors=False) if DynamoMetrics else None
+
+    def install(arm: str) -> None:
+        if arm == "logger":
+            gc_freeze.install_gc_pause_logger(LOGGER_THRESHOLD_MS)
+        elif arm == "logger+metrics":
+            gc_freeze.install_gc_pause_logger(LOGGER_THRESHOLD_MS, on_pause=sink.observe_pause)
+
+    arms = ["none", "logger"] + (["logger+metrics"] if sink else [])
+    times: dict[str, list[float]] = {arm: [] for arm in arms}
+    collections: dict[str, list[int]] = {arm: [] for arm in arms}
+    try:
+        for round_index in range(settings["rounds"]):
+            shift = round_index % len(arms)
+            for arm in arms[shift:] + arms[:shift]:  # rotate the order every round
+                gc.collect()  # same starting state for every arm, untimed
+                install(arm)
+                before = _collections()
+                start = time.perf_counter_ns()
+                _workload(settings["iterations"])
+                elapsed = (time.perf_counter_ns() - start) / 1e9
+                collections[arm].append(_collections() - before)
+                gc_freeze.uninstall_gc_pause_logger()
+                times[arm].append(elapsed)
+    finally:
+        gc_freeze.uninstall_gc_pause_logger()
+
+    # The callback alone, called as CPython calls it, without a workload around it.
+    info = {"generation": 0, "collected": 0, "uncollectable": 0}
+    callback_ns = {}
+    for arm in arms[1:]:
+        pause_logger = gc_freeze.GcPauseLogger(
+            LOGGER_THRESHOLD_MS, on_pause=sink.observe_pause if arm == "logger+metrics" else None
+        )
+        calls = settings["callback_calls"]
+        start = time.perf_counter_ns()
+        for _ in range(calls):
+            pause_logger("start", info)
+            pause_logger("stop", info)
+        callback_ns[arm] = (time.perf_counter_ns() - start) / calls
+    gc.unfreeze()
+    del heap
+    gc.collect()
+
+    result = {"arms": arms, "metrics_unavailable": metrics_error, "start_up_heap": start_up_heap}
+    for arm in arms:
+        result[arm] = {
+            "seconds": times[arm],
+            "seconds_median": statistics.median(times[arm]),
+            "collections_median": statistics.median(collections[arm]),
+        }
+    for arm in arms[1:]:
+        ratios = [t / base - 1.0 for t, base in zip(times[arm], times["none"])]
+        per_second = result[arm]["collections_median"] / result["none"]["seconds_median"]
+        result[arm]["cost_pct_median"] = 100.0 * statistics.median(ratios)
+        result[arm]["cost_pct_per_round"] = [100.0 * r for r in ratios]
+        result[arm]["callback_ns_per_collection"] = callback_ns[arm]
+        # Direct estimate: callback time per collection x collections per second of workload.
+        result[arm]["cost_pct_from_callback"] = 100.0 * callback_ns[arm] * 1e-9 * per_second
+    return result
+
+
+def _tick_function():
+    """The policy's tick: ``dynamo.vllm.gc_policy.freeze_tick`` if public, else bare freeze."""
+    import gc
+
+    try:
+        from dynamo.vllm import gc_policy
+    except ImportError:
+        return gc.freeze, "gc.freeze (dynamo.vllm.gc_policy not importable)"
+    tick = getattr(gc_policy, "freeze_tick", None)
+    if callable(tick):
+        return tick, "dynamo.vllm.gc_policy.freeze_tick"
+    return gc.freeze, "gc.freeze (what dynamo.vllm.gc_policy's thread calls)"
+
+
+def measure_tick(settings: dict) -> dict:
+    import gc
+    import statistics
+    import time
+
+    from dynamo.common.utils.synthetic_heap import build_synthetic_heap
+
+    tick, tick_name = _tick_function()
+    small, big = settings["tick_sizes"]
+    samples: dict[int, list[float]] = {small: [], big: []}
+    frozen_counts: dict[int, int] = {}
+    gc.collect()
+    for _block in range(settings["tick_blocks"]):
+        for size in (small, big):
+            heap = build_synthetic_heap(size)
+            gc.collect()
+            gc.freeze()
+            frozen_counts[size] = gc.get_freeze_count()  # once, outside the timed region
+            for _ in range(settings["ticks"]):
+                survivors = build_synthetic_heap(SURVIVORS_PER_TICK)  # what a tick moves
+                start = time.perf_counter_ns()
+                tick()
+                samples[size].append((time.perf_counter_ns() - start) / 1e3)
+                del survivors
+            gc.unfreeze()
+            del heap
+            gc.collect()
+    small_us = statistics.median(samples[small])
+    big_us = statistics.median(samples[big])
+    return {
+        "tick": tick_name,
+        "sizes": [small, big],
+        "frozen_counts": {str(k): v for k, v in frozen_counts.items()},
+        "tick_us_median": {str(small): small_us, str(big): big_us},
+        "tick_us_p99": {
+            str(size): sorted(values)[max(0, int(len(values) * 0.99) - 1)]
+            for size, values in samples.items()
+        },
+        "big_over_small": big_us / small_us,
+    }
+
+
+def measure(settings: dict, start_up_heap: int) -> dict:
+    import platform
+
+    # The tick first: its "small" heap should not carry the metrics sink's imports.
+    tick_result = measure_tick(settings)
+    logger_result = measure_logger(settings, start_up_heap)
+    return {
+        "python": platform.python_version(),
+        "logger": logger_result,
+        "tick": tick_result,
+    }
+
+
+# --- parent ---------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--python",
+        action="append",
+        help="interpreter to measure (repeatable); default: CPython 3.10-3.13 found",
+    )
+    import bench_common as bc
+
+    bc.add_mode_args(parser)
+    args = parser.parse_args(argv)
+    mode = bc.mode_name(args)
+    settings = SETTINGS[mode]
+
+    if args.child:
+        print(json.dumps(measure(settings, START_UP_HEAP[mode])))
+        return 0
+
+    interpreters = bc.choose_interpreters(args.python, prefer_venvs=True)
+    if mode == "smoke" and not args.python:
+        interpreters = [(f"{sys.version_info[0]}.{sys.version_info[1]}", sys.executable)]
+    result = {
+        "benchmark": NAME,
+        "mode": mode,
+        "machine": bc.machine_info(),
+        "settings": settings,
+        "logger_threshold_ms": LOGGER_THRESHOLD_MS,
+        "interpreters": [],
+        "goal": {"logger_cost_pct_below": GOAL_LOGGER_PCT, "tick_ratio_below": GOAL_TICK_RATIO},
+    }
+    child_args = ["--child"] + ([f"--{mode}"] if mode != "full" else [])
+    for label, python in interpreters:
+        print(f"measuring CPython {label} ({python}) ...", file=sys.stderr, flush=True)
+        measured = bc.run_json_child([python, __file__, *child_args], timeout_s=1800)
+        measured["executable"] = python
+        result["interpreters"].append(measured)
+
+    logger_rows, tick_rows, verdicts = [], [], []
+    for measured in result["interpreters"]:
+        logged = measured["logger"]
+        for arm in logged["arms"][1:]:
+            logger_rows.append([
+                measured["python"], arm, logged["none"]["seconds_median"],
+                logged[arm]["seconds_median"], logged[arm]["collections_median"],
+                logged[arm]["cost_pct_median"], logged[arm]["callback_ns_per_collection"],
+                logged[arm]["cost_pct_from_callback"],
+            ])
+            verdicts.append({
+                "python": measured["python"], "what": f"{arm} cost %",
+                "measured": logged[arm]["cost_pct_median"],
+                "met": logged[arm]["cost_pct_median"] < GOAL_LOGGER_PCT,
+            })
+        tick = measured["tick"]
+        small, big = (str(s) for s in tick["sizes"])
+        tick_rows.append([
+            measured["python"], tick["tick"].split(" ")[0], tick["frozen_counts"][small],
+            tick["tick_us_median"][small], tick["frozen_counts"][big], tick["tick_us_median"][big],
+            tick["big_over_small"],
+        ])
+        verdicts.append({
+            "python": measured["python"], "what": f"tick {big}/{small}",
+            "measured": tick["big_over_small"], "met": tick["big_over_small"] < GOAL_TICK_RATIO,
+        })
+    print(bc.format_table(
+        ["python", "arm", "none s", "arm s", "collections", "cost % (median)",
+         "callback ns/collection", "cost % (callback x rate)"],
+        logger_rows,
+    ))
+    print()
+    print(bc.format_table(
+        ["python", "tick", "frozen (small)", "tick us", "frozen (big)", "tick us", "big/small x"],
+        tick_rows,
+    ))
+    for verdict in verdicts:
+        print(f"goal {verdict['what']} on {verdict['python']}: {verdict['measured']:.3f} "
+              f"({'met' if verdict['met'] else 'MISSED'})")
+    for measured in result["interpreters"]:
+        if measured["logger"]["metrics_unavailable"]:
+            print(f"note: no logger+metrics arm on {measured['python']}: "
+                  f"{measured['logger']['metrics_unavailable']}", file=sys.stderr)
+    result["goal"]["verdicts"] = verdicts
+    path = bc.write_result(args, NAME, result)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
