@@ -138,7 +138,11 @@ class VllmEngine:
         except asyncio.CancelledError:
             # A signal during engine init: the thread cannot be interrupted. Wait for it, so
             # shutdown() can stop the processes it started instead of orphaning them.
-            self._engine = await creation
+            try:
+                self._engine = await creation
+            except Exception:  # noqa: BLE001 - the cancellation stays the reason we stop
+                # E.g. a SIGTERM to the whole process group also stopped EngineCore.
+                logger.info("vLLM engine init failed after start-up was cancelled", exc_info=True)
             raise
         self._engine = engine
 
@@ -217,8 +221,14 @@ class VllmEngine:
                 # The consumer went away (client disconnect, drain timeout) or the stream
                 # failed: make sure the request's scheduler slot and KV blocks are freed now.
                 # Aborting a request vLLM already dropped is a no-op.
-                await engine.abort(request_id)
-                logger.info("vLLM request %s aborted after %d token(s)", request_id, produced)
+                try:
+                    await engine.abort(request_id)
+                except Exception:  # noqa: BLE001 - a dead engine must not mask the first error
+                    logger.exception("Aborting vLLM request %s failed", request_id)
+                else:
+                    logger.info(
+                        "vLLM request %s aborted after %d token(s)", request_id, produced
+                    )
 
     async def forward_pass(self, batch_size: int, seq_len: int) -> None:
         """A real generate step at this point: ``batch_size`` concurrent requests of ``seq_len``
