@@ -16,6 +16,7 @@ Closing the connection aborts the request in the worker (the handler's generator
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from typing import Any, AsyncIterator, Callable
@@ -73,12 +74,17 @@ def add_request_plane_routes(
         response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await response.prepare(request)
         try:
-            async for item in generate(body):
-                await response.write(json.dumps(item).encode() + b"\n")
-        except (ConnectionResetError, asyncio.CancelledError):
-            # The frontend closed the connection: the request is aborted. aiohttp cancels the
-            # handler task; leaving the `async for` closes the engine's generator.
-            raise
+            # aclosing: an abort closes the engine's stream now, not when the GC finds it.
+            async with contextlib.aclosing(generate(body)) as stream:
+                async for item in stream:
+                    await response.write(json.dumps(item).encode() + b"\n")
+        except asyncio.CancelledError:
+            raise  # the caller hung up and aiohttp cancelled the handler: the stream is closed
+        except ConnectionResetError:
+            # The caller hung up between two writes: the request is aborted (stream closed
+            # above). An expected event, not a server error worth a traceback.
+            logger.info("Request %s aborted: the caller closed the connection", body["request_id"])
+            return response
         except Exception as exc:  # noqa: BLE001 - reported to the caller in-band
             logger.exception("generate failed for request %s", body["request_id"])
             await response.write(json.dumps({"error": str(exc)}).encode() + b"\n")
