@@ -7,7 +7,8 @@ dependencies are there; else pyenv's bare interpreter, without the metrics arm) 
 1. **Pause logger.** Runs an allocation-heavy loop shaped like request handling (per-request
    dicts and lists, a window of them surviving a while, so gen0, gen1 and gen2 collections all
    fire) with a frozen start-up heap, as in serving. Arms: ``none`` (no GC callback), ``logger``
-   (``install_gc_pause_logger(50)``, as the launchers install it) and, where
+   (``install_gc_pause_logger(50)``, as the launchers install it), ``noop-callback`` (an empty
+   ``gc.callbacks`` entry: what CPython itself charges for calling any callback) and, where
    ``dynamo.common.metrics`` imports, ``logger+metrics`` (``on_pause=DynamoMetrics.observe_pause``).
    Repetitions are interleaved (the arms' order rotates each round) and the cost is the median of
    the per-round ratios ``t(arm) / t(none) - 1``. The cost per collection of the callback itself is
@@ -33,7 +34,7 @@ NAME = "overheads"
 SETTINGS = {
     # rounds: interleaved repetitions of the logger arms; iterations: loop length per repetition
     # (about 0.2-0.4 s); tick_sizes: frozen heaps; tick_blocks: alternating blocks per size.
-    "full": {"rounds": 21, "iterations": 300_000, "tick_sizes": [10_000, 5_000_000],
+    "full": {"rounds": 21, "iterations": 400_000, "tick_sizes": [10_000, 5_000_000],
              "tick_blocks": 2, "ticks": 400, "callback_calls": 200_000},
     "quick": {"rounds": 5, "iterations": 150_000, "tick_sizes": [10_000, 1_000_000],
               "tick_blocks": 1, "ticks": 200, "callback_calls": 50_000},
@@ -52,13 +53,21 @@ GOAL_TICK_RATIO = 2.0
 
 
 def _workload(iterations: int) -> None:
-    """Allocation-heavy, request-shaped: every iteration makes ~5 tracked containers."""
+    """Allocation-heavy, request-shaped: every iteration makes ~5 tracked containers.
+
+    Each request also refers to itself (as a request bound to its handler, a future to its
+    callbacks, an exception to its traceback do), so when it leaves the window it is cyclic
+    garbage that only the collector frees. CPython counts net allocations of tracked objects
+    towards the next collection (refcount-freed ones cancel out), so without that cycle a
+    steady loop would hardly ever trigger one, and the logger would have nothing to cost.
+    """
     from collections import deque
 
     window: deque = deque(maxlen=WINDOW)
     for i in range(iterations):
         tokens = [i, i + 1, i + 2]
         request = {"id": i, "tokens": tokens, "sampling": {"n": [1]}, "meta": (tokens, [i])}
+        request["self"] = request
         window.append(request)
 
 
@@ -90,13 +99,20 @@ def measure_logger(settings: dict, start_up_heap: int) -> dict:
     gc.freeze()  # as in serving: the start-up heap is frozen, collections walk only the young
     sink = DynamoMetrics(freeze_enabled=True, process_collectors=False) if DynamoMetrics else None
 
+    def noop_callback(phase: str, info: dict) -> None:
+        pass
+
     def install(arm: str) -> None:
-        if arm == "logger":
+        if arm == "noop-callback":
+            gc.callbacks.append(noop_callback)
+        elif arm == "logger":
             gc_freeze.install_gc_pause_logger(LOGGER_THRESHOLD_MS)
         elif arm == "logger+metrics":
             gc_freeze.install_gc_pause_logger(LOGGER_THRESHOLD_MS, on_pause=sink.observe_pause)
 
-    arms = ["none", "logger"] + (["logger+metrics"] if sink else [])
+    # noop-callback: what CPython charges for calling any gc.callbacks entry (it builds an info
+    # dict per call), the floor under which no pause logger can go.
+    arms = ["none", "noop-callback", "logger"] + (["logger+metrics"] if sink else [])
     times: dict[str, list[float]] = {arm: [] for arm in arms}
     collections: dict[str, list[int]] = {arm: [] for arm in arms}
     try:
@@ -111,6 +127,8 @@ def measure_logger(settings: dict, start_up_heap: int) -> dict:
                 elapsed = (time.perf_counter_ns() - start) / 1e9
                 collections[arm].append(_collections() - before)
                 gc_freeze.uninstall_gc_pause_logger()
+                if noop_callback in gc.callbacks:
+                    gc.callbacks.remove(noop_callback)
                 times[arm].append(elapsed)
     finally:
         gc_freeze.uninstall_gc_pause_logger()
@@ -119,6 +137,14 @@ def measure_logger(settings: dict, start_up_heap: int) -> dict:
     info = {"generation": 0, "collected": 0, "uncollectable": 0}
     callback_ns = {}
     for arm in arms[1:]:
+        if arm == "noop-callback":
+            calls = settings["callback_calls"]
+            start = time.perf_counter_ns()
+            for _ in range(calls):
+                noop_callback("start", info)
+                noop_callback("stop", info)
+            callback_ns[arm] = (time.perf_counter_ns() - start) / calls
+            continue
         pause_logger = gc_freeze.GcPauseLogger(
             LOGGER_THRESHOLD_MS, on_pause=sink.observe_pause if arm == "logger+metrics" else None
         )
@@ -143,6 +169,8 @@ def measure_logger(settings: dict, start_up_heap: int) -> dict:
         ratios = [t / base - 1.0 for t, base in zip(times[arm], times["none"])]
         per_second = result[arm]["collections_median"] / result["none"]["seconds_median"]
         result[arm]["cost_pct_median"] = 100.0 * statistics.median(ratios)
+        quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+        result[arm]["cost_pct_iqr"] = [100.0 * quartiles[0], 100.0 * quartiles[2]]
         result[arm]["cost_pct_per_round"] = [100.0 * r for r in ratios]
         result[arm]["callback_ns_per_collection"] = callback_ns[arm]
         # Direct estimate: callback time per collection x collections per second of workload.
@@ -267,9 +295,13 @@ def main(argv: list[str] | None = None) -> int:
             logger_rows.append([
                 measured["python"], arm, logged["none"]["seconds_median"],
                 logged[arm]["seconds_median"], logged[arm]["collections_median"],
-                logged[arm]["cost_pct_median"], logged[arm]["callback_ns_per_collection"],
+                logged[arm]["cost_pct_median"],
+                "[{:.1f}, {:.1f}]".format(*logged[arm]["cost_pct_iqr"]),
+                logged[arm]["callback_ns_per_collection"],
                 logged[arm]["cost_pct_from_callback"],
             ])
+            if arm == "noop-callback":
+                continue  # a reference point, not a goal
             verdicts.append({
                 "python": measured["python"], "what": f"{arm} cost %",
                 "measured": logged[arm]["cost_pct_median"],
@@ -287,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
             "measured": tick["big_over_small"], "met": tick["big_over_small"] < GOAL_TICK_RATIO,
         })
     print(bc.format_table(
-        ["python", "arm", "none s", "arm s", "collections", "cost % (median)",
+        ["python", "arm", "none s", "arm s", "collections", "cost % (median)", "cost % IQR",
          "callback ns/collection", "cost % (callback x rate)"],
         logger_rows,
     ))

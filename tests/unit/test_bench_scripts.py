@@ -67,7 +67,9 @@ def test_bench_overheads_smoke(tmp_path):
     (measured,) = result["interpreters"]
     logger = measured["logger"]
     # The test venv has prometheus_client and aiohttp: the metrics arm must be measured too.
-    assert logger["arms"] == ["none", "logger", "logger+metrics"], logger["metrics_unavailable"]
+    assert logger["arms"] == ["none", "noop-callback", "logger", "logger+metrics"], logger[
+        "metrics_unavailable"
+    ]
     rounds = result["settings"]["rounds"]
     for arm in logger["arms"]:
         assert len(logger[arm]["seconds"]) == rounds
