@@ -6,7 +6,11 @@ import argparse
 from typing import Mapping, Sequence
 
 from dynamo.common.configuration import IntRange, Option, Surface, Text, gc_options, parse_surface
-from dynamo.common.configuration.runtime_options import DISCOVERY_DIR, default_discovery_dir
+from dynamo.common.configuration.runtime_options import (
+    DISCOVERY_DIR,
+    DISCOVERY_TTL,
+    default_discovery_dir,
+)
 
 OPTIONS = [
     Option(
@@ -26,6 +30,7 @@ OPTIONS = [
         help="Port of the HTTP service (0 picks a free port and logs it)",
     ),
     DISCOVERY_DIR,
+    DISCOVERY_TTL,
     Option(
         name="dyn-preprocess-workers",
         env_var="DYN_PREPROCESS_WORKERS",

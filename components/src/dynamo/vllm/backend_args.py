@@ -16,7 +16,11 @@ from dynamo.common.configuration import (
     gc_options,
     parse_surface,
 )
-from dynamo.common.configuration.runtime_options import DISCOVERY_DIR, default_discovery_dir
+from dynamo.common.configuration.runtime_options import (
+    DISCOVERY_DIR,
+    DISCOVERY_TTL,
+    default_discovery_dir,
+)
 from dynamo.vllm import self_benchmark_args
 
 OPTIONS = [
@@ -37,6 +41,7 @@ OPTIONS = [
         help="Engine behind the worker: the built-in mock engine, or vLLM's AsyncLLM",
     ),
     DISCOVERY_DIR,
+    DISCOVERY_TTL,
     Option(
         name="request-plane-host",
         env_var="DYN_VLLM_REQUEST_PLANE_HOST",

@@ -6,8 +6,10 @@ import getpass
 import os
 import tempfile
 
+from dynamo.runtime.discovery import DEFAULT_LEASE_TTL_S, HEARTBEATS_PER_TTL
+
 from .options import Option
-from .values import Text
+from .values import FiniteFloat, Text
 
 
 def default_discovery_dir() -> str:
@@ -32,5 +34,19 @@ DISCOVERY_DIR = Option(
         "Directory where workers publish one JSON record per registered model and the frontend "
         "watches for them (unset: $XDG_RUNTIME_DIR/dynamo/discovery, else "
         "<tmpdir>/dynamo-<user>/discovery)"
+    ),
+)
+
+DISCOVERY_TTL = Option(
+    name="discovery-ttl",
+    env_var="DYN_DISCOVERY_TTL",
+    default=DEFAULT_LEASE_TTL_S,
+    kind=FiniteFloat(minimum=1.0),
+    metavar="SECONDS",
+    help=(
+        "Lease of a discovery record: a worker rewrites its record every 1/"
+        f"{HEARTBEATS_PER_TTL} of this, and the frontend treats a record unchanged for longer "
+        "as a dead worker and stops routing to it (give the frontend and its workers the same "
+        "value)"
     ),
 )
