@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,7 @@ from dynamo.runtime.discovery import (
     RecordHeartbeat,
     heartbeat_interval_for,
 )
+from dynamo.vllm import backend_args, main as worker_main
 
 LOGGER = "dynamo.runtime.discovery"
 TTL_S = 10.0
@@ -344,3 +347,48 @@ def test_failed_heartbeats_warn_once_and_the_next_success_says_so(tmp_path, mock
     renew.side_effect = OSError("again")
     heartbeat.beat()
     assert len(_warnings(caplog, "Discovery heartbeat failed")) == 2
+
+
+def test_the_worker_renews_its_record_while_serving_and_stops_before_removing_it(
+    tmp_path, mocker
+):
+    """On the real run_worker: heartbeats while serving; on drain the task ends, then the record."""
+    discovery_dir = tmp_path / "discovery"
+    config = backend_args.parse_args(
+        ["--discovery-dir", str(discovery_dir), "--discovery-ttl", "1", "--no-freeze-gc-heap"],
+        env={},
+    )
+    heartbeats_running_at_removal: list[list[asyncio.Task]] = []
+    real_unregister = DiscoveryStore.unregister
+
+    def unregister(store, instance_id):
+        running = [t for t in asyncio.all_tasks() if t.get_name() == "discovery-heartbeat"]
+        heartbeats_running_at_removal.append(running)
+        real_unregister(store, instance_id)
+
+    mocker.patch.object(DiscoveryStore, "unregister", unregister)
+
+    def beating(worker: asyncio.Future) -> ModelRecord | None:
+        if worker.done():
+            worker.result()  # a worker that failed to start fails the test now, with its error
+            raise AssertionError("the worker stopped before renewing its record")
+        records = DiscoveryStore(discovery_dir).read_all()
+        if records:
+            (record,) = records.values()
+            if record.heartbeat >= 3:
+                return record
+        return None
+
+    async def scenario() -> tuple[int, ModelRecord]:
+        worker = asyncio.ensure_future(worker_main.run_worker(config))
+        await _until(lambda: beating(worker) is not None)
+        record = beating(worker)
+        os.kill(os.getpid(), signal.SIGTERM)  # handled by the worker's loop: the drain
+        return await asyncio.wait_for(worker, 30), record
+
+    exit_code, record = asyncio.run(scenario())
+
+    assert exit_code == 0
+    assert record.heartbeat_interval_s == heartbeat_interval_for(1.0) == 0.2
+    assert heartbeats_running_at_removal == [[]]  # stopped before the record was removed
+    assert list(discovery_dir.iterdir()) == []  # and no late renewal wrote it back

@@ -9,10 +9,11 @@ Lifecycle, each step logged at INFO, in this order:
    anything can be admitted;
 5. open the request-plane listener (the port must be known before it can be registered);
 6. mark the phase ``serving``, then ``register_model``: the frontend routes to this worker
-   only once its discovery record exists;
-7. serve until SIGTERM/SIGINT; then mark ``draining``, remove the record first (so the frontend
-   stops routing here), let in-flight requests finish within a grace period (then abort them),
-   shut the engine down and exit 0.
+   only once its discovery record exists; from then on the record's heartbeat renews it (a
+   worker that dies without removing it, SIGKILL included, is dropped after --discovery-ttl);
+7. serve until SIGTERM/SIGINT; then mark ``draining``, stop the heartbeat, remove the record
+   (so the frontend stops routing here), let in-flight requests finish within a grace period
+   (then abort them), shut the engine down and exit 0.
 
 A signal during start-up cancels start-up, shuts the engine down and exits 0 without ever
 registering.
@@ -36,7 +37,12 @@ from dynamo.common import lifecycle
 from dynamo.common.metrics import DynamoMetrics
 from dynamo.common.system_server import start_system_server
 from dynamo.common.utils import gc_freeze
-from dynamo.runtime.discovery import DiscoveryStore, ModelRecord
+from dynamo.runtime.discovery import (
+    DiscoveryStore,
+    ModelRecord,
+    RecordHeartbeat,
+    heartbeat_interval_for,
+)
 from dynamo.runtime.request_plane import add_request_plane_routes
 from dynamo.vllm import backend_args, engine_factory
 from dynamo.vllm.engine import Engine, EngineUnavailable
@@ -209,15 +215,24 @@ async def start_system_port(
     cleanup.push_async_callback(server.stop)  # pushed first, so it closes last
 
 
-def register_model(store: DiscoveryStore, model: str, endpoint: str) -> ModelRecord:
-    """Publish this worker's model; the frontend routes to it from the moment this returns."""
-    record = ModelRecord(model=model, endpoint=endpoint)
+def register_model(
+    store: DiscoveryStore, model: str, endpoint: str, *, heartbeat_interval_s: float
+) -> ModelRecord:
+    """Publish this worker's model; the frontend routes to it from the moment this returns.
+
+    The record is a lease (heartbeat 0): unless renewed every ``heartbeat_interval_s`` (see
+    :class:`RecordHeartbeat`), the frontend treats it as gone after its TTL.
+    """
+    record = ModelRecord(
+        model=model, endpoint=endpoint, heartbeat=0, heartbeat_interval_s=heartbeat_interval_s
+    )
     store.register(record)
     logger.info(
-        "Model registered: model=%s instance=%s endpoint=%s",
+        "Model registered: model=%s instance=%s endpoint=%s heartbeat every %g s",
         record.model,
         record.instance_id,
         record.endpoint,
+        heartbeat_interval_s,
     )
     return record
 
@@ -292,14 +307,21 @@ async def _start_and_serve(
 
     lifecycle.mark_serving("register_model")
     store = DiscoveryStore(config.discovery_dir)
-    record = register_model(store, config.model, plane.endpoint)
+    interval_s = heartbeat_interval_for(config.discovery_ttl)
+    record = register_model(store, config.model, plane.endpoint, heartbeat_interval_s=interval_s)
     cleanup.callback(unregister_model, store, record)
+    # Pushed after the unregister, so it unwinds before it: a renewal after the removal would
+    # write the record back.
+    heartbeat = RecordHeartbeat(store, record, interval_s)
+    cleanup.push_async_callback(heartbeat.stop)
+    heartbeat.start()
 
     signals.serving()
     logger.info("Worker serving model %s; stop it with SIGTERM or SIGINT", config.model)
     reason = await signals.wait()
-    # Draining refuses new requests at once; the record is removed next (the exit stack), then
-    # in-flight requests finish within the grace period, then the engine stops.
+    # Draining refuses new requests at once; the heartbeat stops and the record is removed next
+    # (the exit stack), then in-flight requests finish within the grace period, then the engine
+    # stops.
     lifecycle.mark_draining(reason)
 
 
@@ -326,11 +348,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     configure_logging()
     logger.info(
-        "Worker options: model=%s engine=%s discovery_dir=%s request_plane=%s:%s "
-        "freeze_gc_heap=%s gc_pause_log_ms=%g self_benchmark_points=%d",
+        "Worker options: model=%s engine=%s discovery_dir=%s discovery_ttl=%g "
+        "request_plane=%s:%s freeze_gc_heap=%s gc_pause_log_ms=%g self_benchmark_points=%d",
         config.model,
         config.engine,
         config.discovery_dir,
+        config.discovery_ttl,
         config.request_plane_host,
         config.request_plane_port,
         config.freeze_gc_heap,
