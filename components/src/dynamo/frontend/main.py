@@ -99,7 +99,10 @@ async def build_frontend(
     )
     await runner.setup()  # builds the server object; the socket opens in TCPSite.start
     watcher = DiscoveryWatcher(
-        config.discovery_dir, on_add=registry.add_instance, on_remove=registry.remove_instance
+        config.discovery_dir,
+        on_add=registry.add_instance,
+        on_remove=registry.remove_instance,
+        ttl_s=config.discovery_ttl,  # a worker whose record stops changing is dropped
     )
     return Frontend(config, registry, service, session, app, runner, watcher, pool)
 
@@ -144,7 +147,9 @@ async def serve(config: argparse.Namespace, metrics: DynamoMetrics | None = None
         logger.info("HTTP service listening on %s", _url(host, port))
 
         frontend.watcher.start()
-        logger.info("Discovery watcher started: %s", config.discovery_dir)
+        logger.info(
+            "Discovery watcher started: %s (ttl %g s)", config.discovery_dir, config.discovery_ttl
+        )
 
         await stop.wait()
         lifecycle.mark_draining("signal")

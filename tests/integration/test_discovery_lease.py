@@ -1,0 +1,103 @@
+"""A worker killed with SIGKILL is dropped by the real frontend once its discovery lease expires.
+
+Real ``python -m dynamo.frontend`` and two real ``python -m dynamo.vllm`` workers on 127.0.0.1,
+all with a short ``--discovery-ttl`` (the declared option, so the processes run exactly as an
+operator would run them). One worker is killed and never removes its record; the other keeps
+renewing its own and must stay listed.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from dynamo.runtime.discovery import HEARTBEATS_PER_TTL, DiscoveryStore
+from tests.integration.harness import wait_until
+from tests.integration.test_pair_helpers import (
+    assert_openai_error,
+    chat_body,
+    frontend_url,
+    request,
+    start_frontend,
+    start_worker,
+)
+
+pytestmark = pytest.mark.integration
+
+# Short enough for a quick test, long enough (heartbeat every 0.4 s) that a live worker on a
+# busy 2-core CI machine is never taken for dead.
+TTL = "2"
+DOOMED, SURVIVOR = "lease-doomed", "lease-survivor"
+REGISTERED = r"Model registered: model={model} instance=(\w+) endpoint=(\S+) heartbeat every"
+EXPIRED = (
+    r"Discovery record (\S+) expired: no heartbeat for ([\d.]+) s "
+    r"\(worker {instance} at {endpoint}\)"
+)
+# From SIGKILL to the model gone: one TTL plus polling, with ample room for a loaded machine.
+EXPIRY_DEADLINE_S = 30.0
+
+
+def listed_models(url: str) -> set[str]:
+    status, body = request("GET", url + "/v1/models")
+    assert status == 200, body
+    return {model["id"] for model in body["data"]}
+
+
+def survivor_heartbeats(discovery_dir) -> int:
+    records = DiscoveryStore(discovery_dir).read_all().values()
+    return max((r.heartbeat or 0 for r in records if r.model == SURVIVOR), default=0)
+
+
+def test_a_sigkilled_worker_is_dropped_after_its_lease_expires(tmp_path):
+    discovery_dir = tmp_path / "discovery"
+    frontend = start_frontend("frontend", tmp_path, discovery_dir, "--discovery-ttl", TTL)
+    doomed = start_worker("worker-doomed", tmp_path, discovery_dir, DOOMED, "--discovery-ttl", TTL)
+    survivor = start_worker(
+        "worker-survivor", tmp_path, discovery_dir, SURVIVOR, "--discovery-ttl", TTL
+    )
+    try:
+        url = frontend_url(frontend)
+        instance, endpoint = doomed.wait_for_log(REGISTERED.format(model=DOOMED)).groups()
+        wait_until(
+            lambda: {DOOMED, SURVIVOR} <= listed_models(url),
+            deadline_s=60,
+            what="both models to be listed",
+        )
+        status, body = request("POST", url + "/v1/chat/completions", chat_body(DOOMED))
+        assert status == 200, body
+
+        doomed.proc.kill()  # SIGKILL: no drain, the record stays behind
+        doomed.wait_exit()
+        record_path = discovery_dir / f"{instance}.json"
+        assert record_path.exists()
+
+        expired = frontend.wait_for_log(
+            EXPIRED.format(instance=instance, endpoint=re.escape(endpoint)),
+            deadline_s=EXPIRY_DEADLINE_S,
+        )
+        assert expired.group(1) == str(record_path)
+        assert float(expired.group(2)) >= float(TTL)  # logged to 0.1 s
+        wait_until(
+            lambda: DOOMED not in listed_models(url),
+            deadline_s=EXPIRY_DEADLINE_S,
+            what=f"{DOOMED} to leave /v1/models",
+        )
+        status, error = request("POST", url + "/v1/chat/completions", chat_body(DOOMED))
+        assert assert_openai_error(error, status, 404)["code"] == "model_not_found"
+
+        # The live worker renews its lease: two TTLs' worth of heartbeats later it is still listed.
+        wait_until(
+            lambda: survivor_heartbeats(discovery_dir) >= 2 * HEARTBEATS_PER_TTL,
+            deadline_s=EXPIRY_DEADLINE_S,
+            what=f"{SURVIVOR}'s record to be renewed for two TTLs",
+        )
+        assert SURVIVOR in listed_models(url)
+        status, body = request("POST", url + "/v1/chat/completions", chat_body(SURVIVOR))
+        assert status == 200, body
+        assert frontend.count(r"Discovery record \S+ expired") == 1, frontend.log()
+        assert record_path.exists()  # the frontend never deletes records, it ignores them
+    finally:
+        codes = {"frontend": frontend.stop(), "survivor": survivor.stop()}
+        doomed.stop()
+    assert codes == {"frontend": 0, "survivor": 0}, frontend.log()
