@@ -27,7 +27,9 @@ from dynamo.vllm import backend_args, main as worker_main
 
 LOGGER = "dynamo.runtime.discovery"
 TTL_S = 10.0
-EXPIRED = "Discovery record {path} expired: no heartbeat for {silent} s (worker {instance} at {endpoint})"
+EXPIRED = (
+    "Discovery record {path} expired: no heartbeat for {silent} s (worker {instance} at {endpoint})"
+)
 
 
 def _leased(instance_id: str = "i1", port: int = 40001, interval_s: float = 2.0) -> ModelRecord:

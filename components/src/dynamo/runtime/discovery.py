@@ -330,22 +330,25 @@ class DiscoveryWatcher:
                 if sighting is not None and sighting.expired:
                     logger.info("Discovery record %s renewed after it expired", path)
                 sighting = self._sightings[path] = _Sighting(text, changed_at=now)
-            if record.has_lease:
-                silent_s = now - sighting.changed_at
-                if silent_s > self._ttl_for(record):
-                    if not sighting.expired:
-                        sighting.expired = True
-                        logger.warning(
-                            "Discovery record %s expired: no heartbeat for %.1f s "
-                            "(worker %s at %s)",
-                            path,
-                            silent_s,
-                            record.instance_id,
-                            record.endpoint,
-                        )
-                    continue
+            if record.has_lease and self._expired(path, record, sighting, now):
+                continue
             live[record.instance_id] = record
         return live
+
+    def _expired(self, path: Path, record: ModelRecord, sighting: _Sighting, now: float) -> bool:
+        silent_s = now - sighting.changed_at
+        if silent_s <= self._ttl_for(record):
+            return False
+        if not sighting.expired:  # warn once per expiry, not at every poll
+            sighting.expired = True
+            logger.warning(
+                "Discovery record %s expired: no heartbeat for %.1f s (worker %s at %s)",
+                path,
+                silent_s,
+                record.instance_id,
+                record.endpoint,
+            )
+        return True
 
     async def poll_once(self) -> None:
         current = self._live(self._scan())
