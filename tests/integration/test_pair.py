@@ -44,7 +44,11 @@ class Pair:
         self.worker = start_worker(
             "worker", directory, self.discovery_dir, MODEL, "--mock-heap-objects", "100000"
         )
-        self.frontend = start_frontend("frontend", directory, self.discovery_dir)
+        # A lease far longer than any test here: a SIGKILLed worker's record must stay known for
+        # the 503 test, however slow the machine (expiry is tested in test_discovery_lease.py).
+        self.frontend = start_frontend(
+            "frontend", directory, self.discovery_dir, "--discovery-ttl", "3600"
+        )
         self.url = frontend_url(self.frontend)
         self.frontend.wait_for_log(rf"Model added: model={MODEL} ")
 
@@ -198,8 +202,9 @@ def test_a_killed_worker_turns_its_model_into_503s_not_hangs(pair, extra_workers
     assert rest[-1] == "[DONE]"
     error = rest[-2]["error"]
     assert error["code"] == "worker_unavailable", rest[-2]
-    # Its record stays behind (SIGKILL), so the frontend still knows the model: every request
-    # for it is now a prompt 503, streamed or not, and the shared model is unaffected.
+    # Its record stays behind (SIGKILL) until its lease expires (an hour here), so the frontend
+    # still knows the model: every request for it is a prompt 503, streamed or not, and the
+    # shared model is unaffected.
     wait_until(lambda: doomed.proc.poll() is not None, deadline_s=30, what="the worker to die")
     for stream in (False, True):
         status, body = request(
