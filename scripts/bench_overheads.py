@@ -33,10 +33,10 @@ NAME = "overheads"
 
 SETTINGS = {
     # rounds: interleaved repetitions of the logger arms; iterations: loop length per repetition
-    # (about 0.2-0.4 s); tick_sizes: frozen heaps; tick_blocks: alternating blocks per size.
-    "full": {"rounds": 21, "iterations": 400_000, "tick_sizes": [10_000, 5_000_000],
+    # (about 0.1 s: short rounds, many of them, so drift hits both arms of a round alike); tick_sizes: frozen heaps; tick_blocks: alternating blocks per size.
+    "full": {"rounds": 101, "iterations": 100_000, "tick_sizes": [10_000, 5_000_000],
              "tick_blocks": 2, "ticks": 400, "callback_calls": 200_000},
-    "quick": {"rounds": 5, "iterations": 150_000, "tick_sizes": [10_000, 1_000_000],
+    "quick": {"rounds": 15, "iterations": 50_000, "tick_sizes": [10_000, 1_000_000],
               "tick_blocks": 1, "ticks": 200, "callback_calls": 50_000},
     "smoke": {"rounds": 1, "iterations": 5_000, "tick_sizes": [1_000, 10_000],
               "tick_blocks": 1, "ticks": 10, "callback_calls": 1_000},
