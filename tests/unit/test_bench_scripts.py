@@ -111,3 +111,22 @@ def test_ab_serving_smoke(tmp_path):
     goal = result["goal"]
     assert set(goal["ceiling_rps"]) == {"ctl", "all"}
     assert "all_pauses_ge_50ms" in goal
+
+
+@pytest.mark.integration  # real worker processes with their rank processes
+def test_ab_self_benchmark_smoke(tmp_path):
+    result = run_smoke("ab_self_benchmark.py", tmp_path, timeout_s=180)
+    assert result["benchmark"] == "ab_self_benchmark"
+    assert_machine(result)
+    points = result["settings"]["points"]
+    runs = result["runs"]
+    assert sorted((run["ranks"], run["policy"]) for run in runs) == [(1, "freeze"), (1, "off")]
+    for run in runs:
+        analysis = run["analysis"]
+        assert analysis["points"] == points  # every point the worker measured was read back
+        assert 0 < analysis["p50_ms"] <= analysis["max_wall_ms"]
+        assert 0 <= analysis["stalls"] <= analysis["outliers"] == len(analysis["outlier_indices"])
+        assert f"points={points}" in run["worker_summary"]
+        assert f"gc_policy={run['policy']}" in run["worker_summary"]
+    (verdict,) = result["goal"]["verdicts"]
+    assert verdict["tensor_parallel_size"] == 1
