@@ -172,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="the worker's --gc-pause-log-ms (its main process's pauses)")
     bc.add_mode_args(parser)
     args = parser.parse_args(argv)
+    bc.exit_cleanly_on_sigterm()
     mode = bc.mode_name(args)
     settings = MODES[mode]
     points = args.points or settings["points"]

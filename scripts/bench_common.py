@@ -65,6 +65,16 @@ def mode_name(args: argparse.Namespace) -> str:
     return "full"
 
 
+def exit_cleanly_on_sigterm() -> None:
+    """Turn SIGTERM into SystemExit, so ``finally`` blocks stop the processes a script started."""
+    import signal
+
+    def _exit(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _exit)
+
+
 # --- interpreters -------------------------------------------------------------------------
 
 
