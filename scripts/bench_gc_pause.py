@@ -174,25 +174,31 @@ def plot(args, results: list[dict]):
     if plt is None:
         return None
     fig, (pause_ax, cost_ax) = plt.subplots(1, 2, figsize=(12, 4.8))
+    from matplotlib.lines import Line2D
+
+    arms = (("stock_ms_median", "o-", "stock"), ("frozen_ms_median", "s--", "frozen"),
+            ("frozen_with_live_ms_median", "^:", None))
     for index, result in enumerate(results):
         color = f"C{index}"
         x = [row["tracked"] for row in result["rows"]]
-        label = f"CPython {result['python']}"
-        pause_ax.plot(x, [r["stock_ms_median"] for r in result["rows"]], "o-", color=color,
-                      label=f"{label} stock")
-        pause_ax.plot(x, [r["frozen_ms_median"] for r in result["rows"]], "s--", color=color,
-                      label=f"{label} frozen")
-        pause_ax.plot(x, [r["frozen_with_live_ms_median"] for r in result["rows"]], "^:",
-                      color=color, label=f"{label} frozen + {result['live_objects']} live")
+        for key, style, _ in arms:
+            pause_ax.plot(x, [r[key] for r in result["rows"]], style, color=color)
         cost_ax.plot(x, [r["freeze_call_over_collect_median"] for r in result["rows"]], "o-",
-                     color=color, label=label)
+                     color=color, label=f"CPython {result['python']}")
+    # One legend entry per interpreter (colour) and per arm (line style), not their product.
+    live = results[0]["live_objects"] if results else 0
+    handles = [Line2D([], [], color=f"C{i}", label=f"CPython {r['python']}")
+               for i, r in enumerate(results)]
+    handles += [Line2D([], [], color="black", linestyle=style[1:], marker=style[0],
+                       label=label or f"frozen + {live} unfrozen live objects")
+                for _, style, label in arms]
+    pause_ax.legend(handles=handles, fontsize=7, loc="center left")
     pause_ax.set_xscale("log")
     pause_ax.set_yscale("log")
     pause_ax.set_xlabel("tracked objects in the process")
     pause_ax.set_ylabel("full collection (gc.collect) pause, ms (median)")
     pause_ax.set_title("Full-collection pause vs heap: stock vs frozen")
     pause_ax.grid(True, which="both", alpha=0.3)
-    pause_ax.legend(fontsize=6, ncol=2, loc="center left")
     cost_ax.set_xscale("log")
     cost_ax.axhline(1.0, color="grey", lw=0.8)
     cost_ax.set_xlabel("tracked objects in the process")
