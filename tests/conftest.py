@@ -6,7 +6,7 @@ import gc
 
 import pytest
 
-from dynamo.common import lifecycle
+from dynamo.common import lifecycle, logging_setup
 from dynamo.common.utils import gc_freeze
 from dynamo.vllm import gc_policy
 
@@ -36,3 +36,5 @@ def restore_gc_state():
     gc_freeze._last_freeze = last_freeze
     gc_freeze._freeze_observers[:] = observers
     lifecycle._listeners[:] = listeners
+    # A launcher's main() run in-process installs a stderr handler bound to this test's capture.
+    logging_setup.remove_logging_handler()

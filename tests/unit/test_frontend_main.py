@@ -17,7 +17,7 @@ from aiohttp import web
 
 from dynamo.common import lifecycle
 from dynamo.common.utils import gc_freeze
-from dynamo.frontend import logging_setup
+from dynamo.common import logging_setup
 from dynamo.frontend import main as frontend_main
 from dynamo.runtime.discovery import DiscoveryWatcher
 

@@ -36,7 +36,7 @@ from dynamo.runtime.discovery import DiscoveryWatcher
 from . import frontend_args, gc_collect_trace
 from .chat_processor import build_chat_processor
 from .http_service import FrontendService
-from .logging_setup import configure_logging
+from dynamo.common.logging_setup import configure_logging
 from .model_registry import ModelRegistry
 from .preprocess_pool import PreprocessPool, PreprocessPoolError
 from .worker_router import WorkerRouter, create_worker_session

@@ -16,7 +16,7 @@ from typing import Any
 from dynamo.common import lifecycle
 from dynamo.common.utils.gc_freeze import install_gc_pause_logger, maybe_freeze_gc_heap
 
-from .logging_setup import configure_logging
+from dynamo.common.logging_setup import configure_logging
 from .tokenizer import ByteTokenizer, build_tokenizer_tables
 
 logger = logging.getLogger(__name__)

@@ -27,13 +27,13 @@ import contextlib
 import logging
 import signal
 import socket
-import sys
 import time
 from typing import AsyncIterator, Sequence
 
 from aiohttp import web
 
 from dynamo.common import lifecycle
+from dynamo.common.logging_setup import configure_logging
 from dynamo.common.metrics import DynamoMetrics
 from dynamo.common.system_server import start_system_server
 from dynamo.common.utils import gc_freeze
@@ -49,20 +49,11 @@ from dynamo.vllm.engine import Engine, EngineUnavailable
 
 logger = logging.getLogger(__name__)
 
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 FREEZE_CONTEXT = "vllm worker"
 # How long a drain waits for in-flight requests before aborting them. Long enough for a chat
 # completion to finish, short enough for a Kubernetes default terminationGracePeriodSeconds.
 DRAIN_GRACE_S = 30.0
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-
-def configure_logging(level: int = logging.INFO) -> None:
-    """One format for every line (timestamp, level, logger name), to stderr.
-
-    A no-op when the root logger already has handlers (an embedding program, pytest).
-    """
-    logging.basicConfig(level=level, format=LOG_FORMAT, stream=sys.stderr)
 
 
 class StopSignals:

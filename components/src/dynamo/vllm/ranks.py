@@ -25,6 +25,8 @@ import traceback
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
+from dynamo.common.logging_setup import configure_logging
+
 logger = logging.getLogger(__name__)
 
 # Simulated compute per step: a fixed launch cost plus a cost per token of the batch. The rank
@@ -142,10 +144,7 @@ def _describe(exc: BaseException) -> str:
 def _rank_main(rank: int, world_size: int, conn, worker_extension_cls: str | None, log_level: int):
     """Entry point of a rank process (spawned: a fresh interpreter, this module imported)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    logging.basicConfig(
-        level=log_level,
-        format=f"%(asctime)s %(levelname)s [rank {rank}] %(name)s: %(message)s",
-    )
+    configure_logging(log_level, label=f"rank {rank}")
     try:
         worker_class = MockRankWorker
         if worker_extension_cls:

@@ -1,7 +1,8 @@
-"""Logging for the frontend process and its preprocess worker processes.
+"""Logging for every process of the project: frontend, preprocess workers, vLLM worker, ranks.
 
-Every line carries the pid: the frontend and its spawned preprocess workers share one stderr,
-and an operator (or a test) must tell their freeze lines apart.
+One format everywhere, and every line carries the pid: a frontend and its spawned preprocess
+workers, or a worker and its rank processes, share one stderr, and an operator (or a test) must
+tell their freeze and pause lines apart.
 """
 
 from __future__ import annotations
@@ -13,12 +14,20 @@ LOG_FORMAT = "%(asctime)s %(levelname)s pid=%(process)d %(name)s: %(message)s"
 
 # Marks the handler we installed, so a second call (a test calling main twice, a pool
 # initializer) does not stack handlers and print every line twice.
-_HANDLER_MARK = "_dynamo_frontend_handler"
+_HANDLER_MARK = "_dynamo_handler"
 
 
-def configure_logging(level: int = logging.INFO) -> None:
-    """Send INFO and above to stderr in the project's format; idempotent.
+def log_format(label: str | None = None) -> str:
+    """:data:`LOG_FORMAT`, with ``[label]`` after the pid when given (e.g. ``rank 0``)."""
+    if not label:
+        return LOG_FORMAT
+    return LOG_FORMAT.replace("pid=%(process)d ", f"pid=%(process)d [{label}] ")
 
+
+def configure_logging(level: int = logging.INFO, *, label: str | None = None) -> None:
+    """Send ``level`` and above to stderr in the project's format; idempotent.
+
+    ``label`` names a process that has no name of its own in the pid (a rank: ``rank 0``).
     Handlers others installed (pytest's capture, an embedding application) are left alone.
     """
     root = logging.getLogger()
@@ -26,7 +35,7 @@ def configure_logging(level: int = logging.INFO) -> None:
     if any(getattr(handler, _HANDLER_MARK, False) for handler in root.handlers):
         return
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    handler.setFormatter(logging.Formatter(log_format(label)))
     setattr(handler, _HANDLER_MARK, True)
     root.addHandler(handler)
 
