@@ -15,6 +15,7 @@ from decimal import Decimal
 
 import pytest
 
+from dynamo.common import lifecycle
 from dynamo.common.utils import gc_freeze
 from dynamo.common.utils.gc_freeze import (
     FreezeRecord,
@@ -210,7 +211,13 @@ class FakeClock:
 
 
 @pytest.fixture
-def clock(mocker) -> FakeClock:
+def serving():
+    """The pause-line contract is about a process that admits requests (WARNING level)."""
+    lifecycle.mark_serving("test")
+
+
+@pytest.fixture
+def clock(mocker, serving) -> FakeClock:
     fake = FakeClock()
     mocker.patch.object(gc_freeze.time, "perf_counter_ns", fake)
     return fake
@@ -398,7 +405,7 @@ def test_a_real_full_collection_is_counted_for_generation_2():
     assert pause_logger.pauses_logged == [0, 0, 0]
 
 
-def test_a_real_collection_over_a_tiny_threshold_logs_a_warning(caplog):
+def test_a_real_collection_over_a_tiny_threshold_logs_a_warning(serving, caplog):
     gc.disable()
     install_gc_pause_logger(0.000001)  # 1 ns: every real collection qualifies
 
@@ -474,3 +481,39 @@ def test_zero_threshold_with_a_sink_installs_a_metrics_only_logger(caplog):
     assert [g for g, _ in calls] == [2]
     assert calls[0][1] >= 0.0
     assert _pause_records(caplog) == []
+
+
+@pytest.mark.parametrize(
+    ("mark", "level"),
+    [(None, logging.INFO), (lifecycle.mark_serving, logging.WARNING), ("draining", logging.WARNING)],
+    ids=["starting", "serving", "draining"],
+)
+def test_pause_lines_are_info_while_starting_and_warnings_once_serving(mocker, caplog, mark, level):
+    caplog.set_level(logging.INFO, logger=LOGGER_NAME)
+    fake = FakeClock()
+    mocker.patch.object(gc_freeze.time, "perf_counter_ns", fake)
+    if mark == "draining":
+        lifecycle.mark_serving("test")
+        lifecycle.mark_draining("test")
+    elif mark is not None:
+        mark("test")
+    pause_logger = GcPauseLogger(1.0)
+
+    _pause(pause_logger, fake, 5_000_000, _info())
+
+    (record,) = _pause_records(caplog)
+    assert record.levelno == level
+    assert pause_logger.pauses_logged == [0, 0, 1]
+
+
+def test_a_failing_sink_is_reported_once_then_only_counted(clock, caplog):
+    def broken_sink(generation, seconds):
+        raise RuntimeError("metrics backend down")
+
+    pause_logger = GcPauseLogger(0, on_pause=broken_sink)
+    for _ in range(3):
+        _pause(pause_logger, clock, 1_000, _info())
+
+    failures = [r for r in caplog.records if "callback failed" in r.getMessage()]
+    assert len(failures) == 1 and "metrics backend down" in failures[0].getMessage()
+    assert pause_logger.callback_errors == 3

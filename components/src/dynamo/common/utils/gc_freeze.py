@@ -73,8 +73,10 @@ def freeze_gc_heap(*, context: str) -> int | None:
     started = time.perf_counter()
     collected = gc.collect()  # every generation: garbage must not be frozen
     gc.freeze()
-    took_ms = (time.perf_counter() - started) * 1000.0
     frozen = gc.get_freeze_count()  # one heap walk per freeze, for the log line and metrics
+    # took_ms is everything the process paid before admission, the count's walk included
+    # (~130 ms of a real vLLM parent's ~600 ms).
+    took_ms = (time.perf_counter() - started) * 1000.0
     record = FreezeRecord(context=context, collected=collected, frozen=frozen, took_ms=took_ms)
     _last_freeze = record
     logger.info(
@@ -112,6 +114,11 @@ class GcPauseLogger:
     ``threshold_ms <= 0`` records every pause without logging any (metrics only).
     ``on_pause(generation, seconds)`` runs for every collection, after the counters; it must be
     as cheap as the callback itself (a histogram ``observe``).
+
+    Long pauses log at WARNING once the process admits requests, and at INFO while it is still
+    ``starting``: imports, engine init and the freeze's own collection pause a process that
+    serves nothing yet, and an operator alerting on WARNING lines should not be paged by every
+    pod start.
     """
 
     def __init__(
@@ -161,7 +168,8 @@ class GcPauseLogger:
                 self.max_pause_ns = pause_ns
             if self._threshold_ns is not None and pause_ns >= self._threshold_ns:
                 self.pauses_logged[generation] += 1
-                self._log.warning(
+                self._log.log(
+                    logging.INFO if lifecycle.freeze_allowed() else logging.WARNING,
                     "GC gen%d pause %.1f ms (collected=%s uncollectable=%s)",
                     generation,
                     pause_ns / 1e6,
@@ -171,8 +179,20 @@ class GcPauseLogger:
             # Last, so a failing sink (metrics) cannot swallow the WARNING above.
             if self._on_pause is not None:
                 self._on_pause(generation, pause_ns / 1e9)
-        except Exception:  # noqa: BLE001 - see above
+        except Exception as exc:  # noqa: BLE001 - see above
             self.callback_errors += 1
+            if self.callback_errors == 1:
+                self._warn_callback_failed(exc)
+
+    def _warn_callback_failed(self, exc: Exception) -> None:
+        # Once: a sink that fails on every collection would otherwise flood the log, and a
+        # silent counter would hide a broken metrics pipeline.
+        try:
+            self._log.warning(
+                "GC pause logger callback failed (%r); later failures are only counted", exc
+            )
+        except Exception:  # noqa: BLE001 - never raise into the collector
+            pass
 
     def snapshot(self) -> dict:
         """The counters as plain data (for status endpoints and tests)."""
