@@ -57,7 +57,11 @@ class Served:
 
     def gen2_pauses(self, families: dict) -> float:
         return self.value(
-            families, "dynamo_gc_pause_seconds", "dynamo_gc_pause_seconds_count", generation="2"
+            families,
+            "dynamo_gc_pause_seconds",
+            "dynamo_gc_pause_seconds_count",
+            generation="2",
+            phase="serving",
         )
 
 
@@ -161,6 +165,7 @@ def test_metric_names_and_labels_are_stable(one):
             assert set(s.labels) - {"le"} == labels, (name, s)
     pause = families["dynamo_gc_pause_seconds"].samples
     assert {s.labels["generation"] for s in pause} == {"0", "1", "2"}
+    assert {s.labels["phase"] for s in pause} == {"starting", "serving", "draining"}
     bounds = sorted(
         {float(s.labels["le"]) for s in pause if s.name.endswith("_bucket")} - {float("inf")}
     )

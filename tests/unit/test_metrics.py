@@ -14,7 +14,7 @@ from dynamo.common.utils import gc_freeze
 
 # The contract with dashboards and alerts: renaming a metric or a label breaks them.
 STABLE_FAMILIES = {
-    "dynamo_gc_pause_seconds": ("histogram", {"generation"}),
+    "dynamo_gc_pause_seconds": ("histogram", {"generation", "phase"}),
     "dynamo_gc_frozen_objects": ("gauge", set()),
     "dynamo_gc_freeze_seconds": ("gauge", set()),
     "dynamo_gc_freeze_enabled": ("gauge", set()),
@@ -55,8 +55,8 @@ def sample(m: DynamoMetrics, name: str, **labels) -> float:
     return found[0]
 
 
-def pause_count(m: DynamoMetrics, generation: int) -> float:
-    return sample(m, "dynamo_gc_pause_seconds_count", generation=str(generation))
+def pause_count(m: DynamoMetrics, generation: int, phase: str = "starting") -> float:
+    return sample(m, "dynamo_gc_pause_seconds_count", generation=str(generation), phase=phase)
 
 
 def test_pause_histogram_counts_each_collection_by_generation(process_metrics):
@@ -68,8 +68,8 @@ def test_pause_histogram_counts_each_collection_by_generation(process_metrics):
     gc.collect(2)
     gc.collect(2)
     assert [pause_count(m, g) for g in range(3)] == [1, 1, 2]
-    assert sample(m, "dynamo_gc_pause_seconds_sum", generation="2") > 0
-    assert sample(m, "dynamo_gc_pause_seconds_bucket", generation="2", le="+Inf") == 2
+    assert sample(m, "dynamo_gc_pause_seconds_sum", generation="2", phase="starting") > 0
+    assert sample(m, "dynamo_gc_pause_seconds_bucket", generation="2", le="+Inf", phase="starting") == 2
 
 
 def test_pause_log_threshold_zero_still_records(process_metrics, caplog):
@@ -91,7 +91,9 @@ def test_buckets_span_a_tenth_of_a_millisecond_to_ten_seconds(process_metrics):
     bucket = {
         s.labels["le"]: s.value
         for s in scrape(m)["dynamo_gc_pause_seconds"].samples
-        if s.name.endswith("_bucket") and s.labels["generation"] == "1"
+        if s.name.endswith("_bucket")
+        and s.labels["generation"] == "1"
+        and s.labels["phase"] == "starting"
     }
     assert min(map(float, bucket)) == 0.0001
     assert max(float(le) for le in bucket if le != "+Inf") == 10.0
@@ -101,7 +103,7 @@ def test_buckets_span_a_tenth_of_a_millisecond_to_ten_seconds(process_metrics):
     assert bucket["5.0"] == 3
     assert bucket["10.0"] == 3
     assert bucket["+Inf"] == 4
-    assert sample(m, "dynamo_gc_pause_seconds_sum", generation="1") == pytest.approx(23.0003)
+    assert sample(m, "dynamo_gc_pause_seconds_sum", generation="1", phase="starting") == pytest.approx(23.0003)
     assert pause_count(m, 0) == 0 and pause_count(m, 2) == 0
 
 
@@ -206,3 +208,26 @@ def test_debug_collect_shows_a_histogram_that_is_not_fed(process_metrics):
     result = metrics.debug_gc_collect(m)
     assert result["gen2_collections_delta"] == 1
     assert result["pause_histogram_gen2_count_after"] == result["pause_histogram_gen2_count_before"]
+
+
+def test_pauses_are_labelled_with_the_phase_they_happened_in(process_metrics):
+    m = process_metrics()
+    m.observe_pause(2, 0.4)  # the freeze's own collection, at start-up
+    lifecycle.mark_serving("test")
+    m.observe_pause(2, 0.01)
+    m.observe_pause(0, 0.001)
+    assert pause_count(m, 2, phase="starting") == 1
+    assert pause_count(m, 2, phase="serving") == 1
+    assert pause_count(m, 0, phase="serving") == 1
+    assert pause_count(m, 2, phase="draining") == 0
+    assert m.pauses.count(2) == 2
+    assert m.pauses.count(2, lifecycle.Phase.SERVING) == 1
+
+
+def test_debug_state_reports_thresholds_freeze_and_phase():
+    state = metrics.debug_gc_state()
+    assert state["thresholds"] == list(gc.get_threshold())
+    assert state["isenabled"] == gc.isenabled()
+    assert state["phase"] == "starting"
+    frozen = gc_freeze.freeze_gc_heap(context="debug state test")
+    assert metrics.debug_gc_state()["frozen_objects"] == gc.get_freeze_count() >= frozen - 100

@@ -6,9 +6,9 @@ carries the standard process and GC collectors.
 
 Where each value comes from (no heap walk anywhere on these paths):
 
-* ``dynamo_gc_pause_seconds{generation}``: :meth:`DynamoMetrics.observe_pause`, the pause
-  logger's ``on_pause`` sink, called from ``gc.callbacks`` for every collection. It bumps plain
-  integers; the histogram is assembled only when scraped.
+* ``dynamo_gc_pause_seconds{generation,phase}``: :meth:`DynamoMetrics.observe_pause`, the
+  pause logger's ``on_pause`` sink, called from ``gc.callbacks`` for every collection. It bumps
+  plain integers; the histogram is assembled only when scraped.
 * ``dynamo_gc_frozen_objects`` / ``dynamo_gc_freeze_seconds``: set once per freeze by the freeze
   observer from the :class:`~dynamo.common.utils.gc_freeze.FreezeRecord`; a scrape reads the
   stored numbers and never calls ``gc.get_freeze_count()`` (a walk of the permanent generation).
@@ -31,6 +31,7 @@ from __future__ import annotations
 import bisect
 import gc
 import logging
+import os
 import time
 from typing import Iterable
 
@@ -78,44 +79,64 @@ PHASE_METRIC = "dynamo_serving_phase"
 
 METRICS_PATH = "/metrics"
 DEBUG_GC_COLLECT_PATH = "/debug/gc/collect"
+DEBUG_GC_STATE_PATH = "/debug/gc/state"
+
+
+_PHASES = tuple(lifecycle.Phase)
+_PHASE_INDEX = {phase: index for index, phase in enumerate(_PHASES)}
 
 
 class PauseHistogram:
-    """Per-generation pause buckets kept as plain integers, exported as a histogram on scrape."""
+    """Pause buckets by (phase, generation) kept as plain integers, exported on scrape.
+
+    The ``phase`` label separates what operators watch (pauses while ``serving``) from what
+    every start pays (imports, engine init, the freeze's own collection while ``starting``), so
+    a pod start does not show up as a serving p99 spike.
+    """
 
     def __init__(self, bounds: Iterable[float] = PAUSE_BUCKETS_S) -> None:
         self.bounds = tuple(sorted(bounds))
         # One slot per finite bucket plus one for +Inf; not cumulative (the scrape sums them).
-        self._counts = [[0] * (len(self.bounds) + 1) for _ in range(gc_freeze.GENERATIONS)]
-        self._sums = [0.0] * gc_freeze.GENERATIONS
+        self._counts = [
+            [[0] * (len(self.bounds) + 1) for _ in range(gc_freeze.GENERATIONS)] for _ in _PHASES
+        ]
+        self._sums = [[0.0] * gc_freeze.GENERATIONS for _ in _PHASES]
 
     def observe(self, generation: int, seconds: float) -> None:
+        phase = _PHASE_INDEX[lifecycle.current_phase()]
         # bisect_left: the first bound >= seconds, i.e. Prometheus' "le" (value <= bound).
-        self._counts[generation][bisect.bisect_left(self.bounds, seconds)] += 1
-        self._sums[generation] += seconds
+        self._counts[phase][generation][bisect.bisect_left(self.bounds, seconds)] += 1
+        self._sums[phase][generation] += seconds
 
-    def count(self, generation: int) -> int:
-        return sum(self._counts[generation])
+    def count(self, generation: int, phase: lifecycle.Phase | None = None) -> int:
+        """Collections of ``generation`` observed (in ``phase``, or in any phase)."""
+        phases = range(len(_PHASES)) if phase is None else (_PHASE_INDEX[phase],)
+        return sum(sum(self._counts[index][generation]) for index in phases)
 
     def collect(self) -> Iterable[Metric]:
         family = HistogramMetricFamily(
             PAUSE_METRIC,
-            "Duration of each CPython GC collection in this process, by generation",
-            labels=["generation"],
+            "Duration of each CPython GC collection in this process, by generation and by the "
+            "serving phase the process was in",
+            labels=["generation", "phase"],
         )
-        for generation in range(gc_freeze.GENERATIONS):
-            counts = list(self._counts[generation])  # one copy, so buckets and count agree
-            cumulative, buckets = 0, []
-            for bound, count in zip(self.bounds, counts):
-                cumulative += count
-                buckets.append((_le(bound), cumulative))
-            buckets.append(("+Inf", cumulative + counts[-1]))
-            family.add_metric([str(generation)], buckets, self._sums[generation])
+        for phase_index, phase in enumerate(_PHASES):
+            for generation in range(gc_freeze.GENERATIONS):
+                # One copy, so buckets and count agree.
+                counts = list(self._counts[phase_index][generation])
+                cumulative, buckets = 0, []
+                for bound, count in zip(self.bounds, counts):
+                    cumulative += count
+                    buckets.append((_le(bound), cumulative))
+                buckets.append(("+Inf", cumulative + counts[-1]))
+                family.add_metric(
+                    [str(generation), phase.value], buckets, self._sums[phase_index][generation]
+                )
         return [family]
 
     def describe(self) -> Iterable[Metric]:
         # Lets the registry check names without running collect() at registration.
-        return [HistogramMetricFamily(PAUSE_METRIC, "", labels=["generation"])]
+        return [HistogramMetricFamily(PAUSE_METRIC, "", labels=["generation", "phase"])]
 
 
 def _le(bound: float) -> str:
@@ -147,7 +168,7 @@ class DynamoMetrics:
         )
         self.freeze_seconds = Gauge(
             FREEZE_SECONDS_METRIC,
-            "How long the last heap freeze (collect every generation, then freeze) took",
+            "How long the last heap freeze (collect every generation, freeze, count) took",
             registry=self.registry,
         )
         self.freeze_enabled = Gauge(
@@ -227,19 +248,20 @@ def debug_gc_collect(metrics: DynamoMetrics | None = None) -> dict:
     The process pauses for the length of the collection (after a freeze that is short: frozen
     objects are not walked). The answer says how many generation-2 collections CPython counted
     during the call and, given ``metrics``, the ``dynamo_gc_pause_seconds`` generation-2 count
-    before and after it. Automatic collection is switched off for the few lines around the call,
+    of the current phase before and after it. Automatic collection is switched off for the few lines around the call,
     so no automatic collection can land between the readings: both deltas are exactly 1.
     """
     was_enabled = gc.isenabled()
     gc.disable()
     try:
         cpython_before = gc.get_stats()[2]["collections"]
-        recorded_before = metrics.pauses.count(2) if metrics is not None else None
+        phase = lifecycle.current_phase()  # the histogram's phase label this call lands in
+        recorded_before = metrics.pauses.count(2, phase) if metrics is not None else None
         started = time.perf_counter()
         collected = gc.collect()
         took_s = time.perf_counter() - started
         cpython_after = gc.get_stats()[2]["collections"]
-        recorded_after = metrics.pauses.count(2) if metrics is not None else None
+        recorded_after = metrics.pauses.count(2, phase) if metrics is not None else None
     finally:
         if was_enabled:
             gc.enable()
@@ -264,13 +286,36 @@ async def _serve_debug_gc_collect(request: web.Request) -> web.Response:
     return web.json_response(debug_gc_collect(request.app.get(_METRICS_KEY)))
 
 
-def debug_gc_route(app: web.Application) -> None:
-    """Serve ``POST /debug/gc/collect`` on ``app``. Only when the operator's option enables it.
+def debug_gc_state() -> dict:
+    """This process's GC configuration and frozen-object count, for checks by hand and tests.
 
-    Call :func:`metrics_route` first, so the answer can report the pause histogram's count.
+    ``frozen_objects`` walks the permanent generation (milliseconds per 100k objects): that is
+    why this lives behind the debug switch and is never scraped.
+    """
+    return {
+        "pid": os.getpid(),
+        "phase": lifecycle.current_phase().value,
+        "thresholds": list(gc.get_threshold()),
+        "isenabled": gc.isenabled(),
+        "frozen_objects": gc.get_freeze_count(),
+    }
+
+
+async def _serve_debug_gc_state(request: web.Request) -> web.Response:
+    return web.json_response(debug_gc_state())
+
+
+def debug_gc_route(app: web.Application) -> None:
+    """Serve ``POST /debug/gc/collect`` and ``GET /debug/gc/state`` on ``app``.
+
+    Only when the operator's option enables it. Call :func:`metrics_route` first, so the
+    collection's answer can report the pause histogram's count.
     """
     app.router.add_post(DEBUG_GC_COLLECT_PATH, _serve_debug_gc_collect)
+    app.router.add_get(DEBUG_GC_STATE_PATH, _serve_debug_gc_state)
     logger.warning(
-        "Debug endpoint POST %s enabled: each call pauses this process for one full collection",
+        "Debug endpoints enabled: POST %s pauses this process for one full collection; "
+        "GET %s walks the frozen objects to count them",
         DEBUG_GC_COLLECT_PATH,
+        DEBUG_GC_STATE_PATH,
     )
