@@ -267,6 +267,10 @@ def gc_counters(metrics_url: str) -> dict:
             re.MULTILINE,
         )
         counters[f"gen{generation}"] = float(match.group(1)) if match else None
+    # Seconds spent in gen2 collections, all of them (the pause logger logs only those >= 50 ms).
+    match = re.search(r'^dynamo_gc_pause_seconds_sum{generation="2"} ([0-9.e+-]+)$', text,
+                      re.MULTILINE)
+    counters["gen2_pause_s"] = float(match.group(1)) if match else None
     return counters
 
 
@@ -481,10 +485,15 @@ def aggregate(runs: list[dict], rungs: list[float]) -> list[dict]:
             for name in ("frontend", "worker"):
                 pauses = [p for r in same for p in r["processes"][name]["pauses"]]
                 gen2 = [r["processes"][name]["collections"]["gen2"] for r in same]
+                gen2_s = [r["processes"][name]["collections"].get("gen2_pause_s") for r in same]
+                gen2_total = sum(g for g in gen2 if g is not None)
                 row[name] = {
                     "pauses_ge_50ms": len(pauses),
                     "max_pause_ms": max((p["ms"] for p in pauses), default=0.0),
-                    "gen2_collections": sum(g for g in gen2 if g is not None),
+                    "gen2_collections": gen2_total,
+                    # Mean of every gen2 pause (metrics), not only the logged >= 50 ms ones.
+                    "gen2_mean_ms": 1000 * sum(g for g in gen2_s if g is not None) / gen2_total
+                    if gen2_total else 0.0,
                 }
             rows.append(row)
     return rows
@@ -653,10 +662,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['frontend']['pauses_ge_50ms']}/{row['worker']['pauses_ge_50ms']}",
             max(row["frontend"]["max_pause_ms"], row["worker"]["max_pause_ms"]),
             f"{row['frontend']['gen2_collections']:.0f}/{row['worker']['gen2_collections']:.0f}",
+            f"{row['frontend']['gen2_mean_ms']:.0f}/{row['worker']['gen2_mean_ms']:.0f}",
         ])
     print(bc.format_table(
         ["arm", "offered", "achieved", "ok", "errors", "p50 ms", "p99 ms", "max ms",
-         "ttft p99 ms", "pauses>=50 fe/wk", "max pause ms", "gen2 fe/wk"],
+         "ttft p99 ms", "pauses>=50 fe/wk", "max pause ms", "gen2 fe/wk",
+         "gen2 mean ms fe/wk"],
         table,
     ))
     print(json.dumps(result["goal"], indent=1))

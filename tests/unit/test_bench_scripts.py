@@ -108,6 +108,7 @@ def test_ab_serving_smoke(tmp_path):
         for process in ("frontend", "worker"):
             assert row[process]["pauses_ge_50ms"] >= 0
             assert row[process]["gen2_collections"] >= 0
+            assert row[process]["gen2_mean_ms"] >= 0
     goal = result["goal"]
     assert set(goal["ceiling_rps"]) == {"ctl", "all"}
     assert "all_pauses_ge_50ms" in goal
