@@ -231,3 +231,12 @@ def test_debug_state_reports_thresholds_freeze_and_phase():
     assert state["phase"] == "starting"
     frozen = gc_freeze.freeze_gc_heap(context="debug state test")
     assert metrics.debug_gc_state()["frozen_objects"] == gc.get_freeze_count() >= frozen - 100
+
+
+def test_debug_state_carries_the_pause_loggers_counters():
+    assert metrics.debug_gc_state()["pause_logger"] is None
+    gc.disable()
+    gc_freeze.install_gc_pause_logger(1000.0)
+    gc.collect()
+    state = metrics.debug_gc_state()["pause_logger"]
+    assert state["collections"] == [0, 0, 1] and state["threshold_ms"] == 1000.0

@@ -81,10 +81,11 @@ def remove_phase_listener(listener) -> None:
 
 
 def reset_for_new_process() -> None:
-    """Put the phase back to ``starting``.
+    """Put the phase back to ``starting``, as in a freshly started process.
 
-    For a process that inherits this module's state without being the process that served: a
-    forked child, and tests. Never call it in a process that has admitted requests.
+    For tests, which run many launchers' start-ups in one interpreter. The project's child
+    processes (preprocess workers, ranks) are spawned, not forked, so they start in
+    ``starting`` by themselves. Never call it in a process that has admitted requests.
     """
     global _phase
     with _lock:

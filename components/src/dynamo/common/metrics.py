@@ -290,14 +290,18 @@ def debug_gc_state() -> dict:
     """This process's GC configuration and frozen-object count, for checks by hand and tests.
 
     ``frozen_objects`` walks the permanent generation (milliseconds per 100k objects): that is
-    why this lives behind the debug switch and is never scraped.
+    why this lives behind the debug switch and is never scraped. ``pause_logger`` holds the
+    installed pause logger's counters (collections and logged pauses per generation, max and
+    total pause).
     """
+    pause_logger = gc_freeze.installed_gc_pause_logger()
     return {
         "pid": os.getpid(),
         "phase": lifecycle.current_phase().value,
         "thresholds": list(gc.get_threshold()),
         "isenabled": gc.isenabled(),
         "frozen_objects": gc.get_freeze_count(),
+        "pause_logger": None if pause_logger is None else pause_logger.snapshot(),
     }
 
 

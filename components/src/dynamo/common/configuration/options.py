@@ -121,9 +121,3 @@ class Surface:
     program: str  # how operators start it, e.g. "python -m dynamo.frontend"
     description: str
     options: Sequence[Option]
-
-    def find(self, dest: str) -> Option:
-        for option in self.options:
-            if option.dest == dest:
-                return option
-        raise KeyError(dest)
