@@ -15,8 +15,18 @@ sharing the volume does not matter. A record without a ``heartbeat`` field (writ
 leases existed) has no lease and stays until it is removed, as before.
 
 Consequences worth knowing: a record left by a dead worker is reported for up to one TTL after a
-frontend starts (the frontend has not yet seen it go unchanged), and the file itself stays in the
-directory until someone removes it; it is ignored, with one WARNING when it expires.
+frontend starts (the frontend has not yet seen it go unchanged). A watcher deletes a record file
+that has stayed expired for ``DELETE_AFTER_TTLS`` TTLs (see :meth:`DiscoveryWatcher._collect`
+for why that cannot take a live worker's record away for good).
+
+The file system is shared and may be remote (NFS, CephFS, EFS): a directory that cannot be
+listed, or a record that cannot be read, is "unknown", not "gone". The watcher then keeps the
+records it last knew, warns once per distinct error, and restarts every lease's clock once it
+can read again (a worker whose renewals fell into the blind spot gets a whole TTL to show one).
+
+Every file-system call of the watcher and of the heartbeat runs in a worker thread
+(:func:`run_off_loop`): a slow volume must not stall the event loop that serves requests. The
+callbacks (``on_add`` / ``on_remove``) stay on the loop.
 """
 
 from __future__ import annotations
@@ -27,12 +37,13 @@ import json
 import logging
 import math
 import os
+import stat as stat_module
 import tempfile
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, TypeVar
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +56,17 @@ HEARTBEATS_PER_TTL = 5
 # intervals, whatever its TTL says: a frontend configured with a shorter TTL than its workers
 # would otherwise drop and re-add live workers at every heartbeat.
 MIN_HEARTBEATS_PER_TTL = 2
+# A record expired for this many TTLs is deleted by the watcher that saw it expire. Long enough
+# that only a worker that is truly gone (or stopped renewing for minutes) loses its file, and a
+# worker that renews again writes it back whole anyway.
+DELETE_AFTER_TTLS = 10.0
+# How often an unchanged-looking record is read anyway, in TTLs. A network file system may
+# answer stat() from its attribute cache for tens of seconds (NFS acregmax is 60 s by default),
+# while opening a file revalidates it (close-to-open consistency): reading each record at least
+# this often lets a renewal be seen well within one TTL whatever stat() says.
+REREAD_EVERY_TTLS = 0.25
+
+T = TypeVar("T")
 
 
 def heartbeat_interval_for(ttl_s: float) -> float:
@@ -186,12 +208,133 @@ class DiscoveryStore:
 RecordCallback = Callable[[ModelRecord], Awaitable[None] | None]
 
 
+class DiscoveryDirError(Exception):
+    """The discovery directory cannot be used: not a directory, not creatable, not listable."""
+
+
+def ensure_discovery_dir(directory: str | os.PathLike) -> Path:
+    """Create ``directory`` if it is missing; raise :class:`DiscoveryDirError` if unusable.
+
+    For a process's start-up, before it serves: a watcher on a path that is a file, or that it
+    may not list, would otherwise see "no workers" forever while reporting itself healthy.
+    """
+    path = Path(directory)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:  # exist_ok only covers an existing directory
+        raise DiscoveryDirError(f"{path} exists and is not a directory") from None
+    except OSError as exc:
+        raise DiscoveryDirError(f"cannot create {path}: {exc.strerror or exc}") from None
+    if not path.is_dir():
+        raise DiscoveryDirError(f"{path} is not a directory")
+    try:
+        with os.scandir(path) as entries:
+            next(entries, None)
+    except OSError as exc:
+        raise DiscoveryDirError(f"cannot list {path}: {exc.strerror or exc}") from None
+    return path
+
+
+async def run_off_loop(function: Callable[..., T], *args) -> T:
+    """``function(*args)`` in a worker thread, so the event loop keeps serving meanwhile.
+
+    A thread cannot be interrupted, so a cancellation waits for the call to return before it
+    propagates: when ``stop()`` of a periodic task returns, nothing it started is still writing
+    (the worker removes its record right after stopping its heartbeat; a rename landing after
+    that would put the record back).
+    """
+    call = asyncio.ensure_future(asyncio.to_thread(function, *args))
+    try:
+        return await asyncio.shield(call)
+    except asyncio.CancelledError:
+        while not call.done():
+            try:
+                await asyncio.wait([call])
+            except asyncio.CancelledError:  # a second cancel: still wait, still re-raise
+                pass
+        raise
+
+
+class PeriodicTask:
+    """Runs ``step`` every ``interval_s`` seconds on the running loop, until :meth:`stop`.
+
+    The one shape of the worker's heartbeat and the frontend's watcher. A step that raises is
+    logged with its traceback (once per distinct error while it repeats, then one INFO when a
+    step succeeds again) and the next step runs on schedule: a periodic duty that dies silently
+    leaves a process that looks healthy and does nothing.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        interval_s: float,
+        step: Callable[[], Awaitable[None]],
+        *,
+        delay_first: bool = False,
+    ) -> None:
+        self.name = name
+        self.interval_s = interval_s
+        self.step = step
+        self.delay_first = delay_first
+        self.failures = 0  # steps that raised since the last one that did not
+        self._last_error: str | None = None
+        self._task: asyncio.Task | None = None
+
+    async def run(self) -> None:
+        if self.delay_first:
+            await asyncio.sleep(self.interval_s)
+        while True:
+            try:
+                await self.step()
+            except Exception as exc:  # noqa: BLE001 - see the class docstring
+                self._failed(exc)
+            else:
+                if self.failures:
+                    logger.info(
+                        "%s: running again after %d failed step(s)", self.name, self.failures
+                    )
+                self.failures = 0
+                self._last_error = None
+            await asyncio.sleep(self.interval_s)
+
+    def _failed(self, exc: Exception) -> None:
+        self.failures += 1
+        error = f"{type(exc).__name__}: {exc}"
+        if error != self._last_error:
+            self._last_error = error
+            logger.error(
+                "%s: step failed (%s); retrying every %g s",
+                self.name,
+                error,
+                self.interval_s,
+                exc_info=exc,
+            )
+
+    def start(self) -> asyncio.Task:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self.run(), name=self.name)
+        return self._task
+
+    async def stop(self) -> None:
+        """Cancel the task and wait until it has ended; idempotent."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        task.cancel()
+        # wait() rather than `await task`: a CancelledError here is then ours, never the task's,
+        # and stopping never raises what the task raised (shutdown must go on).
+        await asyncio.wait([task])
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("%s ended with an error", self.name, exc_info=task.exception())
+
+
 class RecordHeartbeat:
     """The worker's side of the lease: renews its record every ``interval_s`` until stopped.
 
-    Stop it before removing the record: a renewal after the removal would write it back. A
-    failed write is logged (once per run of failures) and retried at the next beat; the worker
-    keeps serving, and a watcher drops it only if the failures outlast its TTL.
+    Stop it before removing the record: a renewal after the removal would write it back
+    (:meth:`stop` returns only once no renewal is in progress). A failed write is logged (once
+    per run of failures) and retried at the next beat; the worker keeps serving, and a watcher
+    drops it only if the failures outlast its TTL.
     """
 
     def __init__(self, store: DiscoveryStore, record: ModelRecord, interval_s: float) -> None:
@@ -199,10 +342,12 @@ class RecordHeartbeat:
         self.record = record
         self.interval_s = interval_s
         self._failing = False
-        self._task: asyncio.Task | None = None
+        self._periodic = PeriodicTask(
+            "discovery-heartbeat", interval_s, self._beat_off_loop, delay_first=True
+        )
 
     def beat(self) -> None:
-        """One renewal (synchronous: a cancellation can never land between write and rename)."""
+        """One renewal, synchronous (the periodic task runs it in a worker thread)."""
         try:
             self.record = self.store.renew(self.record)
         except Exception as exc:  # noqa: BLE001 - the lease must outlive a bad write
@@ -219,28 +364,38 @@ class RecordHeartbeat:
             logger.info("Discovery heartbeat restored (heartbeat=%d)", self.record.heartbeat)
         self._failing = False
 
+    async def _beat_off_loop(self) -> None:
+        # A write to a network volume can block for tens of milliseconds: not on the loop.
+        await run_off_loop(self.beat)
+
     async def run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
-            self.beat()
+        await self._periodic.run()
 
     def start(self) -> asyncio.Task:
-        self._task = asyncio.get_running_loop().create_task(self.run(), name="discovery-heartbeat")
-        return self._task
+        return self._periodic.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await self._periodic.stop()
+
+
+def _stat_key(result: os.stat_result) -> tuple[int, int, int]:
+    return (result.st_ino, result.st_mtime_ns, result.st_size)
+
+
+@dataclass
+class _FileVersion:
+    """One read of one record file: what it held (a record, or why it is not one)."""
+
+    key: tuple[int, int, int]  # (st_ino, st_mtime_ns, st_size) of the file that was read
+    read_at: float  # the watcher's clock
+    text: str = ""
+    record: ModelRecord | None = None
+    error: str | None = None  # why the content is not a record (malformed)
 
 
 @dataclass
 class _Sighting:
-    """What a watcher last read in one record file, and when (its own monotonic clock)."""
+    """What a watcher last read in one record file, and when it changed (its own clock)."""
 
     text: str
     changed_at: float
@@ -252,11 +407,13 @@ class DiscoveryWatcher:
 
     ``on_add`` / ``on_remove`` may be plain functions or coroutines; an exception in one is
     logged and the watcher keeps going (one bad model must not blind the frontend to the rest).
+    They run on the event loop; listing, stat and reads run in a worker thread.
 
     A record with a lease whose content has not changed for longer than ``ttl_s`` (measured on
     ``clock``, ``time.monotonic`` unless a test injects one) is reported removed, with one
     WARNING; it is reported added again if its content changes again. The TTL applied is never
     shorter than ``MIN_HEARTBEATS_PER_TTL`` of the interval the record says it is renewed at.
+    A record expired for ``delete_after_ttls`` TTLs is deleted (None: never).
     """
 
     def __init__(
@@ -268,69 +425,162 @@ class DiscoveryWatcher:
         poll_interval_s: float = 0.2,
         ttl_s: float = DEFAULT_LEASE_TTL_S,
         clock: Callable[[], float] = time.monotonic,
+        delete_after_ttls: float | None = DELETE_AFTER_TTLS,
     ) -> None:
         self.directory = Path(directory)
         self.on_add = on_add
         self.on_remove = on_remove
         self.poll_interval_s = poll_interval_s
         self.ttl_s = ttl_s
+        self.delete_after_ttls = delete_after_ttls
         self._clock = clock
         self.known: dict[str, ModelRecord] = {}
-        # path -> (mtime_ns, size) of files already reported as malformed, to warn once each
-        self._bad: dict[Path, tuple[int, int]] = {}
+        # Owned by the scanning thread (one scan at a time, see poll_once).
+        self._files: dict[Path, _FileVersion] = {}
         self._sightings: dict[Path, _Sighting] = {}
-        self._task: asyncio.Task | None = None
+        self._unreadable: dict[Path, str] = {}  # file -> the read error last warned about
+        self._directory_error: str | None = None  # the listing error last warned about
+        self._delete_failed = False
+        self._periodic = PeriodicTask("discovery-watcher", poll_interval_s, self.poll_once)
 
-    def _scan(self) -> dict[Path, tuple[ModelRecord, str]]:
-        found: dict[Path, tuple[ModelRecord, str]] = {}
+    # --- the scanning thread ----------------------------------------------------------------
+
+    def _list(self) -> list[Path] | None:
+        """Record files in the directory; None when it cannot be listed (unknown, not empty)."""
         try:
-            paths = [
-                p
-                for p in self.directory.iterdir()
-                if p.suffix == RECORD_SUFFIX and not p.name.startswith(".")
-            ]
+            with os.scandir(self.directory) as entries:
+                names = [
+                    entry.name
+                    for entry in entries
+                    if entry.name.endswith(RECORD_SUFFIX) and not entry.name.startswith(".")
+                ]
         except FileNotFoundError:
-            return found
-        seen_bad = set()
+            names = []  # removed (or not created yet): no worker can have a record in it
+        except OSError as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            if error != self._directory_error:
+                self._directory_error = error
+                logger.warning(
+                    "Cannot list the discovery directory %s (%s): keeping the %d record(s) "
+                    "last seen until it can be read again",
+                    self.directory,
+                    error,
+                    len(self._sightings),
+                )
+            return None
+        if self._directory_error is not None:
+            self._directory_error = None
+            self._restart_leases()
+        return [self.directory / name for name in sorted(names)]
+
+    def _restart_leases(self) -> None:
+        # Renewals written while this watcher could not look were never seen: judging the
+        # leases by the old sightings would expire every live worker at once. Each gets one TTL
+        # from now, as after a frontend start.
+        now = self._clock()
+        for sighting in self._sightings.values():
+            if not sighting.expired:
+                sighting.changed_at = now
+        logger.info(
+            "Discovery directory %s readable again: leases restart from now", self.directory
+        )
+
+    def _read(self, path: Path, now: float) -> _FileVersion | None:
+        """The current version of one record file; None if it is gone.
+
+        Not re-read while its (inode, mtime, size) is unchanged and its last read is recent:
+        our writers replace the file atomically (a new inode per write, and every renewal
+        changes the heartbeat counter), so an unchanged stat means unchanged content. The
+        periodic re-read (``REREAD_EVERY_TTLS``) covers a stat() served from a stale cache.
+        """
+        previous = self._files.get(path)
+        try:
+            status = os.stat(path)
+            key = _stat_key(status)
+            if (
+                previous is not None
+                and previous.key == key
+                and now - previous.read_at < REREAD_EVERY_TTLS * self.ttl_s
+            ):
+                return previous
+            if not stat_module.S_ISREG(status.st_mode):  # a directory; a FIFO would block
+                return self._malformed(path, previous, key, now, "", "not a regular file")
+            with open(path, "rb") as handle:
+                key = _stat_key(os.fstat(handle.fileno()))  # the key of what is read
+                raw = handle.read()
+        except FileNotFoundError:
+            return None  # removed between listing and reading
+        except OSError as exc:
+            # Unknown, not malformed: keep what was last read (a transient EIO on a network
+            # volume must not drop a live worker); the lease still expires it if this lasts.
+            error = f"{type(exc).__name__}: {exc}"
+            if self._unreadable.get(path) != error:
+                self._unreadable[path] = error
+                logger.warning(
+                    "Cannot read discovery record %s (%s): keeping its last known state",
+                    path,
+                    error,
+                )
+            return previous
+        self._unreadable.pop(path, None)
+        try:
+            text = raw.decode("utf-8")
+            record = ModelRecord.from_json(text)
+        except Exception as exc:  # noqa: BLE001 - any content (deep nesting too) is data
+            return self._malformed(path, previous, key, now, raw.decode("latin-1"), str(exc))
+        return _FileVersion(key=key, read_at=now, text=text, record=record)
+
+    def _malformed(
+        self,
+        path: Path,
+        previous: _FileVersion | None,
+        key: tuple[int, int, int],
+        now: float,
+        text: str,
+        error: str,
+    ) -> _FileVersion:
+        """A version that is not a record: one WARNING per file version, not per poll."""
+        if previous is None or previous.error is None or previous.key != key:
+            logger.warning("Ignoring malformed discovery record %s: %s", path, error)
+        return _FileVersion(key=key, read_at=now, text=text, error=error)
+
+    def _scan(self) -> dict[Path, _FileVersion] | None:
+        """The valid records on disk by path; None when the directory cannot be listed."""
+        paths = self._list()
+        if paths is None:
+            return None
+        now = self._clock()
+        versions: dict[Path, _FileVersion] = {}
         for path in paths:
-            stat = None
-            try:
-                stat = path.stat()
-                text = path.read_text(encoding="utf-8")
-                record = ModelRecord.from_json(text)
-            except FileNotFoundError:
-                continue  # removed between listing and reading
-            except (OSError, ValueError, UnicodeDecodeError) as exc:
-                seen_bad.add(path)
-                version = (stat.st_mtime_ns, stat.st_size) if stat else (0, 0)
-                if self._bad.get(path) != version:
-                    self._bad[path] = version
-                    logger.warning("Ignoring malformed discovery record %s: %s", path, exc)
-                continue
-            found[path] = (record, text)
-        for path in list(self._bad):
-            if path not in seen_bad:
-                del self._bad[path]
-        return found
+            version = self._read(path, now)
+            if version is not None:
+                versions[path] = version
+        self._files = versions  # files that went away are forgotten: they warn afresh
+        for path in [p for p in self._unreadable if p not in versions]:
+            del self._unreadable[path]
+        return {p: v for p, v in versions.items() if v.record is not None}
 
     def _ttl_for(self, record: ModelRecord) -> float:
         if record.heartbeat_interval_s is None:
             return self.ttl_s
         return max(self.ttl_s, MIN_HEARTBEATS_PER_TTL * record.heartbeat_interval_s)
 
-    def _live(self, found: dict[Path, tuple[ModelRecord, str]]) -> dict[str, ModelRecord]:
+    def _live(self, found: dict[Path, _FileVersion]) -> dict[str, ModelRecord]:
         """The records whose lease holds (or that have none), by instance id."""
         now = self._clock()
         for path in [p for p in self._sightings if p not in found]:
             del self._sightings[path]
         live: dict[str, ModelRecord] = {}
-        for path, (record, text) in found.items():
+        for path, version in found.items():
+            record = version.record
+            assert record is not None
             sighting = self._sightings.get(path)
-            if sighting is None or sighting.text != text:
+            if sighting is None or sighting.text != version.text:
                 if sighting is not None and sighting.expired:
                     logger.info("Discovery record %s renewed after it expired", path)
-                sighting = self._sightings[path] = _Sighting(text, changed_at=now)
+                sighting = self._sightings[path] = _Sighting(version.text, changed_at=now)
             if record.has_lease and self._expired(path, record, sighting, now):
+                self._collect(path, version, record, sighting, now)
                 continue
             live[record.instance_id] = record
         return live
@@ -350,8 +600,62 @@ class DiscoveryWatcher:
             )
         return True
 
+    def _collect(
+        self,
+        path: Path,
+        version: _FileVersion,
+        record: ModelRecord,
+        sighting: _Sighting,
+        now: float,
+    ) -> None:
+        """Delete a record file that has stayed expired for ``delete_after_ttls`` TTLs.
+
+        Safe for a live worker: deleting only happens after the record went unchanged for many
+        TTLs, and the file is checked unchanged (same inode, mtime, size) just before. Should a
+        worker still be alive (stalled for minutes, or its renewals failing) and renew in the
+        instant between that check and the unlink, its next heartbeat rewrites the whole record
+        (a renewal is a full atomic write, not an update) and it is listed again one heartbeat
+        later: it was not being routed to anyway. Records without a lease are never deleted.
+        """
+        if self.delete_after_ttls is None or self._delete_failed:
+            return
+        silent_s = now - sighting.changed_at
+        if silent_s <= self.delete_after_ttls * self._ttl_for(record):
+            return
+        try:
+            if _stat_key(os.stat(path)) != version.key:
+                return  # changed since it was read: the next poll will see the new content
+            os.unlink(path)
+        except FileNotFoundError:
+            return  # another frontend deleted it, or its worker finally did
+        except OSError as exc:
+            # A read-only mount, say: this watcher only needs to read. Say so once.
+            self._delete_failed = True
+            logger.warning(
+                "Cannot delete expired discovery record %s (%s): expired records are left in "
+                "place (and ignored) from now on",
+                path,
+                exc,
+            )
+            return
+        logger.info(
+            "Deleted discovery record %s: no heartbeat for %.0f s (worker %s at %s)",
+            path,
+            silent_s,
+            record.instance_id,
+            record.endpoint,
+        )
+
+    def _poll_files(self) -> dict[str, ModelRecord] | None:
+        found = self._scan()
+        return None if found is None else self._live(found)
+
+    # --- the event loop ---------------------------------------------------------------------
+
     async def poll_once(self) -> None:
-        current = self._live(self._scan())
+        current = await run_off_loop(self._poll_files)
+        if current is None:
+            return  # the directory cannot be listed: keep the last known records
         for instance_id in [i for i in self.known if i not in current]:
             record = self.known.pop(instance_id)
             await self._call(self.on_remove, record)
@@ -369,19 +673,10 @@ class DiscoveryWatcher:
             logger.exception("Discovery callback failed for %s (%s)", record.model, record.endpoint)
 
     async def run(self) -> None:
-        while True:
-            await self.poll_once()
-            await asyncio.sleep(self.poll_interval_s)
+        await self._periodic.run()
 
     def start(self) -> asyncio.Task:
-        self._task = asyncio.get_running_loop().create_task(self.run(), name="discovery-watcher")
-        return self._task
+        return self._periodic.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await self._periodic.stop()
