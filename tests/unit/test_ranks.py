@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import os
 import signal
+import time
 
 import pytest
 
@@ -195,11 +197,27 @@ def test_shutdown_is_idempotent_and_the_group_refuses_calls_after_it():
     assert [proc.exitcode for proc in group._procs] == [0, 0]
 
 
-def test_shutdown_kills_a_rank_that_does_not_exit_by_the_deadline(caplog):
+class SlowExitExtension:
+    """Loaded into the ranks by qualified name: makes one rank slow to exit once told to."""
+
+    def exit_slowly(self, rank: int, seconds: float) -> None:
+        if self.rank == rank:
+            # Simulated slow teardown (an engine freeing its caches), not synchronisation.
+            atexit.register(time.sleep, seconds)
+
+
+SLOW_EXIT = f"{__name__}.SlowExitExtension"
+
+
+def test_shutdown_kills_only_the_stuck_rank_and_gives_an_exiting_one_its_own_deadline(caplog):
+    """Rank 0 is stuck (stopped); rank 1 takes the shutdown but needs longer than the deadline
+    to exit. Only rank 0 is killed: rank 1's exit does not depend on what rank 0 used up."""
     caplog.set_level(logging.WARNING, logger="dynamo.vllm.ranks")
+    deadline_s = 1.0
 
     async def scenario():
-        group = await started_group(2, shutdown_deadline_s=0.5)
+        group = await started_group(2, SLOW_EXIT, shutdown_deadline_s=deadline_s)
+        await group.collective_rpc("exit_slowly", (1, deadline_s * 1.5))
         os.kill(group.pids[0], signal.SIGSTOP)  # a rank stuck in a step: it cannot answer
         await group.shutdown()
         return group
@@ -207,7 +225,8 @@ def test_shutdown_kills_a_rank_that_does_not_exit_by_the_deadline(caplog):
     group = asyncio.run(scenario())
     assert group._procs[0].exitcode == -signal.SIGKILL
     assert group._procs[1].exitcode == 0
-    assert "did not exit in time" in caplog.text
+    assert f"Rank process {group.pids[0]} did not exit in time" in caplog.text
+    assert str(group.pids[1]) not in caplog.text
 
 
 @pytest.mark.parametrize("text", ["inf", "nan", "-1", "0.5", "abc"])

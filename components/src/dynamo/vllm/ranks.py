@@ -40,6 +40,9 @@ SURVIVOR_STRIDE = 4
 SURVIVOR_STEPS = 4
 
 _SHUTDOWN = "__shutdown__"
+# A rank that took the shutdown message is on its way out: it gets at least this long to finish
+# exiting (interpreter teardown is slow on a loaded machine) before it is killed.
+EXITING_GRACE_S = 5.0
 
 
 class RankError(RuntimeError):
@@ -141,8 +144,19 @@ def _describe(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
 
 
-def _rank_main(rank: int, world_size: int, conn, worker_extension_cls: str | None, log_level: int):
-    """Entry point of a rank process (spawned: a fresh interpreter, this module imported)."""
+def _rank_main(
+    rank: int,
+    world_size: int,
+    conn,
+    worker_extension_cls: str | None,
+    log_level: int,
+    exiting,
+):
+    """Entry point of a rank process (spawned: a fresh interpreter, this module imported).
+
+    ``exiting`` (a multiprocessing Event) is set when the rank takes the shutdown message, so
+    the parent can tell a rank on its way out from one stuck in a step.
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     configure_logging(log_level, label=f"rank {rank}")
     try:
@@ -160,6 +174,7 @@ def _rank_main(rank: int, world_size: int, conn, worker_extension_cls: str | Non
         except EOFError:
             return  # the parent is gone
         if method == _SHUTDOWN:
+            exiting.set()
             return
         try:
             conn.send(("ok", getattr(worker, method)(*args)))
@@ -184,6 +199,7 @@ class RankGroup:
         self.shutdown_deadline_s = shutdown_deadline_s
         self._procs: list = []
         self._conns: list = []
+        self._exiting: list = []  # one multiprocessing Event per rank, see _rank_main
         self._executor: ThreadPoolExecutor | None = None
         self._lock = asyncio.Lock()
         # Replies still owed by an RPC that was cancelled: drained before the next one, so a
@@ -206,14 +222,23 @@ class RankGroup:
         try:
             for rank in range(self.size):
                 parent_conn, child_conn = context.Pipe(duplex=True)
+                exiting = context.Event()
                 proc = context.Process(
                     target=_rank_main,
-                    args=(rank, self.size, child_conn, self.worker_extension_cls, log_level),
+                    args=(
+                        rank,
+                        self.size,
+                        child_conn,
+                        self.worker_extension_cls,
+                        log_level,
+                        exiting,
+                    ),
                     name=f"dynamo-rank-{rank}",
                     daemon=True,
                 )
                 self._procs.append(proc)
                 self._conns.append(parent_conn)
+                self._exiting.append(exiting)
                 await loop.run_in_executor(self._executor, proc.start)
                 child_conn.close()
             replies = await self._gather_replies(range(self.size))
@@ -285,7 +310,12 @@ class RankGroup:
         )
 
     async def shutdown(self) -> None:
-        """Ask every rank to exit, kill those still alive after the deadline; idempotent."""
+        """Ask every rank to exit, kill those stuck past the deadline; idempotent.
+
+        A rank has ``shutdown_deadline_s`` to take the shutdown message (one stuck in a step, or
+        stopped, does not); a rank that took it then has a deadline of its own to finish
+        exiting, so one stuck rank cannot use up the time of the others.
+        """
         if self._closed:
             return
         self._closed = True
@@ -304,15 +334,35 @@ class RankGroup:
             conn.close()
         if self._executor is not None:
             await loop.run_in_executor(None, self._executor.shutdown)
-        logger.info("Rank processes stopped")
+        # DEBUG: the engine that owns the group logs its shutdown (one line per event).
+        logger.debug("Rank processes %s stopped", self.pids)
 
     def _reap(self, deadline: float) -> None:
-        for proc in self._procs:
+        exit_grace_s = max(self.shutdown_deadline_s, EXITING_GRACE_S)
+        for rank, proc in enumerate(self._procs):
             if proc.pid is None:
                 continue  # never started
-            proc.join(timeout=max(0.0, deadline - time.monotonic()))
-        for proc in self._procs:
-            if proc.pid is not None and proc.is_alive():
+            if self._took_shutdown(rank, deadline):
+                proc.join(timeout=exit_grace_s)
+                if not proc.is_alive():
+                    continue
+                logger.warning(
+                    "Rank process %d took the shutdown but did not exit within %g s: killing it",
+                    proc.pid,
+                    exit_grace_s,
+                )
+            else:
                 logger.warning("Rank process %d did not exit in time: killing it", proc.pid)
-                proc.kill()
-                proc.join(timeout=5.0)
+            proc.kill()
+            proc.join(timeout=5.0)
+
+    def _took_shutdown(self, rank: int, deadline: float) -> bool:
+        """Whether ``rank`` took the shutdown message (or is gone) by ``deadline``."""
+        proc, exiting = self._procs[rank], self._exiting[rank]
+        while not exiting.is_set() and proc.is_alive():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            # Short waits: a rank that dies without taking the message is noticed promptly.
+            exiting.wait(min(remaining, 0.05))
+        return True
