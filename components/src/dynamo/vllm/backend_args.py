@@ -23,6 +23,58 @@ from dynamo.common.configuration.runtime_options import (
 )
 from dynamo.vllm import self_benchmark_args
 
+REQUEST_PLANE_HOST = Option(
+    name="request-plane-host",
+    env_var="DYN_VLLM_REQUEST_PLANE_HOST",
+    default="127.0.0.1",
+    kind=Text("host"),
+    metavar="HOST",
+    help="Address the worker's request plane listens on (the frontend connects to it)",
+)
+
+REQUEST_PLANE_PORT = Option(
+    name="request-plane-port",
+    env_var="DYN_VLLM_REQUEST_PLANE_PORT",
+    default=0,
+    kind=IntRange(0, 65535),
+    metavar="PORT",
+    help="Port of the worker's request plane (0 picks a free port)",
+)
+
+TENSOR_PARALLEL_SIZE = Option(
+    name="tensor-parallel-size",
+    env_var="DYN_VLLM_TENSOR_PARALLEL_SIZE",
+    default=1,
+    kind=IntRange(1, 64),
+    metavar="R",
+    help=(
+        "Ranks every forward pass runs on, in lockstep (a step ends when every rank is done). "
+        "vLLM engine: passed on as vLLM's --tensor-parallel-size (a -tp/--tensor-parallel-size "
+        "among vLLM's own arguments wins). Mock engine: R rank processes"
+    ),
+)
+
+SYSTEM_HOST = Option(
+    name="system-host",
+    env_var="DYN_SYSTEM_HOST",
+    default="0.0.0.0",
+    kind=Text("host"),
+    metavar="HOST",
+    help="Address the system server (/health, /metrics) listens on, with --system-port",
+)
+
+SYSTEM_PORT = Option(
+    name="system-port",
+    env_var="DYN_SYSTEM_PORT",
+    default=None,
+    kind=IntRange(0, 65535),
+    metavar="PORT",
+    help=(
+        "Serve GET /health (200 once serving, 503 while starting or draining) and GET "
+        "/metrics on this port (unset: no system server; 0 picks a free port and logs it)"
+    ),
+)
+
 OPTIONS = [
     Option(
         name="model",
@@ -40,24 +92,11 @@ OPTIONS = [
         metavar="{mock,vllm}",
         help="Engine behind the worker: the built-in mock engine, or vLLM's AsyncLLM",
     ),
+    TENSOR_PARALLEL_SIZE,
     DISCOVERY_DIR,
     DISCOVERY_TTL,
-    Option(
-        name="request-plane-host",
-        env_var="DYN_VLLM_REQUEST_PLANE_HOST",
-        default="127.0.0.1",
-        kind=Text("host"),
-        metavar="HOST",
-        help="Address the worker's request plane listens on (the frontend connects to it)",
-    ),
-    Option(
-        name="request-plane-port",
-        env_var="DYN_VLLM_REQUEST_PLANE_PORT",
-        default=0,
-        kind=IntRange(0, 65535),
-        metavar="PORT",
-        help="Port of the worker's request plane (0 picks a free port)",
-    ),
+    REQUEST_PLANE_HOST,
+    REQUEST_PLANE_PORT,
     Option(
         name="mock-token-ms",
         env_var="DYN_VLLM_MOCK_TOKEN_MS",
@@ -78,33 +117,17 @@ OPTIONS = [
         ),
     ),
     *gc_options(flag_prefix="", env_prefix="DYN_VLLM_"),
-    Option(
-        name="system-host",
-        env_var="DYN_SYSTEM_HOST",
-        default="0.0.0.0",
-        kind=Text("host"),
-        metavar="HOST",
-        help="Address the system server (/health, /metrics) listens on, with --system-port",
-    ),
-    Option(
-        name="system-port",
-        env_var="DYN_SYSTEM_PORT",
-        default=None,
-        kind=IntRange(0, 65535),
-        metavar="PORT",
-        help=(
-            "Serve GET /health (200 once serving, 503 while starting or draining) and GET "
-            "/metrics on this port (unset: no system server; 0 picks a free port and logs it)"
-        ),
-    ),
+    SYSTEM_HOST,
+    SYSTEM_PORT,
     Option(
         name="debug-gc-endpoint",
         env_var="DYN_VLLM_DEBUG_GC_ENDPOINT",
         default=False,
         help=(
-            "Serve POST /debug/gc/collect on the system port: one full gc.collect() in this "
-            "process, which pauses it for the collection (for tests and diagnosis; keep off in "
-            "production; needs --system-port)"
+            "Serve POST /debug/gc/collect (one full gc.collect() in this process, which pauses "
+            "it for the collection) and GET /debug/gc/state (thresholds, enabled flag, frozen "
+            "objects: a walk of the permanent generation) on the system port (for tests and "
+            "diagnosis; keep off in production; needs --system-port)"
         ),
     ),
 ]

@@ -68,6 +68,15 @@ WORKER_EXTENSION_CLS = Option(
     ),
 )
 
+SELF_BENCHMARK_OUTPUT = Option(
+    name="self-benchmark-output",
+    env_var="DYN_VLLM_SELF_BENCHMARK_OUTPUT",
+    default=None,
+    kind=Text("file path"),
+    metavar="PATH",
+    help="Write one JSON line per self-benchmark point (with its wall time) to this file",
+)
+
 OPTIONS = [
     Option(
         name="self-benchmark-points",
@@ -80,25 +89,7 @@ OPTIONS = [
             "length) points; 0 turns the self-benchmark off"
         ),
     ),
-    Option(
-        name="self-benchmark-output",
-        env_var="DYN_VLLM_SELF_BENCHMARK_OUTPUT",
-        default=None,
-        kind=Text("file path"),
-        metavar="PATH",
-        help="Write one JSON line per self-benchmark point (with its wall time) to this file",
-    ),
-    Option(
-        name="tensor-parallel-size",
-        env_var="DYN_VLLM_TENSOR_PARALLEL_SIZE",
-        default=1,
-        kind=IntRange(1, 64),
-        metavar="R",
-        help=(
-            "Mock engine: run each forward pass across R rank processes in lockstep (a step ends "
-            "when every rank is done)"
-        ),
-    ),
+    SELF_BENCHMARK_OUTPUT,
     FPM_GC_POLICY,
     FPM_GC_FREEZE_INTERVAL_S,
     WORKER_EXTENSION_CLS,
