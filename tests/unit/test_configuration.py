@@ -428,9 +428,43 @@ def test_every_option_takes_a_good_value_and_cli_beats_env(program, option):
     assert getattr(parse([f"{option.flag}={text}"], {option.env_var: other}), option.dest) == value
 
 
-def test_a_value_may_be_a_negative_looking_word_when_the_flag_takes_one():
-    config = backend_args.parse_args(["--model", "-weird-name"], {})
-    assert config.model == "-weird-name"
+def test_a_dash_word_after_a_text_option_is_not_taken_for_its_value(capsys):
+    err = expect_exit_2(capsys, backend_args.parse_args, ["--model", "-x"], {})
+    assert "argument --model: expected one argument" in err
+    # Said explicitly, it is a value.
+    assert backend_args.parse_args(["--model=-weird-name"], {}).model == "-weird-name"
+
+
+def test_a_vllm_flag_after_a_text_option_is_not_swallowed_as_its_value(capsys):
+    argv = ["--engine", "vllm", "--model", "--max-model-len", "256"]
+    err = expect_exit_2(capsys, backend_args.parse_args, argv, {})
+    assert "argument --model: expected one argument" in err
+
+
+@pytest.mark.parametrize("value", ["-5", "-inf", "-1e3", "-x"])
+def test_a_dash_word_after_a_numeric_option_reaches_its_check(value, capsys):
+    option = next(o for o in backend_args.OPTIONS if o.flag == "--mock-token-ms")
+    err = expect_exit_2(capsys, backend_args.parse_args, [option.flag, value], {})
+    assert_names_flag_env_and_value(err, option.flag, option.env_var, value)
+
+
+@pytest.mark.parametrize(
+    "parse, argv",
+    [
+        (frontend_args.parse_args, ["--dyn-gc-pause-log", "5"]),
+        (backend_args.parse_args, ["--gc-pause-log", "5"]),
+        (backend_args.parse_args, ["--mock-token", "1"]),
+    ],
+)
+def test_abbreviated_flags_are_refused(parse, argv, capsys):
+    err = expect_exit_2(capsys, parse, argv, {})
+    assert f"unrecognized arguments: {argv[0]}" in err
+
+
+def test_an_abbreviation_meant_for_vllm_goes_to_vllm():
+    config = backend_args.parse_args(["--engine", "vllm", "--tensor-parallel", "2"], {})
+    assert config.tensor_parallel_size == 1
+    assert config.vllm_args == ["--tensor-parallel", "2"]
 
 
 def test_a_following_flag_is_not_taken_for_a_value(capsys):

@@ -10,21 +10,30 @@ from typing import Mapping, Sequence
 import configargparse
 
 from .options import Option, Surface
-from .values import parse_bool_word
+from .values import FiniteFloat, IntRange, parse_bool_word
+
+
+# Value kinds whose bad input often starts with '-' (``-inf``, ``-1``): see _glue_dash_values.
+NUMERIC_KINDS = (FiniteFloat, IntRange)
 
 
 class DynamoArgParser(configargparse.ArgParser):
-    """configargparse with our boolean env rule.
+    """configargparse with our boolean env rule, and no abbreviated flags.
 
     configargparse maps a boolean env var to ``--x`` / ``--no-x`` itself, but its error for a bad
     value names only the env var. Ours names the flag too, and accepts exactly the spellings in
     the project's conventions whatever configargparse version is installed.
+
+    Abbreviations are off (``allow_abbrev=False``): ``--dyn-gc 5`` would otherwise silently mean
+    ``--dyn-gc-pause-log-ms 5``, and the worker, which hands every argument it does not know to
+    vLLM, would take an abbreviation meant for vLLM (``--tensor-parallel``) as its own.
     """
 
     def __init__(self, *args, options: Sequence[Option] = (), **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
         self._bool_options = {o.env_var: o for o in options if o.is_bool}
-        self._valued_flags = {o.flag for o in options if not o.is_bool}
+        self._numeric_flags = {o.flag for o in options if isinstance(o.kind, NUMERIC_KINDS)}
 
     def parse_known_args(self, args=None, namespace=None, **kwargs):
         if args is None:
@@ -34,12 +43,15 @@ class DynamoArgParser(configargparse.ArgParser):
         return super().parse_known_args(args, namespace, **kwargs)
 
     def _glue_dash_values(self, args: list[str]) -> list[str]:
-        """``--x -inf`` -> ``--x=-inf`` for our options that take a value.
+        """``--x -inf`` -> ``--x=-inf`` for our numeric options.
 
         argparse takes a word that starts with '-' and is not a plain negative number for an
         option, so ``--gc-pause-log-ms -inf`` failed with "expected one argument", naming neither
         the env var nor the value. Glued to its flag, the word reaches our ``type=``, whose
-        message names all three. A word that is (a prefix of) one of our flags stays a flag.
+        message names all three. Only numeric options: a number never legitimately starts with
+        a letter after its '-', whereas gluing to a text option would make ``--model -x`` a
+        model named "-x" and send ``--model --max-model-len 256``'s 256 to vLLM. A word that is
+        one of our flags stays a flag. (``--model=-x`` still says it explicitly.)
         """
         glued: list[str] = []
         i = 0
@@ -50,7 +62,7 @@ class DynamoArgParser(configargparse.ArgParser):
                 break
             value = args[i + 1] if i + 1 < len(args) else None
             if (
-                word in self._valued_flags
+                word in self._numeric_flags
                 and value is not None
                 and len(value) > 1
                 and value.startswith("-")
@@ -64,8 +76,7 @@ class DynamoArgParser(configargparse.ArgParser):
         return glued
 
     def _looks_like_our_flag(self, word: str) -> bool:
-        key = word.split("=", 1)[0]
-        return any(flag.startswith(key) for flag in self._option_string_actions)
+        return word.split("=", 1)[0] in self._option_string_actions
 
     def convert_item_to_command_line_arg(self, action, key, value):
         option = self._bool_options.get(key)
