@@ -280,6 +280,35 @@ def test_unsound_build_runs_without_the_periodic_freeze(mocker, caplog):
     assert gc.get_threshold() == thresholds
 
 
+@pytest.mark.parametrize(
+    ("version", "gil_disabled", "honoured"),
+    [
+        ((3, 14, 0, "final", 0), None, False),
+        ((3, 14, 4, "final", 0), None, False),
+        ((3, 14, 5, "final", 0), None, True),
+        ((3, 13, 2, "final", 0), None, True),
+        ((3, 13, 2, "final", 0), 1, False),
+        ((3, 10, 13, "final", 0), None, True),
+    ],
+)
+def test_the_start_line_says_gen2_is_off_only_where_threshold2_is_honoured(
+    mocker, caplog, version, gil_disabled, honoured
+):
+    caplog.set_level(logging.INFO, logger="dynamo.vllm.gc_policy")
+    mocker.patch.object(
+        sysconfig,
+        "get_config_var",
+        side_effect=lambda name: gil_disabled if name == "Py_GIL_DISABLED" else None,
+    )
+    mocker.patch.object(sys, "version_info", version)
+    assert gc_policy.start_gc_policy() is True
+    gc_policy.stop_gc_policy()
+    (started,) = [r.getMessage() for r in caplog.records if "GC policy started" in r.getMessage()]
+    assert ("automatic gen2 off" in started) is honoured, started
+    if not honoured:
+        assert "automatic full collections still run" in started, started
+
+
 def test_this_interpreter_is_detected_as_it_is():
     gil_disabled = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
     incremental = sys.version_info[:2] == (3, 14) and sys.version_info[2] <= 4

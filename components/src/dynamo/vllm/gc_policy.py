@@ -27,7 +27,8 @@ INT_MAX (``set_threshold`` takes C ints): gen2 would need 2**31 gen1 collections
 
 Unsound builds: on a free-threaded build ``gc.freeze()`` is a stop-the-world walk of the whole
 heap, and on CPython 3.14.0-3.14.4 (incremental GC) the third threshold is ignored and a freeze
-walks part of the heap. There the policy logs a WARNING and runs without the periodic freeze.
+walks part of the heap. There the policy logs a WARNING and runs without the periodic freeze, and
+its start line says that automatic full collections still run (the raised threshold is ignored).
 """
 
 from __future__ import annotations
@@ -124,6 +125,17 @@ def unsound_build_reason() -> str | None:
     return None
 
 
+def threshold2_ignored_reason() -> str | None:
+    """Why raising the third threshold does not stop automatic full collections here, or
+    ``None`` where it does (standard builds of 3.10-3.13 and 3.14.5+)."""
+    if sysconfig.get_config_var("Py_GIL_DISABLED"):
+        return "free-threaded build: its collector is not generational, every collection is full"
+    major, minor, micro = sys.version_info[:3]
+    if (major, minor) == (3, 14) and micro <= 4:
+        return f"CPython {major}.{minor}.{micro} (incremental GC) ignores the third threshold"
+    return None
+
+
 @dataclass
 class _RunningPolicy:
     saved_thresholds: tuple[int, ...]
@@ -194,14 +206,28 @@ def start_gc_policy(*, interval_s: float | None = None) -> bool:
                 reason,
             )
         _running = policy
-    logger.info(
-        "GC policy started: automatic gen2 off (thresholds %s -> %s), heap frozen, %s",
-        saved,
-        gc.get_threshold(),
-        "no periodic freeze"
-        if reason is not None
-        else f"bare gc.freeze() every {policy.interval_s:g}s",
-    )
+    if reason is None:
+        periodic = f"bare gc.freeze() every {policy.interval_s:g}s"
+    else:
+        periodic = "no periodic freeze"
+    ignored = threshold2_ignored_reason()
+    if ignored is None:
+        logger.info(
+            "GC policy started: automatic gen2 off (thresholds %s -> %s), heap frozen, %s",
+            saved,
+            gc.get_threshold(),
+            periodic,
+        )
+    else:
+        # Saying "gen2 off" here would be false: the threshold is set, the collector ignores it.
+        logger.info(
+            "GC policy started: thresholds %s -> %s, but automatic full collections still run "
+            "(%s); heap frozen, %s",
+            saved,
+            gc.get_threshold(),
+            ignored,
+            periodic,
+        )
     return True
 
 
