@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import socket
 
 import pytest
@@ -285,3 +286,66 @@ def test_models_health_and_aiohttp_errors_in_openai_shape():
     assert wrong_method[0] == 405 and assert_openai_error(wrong_method[1])
     assert unknown[0] == 404 and assert_openai_error(unknown[1])["code"] == "not_found"
     assert draining[0] == 503 and assert_openai_error(draining[1])["code"] == "draining"
+
+
+def _frontend_lines(caplog) -> list[logging.LogRecord]:
+    return [
+        r
+        for r in caplog.records
+        if r.name.startswith("dynamo.frontend") and r.levelno >= logging.INFO
+    ]
+
+
+def test_each_failed_request_logs_one_warning_naming_every_instance_tried(caplog):
+    caplog.set_level(logging.INFO)
+    dead = [dead_endpoint(), dead_endpoint()]
+
+    async def scenario():
+        async with frontend(*dead) as client:
+            caplog.clear()  # the set-up's lines (model added) are not the requests'
+            for stream in (False, True, False):
+                response = await client.post("/v1/chat/completions", json=chat(stream=stream))
+                assert response.status == 503
+
+    asyncio.run(scenario())
+    lines = _frontend_lines(caplog)
+    assert len(lines) == 3, [r.getMessage() for r in lines]  # one per request, no more
+    for line in lines:
+        assert line.levelno == logging.WARNING
+        message = line.getMessage()
+        assert "POST /v1/chat/completions -> 503 worker_unavailable" in message
+        assert all(endpoint in message for endpoint in dead)  # the log names both instances
+
+
+def test_a_worker_failing_mid_request_logs_one_line(caplog):
+    caplog.set_level(logging.INFO)
+
+    async def scenario():
+        async with request_plane_server(crashing_engine) as endpoint, frontend(endpoint) as client:
+            caplog.clear()
+            whole = await client.post("/v1/chat/completions", json=chat())
+            streamed = await client.post("/v1/chat/completions", json=chat(stream=True))
+            await sse_events(streamed)
+            return whole.status
+
+    assert asyncio.run(scenario()) == 503
+    lines = [r.getMessage() for r in _frontend_lines(caplog)]
+    assert len(lines) == 2, lines  # the whole one (middleware), the streamed one (in-band)
+    assert sum("-> 503 worker_unavailable" in line for line in lines) == 1
+    assert sum("failed mid-stream" in line for line in lines) == 1
+
+
+def test_a_failover_that_succeeds_logs_the_dead_instance_once(caplog):
+    caplog.set_level(logging.INFO)
+    dead = dead_endpoint()
+
+    async def scenario():
+        async with mock_worker() as (_, endpoint), frontend(dead, endpoint) as client:
+            # Round-robin starts at the dead instance for the first request, not the second.
+            return [(await client.post("/v1/chat/completions", json=chat())).status
+                    for _ in range(2)]  # fmt: skip
+
+    assert asyncio.run(scenario()) == [200, 200]
+    lines = [r for r in _frontend_lines(caplog) if r.levelno >= logging.WARNING]
+    assert len(lines) == 1 and dead in lines[0].getMessage()
+    assert "failed over after 1 unavailable instance(s)" in lines[0].getMessage()

@@ -3,6 +3,10 @@
 Every failure a client can see is answered in OpenAI's error shape with a status that says whose
 fault it is: 400 bad request, 404 unknown model, 503 no worker (or draining). A worker that dies
 mid-stream ends the stream with an error event, never with silence.
+
+A failed request logs one line, at WARNING: the error middleware's for a 5xx answered before the
+stream started, the stream's own once the headers are gone. The code below raises, it does not
+log too, so an outage does not double (or triple) the log volume per request.
 """
 
 from __future__ import annotations
@@ -82,8 +86,7 @@ class FrontendService:
             return processor.encode(prompt)
         try:
             return await self.preprocess_pool.encode(prompt)
-        except PreprocessPoolError as exc:
-            logger.error("Preprocess pool failed: %s", exc)
+        except PreprocessPoolError as exc:  # the pool logs its own breakage, once
             raise oai.service_unavailable(str(exc), code="preprocess_unavailable") from exc
 
     async def handle_chat_completions(self, request: web.Request) -> web.StreamResponse:
@@ -116,7 +119,7 @@ class FrontendService:
         try:
             first, stream = await self.router.open_stream(entry, plane_request)
         except NoWorkerAvailable as exc:
-            raise oai.service_unavailable(str(exc)) from exc
+            raise oai.service_unavailable(str(exc), detail=exc.detail) from exc
         generation = Generation(
             chat, entry.processor, completion_id, len(prompt_ids), first, stream
         )
@@ -138,9 +141,10 @@ class FrontendService:
                 if "finish_reason" in item:
                     break
                 item = await generation.stream.__anext__()
-        except (WorkerUnavailable, StopAsyncIteration) as exc:
-            logger.warning("Worker failed mid-request %s: %s", generation.completion_id, exc)
-            raise oai.service_unavailable(f"the worker failed during the request: {exc}") from exc
+        except (WorkerUnavailable, StopAsyncIteration) as exc:  # logged by the middleware
+            raise oai.service_unavailable(
+                f"the worker failed during request {generation.completion_id}: {exc}"
+            ) from exc
         detokenizer = generation.processor.detokenizer()
         return web.json_response(
             oai.chat_completion(
@@ -241,8 +245,15 @@ async def openai_error_middleware(request: web.Request, handler) -> web.StreamRe
     try:
         return await handler(request)
     except oai.ApiError as exc:
-        if exc.status >= 500:
-            logger.warning("%s %s -> %d: %s", request.method, request.path, exc.status, exc)
+        if exc.status >= 500:  # the one line a failed request logs (see the module docstring)
+            logger.warning(
+                "%s %s -> %d %s: %s",
+                request.method,
+                request.path,
+                exc.status,
+                exc.code,
+                exc.detail or exc.message,
+            )
         return web.json_response(exc.body(), status=exc.status)
     except web.HTTPException as exc:
         if exc.status < 400:

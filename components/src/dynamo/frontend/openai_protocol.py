@@ -28,6 +28,7 @@ class ApiError(Exception):
         type: str,
         param: str | None = None,
         code: str | None = None,
+        detail: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -35,6 +36,7 @@ class ApiError(Exception):
         self.type = type
         self.param = param
         self.code = code
+        self.detail = detail  # for the log only (instances tried, their errors); None: message
 
     def body(self) -> dict:
         return error_body(self.message, type=self.type, param=self.param, code=self.code)
@@ -60,8 +62,10 @@ def model_not_found(model: str) -> ApiError:
     )
 
 
-def service_unavailable(message: str, *, code: str = "worker_unavailable") -> ApiError:
-    return ApiError(503, message, type="service_unavailable_error", code=code)
+def service_unavailable(
+    message: str, *, code: str = "worker_unavailable", detail: str | None = None
+) -> ApiError:
+    return ApiError(503, message, type="service_unavailable_error", code=code, detail=detail)
 
 
 @dataclass(frozen=True)

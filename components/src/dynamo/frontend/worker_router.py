@@ -38,7 +38,14 @@ def create_worker_session() -> aiohttp.ClientSession:
 
 
 class NoWorkerAvailable(Exception):
-    """Every instance of the model failed before producing output, or none is left."""
+    """Every instance of the model failed before producing output, or none is left.
+
+    ``str()`` is for the client; ``detail`` lists every instance tried, for the log line.
+    """
+
+    def __init__(self, message: str, detail: str | None = None) -> None:
+        super().__init__(message)
+        self.detail = detail or message
 
 
 class WorkerRouter:
@@ -53,29 +60,36 @@ class WorkerRouter:
         Waiting for the first item before answering the client lets a dead worker become a
         proper 503 (or a retry on another instance) instead of a stream that breaks at once.
         """
-        failures = []
+        failures: list[str] = []  # "instance at endpoint: error", in the order tried
         for record in entry.route_order():
             stream = request_plane.generate(self.session, record.endpoint, plane_request)
             try:
                 first = await stream.__anext__()
             except (WorkerUnavailable, StopAsyncIteration) as exc:
                 await stream.aclose()
-                logger.warning(
-                    "Worker unavailable: model=%s instance=%s endpoint=%s: %s",
-                    record.model,
-                    record.instance_id,
-                    record.endpoint,
-                    exc or "empty stream",
+                failures.append(
+                    f"{record.instance_id} at {record.endpoint}: {exc or 'empty stream'}"
                 )
-                failures.append(str(exc) or "empty stream")
                 continue
             except BaseException:
                 await stream.aclose()
                 raise
+            if failures:
+                # Served after all, so no other line mentions the dead instance(s): one here.
+                logger.warning(
+                    "Request %s for model %s failed over after %d unavailable instance(s): %s",
+                    plane_request.get("request_id"),
+                    entry.name,
+                    len(failures),
+                    "; ".join(failures),
+                )
             return first, stream
         if not failures:
             raise NoWorkerAvailable(f"no worker instance left for model `{entry.name}`")
+        # Not logged here: the HTTP service logs the failed request once, with the detail.
         raise NoWorkerAvailable(
             f"no worker for model `{entry.name}` is reachable "
-            f"({len(failures)} tried; last: {failures[-1]})"
+            f"({len(failures)} tried; last: {failures[-1].split(': ', 1)[1]})",
+            detail=f"model {entry.name}: {len(failures)} instance(s) unavailable: "
+            + "; ".join(failures),
         )
