@@ -65,16 +65,21 @@ class FrontendService:
 
     async def handle_health(self, request: web.Request) -> web.Response:
         phase = lifecycle.current_phase()
-        serving = phase is lifecycle.Phase.SERVING
-        # The same shape as the worker's system server, plus the number of servable models.
-        return web.json_response(
-            {
-                "status": "ready" if serving else "notready",
-                "phase": phase.value,
-                "models": len(self.registry.entries()),
-            },
-            status=200 if serving else 503,
-        )
+        # A preprocess pool whose rebuild failed will never tokenise again: the pod must leave
+        # the load balancer (readiness) rather than answer 503 to every request. A pool being
+        # rebuilt is still ready: it is back in seconds, and its requests fail fast meanwhile.
+        pool = self.preprocess_pool
+        ready = phase is lifecycle.Phase.SERVING and (pool is None or pool.healthy)
+        # The same shape as the worker's system server, plus the number of servable models
+        # (and the pool's state when there is one).
+        body = {
+            "status": "ready" if ready else "notready",
+            "phase": phase.value,
+            "models": len(self.registry.entries()),
+        }
+        if pool is not None:
+            body["preprocess_pool"] = pool.state
+        return web.json_response(body, status=200 if ready else 503)
 
     async def handle_models(self, request: web.Request) -> web.Response:
         return web.json_response(
