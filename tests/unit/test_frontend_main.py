@@ -1,4 +1,4 @@
-"""The frontend's start-up order, on the real ``main`` in this process.
+"""The frontend's start-up order and shutdown, on the real ``main`` in this process.
 
 Wrappers record the order of the steps that matter and the GC state at each; the frontend stops
 the way it does in production, on a real SIGTERM sent to this process once the discovery watcher
@@ -12,13 +12,14 @@ import logging
 import os
 import signal
 
+import aiohttp
 import pytest
 from aiohttp import web
 
-from dynamo.common import lifecycle
+from dynamo.common import lifecycle, logging_setup
 from dynamo.common.utils import gc_freeze
-from dynamo.common import logging_setup
 from dynamo.frontend import main as frontend_main
+from dynamo.runtime import discovery
 from dynamo.runtime.discovery import DiscoveryWatcher
 
 
@@ -119,12 +120,12 @@ def test_no_freeze_flag_never_touches_gc_state(tmp_path, steps, mocker, caplog):
     }
     thresholds, callbacks = gc.get_threshold(), list(gc.callbacks)
     assert run_main(tmp_path, "--no-dyn-freeze-gc-heap") == 0
-    assert [name for name, spy in touched.items() if spy.called] == []
+    assert [name for name, spy in touched.items() if spy.called] == []  # unfreeze included
     assert gc.get_freeze_count() == 0
     assert gc.get_threshold() == thresholds
-    # The one callback main adds observes pauses (for the log and /metrics); it changes nothing.
-    added = [callback for callback in gc.callbacks if callback not in callbacks]
-    assert added == [gc_freeze.installed_gc_pause_logger()]
+    # The one callback main adds observes pauses (for the log and /metrics) and is gone after.
+    assert "pause_logger" in [step for step, _, _ in steps]
+    assert gc.callbacks == callbacks and gc_freeze.installed_gc_pause_logger() is None
     assert "freeze" in [step for step, _, _ in steps]  # asked, and declined
     assert "GC heap freeze disabled (frontend)" in caplog.text
 
@@ -146,11 +147,84 @@ def test_env_var_turns_the_freeze_off_too(tmp_path, steps, monkeypatch):
     ],
 )
 def test_bad_input_exits_2_before_anything_runs(argv, steps, capsys):
-    with pytest.raises(SystemExit) as exited:
-        frontend_main.main(argv)
-    assert exited.value.code == 2
+    assert frontend_main.main(argv) == 2  # returned, like the worker's main: no SystemExit
     assert steps == []
     assert "error" in capsys.readouterr().err
+
+
+def test_help_returns_0(steps, capsys):
+    assert frontend_main.main(["--help"]) == 0
+    assert steps == [] and "--discovery-dir" in capsys.readouterr().out
+
+
+def test_a_missing_discovery_dir_is_created(tmp_path, steps):
+    assert run_main(tmp_path) == 0
+    assert (tmp_path / "discovery").is_dir()
+
+
+def test_a_discovery_dir_that_is_a_file_exits_2_naming_the_option(tmp_path, steps, capsys):
+    a_file = tmp_path / "discovery"
+    a_file.write_text("not a directory")
+    assert run_main(tmp_path) == 2
+    assert steps == []  # before logging, the pause logger, the pool, the listener
+    err = capsys.readouterr().err
+    assert "--discovery-dir / DYN_DISCOVERY_DIR" in err and str(a_file) in err
+    assert "not a directory" in err
+
+
+def test_an_unreadable_discovery_dir_exits_2(tmp_path, steps, capsys, mocker):
+    (tmp_path / "discovery").mkdir()
+    # Tests may run as root, which chmod cannot lock out: the listing itself is made to fail.
+    mocker.patch.object(
+        discovery.os, "scandir", side_effect=PermissionError(13, "Permission denied")
+    )
+    assert run_main(tmp_path) == 2
+    assert steps == []
+    err = capsys.readouterr().err
+    assert "--discovery-dir / DYN_DISCOVERY_DIR" in err and "Permission denied" in err
+
+
+def test_shutdown_undoes_the_gc_state_after_everything_else(tmp_path, steps, caplog):
+    """No pause line after the final one; frozen objects can be finalized at exit."""
+    caplog.set_level(logging.INFO)
+    observers, listeners = list(gc_freeze._freeze_observers), list(lifecycle._listeners)
+    callbacks = list(gc.callbacks)
+    assert run_main(tmp_path, "--dyn-gc-pause-log-ms", "0.001") == 0
+    assert "GC heap frozen (frontend)" in caplog.text
+    assert gc.get_freeze_count() == 0  # unfrozen
+    assert gc.callbacks == callbacks and gc_freeze.installed_gc_pause_logger() is None
+    assert gc_freeze._freeze_observers == observers and lifecycle._listeners == listeners
+    gc.collect()  # would log a pause line if the logger were still installed
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages[-1] == "Frontend exiting with code 0"
+
+
+def test_one_part_failing_to_close_does_not_skip_the_others(tmp_path, steps, mocker, caplog):
+    closed: list[str] = []
+    real_cleanup, real_close = web.AppRunner.cleanup, aiohttp.ClientSession.close
+
+    async def cleanup(runner):
+        closed.append("runner")
+        await real_cleanup(runner)
+
+    async def close(session):
+        closed.append("session")
+        await real_close(session)
+
+    async def broken_stop(watcher):
+        closed.append("watcher")
+        raise OSError("the watcher could not stop")
+
+    mocker.patch.object(web.AppRunner, "cleanup", cleanup)
+    mocker.patch.object(aiohttp.ClientSession, "close", close)
+    mocker.patch.object(DiscoveryWatcher, "stop", broken_stop)
+    with caplog.at_level(logging.ERROR):
+        code = run_main(tmp_path)
+    assert code == 1  # not a clean shutdown, and it says so
+    # The watcher is stopped first (and raises); the listener, the drain and the session after.
+    assert closed == ["watcher", "runner", "session"], closed
+    assert "Shutdown: closing the discovery watcher failed" in caplog.text
+    assert gc_freeze.installed_gc_pause_logger() is None  # the GC state is put back regardless
 
 
 def test_a_taken_port_exits_1_after_logging_why(tmp_path, steps, caplog):

@@ -2,7 +2,8 @@
 
 Start-up order (each step logged), which is the point of this launcher:
 
-1. parse args (bad input exits 2 before anything runs), logging, the GC pause logger;
+1. parse args and check that the discovery directory can be watched (created if missing): bad
+   input exits 2 before anything runs; then logging and the GC pause logger;
 2. build everything that does not depend on discovery: preprocess worker processes (each freezes
    its own heap in its initializer), the worker client session, the model registry, the app and
    its routes;
@@ -12,40 +13,76 @@ Start-up order (each step logged), which is the point of this launcher:
 6. start the discovery watcher. Models found from now on grow the heap after the freeze; the
    watcher and the chat engine factory never freeze (and the guard would refuse if they did).
 
-SIGTERM/SIGINT: mark ``draining``, stop the watcher, stop accepting, let in-flight requests
-finish (bounded), stop the preprocess pool, exit 0.
+SIGTERM/SIGINT: mark ``draining``, stop the watcher, close the listener (new connections are
+refused from here on: in Kubernetes a preStop hook keeps the pod serving until its endpoints are
+gone, see docs/deploy/), let in-flight requests finish (bounded), stop the preprocess pool and
+the client session, then put the process's GC state back (pause logger, metrics, unfreeze) and
+exit 0. Each part is closed even if closing another one failed (exit 1 then).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import gc
 import logging
 import signal
-from dataclasses import dataclass
-from typing import Sequence
+import sys
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable, Sequence
 
 import aiohttp
 from aiohttp import web
 
 from dynamo.common import lifecycle
+from dynamo.common.configuration.runtime_options import DISCOVERY_DIR
+from dynamo.common.logging_setup import configure_logging
 from dynamo.common.metrics import DynamoMetrics, debug_gc_route, metrics_route
 from dynamo.common.utils import gc_freeze
-from dynamo.runtime.discovery import DiscoveryWatcher
+from dynamo.runtime.discovery import DiscoveryDirError, DiscoveryWatcher, ensure_discovery_dir
 
 from . import frontend_args, gc_collect_trace
 from .chat_processor import build_chat_processor
 from .http_service import FrontendService
-from dynamo.common.logging_setup import configure_logging
 from .model_registry import ModelRegistry
 from .preprocess_pool import PreprocessPool, PreprocessPoolError
 from .worker_router import WorkerRouter, create_worker_session
 
 logger = logging.getLogger(__name__)
 
+PROG = "python -m dynamo.frontend"
 FREEZE_CONTEXT = "frontend"
 # How long in-flight requests may take to finish after SIGTERM before they are cancelled.
 DRAIN_TIMEOUT_S = 30.0
+
+
+class Closer:
+    """Closes what was opened, last opened first, every part even if another one fails.
+
+    A failure is logged with its traceback and remembered (the exit code becomes 1); the parts
+    after it are still closed, so one broken part never leaves a listener, a client session or
+    preprocess processes behind.
+    """
+
+    def __init__(self) -> None:
+        self._stack = contextlib.AsyncExitStack()
+        self.failed: list[str] = []
+
+    def push(self, what: str, close: Callable[[], Awaitable[None] | None]) -> None:
+        async def guarded() -> None:
+            try:
+                result = close()
+                if asyncio.iscoroutine(result):
+                    await result
+            except Exception:  # noqa: BLE001 - see the class docstring
+                self.failed.append(what)
+                logger.exception("Shutdown: closing the %s failed", what)
+
+        self._stack.push_async_callback(guarded)
+
+    async def aclose(self) -> None:
+        await self._stack.aclose()
 
 
 @dataclass
@@ -60,17 +97,26 @@ class Frontend:
     runner: web.AppRunner
     watcher: DiscoveryWatcher
     preprocess_pool: PreprocessPool | None
+    closer: Closer = field(default_factory=Closer)
 
     async def close(self) -> None:
-        await self.watcher.stop()
-        await self.runner.cleanup()  # idempotent: no-op when already cleaned up
-        await self.session.close()
-        if self.preprocess_pool is not None:
-            self.preprocess_pool.shutdown()
+        """Watcher, listener and drain, session, pool: each one, always; idempotent."""
+        await self.closer.aclose()
 
 
 async def build_frontend(
     config: argparse.Namespace, metrics: DynamoMetrics | None = None
+) -> Frontend:
+    closer = Closer()
+    try:
+        return await _build(config, metrics, closer)
+    except BaseException:
+        await closer.aclose()  # a start-up that fails half-way closes what it had opened
+        raise
+
+
+async def _build(
+    config: argparse.Namespace, metrics: DynamoMetrics | None, closer: Closer
 ) -> Frontend:
     pool = None
     if config.dyn_preprocess_workers > 0:
@@ -83,7 +129,9 @@ async def build_frontend(
         # Blocking on purpose: nothing is served yet, and every worker must have frozen its
         # heap before this process freezes and admits requests.
         pool.start()
+        closer.push("preprocess pool", pool.aclose)
     session = create_worker_session()
+    closer.push("worker client session", session.close)
     registry = ModelRegistry(build_chat_processor)
     service = FrontendService(registry, WorkerRouter(session), pool)
     app = service.build_app()
@@ -98,20 +146,55 @@ async def build_frontend(
         access_log=None,
     )
     await runner.setup()  # builds the server object; the socket opens in TCPSite.start
+
+    async def stop_http_service() -> None:
+        await runner.cleanup()  # closes the listener, then drains (see DRAIN_TIMEOUT_S)
+        logger.info("HTTP service stopped")
+
+    closer.push("HTTP service", stop_http_service)
     watcher = DiscoveryWatcher(
         config.discovery_dir,
         on_add=registry.add_instance,
         on_remove=registry.remove_instance,
         ttl_s=config.discovery_ttl,  # a worker whose record stops changing is dropped
     )
-    return Frontend(config, registry, service, session, app, runner, watcher, pool)
+    closer.push("discovery watcher", watcher.stop)
+    return Frontend(config, registry, service, session, app, runner, watcher, pool, closer)
 
 
 def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-async def serve(config: argparse.Namespace, metrics: DynamoMetrics | None = None) -> int:
+class ProcessGcState:
+    """What the frontend did to this process's GC state, undone once everything has stopped.
+
+    Undone last, after the listener, the pool and the session are closed: the pause logger
+    leaves ``gc.callbacks`` (no pause line after the final ``Frontend exiting`` one), the
+    metrics stop observing, and a heap this process froze is unfrozen, so the interpreter's
+    teardown can finalize what was frozen (frozen objects are never collected, not even at
+    exit). ``gc.unfreeze()`` is a splice, no heap walk. With the freeze off nothing is unfrozen:
+    the process never touched the generations.
+    """
+
+    def __init__(self, metrics: DynamoMetrics | None = None) -> None:
+        self.metrics = metrics
+        self.froze = False
+
+    def restore(self) -> None:
+        gc_freeze.uninstall_gc_pause_logger()
+        if self.metrics is not None:
+            self.metrics.detach()
+        if self.froze:
+            gc.unfreeze()
+
+
+async def serve(
+    config: argparse.Namespace,
+    metrics: DynamoMetrics | None = None,
+    gc_state: ProcessGcState | None = None,
+) -> int:
+    """Start, serve until SIGTERM/SIGINT, drain, close; the exit code (0, or 1 on a failure)."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
 
@@ -122,59 +205,95 @@ async def serve(config: argparse.Namespace, metrics: DynamoMetrics | None = None
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, request_stop, signum)
-    frontend = None
+    built: list[Frontend] = []
+    close_failed = False
     try:
-        try:
-            frontend = await build_frontend(config, metrics)
-        except PreprocessPoolError as exc:
-            logger.error("Frontend start-up failed: %s", exc)
-            return 1
-        if stop.is_set():
-            return 0  # stopped during start-up: never admitted anything
-
-        # The quiescent point: everything static is built, nothing is admitted yet.
-        gc_freeze.maybe_freeze_gc_heap(config.freeze_gc_heap, context=FREEZE_CONTEXT)
-        lifecycle.mark_serving("http listener")
-        site = web.TCPSite(frontend.runner, config.http_host, config.http_port)
-        try:
-            await site.start()
-        except OSError as exc:
-            logger.error(
-                "Cannot listen on %s: %s", _url(config.http_host, config.http_port), exc
-            )
-            return 1
-        host, port = frontend.runner.addresses[0][:2]
-        logger.info("HTTP service listening on %s", _url(host, port))
-
-        frontend.watcher.start()
-        logger.info(
-            "Discovery watcher started: %s (ttl %g s)", config.discovery_dir, config.discovery_ttl
-        )
-
-        await stop.wait()
-        lifecycle.mark_draining("signal")
-        logger.info(
-            "Draining: %d request(s) in flight; waiting up to %.0f s for them",
-            frontend.service.in_flight,
-            DRAIN_TIMEOUT_S,
-        )
-        await frontend.watcher.stop()
-        # Closes the listener, waits up to DRAIN_TIMEOUT_S for in-flight handlers, then cancels.
-        await frontend.runner.cleanup()
-        logger.info("HTTP service stopped")
-        return 0
+        code = await _run(config, metrics, gc_state or ProcessGcState(), stop, built)
     finally:
-        if frontend is not None:
+        for frontend in built:
             await frontend.close()
+            close_failed = bool(frontend.closer.failed)
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
+    return 1 if close_failed else code
+
+
+async def _run(
+    config: argparse.Namespace,
+    metrics: DynamoMetrics | None,
+    gc_state: ProcessGcState,
+    stop: asyncio.Event,
+    built: list[Frontend],
+) -> int:
+    try:
+        frontend = await build_frontend(config, metrics)
+    except PreprocessPoolError as exc:
+        logger.error("Frontend start-up failed: %s", exc)
+        return 1
+    built.append(frontend)
+    if stop.is_set():
+        return 0  # stopped during start-up: never admitted anything
+
+    # The quiescent point: everything static is built, nothing is admitted yet.
+    froze = gc_freeze.maybe_freeze_gc_heap(config.freeze_gc_heap, context=FREEZE_CONTEXT)
+    gc_state.froze = froze is not None
+    lifecycle.mark_serving("http listener")
+    site = web.TCPSite(frontend.runner, config.http_host, config.http_port)
+    try:
+        await site.start()
+    except OSError as exc:
+        logger.error("Cannot listen on %s: %s", _url(config.http_host, config.http_port), exc)
+        return 1
+    host, port = frontend.runner.addresses[0][:2]
+    logger.info("HTTP service listening on %s", _url(host, port))
+
+    frontend.watcher.start()
+    logger.info(
+        "Discovery watcher started: %s (ttl %g s)", config.discovery_dir, config.discovery_ttl
+    )
+
+    await stop.wait()
+    lifecycle.mark_draining("signal")
+    logger.info(
+        "Draining: %d request(s) in flight; waiting up to %.0f s for them",
+        frontend.service.in_flight,
+        DRAIN_TIMEOUT_S,
+    )
+    # Stops the watcher, closes the listener (new connections are refused from now on), waits
+    # up to DRAIN_TIMEOUT_S for in-flight handlers then cancels them, closes the session and
+    # the pool: each part even if another fails (serve() turns a failure into exit code 1).
+    await frontend.close()
+    return 0
+
+
+def check_discovery_dir(path: str) -> str | None:
+    """Why the discovery directory cannot be watched (created when missing), or None."""
+    try:
+        ensure_discovery_dir(path)
+    except DiscoveryDirError as exc:
+        return (
+            f"{DISCOVERY_DIR.source_label()} is {path!r}: the frontend cannot watch it ({exc})"
+        )
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    config = frontend_args.parse_args(argv)  # exits 2 on bad input, before anything runs
+    """Exit codes: 0 after a signal (or --help), 2 for bad input (a flag, an env var, an
+    unusable discovery directory) before anything runs, 1 when start-up or shutdown fails."""
+    try:
+        config = frontend_args.parse_args(argv)
+    except SystemExit as exc:  # bad input (2, the parser printed why) or --help (0)
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    problem = check_discovery_dir(config.discovery_dir)
+    if problem is not None:
+        # Before anything runs: a watcher on a file or an unreadable directory would see no
+        # worker, ever, while /health said ready.
+        print(f"{PROG}: error: {problem}", file=sys.stderr)
+        return 2
     configure_logging()
     gc_collect_trace.install_if_requested()
     metrics = DynamoMetrics(freeze_enabled=config.freeze_gc_heap).attach()
+    gc_state = ProcessGcState(metrics)
     # Always installed: every pause feeds dynamo_gc_pause_seconds, even with the log off (0).
     gc_freeze.install_gc_pause_logger(config.gc_pause_log_ms, on_pause=metrics.observe_pause)
     logger.info(
@@ -184,6 +303,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         config.dyn_preprocess_workers,
         "on" if config.freeze_gc_heap else "off",
     )
-    code = asyncio.run(serve(config, metrics))
+    try:
+        code = asyncio.run(serve(config, metrics, gc_state))
+    finally:
+        gc_state.restore()
     logger.info("Frontend exiting with code %d", code)
     return code
