@@ -2,6 +2,11 @@
 
 Synchronisation is always "wait for a condition, with a deadline": a log line appearing, a
 process exiting, a file appearing. Never a fixed sleep.
+
+For any test that needs the real programs: :func:`start_worker` (``python -m dynamo.vllm``
+registering one model in a discovery directory), :func:`start_frontend` (``python -m
+dynamo.frontend`` on 127.0.0.1, an ephemeral port, watching that directory) and
+:func:`listening_url` (the URL a launcher logged it listens on).
 """
 
 from __future__ import annotations
@@ -104,3 +109,55 @@ class LauncherProcess:
             return self.proc.returncode
         finally:
             self._log_file.close()
+
+
+# The line the frontend logs once its listener is open (dynamo.frontend.main).
+LISTENING_LINE = r"HTTP service listening on (http://127\.0\.0\.1:\d+)"
+
+
+def start_worker(
+    name: str,
+    log_dir: Path,
+    discovery_dir: Path,
+    model: str,
+    *args: str,
+    env: dict[str, str] | None = None,
+) -> LauncherProcess:
+    """``python -m dynamo.vllm --model MODEL --discovery-dir DIR *args`` (mock engine unless
+    ``args`` say otherwise), its output in ``log_dir/<name>.log``."""
+    return LauncherProcess(
+        name,
+        "dynamo.vllm",
+        ["--model", model, "--discovery-dir", str(discovery_dir), *args],
+        log_dir=log_dir,
+        env=env,
+    )
+
+
+def start_frontend(
+    name: str,
+    log_dir: Path,
+    discovery_dir: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+) -> LauncherProcess:
+    """``python -m dynamo.frontend`` on 127.0.0.1, port 0 (see :func:`listening_url`)."""
+    return LauncherProcess(
+        name,
+        "dynamo.frontend",
+        ["--http-host", "127.0.0.1", "--http-port", "0", "--discovery-dir", str(discovery_dir),
+         *args],
+        log_dir=log_dir,
+        env=env,
+    )  # fmt: skip
+
+
+def listening_url(
+    process: LauncherProcess,
+    pattern: str = LISTENING_LINE,
+    *,
+    deadline_s: float = DEFAULT_DEADLINE_S,
+) -> str:
+    """The base URL ``process`` logged it listens on: the first group of ``pattern`` (by default
+    the frontend's line; pass e.g. the worker's system-server line for its port)."""
+    return process.wait_for_log(pattern, deadline_s=deadline_s).group(1)

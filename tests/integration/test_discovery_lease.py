@@ -14,7 +14,7 @@ import pytest
 
 from dynamo.runtime.discovery import HEARTBEATS_PER_TTL, DiscoveryStore
 from tests.integration.harness import wait_until
-from tests.integration.test_pair_helpers import (
+from tests.integration.pair_helpers import (
     assert_openai_error,
     chat_body,
     frontend_url,

@@ -11,7 +11,7 @@ import signal
 import pytest
 
 from tests.integration.harness import wait_until
-from tests.integration.test_pair_helpers import (
+from tests.integration.pair_helpers import (
     FROZEN_LINE,
     LISTENING_LINE,
     REFUSED_LINE,

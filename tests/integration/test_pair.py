@@ -15,7 +15,7 @@ import signal
 import pytest
 
 from tests.integration.harness import wait_until
-from tests.integration.test_pair_helpers import (
+from tests.integration.pair_helpers import (
     CLIENT_TIMEOUT_S,
     EXPLICIT_COLLECT_LINE,
     FROZEN_LINE,

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.harness import wait_until
-from tests.integration.test_pair_helpers import CLIENT_TIMEOUT_S, expected_content, request
+from tests.integration.pair_helpers import CLIENT_TIMEOUT_S, expected_content, request
 
 pytestmark = pytest.mark.integration
 

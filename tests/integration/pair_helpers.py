@@ -1,0 +1,128 @@
+"""Helpers shared by the frontend + worker integration tests (this module holds no tests).
+
+Processes are the real launchers (``python -m dynamo.frontend``, ``python -m dynamo.vllm``) on
+127.0.0.1, started through the harness (which has the generic starters); the pair's own
+settings are added here: fast mock tokens for the worker, the explicit-collect trace hook for the
+frontend. HTTP goes through urllib with proxies disabled, so a proxy set in the environment never
+sees loopback traffic.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Iterator
+
+from dynamo.frontend.chat_processor import build_chat_processor
+from dynamo.frontend.chat_template import ChatMessage
+from dynamo.vllm.mock_engine import mock_completion
+from tests.integration import harness
+from tests.integration.harness import LISTENING_LINE, LauncherProcess
+
+__all__ = ["LISTENING_LINE"]  # re-exported: the pair tests import it from here
+
+FROZEN_LINE = r"GC heap frozen \(([^)]*)\): collected=\d+ frozen=\d+"
+REFUSED_LINE = r"GC heap freeze refused"
+EXPLICIT_COLLECT_LINE = r"explicit gc\.collect\(\) called"
+# Every request in these tests is bounded: a hang fails the test instead of stalling the suite.
+CLIENT_TIMEOUT_S = 20.0
+
+_opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def start_worker(
+    name: str, log_dir: Path, discovery_dir: Path, model: str, *args: str
+) -> LauncherProcess:
+    """A mock worker producing a token a millisecond (``args`` may override it)."""
+    return harness.start_worker(
+        name, log_dir, discovery_dir, model, "--mock-token-ms", "1", *args
+    )
+
+
+def start_frontend(name: str, log_dir: Path, discovery_dir: Path, *args: str) -> LauncherProcess:
+    # Test-only hook (see dynamo.frontend.gc_collect_trace): logs every explicit gc.collect().
+    return harness.start_frontend(
+        name, log_dir, discovery_dir, *args, env={"DYN_TEST_TRACE_GC_COLLECT": "1"}
+    )
+
+
+def frontend_url(frontend: LauncherProcess) -> str:
+    return harness.listening_url(frontend)
+
+
+def request(
+    method: str, url: str, body: dict | bytes | None = None, timeout: float = CLIENT_TIMEOUT_S
+) -> tuple[int, dict]:
+    data = json.dumps(body).encode() if isinstance(body, dict) else body
+    req = urllib.request.Request(
+        url, data=data, method=method, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with _opener.open(req, timeout=timeout) as response:
+            return response.status, json.load(response)
+    except urllib.error.HTTPError as error:
+        with error:
+            return error.code, json.load(error)
+
+
+def chat_body(model: str, max_tokens: int = 16, stream: bool = False) -> dict:
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": "Hello, frozen heap! ❄"}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+    }
+
+
+def expected_content(body: dict) -> str:
+    """What the frontend must answer: the mock engine's tokens for this body, detokenised."""
+    processor = build_chat_processor(body["model"])
+    prompt = processor.render([ChatMessage(m["role"], m["content"]) for m in body["messages"]])
+    return processor.tokenizer.decode(mock_completion(processor.encode(prompt), body["max_tokens"]))
+
+
+def stream_events(url: str, body: dict, timeout: float = CLIENT_TIMEOUT_S) -> Iterator:
+    """Yield the SSE payloads of a streamed chat completion (dicts, then the "[DONE]" string)."""
+    req = urllib.request.Request(
+        url + "/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
+    with _opener.open(req, timeout=timeout) as response:
+        assert response.status == 200
+        assert response.headers["Content-Type"].startswith("text/event-stream")
+        for raw in response:
+            line = raw.decode().strip()
+            if not line:
+                continue
+            assert line.startswith("data: "), line
+            payload = line[len("data: ") :]
+            yield payload if payload == "[DONE]" else json.loads(payload)
+
+
+def streamed_text(events: list) -> str:
+    return "".join(
+        e["choices"][0]["delta"].get("content", "")
+        for e in events
+        if isinstance(e, dict) and e.get("choices")
+    )
+
+
+def assert_openai_error(body: dict, status: int, expected_status: int) -> dict:
+    assert status == expected_status, body
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    return body["error"]
+
+
+def lines_with_pids(log: str, pattern: str) -> list[tuple[int, str]]:
+    """(pid, line) for each log line matching ``pattern`` (the frontend logs ``pid=N``)."""
+    found = []
+    for line in log.splitlines():
+        if re.search(pattern, line):
+            pid = re.search(r"\bpid=(\d+)\b", line)
+            found.append((int(pid.group(1)) if pid else -1, line))
+    return found
