@@ -1,5 +1,6 @@
 """``--dyn-preprocess-workers 2``: each preprocess process freezes its own heap before the
-frontend admits anything, requests still succeed, and SIGTERM takes the pool down too."""
+frontend admits anything, requests still succeed, a SIGKILLed preprocess process is replaced
+(the new ones freeze their own heaps too) and SIGTERM takes the pool down."""
 
 from __future__ import annotations
 
@@ -30,6 +31,10 @@ pytestmark = pytest.mark.integration
 
 MODEL = "preprocess-mock"
 WORKERS = 2
+POOL_PIDS = r"Preprocess pool (?:ready|rebuilt in [\d.]+ s): workers=2 pids=(\[[\d, ]+\])"
+# From a SIGKILLed preprocess process to requests served again: two interpreters spawned and
+# initialised on a loaded 2-core machine.
+REBUILD_DEADLINE_S = 90.0
 
 
 def alive(pid: int) -> bool:
@@ -89,10 +94,50 @@ def test_requests_still_succeed_through_the_pool(pair):
     assert events[-1] == "[DONE]" and streamed_text(events) == expected_content(body)
 
 
+def current_pool_pids(log: str) -> set[int]:
+    """The pids of the last pool the frontend reported ready (at start-up, or rebuilt)."""
+    return set(ast.literal_eval(re.findall(POOL_PIDS, log)[-1]))
+
+
+def test_a_killed_preprocess_process_is_replaced_and_requests_succeed_again(pair):
+    frontend, url = pair
+    old_pids = current_pool_pids(frontend.log())
+    offset = len(frontend.log())
+    os.kill(min(old_pids), signal.SIGKILL)
+    body = chat_body(MODEL, max_tokens=8)
+    failed = 0
+
+    def served() -> bool:
+        nonlocal failed
+        status, completion = request("POST", url + "/v1/chat/completions", body)
+        if status == 200:
+            assert completion["choices"][0]["message"]["content"] == expected_content(body)
+            return True
+        assert status == 503 and completion["error"]["code"] == "preprocess_unavailable"
+        failed += 1
+        return False
+
+    wait_until(served, deadline_s=REBUILD_DEADLINE_S, what="requests to succeed again")
+    since = frontend.log()[offset:]
+    assert len(re.findall(r"WARNING .*Preprocess pool broke", since)) == 1, since
+    new_pids = current_pool_pids(frontend.log())
+    assert len(new_pids) == WORKERS and not new_pids & old_pids
+    # Each new process froze its own heap, in its initializer, before the pool was back.
+    rebuilt_at = re.search(POOL_PIDS, since).start()
+    freezes = [(pid, line) for pid, line in lines_with_pids(since, FROZEN_LINE)
+               if "(preprocess worker)" in line]  # fmt: skip
+    assert {pid for pid, _ in freezes} == new_pids, since
+    assert all(since.index(line) < rebuilt_at for _, line in freezes)
+    assert REFUSED_LINE not in since
+    # One WARNING per failed request at most, and no ERROR: the rebuild worked.
+    assert len(re.findall(r"WARNING .*-> 503 preprocess_unavailable", since)) == failed
+    assert " ERROR " not in since
+    assert request("GET", url + "/health")[0] == 200
+
+
 def test_sigterm_lets_the_stream_in_flight_finish_then_stops_the_pool(pair):
     frontend, url = pair
-    pids = {pid for pid, line in lines_with_pids(frontend.log(), FROZEN_LINE)
-            if "(preprocess worker)" in line}  # fmt: skip
+    pids = current_pool_pids(frontend.log())
     assert len(pids) == WORKERS and all(alive(pid) for pid in pids)
     body = chat_body(MODEL, max_tokens=500, stream=True)  # ~0.6 s of tokens at 1 ms each
     events = stream_events(url, body)
