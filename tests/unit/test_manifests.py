@@ -283,3 +283,101 @@ def test_the_operator_guide_quotes_log_lines_that_exist():
     source = "\n".join(p.read_text(encoding="utf-8") for p in SOURCE.rglob("*.py"))
     missing = [q for q in quoted if f'"{q}"' not in source]
     assert not missing, f"log formats quoted in the guide but not in the source: {missing}"
+
+
+# --- shutdown: what Kubernetes gives each program to drain --------------------------------
+
+# Time a pod needs after its drain: the interpreter's exit, a vLLM engine's shutdown.
+SHUTDOWN_MARGIN_S = 5
+
+
+@dataclass
+class PodLaunch:
+    """A launch of one of our programs with the pod spec it runs in."""
+
+    where: str
+    program: str
+    pod_spec: dict
+    container: dict
+
+
+def pod_launches_in(path: Path) -> Iterator[PodLaunch]:
+    documents = [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d]
+    for number, document in enumerate(documents):
+        name = f"{path.name}#{number} {document.get('kind')}"
+        if document.get("kind") == "DynamoGraphDeployment":
+            for service_name, service in document["spec"]["services"].items():
+                pod_spec = service.get("extraPodSpec") or {}
+                container = pod_spec.get("mainContainer") or {}
+                yield from _pod_launch(f"{name} {service_name}", pod_spec, container)
+        template = ((document.get("spec") or {}).get("template") or {}).get("spec")
+        if template:
+            for container in template.get("containers") or []:
+                yield from _pod_launch(f"{name} {container.get('name')}", template, container)
+
+
+def _pod_launch(where: str, pod_spec: dict, container: dict) -> Iterator[PodLaunch]:
+    split = _split_program([*(container.get("command") or []), *(container.get("args") or [])])
+    if split is not None:
+        yield PodLaunch(where, split[0], pod_spec, container)
+
+
+def prestop_sleep_s(container: dict) -> float:
+    """Seconds a preStop hook sleeps (exec `sleep N`, or the `sleep` action); 0 without one."""
+    pre_stop = (container.get("lifecycle") or {}).get("preStop") or {}
+    if "sleep" in pre_stop:
+        return float(pre_stop["sleep"]["seconds"])
+    command = [str(token) for token in (pre_stop.get("exec") or {}).get("command") or []]
+    if command[:1] == ["sleep"] and len(command) == 2:
+        return float(command[1])
+    assert not pre_stop, f"a preStop hook the check cannot read: {pre_stop}"
+    return 0.0
+
+
+def drain_timeout_s(program: str) -> float:
+    if program == "dynamo.frontend":
+        from dynamo.frontend.main import DRAIN_TIMEOUT_S
+
+        return DRAIN_TIMEOUT_S
+    from dynamo.vllm.main import DRAIN_GRACE_S
+
+    return DRAIN_GRACE_S
+
+
+@pytest.mark.parametrize("path", manifest_files(), ids=lambda p: p.name)
+def test_every_pod_has_time_to_drain_and_the_frontend_outlives_its_endpoints(path):
+    """The grace period covers the preStop pause, the program's own drain and a margin (the
+    default 30 s equals the drain: the pod would be SIGKILLed at the drain's deadline); the
+    frontend, which closes its listener on SIGTERM, pauses first so its Service catches up."""
+    launches = list(pod_launches_in(path))
+    for launch in launches:
+        pause_s = prestop_sleep_s(launch.container)
+        if launch.program == "dynamo.frontend":
+            assert pause_s >= 3, f"{launch.where}: no preStop pause before SIGTERM"
+        grace_s = launch.pod_spec.get("terminationGracePeriodSeconds", 30)
+        needed_s = pause_s + drain_timeout_s(launch.program) + SHUTDOWN_MARGIN_S
+        assert grace_s >= needed_s, f"{launch.where}: grace {grace_s} s < {needed_s} s"
+    if "-m dynamo" in path.read_text(encoding="utf-8"):
+        assert launches, f"{path}: launches found by the other checks, but no pod spec"
+
+
+def test_the_shutdown_check_catches_a_default_grace_period_and_a_missing_prestop(tmp_path):
+    manifest = tmp_path / "bare.yaml"
+    manifest.write_text(
+        yaml.safe_dump(
+            {
+                "kind": "Deployment",
+                "spec": {"template": {"spec": {"containers": [
+                    {"name": "frontend", "command": ["python", "-m", "dynamo.frontend"]}
+                ]}}},
+            }
+        )
+    )  # fmt: skip
+    with pytest.raises(AssertionError, match="no preStop pause"):
+        test_every_pod_has_time_to_drain_and_the_frontend_outlives_its_endpoints(manifest)
+    document = yaml.safe_load(manifest.read_text())
+    container = document["spec"]["template"]["spec"]["containers"][0]
+    container["lifecycle"] = {"preStop": {"sleep": {"seconds": 5}}}
+    manifest.write_text(yaml.safe_dump(document))
+    with pytest.raises(AssertionError, match="grace 30 s < 40.0 s"):
+        test_every_pod_has_time_to_drain_and_the_frontend_outlives_its_endpoints(manifest)
