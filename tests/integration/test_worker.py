@@ -11,6 +11,7 @@ import asyncio
 import importlib.util
 import re
 import signal
+import socket
 from pathlib import Path
 
 import aiohttp
@@ -81,10 +82,11 @@ def test_freezes_once_after_engine_init_and_before_registering(worker):
     assert frozen >= HEAP_OBJECTS  # the engine's start-up heap is in the permanent generation
     order = [
         line_index(log, r"Worker options: model=" + MODEL),
+        # Bound before engine init (a taken port fails at once); it admits nothing yet.
+        line_index(log, r"Request plane listening on http://127\.0\.0\.1:\d+"),
         line_index(log, r"Engine init: starting the mock engine"),
         line_index(log, r"Engine init done"),
         line_index(log, FREEZE_LINE),
-        line_index(log, r"Request plane listening on http://127\.0\.0\.1:\d+"),
         line_index(log, r"Serving phase starting -> serving \(register_model\)"),
         line_index(log, REGISTERED_LINE),
     ]
@@ -223,3 +225,41 @@ def test_engine_vllm_without_vllm_exits_2_naming_the_mock_engine(tmp_path):
     log = process.log()
     assert "vLLM is not installed" in log and "--engine mock" in log, log
     assert records(tmp_path) == {}
+
+
+def test_a_taken_request_plane_port_exits_1_before_engine_init_with_one_error_line(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        process = start_worker("taken-port", tmp_path, "--request-plane-port", str(port))
+        try:
+            assert process.wait_exit() == 1
+        finally:
+            process.stop()
+    log = process.log()
+    errors = [line for line in log.splitlines() if " ERROR " in line]
+    assert len(errors) == 1, log
+    assert "--request-plane-port / DYN_VLLM_REQUEST_PLANE_PORT" in errors[0], log
+    assert f"127.0.0.1:{port}" in errors[0], log
+    assert "Traceback" not in log and "Engine init" not in log, log
+    assert records(tmp_path) == {}
+
+
+def test_a_discovery_dir_that_is_a_file_exits_2_naming_flag_env_and_path(tmp_path):
+    not_a_dir = tmp_path / "not-a-dir"
+    not_a_dir.write_text("")
+    process = LauncherProcess(
+        "file-discovery",
+        "dynamo.vllm",
+        ["--model", MODEL],
+        log_dir=tmp_path,
+        env={"DYN_DISCOVERY_DIR": str(not_a_dir)},
+    )
+    try:
+        assert process.wait_exit() == 2
+    finally:
+        process.stop()
+    log = process.log()
+    assert "--discovery-dir / DYN_DISCOVERY_DIR" in log and str(not_a_dir) in log, log
+    assert "Traceback" not in log and "Engine init" not in log, log

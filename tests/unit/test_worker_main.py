@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import os
 import signal
+import socket
 import sys
 
 import aiohttp
@@ -74,9 +76,11 @@ def steps(mocker):
         mocker.patch.object(owner, name, wrapper)
 
     wrap(gc_freeze, "install_gc_pause_logger", "pause_logger")
+    wrap(worker_main, "start_system_server", "system_port", is_async=True)
     wrap(MockEngine, "start", "engine_init", is_async=True)
     wrap(gc_freeze, "freeze_gc_heap", "freeze")
     wrap(worker_main.RequestPlaneServer, "open", "listen", is_async=True)
+    wrap(worker_main.RequestPlaneServer, "close", "plane_close", is_async=True)
     wrap(lifecycle, "mark_serving", "mark_serving")
     wrap(lifecycle, "mark_draining", "mark_draining")
     wrap(MockEngine, "shutdown", "engine_shutdown", is_async=True)
@@ -106,30 +110,142 @@ def names(recorded) -> list[str]:
 
 def test_freeze_after_engine_init_and_before_register_model(steps, discovery_dir):
     frozen_before = gc.get_freeze_count()
-    assert worker_main.main(["--discovery-dir", str(discovery_dir)]) == 0
+    observers_before = list(gc_freeze._freeze_observers)
+    argv = ["--discovery-dir", str(discovery_dir), "--system-host", "127.0.0.1"]
+    assert worker_main.main([*argv, "--system-port", "0"]) == 0
 
     assert names(steps) == [
         "pause_logger",
+        # Both listeners bind before engine init: a taken port fails before it.
+        "system_port",
+        "listen",
         "engine_init",
         "freeze",
-        "listen",
         "mark_serving",
         "register",
         "mark_draining",
         "unregister",
+        "plane_close",  # the drain, while the engine still runs
         "engine_shutdown",
+        "plane_close",  # the start-up safety net: a no-op by now
     ]
     state = {step: (phase, frozen) for step, phase, frozen in steps}
-    # Engine init ran on an unfrozen heap, in the starting phase.
+    # Engine init ran on an unfrozen heap, in the starting phase, with the listener bound but
+    # admitting nothing (the phase is not `serving`).
+    assert state["listen"] == (lifecycle.Phase.STARTING, frozen_before)
     assert state["engine_init"] == (lifecycle.Phase.STARTING, frozen_before)
-    # The freeze ran while nothing could be admitted; register_model saw a frozen heap and the
-    # serving phase (the frontend may route here as soon as it returns).
+    # The freeze ran after engine init, while nothing could be admitted; register_model saw a
+    # frozen heap and the serving phase (the frontend may route here as soon as it returns).
     assert state["freeze"][0] is lifecycle.Phase.STARTING
     assert state["register"][0] is lifecycle.Phase.SERVING
     assert state["register"][1] > frozen_before
     # Draining: the record went away after the phase changed and before the engine stopped.
     assert state["unregister"][0] is lifecycle.Phase.DRAINING
     assert list(discovery_dir.iterdir()) == []
+    # Once the engine has shut down, the process's GC state is put back: no pause logger left
+    # in gc.callbacks, no metrics observer, the heap unfrozen (so exit finalizes it).
+    assert gc_freeze.installed_gc_pause_logger() is None
+    assert gc_freeze._freeze_observers == observers_before
+    assert gc.get_freeze_count() == frozen_before
+
+
+def test_the_request_plane_refuses_requests_while_engine_init_runs(discovery_dir, mocker):
+    """Bound early, the listener answers 503 (WorkerUnavailable) until the worker serves."""
+    config = backend_args.parse_args(["--discovery-dir", str(discovery_dir)], env={})
+    planes: list[worker_main.RequestPlaneServer] = []
+    real_open = worker_main.RequestPlaneServer.open
+    answered = []
+
+    async def record_open(self):
+        planes.append(self)
+        return await real_open(self)
+
+    async def start(self):
+        (plane,) = planes
+        async with aiohttp.ClientSession() as session:
+            stream = request_plane.generate(
+                session, plane.endpoint, {"request_id": "early", "token_ids": [1], "max_tokens": 1}
+            )
+            with pytest.raises(request_plane.WorkerUnavailable):
+                await stream.__anext__()
+        answered.append(lifecycle.current_phase())
+        sigterm_self()
+        await asyncio.Event().wait()  # engine init that only the signal's cancellation ends
+
+    mocker.patch.object(worker_main.RequestPlaneServer, "open", record_open)
+    mocker.patch.object(MockEngine, "start", start)
+    assert asyncio.run(worker_main.run_worker(config)) == 0
+    assert answered == [lifecycle.Phase.STARTING]
+
+
+def taken_port() -> socket.socket:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    return listener
+
+
+@pytest.mark.parametrize(
+    "flag, label",
+    [
+        ("--request-plane-port", "--request-plane-port / DYN_VLLM_REQUEST_PLANE_PORT"),
+        ("--system-port", "--system-port / DYN_SYSTEM_PORT"),
+    ],
+)
+def test_a_taken_port_fails_before_engine_init_with_one_error_line_and_exit_1(
+    steps, discovery_dir, caplog, flag, label
+):
+    caplog.set_level("INFO")
+    with taken_port() as listener:
+        port = listener.getsockname()[1]
+        argv = ["--discovery-dir", str(discovery_dir), "--system-host", "127.0.0.1"]
+        assert worker_main.main([*argv, flag, str(port)]) == 1
+    assert "engine_init" not in names(steps) and "register" not in names(steps)
+    errors = [record for record in caplog.records if record.levelno >= logging.ERROR]
+    assert len(errors) == 1, caplog.text
+    (error,) = errors
+    assert label in error.getMessage() and f"127.0.0.1:{port}" in error.getMessage()
+    assert error.exc_info is None  # no traceback
+    assert "Draining" not in caplog.text and "Engine init" not in caplog.text
+    assert gc_freeze.installed_gc_pause_logger() is None
+
+
+def test_an_unknown_request_plane_host_names_the_host_option(steps, discovery_dir, caplog):
+    argv = ["--discovery-dir", str(discovery_dir), "--request-plane-host", "no-such-host.invalid"]
+    assert worker_main.main(argv) == 1
+    assert "--request-plane-host / DYN_VLLM_REQUEST_PLANE_HOST" in caplog.text
+    assert "engine_init" not in names(steps)
+
+
+def test_a_discovery_dir_that_is_a_file_exits_2_before_anything_runs(steps, tmp_path, capsys):
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    assert worker_main.main(["--discovery-dir", str(not_a_dir)]) == 2
+    assert steps == []
+    err = capsys.readouterr().err
+    assert "--discovery-dir / DYN_DISCOVERY_DIR" in err and repr(str(not_a_dir)) in err, err
+    assert "not a directory" in err and "Traceback" not in err
+
+
+def test_the_discovery_dir_is_created_before_anything_runs(steps, tmp_path, mocker):
+    nested = tmp_path / "a" / "b" / "discovery"
+    seen = []
+    mocker.patch.object(worker_main, "run_worker", lambda config: seen.append(nested.is_dir()))
+    mocker.patch.object(worker_main.asyncio, "run", lambda result: 0)
+    assert worker_main.main(["--discovery-dir", str(nested)]) == 0
+    assert seen == [True] and list(nested.iterdir()) == []  # the write probe left nothing
+
+
+def test_a_benchmark_output_in_a_missing_directory_exits_2_before_anything_runs(
+    steps, discovery_dir, tmp_path, capsys
+):
+    output = tmp_path / "missing" / "points.jsonl"
+    argv = ["--discovery-dir", str(discovery_dir), "--self-benchmark-points", "3"]
+    assert worker_main.main([*argv, "--self-benchmark-output", str(output)]) == 2
+    assert steps == []
+    err = capsys.readouterr().err
+    assert "--self-benchmark-output / DYN_VLLM_SELF_BENCHMARK_OUTPUT" in err, err
+    assert repr(str(output)) in err and "No such file or directory" in err
 
 
 def test_freeze_refused_if_it_ran_after_mark_serving(steps, discovery_dir, mocker, caplog):
@@ -204,7 +320,10 @@ def test_bad_input_exits_2_before_anything_runs(
     assert not discovery_dir.exists()
 
 
-def test_signal_during_engine_init_stops_without_registering(steps, discovery_dir, mocker):
+def test_signal_during_engine_init_stops_without_registering(
+    steps, discovery_dir, mocker, caplog
+):
+    caplog.set_level("INFO")
     engine_shutdowns = []
 
     async def start_until_signalled(self):
@@ -219,7 +338,9 @@ def test_signal_during_engine_init_stops_without_registering(steps, discovery_di
     frozen_before = gc.get_freeze_count()
 
     assert worker_main.main(["--discovery-dir", str(discovery_dir)]) == 0
-    assert names(steps) == ["pause_logger"]  # no freeze, no listener, no register
+    # The listener was bound before engine init, and closed without a drain: it never served.
+    assert names(steps) == ["pause_logger", "listen", "plane_close"]  # no freeze, no register
+    assert "Draining" not in caplog.text and "Request plane closed" not in caplog.text
     assert len(engine_shutdowns) == 1
     assert gc.get_freeze_count() == frozen_before
     assert lifecycle.current_phase() is lifecycle.Phase.STARTING

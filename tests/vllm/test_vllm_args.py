@@ -81,3 +81,14 @@ def test_a_bad_vllm_argument_is_engine_unavailable_with_vllms_message(capsys):
     with pytest.raises(EngineUnavailable, match="--no-such-vllm-flag"):
         vllm_engine.build_vllm_engine(config)
     assert "--no-such-vllm-flag" in capsys.readouterr().err
+
+
+@pytest.mark.vllm
+def test_a_bad_vllm_argument_exits_2_before_anything_starts(tmp_path, mocker, capsys):
+    from dynamo.vllm import main as worker_main
+
+    run_worker = mocker.patch.object(worker_main, "run_worker")
+    argv = ["--engine", "vllm", "--model", "/m", "--discovery-dir", str(tmp_path / "d")]
+    assert worker_main.main([*argv, "--no-such-vllm-flag"]) == 2
+    run_worker.assert_not_called()  # no listener, no engine init, no event loop
+    assert "--no-such-vllm-flag" in capsys.readouterr().err

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+from types import ModuleType
 
 from dynamo.vllm.engine import Engine, EngineUnavailable
 from dynamo.vllm.mock_engine import MockEngine
@@ -18,24 +19,41 @@ VLLM_MISSING_HINT = (
 )
 
 
+def prepare_engine(config: argparse.Namespace, *, worker_extension_cls: str | None = None) -> None:
+    """Check what can fail in the chosen engine on bad input, before anything starts.
+
+    With ``--engine vllm``: import vLLM (seconds; ``main()`` calls this before the event loop
+    exists) and parse vLLM's own arguments (``config.vllm_args``) into
+    ``config.vllm_engine_args``, which :func:`build_engine` then uses. Raises
+    :class:`EngineUnavailable` when vLLM is missing or an argument is bad (vLLM's parser has
+    printed why). The mock engine has nothing to prepare: its options are the worker's own.
+    """
+    if config.engine == "vllm":
+        vllm_engine = _import_vllm_adapter()
+        config.vllm_engine_args = vllm_engine.engine_args_from_config(
+            config, worker_extension_cls=worker_extension_cls
+        )
+
+
 def build_engine(
     config: argparse.Namespace, *, worker_extension_cls: str | None = None
 ) -> Engine:
     """The engine for ``config.engine``; raises :class:`EngineUnavailable` when it cannot run here.
 
     ``worker_extension_cls`` is a qualified class name whose methods every rank's worker gets
-    (vLLM's ``worker_extension_cls``); the self-benchmark's GC policy uses it.
+    (vLLM's ``worker_extension_cls``); the self-benchmark's GC policy uses it. Building starts
+    nothing (``Engine.start`` does), but for vLLM it imports vLLM unless :func:`prepare_engine`
+    has: call it off the event loop.
     """
     if config.engine == "mock":
         return MockEngine.from_config(config, worker_extension_cls=worker_extension_cls)
     if config.engine == "vllm":
-        return _build_vllm_engine(config, worker_extension_cls=worker_extension_cls)
+        vllm_engine = _import_vllm_adapter()
+        return vllm_engine.build_vllm_engine(config, worker_extension_cls=worker_extension_cls)
     raise EngineUnavailable(f"unknown engine {config.engine!r} (choose mock or vllm)")
 
 
-def _build_vllm_engine(
-    config: argparse.Namespace, *, worker_extension_cls: str | None
-) -> Engine:
+def _import_vllm_adapter() -> ModuleType:
     try:
         importlib.import_module("vllm")
     except ImportError as exc:
@@ -44,7 +62,7 @@ def _build_vllm_engine(
             + VLLM_MISSING_HINT
         ) from exc
     try:
-        vllm_engine = importlib.import_module("dynamo.vllm.vllm_engine")
+        return importlib.import_module("dynamo.vllm.vllm_engine")
     except ModuleNotFoundError as exc:
         if exc.name != "dynamo.vllm.vllm_engine":
             raise
@@ -52,4 +70,3 @@ def _build_vllm_engine(
             "--engine vllm: this build of dynamo has no vLLM adapter "
             "(dynamo.vllm.vllm_engine); use --engine mock"
         ) from exc
-    return vllm_engine.build_vllm_engine(config, worker_extension_cls=worker_extension_cls)

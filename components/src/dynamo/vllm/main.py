@@ -2,18 +2,26 @@
 
 Lifecycle, each step logged at INFO, in this order:
 
-1. parse args (bad input exits 2 before anything else runs);
-2. logging set-up, the GC pause logger (and metrics), the optional system port;
-3. engine init (``await engine.start()``), then the optional self-benchmark;
-4. the serving freeze (``maybe_freeze_gc_heap``): after everything start-up allocates, before
-   anything can be admitted;
-5. open the request-plane listener (the port must be known before it can be registered);
+1. parse args, then check what can be checked before anything starts: the discovery directory
+   (created), the self-benchmark output file (created), and with ``--engine vllm`` vLLM's own
+   arguments (vLLM is imported here, before the event loop exists). Bad input exits 2;
+2. logging set-up, the GC pause logger (and metrics);
+3. the listeners: the optional system port, then the request plane. They bind before engine
+   init, so a taken port fails in milliseconds with one ERROR line (exit 1) instead of after a
+   minute of engine init and self-benchmark. Binding early admits nothing: the request plane's
+   address is published only by ``register_model``, and its generate route refuses (503) until
+   the phase is ``serving``;
+4. engine init (``await engine.start()``), then the optional self-benchmark;
+5. the serving freeze (``maybe_freeze_gc_heap``): after everything start-up allocates, before
+   anything can be admitted. The listeners' few objects are frozen with the rest;
 6. mark the phase ``serving``, then ``register_model``: the frontend routes to this worker
    only once its discovery record exists; from then on the record's heartbeat renews it (a
    worker that dies without removing it, SIGKILL included, is dropped after --discovery-ttl);
 7. serve until SIGTERM/SIGINT; then mark ``draining``, stop the heartbeat, remove the record
    (so the frontend stops routing here), let in-flight requests finish within a grace period
-   (then abort them), shut the engine down and exit 0.
+   (then abort them), shut the engine down, close the system port, and put the process's GC
+   state back (pause logger off, metrics detached, heap unfrozen so the interpreter's exit
+   finalizes it), then exit 0.
 
 A signal during start-up cancels start-up, shuts the engine down and exits 0 without ever
 registering.
@@ -24,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import socket
@@ -44,8 +53,9 @@ from dynamo.runtime.discovery import (
     heartbeat_interval_for,
 )
 from dynamo.runtime.request_plane import add_request_plane_routes
-from dynamo.vllm import backend_args, engine_factory
+from dynamo.vllm import backend_args, engine_factory, startup_checks
 from dynamo.vllm.engine import Engine, EngineUnavailable
+from dynamo.vllm.startup_checks import StartupError
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +124,7 @@ class RequestPlaneServer:
         self.in_flight = 0
         self.finished = 0
         self.aborted = 0
+        self._closed = False
         app = web.Application()
         add_request_plane_routes(app, self._generate, self._admitting)
         # aiohttp waits up to shutdown_timeout for running handlers on cleanup, then cancels
@@ -153,8 +164,14 @@ class RequestPlaneServer:
         return self.endpoint
 
     async def close(self) -> None:
-        if self.endpoint is None:
-            await self._runner.cleanup()  # never listened: nothing to drain
+        """Stop listening and drain (bounded by the grace period); idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.endpoint is None or lifecycle.current_phase() is lifecycle.Phase.STARTING:
+            # Never listened, or start-up failed or was cancelled before anything was admitted:
+            # nothing to drain, and nothing to report.
+            await self._runner.cleanup()
             return
         logger.info(
             "Draining: %d request(s) in flight; waiting up to %g s before aborting them",
@@ -192,18 +209,75 @@ def install_pause_logger(
 async def start_system_port(
     config: argparse.Namespace, metrics: DynamoMetrics, cleanup: contextlib.AsyncExitStack
 ) -> None:
-    """/health and /metrics on --system-port, from the start so probes see `starting`."""
+    """/health and /metrics on --system-port, from the start so probes see `starting`.
+
+    A port that cannot be bound raises :class:`StartupError` naming --system-port.
+    """
     if config.system_port is None:
         if config.debug_gc_endpoint:
             logger.warning("--debug-gc-endpoint needs --system-port: no debug endpoint served")
         return
-    server = await start_system_server(
-        metrics,
+    server = await startup_checks.listening(
+        lambda: start_system_server(
+            metrics,
+            host=config.system_host,
+            port=config.system_port,
+            debug_gc_endpoint=config.debug_gc_endpoint,
+        ),
         host=config.system_host,
         port=config.system_port,
-        debug_gc_endpoint=config.debug_gc_endpoint,
+        host_option=backend_args.SYSTEM_HOST,
+        port_option=backend_args.SYSTEM_PORT,
     )
-    cleanup.push_async_callback(server.stop)  # pushed first, so it closes last
+    cleanup.push_async_callback(server.stop)
+
+
+async def open_request_plane(
+    config: argparse.Namespace, engine: Engine, cleanup: contextlib.AsyncExitStack
+) -> RequestPlaneServer:
+    """The request-plane listener, bound now; it admits nothing before the phase is `serving`.
+
+    A port that cannot be bound raises :class:`StartupError` naming --request-plane-port.
+    """
+    plane = RequestPlaneServer(
+        engine,
+        config.request_plane_host,
+        config.request_plane_port,
+        drain_grace_s=DRAIN_GRACE_S,
+    )
+    # Closes the listener if start-up fails or is cancelled; once serving, a second close
+    # pushed after the engine's shutdown drains first (see _start_and_serve).
+    cleanup.push_async_callback(plane.close)
+    await startup_checks.listening(
+        plane.open,
+        host=config.request_plane_host,
+        port=config.request_plane_port,
+        host_option=backend_args.REQUEST_PLANE_HOST,
+        port_option=backend_args.REQUEST_PLANE_PORT,
+    )
+    return plane
+
+
+class ProcessGcState:
+    """What the worker did to this process's GC state, undone once everything else has stopped.
+
+    Undone last (after the engine has shut down, so no pause of its shutdown goes unrecorded):
+    the pause logger leaves ``gc.callbacks`` (no pause WARNING after ``Worker stopped``), the
+    metrics stop observing, and a heap this worker froze is unfrozen. Frozen objects are never
+    collected, not even by the interpreter's final collections at exit, so cycles holding native
+    objects (vLLM's triton/nanobind instances) would never be finalized and nanobind reports each
+    one as leaked. ``gc.unfreeze()`` is a splice, no heap walk.
+    """
+
+    def __init__(self, metrics: DynamoMetrics) -> None:
+        self.metrics = metrics
+        self.froze = False
+
+    def restore(self) -> None:
+        gc_freeze.uninstall_gc_pause_logger()
+        self.metrics.detach()
+        if self.froze:
+            gc.unfreeze()
 
 
 def register_model(
@@ -234,8 +308,9 @@ def unregister_model(store: DiscoveryStore, record: ModelRecord) -> None:
 
 
 async def shutdown_engine(engine: Engine) -> None:
+    began = time.perf_counter()
     await engine.shutdown()
-    logger.info("Engine shut down")
+    logger.info("Engine shut down in %.0f ms", (time.perf_counter() - began) * 1000.0)
 
 
 async def run_worker(config: argparse.Namespace) -> int:
@@ -262,13 +337,21 @@ async def _start_and_serve(
     config: argparse.Namespace, signals: StopSignals, cleanup: contextlib.AsyncExitStack
 ) -> None:
     metrics = DynamoMetrics(freeze_enabled=config.freeze_gc_heap).attach()
-    cleanup.callback(metrics.detach)  # an in-process run (tests) leaves no observer behind
+    gc_state = ProcessGcState(metrics)
+    cleanup.callback(gc_state.restore)  # pushed first, so it runs last
     install_pause_logger(config, metrics)
+    # The listeners bind before engine init, so a taken port fails now, not after it.
     await start_system_port(config, metrics, cleanup)
 
-    engine = engine_factory.build_engine(
-        config, worker_extension_cls=getattr(config, "worker_extension_cls", None)
+    # Building the vLLM adapter imports vLLM (3-19 s) unless main() has already done so: off
+    # the event loop, which must answer health probes and signals meanwhile.
+    engine = await asyncio.to_thread(
+        engine_factory.build_engine,
+        config,
+        worker_extension_cls=getattr(config, "worker_extension_cls", None),
     )
+    plane = await open_request_plane(config, engine, cleanup)
+
     logger.info("Engine init: starting the %s engine for model %s", config.engine, config.model)
     began = time.perf_counter()
     cleanup.push_async_callback(shutdown_engine, engine)
@@ -281,21 +364,15 @@ async def _start_and_serve(
         await run_self_benchmark(engine, config)
 
     # The quiescent point: engine init (and the benchmark, with its GC policy stopped) is done,
-    # and no request can reach this process yet.
-    gc_freeze.maybe_freeze_gc_heap(config.freeze_gc_heap, context=FREEZE_CONTEXT)
+    # and no request can reach this process yet: the listener is bound, but its address is not
+    # published and it refuses requests until the phase below is `serving`.
+    frozen = gc_freeze.maybe_freeze_gc_heap(config.freeze_gc_heap, context=FREEZE_CONTEXT)
+    gc_state.froze = frozen is not None
 
-    # The listener opens before `serving` because register_model needs its port (0 = any free
-    # port). That admits nothing early: no one knows the address until the record below is
-    # written, and the generate route refuses (503) unless the phase is `serving`.
-    plane = RequestPlaneServer(
-        engine,
-        config.request_plane_host,
-        config.request_plane_port,
-        drain_grace_s=DRAIN_GRACE_S,
-    )
+    # Pushed after the engine's shutdown, so it unwinds before it: in-flight requests finish
+    # (within the grace period) while the engine still runs. The close pushed at bind time is
+    # then a no-op.
     cleanup.push_async_callback(plane.close)
-    await plane.open()
-
     lifecycle.mark_serving("register_model")
     store = DiscoveryStore(config.discovery_dir)
     interval_s = heartbeat_interval_for(config.discovery_ttl)
@@ -312,7 +389,7 @@ async def _start_and_serve(
     reason = await signals.wait()
     # Draining refuses new requests at once; the heartbeat stops and the record is removed next
     # (the exit stack), then in-flight requests finish within the grace period, then the engine
-    # stops.
+    # stops, then the system port closes and the process's GC state is put back.
     lifecycle.mark_draining(reason)
 
 
@@ -325,6 +402,8 @@ def _consume_cancellation() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Exit codes: 0 after a signal (or --help), 2 for bad input (flags, env vars, paths, vLLM's
+    arguments, an engine that cannot run here), 1 when a start-up step fails (a taken port)."""
     try:
         config = backend_args.parse_args(argv)
         if config.self_benchmark_points > 0:
@@ -335,8 +414,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             config.worker_extension_cls = resolve_worker_extension(config)
             export_policy_env(config)
+        startup_checks.check_paths(config)
     except SystemExit as exc:  # bad input (exit 2) or --help (exit 0): nothing else has run
-        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+        return _exit_code(exc)
     configure_logging()
     logger.info(
         "Worker options: model=%s engine=%s discovery_dir=%s discovery_ttl=%g "
@@ -352,7 +432,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         config.self_benchmark_points,
     )
     try:
+        # With --engine vllm: import vLLM and parse its arguments now, before the event loop
+        # and before anything starts, so a bad vLLM flag exits 2 at once.
+        engine_factory.prepare_engine(config, worker_extension_cls=config.worker_extension_cls)
+    except SystemExit as exc:  # vLLM's --help
+        return _exit_code(exc)
+    except EngineUnavailable as exc:
+        logger.error("Cannot start the worker: %s", exc)
+        return 2
+    try:
         return asyncio.run(run_worker(config))
     except EngineUnavailable as exc:
         logger.error("Cannot start the worker: %s", exc)
         return 2
+    except StartupError as exc:
+        logger.error("Cannot start the worker: %s", exc)
+        return 1
+
+
+def _exit_code(exc: SystemExit) -> int:
+    return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)

@@ -97,13 +97,8 @@ class MockEngine:
             ranks = RankGroup(
                 self.tensor_parallel_size, worker_extension_cls=self.worker_extension_cls
             )
-            await ranks.start()
+            await ranks.start()  # it logs the ranks' pids and extension
             self._ranks = ranks
-            logger.info(
-                "Mock engine: %d rank process(es) started (worker_extension_cls=%s)",
-                self.tensor_parallel_size,
-                self.worker_extension_cls,
-            )
         # Built after the ranks are up, so rank processes never carry a copy of it.
         if self.heap_objects > 0:
             began = time.perf_counter()
@@ -155,6 +150,5 @@ class MockEngine:
     async def shutdown(self) -> None:
         ranks, self._ranks = self._ranks, None
         if ranks is not None:
-            await ranks.shutdown()
-            logger.info("Mock engine: rank processes stopped")
+            await ranks.shutdown()  # the worker logs the engine's shutdown, once
         self.started = False

@@ -1,0 +1,115 @@
+"""What the worker checks before anything starts, and how a start-up step reports an operator's
+mistake.
+
+Every message names the option (flag and env var) and the value, so the operator knows what to
+change, and none is a traceback:
+
+* :func:`check_paths` runs in ``main()`` before the event loop: the discovery directory must be
+  creatable and writable, the self-benchmark output file creatable. A bad path exits 2, like a
+  bad flag, before engine init and the self-benchmark have spent a minute.
+* :func:`listening` wraps the bind of a listener: a taken port (or an unknown host) becomes a
+  :class:`StartupError`, which ``main()`` logs as one ERROR line before exiting 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+import socket
+import sys
+import tempfile
+from typing import Awaitable, Callable, TypeVar
+
+from dynamo.common.configuration import Option
+from dynamo.common.configuration.runtime_options import DISCOVERY_DIR
+from dynamo.vllm.self_benchmark_args import SELF_BENCHMARK_OUTPUT
+
+PROG = "python -m dynamo.vllm"
+
+T = TypeVar("T")
+
+
+class StartupError(Exception):
+    """A start-up step failed for a reason the operator can fix (the message says which)."""
+
+
+class UnusablePath(ValueError):
+    """A path option names something the worker cannot use."""
+
+
+def _reason(exc: OSError) -> str:
+    if exc.errno is not None and exc.errno > 0:
+        return os.strerror(exc.errno)
+    return exc.strerror or str(exc)
+
+
+def ensure_discovery_dir(path: str) -> None:
+    """Create ``path`` (and its parents) and prove a record can be written into it.
+
+    The probe is written and removed the way the store writes records (a dot-file, which the
+    frontend's watcher ignores), so a read-only directory fails here rather than at
+    ``register_model``.
+    """
+    try:
+        os.makedirs(path, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".probe-", suffix=".part")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        if os.path.exists(path) and not os.path.isdir(path):
+            reason = "it exists and is not a directory"
+        elif exc.errno == errno.ENOTDIR:
+            reason = "a parent of it is not a directory"
+        else:
+            reason = _reason(exc)
+        raise UnusablePath(
+            f"{DISCOVERY_DIR.source_label()} is {path!r}: the worker cannot write its discovery "
+            f"record there ({reason})"
+        ) from None
+
+
+def create_benchmark_output(path: str) -> None:
+    """Create (truncate) the self-benchmark's output file, as the sweep will."""
+    try:
+        with open(path, "w", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        raise UnusablePath(
+            f"{SELF_BENCHMARK_OUTPUT.source_label()} is {path!r}: the worker cannot create the "
+            f"file ({_reason(exc)})"
+        ) from None
+
+
+def check_paths(config: argparse.Namespace) -> None:
+    """The path options, checked (and created) before anything starts; exits 2 on a bad one."""
+    try:
+        ensure_discovery_dir(config.discovery_dir)
+        if config.self_benchmark_points > 0 and config.self_benchmark_output is not None:
+            create_benchmark_output(config.self_benchmark_output)
+    except UnusablePath as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+async def listening(
+    bind: Callable[[], Awaitable[T]],
+    *,
+    host: str,
+    port: int,
+    host_option: Option,
+    port_option: Option,
+) -> T:
+    """``await bind()``; a failure to listen becomes a :class:`StartupError` naming the option.
+
+    An unknown host names the host option, anything else (a taken port, a port below 1024
+    without the privilege) the port option.
+    """
+    try:
+        return await bind()
+    except OSError as exc:
+        option = host_option if isinstance(exc, socket.gaierror) else port_option
+        raise StartupError(
+            f"cannot listen on {host}:{port} ({_reason(exc)}): choose another "
+            f"{option.source_label()}"
+        ) from None
