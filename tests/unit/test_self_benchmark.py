@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -16,6 +17,7 @@ from dynamo.vllm.self_benchmark import (
     resolve_worker_extension,
     summarize,
 )
+from dynamo.vllm.mock_engine import MockEngine
 from dynamo.vllm.worker_extension import QUALNAME, FpmGcWorkerExtension
 
 
@@ -50,6 +52,69 @@ def test_points_are_deterministic_and_cover_the_grid():
         (batch, seq) for batch in self_benchmark.BATCH_SIZES for seq in self_benchmark.SEQ_LENS
     }
     assert benchmark_points(0) == []
+
+
+@pytest.mark.parametrize(
+    "limit, expected",
+    [
+        (None, self_benchmark.SEQ_LENS),
+        (4096, self_benchmark.SEQ_LENS),
+        (2048, self_benchmark.SEQ_LENS),
+        (255, (16, 32, 64, 128, 255)),
+        (256, (16, 32, 64, 128, 256)),
+        (16, (16,)),
+        (10, (10,)),
+    ],
+)
+def test_sequence_lengths_stop_at_the_engines_longest(limit, expected):
+    assert self_benchmark.sequence_lengths(limit) == expected
+
+
+def test_capped_points_cover_the_capped_grid_and_never_exceed_the_cap():
+    lengths = self_benchmark.sequence_lengths(255)
+    grid = len(self_benchmark.BATCH_SIZES) * len(lengths)
+    points = benchmark_points(grid, max_seq_len=255)
+    assert set(points) == {(b, s) for b in self_benchmark.BATCH_SIZES for s in lengths}
+
+
+class LimitedMockEngine(MockEngine):
+    """The real mock engine, with a length limit like vLLM's, recording what it ran."""
+
+    max_seq_len = 100
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.ran: list[int] = []
+
+    async def forward_pass(self, batch_size: int, seq_len: int) -> None:
+        self.ran.append(seq_len)
+        await super().forward_pass(batch_size, seq_len)
+
+
+@pytest.mark.parametrize("engine_class", [LimitedMockEngine, MockEngine])
+def test_the_sweep_runs_and_records_lengths_the_engine_takes(tmp_path, engine_class):
+    output = tmp_path / "points.jsonl"
+    config = config_for(
+        "--self-benchmark-points", "40", "--self-benchmark-output", str(output)
+    )
+
+    async def scenario():
+        engine = engine_class.from_config(config)
+        await engine.start()
+        try:
+            await self_benchmark.run_self_benchmark(engine, config)
+        finally:
+            await engine.shutdown()
+        return engine
+
+    engine = asyncio.run(scenario())
+    recorded = [json.loads(line)["seq"] for line in output.read_text().splitlines()]
+    assert len(recorded) == 40
+    if engine_class is LimitedMockEngine:
+        assert recorded == engine.ran  # the JSONL says what ran
+        assert max(recorded) == 100 and set(recorded) <= {16, 32, 64, 100}
+    else:
+        assert max(recorded) > 100  # no limit, no cap
 
 
 def test_summary_counts_outliers_against_their_own_point():

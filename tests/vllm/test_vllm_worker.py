@@ -44,6 +44,7 @@ class RealVllm:
     frontend: LauncherProcess
     frontend_url: str
     frozen_discovery: Path
+    unfrozen_output: Path
 
 
 def _worker(name: str, model: str, discovery: Path, log_dir: Path, *extra: str) -> LauncherProcess:
@@ -69,7 +70,10 @@ def real_vllm(tiny_model, tmp_path_factory) -> RealVllm:
     frozen_discovery = directory / "discovery-frozen"
     processes: list[LauncherProcess] = []
     try:
-        frozen = _worker("worker-frozen", tiny_model, frozen_discovery, directory)
+        # Every pause of 1 ms or more is logged: none may appear after "Worker stopped".
+        frozen = _worker(
+            "worker-frozen", tiny_model, frozen_discovery, directory, "--gc-pause-log-ms", "1"
+        )
         processes.append(frozen)
         unfrozen = _worker(
             "worker-unfrozen",
@@ -106,6 +110,7 @@ def real_vllm(tiny_model, tmp_path_factory) -> RealVllm:
             frontend=frontend,
             frontend_url=f"http://127.0.0.1:{port}",
             frozen_discovery=frozen_discovery,
+            unfrozen_output=directory / "self-benchmark.jsonl",
         )
     finally:
         for process in reversed(processes):
@@ -203,5 +208,25 @@ def test_sigterm_stops_the_real_worker_and_its_engine(real_vllm):
     worker.signal(signal.SIGTERM)
     assert worker.wait_exit(EXIT_DEADLINE_S) == 0, worker.log()
     log = worker.log()
-    assert re.search(r"vLLM AsyncLLM shut down in [\d.]+ s", log), log
+    assert len(re.findall(r"Engine shut down in \d+ ms", log)) == 1, log
     assert "Worker stopped" in log
+
+
+def test_self_benchmark_lengths_stop_at_what_the_model_takes(real_vllm):
+    # max_model_len 256 (VLLM_ARGS): a prompt of at most 255 tokens plus the one generated.
+    rows = [json.loads(line) for line in real_vllm.unfrozen_output.read_text().splitlines()]
+    assert len(rows) == SELF_BENCHMARK_POINTS
+    assert max(row["seq"] for row in rows) <= 255, rows
+    assert "does not fit max_model_len" not in real_vllm.unfrozen.log()  # nothing clamped
+
+
+def test_the_frozen_worker_exits_without_leak_reports(real_vllm):
+    """With the heap frozen, triton's nanobind objects were never finalized at exit and each
+    was reported as leaked; the worker unfreezes once its engine has shut down."""
+    worker = real_vllm.frozen
+    worker.signal(signal.SIGTERM)
+    assert worker.wait_exit(EXIT_DEADLINE_S) == 0, worker.log()
+    log = worker.log()
+    assert "nanobind: leaked" not in log, log
+    stopped = log.index("Worker stopped")
+    assert re.search(r"GC gen\d pause", log[stopped:]) is None, log[stopped:]

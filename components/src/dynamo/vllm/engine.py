@@ -15,6 +15,14 @@ class EngineUnavailable(Exception):
 
 
 class Engine(Protocol):
+    """What the worker needs from an engine.
+
+    An engine may also have a ``max_seq_len`` attribute: the longest sequence (in tokens) one
+    :meth:`forward_pass` can run, for engines with such a limit (vLLM: its ``max_model_len``
+    less the one generated token). The self-benchmark caps its sweep at it; an engine without
+    the attribute (the mock) has no limit.
+    """
+
     model_name: str
 
     async def start(self) -> None:

@@ -109,10 +109,28 @@ def export_policy_env(config: argparse.Namespace) -> None:
     os.environ.update(policy_env_for(config))
 
 
-def benchmark_points(count: int, *, seed: int = SWEEP_SEED) -> list[tuple[int, int]]:
-    """``count`` (batch size, sequence length) points: the grid in a seeded order, repeated."""
+def sequence_lengths(max_seq_len: int | None = None) -> tuple[int, ...]:
+    """:data:`SEQ_LENS`, capped at the engine's longest sequence when it has one.
+
+    Lengths above the cap are replaced by the cap itself, once: the sweep still reaches the
+    longest sequence the engine takes, and every point runs the length it records.
+    """
+    if max_seq_len is None or max_seq_len >= SEQ_LENS[-1]:
+        return SEQ_LENS
+    if max_seq_len < 1:
+        raise ValueError(f"max_seq_len must be at least 1, not {max_seq_len}")
+    return tuple(seq for seq in SEQ_LENS if seq < max_seq_len) + (max_seq_len,)
+
+
+def benchmark_points(
+    count: int, *, seed: int = SWEEP_SEED, max_seq_len: int | None = None
+) -> list[tuple[int, int]]:
+    """``count`` (batch size, sequence length) points: the grid in a seeded order, repeated.
+
+    ``max_seq_len`` caps the sequence lengths (see :func:`sequence_lengths`).
+    """
     rng = random.Random(seed)
-    grid = [(batch, seq) for batch in BATCH_SIZES for seq in SEQ_LENS]
+    grid = [(batch, seq) for batch in BATCH_SIZES for seq in sequence_lengths(max_seq_len)]
     points: list[tuple[int, int]] = []
     while len(points) < count:
         cycle = list(grid)
@@ -247,7 +265,13 @@ async def run_self_benchmark(engine: Any, config: argparse.Namespace) -> Benchma
 
     The benchmark's own error propagates after the policy has been stopped everywhere.
     """
-    points = benchmark_points(config.self_benchmark_points)
+    # An engine with a length limit (vLLM: its max_model_len) says so; the mock has none.
+    max_seq_len = getattr(engine, "max_seq_len", None)
+    points = benchmark_points(config.self_benchmark_points, max_seq_len=max_seq_len)
+    if max_seq_len is not None and max_seq_len < SEQ_LENS[-1]:
+        logger.info(
+            "Self-benchmark: sequence lengths capped at %d, the engine's longest", max_seq_len
+        )
     use_policy = policy_active(config)
     policy_name = config.fpm_gc_policy if use_policy else "off"
     serving_freeze = bool(getattr(config, "freeze_gc_heap", False))

@@ -90,8 +90,14 @@ def engine_args_from_config(
 def build_vllm_engine(
     config: argparse.Namespace, *, worker_extension_cls: str | None = None
 ) -> "VllmEngine":
-    """What :func:`dynamo.vllm.engine_factory.build_engine` calls for ``--engine vllm``."""
-    engine_args = engine_args_from_config(config, worker_extension_cls=worker_extension_cls)
+    """What :func:`dynamo.vllm.engine_factory.build_engine` calls for ``--engine vllm``.
+
+    Uses the arguments ``prepare_engine`` parsed before start-up (``config.vllm_engine_args``)
+    when there are some, else parses them now.
+    """
+    engine_args = getattr(config, "vllm_engine_args", None)
+    if engine_args is None:
+        engine_args = engine_args_from_config(config, worker_extension_cls=worker_extension_cls)
     return VllmEngine(engine_args, model_name=config.model)
 
 
@@ -124,6 +130,14 @@ class VllmEngine:
     @property
     def max_model_len(self) -> int:
         return self._max_model_len
+
+    @property
+    def max_seq_len(self) -> int | None:
+        """The longest prompt :meth:`forward_pass` runs: one token is generated after it, and
+        vLLM refuses a prompt of ``max_model_len`` tokens. ``None`` before :meth:`start`."""
+        if self._max_model_len <= 0:
+            return None
+        return max(1, self._max_model_len - 1)
 
     async def start(self) -> None:
         if self._engine is not None:
@@ -288,4 +302,5 @@ class VllmEngine:
         # Stops EngineCore and its workers (SIGTERM, then a bounded wait) and the output
         # handler. It blocks for a few seconds; by now the request plane is closed.
         engine.shutdown()
-        logger.info("vLLM AsyncLLM shut down in %.1f s", time.perf_counter() - began)
+        # DEBUG: the worker logs the engine's shutdown with its duration (one line per event).
+        logger.debug("vLLM AsyncLLM shut down in %.1f s", time.perf_counter() - began)
