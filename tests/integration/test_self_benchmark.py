@@ -11,6 +11,9 @@ import asyncio
 import gc
 import json
 import re
+import subprocess
+import sys
+import urllib.request
 from pathlib import Path
 
 import aiohttp
@@ -28,6 +31,11 @@ RANKS = 2
 SUMMARY_LINE = rf"Self-benchmark done: points={POINTS} .* gc_policy=freeze"
 SERVING_FREEZE_LINE = r"GC heap frozen \(vllm worker\)"
 REGISTERED_LINE = r"Model registered: model=(\S+) instance=(\w+) endpoint=(\S+)"
+SYSTEM_PORT_LINE = r"System server listening on http://127\.0\.0\.1:(\d+)"
+# The system port on loopback, any free port, with GET /debug/gc/state.
+DEBUG_STATE_ARGS = ("--system-host", "127.0.0.1", "--system-port", "0", "--debug-gc-endpoint")
+
+_opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback only
 
 
 def start_worker(name: str, directory: Path, *args: str, env=None) -> LauncherProcess:
@@ -57,12 +65,33 @@ def benchmarked_worker(tmp_path_factory):
         "--tensor-parallel-size", str(RANKS),
         "--mock-heap-objects", "100000",
         "--mock-token-ms", "1",
+        *DEBUG_STATE_ARGS,
     )
     try:
         process.wait_for_log(REGISTERED_LINE, deadline_s=120)
         yield process, directory, output
     finally:
         assert process.stop() == 0, process.log()
+
+
+def debug_gc_state(process: LauncherProcess) -> dict:
+    """GET /debug/gc/state from the worker's system port (logged when it bound port 0)."""
+    port = process.wait_for_log(SYSTEM_PORT_LINE).group(1)
+    url = f"http://127.0.0.1:{port}/debug/gc/state"
+    with _opener.open(url, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def fresh_interpreter_thresholds() -> list[int]:
+    """What gc.get_threshold() is in a new process of this very Python (stock values)."""
+    done = subprocess.run(
+        [sys.executable, "-c", "import gc, json; print(json.dumps(gc.get_threshold()))"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    return json.loads(done.stdout)
 
 
 def test_writes_one_json_line_per_point(benchmarked_worker):
@@ -94,6 +123,39 @@ def test_serving_gets_the_stock_thresholds_back(benchmarked_worker):
     process, _, _ = benchmarked_worker
     restored = re.findall(r"thresholds restored to (\(\d+, \d+, \d+\))", process.log())
     assert restored == [str(gc.get_threshold())] * (1 + RANKS)  # this interpreter's stock values
+
+
+def test_serving_runs_as_if_the_benchmark_never_ran(benchmarked_worker):
+    """Read from the serving process itself, not from the policy's own log line: stock
+    thresholds, automatic collection on, and the serving freeze in place."""
+    process, _, _ = benchmarked_worker
+    state = debug_gc_state(process)
+    assert state["phase"] == "serving"
+    assert state["thresholds"] == fresh_interpreter_thresholds()
+    assert state["isenabled"] is True
+    assert state["frozen_objects"] > 0
+
+
+def test_without_the_serving_freeze_the_benchmark_leaves_nothing_frozen(tmp_path):
+    process = start_worker(
+        "benchmarked-unfrozen",
+        tmp_path,
+        "--self-benchmark-points", "20",
+        "--fpm-gc-policy", "freeze",
+        "--tensor-parallel-size", str(RANKS),
+        "--no-freeze-gc-heap",
+        *DEBUG_STATE_ARGS,
+    )
+    try:
+        process.wait_for_log(REGISTERED_LINE, deadline_s=120)
+        state = debug_gc_state(process)
+    finally:
+        assert process.stop() == 0, process.log()
+    assert "Self-benchmark done: points=20" in process.log()
+    assert state["phase"] == "serving"
+    assert state["thresholds"] == fresh_interpreter_thresholds()
+    assert state["isenabled"] is True
+    assert state["frozen_objects"] == 0
 
 
 def test_registers_after_the_benchmark_and_serves(benchmarked_worker):
@@ -140,3 +202,22 @@ def test_a_bad_interval_env_exits_2_naming_flag_and_env(tmp_path):
         process.stop()
     log = process.log()
     assert "--fpm-gc-freeze-interval-s" in log and "DYN_FPM_GC_FREEZE_INTERVAL_S" in log, log
+
+
+def test_an_output_file_that_cannot_be_created_exits_2_before_the_ranks_start(tmp_path):
+    output = tmp_path / "no-such-dir" / "points.jsonl"
+    process = start_worker(
+        "bad-output",
+        tmp_path,
+        "--self-benchmark-points", "5",
+        "--self-benchmark-output", str(output),
+        "--tensor-parallel-size", "2",
+    )
+    try:
+        assert process.wait_exit() == 2
+    finally:
+        process.stop()
+    log = process.log()
+    assert "--self-benchmark-output / DYN_VLLM_SELF_BENCHMARK_OUTPUT" in log, log
+    assert str(output) in log, log
+    assert "Traceback" not in log and "rank process" not in log and "Engine init" not in log, log
