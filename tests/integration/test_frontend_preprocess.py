@@ -107,17 +107,20 @@ def test_a_killed_preprocess_process_is_replaced_and_requests_succeed_again(pair
     body = chat_body(MODEL, max_tokens=8)
     failed = 0
 
-    def served() -> bool:
+    def answer() -> int:
         nonlocal failed
         status, completion = request("POST", url + "/v1/chat/completions", body)
         if status == 200:
             assert completion["choices"][0]["message"]["content"] == expected_content(body)
-            return True
-        assert status == 503 and completion["error"]["code"] == "preprocess_unavailable"
-        failed += 1
-        return False
+        else:
+            assert status == 503 and completion["error"]["code"] == "preprocess_unavailable"
+            failed += 1
+        return status
 
-    wait_until(served, deadline_s=REBUILD_DEADLINE_S, what="requests to succeed again")
+    # The executor notices the death a moment after the kill (a request may still reach the
+    # live process meanwhile); the first request after that gets 503 and starts the rebuild.
+    wait_until(lambda: answer() == 503, deadline_s=REBUILD_DEADLINE_S, what="the pool to break")
+    wait_until(lambda: answer() == 200, deadline_s=REBUILD_DEADLINE_S, what="requests to succeed")
     since = frontend.log()[offset:]
     assert len(re.findall(r"WARNING .*Preprocess pool broke", since)) == 1, since
     new_pids = current_pool_pids(frontend.log())
