@@ -471,3 +471,16 @@ def test_a_failed_delete_warns_once_and_is_not_retried(tmp_path, mocker, caplog)
     assert unlink.call_count == 1
     assert first.exists() and second.exists()
     assert len(_logged(caplog, "Cannot delete expired discovery record")) == 1
+
+
+def test_ensure_discovery_dir_writable_probes_a_write(tmp_path, mocker):
+    assert ensure_discovery_dir(tmp_path, writable=True) == tmp_path
+    assert list(tmp_path.iterdir()) == []  # the probe is gone
+    # Root writes anywhere, so a read-only directory is simulated at the write itself.
+    mocker.patch(
+        "dynamo.runtime.discovery.tempfile.mkstemp",
+        side_effect=PermissionError(13, "Permission denied"),
+    )
+    ensure_discovery_dir(tmp_path)  # listing alone still succeeds
+    with pytest.raises(DiscoveryDirError, match=f"cannot write in {tmp_path}: Permission denied"):
+        ensure_discovery_dir(tmp_path, writable=True)

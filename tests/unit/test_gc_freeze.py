@@ -517,3 +517,24 @@ def test_a_failing_sink_is_reported_once_then_only_counted(clock, caplog):
     failures = [r for r in caplog.records if "callback failed" in r.getMessage()]
     assert len(failures) == 1 and "metrics backend down" in failures[0].getMessage()
     assert pause_logger.callback_errors == 3
+
+
+@pytest.mark.parametrize("froze", [True, False])
+def test_process_gc_state_restore_undoes_only_what_the_launcher_did(mocker, froze):
+    class Metrics:
+        detached = False
+
+        def detach(self):
+            self.detached = True
+
+    metrics = Metrics()
+    install_gc_pause_logger(5.0)
+    state = gc_freeze.ProcessGcState(metrics)
+    state.froze = froze
+    unfreeze = mocker.spy(gc, "unfreeze")
+
+    state.restore()
+
+    assert installed_gc_pause_logger() is None
+    assert metrics.detached
+    assert unfreeze.call_count == (1 if froze else 0)

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import gc
 import logging
 import signal
 import sys
@@ -166,33 +165,10 @@ def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-class ProcessGcState:
-    """What the frontend did to this process's GC state, undone once everything has stopped.
-
-    Undone last, after the listener, the pool and the session are closed: the pause logger
-    leaves ``gc.callbacks`` (no pause line after the final ``Frontend exiting`` one), the
-    metrics stop observing, and a heap this process froze is unfrozen, so the interpreter's
-    teardown can finalize what was frozen (frozen objects are never collected, not even at
-    exit). ``gc.unfreeze()`` is a splice, no heap walk. With the freeze off nothing is unfrozen:
-    the process never touched the generations.
-    """
-
-    def __init__(self, metrics: DynamoMetrics | None = None) -> None:
-        self.metrics = metrics
-        self.froze = False
-
-    def restore(self) -> None:
-        gc_freeze.uninstall_gc_pause_logger()
-        if self.metrics is not None:
-            self.metrics.detach()
-        if self.froze:
-            gc.unfreeze()
-
-
 async def serve(
     config: argparse.Namespace,
     metrics: DynamoMetrics | None = None,
-    gc_state: ProcessGcState | None = None,
+    gc_state: gc_freeze.ProcessGcState | None = None,
 ) -> int:
     """Start, serve until SIGTERM/SIGINT, drain, close; the exit code (0, or 1 on a failure)."""
     loop = asyncio.get_running_loop()
@@ -208,7 +184,7 @@ async def serve(
     built: list[Frontend] = []
     close_failed = False
     try:
-        code = await _run(config, metrics, gc_state or ProcessGcState(), stop, built)
+        code = await _run(config, metrics, gc_state or gc_freeze.ProcessGcState(), stop, built)
     finally:
         for frontend in built:
             await frontend.close()
@@ -221,7 +197,7 @@ async def serve(
 async def _run(
     config: argparse.Namespace,
     metrics: DynamoMetrics | None,
-    gc_state: ProcessGcState,
+    gc_state: gc_freeze.ProcessGcState,
     stop: asyncio.Event,
     built: list[Frontend],
 ) -> int:
@@ -293,7 +269,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging()
     gc_collect_trace.install_if_requested()
     metrics = DynamoMetrics(freeze_enabled=config.freeze_gc_heap).attach()
-    gc_state = ProcessGcState(metrics)
+    gc_state = gc_freeze.ProcessGcState(metrics)
     # Always installed: every pause feeds dynamo_gc_pause_seconds, even with the log off (0).
     gc_freeze.install_gc_pause_logger(config.gc_pause_log_ms, on_pause=metrics.observe_pause)
     logger.info(

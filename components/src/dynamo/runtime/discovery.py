@@ -212,17 +212,21 @@ class DiscoveryDirError(Exception):
     """The discovery directory cannot be used: not a directory, not creatable, not listable."""
 
 
-def ensure_discovery_dir(directory: str | os.PathLike) -> Path:
+def ensure_discovery_dir(directory: str | os.PathLike, *, writable: bool = False) -> Path:
     """Create ``directory`` if it is missing; raise :class:`DiscoveryDirError` if unusable.
 
     For a process's start-up, before it serves: a watcher on a path that is a file, or that it
-    may not list, would otherwise see "no workers" forever while reporting itself healthy.
+    may not list, would otherwise see "no workers" forever while reporting itself healthy; a
+    worker (``writable=True``) that cannot write there would fail only at ``register_model``,
+    after engine init. The write probe is a dot-file, which watchers ignore.
     """
     path = Path(directory)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except FileExistsError:  # exist_ok only covers an existing directory
         raise DiscoveryDirError(f"{path} exists and is not a directory") from None
+    except NotADirectoryError:
+        raise DiscoveryDirError(f"cannot create {path}: a parent of it is not a directory") from None
     except OSError as exc:
         raise DiscoveryDirError(f"cannot create {path}: {exc.strerror or exc}") from None
     if not path.is_dir():
@@ -232,6 +236,13 @@ def ensure_discovery_dir(directory: str | os.PathLike) -> Path:
             next(entries, None)
     except OSError as exc:
         raise DiscoveryDirError(f"cannot list {path}: {exc.strerror or exc}") from None
+    if writable:
+        try:
+            fd, probe = tempfile.mkstemp(dir=path, prefix=".probe-", suffix=".part")
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as exc:
+            raise DiscoveryDirError(f"cannot write in {path}: {exc.strerror or exc}") from None
     return path
 
 

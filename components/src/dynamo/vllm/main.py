@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import gc
 import logging
 import signal
 import socket
@@ -258,28 +257,6 @@ async def open_request_plane(
     return plane
 
 
-class ProcessGcState:
-    """What the worker did to this process's GC state, undone once everything else has stopped.
-
-    Undone last (after the engine has shut down, so no pause of its shutdown goes unrecorded):
-    the pause logger leaves ``gc.callbacks`` (no pause WARNING after ``Worker stopped``), the
-    metrics stop observing, and a heap this worker froze is unfrozen. Frozen objects are never
-    collected, not even by the interpreter's final collections at exit, so cycles holding native
-    objects (vLLM's triton/nanobind instances) would never be finalized and nanobind reports each
-    one as leaked. ``gc.unfreeze()`` is a splice, no heap walk.
-    """
-
-    def __init__(self, metrics: DynamoMetrics) -> None:
-        self.metrics = metrics
-        self.froze = False
-
-    def restore(self) -> None:
-        gc_freeze.uninstall_gc_pause_logger()
-        self.metrics.detach()
-        if self.froze:
-            gc.unfreeze()
-
-
 def register_model(
     store: DiscoveryStore, model: str, endpoint: str, *, heartbeat_interval_s: float
 ) -> ModelRecord:
@@ -337,7 +314,7 @@ async def _start_and_serve(
     config: argparse.Namespace, signals: StopSignals, cleanup: contextlib.AsyncExitStack
 ) -> None:
     metrics = DynamoMetrics(freeze_enabled=config.freeze_gc_heap).attach()
-    gc_state = ProcessGcState(metrics)
+    gc_state = gc_freeze.ProcessGcState(metrics)
     cleanup.callback(gc_state.restore)  # pushed first, so it runs last
     install_pause_logger(config, metrics)
     # The listeners bind before engine init, so a taken port fails now, not after it.

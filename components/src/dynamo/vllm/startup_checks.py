@@ -14,15 +14,14 @@ change, and none is a traceback:
 from __future__ import annotations
 
 import argparse
-import errno
 import os
 import socket
 import sys
-import tempfile
 from typing import Awaitable, Callable, TypeVar
 
 from dynamo.common.configuration import Option
 from dynamo.common.configuration.runtime_options import DISCOVERY_DIR
+from dynamo.runtime import discovery
 from dynamo.vllm.self_benchmark_args import SELF_BENCHMARK_OUTPUT
 
 PROG = "python -m dynamo.vllm"
@@ -45,27 +44,13 @@ def _reason(exc: OSError) -> str:
 
 
 def ensure_discovery_dir(path: str) -> None:
-    """Create ``path`` (and its parents) and prove a record can be written into it.
-
-    The probe is written and removed the way the store writes records (a dot-file, which the
-    frontend's watcher ignores), so a read-only directory fails here rather than at
-    ``register_model``.
-    """
+    """Create ``path`` (and its parents) and prove a record can be written into it."""
     try:
-        os.makedirs(path, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=path, prefix=".probe-", suffix=".part")
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as exc:
-        if os.path.exists(path) and not os.path.isdir(path):
-            reason = "it exists and is not a directory"
-        elif exc.errno == errno.ENOTDIR:
-            reason = "a parent of it is not a directory"
-        else:
-            reason = _reason(exc)
+        discovery.ensure_discovery_dir(path, writable=True)
+    except discovery.DiscoveryDirError as exc:
         raise UnusablePath(
             f"{DISCOVERY_DIR.source_label()} is {path!r}: the worker cannot write its discovery "
-            f"record there ({reason})"
+            f"record there ({exc})"
         ) from None
 
 

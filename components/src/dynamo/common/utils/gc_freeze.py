@@ -248,3 +248,28 @@ def _remove_installed() -> None:
         except ValueError:
             pass  # someone cleared gc.callbacks (a test fixture); nothing left to remove
         _installed = None
+
+
+class ProcessGcState:
+    """What a launcher did to its process's GC state, undone once everything else has stopped.
+
+    Undone last (after the engine, listener, pool and sessions have closed, so no pause of
+    their shutdown goes unrecorded): the pause logger leaves ``gc.callbacks`` (no pause line
+    after the launcher's final line), the metrics stop observing, and a heap this process froze
+    is unfrozen. Frozen objects are never collected, not even by the interpreter's final
+    collections at exit, so cycles holding native objects would never be finalized (vLLM's
+    triton/nanobind instances are then reported as leaked). ``gc.unfreeze()`` is a splice, no
+    heap walk. With the freeze off nothing is unfrozen: the process never touched the
+    generations.
+    """
+
+    def __init__(self, metrics=None) -> None:
+        self.metrics = metrics  # anything with detach(): dynamo.common.metrics.DynamoMetrics
+        self.froze = False
+
+    def restore(self) -> None:
+        uninstall_gc_pause_logger()
+        if self.metrics is not None:
+            self.metrics.detach()
+        if self.froze:
+            gc.unfreeze()
