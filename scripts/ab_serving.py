@@ -268,9 +268,10 @@ def gc_counters(metrics_url: str) -> dict:
         )
         counters[f"gen{generation}"] = float(match.group(1)) if match else None
     # Seconds spent in gen2 collections, all of them (the pause logger logs only those >= 50 ms).
-    match = re.search(r'^dynamo_gc_pause_seconds_sum{generation="2"} ([0-9.e+-]+)$', text,
-                      re.MULTILINE)
-    counters["gen2_pause_s"] = float(match.group(1)) if match else None
+    # The series may carry more labels (the serving phase): sum every gen2 series.
+    sums = re.findall(r'^dynamo_gc_pause_seconds_sum{[^}]*generation="2"[^}]*} ([0-9.e+-]+)$',
+                      text, re.MULTILINE)
+    counters["gen2_pause_s"] = sum(float(value) for value in sums) if sums else None
     return counters
 
 

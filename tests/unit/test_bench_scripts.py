@@ -109,6 +109,11 @@ def test_ab_serving_smoke(tmp_path):
             assert row[process]["pauses_ge_50ms"] >= 0
             assert row[process]["gen2_collections"] >= 0
             assert row[process]["gen2_mean_ms"] >= 0
+    for run in result["per_pass"]:
+        for process in ("frontend", "worker"):
+            # Read from each process's /metrics: None would mean the scrape or its parse broke.
+            collections = run["processes"][process]["collections"]
+            assert None not in collections.values(), (process, collections)
     goal = result["goal"]
     assert set(goal["ceiling_rps"]) == {"ctl", "all"}
     assert "all_pauses_ge_50ms" in goal
