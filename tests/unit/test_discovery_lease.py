@@ -18,15 +18,14 @@ import pytest
 from dynamo.runtime import discovery
 from dynamo.runtime.discovery import (
     DiscoveryStore,
-    DiscoveryWatcher,
     ModelRecord,
     RecordHeartbeat,
     heartbeat_interval_for,
 )
 from dynamo.vllm import backend_args, main as worker_main
+from tests.unit.watched_discovery import TTL_S, Watched
 
 LOGGER = "dynamo.runtime.discovery"
-TTL_S = 10.0
 EXPIRED = (
     "Discovery record {path} expired: no heartbeat for {silent} s (worker {instance} at {endpoint})"
 )
@@ -40,39 +39,6 @@ def _leased(instance_id: str = "i1", port: int = 40001, interval_s: float = 2.0)
         heartbeat=0,
         heartbeat_interval_s=interval_s,
     )
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
-class Watched:
-    """A watcher on an injected clock, its adds and removes recorded, polled by hand."""
-
-    def __init__(self, directory: Path, ttl_s: float = TTL_S) -> None:
-        self.clock = FakeClock()
-        self.added: list[str] = []
-        self.removed: list[str] = []
-        self.watcher = DiscoveryWatcher(
-            directory,
-            on_add=lambda r: self.added.append(r.instance_id),
-            on_remove=lambda r: self.removed.append(r.instance_id),
-            ttl_s=ttl_s,
-            clock=self.clock,
-        )
-
-    def poll(self) -> None:
-        asyncio.run(self.watcher.poll_once())
-
-    def live(self) -> set[str]:
-        return set(self.watcher.known)
 
 
 def _warnings(caplog, text: str) -> list[str]:

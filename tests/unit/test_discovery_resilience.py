@@ -30,9 +30,9 @@ from dynamo.runtime.discovery import (
     RecordHeartbeat,
     ensure_discovery_dir,
 )
+from tests.unit.watched_discovery import TTL_S, Watched
 
 LOGGER = "dynamo.runtime.discovery"
-TTL_S = 10.0
 DEADLINE_S = 30.0
 
 
@@ -44,40 +44,6 @@ def _leased(instance_id: str = "i1", port: int = 40001) -> ModelRecord:
         heartbeat=0,
         heartbeat_interval_s=2.0,
     )
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
-class Watched:
-    """A watcher on an injected clock, its adds and removes recorded, polled by hand."""
-
-    def __init__(self, directory: Path, **kwargs) -> None:
-        self.clock = FakeClock()
-        self.added: list[str] = []
-        self.removed: list[str] = []
-        self.watcher = DiscoveryWatcher(
-            directory,
-            on_add=lambda r: self.added.append(r.instance_id),
-            on_remove=lambda r: self.removed.append(r.instance_id),
-            ttl_s=TTL_S,
-            clock=self.clock,
-            **kwargs,
-        )
-
-    def poll(self) -> None:
-        asyncio.run(self.watcher.poll_once())
-
-    def live(self) -> set[str]:
-        return set(self.watcher.known)
 
 
 def _logged(caplog, text: str, level: int = logging.WARNING) -> list[logging.LogRecord]:
