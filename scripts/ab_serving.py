@@ -21,7 +21,14 @@ or more that each process's pause logger reported (``GC gen<g> pause <x> ms`` WA
 The frontend's heap is built before its start-up freeze by scripts/bench_launch.py (the frontend
 has no heap option); the worker's by its own ``--mock-heap-objects``.
 
-    python scripts/ab_serving.py [--quick|--smoke] [--rungs 50,100,...] [--out DIR] [--publish]
+With ``--engine vllm`` the worker is ``python -m dynamo.vllm --engine vllm`` on the tiny random
+model (scripts/make_tiny_model.py), run by .venv-vllm's python (``--vllm-python``): its heap is
+the real one vLLM's imports and ``AsyncLLM`` build (~620k objects), so it gets no synthetic heap;
+the frontend keeps its synthetic one. CPU inference is slow and each engine start takes 10-40 s,
+so that mode has its own small ladder (results go to ``ab_serving_vllm*.json``).
+
+    python scripts/ab_serving.py [--quick|--smoke] [--engine vllm] [--rungs 50,100,...]
+        [--out DIR] [--publish]
 """
 
 from __future__ import annotations
@@ -49,6 +56,15 @@ ARMS = ("ctl", "worker", "all", "nogc")
 PAUSE_LINE = re.compile(rb"GC gen(\d) pause ([0-9.]+) ms")
 PAUSE_LOG_MS = 50.0
 MODEL = "bench"
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+# The flags tests/vllm/conftest.py starts the real worker with: a KV cache size in bytes (vLLM's
+# start-up memory check reads a NUMA node's size otherwise), eager mode (torch.compile would add
+# ~25 s to each start), no periodic stats lines.
+VLLM_ARGS = ["--max-model-len", "256", "--kv-cache-memory-bytes", "64M", "--enforce-eager",
+             "--disable-log-stats"]
+# Nothing may come from a hub: the model is built locally.
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
 # Requests live ~0.65 s (16 tokens x 40 ms): long enough that their objects survive young
 # collections and get promoted, which is what makes the stock GC run full collections at all.
 DEFAULT_TOKEN_MS = 40.0
@@ -63,6 +79,16 @@ MODES = {
     "quick": {"heap": 800_000, "duration_s": 6.0, "passes": 1, "rungs": [150.0]},
     "smoke": {"heap": 20_000, "duration_s": 1.0, "passes": 1, "rung_fractions": [0.5],
               "arms": ("ctl", "all"), "rungs": [20.0], "token_ms": 1.0, "max_tokens": 4},
+}
+# --engine vllm: the worker's heap is vLLM's own (the value is the frontend's synthetic heap);
+# a short ladder calibrated on the real engine, since each arm pays an engine start.
+VLLM_MODES = {
+    "full": {"heap": 800_000, "duration_s": 20.0, "passes": 2,
+             "rung_fractions": [0.5, 0.8, 1.0]},
+    "quick": {"heap": 800_000, "duration_s": 10.0, "passes": 1,
+              "rung_fractions": [0.5, 1.0]},
+    "smoke": {"heap": 20_000, "duration_s": 1.0, "passes": 1, "rungs": [2.0],
+              "arms": ("ctl", "all"), "max_tokens": 4},
 }
 
 
@@ -80,13 +106,14 @@ def poisson_schedule(rate: float, duration_s: float, seed: int) -> list[float]:
         times.append(now)
 
 
-def request_body(messages: int, max_tokens: int, stream: bool, index: int) -> dict:
+def request_body(messages: int, max_tokens: int, stream: bool, index: int,
+                 model: str = MODEL) -> dict:
     """A chat request: a few turns of conversation (the frontend parses and renders them)."""
     turns = []
     for turn in range(messages):
         role = "user" if turn % 2 == 0 else "assistant"
         turns.append({"role": role, "content": f"turn {turn} of request {index}: tell me more"})
-    return {"model": MODEL, "messages": turns, "max_tokens": max_tokens, "stream": stream}
+    return {"model": model, "messages": turns, "max_tokens": max_tokens, "stream": stream}
 
 
 async def _one_request(session, url: str, body: dict, scheduled: float, stream: bool, loop):
@@ -142,7 +169,8 @@ async def run_load(args: argparse.Namespace) -> dict:
             delay = start + offset - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
-            body = request_body(args.messages, args.max_tokens, args.stream, index)
+            body = request_body(args.messages, args.max_tokens, args.stream, index,
+                                args.model_name)
             tasks.append(
                 asyncio.ensure_future(
                     _one_request(session, args.url, body, start + offset, args.stream, loop)
@@ -197,13 +225,14 @@ def free_port() -> int:
 class Process:
     """One launcher started through scripts/bench_launch.py, its output in a log file."""
 
-    def __init__(self, name: str, module: str, argv: list[str], log_dir: Path, env: dict) -> None:
+    def __init__(self, name: str, module: str, argv: list[str], log_dir: Path, env: dict,
+                 python: str = sys.executable) -> None:
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         self._log = open(self.log_path, "wb")
         launch = Path(__file__).resolve().parent / "bench_launch.py"
         self.proc = subprocess.Popen(
-            [sys.executable, str(launch), module, *argv],
+            [python, str(launch), module, *argv],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -293,20 +322,23 @@ class Pair:
         bench_env = {"BENCH_GC_DISABLE": "1" if arm == "nogc" else "0"}
         self.worker_metrics_port = free_port()
         self.http_port = free_port()
-        self.worker = Process(
-            "worker",
-            "dynamo.vllm",
-            [
-                "--engine", "mock", "--model", MODEL, "--discovery-dir", str(discovery),
-                "--request-plane-host", "127.0.0.1",
-                "--mock-heap-objects", str(heap), "--mock-token-ms", str(args.token_ms),
-                "--gc-pause-log-ms", str(PAUSE_LOG_MS),
-                "--system-host", "127.0.0.1", "--system-port", str(self.worker_metrics_port),
-                "--freeze-gc-heap" if worker_frozen else "--no-freeze-gc-heap",
-            ],
-            work_dir,
-            bench_env,
-        )
+        self.model = args.model_name
+        common = [
+            "--discovery-dir", str(discovery), "--request-plane-host", "127.0.0.1",
+            "--gc-pause-log-ms", str(PAUSE_LOG_MS),
+            "--system-host", "127.0.0.1", "--system-port", str(self.worker_metrics_port),
+            "--freeze-gc-heap" if worker_frozen else "--no-freeze-gc-heap",
+        ]
+        if args.engine == "vllm":
+            # The real heap: vLLM's imports and AsyncLLM, no synthetic one.
+            engine_argv = ["--engine", "vllm", "--model", args.model_name, *common, *VLLM_ARGS]
+            worker_env, worker_python = {**bench_env, **OFFLINE_ENV}, args.vllm_python
+        else:
+            engine_argv = ["--engine", "mock", "--model", MODEL, *common,
+                           "--mock-heap-objects", str(heap), "--mock-token-ms", str(args.token_ms)]
+            worker_env, worker_python = bench_env, sys.executable
+        self.worker = Process("worker", "dynamo.vllm", engine_argv, work_dir, worker_env,
+                              worker_python)
         self.frontend = Process(
             "frontend",
             "dynamo.frontend",
@@ -321,14 +353,14 @@ class Pair:
         )
         self.base_url = f"http://127.0.0.1:{self.http_port}"
 
-    def wait_ready(self, deadline_s: float = 120.0) -> None:
+    def wait_ready(self, deadline_s: float = 300.0) -> None:
         def ready():
             self.worker.check_alive()
             self.frontend.check_alive()
             body = http_get(self.base_url + "/v1/models", timeout_s=2.0)
-            return body is not None and f'"{MODEL}"'.encode() in body
+            return body is not None and json.dumps(self.model).encode() in body
 
-        wait_until(ready, deadline_s=deadline_s, what=f"the {self.arm} pair to serve {MODEL}")
+        wait_until(ready, deadline_s=deadline_s, what=f"the {self.arm} pair to serve {self.model}")
 
     def processes(self) -> dict[str, tuple[Process, str]]:
         return {
@@ -346,6 +378,7 @@ def run_client(url: str, rate: float, duration_s: float, seed: int, args) -> dic
         sys.executable, __file__, "--client", "--url", url, "--rate", str(rate),
         "--duration", str(duration_s), "--seed", str(seed), "--timeout", str(args.timeout),
         "--messages", str(args.messages), "--max-tokens", str(args.max_tokens),
+        "--model-name", args.model_name,
         "--stream" if args.stream else "--no-stream",
     ]
     return bc.run_json_child(argv, timeout_s=duration_s + args.timeout + 120)
@@ -399,7 +432,7 @@ def calibrate(args, heap: int, work_root: Path) -> dict:
     steps = []
     try:
         pair.wait_ready()
-        run_client(url, 20.0, 1.0, 0, args)  # warm-up
+        run_client(url, min(20.0, args.calibration_start_rps), 1.0, 0, args)  # warm-up
         rate = args.calibration_start_rps
         while True:
             load = run_client(url, rate, args.calibration_s, len(steps) + 1, args)
@@ -451,8 +484,8 @@ def run_arms(args, mode: str, settings: dict, rungs: list[float], work_root: Pat
                 pair.stop()
             if args.keep_logs:
                 for name in ("worker", "frontend"):
-                    shutil.copy(work_dir / f"{name}.log",
-                                Path(args.out) / f"{NAME}-pass{pass_index}-{arm}-{name}.log")
+                    kept = f"{result_name(args)}-pass{pass_index}-{arm}-{name}.log"
+                    shutil.copy(work_dir / f"{name}.log", Path(args.out) / kept)
     return runs
 
 
@@ -572,13 +605,29 @@ def plot(args, rows: list[dict]):
         ax.set_xlabel("offered load, RPS (open-loop Poisson)")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"ab_serving ({bc.mode_name(args)}): frontend + mock worker, "
+    fig.suptitle(f"ab_serving ({bc.mode_name(args)}): frontend + {args.engine} worker, "
                  f"{rows[0].get('heap', '')} {bc.cpu_model()}, {os.cpu_count()} cores", fontsize=9)
     fig.tight_layout()
-    path = bc.plot_path(args, NAME)
+    path = bc.plot_path(args, result_name(args))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def result_name(args: argparse.Namespace) -> str:
+    """``ab_serving`` for the mock worker, ``ab_serving_vllm`` for the real engine."""
+    return NAME if args.engine == "mock" else f"{NAME}_vllm"
+
+
+def tiny_model_dir(vllm_python: str) -> str:
+    """The tiny random model's directory (built once per machine, then cached)."""
+    proc = subprocess.run(
+        [vllm_python, str(REPO / "scripts" / "make_tiny_model.py")],
+        env=bc.child_env(OFFLINE_ENV), capture_output=True, text=True, timeout=600, check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"make_tiny_model.py failed:\n{proc.stderr[-3000:]}")
+    return proc.stdout.strip().splitlines()[-1]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -597,14 +646,24 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"mock per-token time (default {DEFAULT_TOKEN_MS:g})")
     parser.add_argument("--max-tokens", type=int,
                         help=f"tokens per request (default {DEFAULT_MAX_TOKENS})")
-    parser.add_argument("--messages", type=int, default=8, help="chat turns per request")
+    parser.add_argument("--messages", type=int,
+                        help="chat turns per request (default 8; 2 with --engine vllm, whose "
+                        "tiny model takes 256 tokens)")
     parser.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
                         help="streaming requests (time to first token is measured too)")
     parser.add_argument("--timeout", type=float, default=10.0, help="request timeout, seconds")
-    parser.add_argument("--calibration-start-rps", type=float, default=50.0,
-                        help="first offered load of the capacity calibration (doubled per step)")
-    parser.add_argument("--calibration-s", type=float, default=6.0,
-                        help="seconds per calibration step")
+    parser.add_argument("--calibration-start-rps", type=float,
+                        help="first offered load of the capacity calibration (doubled per step; "
+                        "default 50, 2 with --engine vllm)")
+    parser.add_argument("--calibration-s", type=float,
+                        help="seconds per calibration step (default 6, 4 with --engine vllm)")
+    parser.add_argument("--engine", choices=("mock", "vllm"), default="mock",
+                        help="the worker's engine (vllm: the real one, on the tiny model)")
+    parser.add_argument("--vllm-python", default=str(DEFAULT_VLLM_PYTHON),
+                        help="python of the vLLM environment (scripts/setup_vllm_env.sh prints it)")
+    parser.add_argument("--model-dir", help="with --engine vllm: the model (default: the tiny "
+                        "model scripts/make_tiny_model.py builds)")
+    parser.add_argument("--model-name", default=MODEL, help=argparse.SUPPRESS)
     parser.add_argument("--keep-logs", action="store_true", help="copy the processes' logs to --out")
     bc.add_mode_args(parser)
     args = parser.parse_args(argv)
@@ -613,7 +672,17 @@ def main(argv: list[str] | None = None) -> int:
 
     bc.exit_cleanly_on_sigterm()
     mode = bc.mode_name(args)
-    settings = MODES[mode]
+    settings = (VLLM_MODES if args.engine == "vllm" else MODES)[mode]
+    real = args.engine == "vllm"
+    for name, mock_default, vllm_default in (("messages", 8, 2), ("calibration_start_rps", 50.0, 2.0),
+                                             ("calibration_s", 6.0, 4.0)):
+        if getattr(args, name) is None:
+            setattr(args, name, vllm_default if real else mock_default)
+    if args.engine == "vllm":
+        if not Path(args.vllm_python).exists():
+            parser.error(f"{args.vllm_python} does not exist: run scripts/setup_vllm_env.sh")
+        # The worker registers the model under its path; requests name it so.
+        args.model_name = args.model_dir or tiny_model_dir(args.vllm_python)
     if args.token_ms is None:
         args.token_ms = settings.get("token_ms", DEFAULT_TOKEN_MS)
     if args.max_tokens is None:
@@ -633,6 +702,11 @@ def main(argv: list[str] | None = None) -> int:
             "timeout_s": args.timeout,
             "duration_s": args.duration or settings["duration_s"],
             "pause_log_ms": PAUSE_LOG_MS,
+            "engine": args.engine,
+            "model": args.model_name,
+            "worker_args": VLLM_ARGS if args.engine == "vllm" else None,
+            "worker_heap": "vLLM's own (no synthetic heap)" if args.engine == "vllm"
+            else heap,
         },
     }
     with tempfile.TemporaryDirectory(prefix="ab_serving-") as tmp:
@@ -677,7 +751,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(result["goal"], indent=1))
     path = plot(args, rows)
     result["plot"] = str(path) if path else None
-    json_path = bc.write_result(args, NAME, result)
+    json_path = bc.write_result(args, result_name(args), result)
     bc.publish_plot(args, path)
     print(f"wrote {json_path}" + (f" and {path}" if path else ""))
     return 0
