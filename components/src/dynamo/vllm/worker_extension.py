@@ -62,5 +62,6 @@ class FpmGcWorkerExtension:
         """
         state = gc_policy.gc_policy_state()
         state["freeze_count"] = gc.get_freeze_count()
+        state["heap_frozen"] = state["freeze_count"] > gc_policy.INTERPRETER_RESIDUE_MAX
         return state
 
