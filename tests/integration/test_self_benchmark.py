@@ -21,6 +21,7 @@ import pytest
 
 from dynamo.runtime import request_plane
 from dynamo.runtime.discovery import DiscoveryStore
+from tests.integration import harness
 from tests.integration.harness import LauncherProcess
 
 pytestmark = pytest.mark.integration
@@ -39,13 +40,8 @@ _opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopba
 
 
 def start_worker(name: str, directory: Path, *args: str, env=None) -> LauncherProcess:
-    return LauncherProcess(
-        name,
-        "dynamo.vllm",
-        ["--model", MODEL, "--discovery-dir", str(directory / "discovery"), *args],
-        log_dir=directory,
-        env=env,
-    )
+    """A worker serving MODEL, its discovery dir and log under ``directory``."""
+    return harness.start_worker(name, directory, directory / "discovery", MODEL, *args, env=env)
 
 
 def line_numbers(log: str, pattern: str) -> list[int]:

@@ -20,6 +20,7 @@ import pytest
 from dynamo.runtime import request_plane
 from dynamo.runtime.discovery import DiscoveryStore, ModelRecord
 from dynamo.vllm.mock_engine import mock_completion
+from tests.integration import harness
 from tests.integration.harness import LauncherProcess, wait_until
 
 pytestmark = pytest.mark.integration
@@ -31,13 +32,8 @@ REGISTERED_LINE = r"Model registered: model=(\S+) instance=(\w+) endpoint=(\S+)"
 
 
 def start_worker(name: str, directory: Path, *args: str, env=None) -> LauncherProcess:
-    return LauncherProcess(
-        name,
-        "dynamo.vllm",
-        ["--model", MODEL, "--discovery-dir", str(directory / "discovery"), *args],
-        log_dir=directory,
-        env=env,
-    )
+    """A worker serving MODEL, its discovery dir and log under ``directory``."""
+    return harness.start_worker(name, directory, directory / "discovery", MODEL, *args, env=env)
 
 
 def records(directory: Path) -> dict[str, ModelRecord]:
