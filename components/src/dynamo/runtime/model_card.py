@@ -1,0 +1,42 @@
+"""The model card: what a frontend needs to serve a model, published in its discovery record.
+
+A worker fills it in at ``register_model`` from what its engine resolved (vLLM's served name,
+the tokenizer directory, ``max_model_len``, the EOS ids of the model's generation config); the
+frontend builds the model's chat processor from it and nothing else. A record without a card
+(written by an older worker) is not served: serving it with a tokenizer that is not the model's
+own would return garbage, silently.
+
+The tokenizer and chat template are named by path, not copied into the record: a real
+``tokenizer.json`` is megabytes (etcd refuses values over 1.5 MiB by default). A frontend on
+another host therefore needs the same model directory mounted at the same path, as vLLM itself
+does for ``--model``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+
+NonEmptyStr = Annotated[StrictStr, Field(min_length=1)]
+
+
+class ModelCard(BaseModel):
+    """One model as its worker serves it; immutable, validated on both ends."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    # The name clients use in "model" (vLLM's first --served-model-name, else --model).
+    served_model_name: NonEmptyStr
+    # What --model named, as the engine resolved it (a local directory for a local model).
+    model_path: NonEmptyStr
+    # A directory with tokenizer.json (and tokenizer_config.json, chat_template.jinja when the
+    # model has them): --tokenizer when given, else the model directory.
+    tokenizer_path: NonEmptyStr
+    # The longest sequence (prompt + completion) the engine accepts, in the model's tokens.
+    context_length: Annotated[StrictInt, Field(ge=1)]
+    # Token ids that end a completion (finish_reason "stop"), from the model's generation
+    # config and tokenizer; empty for a model without an end-of-sequence token.
+    eos_token_ids: tuple[Annotated[StrictInt, Field(ge=0)], ...] = ()
+    # A chat template file that overrides the tokenizer's own (vLLM's --chat-template), if any.
+    chat_template_path: Optional[NonEmptyStr] = None

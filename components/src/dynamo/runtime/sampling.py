@@ -1,0 +1,41 @@
+"""Sampling options as they travel over the request plane, validated on both ends.
+
+The frontend turns an OpenAI request's sampling fields into one :class:`SamplingOptions`
+(after it has checked them and named the offending field in its 400); the worker validates the
+same model again (it must not trust its peer) and hands it to its engine: vLLM maps it onto
+``SamplingParams``, the mock engine honours ``max_tokens``, ``stop``, ``stop_token_ids`` and
+``ignore_eos``. The ranges are vLLM's own (``SamplingParams._verify_args``), so a request the
+frontend accepts is one vLLM accepts.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+
+
+class SamplingOptions(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    # Already capped by the frontend so that prompt + completion fits the model's context.
+    max_tokens: Annotated[StrictInt, Field(ge=1)]
+    min_tokens: Annotated[StrictInt, Field(ge=0)] = 0
+    temperature: Optional[Annotated[float, Field(ge=0.0)]] = None
+    top_p: Optional[Annotated[float, Field(gt=0.0, le=1.0)]] = None
+    # vLLM: 0 or -1 disables top-k.
+    top_k: Optional[Annotated[StrictInt, Field(ge=-1)]] = None
+    min_p: Optional[Annotated[float, Field(ge=0.0, le=1.0)]] = None
+    seed: Optional[StrictInt] = None
+    presence_penalty: Optional[Penalty] = None
+    frequency_penalty: Optional[Penalty] = None
+    repetition_penalty: Optional[Annotated[float, Field(gt=0.0)]] = None
+    # Stop strings, matched on the detokenized text. The frontend is authoritative (it hides
+    # them from the output and ends the stream); engines that can match them too stop sooner.
+    stop: tuple[Annotated[StrictStr, Field(min_length=1)], ...] = ()
+    # Token ids that end the completion with finish_reason "stop" (the card's EOS ids, unless
+    # ignore_eos) and are not part of the returned text.
+    stop_token_ids: tuple[Annotated[StrictInt, Field(ge=0)], ...] = ()
+    ignore_eos: StrictBool = False
