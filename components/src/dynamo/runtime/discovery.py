@@ -41,9 +41,13 @@ import stat as stat_module
 import tempfile
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Awaitable, Callable, TypeVar
+
+import pydantic
+
+from dynamo.runtime.model_card import ModelCard
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +93,9 @@ class ModelRecord:
     heartbeat: int | None = None
     heartbeat_at: float | None = None
     heartbeat_interval_s: float | None = None
+    # What a frontend needs to serve the model (None: a record from an older worker, which a
+    # frontend refuses to serve rather than guess a tokenizer for).
+    card: ModelCard | None = None
 
     @property
     def has_lease(self) -> bool:
@@ -96,7 +103,13 @@ class ModelRecord:
 
     def to_json(self) -> str:
         # Absent lease fields are left out: the record keeps the shape older readers know.
-        data = {k: v for k, v in asdict(self).items() if v is not None}
+        data = {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) is not None
+        }
+        if self.card is not None:
+            data["card"] = self.card.model_dump(mode="json")
         return json.dumps(data, sort_keys=True)
 
     @classmethod
@@ -114,9 +127,12 @@ class ModelRecord:
                 heartbeat=_optional(int, data.get("heartbeat")),
                 heartbeat_at=_optional(float, data.get("heartbeat_at")),
                 heartbeat_interval_s=_optional(float, data.get("heartbeat_interval_s")),
+                card=_optional(ModelCard.model_validate, data.get("card")),
             )
         except KeyError as exc:
             raise ValueError(f"record lacks field {exc.args[0]!r}") from None
+        except pydantic.ValidationError as exc:
+            raise ValueError(f"record has an invalid model card: {_first_error(exc)}") from None
         except (TypeError, OverflowError) as exc:  # "pid": null, "registered_at": {}, Infinity
             raise ValueError(f"record has a field of the wrong type: {exc}") from None
         for name in ("model", "endpoint", "instance_id"):
@@ -131,6 +147,12 @@ class ModelRecord:
 
 def _optional(convert: Callable, value: object):
     return None if value is None else convert(value)
+
+
+def _first_error(exc: pydantic.ValidationError) -> str:
+    error = exc.errors()[0]
+    where = ".".join(str(part) for part in error["loc"]) or "card"
+    return f"{where}: {error['msg']}"
 
 
 class DiscoveryStore:
