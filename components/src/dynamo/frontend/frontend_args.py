@@ -7,8 +7,7 @@ from typing import Mapping, Sequence
 
 from dynamo.common.configuration import IntRange, Option, Surface, Text, gc_options, parse_surface
 from dynamo.common.configuration.runtime_options import (
-    DISCOVERY_DIR,
-    DISCOVERY_TTL,
+    DISCOVERY_OPTIONS,
     default_discovery_dir,
 )
 
@@ -29,8 +28,7 @@ OPTIONS = [
         metavar="PORT",
         help="Port of the HTTP service (0 picks a free port and logs it)",
     ),
-    DISCOVERY_DIR,
-    DISCOVERY_TTL,
+    *DISCOVERY_OPTIONS,
     Option(
         name="dyn-preprocess-workers",
         env_var="DYN_PREPROCESS_WORKERS",

@@ -17,8 +17,7 @@ from dynamo.common.configuration import (
     parse_surface,
 )
 from dynamo.common.configuration.runtime_options import (
-    DISCOVERY_DIR,
-    DISCOVERY_TTL,
+    DISCOVERY_OPTIONS,
     default_discovery_dir,
 )
 from dynamo.vllm import self_benchmark_args
@@ -93,8 +92,7 @@ OPTIONS = [
         help="Engine behind the worker: the built-in mock engine, or vLLM's AsyncLLM",
     ),
     TENSOR_PARALLEL_SIZE,
-    DISCOVERY_DIR,
-    DISCOVERY_TTL,
+    *DISCOVERY_OPTIONS,
     REQUEST_PLANE_HOST,
     REQUEST_PLANE_PORT,
     Option(

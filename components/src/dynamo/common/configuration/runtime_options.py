@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import getpass
 import os
+import re
 import tempfile
 
 from dynamo.runtime.discovery import DEFAULT_LEASE_TTL_S, HEARTBEATS_PER_TTL
+from dynamo.runtime.etcd_endpoints import DEFAULT_ETCD_ENDPOINTS, EtcdEndpoint, parse_endpoints
 
 from .options import Option
-from .values import FiniteFloat, Text
+from .values import Choice, FiniteFloat, Text
 
 
 def default_discovery_dir() -> str:
@@ -31,8 +33,8 @@ DISCOVERY_DIR = Option(
     kind=Text("directory"),
     metavar="DIR",
     help=(
-        "Directory where workers publish one JSON record per registered model and the frontend "
-        "watches for them (unset: $XDG_RUNTIME_DIR/dynamo/discovery, else "
+        "--discovery-backend file: directory where workers publish one JSON record per "
+        "registered model and the frontend watches for them (unset: $XDG_RUNTIME_DIR/dynamo/discovery, else "
         "<tmpdir>/dynamo-<user>/discovery)"
     ),
 )
@@ -44,9 +46,94 @@ DISCOVERY_TTL = Option(
     kind=FiniteFloat(minimum=1.0),
     metavar="SECONDS",
     help=(
-        "Lease of a discovery record: a worker rewrites its record every 1/"
+        "Lease of a discovery record, in seconds. file: a worker rewrites its record every 1/"
         f"{HEARTBEATS_PER_TTL} of this, and the frontend treats a record unchanged for longer "
         "as a dead worker and stops routing to it (give the frontend and its workers the same "
-        "value)"
+        "value). etcd: the TTL of the worker's lease (rounded up to whole seconds), which etcd "
+        "deletes with the record unless the worker keeps it alive"
     ),
 )
+
+
+class DiscoveryBackendKind(Choice):
+    """``file`` or ``etcd``; upstream's other backends are refused by name, not as a typo."""
+
+    def parse(self, text: str) -> str:
+        word = text.strip()
+        if word in UPSTREAM_ONLY_BACKENDS:
+            raise ValueError(
+                f"upstream Dynamo's {word!r} backend is not implemented here; choose file "
+                "(one machine) or etcd (several)"
+            )
+        return super().parse(text)
+
+
+UPSTREAM_ONLY_BACKENDS = ("kubernetes", "mem")
+
+
+class EtcdEndpointsKind:
+    def parse(self, text: str) -> tuple[EtcdEndpoint, ...]:
+        return parse_endpoints(text)
+
+    def describe(self) -> str:
+        return "comma-separated URLs (`http://host:port`, `https://host:port`)"
+
+
+class NamespaceKind:
+    """A key-prefix segment: letters, digits, ``.``, ``_``, ``-`` (no ``/``, nothing empty)."""
+
+    _pattern = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+    def parse(self, text: str) -> str:
+        if not (text.isascii() and self._pattern.match(text)):
+            raise ValueError(
+                "must be 1-63 ASCII letters, digits, '.', '_' or '-', starting with a letter or "
+                "digit"
+            )
+        return text
+
+    def describe(self) -> str:
+        return "name (letters, digits, `.`, `_`, `-`)"
+
+
+DISCOVERY_BACKEND = Option(
+    name="discovery-backend",
+    env_var="DYN_DISCOVERY_BACKEND",
+    default="file",
+    kind=DiscoveryBackendKind(("file", "etcd")),
+    metavar="{file,etcd}",
+    help=(
+        "Where workers publish their records and the frontend finds them: file (a directory "
+        "shared by the processes of one machine, --discovery-dir) or etcd (a key per record "
+        "with a lease of --discovery-ttl, for deployments beyond one machine, --etcd-endpoints)"
+    ),
+)
+
+ETCD_ENDPOINTS = Option(
+    name="etcd-endpoints",
+    env_var="ETCD_ENDPOINTS",
+    default=DEFAULT_ETCD_ENDPOINTS,
+    kind=EtcdEndpointsKind(),
+    metavar="URLS",
+    help=(
+        "etcd cluster for --discovery-backend etcd: comma-separated client URLs, tried in turn "
+        "(https: TLS). Credentials come from ETCD_AUTH_USERNAME / ETCD_AUTH_PASSWORD and "
+        "ETCD_AUTH_CA / ETCD_AUTH_CLIENT_CERT / ETCD_AUTH_CLIENT_KEY, never from a flag"
+    ),
+)
+
+NAMESPACE = Option(
+    name="namespace",
+    env_var="DYN_NAMESPACE",
+    default="dynamo",
+    kind=NamespaceKind(),
+    metavar="NAME",
+    help=(
+        "Deployment namespace: on etcd, records live under a key prefix of their own "
+        "(dynamo-gc/<namespace>/models/), so deployments sharing one etcd never see each "
+        "other's workers (give the frontend and its workers the same value)"
+    ),
+)
+
+# Every option both launchers read for discovery, in the order their help lists them.
+DISCOVERY_OPTIONS = [DISCOVERY_BACKEND, DISCOVERY_DIR, DISCOVERY_TTL, ETCD_ENDPOINTS, NAMESPACE]

@@ -1,0 +1,105 @@
+"""The etcd endpoint list as operators write it (``ETCD_ENDPOINTS``), parsed and checked.
+
+Comma-separated URLs, as upstream Dynamo reads ``ETCD_ENDPOINTS``: ``http://host:port`` or
+``https://host:port`` (TLS), or a bare ``host:port`` (plain text). The port defaults to etcd's
+2379. Parsed at argument-parsing time, so a malformed list exits 2 before anything runs; no etcd
+client is imported here (that happens only when the etcd backend is selected).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+DEFAULT_ETCD_PORT = 2379
+DEFAULT_ETCD_ENDPOINTS = f"http://localhost:{DEFAULT_ETCD_PORT}"
+# RFC 1123 host names; IP literals are checked by ipaddress.
+_HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+_LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
+
+
+@dataclass(frozen=True)
+class EtcdEndpoint:
+    host: str  # a name or an IP literal, without IPv6 brackets
+    port: int
+    tls: bool
+
+    @property
+    def target(self) -> str:
+        """The gRPC target (``host:port``, IPv6 in brackets)."""
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"{'https' if self.tls else 'http'}://{self.target}"
+
+    @property
+    def is_loopback(self) -> bool:
+        if self.host.lower() in _LOOPBACK_NAMES:
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
+
+def _check_host(host: str) -> None:
+    try:
+        ipaddress.ip_address(host)
+        return
+    except ValueError:
+        pass
+    if not host.isascii():
+        raise ValueError(f"host {host!r} is not ASCII (write an IDN in its xn-- form)")
+    name = host[:-1] if host.endswith(".") else host
+    if len(name) > 253 or not all(_HOST_LABEL.match(label) for label in name.split(".")):
+        raise ValueError(f"{host!r} is not a valid host name or IP address")
+
+
+def parse_endpoint(text: str) -> EtcdEndpoint:
+    item = text.strip()
+    if not item:
+        raise ValueError("empty endpoint")
+    if "://" not in item:
+        item = "http://" + item
+    parts = urlsplit(item)
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https"):
+        raise ValueError(f"endpoint {text.strip()!r}: scheme must be http or https")
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise ValueError(f"endpoint {text.strip()!r}: only scheme://host:port, no path")
+    if parts.username is not None or parts.password is not None:
+        # Never in a URL: it would end up in logs and process listings.
+        raise ValueError(
+            f"endpoint {parts.hostname or ''!r}: credentials do not belong in the URL "
+            "(set ETCD_AUTH_USERNAME and ETCD_AUTH_PASSWORD)"
+        )
+    host = parts.hostname
+    if not host:
+        raise ValueError(f"endpoint {text.strip()!r} has no host")
+    try:
+        port = parts.port
+    except ValueError:
+        raise ValueError(f"endpoint {text.strip()!r}: port must be between 1 and 65535") from None
+    port_text = parts.netloc.rsplit("]", 1)[-1].rpartition(":")[2] if parts.port else ""
+    if port_text and not (port_text.isascii() and port_text.isdigit()):
+        raise ValueError(f"endpoint {text.strip()!r}: port must be ASCII digits")
+    if port == 0:
+        raise ValueError(f"endpoint {text.strip()!r}: port must be between 1 and 65535")
+    _check_host(host)
+    return EtcdEndpoint(host=host, port=port or DEFAULT_ETCD_PORT, tls=scheme == "https")
+
+
+def parse_endpoints(text: str) -> tuple[EtcdEndpoint, ...]:
+    """``ETCD_ENDPOINTS`` as a tuple (order kept, duplicates dropped); ValueError if malformed."""
+    items = text.split(",")
+    endpoints: list[EtcdEndpoint] = []
+    for item in items:
+        endpoint = parse_endpoint(item)
+        if endpoint not in endpoints:
+            endpoints.append(endpoint)
+    if len({e.tls for e in endpoints}) > 1:
+        raise ValueError("mixes http and https endpoints: one cluster speaks one of them")
+    return tuple(endpoints)
