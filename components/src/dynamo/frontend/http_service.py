@@ -55,6 +55,9 @@ class FrontendService:
         self.router = router
         self.preprocess_pool = preprocess_pool
         self.in_flight = 0  # chat requests admitted and not finished (reported when draining)
+        # The discovery watcher (set by main): /health reports its state, and is not ready
+        # before its first look at the store.
+        self.discovery_watcher = None
 
     def build_app(self) -> web.Application:
         app = web.Application(middlewares=[openai_error_middleware])
@@ -79,6 +82,14 @@ class FrontendService:
         }
         if pool is not None:
             body["preprocess_pool"] = pool.state
+        watcher = self.discovery_watcher
+        if watcher is not None and watcher.state != "ok":
+            # Said only when it matters. "degraded" stays ready: the instances known are still
+            # served; "connecting" (never reached the store yet) is not ready.
+            body["discovery"] = watcher.state
+            if watcher.state == "connecting":
+                ready = False
+                body["status"] = "notready"
         return web.json_response(body, status=200 if ready else 503)
 
     async def handle_models(self, request: web.Request) -> web.Response:

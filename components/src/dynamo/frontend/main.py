@@ -33,13 +33,20 @@ from typing import Awaitable, Callable, Sequence
 
 import aiohttp
 from aiohttp import web
+from prometheus_client import Gauge
 
 from dynamo.common import lifecycle
 from dynamo.common.configuration.runtime_options import DISCOVERY_DIR
 from dynamo.common.logging_setup import configure_logging
 from dynamo.common.metrics import DynamoMetrics, debug_gc_route, metrics_route
 from dynamo.common.utils import gc_freeze
-from dynamo.runtime.discovery import DiscoveryDirError, DiscoveryWatcher, ensure_discovery_dir
+from dynamo.runtime.discovery import DiscoveryDirError, ensure_discovery_dir
+from dynamo.runtime.discovery_backend import (
+    STATE_DEGRADED,
+    Discovery,
+    RecordWatcher,
+    open_discovery,
+)
 
 from . import frontend_args, gc_collect_trace
 from .chat_processor import build_chat_processor
@@ -94,7 +101,7 @@ class Frontend:
     session: aiohttp.ClientSession
     app: web.Application
     runner: web.AppRunner
-    watcher: DiscoveryWatcher
+    watcher: RecordWatcher
     preprocess_pool: PreprocessPool | None
     closer: Closer = field(default_factory=Closer)
 
@@ -151,14 +158,31 @@ async def _build(
         logger.info("HTTP service stopped")
 
     closer.push("HTTP service", stop_http_service)
-    watcher = DiscoveryWatcher(
-        config.discovery_dir,
+    discovery: Discovery = getattr(config, "discovery", None) or open_discovery(config)
+    watcher = discovery.watcher(
         on_add=registry.add_instance,
         on_remove=registry.remove_instance,
-        ttl_s=config.discovery_ttl,  # a worker whose record stops changing is dropped
+        ttl_s=config.discovery_ttl,  # file: a worker whose record stops changing is dropped
     )
     closer.push("discovery watcher", watcher.stop)
+    service.discovery_watcher = watcher  # /health reports its state (and waits for its first list)
+    if metrics is not None:
+        discovery_degraded_gauge(metrics, watcher)
     return Frontend(config, registry, service, session, app, runner, watcher, pool, closer)
+
+
+DISCOVERY_DEGRADED_METRIC = "dynamo_discovery_degraded"
+
+
+def discovery_degraded_gauge(metrics: DynamoMetrics, watcher: RecordWatcher) -> None:
+    """1 while the watcher is cut off from its store (it routes to what it knew), else 0."""
+    gauge = Gauge(
+        DISCOVERY_DEGRADED_METRIC,
+        "1 while model discovery cannot reach its store (the frontend keeps routing to the "
+        "instances it knew), 0 otherwise",
+        registry=metrics.registry,
+    )
+    gauge.set_function(lambda: 1.0 if watcher.state == STATE_DEGRADED else 0.0)
 
 
 def _url(host: str, port: int) -> str:
@@ -225,7 +249,9 @@ async def _run(
 
     frontend.watcher.start()
     logger.info(
-        "Discovery watcher started: %s (ttl %g s)", config.discovery_dir, config.discovery_ttl
+        "Discovery watcher started: %s (ttl %g s)",
+        config.discovery.describe() if hasattr(config, "discovery") else config.discovery_dir,
+        config.discovery_ttl,
     )
 
     await stop.wait()
@@ -260,7 +286,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = frontend_args.parse_args(argv)
     except SystemExit as exc:  # bad input (2, the parser printed why) or --help (0)
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
-    problem = check_discovery_dir(config.discovery_dir)
+    problem = check_discovery_dir(config.discovery_dir) if config.discovery_backend == "file" else None
+    if problem is None:
+        try:
+            # The etcd client is imported here, before the start-up freeze covers it.
+            config.discovery = open_discovery(config)
+        except ValueError as exc:  # EtcdSettingsError: credentials that cannot work
+            problem = str(exc)
     if problem is not None:
         # Before anything runs: a watcher on a file or an unreadable directory would see no
         # worker, ever, while /health said ready.
@@ -273,9 +305,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Always installed: every pause feeds dynamo_gc_pause_seconds, even with the log off (0).
     gc_freeze.install_gc_pause_logger(config.gc_pause_log_ms, on_pause=metrics.observe_pause)
     logger.info(
-        "Frontend starting: http=%s discovery_dir=%s preprocess_workers=%d freeze_gc_heap=%s",
+        "Frontend starting: http=%s discovery=%s preprocess_workers=%d freeze_gc_heap=%s",
         _url(config.http_host, config.http_port),
-        config.discovery_dir,
+        config.discovery.describe(),
         config.dyn_preprocess_workers,
         "on" if config.freeze_gc_heap else "off",
     )

@@ -3,7 +3,8 @@
 Workers write ``<instance_id>.json`` atomically (temp file in the same directory, then
 ``os.replace``), so a reader sees either no record or a whole one. The frontend's
 :class:`DiscoveryWatcher` polls the directory and reports records appearing and disappearing.
-A half-written or malformed record is skipped with one WARNING (per file version), never a crash.
+A half-written or malformed record is skipped with one WARNING (per file version), never a crash;
+so is a file over ``MAX_RECORD_BYTES``, which is never read whole.
 
 A record is a lease, the way an etcd key with a lease is in real Dynamo: a worker killed with
 SIGKILL never removes its record, so while it lives it rewrites the record every heartbeat
@@ -69,6 +70,10 @@ DELETE_AFTER_TTLS = 10.0
 # while opening a file revalidates it (close-to-open consistency): reading each record at least
 # this often lets a renewal be seen well within one TTL whatever stat() says.
 REREAD_EVERY_TTLS = 0.25
+# The largest record either backend reads (bytes of JSON). Ours are ~1 KiB (the model card names
+# tokenizer files by path); a file or an etcd value over this is skipped with one WARNING and
+# never read whole, so a stray huge file cannot take the frontend's memory.
+MAX_RECORD_BYTES = 1 << 20
 
 T = TypeVar("T")
 
@@ -411,6 +416,10 @@ class RecordHeartbeat:
         await self._periodic.stop()
 
 
+def _too_large(size: int) -> str:
+    return f"{size} bytes or more, over the {MAX_RECORD_BYTES}-byte record limit (not read)"
+
+
 def _stat_key(result: os.stat_result) -> tuple[int, int, int]:
     return (result.st_ino, result.st_mtime_ns, result.st_size)
 
@@ -538,9 +547,13 @@ class DiscoveryWatcher:
                 return previous
             if not stat_module.S_ISREG(status.st_mode):  # a directory; a FIFO would block
                 return self._malformed(path, previous, key, now, "", "not a regular file")
+            if status.st_size > MAX_RECORD_BYTES:
+                return self._malformed(path, previous, key, now, "", _too_large(status.st_size))
             with open(path, "rb") as handle:
                 key = _stat_key(os.fstat(handle.fileno()))  # the key of what is read
-                raw = handle.read()
+                raw = handle.read(MAX_RECORD_BYTES + 1)  # it may have grown since the stat
+            if len(raw) > MAX_RECORD_BYTES:
+                return self._malformed(path, previous, key, now, "", _too_large(len(raw)))
         except FileNotFoundError:
             return None  # removed between listing and reading
         except OSError as exc:
@@ -589,7 +602,10 @@ class DiscoveryWatcher:
             if version is not None:
                 versions[path] = version
         self._files = versions  # files that went away are forgotten: they warn afresh
-        for path in [p for p in self._unreadable if p not in versions]:
+        # A file still listed but never readable (permissions, a symlink loop) keeps its entry,
+        # so its WARNING is not repeated at every poll; one that went away warns afresh.
+        listed = set(paths)
+        for path in [p for p in self._unreadable if p not in listed]:
             del self._unreadable[path]
         return {p: v for p, v in versions.items() if v.record is not None}
 

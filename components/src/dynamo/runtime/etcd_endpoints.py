@@ -1,8 +1,9 @@
 """The etcd endpoint list as operators write it (``ETCD_ENDPOINTS``), parsed and checked.
 
-Comma-separated URLs, as upstream Dynamo reads ``ETCD_ENDPOINTS``: ``http://host:port`` or
-``https://host:port`` (TLS), or a bare ``host:port`` (plain text). The port defaults to etcd's
-2379. Parsed at argument-parsing time, so a malformed list exits 2 before anything runs; no etcd
+Comma-separated URLs, as upstream Dynamo reads ``ETCD_ENDPOINTS``: ``http://host:port`` or a
+bare ``host:port``. The port defaults to etcd's 2379. ``https://`` is refused with the reason: the
+asyncio etcd client this project uses (aetcd) opens plain-text gRPC channels only, and silently
+speaking plain text to an endpoint the operator wrote as TLS would be worse than an error. Parsed at argument-parsing time, so a malformed list exits 2 before anything runs; no etcd
 client is imported here (that happens only when the etcd backend is selected).
 """
 
@@ -24,7 +25,6 @@ _LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhos
 class EtcdEndpoint:
     host: str  # a name or an IP literal, without IPv6 brackets
     port: int
-    tls: bool
 
     @property
     def target(self) -> str:
@@ -33,7 +33,7 @@ class EtcdEndpoint:
 
     @property
     def url(self) -> str:
-        return f"{'https' if self.tls else 'http'}://{self.target}"
+        return f"http://{self.target}"
 
     @property
     def is_loopback(self) -> bool:
@@ -66,8 +66,14 @@ def parse_endpoint(text: str) -> EtcdEndpoint:
         item = "http://" + item
     parts = urlsplit(item)
     scheme = parts.scheme.lower()
-    if scheme not in ("http", "https"):
-        raise ValueError(f"endpoint {text.strip()!r}: scheme must be http or https")
+    if scheme == "https":
+        raise ValueError(
+            f"endpoint {text.strip()!r}: TLS (https) is not supported by this project's etcd "
+            "client; use http (with ETCD_AUTH_USERNAME / ETCD_AUTH_PASSWORD) on a trusted "
+            "network, or a TLS-terminating proxy next to each process"
+        )
+    if scheme != "http":
+        raise ValueError(f"endpoint {text.strip()!r}: scheme must be http")
     if parts.path not in ("", "/") or parts.query or parts.fragment:
         raise ValueError(f"endpoint {text.strip()!r}: only scheme://host:port, no path")
     if parts.username is not None or parts.password is not None:
@@ -89,7 +95,7 @@ def parse_endpoint(text: str) -> EtcdEndpoint:
     if port == 0:
         raise ValueError(f"endpoint {text.strip()!r}: port must be between 1 and 65535")
     _check_host(host)
-    return EtcdEndpoint(host=host, port=port or DEFAULT_ETCD_PORT, tls=scheme == "https")
+    return EtcdEndpoint(host=host, port=port or DEFAULT_ETCD_PORT)
 
 
 def parse_endpoints(text: str) -> tuple[EtcdEndpoint, ...]:
@@ -100,6 +106,4 @@ def parse_endpoints(text: str) -> tuple[EtcdEndpoint, ...]:
         endpoint = parse_endpoint(item)
         if endpoint not in endpoints:
             endpoints.append(endpoint)
-    if len({e.tls for e in endpoints}) > 1:
-        raise ValueError("mixes http and https endpoints: one cluster speaks one of them")
     return tuple(endpoints)

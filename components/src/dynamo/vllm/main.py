@@ -35,6 +35,7 @@ import contextlib
 import logging
 import signal
 import socket
+import sys
 import time
 from typing import AsyncIterator, Sequence
 
@@ -45,12 +46,8 @@ from dynamo.common.logging_setup import configure_logging
 from dynamo.common.metrics import DynamoMetrics
 from dynamo.common.system_server import start_system_server
 from dynamo.common.utils import gc_freeze
-from dynamo.runtime.discovery import (
-    DiscoveryStore,
-    ModelRecord,
-    RecordHeartbeat,
-    heartbeat_interval_for,
-)
+from dynamo.runtime.discovery import ModelRecord
+from dynamo.runtime.discovery_backend import Discovery, Registration, open_discovery
 from dynamo.runtime.request_plane import add_request_plane_routes
 from dynamo.vllm import backend_args, engine_factory, startup_checks
 from dynamo.vllm.engine import Engine, EngineUnavailable
@@ -257,31 +254,39 @@ async def open_request_plane(
     return plane
 
 
-def register_model(
-    store: DiscoveryStore, model: str, endpoint: str, *, heartbeat_interval_s: float
-) -> ModelRecord:
+async def register_model(registration: Registration, model: str, endpoint: str) -> ModelRecord:
     """Publish this worker's model; the frontend routes to it from the moment this returns.
 
-    The record is a lease (heartbeat 0): unless renewed every ``heartbeat_interval_s`` (see
-    :class:`RecordHeartbeat`), the frontend treats it as gone after its TTL.
+    The record is a lease, kept alive by the registration until :func:`unregister_model`
+    (file: rewritten every heartbeat; etcd: a lease kept alive); a worker that dies without
+    unregistering is dropped after --discovery-ttl.
     """
-    record = ModelRecord(
-        model=model, endpoint=endpoint, heartbeat=0, heartbeat_interval_s=heartbeat_interval_s
-    )
-    store.register(record)
+    record = await registration.register(ModelRecord(model=model, endpoint=endpoint))
     logger.info(
-        "Model registered: model=%s instance=%s endpoint=%s heartbeat every %g s",
+        "Model registered: model=%s instance=%s endpoint=%s %s",
         record.model,
         record.instance_id,
         record.endpoint,
-        heartbeat_interval_s,
+        registration.describe_lease(),
     )
     return record
 
 
-def unregister_model(store: DiscoveryStore, record: ModelRecord) -> None:
-    store.unregister(record.instance_id)
+async def unregister_model(registration: Registration, record: ModelRecord) -> None:
+    await registration.unregister()
     logger.info("Model unregistered: model=%s instance=%s", record.model, record.instance_id)
+
+
+async def connect_discovery(
+    discovery: Discovery, config: argparse.Namespace, cleanup: contextlib.AsyncExitStack
+) -> Registration:
+    """The worker's registration, its store reachable (etcd: retried with back-off until it
+    answers; the worker stays `starting`, so not ready, meanwhile)."""
+    registration = discovery.registration(config.discovery_ttl)
+    cleanup.push_async_callback(registration.close)
+    logger.info("Discovery: %s backend, %s", discovery.backend, discovery.describe())
+    await registration.connect()
+    return registration
 
 
 async def shutdown_engine(engine: Engine) -> None:
@@ -292,12 +297,15 @@ async def shutdown_engine(engine: Engine) -> None:
 
 async def run_worker(config: argparse.Namespace) -> int:
     """Everything after argument parsing; returns the exit code (0 after a signal)."""
+    # main() opens the backend before the loop exists (the etcd client's import is then
+    # frozen with the rest); a caller that skipped main() gets it here.
+    discovery = getattr(config, "discovery", None) or open_discovery(config)
     signals = StopSignals(asyncio.get_running_loop(), asyncio.current_task())
     signals.install()
     try:
         async with contextlib.AsyncExitStack() as cleanup:
             # Unwound last-in first-out: unregister, close the request plane, stop the engine.
-            await _start_and_serve(config, signals, cleanup)
+            await _start_and_serve(config, discovery, signals, cleanup)
     except asyncio.CancelledError:
         if signals.received is None:
             raise
@@ -311,7 +319,10 @@ async def run_worker(config: argparse.Namespace) -> int:
 
 
 async def _start_and_serve(
-    config: argparse.Namespace, signals: StopSignals, cleanup: contextlib.AsyncExitStack
+    config: argparse.Namespace,
+    discovery: Discovery,
+    signals: StopSignals,
+    cleanup: contextlib.AsyncExitStack,
 ) -> None:
     metrics = DynamoMetrics(freeze_enabled=config.freeze_gc_heap).attach()
     gc_state = gc_freeze.ProcessGcState(metrics)
@@ -328,6 +339,8 @@ async def _start_and_serve(
         worker_extension_cls=getattr(config, "worker_extension_cls", None),
     )
     plane = await open_request_plane(config, engine, cleanup)
+    # Before engine init: a store that is down shows in the log at once, not after a minute.
+    registration = await connect_discovery(discovery, config, cleanup)
 
     logger.info("Engine init: starting the %s engine for model %s", config.engine, config.model)
     began = time.perf_counter()
@@ -351,15 +364,10 @@ async def _start_and_serve(
     # then a no-op.
     cleanup.push_async_callback(plane.close)
     lifecycle.mark_serving("register_model")
-    store = DiscoveryStore(config.discovery_dir)
-    interval_s = heartbeat_interval_for(config.discovery_ttl)
-    record = register_model(store, config.model, plane.endpoint, heartbeat_interval_s=interval_s)
-    cleanup.callback(unregister_model, store, record)
-    # Pushed after the unregister, so it unwinds before it: a renewal after the removal would
-    # write the record back.
-    heartbeat = RecordHeartbeat(store, record, interval_s)
-    cleanup.push_async_callback(heartbeat.stop)
-    heartbeat.start()
+    record = await register_model(registration, config.model, plane.endpoint)
+    # Unwinds first: the record goes (file: heartbeat stopped, then the file; etcd: the lease
+    # revoked) before the request plane drains.
+    cleanup.push_async_callback(unregister_model, registration, record)
 
     signals.serving()
     logger.info("Worker serving model %s; stop it with SIGTERM or SIGINT", config.model)
@@ -394,12 +402,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         startup_checks.check_paths(config)
     except SystemExit as exc:  # bad input (exit 2) or --help (exit 0): nothing else has run
         return _exit_code(exc)
+    try:
+        # The etcd client is imported here, before the event loop and the freeze.
+        config.discovery = open_discovery(config)
+    except ValueError as exc:  # EtcdSettingsError: credentials that cannot work
+        print(f"{startup_checks.PROG}: error: {exc}", file=sys.stderr)
+        return 2
     configure_logging()
     logger.info(
-        "Worker options: model=%s engine=%s discovery_dir=%s discovery_ttl=%g "
+        "Worker options: model=%s engine=%s discovery_backend=%s discovery_dir=%s discovery_ttl=%g "
         "request_plane=%s:%s freeze_gc_heap=%s gc_pause_log_ms=%g self_benchmark_points=%d",
         config.model,
         config.engine,
+        config.discovery_backend,
         config.discovery_dir,
         config.discovery_ttl,
         config.request_plane_host,

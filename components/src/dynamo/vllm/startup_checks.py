@@ -69,7 +69,8 @@ def create_benchmark_output(path: str) -> None:
 def check_paths(config: argparse.Namespace) -> None:
     """The path options, checked (and created) before anything starts; exits 2 on a bad one."""
     try:
-        ensure_discovery_dir(config.discovery_dir)
+        if config.discovery_backend == "file":
+            ensure_discovery_dir(config.discovery_dir)
         if config.self_benchmark_points > 0 and config.self_benchmark_output is not None:
             create_benchmark_output(config.self_benchmark_output)
     except UnusablePath as exc:

@@ -76,7 +76,7 @@ class EtcdEndpointsKind:
         return parse_endpoints(text)
 
     def describe(self) -> str:
-        return "comma-separated URLs (`http://host:port`, `https://host:port`)"
+        return "comma-separated URLs (`http://host:port`)"
 
 
 class NamespaceKind:
@@ -117,8 +117,8 @@ ETCD_ENDPOINTS = Option(
     metavar="URLS",
     help=(
         "etcd cluster for --discovery-backend etcd: comma-separated client URLs, tried in turn "
-        "(https: TLS). Credentials come from ETCD_AUTH_USERNAME / ETCD_AUTH_PASSWORD and "
-        "ETCD_AUTH_CA / ETCD_AUTH_CLIENT_CERT / ETCD_AUTH_CLIENT_KEY, never from a flag"
+        "(plain-text gRPC; TLS is not supported). A user and password come from "
+        "ETCD_AUTH_USERNAME / ETCD_AUTH_PASSWORD, never from a flag"
     ),
 )
 
