@@ -38,3 +38,23 @@ def restore_gc_state():
     lifecycle._listeners[:] = listeners
     # A launcher's main() run in-process installs a stderr handler bound to this test's capture.
     logging_setup.remove_logging_handler()
+
+
+@pytest.fixture
+def etcd_server(tmp_path):
+    """A real etcd on loopback for one test (skipped without a binary, unless CI requires it)."""
+    import os
+
+    from tests.etcd_server import ETCD_MISSING_REASON, REQUIRE_ETCD_ENV, EtcdServer, find_etcd
+
+    binary = find_etcd()
+    if binary is None:
+        if os.environ.get(REQUIRE_ETCD_ENV) == "1":
+            pytest.fail(f"{REQUIRE_ETCD_ENV}=1 but {ETCD_MISSING_REASON}")
+        pytest.skip(ETCD_MISSING_REASON)
+    server = EtcdServer(binary, tmp_path)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -1,0 +1,336 @@
+"""The etcd backend against a real etcd server on loopback (no mock of etcd anywhere).
+
+In-process: the worker's registration and the frontend's watcher on one event loop, with a test
+client (aetcd) to write what a test needs into etcd. The launchers on etcd are in
+test_etcd_pair.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import aetcd
+import pytest
+
+from dynamo.runtime.discovery import MAX_RECORD_BYTES, ModelRecord
+from dynamo.runtime.discovery_etcd import EtcdCredentials, EtcdDiscovery
+from dynamo.runtime.etcd_endpoints import parse_endpoints
+
+pytestmark = pytest.mark.integration
+
+DEADLINE_S = 15.0
+
+
+async def until(condition, *, deadline_s: float = DEADLINE_S, what: str = "a condition"):
+    end = time.monotonic() + deadline_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {deadline_s} s waiting for {what}")
+        await asyncio.sleep(0.01)  # polling interval of a condition wait
+
+
+def discovery(server, namespace: str = "test") -> EtcdDiscovery:
+    return EtcdDiscovery(parse_endpoints(server.url), namespace, EtcdCredentials())
+
+
+def client(server) -> aetcd.Client:
+    return aetcd.Client(host="127.0.0.1", port=server.client_port, timeout=5)
+
+
+class Seen:
+    """What a watcher reported, in order."""
+
+    def __init__(self) -> None:
+        self.added: list[ModelRecord] = []
+        self.removed: list[ModelRecord] = []
+
+    def on_add(self, record: ModelRecord) -> None:
+        self.added.append(record)
+
+    def on_remove(self, record: ModelRecord) -> None:
+        self.removed.append(record)
+
+
+def warnings(caplog, text: str) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING and text in r.getMessage()
+    ]
+
+
+def test_register_watch_and_revoke(etcd_server):
+    backend = discovery(etcd_server)
+    seen = Seen()
+
+    async def scenario():
+        registration = backend.registration(2.0)
+        await registration.connect()
+        record = await registration.register(ModelRecord(model="m", endpoint="http://w:1"))
+        watcher = backend.watcher(on_add=seen.on_add, on_remove=seen.on_remove, ttl_s=2.0)
+        watcher.start()
+        try:
+            await until(lambda: seen.added, what="the record to be listed")
+            assert watcher.state == "ok"
+            # The keep-alive holds the 2 s lease well past its TTL.
+            async with client(etcd_server) as c:
+                lease_id = registration.lease_id
+                for _ in range(3):
+                    info = await c.get_lease_info(lease_id)
+                    assert info.TTL > 0
+                    await asyncio.sleep(registration.keepalive_interval_s)  # spans 1 TTL
+            began = time.monotonic()
+            await registration.unregister()
+            await until(lambda: seen.removed, what="the revoked record to go")
+            return record, time.monotonic() - began
+        finally:
+            await watcher.stop()
+            await registration.close()
+
+    record, removal_s = asyncio.run(scenario())
+    assert [r.instance_id for r in seen.added] == [record.instance_id]
+    assert [r.instance_id for r in seen.removed] == [record.instance_id]
+    assert removal_s < 1.0  # revoked, not expired: the watch sees the DELETE at once
+
+
+def test_a_lease_left_unrenewed_expires_and_its_record_goes(etcd_server, record_property):
+    """What a SIGKILLed worker leaves: a lease nobody keeps alive; etcd deletes the key."""
+    backend = discovery(etcd_server)
+    seen = Seen()
+
+    async def scenario():
+        registration = backend.registration(2.0)
+        await registration.register(ModelRecord(model="m", endpoint="http://w:1"))
+        registration._task.cancel()  # the worker is gone: no more keep-alives
+        began = time.monotonic()
+        watcher = backend.watcher(on_add=seen.on_add, on_remove=seen.on_remove, ttl_s=2.0)
+        watcher.start()
+        try:
+            await until(lambda: seen.removed, what="the expired record to go")
+            return time.monotonic() - began
+        finally:
+            await watcher.stop()
+            await registration.close()
+
+    gone_after_s = asyncio.run(scenario())
+    record_property("lease_expiry_s", round(gone_after_s, 2))
+    print(f"record gone {gone_after_s:.2f} s after its last keep-alive (lease 2 s)")
+    assert len(seen.added) == 1
+
+
+def test_namespaces_do_not_see_each_other(etcd_server):
+    seen_a, seen_b = Seen(), Seen()
+
+    async def scenario():
+        reg = discovery(etcd_server, "a").registration(5.0)
+        await reg.register(ModelRecord(model="only-a", endpoint="http://w:1"))
+        watch_a = discovery(etcd_server, "a").watcher(
+            on_add=seen_a.on_add, on_remove=seen_a.on_remove, ttl_s=5
+        )
+        watch_b = discovery(etcd_server, "b").watcher(
+            on_add=seen_b.on_add, on_remove=seen_b.on_remove, ttl_s=5
+        )
+        watch_a.start()
+        watch_b.start()
+        try:
+            await until(lambda: seen_a.added and watch_b.state == "ok")
+        finally:
+            await watch_a.stop()
+            await watch_b.stop()
+            await reg.unregister()
+            await reg.close()
+
+    asyncio.run(scenario())
+    assert [r.model for r in seen_a.added] == ["only-a"] and seen_b.added == []
+
+
+def test_malformed_and_oversized_records_get_one_warning_each_and_are_skipped(
+    etcd_server, caplog
+):
+    caplog.set_level(logging.INFO)
+    backend = discovery(etcd_server)
+    prefix = backend.prefix.encode()
+    seen = Seen()
+    good = ModelRecord(model="good", endpoint="http://w:1")
+
+    async def scenario():
+        async with client(etcd_server) as c:
+            await c.put(prefix + b"garbage", b"{not json")
+            await c.put(prefix + b"huge", b" " * (MAX_RECORD_BYTES + 1))
+            watcher = backend.watcher(on_add=seen.on_add, on_remove=seen.on_remove, ttl_s=5)
+            watcher.start()
+            try:
+                await until(lambda: watcher.state == "ok")
+                await c.put(prefix + good.instance_id.encode(), good.to_json().encode())
+                await until(lambda: seen.added, what="the good record")
+                # The watch stream breaks (etcd restarts): the re-list must not warn again
+                # about the same versions of the same keys.
+                etcd_server.stop()
+                await until(lambda: watcher.state == "degraded")
+                etcd_server.start()
+                await until(lambda: watcher.state == "ok" and watcher.lists >= 2)
+            finally:
+                await watcher.stop()
+
+    asyncio.run(scenario())
+    assert [r.model for r in seen.added] == ["good"] and seen.removed == []
+    malformed = warnings(caplog, "Ignoring malformed discovery record")
+    assert len(malformed) == 2, malformed
+    assert any("garbage" in w for w in malformed)
+    assert any("huge" in w and f"{MAX_RECORD_BYTES}-byte record limit" in w for w in malformed)
+
+
+def test_an_outage_keeps_the_known_instances_and_logs_once(etcd_server, caplog):
+    caplog.set_level(logging.INFO)
+    backend = discovery(etcd_server)
+    seen = Seen()
+
+    async def scenario():
+        registration = backend.registration(2.0)
+        record = await registration.register(ModelRecord(model="m", endpoint="http://w:1"))
+        watcher = backend.watcher(on_add=seen.on_add, on_remove=seen.on_remove, ttl_s=2)
+        watcher.start()
+        try:
+            await until(lambda: seen.added)
+            etcd_server.stop()
+            await until(lambda: watcher.state == "degraded", what="the watcher to see the outage")
+            # Longer than the lease: the worker cannot renew, nothing is removed meanwhile.
+            await until(
+                lambda: "Discovery: lost etcd" in caplog.text, what="the worker to see it"
+            )
+            await asyncio.sleep(registration.lease_ttl_s + 1)  # the outage outlasts the lease
+            assert watcher.known == {record.instance_id: record} and seen.removed == []
+            etcd_server.start()
+            await until(
+                lambda: watcher.state == "ok" and "registered again" in caplog.text
+                or "still held" in caplog.text,
+                what="recovery",
+            )
+            await until(lambda: watcher.state == "ok")
+            async with client(etcd_server) as c:
+                listed = await c.get_prefix(backend.prefix.encode())
+            keys = sorted(kv.key.decode().rsplit("/", 1)[1] for kv in listed)
+            await until(lambda: sorted(watcher.known) == keys == [record.instance_id])
+        finally:
+            await watcher.stop()
+            await registration.unregister()
+            await registration.close()
+
+    asyncio.run(scenario())
+    assert len(warnings(caplog, "Discovery degraded: lost etcd")) == 1
+    assert len(warnings(caplog, "Discovery: lost etcd")) == 1
+    assert "Discovery recovered: etcd at" in caplog.text
+    assert "Traceback" not in caplog.text
+
+
+def test_start_up_with_etcd_down_waits_and_connects_when_it_comes(etcd_server, caplog):
+    caplog.set_level(logging.INFO)
+    etcd_server.stop()
+    backend = discovery(etcd_server)
+    seen = Seen()
+
+    async def scenario():
+        watcher = backend.watcher(on_add=seen.on_add, on_remove=seen.on_remove, ttl_s=2)
+        watcher.start()
+        registration = backend.registration(2.0)
+        connecting = asyncio.ensure_future(registration.connect())
+        try:
+            await until(lambda: "cannot reach etcd" in caplog.text)
+            assert watcher.state == "connecting" and not connecting.done()
+            etcd_server.start()
+            await asyncio.wait_for(connecting, DEADLINE_S)
+            await until(lambda: watcher.state == "ok")
+        finally:
+            connecting.cancel()
+            await watcher.stop()
+            await registration.close()
+
+    asyncio.run(scenario())
+    assert len(warnings(caplog, "cannot reach etcd")) == 2  # one each: watcher, registration
+    assert "Discovery: connected to etcd at" in caplog.text
+
+
+def test_compaction_while_watching_relists_and_misses_nothing(etcd_server, caplog):
+    """The watcher falls behind a compaction (its first list's callbacks are slow): it lists
+    again and ends with exactly what etcd holds."""
+    caplog.set_level(logging.INFO)
+    backend = discovery(etcd_server)
+    prefix = backend.prefix.encode()
+    first = [ModelRecord(model=f"m{i}", endpoint=f"http://w:{i + 1}") for i in range(3)]
+    later = [ModelRecord(model=f"n{i}", endpoint=f"http://v:{i + 1}") for i in range(3)]
+    release = asyncio.Event()
+    seen = Seen()
+
+    async def slow_add(record: ModelRecord) -> None:
+        seen.on_add(record)
+        await release.wait()
+
+    async def scenario():
+        async with client(etcd_server) as c:
+            for record in first:
+                await c.put(prefix + record.instance_id.encode(), record.to_json().encode())
+            watcher = backend.watcher(on_add=slow_add, on_remove=seen.on_remove, ttl_s=5)
+            watcher.start()
+            try:
+                await until(lambda: seen.added, what="the first list to reach a callback")
+                # Meanwhile: one record goes, three come, and the history is compacted away.
+                await c.delete(prefix + first[0].instance_id.encode())
+                for record in later:
+                    await c.put(prefix + record.instance_id.encode(), record.to_json().encode())
+                status = await c.get_prefix(prefix)
+                await c.compact(status.header.revision, physical=True)
+                release.set()
+                expected = {r.instance_id for r in first[1:] + later}
+                await until(lambda: set(watcher.known) == expected, what="the re-listed view")
+                # And it keeps watching after the re-list.
+                extra = ModelRecord(model="x", endpoint="http://x:1")
+                await c.put(prefix + extra.instance_id.encode(), extra.to_json().encode())
+                await until(lambda: extra.instance_id in watcher.known)
+            finally:
+                release.set()
+                await watcher.stop()
+
+    asyncio.run(scenario())
+    assert "compacted past our revision" in caplog.text
+    assert [r.instance_id for r in seen.removed] == [first[0].instance_id]
+
+
+def test_a_thousand_records_are_all_seen(etcd_server, record_property):
+    backend = discovery(etcd_server)
+    prefix = backend.prefix.encode()
+    records = [ModelRecord(model=f"model-{i % 10}", endpoint=f"http://w:{i + 1}") for i in range(1000)]
+    seen = Seen()
+
+    async def scenario():
+        async with client(etcd_server) as c:
+            for start in range(0, len(records), 100):
+                await asyncio.gather(
+                    *(
+                        c.put(prefix + r.instance_id.encode(), r.to_json().encode())
+                        for r in records[start : start + 100]
+                    )
+                )
+            watcher = backend.watcher(on_add=seen.on_add, on_remove=seen.on_remove, ttl_s=5)
+            began = time.monotonic()
+            watcher.start()
+            try:
+                await until(lambda: len(watcher.known) == len(records), deadline_s=60)
+                listed_s = time.monotonic() - began
+                # And 1,000 more changes through the watch: every record deleted.
+                began = time.monotonic()
+                await c.delete_prefix(prefix)
+                await until(lambda: not watcher.known, deadline_s=60)
+                return listed_s, time.monotonic() - began
+            finally:
+                await watcher.stop()
+
+    listed_s, deleted_s = asyncio.run(scenario())
+    record_property("list_1000_records_s", round(listed_s, 3))
+    record_property("watch_1000_deletes_s", round(deleted_s, 3))
+    print(f"1,000 records: listed in {listed_s:.3f} s, their deletes watched in {deleted_s:.3f} s")
+    assert len({r.instance_id for r in seen.added}) == 1000 and len(seen.removed) == 1000
