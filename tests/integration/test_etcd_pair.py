@@ -1,0 +1,211 @@
+"""The real launchers on etcd: ``python -m dynamo.frontend`` and ``python -m dynamo.vllm`` with
+``--discovery-backend etcd``, against a real etcd server on loopback started by the test."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import aetcd
+import pytest
+
+from dynamo.runtime.discovery import ModelRecord
+from tests.integration.harness import wait_until
+from tests.integration.pair_helpers import (
+    EXPLICIT_COLLECT_LINE,
+    chat_body,
+    frontend_url,
+    request,
+    start_frontend,
+    start_worker,
+)
+
+pytestmark = pytest.mark.integration
+
+TTL = "2"
+
+
+def etcd_args(server, *extra: str) -> tuple[str, ...]:
+    return ("--discovery-backend", "etcd", "--etcd-endpoints", server.url, "--discovery-ttl",
+            TTL, "--namespace", "pair", *extra)  # fmt: skip
+
+
+def models(url: str) -> set[str]:
+    status, body = request("GET", url + "/v1/models")
+    assert status == 200, body
+    return {m["id"] for m in body["data"]}
+
+
+def etcd_records(server) -> list[ModelRecord]:
+    async def listing():
+        async with aetcd.Client(host="127.0.0.1", port=server.client_port, timeout=5) as c:
+            return [ModelRecord.from_json(kv.value.decode()) for kv in await c.get_prefix(
+                b"dynamo-gc/pair/models/")]
+
+    return asyncio.run(listing())
+
+
+def chat_ok(url: str, model: str) -> bool:
+    status, body = request("POST", url + "/v1/chat/completions", chat_body(model, max_tokens=4))
+    return status == 200 and body["choices"][0]["finish_reason"] in ("length", "stop")
+
+
+def test_register_discover_serve_and_drain(etcd_server, tmp_path):
+    # The discovery dir is never used on etcd: a path that cannot exist proves it.
+    nowhere = tmp_path / "file" / "not-a-dir"
+    (tmp_path / "file").write_text("")
+    worker = start_worker("worker", tmp_path, nowhere, "etcd-a", *etcd_args(etcd_server))
+    frontend = start_frontend("frontend", tmp_path, nowhere, *etcd_args(etcd_server))
+    try:
+        url = frontend_url(frontend)
+        wait_until(lambda: "etcd-a" in models(url), deadline_s=30, what="the model on etcd")
+        assert chat_ok(url, "etcd-a")
+        status, health = request("GET", url + "/health")
+        assert status == 200 and "discovery" not in health  # ok: nothing to say
+        worker.signal()
+        began = time.monotonic()
+        wait_until(lambda: "etcd-a" not in models(url), deadline_s=10, what="the model to go")
+        gone_s = time.monotonic() - began
+        assert worker.wait_exit() == 0
+        assert gone_s < 1.0, f"left /v1/models {gone_s:.2f} s after SIGTERM"
+        assert etcd_records(etcd_server) == []
+    finally:
+        worker.stop()
+        frontend.stop()
+    assert "Model registered: model=etcd-a" in worker.log()
+    assert "etcd lease 2 s" in worker.log()
+    # The start-up freeze's one collect; discovery (on etcd too) adds none.
+    assert frontend.count(EXPLICIT_COLLECT_LINE) == 1
+    assert "Traceback" not in worker.log() + frontend.log()
+
+
+def test_sigkill_leaves_after_the_ttl_and_the_other_worker_serves(
+    etcd_server, tmp_path, record_property
+):
+    d = tmp_path / "unused"
+    doomed = start_worker("doomed", tmp_path, d, "etcd-doomed", *etcd_args(etcd_server))
+    other = start_worker("other", tmp_path, d, "etcd-other", *etcd_args(etcd_server))
+    frontend = start_frontend("frontend", tmp_path, d, *etcd_args(etcd_server))
+    try:
+        url = frontend_url(frontend)
+        wait_until(
+            lambda: {"etcd-doomed", "etcd-other"} <= models(url), deadline_s=30, what="both"
+        )
+        doomed.proc.kill()
+        doomed.proc.wait(timeout=10)
+        began = time.monotonic()
+        wait_until(lambda: "etcd-doomed" not in models(url), deadline_s=15, what="expiry")
+        gone_s = time.monotonic() - began
+        record_property("sigkill_gone_after_s", round(gone_s, 2))
+        print(f"SIGKILLed worker's model gone after {gone_s:.2f} s (TTL {TTL} s)")
+        assert gone_s <= float(TTL) + 2.0  # the TTL plus etcd's expiry tick
+        assert chat_ok(url, "etcd-other")
+    finally:
+        for process in (doomed, other, frontend):
+            process.stop()
+
+
+def test_etcd_restarted_after_the_ttl_under_load(etcd_server, tmp_path):
+    """etcd stopped for longer than the TTL, restarted on the same data dir, while the pair
+    serves: no request fails, the worker registers again, no instance twice, views agree."""
+    d = tmp_path / "unused"
+    worker = start_worker("worker", tmp_path, d, "etcd-load", *etcd_args(etcd_server))
+    frontend = start_frontend("frontend", tmp_path, d, *etcd_args(etcd_server))
+    failures: list[str] = []
+    served = [0]
+    stop = threading.Event()
+
+    def load() -> None:
+        while not stop.is_set():
+            try:
+                if chat_ok(url, "etcd-load"):
+                    served[0] += 1
+                else:
+                    failures.append("not ok")
+            except Exception as exc:  # noqa: BLE001 - a failure is what this test counts
+                failures.append(repr(exc))
+
+    try:
+        url = frontend_url(frontend)
+        wait_until(lambda: "etcd-load" in models(url), deadline_s=30, what="the model")
+        (before,) = etcd_records(etcd_server)
+        loader = threading.Thread(target=load, daemon=True)
+        loader.start()
+        wait_until(lambda: served[0] >= 5, deadline_s=20, what="load")
+        etcd_server.stop()
+        frontend.wait_for_log(r"Discovery degraded: lost etcd", deadline_s=20)
+        worker.wait_for_log(r"Discovery: lost etcd", deadline_s=20)
+        status, health = request("GET", url + "/health")
+        assert (status, health.get("discovery")) == (200, "degraded")
+        # Stopped for longer than the lease, measured by requests served meanwhile.
+        outage_ends = time.monotonic() + float(TTL) + 1.0
+        wait_until(lambda: time.monotonic() > outage_ends, deadline_s=10, what="the outage")
+        served_in_outage = served[0]
+        etcd_server.start()
+        frontend.wait_for_log(r"Discovery recovered", deadline_s=30)
+        worker.wait_for_log(r"registered again|still held", deadline_s=30)
+        wait_until(lambda: len(etcd_records(etcd_server)) == 1, deadline_s=15, what="record")
+        wait_until(lambda: served[0] > served_in_outage + 5, deadline_s=20, what="more load")
+        stop.set()
+        loader.join(timeout=30)
+        (after,) = etcd_records(etcd_server)
+        assert after.instance_id == before.instance_id  # the same instance, once
+        status, health = request("GET", url + "/health")
+        assert status == 200 and "discovery" not in health and health["models"] == 1
+    finally:
+        stop.set()
+        worker.stop()
+        frontend.stop()
+    assert failures == [], failures[:5]
+    assert frontend.count(r"Discovery degraded: lost etcd") == 1
+    assert worker.count(r"Discovery: lost etcd") == 1
+    assert frontend.count(r"Model instance added|Model added") == 1
+    assert "Traceback" not in worker.log() + frontend.log()
+
+
+def test_start_up_with_etcd_down_stays_not_ready_then_serves(etcd_server, tmp_path):
+    etcd_server.stop()
+    d = tmp_path / "unused"
+    worker = start_worker("worker", tmp_path, d, "etcd-late", *etcd_args(etcd_server))
+    frontend = start_frontend("frontend", tmp_path, d, *etcd_args(etcd_server))
+    try:
+        url = frontend_url(frontend)
+        frontend.wait_for_log(r"cannot reach etcd", deadline_s=20)
+        worker.wait_for_log(r"cannot reach etcd", deadline_s=20)
+        status, health = request("GET", url + "/health")
+        assert (status, health["status"], health["discovery"]) == (503, "notready", "connecting")
+        etcd_server.start()
+        wait_until(lambda: "etcd-late" in models(url), deadline_s=30, what="the model")
+        assert chat_ok(url, "etcd-late")
+        assert request("GET", url + "/health")[0] == 200
+    finally:
+        worker.stop()
+        frontend.stop()
+    assert worker.proc.returncode == 0 and frontend.proc.returncode == 0
+
+
+@pytest.mark.parametrize("module", ["dynamo.frontend", "dynamo.vllm"])
+@pytest.mark.parametrize(
+    "env,needle",
+    [
+        ({"ETCD_AUTH_USERNAME": "u"}, "ETCD_AUTH_PASSWORD is not set"),
+        ({"ETCD_AUTH_PASSWORD": "secret-pw"}, "ETCD_AUTH_USERNAME is not set"),
+        ({"ETCD_AUTH_CA": "/ca.pem"}, "ETCD_AUTH_CA set, but"),
+    ],
+)
+def test_unusable_etcd_credentials_exit_2_and_never_print_a_password(module, env, needle):
+    result = subprocess.run(
+        [sys.executable, "-m", module, "--discovery-backend", "etcd"],
+        env={**{k: v for k, v in __import__("os").environ.items() if not k.startswith("ETCD_")},
+             **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    assert needle in result.stderr
+    assert "secret-pw" not in result.stderr + result.stdout

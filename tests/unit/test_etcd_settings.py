@@ -1,0 +1,91 @@
+"""etcd settings: the endpoint list, credentials from the environment, what is readable where."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from dynamo.runtime.discovery_etcd import EtcdCredentials, EtcdDiscovery, EtcdSettingsError
+from dynamo.runtime.discovery_backend import FileDiscovery, open_discovery
+from dynamo.runtime.etcd_endpoints import EtcdEndpoint, parse_endpoints
+
+
+def test_endpoints_are_parsed_in_order_with_the_default_port():
+    assert parse_endpoints("http://a:1, b ,http://[::1]:2,10.0.0.1:2379,b") == (
+        EtcdEndpoint("a", 1),
+        EtcdEndpoint("b", 2379),
+        EtcdEndpoint("::1", 2),
+        EtcdEndpoint("10.0.0.1", 2379),
+    )
+    assert parse_endpoints("http://[::1]:2")[0].target == "[::1]:2"
+
+
+@pytest.mark.parametrize(
+    "text,reason",
+    [
+        ("", "empty endpoint"),
+        ("http://a:1,", "empty endpoint"),
+        ("https://a:1", "TLS (https) is not supported"),
+        ("unix:///run/etcd.sock", "scheme must be http"),
+        ("http://a:1/v3", "no path"),
+        ("http://u:p@a:1", "credentials do not belong in the URL"),
+        ("http://a:0", "port must be between 1 and 65535"),
+        ("http://a:70000", "port must be between 1 and 65535"),
+        ("http://a:１２", "port must be"),
+        ("http://" + "x" * 64 + ":1", "not a valid host name"),
+        ("http://bad_host:1", "not a valid host name"),
+        ("http://:1", "has no host"),
+    ],
+)
+def test_malformed_endpoints_say_why(text, reason):
+    with pytest.raises(ValueError, match=reason.replace("(", r"\(").replace(")", r"\)")):
+        parse_endpoints(text)
+
+
+def test_a_password_never_shows_in_a_repr_or_a_description():
+    credentials = EtcdCredentials.from_env(
+        {"ETCD_AUTH_USERNAME": "dyn", "ETCD_AUTH_PASSWORD": "s3cret"}
+    )
+    backend = EtcdDiscovery(parse_endpoints("http://a:1"), "ns", credentials)
+    assert "s3cret" not in repr(credentials) + repr(backend) + backend.describe()
+    assert "dyn" in backend.describe()
+
+
+@pytest.mark.parametrize(
+    "env,message",
+    [
+        ({"ETCD_AUTH_USERNAME": "u"}, "ETCD_AUTH_PASSWORD is not set"),
+        ({"ETCD_AUTH_PASSWORD": "p"}, "ETCD_AUTH_USERNAME is not set"),
+        ({"ETCD_AUTH_CLIENT_CERT": "/c"}, "ETCD_AUTH_CLIENT_CERT set, but"),
+    ],
+)
+def test_credentials_that_cannot_work_are_refused(env, message):
+    with pytest.raises(EtcdSettingsError, match=message):
+        EtcdCredentials.from_env(env)
+
+
+@pytest.mark.parametrize(
+    "endpoints,beyond",
+    [
+        ("http://127.0.0.1:2379", False),
+        ("http://localhost:2379,http://[::1]:2379", False),
+        ("http://127.0.0.1:2379,http://etcd.svc:2379", True),
+        ("http://10.1.2.3:2379", True),
+    ],
+)
+def test_etcd_is_readable_beyond_this_host_unless_every_endpoint_is_loopback(endpoints, beyond):
+    backend = EtcdDiscovery(parse_endpoints(endpoints), "ns")
+    assert backend.readable_beyond_host is beyond
+    assert FileDiscovery("/tmp/x").readable_beyond_host is False
+
+
+def test_the_backend_follows_the_option(tmp_path):
+    config = argparse.Namespace(
+        discovery_backend="file", discovery_dir=str(tmp_path), etcd_endpoints=(), namespace="n"
+    )
+    assert open_discovery(config).backend == "file"
+    config.discovery_backend = "etcd"
+    config.etcd_endpoints = parse_endpoints("http://a:1")
+    backend = open_discovery(config)
+    assert (backend.backend, backend.prefix) == ("etcd", "dynamo-gc/n/models/")
