@@ -381,3 +381,27 @@ def test_the_shutdown_check_catches_a_default_grace_period_and_a_missing_prestop
     manifest.write_text(yaml.safe_dump(document))
     with pytest.raises(AssertionError, match="grace 30 s < 40.0 s"):
         test_every_pod_has_time_to_drain_and_the_frontend_outlives_its_endpoints(manifest)
+
+
+def test_the_etcd_pair_uses_etcd_and_no_shared_volume():
+    """The etcd example: both programs on etcd, pointed at the etcd Service the file defines
+    (a one-replica StatefulSet), with the same namespace and TTL, and no ReadWriteMany volume."""
+    path = DEPLOY / "frontend-worker-etcd.yaml"
+    documents = [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d]
+    launches = list(launches_in(path))
+    assert {launch.program for launch in launches} == set(PROGRAM_SURFACES)
+    (etcd,) = [d for d in documents if d["kind"] == "StatefulSet"]
+    assert etcd["spec"]["replicas"] == 1
+    services = {d["metadata"]["name"]: d for d in documents if d["kind"] == "Service"}
+    client_port = next(
+        p["port"] for p in services[etcd["spec"]["serviceName"]]["spec"]["ports"]
+        if p["name"] == "client"
+    )
+    expected = f"http://{etcd['spec']['serviceName']}:{client_port}"
+    for launch in launches:
+        assert launch.env["DYN_DISCOVERY_BACKEND"] == "etcd", launch.where
+        assert launch.env["ETCD_ENDPOINTS"] == expected, launch.where
+        assert "DYN_DISCOVERY_DIR" not in launch.env, launch.where
+    assert len({(launch.env["DYN_NAMESPACE"], launch.env["DYN_DISCOVERY_TTL"]) for launch in launches}) == 1
+    assert "ReadWriteMany" not in path.read_text(encoding="utf-8")
+    assert "3-node" in path.read_text(encoding="utf-8")  # the production note
