@@ -334,3 +334,50 @@ def test_a_thousand_records_are_all_seen(etcd_server, record_property):
     record_property("watch_1000_deletes_s", round(deleted_s, 3))
     print(f"1,000 records: listed in {listed_s:.3f} s, their deletes watched in {deleted_s:.3f} s")
     assert len({r.instance_id for r in seen.added}) == 1000 and len(seen.removed) == 1000
+
+
+def test_a_user_and_password_from_the_environment_authenticate_and_are_never_logged(
+    etcd_server, caplog
+):
+    """etcd with authentication on: the credentials from ETCD_AUTH_USERNAME / _PASSWORD work,
+    no credentials are refused (and said so, without a traceback), the password is never logged."""
+    caplog.set_level(logging.DEBUG)
+    password = "pw-4f1c9e"
+
+    async def enable_auth():
+        async with client(etcd_server) as c:
+            auth = aetcd.rpc.AuthStub(c.channel)
+            await auth.UserAdd(aetcd.rpc.AuthUserAddRequest(name="root", password=password))
+            await auth.UserGrantRole(aetcd.rpc.AuthUserGrantRoleRequest(user="root", role="root"))
+            await auth.AuthEnable(aetcd.rpc.AuthEnableRequest())
+
+    asyncio.run(enable_auth())
+    credentials = EtcdCredentials.from_env(
+        {"ETCD_AUTH_USERNAME": "root", "ETCD_AUTH_PASSWORD": password}
+    )
+    authed = EtcdDiscovery(parse_endpoints(etcd_server.url), "auth", credentials)
+    anonymous = discovery(etcd_server, "auth")
+    seen = Seen()
+
+    async def scenario():
+        refused = anonymous.watcher(on_add=seen.on_add, on_remove=seen.on_remove, ttl_s=2)
+        refused.start()
+        registration = authed.registration(2.0)
+        await registration.connect()
+        await registration.register(ModelRecord(model="m", endpoint="http://w:1"))
+        watcher = authed.watcher(on_add=seen.on_add, on_remove=seen.on_remove, ttl_s=2)
+        watcher.start()
+        try:
+            await until(lambda: seen.added and "cannot reach etcd" in caplog.text)
+            assert refused.state == "connecting" and watcher.state == "ok"
+        finally:
+            await refused.stop()
+            await watcher.stop()
+            await registration.unregister()
+            await registration.close()
+
+    asyncio.run(scenario())
+    assert len(seen.added) == 1
+    assert password not in caplog.text + authed.describe()
+    ours = [r for r in caplog.records if r.name.startswith("dynamo.")]
+    assert not [r for r in ours if r.exc_info], "a traceback in our logs"
