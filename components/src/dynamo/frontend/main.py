@@ -218,7 +218,12 @@ async def _run(
     try:
         await site.start()
     except OSError as exc:
-        logger.error("Cannot listen on %s: %s", _url(config.http_host, config.http_port), exc)
+        logger.error(
+            "Cannot listen on %s (%s): choose another %s",
+            _url(config.http_host, config.http_port),
+            exc.strerror or exc,
+            frontend_args.listen_option_at_fault(exc).source_label(),
+        )
         return 1
     host, port = frontend.runner.addresses[0][:2]
     logger.info("HTTP service listening on %s", _url(host, port))

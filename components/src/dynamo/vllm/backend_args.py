@@ -9,6 +9,7 @@ from typing import Mapping, Sequence
 from dynamo.common.configuration import (
     Choice,
     FiniteFloat,
+    Host,
     IntRange,
     Option,
     Surface,
@@ -27,7 +28,7 @@ REQUEST_PLANE_HOST = Option(
     name="request-plane-host",
     env_var="DYN_VLLM_REQUEST_PLANE_HOST",
     default="127.0.0.1",
-    kind=Text("host"),
+    kind=Host(),
     metavar="HOST",
     help="Address the worker's request plane listens on (the frontend connects to it)",
 )
@@ -58,7 +59,7 @@ SYSTEM_HOST = Option(
     name="system-host",
     env_var="DYN_SYSTEM_HOST",
     default="0.0.0.0",
-    kind=Text("host"),
+    kind=Host(),
     metavar="HOST",
     help="Address the system server (/health, /metrics) listens on, with --system-port",
 )
