@@ -15,6 +15,7 @@ from dynamo.common.configuration import (
     gc_options,
     parse_surface,
 )
+from dynamo.common.configuration.drain_options import drain_option
 from dynamo.common.configuration.runtime_options import (
     DISCOVERY_DIR,
     DISCOVERY_TTL,
@@ -56,6 +57,7 @@ OPTIONS = [
         ),
     ),
     *gc_options(flag_prefix="dyn-", env_prefix="DYN_"),
+    drain_option(flag_prefix="dyn-", env_prefix="DYN_"),
     Option(
         name="dyn-debug-gc-endpoint",
         env_var="DYN_DEBUG_GC_ENDPOINT",

@@ -17,6 +17,7 @@ from dynamo.common.configuration import (
     gc_options,
     parse_surface,
 )
+from dynamo.common.configuration.drain_options import drain_option
 from dynamo.common.configuration.runtime_options import (
     DISCOVERY_DIR,
     DISCOVERY_TTL,
@@ -118,6 +119,7 @@ OPTIONS = [
         ),
     ),
     *gc_options(flag_prefix="", env_prefix="DYN_VLLM_"),
+    drain_option(flag_prefix="", env_prefix="DYN_VLLM_"),
     SYSTEM_HOST,
     SYSTEM_PORT,
     Option(
