@@ -175,3 +175,28 @@ def test_a_long_prompt_the_frontend_accepts_reaches_the_worker(pair):
     response = _chat(url, stream=False, max_tokens=1, content="a " * 450_000)
     body = response.read().decode()
     assert response.status == 200, body[:500]
+
+
+def test_a_rank_that_dies_ends_the_worker_with_exit_1_and_one_error_line(tmp_path):
+    import os
+    import re
+    import signal
+
+    worker = start_worker(
+        "ranks", tmp_path, tmp_path / "discovery", MODEL, "--tensor-parallel-size", "2",
+        "--self-benchmark-points", "10000000", "--fpm-gc-policy", "freeze",
+        "--mock-heap-objects", "0",
+    )  # fmt: skip
+    try:
+        pids = worker.wait_for_log(r"Started 2 rank process\(es\) \[(\d+), (\d+)\]")
+        worker.wait_for_log("GC policy started")
+        os.kill(int(pids.group(2)), signal.SIGKILL)
+        assert worker.wait_exit(60) == 1
+        log = worker.log()
+        assert len(re.findall(r"ERROR", log)) == 1, log
+        assert "rank(s) 1" in log and "was killed by signal SIGKILL (9)" in log, log
+        assert "Traceback" not in log, log
+        assert "Stopping the GC policy failed" not in log, log
+        assert "left unfrozen (no serving freeze follows)" in log, log
+    finally:
+        worker.stop()

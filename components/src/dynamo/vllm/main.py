@@ -59,6 +59,7 @@ from dynamo.runtime.discovery import (
 from dynamo.runtime.request_plane import add_request_plane_routes
 from dynamo.vllm import backend_args, engine_factory, startup_checks
 from dynamo.vllm.engine import Engine, EngineUnavailable
+from dynamo.vllm.ranks import RankError
 from dynamo.vllm.startup_checks import StartupError
 
 logger = logging.getLogger(__name__)
@@ -448,6 +449,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except StartupError as exc:
         logger.error("Cannot start the worker: %s", exc)
+        return 1
+    except RankError as exc:
+        # A rank process died (or failed): the engine cannot run a step. Every other rank has
+        # been reaped and the GC state put back by the time this is logged: one ERROR line.
+        logger.error("Worker stopped: %s", " ".join(str(exc).split("\n")))
         return 1
 
 
