@@ -21,6 +21,7 @@ import pytest
 from dynamo.common.configuration import (
     Choice,
     FiniteFloat,
+    Host,
     IntRange,
     Option,
     Text,
@@ -339,7 +340,7 @@ def test_every_boolean_rejects_a_bad_env_value(program, capsys):
 # Tried on every option whose kind this file does not know: the ones its own parse rejects must
 # make the surface exit 2 too, so a new kind is tested without editing this file.
 GENERIC_JUNK = ["", "  ", "abc", "nan", "-1", "1.5", "bogus value", "a..b", "\x00"]
-GENERIC_GOOD = ["some-value", "package.module.Class", "1", "2", "on"]
+GENERIC_GOOD = ["some-value", "package.module.Class", "1", "2", "on", "localhost", "127.0.0.1"]
 
 
 def _rejects(option: Option, text: str) -> bool:
@@ -350,21 +351,49 @@ def _rejects(option: Option, text: str) -> bool:
     return False
 
 
+# Unicode digits that int()/float() read as numbers (fullwidth, Arabic-Indic, Devanagari, ...)
+# and characters that look like digits: none of them is a number to our parsers.
+UNICODE_DIGITS = ["\uff15", "\uff11\uff12", "\u0663", "\u06f4", "\u096a\u0968", "\u00b2", "\u2460", "\u516b"]
+CONTROL_JUNK = ["\t", "\n", "a\nb", "a\x00b", "\x1b[31mred", "a\x7fb", "a\u0085b"]
+
+
 def bad_values(option: Option) -> list[str]:
+    """About twenty values each kind must refuse (exit 2 naming flag, env var and value)."""
     kind = option.kind
     if isinstance(kind, FiniteFloat):
         below = [f"{kind.minimum - 1:g}"] + ([f"{kind.minimum / 2:g}"] if kind.minimum > 0 else [])
-        return ["nan", "inf", "-inf", "1e309", "", "abc", *below]
+        return [
+            "nan", "NaN", "inf", "-inf", "+Infinity", "1e309", "-1e309", "", "  ", "abc",
+            "1,5", "1_0", "0x10", "1.5.2", "1e", "e5", "..5", "\uff11.\uff15",
+            *UNICODE_DIGITS[:4], "1\x00", *below,
+        ]  # fmt: skip
     if isinstance(kind, IntRange):
-        values = ["", "abc", "1.5", str(kind.minimum - 1)]
+        values = [
+            "", "  ", "abc", "1.5", "1e3", "0x10", "0o7", "0b1", "1_000", "1 000", "--1",
+            "+-1", "1\x00", "9" * 400, *UNICODE_DIGITS, str(kind.minimum - 1),
+        ]  # fmt: skip
         if kind.maximum is not None:
             values.append(str(kind.maximum + 1))
         return values
     if isinstance(kind, Choice):
-        return ["", "bogus"]
+        word = kind.words[-1]
+        fullwidth = "".join(chr(ord(c) + 0xFEE0) if "!" <= c <= "~" else c for c in word)
+        return [
+            "", "  ", "bogus", word.upper(), word.capitalize(), word + "x", "x" + word,
+            word[:-1], fullwidth, word + "\x00", ",".join(kind.words), " ".join(kind.words),
+            "*", "-", "1", "0", "none", "\uff11", f"'{word}'", f'"{word}"',
+        ]  # fmt: skip
+    if isinstance(kind, Host):
+        return [
+            "", "  ", "a..b", ".", "..", "a" * 64, "a" * 64 + ".example.com",
+            "a." * 127 + "com", "[::1]", "http://localhost", "localhost:80", "host/path",
+            "no-such-host.invalid", "\u00fcn\u00efc\u00f6d\u00e9.invalid",
+            "\uff11\uff12\uff17.\uff10.\uff10.\uff11", "1.2.3", "0x7f.1", "999.1.1.1",
+            "a b", "local\x00host", "local\nhost", "::1%", "-",
+        ]  # fmt: skip
     if isinstance(kind, Text):
-        return ["", "  "]
-    return [text for text in GENERIC_JUNK if _rejects(option, text)]
+        return ["", "  ", *CONTROL_JUNK]
+    return [text for text in GENERIC_JUNK + CONTROL_JUNK if _rejects(option, text)]
 
 
 def good_value(option: Option) -> tuple[str, object]:
@@ -567,3 +596,89 @@ def test_help_of_parse_args_lists_every_option_with_env_var_and_default(program,
         for flag in option.flags():
             assert flag in text, flag
         assert f"(default: {option.render_default()}) [env var: {option.env_var}]" in text, option
+
+
+# --- negatable booleans given a value on the command line -----------------------------------
+
+BOOLEANS = [
+    (program, option) for program, options in sorted(OPTIONS.items()) for option in options
+    if option.is_bool
+]  # fmt: skip
+BOOL_FLAG_VALUES = ["0", "1", "true", "false", "no", "on", "", "maybe", "\uff11"]
+
+
+@pytest.mark.parametrize(
+    "program,option,flag,value",
+    [
+        pytest.param(p, o, flag, v, id=f"{p.split('.')[-1]}:{flag}={v!r}")
+        for p, o in BOOLEANS
+        for flag in o.flags()
+        for v in BOOL_FLAG_VALUES
+    ],
+)
+def test_a_boolean_flag_given_a_value_exits_2_naming_flag_env_and_value(
+    program, option, flag, value, capsys
+):
+    err = expect_exit_2(capsys, PARSERS[program], [f"{flag}={value}"], {})
+    assert_names_flag_env_and_value(err, option.flag, option.env_var, value)
+    assert "takes no value" in err
+
+
+def test_a_value_after_double_dash_is_not_checked_as_a_boolean_flag():
+    # After `--` every word is positional: with the vLLM engine it goes to vLLM untouched.
+    config = backend_args.parse_args(["--engine", "vllm", "--", "--freeze-gc-heap=0"], {})
+    assert "--freeze-gc-heap=0" in config.vllm_args
+
+
+# --- the value kinds themselves ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", UNICODE_DIGITS + ["1_000", "0x10", " \u00a05"])
+def test_numbers_are_ascii_only(text):
+    for kind in (IntRange(0), FiniteFloat(0.0)):
+        with pytest.raises(ValueError, match="ASCII"):
+            kind.parse(text)
+
+
+@pytest.mark.parametrize("text,expected", [(" 7\n", 7), ("+5", 5), ("0", 0), ("65535", 65535)])
+def test_ascii_whole_numbers_with_blanks_around_are_read(text, expected):
+    assert IntRange(0, 65535).parse(text) == expected
+
+
+@pytest.mark.parametrize("text", ["localhost", "127.0.0.1", "::1", "0.0.0.0", "::", " localhost\n"])
+def test_hosts_that_resolve_or_are_addresses_are_accepted(text):
+    assert Host().parse(text) == text.strip()
+
+
+def test_a_host_the_resolver_does_not_answer_for_is_refused_within_the_bound(mocker):
+    import threading
+
+    from dynamo.common.configuration import values
+
+    release = threading.Event()
+    mocker.patch.object(values, "_resolve", lambda host: release.wait(10))
+    mocker.patch.object(values, "RESOLVE_TIMEOUT_S", 0.2)
+    try:
+        with pytest.raises(ValueError, match="did not answer within 0.2 s"):
+            Host().parse("slow.example")
+    finally:
+        release.set()
+
+
+@pytest.mark.parametrize("program", sorted(MAIN_MODULES))
+def test_a_bad_host_stops_the_program_with_exit_2_and_no_traceback(program):
+    """Through the real program: the resolver's errors (IDNA, unknown name) never escape."""
+    options = [o for o in OPTIONS[program] if isinstance(o.kind, Host)]
+    assert options, f"{program} has host options"
+    for option in options:
+        for value in ("a" * 64 + ".example", "no-such-host.invalid"):
+            result = subprocess.run(
+                [sys.executable, "-m", MAIN_MODULES[program], f"{option.flag}={value}"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env={**os.environ, "PYTHONPATH": str(REPO / "components" / "src")},
+            )
+            assert result.returncode == 2, result.stderr
+            assert "Traceback" not in result.stderr, result.stderr
+            assert_names_flag_env_and_value(result.stderr, option.flag, option.env_var, value)

@@ -241,3 +241,14 @@ def test_a_taken_port_exits_1_after_logging_why(tmp_path, steps, caplog):
         )  # fmt: skip
     assert code == 1
     assert f"Cannot listen on http://127.0.0.1:{port}" in caplog.text
+    assert "choose another --http-port / DYN_HTTP_PORT" in caplog.text
+
+
+def test_a_host_that_is_no_address_here_exits_1_naming_the_host_option(tmp_path, steps, caplog):
+    # 192.0.2.1 (TEST-NET-1) parses and resolves, but no interface here has it: EADDRNOTAVAIL.
+    caplog.set_level(logging.INFO)
+    code = frontend_main.main(
+        ["--http-host", "192.0.2.1", "--http-port", "0", "--discovery-dir", str(tmp_path)]
+    )
+    assert code == 1
+    assert "choose another --http-host / DYN_HTTP_HOST" in caplog.text

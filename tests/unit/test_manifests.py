@@ -145,12 +145,17 @@ def all_launches() -> list[Launch]:
     return [launch for path in manifest_files() for launch in launches_in(path)]
 
 
+# What Kubernetes substitutes for a `$(VAR)` reference at run time: a value of the same shape,
+# so the check parses (and, for hosts, resolves) what the program will really see.
+KUBERNETES_SUBSTITUTIONS = {"$(POD_IP)": "10.1.2.3"}
+
+
 def check_value(option: Option, value: str, source: str) -> list[str]:
     try:
         if option.is_bool:
             parse_bool_word(value)
         else:
-            option.kind.parse(value)
+            option.kind.parse(KUBERNETES_SUBSTITUTIONS.get(value, value))
     except ValueError as exc:
         return [f"{source}={value!r} is rejected by {option.source_label()}: {exc}"]
     return []
@@ -205,8 +210,13 @@ def parse_with_the_real_parser(launch: Launch) -> None:
         description="",
         options=program_options(launch.program),
     )
-    env = {name: value for name, value in launch.env.items() if value is not None}
-    build_parser(surface).parse_args(launch.argv, env_vars=env)
+    env = {
+        name: KUBERNETES_SUBSTITUTIONS.get(value, value)
+        for name, value in launch.env.items()
+        if value is not None
+    }
+    argv = [KUBERNETES_SUBSTITUTIONS.get(word, word) for word in launch.argv]
+    build_parser(surface).parse_args(argv, env_vars=env)
 
 
 def test_there_are_manifests_for_both_programs_and_a_freeze_off_variant():

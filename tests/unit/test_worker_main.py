@@ -210,10 +210,20 @@ def test_a_taken_port_fails_before_engine_init_with_one_error_line_and_exit_1(
     assert gc_freeze.installed_gc_pause_logger() is None
 
 
-def test_an_unknown_request_plane_host_names_the_host_option(steps, discovery_dir, caplog):
+def test_an_unknown_request_plane_host_exits_2_at_parse_time(steps, discovery_dir, capsys):
     argv = ["--discovery-dir", str(discovery_dir), "--request-plane-host", "no-such-host.invalid"]
+    assert worker_main.main(argv) == 2
+    assert "--request-plane-host / DYN_VLLM_REQUEST_PLANE_HOST" in capsys.readouterr().err
+    assert steps == []
+
+
+def test_a_request_plane_host_that_is_not_local_names_the_host_option(
+    steps, discovery_dir, caplog
+):
+    # 192.0.2.1 (TEST-NET-1) parses and resolves, but no interface here has it: EADDRNOTAVAIL.
+    argv = ["--discovery-dir", str(discovery_dir), "--request-plane-host", "192.0.2.1"]
     assert worker_main.main(argv) == 1
-    assert "--request-plane-host / DYN_VLLM_REQUEST_PLANE_HOST" in caplog.text
+    assert "choose another --request-plane-host / DYN_VLLM_REQUEST_PLANE_HOST" in caplog.text
     assert "engine_init" not in names(steps)
 
 

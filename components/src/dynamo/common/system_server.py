@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from dynamo.common import lifecycle
+from dynamo.common.http_server import GuardedRunner
 from dynamo.common.metrics import DynamoMetrics, debug_gc_route, metrics_route
 
 logger = logging.getLogger(__name__)
@@ -59,9 +60,8 @@ async def start_system_server(
     debug_gc_endpoint: bool = False,
 ) -> SystemServer:
     """Listen on ``host:port`` (0 picks a free port) and log the address actually bound."""
-    runner = web.AppRunner(
-        build_system_app(metrics, debug_gc_endpoint=debug_gc_endpoint),
-        access_log=None,  # probes every few seconds would drown the worker's own log
+    runner = GuardedRunner(  # no access log: probes every few seconds would drown the log
+        build_system_app(metrics, debug_gc_endpoint=debug_gc_endpoint), what="system server"
     )
     await runner.setup()
     site = web.TCPSite(runner, host, port)

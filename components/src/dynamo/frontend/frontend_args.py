@@ -3,31 +3,45 @@
 from __future__ import annotations
 
 import argparse
+import errno
+import socket
 from typing import Mapping, Sequence
 
-from dynamo.common.configuration import IntRange, Option, Surface, Text, gc_options, parse_surface
+from dynamo.common.configuration import (
+    Host,
+    IntRange,
+    Option,
+    Surface,
+    gc_options,
+    parse_surface,
+)
+from dynamo.common.configuration.drain_options import drain_option
 from dynamo.common.configuration.runtime_options import (
     DISCOVERY_OPTIONS,
     default_discovery_dir,
 )
 
+HTTP_HOST = Option(
+    name="http-host",
+    env_var="DYN_HTTP_HOST",
+    default="0.0.0.0",
+    kind=Host(),
+    metavar="HOST",
+    help="Address the OpenAI-compatible HTTP service listens on",
+)
+
+HTTP_PORT = Option(
+    name="http-port",
+    env_var="DYN_HTTP_PORT",
+    default=8000,
+    kind=IntRange(0, 65535),
+    metavar="PORT",
+    help="Port of the HTTP service (0 picks a free port and logs it)",
+)
+
 OPTIONS = [
-    Option(
-        name="http-host",
-        env_var="DYN_HTTP_HOST",
-        default="0.0.0.0",
-        kind=Text("host"),
-        metavar="HOST",
-        help="Address the OpenAI-compatible HTTP service listens on",
-    ),
-    Option(
-        name="http-port",
-        env_var="DYN_HTTP_PORT",
-        default=8000,
-        kind=IntRange(0, 65535),
-        metavar="PORT",
-        help="Port of the HTTP service (0 picks a free port and logs it)",
-    ),
+    HTTP_HOST,
+    HTTP_PORT,
     *DISCOVERY_OPTIONS,
     Option(
         name="dyn-preprocess-workers",
@@ -41,6 +55,7 @@ OPTIONS = [
         ),
     ),
     *gc_options(flag_prefix="dyn-", env_prefix="DYN_"),
+    drain_option(flag_prefix="dyn-", env_prefix="DYN_"),
     Option(
         name="dyn-debug-gc-endpoint",
         env_var="DYN_DEBUG_GC_ENDPOINT",
@@ -64,6 +79,14 @@ SURFACE = Surface(
     ),
     options=OPTIONS,
 )
+
+
+def listen_option_at_fault(exc: OSError) -> Option:
+    """The option to change when the HTTP listener cannot bind: the host when it is no address
+    of this machine (or does not resolve), else the port (taken, or privileged)."""
+    if isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL:
+        return HTTP_HOST
+    return HTTP_PORT
 
 
 def parse_args(

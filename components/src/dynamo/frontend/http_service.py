@@ -21,6 +21,8 @@ from typing import AsyncGenerator
 from aiohttp import web
 
 from dynamo.common import lifecycle
+from dynamo.common.http_server import FRONTEND_MAX_BODY_BYTES
+from dynamo.common.request_drain import mark_stream
 from dynamo.runtime.request_plane import WorkerUnavailable
 
 from . import openai_protocol as oai
@@ -60,7 +62,9 @@ class FrontendService:
         self.discovery_watcher = None
 
     def build_app(self) -> web.Application:
-        app = web.Application(middlewares=[openai_error_middleware])
+        app = web.Application(
+            middlewares=[openai_error_middleware], client_max_size=FRONTEND_MAX_BODY_BYTES
+        )
         app.router.add_get(MODELS_PATH, self.handle_models)
         app.router.add_post(CHAT_COMPLETIONS_PATH, self.handle_chat_completions)
         app.router.add_get(HEALTH_PATH, self.handle_health)
@@ -177,6 +181,7 @@ class FrontendService:
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
         await response.prepare(request)
+        mark_stream(request, response)  # a drain that cuts it short ends it with an error event
         created = int(time.time())
 
         def chunk(delta: dict, finish_reason: str | None = None, **extra) -> dict:

@@ -15,9 +15,11 @@ Start-up order (each step logged), which is the point of this launcher:
 
 SIGTERM/SIGINT: mark ``draining``, stop the watcher, close the listener (new connections are
 refused from here on: in Kubernetes a preStop hook keeps the pod serving until its endpoints are
-gone, see docs/deploy/), let in-flight requests finish (bounded), stop the preprocess pool and
-the client session, then put the process's GC state back (pause logger, metrics, unfreeze) and
-exit 0. Each part is closed even if closing another one failed (exit 1 then).
+gone, see docs/deploy/), let in-flight requests finish until one deadline (``--dyn-drain-timeout``
+after the signal), cut the rest short (a stream ends with an SSE error event and ``[DONE]``, see
+:mod:`dynamo.frontend.stream_drain`), stop the preprocess pool and the client session, then put
+the process's GC state back (pause logger, metrics, unfreeze) and exit 0. Each part is closed
+even if closing another one failed (exit 1 then).
 """
 
 from __future__ import annotations
@@ -36,9 +38,12 @@ from aiohttp import web
 from prometheus_client import Gauge
 
 from dynamo.common import lifecycle
+from dynamo.common.configuration.drain_options import DEFAULT_DRAIN_TIMEOUT_S
 from dynamo.common.configuration.runtime_options import DISCOVERY_DIR
+from dynamo.common.http_server import GuardedRunner
 from dynamo.common.logging_setup import configure_logging
 from dynamo.common.metrics import DynamoMetrics, debug_gc_route, metrics_route
+from dynamo.common.request_drain import END_BOUND_S, RequestDrain
 from dynamo.common.utils import gc_freeze
 from dynamo.runtime.discovery import DiscoveryDirError, ensure_discovery_dir
 from dynamo.runtime.discovery_backend import (
@@ -53,14 +58,15 @@ from .chat_processor import build_chat_processor
 from .http_service import FrontendService
 from .model_registry import ModelRegistry
 from .preprocess_pool import PreprocessPool, PreprocessPoolError
+from .stream_drain import frontend_drain
 from .worker_router import WorkerRouter, create_worker_session
 
 logger = logging.getLogger(__name__)
 
 PROG = "python -m dynamo.frontend"
 FREEZE_CONTEXT = "frontend"
-# How long in-flight requests may take to finish after SIGTERM before they are cancelled.
-DRAIN_TIMEOUT_S = 30.0
+# How long in-flight requests may take to finish after SIGTERM (the --dyn-drain-timeout default).
+DRAIN_TIMEOUT_S = DEFAULT_DRAIN_TIMEOUT_S
 
 
 class Closer:
@@ -103,6 +109,7 @@ class Frontend:
     runner: web.AppRunner
     watcher: RecordWatcher
     preprocess_pool: PreprocessPool | None
+    drain: RequestDrain
     closer: Closer = field(default_factory=Closer)
 
     async def close(self) -> None:
@@ -145,16 +152,27 @@ async def _build(
         metrics_route(app, metrics)  # GET /metrics on the HTTP port
     if config.debug_gc_endpoint:
         debug_gc_route(app)  # POST /debug/gc/collect: off unless the operator asks
-    runner = web.AppRunner(
+    drain = frontend_drain()
+    drain.install(app)
+    runner = GuardedRunner(
         app,
+        what="HTTP service",
         handler_cancellation=True,  # a client that hangs up aborts its request in the worker
-        shutdown_timeout=DRAIN_TIMEOUT_S,
-        access_log=None,
+        # Our drain has finished every request by the time aiohttp's cleanup runs: this only
+        # bounds closing the connections left (aiohttp waits up to twice this long).
+        shutdown_timeout=END_BOUND_S / 2,
     )
     await runner.setup()  # builds the server object; the socket opens in TCPSite.start
 
     async def stop_http_service() -> None:
-        await runner.cleanup()  # closes the listener, then drains (see DRAIN_TIMEOUT_S)
+        for site in list(runner.sites):
+            await site.stop()  # the listener closes: new connections are refused from here on
+        finished, cut = await drain.wait()  # until the deadline set when the drain began
+        if finished or cut:
+            logger.info(
+                "Drain done: %d request(s) finished, %d cut short at the deadline", finished, cut
+            )
+        await runner.cleanup()
         logger.info("HTTP service stopped")
 
     closer.push("HTTP service", stop_http_service)
@@ -168,7 +186,7 @@ async def _build(
     service.discovery_watcher = watcher  # /health reports its state (and waits for its first list)
     if metrics is not None:
         discovery_degraded_gauge(metrics, watcher)
-    return Frontend(config, registry, service, session, app, runner, watcher, pool, closer)
+    return Frontend(config, registry, service, session, app, runner, watcher, pool, drain, closer)
 
 
 DISCOVERY_DEGRADED_METRIC = "dynamo_discovery_degraded"
@@ -242,7 +260,12 @@ async def _run(
     try:
         await site.start()
     except OSError as exc:
-        logger.error("Cannot listen on %s: %s", _url(config.http_host, config.http_port), exc)
+        logger.error(
+            "Cannot listen on %s (%s): choose another %s",
+            _url(config.http_host, config.http_port),
+            exc.strerror or exc,
+            frontend_args.listen_option_at_fault(exc).source_label(),
+        )
         return 1
     host, port = frontend.runner.addresses[0][:2]
     logger.info("HTTP service listening on %s", _url(host, port))
@@ -255,15 +278,17 @@ async def _run(
     )
 
     await stop.wait()
+    frontend.drain.start(config.drain_timeout)  # one deadline, from the signal, for it all
     lifecycle.mark_draining("signal")
     logger.info(
         "Draining: %d request(s) in flight; waiting up to %.0f s for them",
         frontend.service.in_flight,
-        DRAIN_TIMEOUT_S,
+        config.drain_timeout,
     )
     # Stops the watcher, closes the listener (new connections are refused from now on), waits
-    # up to DRAIN_TIMEOUT_S for in-flight handlers then cancels them, closes the session and
-    # the pool: each part even if another fails (serve() turns a failure into exit code 1).
+    # for in-flight requests until the deadline then cuts the rest short, each with an ending,
+    # closes the session and the pool: each part even if another fails (serve() turns a
+    # failure into exit code 1).
     await frontend.close()
     return 0
 

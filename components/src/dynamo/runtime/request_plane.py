@@ -24,6 +24,8 @@ from typing import Any, AsyncIterator, Callable
 import aiohttp
 from aiohttp import web
 
+from dynamo.common.request_drain import mark_stream
+
 logger = logging.getLogger(__name__)
 
 GENERATE_PATH = "/generate"
@@ -73,6 +75,7 @@ def add_request_plane_routes(
             return web.json_response({"error": "worker is draining"}, status=503)
         response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await response.prepare(request)
+        mark_stream(request, response)  # a drain that cuts it short ends it with an error line
         try:
             # aclosing: an abort closes the engine's stream now, not when the GC finds it.
             async with contextlib.aclosing(generate(body)) as stream:

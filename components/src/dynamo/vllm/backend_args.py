@@ -9,6 +9,7 @@ from typing import Mapping, Sequence
 from dynamo.common.configuration import (
     Choice,
     FiniteFloat,
+    Host,
     IntRange,
     Option,
     Surface,
@@ -16,6 +17,7 @@ from dynamo.common.configuration import (
     gc_options,
     parse_surface,
 )
+from dynamo.common.configuration.drain_options import drain_option
 from dynamo.common.configuration.runtime_options import (
     DISCOVERY_OPTIONS,
     default_discovery_dir,
@@ -26,7 +28,7 @@ REQUEST_PLANE_HOST = Option(
     name="request-plane-host",
     env_var="DYN_VLLM_REQUEST_PLANE_HOST",
     default="127.0.0.1",
-    kind=Text("host"),
+    kind=Host(),
     metavar="HOST",
     help="Address the worker's request plane listens on (the frontend connects to it)",
 )
@@ -57,7 +59,7 @@ SYSTEM_HOST = Option(
     name="system-host",
     env_var="DYN_SYSTEM_HOST",
     default="0.0.0.0",
-    kind=Text("host"),
+    kind=Host(),
     metavar="HOST",
     help="Address the system server (/health, /metrics) listens on, with --system-port",
 )
@@ -115,6 +117,7 @@ OPTIONS = [
         ),
     ),
     *gc_options(flag_prefix="", env_prefix="DYN_VLLM_"),
+    drain_option(flag_prefix="", env_prefix="DYN_VLLM_"),
     SYSTEM_HOST,
     SYSTEM_PORT,
     Option(

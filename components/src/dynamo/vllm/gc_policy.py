@@ -274,10 +274,19 @@ def stop_gc_policy(*, serving_freeze: bool = False) -> bool:
         "took_ms=%.1f",
         policy.saved_thresholds,
         collected,
-        "frozen again" if refreeze else "left unfrozen",
+        _refreeze_outcome(serving_freeze=serving_freeze, was_frozen=policy.was_frozen),
         (time.perf_counter() - started) * 1000.0,
     )
     return True
+
+
+def _refreeze_outcome(*, serving_freeze: bool, was_frozen: bool) -> str:
+    """What the stop did with the heap, and why, for its log line."""
+    if was_frozen:
+        return "frozen again (it was frozen before the policy started)"
+    if serving_freeze:
+        return "frozen again (the serving freeze follows)"
+    return "left unfrozen (no serving freeze follows)"
 
 
 def gc_maintain() -> int:

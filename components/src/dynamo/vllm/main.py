@@ -39,10 +39,15 @@ import sys
 import time
 from typing import AsyncIterator, Sequence
 
+import json
+
 from aiohttp import web
 
 from dynamo.common import lifecycle
+from dynamo.common.configuration.drain_options import DEFAULT_DRAIN_TIMEOUT_S
+from dynamo.common.http_server import REQUEST_PLANE_MAX_BODY_BYTES, GuardedRunner
 from dynamo.common.logging_setup import configure_logging
+from dynamo.common.request_drain import END_BOUND_S, RequestDrain
 from dynamo.common.metrics import DynamoMetrics
 from dynamo.common.system_server import start_system_server
 from dynamo.common.utils import gc_freeze
@@ -51,6 +56,7 @@ from dynamo.runtime.discovery_backend import Discovery, Registration, open_disco
 from dynamo.runtime.request_plane import add_request_plane_routes
 from dynamo.vllm import backend_args, engine_factory, startup_checks
 from dynamo.vllm.engine import Engine, EngineUnavailable
+from dynamo.vllm.ranks import RankError
 from dynamo.vllm.startup_checks import StartupError
 
 logger = logging.getLogger(__name__)
@@ -58,7 +64,8 @@ logger = logging.getLogger(__name__)
 FREEZE_CONTEXT = "vllm worker"
 # How long a drain waits for in-flight requests before aborting them. Long enough for a chat
 # completion to finish, short enough for a Kubernetes default terminationGracePeriodSeconds.
-DRAIN_GRACE_S = 30.0
+DRAIN_GRACE_S = DEFAULT_DRAIN_TIMEOUT_S  # the --drain-timeout default
+CUT_SHORT_MESSAGE = "worker draining: the request was cut short at the end of its drain"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
@@ -121,12 +128,15 @@ class RequestPlaneServer:
         self.finished = 0
         self.aborted = 0
         self._closed = False
-        app = web.Application()
+        app = web.Application(client_max_size=REQUEST_PLANE_MAX_BODY_BYTES)
         add_request_plane_routes(app, self._generate, self._admitting)
-        # aiohttp waits up to shutdown_timeout for running handlers on cleanup, then cancels
-        # them: exactly "finish in-flight requests, bounded". No access log: one INFO line per
-        # request would drown the lifecycle lines under load.
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=drain_grace_s)
+        # Our drain (one deadline; a cut stream ends with an in-band error line) finishes every
+        # request before aiohttp's cleanup, whose timeout then only bounds closing connections.
+        self.drain = RequestDrain(
+            what="request plane", end_stream=_end_cut_stream, refuse=_refuse_cut_request
+        )
+        self.drain.install(app)
+        self._runner = GuardedRunner(app, what="request plane", shutdown_timeout=END_BOUND_S / 2)
 
     @staticmethod
     def _admitting() -> bool:
@@ -174,10 +184,24 @@ class RequestPlaneServer:
             self.in_flight,
             self.drain_grace_s,
         )
+        for site in list(self._runner.sites):
+            await site.stop()  # the listener closes first
+        self.drain.start(self.drain_grace_s)  # no-op when the signal already set the deadline
+        await self.drain.wait()
         await self._runner.cleanup()
         logger.info(
             "Request plane closed: requests finished=%d aborted=%d", self.finished, self.aborted
         )
+
+
+async def _end_cut_stream(response: web.StreamResponse) -> None:
+    # The request plane's in-band failure line (see dynamo.runtime.request_plane).
+    await response.write(json.dumps({"error": CUT_SHORT_MESSAGE}).encode() + b"\n")
+    await response.write_eof()
+
+
+def _refuse_cut_request() -> web.Response:
+    return web.json_response({"error": CUT_SHORT_MESSAGE}, status=503)
 
 
 def _advertised_host(host: str) -> str:
@@ -239,7 +263,7 @@ async def open_request_plane(
         engine,
         config.request_plane_host,
         config.request_plane_port,
-        drain_grace_s=DRAIN_GRACE_S,
+        drain_grace_s=getattr(config, "drain_timeout", DRAIN_GRACE_S),
     )
     # Closes the listener if start-up fails or is cancelled; once serving, a second close
     # pushed after the engine's shutdown drains first (see _start_and_serve).
@@ -372,6 +396,7 @@ async def _start_and_serve(
     signals.serving()
     logger.info("Worker serving model %s; stop it with SIGTERM or SIGINT", config.model)
     reason = await signals.wait()
+    plane.drain.start(plane.drain_grace_s)  # one deadline, from the signal, for the drain
     # Draining refuses new requests at once; the heartbeat stops and the record is removed next
     # (the exit stack), then in-flight requests finish within the grace period, then the engine
     # stops, then the system port closes and the process's GC state is put back.
@@ -439,6 +464,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except StartupError as exc:
         logger.error("Cannot start the worker: %s", exc)
+        return 1
+    except RankError as exc:
+        # A rank process died (or failed): the engine cannot run a step. Every other rank has
+        # been reaped and the GC state put back by the time this is logged: one ERROR line.
+        logger.error("Worker stopped: %s", " ".join(str(exc).split("\n")))
         return 1
 
 

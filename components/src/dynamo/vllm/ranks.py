@@ -48,9 +48,25 @@ EXITING_GRACE_S = 5.0
 class RankError(RuntimeError):
     """A collective RPC failed on one or more ranks (the message names them)."""
 
-    def __init__(self, message: str, *, ranks: Sequence[int] = ()) -> None:
+    def __init__(
+        self, message: str, *, ranks: Sequence[int] = (), died: Sequence[int] = ()
+    ) -> None:
         super().__init__(message)
         self.ranks = tuple(ranks)
+        self.died = tuple(died)  # the ranks whose process is gone (the group cannot step again)
+
+
+def describe_exit(exitcode: int | None) -> str:
+    """How a process ended, in words: 'killed by signal SIGKILL (9)' or 'exited with code 3'."""
+    if exitcode is None:
+        return "died (exit status not yet known)"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"was killed by signal {name} ({-exitcode})"
+    return f"exited with code {exitcode}"
 
 
 def resolve_qualname(qualname: str) -> Any:
@@ -296,7 +312,7 @@ class RankGroup:
     def _death_note(self, rank: int) -> str:
         proc = self._procs[rank]
         proc.join(timeout=1.0)  # it closed its pipe: it is exiting, collect its exit code
-        return f"rank process {proc.pid} exited (exit code {proc.exitcode})"
+        return f"rank process {proc.pid} {describe_exit(proc.exitcode)}"
 
     def _raise_for_errors(self, method: str, replies: dict[int, tuple[str, Any]]) -> None:
         failed = sorted(rank for rank, (status, _) in replies.items() if status != "ok")
@@ -307,6 +323,7 @@ class RankGroup:
             f"collective_rpc {method!r} failed on rank(s) {', '.join(map(str, failed))}:\n"
             f"{details}",
             ranks=failed,
+            died=[rank for rank in failed if replies[rank][0] == "died"],
         )
 
     async def shutdown(self) -> None:

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from typing import IO, Any, Sequence
 
 from dynamo.vllm import gc_policy
-from dynamo.vllm.ranks import resolve_qualname
+from dynamo.vllm.ranks import RankError, resolve_qualname
 from dynamo.vllm.self_benchmark_args import (
     FPM_GC_POLICY,
     POLICY_FREEZE,
@@ -242,7 +242,9 @@ async def _start_policy(engine: Any, config: argparse.Namespace) -> None:
         )
 
 
-async def _stop_policy(engine: Any, *, serving_freeze: bool, raise_errors: bool) -> None:
+async def _stop_policy(
+    engine: Any, *, serving_freeze: bool, raise_errors: bool, ranks_alive: bool = True
+) -> None:
     # The main process first: if the engine runs the extension in this very process, its
     # fpm_gc_stop is then a no-op instead of stopping without the serving-freeze hint.
     errors: list[Exception] = []
@@ -250,10 +252,11 @@ async def _stop_policy(engine: Any, *, serving_freeze: bool, raise_errors: bool)
         gc_policy.stop_gc_policy(serving_freeze=serving_freeze)
     except Exception as exc:  # noqa: BLE001 - the ranks must still be stopped
         errors.append(exc)
-    try:
-        await engine.collective_rpc("fpm_gc_stop")
-    except Exception as exc:  # noqa: BLE001 - reported below
-        errors.append(exc)
+    if ranks_alive:  # a rank group that lost a rank is shut down, the policy with its ranks
+        try:
+            await engine.collective_rpc("fpm_gc_stop")
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
     if errors and raise_errors:
         raise errors[0]
     for exc in errors:
@@ -293,9 +296,16 @@ async def run_self_benchmark(engine: Any, config: argparse.Namespace) -> Benchma
             writer,
             maintain_every=MAINTAIN_EVERY_POINTS if use_policy else None,
         )
-    except BaseException:
+    except BaseException as exc:
         if policy_started:
-            await _stop_policy(engine, serving_freeze=serving_freeze, raise_errors=False)
+            # Start-up is abandoned: no serving freeze follows, so the heap is not frozen again
+            # (unless it was frozen before the policy), and dead ranks are not asked to stop.
+            await _stop_policy(
+                engine,
+                serving_freeze=False,
+                raise_errors=False,
+                ranks_alive=not (isinstance(exc, RankError) and exc.died),
+            )
         raise
     finally:
         writer.close()

@@ -14,6 +14,7 @@ change, and none is a traceback:
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import socket
 import sys
@@ -78,6 +79,11 @@ def check_paths(config: argparse.Namespace) -> None:
         raise SystemExit(2) from None
 
 
+def is_host_error(exc: OSError) -> bool:
+    """Whether a failed bind is the host's fault (unknown name, not an address of this machine)."""
+    return isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL
+
+
 async def listening(
     bind: Callable[[], Awaitable[T]],
     *,
@@ -88,13 +94,13 @@ async def listening(
 ) -> T:
     """``await bind()``; a failure to listen becomes a :class:`StartupError` naming the option.
 
-    An unknown host names the host option, anything else (a taken port, a port below 1024
-    without the privilege) the port option.
+    A host that does not resolve or is no address of this machine names the host option,
+    anything else (a taken port, a port below 1024 without the privilege) the port option.
     """
     try:
         return await bind()
     except OSError as exc:
-        option = host_option if isinstance(exc, socket.gaierror) else port_option
+        option = host_option if is_host_error(exc) else port_option
         raise StartupError(
             f"cannot listen on {host}:{port} ({_reason(exc)}): choose another "
             f"{option.source_label()}"

@@ -6,12 +6,13 @@ configargparse patches ``argparse`` process-wide when imported, so it is importe
 from .gc_options import gc_options
 from .options import Option, Surface
 from .parser import DynamoArgParser, build_parser, parse_surface
-from .values import Choice, FiniteFloat, IntRange, Text, parse_bool_word
+from .values import Choice, FiniteFloat, Host, IntRange, Text, parse_bool_word
 
 __all__ = [
     "Choice",
     "DynamoArgParser",
     "FiniteFloat",
+    "Host",
     "IntRange",
     "Option",
     "Surface",

@@ -33,6 +33,9 @@ class DynamoArgParser(configargparse.ArgParser):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
         self._bool_options = {o.env_var: o for o in options if o.is_bool}
+        self._bool_flags = {
+            flag: option for option in options if option.is_bool for flag in option.flags()
+        }
         self._numeric_flags = {o.flag for o in options if isinstance(o.kind, NUMERIC_KINDS)}
 
     def parse_known_args(self, args=None, namespace=None, **kwargs):
@@ -40,6 +43,7 @@ class DynamoArgParser(configargparse.ArgParser):
             args = sys.argv[1:]
         if not isinstance(args, str):  # configargparse also takes one string; leave that alone
             args = self._glue_dash_values(list(args))
+            self._refuse_valued_booleans(args)
         return super().parse_known_args(args, namespace, **kwargs)
 
     def _glue_dash_values(self, args: list[str]) -> list[str]:
@@ -74,6 +78,25 @@ class DynamoArgParser(configargparse.ArgParser):
             glued.append(word)
             i += 1
         return glued
+
+    def _refuse_valued_booleans(self, args: list[str]) -> None:
+        """``--x=0`` for a negatable boolean: an error naming the flags, the env var and the value.
+
+        argparse's own message ("ignored explicit argument '0'") names the flag only, and an
+        operator who wrote ``--x=0`` most likely meant the env var's spelling.
+        """
+        for word in args:
+            if word == "--":
+                return
+            flag, has_value, value = word.partition("=")
+            option = self._bool_flags.get(flag)
+            if option is None or not has_value:
+                continue
+            self.error(
+                f"invalid value {value!r} for {option.flag} / {option.env_var}: {flag} takes no "
+                f"value; write {option.flag} or --no-{option.name}, or set "
+                f"{option.env_var}=1/0 (true/false, yes/no, on/off)"
+            )
 
     def _looks_like_our_flag(self, word: str) -> bool:
         return word.split("=", 1)[0] in self._option_string_actions

@@ -5,13 +5,35 @@ or raises ``ValueError`` with the reason. The option that owns the kind adds the
 and the bad value to the message, so every error names all three.
 
 We do not use ``float``/``int`` as argparse ``type=`` directly: ``float`` happily accepts ``nan``,
-``inf`` and negatives, and argparse's own message names the flag but not the env var.
+``inf`` and negatives, and argparse's own message names the flag but not the env var. Nor do we
+let ``int``/``float`` decide what a digit is: they read every Unicode decimal digit (a fullwidth
+``５`` is 5, Arabic-Indic ``٣`` is 3) and ``1_000`` as 1000, so a stray character in a manifest
+would become a number nobody wrote. Numbers here are ASCII: sign, digits, and for floats one
+point and an exponent.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import ipaddress
 import math
+import re
+import socket
 from dataclasses import dataclass
+
+# ASCII blanks around a value are forgiven (a trailing newline from a ConfigMap); others are not.
+_ASCII_BLANKS = " \t\r\n"
+_ASCII_INT = re.compile(r"[+-]?[0-9]+")
+_ASCII_FLOAT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_NON_FINITE_WORDS = frozenset({"nan", "inf", "infinity"})
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _control_character_problem(text: str) -> str | None:
+    match = _CONTROL.search(text)
+    if match is None:
+        return None
+    return f"must not contain control characters (found {match.group()!r} at position {match.start()})"
 
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 FALSE_WORDS = frozenset({"0", "false", "no", "off"})
@@ -34,10 +56,12 @@ class FiniteFloat:
     minimum: float = 0.0
 
     def parse(self, text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise ValueError("not a number") from None
+        word = text.strip(_ASCII_BLANKS)
+        if word.lower().lstrip("+-") in _NON_FINITE_WORDS:
+            raise ValueError("must be a finite number")
+        if not _ASCII_FLOAT.fullmatch(word):
+            raise ValueError("not a number (ASCII digits, an optional point and exponent)")
+        value = float(word)
         if not math.isfinite(value):  # covers nan, inf, -inf and overflow such as 1e309
             raise ValueError("must be a finite number")
         if value < self.minimum:
@@ -56,10 +80,12 @@ class IntRange:
     maximum: int | None = None
 
     def parse(self, text: str) -> int:
-        try:
-            value = int(text.strip(), 10)
-        except ValueError:
-            raise ValueError("not a whole number") from None
+        word = text.strip(_ASCII_BLANKS)
+        if not _ASCII_INT.fullmatch(word):
+            raise ValueError("not a whole number (ASCII digits only)")
+        if len(word.lstrip("+-")) > 18:  # int() would take 4300 digits; no option needs 19
+            raise ValueError(f"must be {self.describe_range()}")
+        value = int(word, 10)
         if value < self.minimum or (self.maximum is not None and value > self.maximum):
             raise ValueError(f"must be {self.describe_range()}")
         return value
@@ -91,14 +117,96 @@ class Choice:
 
 @dataclass(frozen=True)
 class Text:
-    """Free text that must not be empty (names, hosts, paths)."""
+    """Free text that must not be empty nor hold control characters (names, paths).
+
+    A control character in a name or a path is always a mistake (a newline pasted into an env
+    var), and would otherwise surface much later, as a model nobody can ask for or a file
+    nobody can find.
+    """
 
     what: str = "text"
 
     def parse(self, text: str) -> str:
         if not text.strip():
             raise ValueError(f"{self.what} must not be empty")
+        problem = _control_character_problem(text)
+        if problem is not None:
+            raise ValueError(f"{self.what} {problem}")
         return text
 
     def describe(self) -> str:
         return self.what
+
+
+# How long the parser waits for the resolver before calling a host unresolvable. A host that
+# takes longer at start-up would make every later bind or connect as slow.
+RESOLVE_TIMEOUT_S = 5.0
+
+
+def _resolve(host: str) -> None:
+    socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+
+
+@dataclass(frozen=True)
+class Host:
+    """A host to listen on or connect to: an IP address, or a name that resolves now.
+
+    Checked at parse time so that a bad host exits 2 naming its option, instead of failing at
+    bind time (exit 1, or a traceback from the resolver's IDNA codec): the name must be
+    IDNA-encodable (labels of 1-63 characters, 253 in all) and must resolve within
+    :data:`RESOLVE_TIMEOUT_S`. IPv6 addresses are written without brackets.
+    """
+
+    what: str = "host"
+
+    def parse(self, text: str) -> str:
+        host = text.strip(_ASCII_BLANKS)
+        if not host:
+            raise ValueError(f"{self.what} must not be empty")
+        problem = _control_character_problem(host)
+        if problem is not None:
+            raise ValueError(f"{self.what} {problem}")
+        try:
+            ipaddress.ip_address(host)
+            return host
+        except ValueError:
+            pass
+        if not host.isascii():
+            # The resolver would map fullwidth digits and other look-alikes to ASCII (IDNA
+            # nameprep), so "１２７.０.０.１" would quietly mean 127.0.0.1.
+            raise ValueError(
+                "not an ASCII host name (write an internationalised name in its xn-- form)"
+            )
+        last_label = host.rstrip(".").rsplit(".", 1)[-1]
+        if last_label.isdigit() or last_label.lower().startswith("0x"):
+            # The C resolver reads "1.2.3" and "0x7f.1" as IPv4 addresses; nobody means that.
+            raise ValueError("not a valid IP address, nor a host name (no top-level domain is numeric)")
+        if host.startswith("[") or "/" in host or " " in host:
+            raise ValueError(
+                "not a host name or IP address (write IPv6 addresses without brackets, and no "
+                "scheme, port or path)"
+            )
+        try:
+            encoded = host.encode("idna")
+        except UnicodeError as exc:
+            reason = str(exc.__cause__ or exc).split("(", 1)[-1].rstrip(")") or "invalid"
+            raise ValueError(f"not a valid host name ({reason}: labels are 1-63 characters)") from None
+        if len(encoded.rstrip(b".")) > 253:
+            raise ValueError("not a valid host name (longer than 253 characters)")
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="resolve")
+        try:
+            pool.submit(_resolve, host).result(timeout=RESOLVE_TIMEOUT_S)
+        except concurrent.futures.TimeoutError:
+            raise ValueError(
+                f"cannot be resolved: the resolver did not answer within {RESOLVE_TIMEOUT_S:g} s"
+            ) from None
+        except (OSError, UnicodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise ValueError(f"cannot be resolved ({reason})") from None
+        finally:
+            # A resolver that hangs keeps its thread; the program exits 2 anyway.
+            pool.shutdown(wait=False)
+        return host
+
+    def describe(self) -> str:
+        return "host name (resolved at start-up) or IP address"

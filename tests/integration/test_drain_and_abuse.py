@@ -1,0 +1,202 @@
+"""Through the real processes: the drain's one deadline and its endings, malformed HTTP, slow
+request heads, and a long prompt through the request plane (issue 14).
+
+Streams longer than the drain come from the mock engine's slow token time (--mock-token-ms),
+never from a sleep in the test.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+import time
+import urllib.parse
+
+import pytest
+
+from tests.integration.harness import listening_url, start_frontend, start_worker, wait_until
+
+pytestmark = pytest.mark.integration
+
+MODEL = "drain-model"
+DRAIN_S = 2.0
+# What the process may take after the deadline: the endings (2 s bound), closing the rest, exit.
+AFTER_DEADLINE_S = 6.0
+WORKER_PLANE_LINE = r"Request plane listening on (http://[^\s]+)"
+
+
+def _chat(url: str, *, stream: bool, max_tokens: int, content: str = "hi") -> http.client.HTTPResponse:
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": content}],
+            "max_tokens": max_tokens, "stream": stream}  # fmt: skip
+    conn.request("POST", "/v1/chat/completions", json.dumps(body),
+                 {"Content-Type": "application/json"})  # fmt: skip
+    return conn.getresponse()
+
+
+@pytest.fixture
+def pair(tmp_path):
+    discovery = tmp_path / "discovery"
+    worker = start_worker(
+        "worker", tmp_path, discovery, MODEL, "--mock-token-ms", "200",
+        "--drain-timeout", str(DRAIN_S),
+    )  # fmt: skip
+    frontend = start_frontend("frontend", tmp_path, discovery, "--dyn-drain-timeout", str(DRAIN_S))
+    try:
+        worker.wait_for_log("Worker serving model")
+        url = listening_url(frontend)
+        wait_until(lambda: f'"{MODEL}"' in _get(url, "/v1/models"), deadline_s=30, what="model")
+        yield worker, frontend, url
+    finally:
+        frontend.stop()
+        worker.stop()
+
+
+def _get(url: str, path: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+    conn.request("GET", path)
+    return conn.getresponse().read().decode()
+
+
+def _read_stream_in_thread(response, events: list, done: threading.Event) -> threading.Thread:
+    def read():
+        try:
+            for line in response:  # http.client undoes the chunked framing; a broken body raises
+                line = line.decode().strip()
+                if line.startswith("data: "):
+                    events.append(line[6:])
+            events.append("<eof>")
+        except Exception as exc:  # noqa: BLE001 - recorded for the assertion
+            events.append(f"<broken: {exc!r}>")
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_the_frontend_drain_keeps_one_deadline_and_ends_cut_streams_with_an_error_and_done(pair):
+    worker, frontend, url = pair
+    response = _chat(url, stream=True, max_tokens=1000)  # 200 s of tokens: longer than the drain
+    assert response.status == 200
+    events: list[str] = []
+    done = threading.Event()
+    _read_stream_in_thread(response, events, done)
+    wait_until(lambda: len(events) >= 2, deadline_s=30, what="the first tokens")
+    began = time.monotonic()
+    frontend.signal()
+    assert frontend.wait_exit(DRAIN_S + AFTER_DEADLINE_S + 5) == 0
+    took = time.monotonic() - began
+    assert took < DRAIN_S + AFTER_DEADLINE_S, f"exit {took:.1f} s after SIGTERM:\n{frontend.log()}"
+    assert took >= DRAIN_S - 0.5, "the stream was cut before its deadline"
+    assert done.wait(10)
+    assert events[-1] == "<eof>", events[-3:]
+    assert events[-2] == "[DONE]", events[-3:]
+    error = json.loads(events[-3])["error"]
+    assert error["code"] == "draining" and error["type"] == "service_unavailable_error", error
+    assert "Drain done: 0 request(s) finished, 1 cut short at the deadline" in frontend.log()
+    assert "Traceback" not in frontend.log()
+
+
+def test_the_worker_drain_ends_cut_streams_with_an_in_band_error_line(pair):
+    worker, frontend, url = pair
+    plane = listening_url(worker, WORKER_PLANE_LINE)
+    parts = urllib.parse.urlsplit(plane)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+    conn.request("POST", "/generate", json.dumps({"request_id": "r1", "token_ids": [1, 2],
+                                                    "max_tokens": 1000}))  # fmt: skip
+    response = conn.getresponse()
+    assert response.status == 200
+    lines: list[str] = []
+    first = response.readline()
+    lines.append(first.decode())
+    began = time.monotonic()
+    worker.signal()
+    rest = response.read().decode()  # a broken chunked body would raise IncompleteRead
+    lines.extend(line for line in rest.splitlines() if line.strip())
+    assert worker.wait_exit(DRAIN_S + AFTER_DEADLINE_S + 5) == 0
+    took = time.monotonic() - began
+    assert took < DRAIN_S + AFTER_DEADLINE_S, f"exit {took:.1f} s after SIGTERM:\n{worker.log()}"
+    assert "cut short" in json.loads(lines[-1])["error"], lines[-2:]
+    assert "Traceback" not in worker.log()
+
+
+BAD_HEADS = [
+    b"GARBAGE\r\n\r\n",
+    b"GET / HTTP/1.1\r\nno colon here\r\n\r\n",
+    b"GET / HTTP/9.9\r\n\r\n",
+    b"GET /" + b"a" * 10000 + b" HTTP/1.1\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: x\r\nX: " + b"b" * 10000 + b"\r\n\r\n",
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    b"GET / HTTP/1.1\r\nHost: x\r\n\r\nGARBAGE AGAIN\r\n\r\n",
+]
+
+
+def test_malformed_http_gets_400_and_no_traceback_in_either_log(pair):
+    worker, frontend, url = pair
+    plane = listening_url(worker, WORKER_PLANE_LINE)
+    for base in (url, plane):
+        parts = urllib.parse.urlsplit(base)
+        for head in BAD_HEADS:
+            with socket.create_connection((parts.hostname, parts.port), timeout=10) as sock:
+                sock.sendall(head)
+                sock.shutdown(socket.SHUT_WR)
+                while sock.recv(65536):
+                    pass
+    frontend.wait_for_log("Malformed HTTP request to the HTTP service from")
+    worker.wait_for_log("Malformed HTTP request to the request plane from")
+    assert "Traceback" not in frontend.log() and "Traceback" not in worker.log()
+    assert "Error handling request" not in frontend.log() + worker.log()
+
+
+def test_a_connection_that_never_finishes_its_head_is_closed_after_the_bound(pair, mocker):
+    worker, frontend, url = pair
+    parts = urllib.parse.urlsplit(url)
+    with socket.create_connection((parts.hostname, parts.port), timeout=60) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # never the blank line
+        began = time.monotonic()
+        assert sock.recv(1) == b""  # closed by the server
+        took = time.monotonic() - began
+    from dynamo.common.http_server import HEADER_TIMEOUT_S
+
+    assert HEADER_TIMEOUT_S - 1 <= took < HEADER_TIMEOUT_S + 5, took
+    frontend.wait_for_log("no complete request head within")
+
+
+def test_a_long_prompt_the_frontend_accepts_reaches_the_worker(pair):
+    worker, frontend, url = pair
+    # ~900 kB of one-character words: the frontend's 1 MiB limit takes it; its token ids on the
+    # request plane are several times larger.
+    response = _chat(url, stream=False, max_tokens=1, content="a " * 450_000)
+    body = response.read().decode()
+    assert response.status == 200, body[:500]
+
+
+def test_a_rank_that_dies_ends_the_worker_with_exit_1_and_one_error_line(tmp_path):
+    import os
+    import re
+    import signal
+
+    worker = start_worker(
+        "ranks", tmp_path, tmp_path / "discovery", MODEL, "--tensor-parallel-size", "2",
+        "--self-benchmark-points", "10000000", "--fpm-gc-policy", "freeze",
+        "--mock-heap-objects", "0",
+    )  # fmt: skip
+    try:
+        pids = worker.wait_for_log(r"Started 2 rank process\(es\) \[(\d+), (\d+)\]")
+        worker.wait_for_log("GC policy started")
+        os.kill(int(pids.group(2)), signal.SIGKILL)
+        assert worker.wait_exit(60) == 1
+        log = worker.log()
+        assert len(re.findall(r"ERROR", log)) == 1, log
+        assert "rank(s) 1" in log and "was killed by signal SIGKILL (9)" in log, log
+        assert "Traceback" not in log, log
+        assert "Stopping the GC policy failed" not in log, log
+        assert "left unfrozen (no serving freeze follows)" in log, log
+    finally:
+        worker.stop()
