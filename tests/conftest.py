@@ -38,3 +38,11 @@ def restore_gc_state():
     lifecycle._listeners[:] = listeners
     # A launcher's main() run in-process installs a stderr handler bound to this test's capture.
     logging_setup.remove_logging_handler()
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer_dir(tmp_path_factory):
+    """The tiny model's tokenizer files (tokenizer.json, tokenizer_config.json, template)."""
+    from tests.tiny_tokenizer import build_tiny_tokenizer
+
+    return build_tiny_tokenizer(tmp_path_factory.mktemp("tiny-tokenizer"))

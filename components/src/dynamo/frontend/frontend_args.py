@@ -5,11 +5,34 @@ from __future__ import annotations
 import argparse
 from typing import Mapping, Sequence
 
-from dynamo.common.configuration import IntRange, Option, Surface, Text, gc_options, parse_surface
+from dynamo.common.configuration import (
+    Choice,
+    IntRange,
+    Option,
+    Surface,
+    Text,
+    gc_options,
+    parse_surface,
+)
 from dynamo.common.configuration.runtime_options import (
     DISCOVERY_DIR,
     DISCOVERY_TTL,
     default_discovery_dir,
+)
+
+CHAT_PROCESSOR = Option(
+    name="dyn-chat-processor",
+    env_var="DYN_CHAT_PROCESSOR",
+    default="hf",
+    kind=Choice(("hf", "vllm")),
+    metavar="NAME",
+    help=(
+        "How the frontend applies each model's own tokenizer and chat template (from the "
+        "model directory its worker registers): `hf` with the tokenizers and jinja2 "
+        "libraries (small heap, no torch); `vllm` with vLLM's tokenizer and chat-template "
+        "code, imported at start-up so the start-up freeze covers its ~0.5M-object heap "
+        "(needs vLLM installed in the frontend's environment)"
+    ),
 )
 
 OPTIONS = [
@@ -40,6 +63,19 @@ OPTIONS = [
         help=(
             "Tokenise in a pool of N processes (each freezes its own heap at the end of its "
             "initializer); 0 tokenises in the frontend process"
+        ),
+    ),
+    CHAT_PROCESSOR,
+    Option(
+        name="dyn-max-models",
+        env_var="DYN_MAX_MODELS",
+        default=64,
+        kind=IntRange(1, 100_000),
+        metavar="N",
+        help=(
+            "Most distinct models the frontend serves at once (each holds its tokenizer and "
+            "chat template in memory); a newly discovered model over the limit is refused with "
+            "one WARNING and not served until one goes"
         ),
     ),
     *gc_options(flag_prefix="dyn-", env_prefix="DYN_"),
