@@ -43,8 +43,9 @@ def _worker_speaks_wire_v2() -> bool:
     return True
 
 
+WORKER_SPEAKS_WIRE_V2 = _worker_speaks_wire_v2()
 needs_worker_v2 = pytest.mark.skipif(
-    not _worker_speaks_wire_v2(),
+    not WORKER_SPEAKS_WIRE_V2,
     reason="needs the worker side of issue 10 (model card in the record, request-plane wire "
     "format v2); the frontend side refuses cardless records",
 )
