@@ -58,3 +58,11 @@ def etcd_server(tmp_path):
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer_dir(tmp_path_factory):
+    """The tiny model's tokenizer files (tokenizer.json, tokenizer_config.json, template)."""
+    from tests.tiny_tokenizer import build_tiny_tokenizer
+
+    return build_tiny_tokenizer(tmp_path_factory.mktemp("tiny-tokenizer"))

@@ -16,13 +16,39 @@ import urllib.request
 from pathlib import Path
 from typing import Iterator
 
+import pytest
+
 from dynamo.frontend.chat_processor import build_chat_processor
-from dynamo.frontend.chat_template import ChatMessage
+from dynamo.runtime import request_plane
 from dynamo.vllm.mock_engine import mock_completion
 from tests.integration import harness
 from tests.integration.harness import LISTENING_LINE, LauncherProcess
 
 __all__ = ["LISTENING_LINE"]  # re-exported: the pair tests import it from here
+
+
+def _worker_speaks_wire_v2() -> bool:
+    """Whether the worker side of issue 10 is here: its request plane takes the v2 body.
+
+    The frontend sends v2 bodies and serves only records with a model card; both come from the
+    worker side (a separate change). Until it is merged, tests that need a mock worker serving
+    through the frontend cannot pass, and are skipped with this reason (transitional: the probe
+    turns them on by itself once the worker side lands).
+    """
+    body = {"request_id": "r", "model": "m", "token_ids": [1], "sampling": {"max_tokens": 1}}
+    try:
+        request_plane.validate_generate_request(body)
+    except ValueError:
+        return False
+    return True
+
+
+WORKER_SPEAKS_WIRE_V2 = _worker_speaks_wire_v2()
+needs_worker_v2 = pytest.mark.skipif(
+    not WORKER_SPEAKS_WIRE_V2,
+    reason="needs the worker side of issue 10 (model card in the record, request-plane wire "
+    "format v2); the frontend side refuses cardless records",
+)
 
 FROZEN_LINE = r"GC heap frozen \(([^)]*)\): collected=\d+ frozen=\d+"
 REFUSED_LINE = r"GC heap freeze refused"
@@ -77,11 +103,12 @@ def chat_body(model: str, max_tokens: int = 16, stream: bool = False) -> dict:
     }
 
 
-def expected_content(body: dict) -> str:
-    """What the frontend must answer: the mock engine's tokens for this body, detokenised."""
-    processor = build_chat_processor(body["model"])
-    prompt = processor.render([ChatMessage(m["role"], m["content"]) for m in body["messages"]])
-    return processor.tokenizer.decode(mock_completion(processor.encode(prompt), body["max_tokens"]))
+def expected_content(body: dict, card) -> str:
+    """What the frontend must answer: the mock engine's tokens for this body, decoded by the
+    model's own tokenizer (``card`` names its files)."""
+    processor = build_chat_processor(card)
+    ids = processor.encode_chat(processor.render(body["messages"]))
+    return processor.tokenizer.decode(mock_completion(ids, body["max_tokens"]))
 
 
 def stream_events(url: str, body: dict, timeout: float = CLIENT_TIMEOUT_S) -> Iterator:

@@ -13,6 +13,7 @@ import pytest
 
 from tests.integration.harness import wait_until
 from tests.integration.pair_helpers import (
+    needs_worker_v2,
     FROZEN_LINE,
     LISTENING_LINE,
     REFUSED_LINE,
@@ -27,7 +28,7 @@ from tests.integration.pair_helpers import (
     streamed_text,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, needs_worker_v2]
 
 MODEL = "preprocess-mock"
 WORKERS = 2

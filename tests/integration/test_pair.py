@@ -16,6 +16,7 @@ import pytest
 
 from tests.integration.harness import wait_until
 from tests.integration.pair_helpers import (
+    needs_worker_v2,
     CLIENT_TIMEOUT_S,
     EXPLICIT_COLLECT_LINE,
     FROZEN_LINE,
@@ -32,7 +33,7 @@ from tests.integration.pair_helpers import (
     streamed_text,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, needs_worker_v2]
 
 MODEL = "pair-mock"
 

@@ -1,109 +1,201 @@
-"""The frontend's built-in tokenizer, chat template and chat engine factory."""
+"""The frontend's `hf` chat processor on the tiny model's real tokenizer files, and stop strings.
+
+Real parts only: ``tokenizers`` loads the tiny model's tokenizer.json, ``jinja2`` renders its
+template (tests/vllm checks the rendering against transformers' apply_chat_template).
+"""
 
 from __future__ import annotations
 
-import gc
+import json
+import random
 
 import pytest
+from tokenizers import Tokenizer
 
-from dynamo.frontend.chat_processor import build_chat_processor
-from dynamo.frontend.chat_template import ChatMessage, ChatTemplate
-from dynamo.frontend.tokenizer import (
-    BYTE_TOKENS,
-    DEFAULT_MERGED_TOKENS,
-    SPECIAL_TOKENS,
-    UNKNOWN_TOKEN_TEXT,
-    ByteTokenizer,
-    build_tokenizer_tables,
+from dynamo.frontend.chat_processor import (
+    ChatTemplateError,
+    ModelFilesError,
+    NoChatTemplate,
+    build_chat_processor,
 )
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return ByteTokenizer()
-
-
-@pytest.mark.parametrize(
-    "text",
-    ["", "hello", "naïve café", "日本語のテキスト", "emoji 🧊 and \x00 control", "a\nb\tc"],
+from dynamo.frontend.hf_processor import (
+    HfChatTemplate,
+    find_chat_template,
+    special_tokens,
+    token_text,
 )
-def test_encode_is_utf8_bytes_and_decode_round_trips(tokenizer, text):
-    ids = tokenizer.encode(text)
-    assert ids == list(text.encode("utf-8"))
-    assert tokenizer.decode(ids) == text
+from dynamo.frontend.stop_strings import StopStringMatcher
+from tests.tiny_tokenizer import BOS, EOS, build_tiny_tokenizer, tiny_card
+
+MULTI_BYTE = "Hello 🧊 世界! émoji 👩‍👩‍👧 and ǅ, done."
 
 
-def test_special_tokens_encode_to_one_id_each_and_round_trip(tokenizer):
-    text = "<|im_start|>user\nhi<|im_end|>\n"
-    ids = tokenizer.encode(text)
-    assert ids[0] == tokenizer.tables.special_ids["<|im_start|>"] >= BYTE_TOKENS
-    assert ids.count(tokenizer.tables.special_ids["<|im_end|>"]) == 1
-    assert len(ids) == 1 + len(b"user\nhi") + 1 + 1
-    assert tokenizer.decode(ids) == text
-    assert tokenizer.decode(ids, skip_special_tokens=True) == "user\nhi\n"
+@pytest.fixture
+def processor(tiny_tokenizer_dir):
+    return build_chat_processor(tiny_card(tiny_tokenizer_dir))
 
 
-def test_ids_outside_the_byte_range_decode_through_the_tables(tokenizer):
-    tables = tokenizer.tables
-    merged = tables.tokens[BYTE_TOKENS + len(SPECIAL_TOKENS)]
-    assert len(merged.raw) >= 2 and not merged.special
-    assert tokenizer.decode([merged.id]) == merged.raw.decode("utf-8")
-    assert tokenizer.decode([tables.vocab_size, -1, 10**9]) == UNKNOWN_TOKEN_TEXT * 3
+def test_the_tiny_models_template_renders_with_its_bos_and_eos(processor):
+    prompt = processor.render([{"role": "user", "content": "hi"}])
+    assert prompt == f"{BOS}<|user|>\nhi{EOS}\n<|assistant|>\n"
+    ids = processor.encode_chat(prompt)
+    raw = Tokenizer.from_file(processor.card.tokenizer_path + "/tokenizer.json")
+    assert ids[0] == raw.token_to_id(BOS) and raw.token_to_id(EOS) in ids
+    assert ids == raw.encode(prompt, add_special_tokens=False).ids
 
 
-def test_incremental_detokenizer_holds_back_a_split_character(tokenizer):
-    ids = tokenizer.encode("a🧊b")
-    detokenizer = tokenizer.detokenizer()
-    pieces = [detokenizer.add([token_id]) for token_id in ids]
-    assert pieces == ["a", "", "", "", "🧊", "b"]
-    assert detokenizer.finish() == ""
+def test_streamed_decoding_is_byte_exact_whatever_the_chunk_boundaries(processor):
+    ids = processor.encode_completion(MULTI_BYTE)
+    assert len(ids) > len(MULTI_BYTE.split())  # several characters span several tokens
+    rng = random.Random(7)
+    for _ in range(50):
+        detokenizer = processor.detokenizer()
+        pieces, start = [], 0
+        while start < len(ids):
+            size = rng.randint(1, 4)
+            pieces.append(detokenizer.add(ids[start : start + size]))
+            start += size
+        pieces.append(detokenizer.finish())
+        assert "".join(pieces) == MULTI_BYTE
+        assert "\ufffd" not in "".join(pieces[:-1])  # never half a character on the way
 
 
-def test_incomplete_character_at_the_end_becomes_a_replacement(tokenizer):
-    detokenizer = tokenizer.detokenizer()
-    assert detokenizer.add(list("é".encode("utf-8"))[:1]) == ""
-    assert detokenizer.finish() == "\ufffd"
+def test_one_id_at_a_time_never_shows_half_a_character(processor):
+    ids = processor.encode_completion("🧊")
+    assert len(ids) > 1
+    detokenizer = processor.detokenizer()
+    assert [detokenizer.add([i]) for i in ids] == [""] * (len(ids) - 1) + ["🧊"]
 
 
-def test_tables_are_consistent_and_sized_by_merged_tokens():
-    tables = build_tokenizer_tables(merged_tokens=10)
-    assert tables.vocab_size == BYTE_TOKENS + len(SPECIAL_TOKENS) + 10
-    assert len(tables.vocab) == tables.vocab_size  # every printable form is unique
-    for token in tables.tokens:
-        assert tables.tokens[tables.vocab[token.text]] is token
-    assert build_tokenizer_tables().vocab_size == (
-        BYTE_TOKENS + len(SPECIAL_TOKENS) + DEFAULT_MERGED_TOKENS
+def test_special_tokens_are_hidden_and_an_unfinished_character_ends_as_fffd(processor):
+    eos = processor.card.eos_token_ids[0]
+    ids = processor.encode_completion("ok") + [eos]
+    detokenizer = processor.detokenizer()
+    assert detokenizer.add(ids) + detokenizer.finish() == "ok"
+    cut = processor.encode_completion("🧊")[:-1]
+    detokenizer = processor.detokenizer()
+    assert detokenizer.add(cut) == "" and detokenizer.finish() == "\ufffd"
+    # An id outside the vocabulary (a worker bug) is dropped, not a crash.
+    detokenizer = processor.detokenizer()
+    assert detokenizer.add([10**6, -1] + processor.encode_completion("x")) == "x"
+
+
+def test_a_model_without_a_template_refuses_chat_but_encodes_completions(tmp_path):
+    directory = build_tiny_tokenizer(tmp_path / "plain", chat_template=False)
+    processor = build_chat_processor(tiny_card(directory))
+    assert processor.template is None
+    with pytest.raises(NoChatTemplate, match="no chat template"):
+        processor.render([{"role": "user", "content": "hi"}])
+    assert processor.encode_completion("hi")
+
+
+def test_template_sources_in_order_override_file_then_config(tmp_path):
+    directory = build_tiny_tokenizer(tmp_path / "m", chat_template=False)
+    config = {"chat_template": "from-config"}
+    assert find_chat_template(directory, config) == "from-config"
+    named = {"chat_template": [{"name": "tool_use", "template": "t"}, {"name": "default",
+                                                                       "template": "d"}]}
+    assert find_chat_template(directory, named) == "d"
+    (directory / "chat_template.jinja").write_text("from-file", encoding="utf-8")
+    assert find_chat_template(directory, config) == "from-file"
+    override = tmp_path / "override.jinja"
+    override.write_text("from-override", encoding="utf-8")
+    assert find_chat_template(directory, config, str(override)) == "from-override"
+    with pytest.raises(ModelFilesError, match="does not exist"):
+        find_chat_template(directory, config, str(tmp_path / "missing.jinja"))
+
+
+def test_the_card_chat_template_path_overrides_the_models_own(tiny_tokenizer_dir, tmp_path):
+    override = tmp_path / "t.jinja"
+    override.write_text("{% for m in messages %}[{{ m.content }}]{% endfor %}", encoding="utf-8")
+    card = tiny_card(tiny_tokenizer_dir, chat_template_path=str(override))
+    assert build_chat_processor(card).render([{"role": "user", "content": "x"}]) == "[x]"
+
+
+def test_special_tokens_from_added_token_dicts():
+    config = {
+        "bos_token": {"__type": "AddedToken", "content": "<s>", "lstrip": False},
+        "eos_token": "</s>",
+        "unk_token": None,
+        "chat_template": "ignored",
+    }
+    assert special_tokens(config) == {"bos_token": "<s>", "eos_token": "</s>"}
+    assert token_text(5) is None
+
+
+def test_the_environment_is_transformers_one():
+    source = (
+        "{% for m in messages %}\n"
+        "  {{- m['content'] | tojson }}\n"
+        "{% if loop.index == 1 %}{% continue %}{% endif %}"
+        "{{ strftime_now('%Y') | length }}\n"
+        "{% endfor %}"
+        "{% if messages | length > 2 %}{{ raise_exception('too many: ' ~ messages|length) }}"
+        "{% endif %}"
     )
-    with pytest.raises(ValueError):
-        build_tokenizer_tables(merged_tokens=-1)
+    template = HfChatTemplate(source, {})
+    rendered = template.render([{"content": "<b>é</b>"}, {"content": "x"}])
+    # tojson keeps HTML and non-ASCII as they are; trim_blocks eats the newline after a block
+    # tag (not after an expression), lstrip_blocks the indent before one; loopcontrols is on.
+    assert rendered == json.dumps("<b>é</b>", ensure_ascii=False) + '\n"x"\n4\n'
+    with pytest.raises(ChatTemplateError, match="too many: 3"):
+        template.render([{"content": "a"}] * 3)
 
 
-def test_chat_template_renders_chatml_with_a_generation_prompt():
-    messages = [ChatMessage("system", "be brief"), ChatMessage("user", "hi")]
-    assert ChatTemplate().render(messages) == (
-        "<|im_start|>system\nbe brief<|im_end|>\n"
-        "<|im_start|>user\nhi<|im_end|>\n"
-        "<|im_start|>assistant\n"
-    )
-    assert ChatTemplate().render(messages, add_generation_prompt=False).endswith("<|im_end|>\n")
-    with pytest.raises(ValueError, match="role"):
-        ChatTemplate().render([ChatMessage("wizard", "x")])
+def test_the_sandbox_refuses_what_a_hostile_template_tries():
+    template = HfChatTemplate("{{ messages.__class__.__mro__ }}", {})
+    with pytest.raises(ChatTemplateError):
+        template.render([{"content": "a"}])
+    mutating = HfChatTemplate("{% set _ = messages.append(1) %}", {})
+    with pytest.raises(ChatTemplateError):
+        mutating.render([])
 
 
-def test_default_system_prompt_only_when_none_given():
-    template = ChatTemplate(default_system_prompt="sys")
-    assert template.render([ChatMessage("user", "u")]).startswith("<|im_start|>system\nsys")
-    rendered = template.render([ChatMessage("system", "mine"), ChatMessage("user", "u")])
-    assert rendered.count("<|im_start|>system") == 1 and "mine" in rendered
+def test_a_template_that_does_not_compile_or_a_missing_tokenizer_is_a_model_files_error(
+    tiny_tokenizer_dir, tmp_path
+):
+    with pytest.raises(ModelFilesError, match="does not compile"):
+        HfChatTemplate("{% for %}", {})
+    with pytest.raises(ModelFilesError, match="tokenizer.json"):
+        build_chat_processor(tiny_card(tiny_tokenizer_dir, tokenizer_path=str(tmp_path)))
+    (tmp_path / "tokenizer.json").write_text("{not json", encoding="utf-8")
+    with pytest.raises(ModelFilesError, match="cannot load"):
+        build_chat_processor(tiny_card(tiny_tokenizer_dir, tokenizer_path=str(tmp_path)))
 
 
-def test_chat_engine_factory_builds_a_tracked_long_lived_heap_per_model():
-    first = build_chat_processor("model-a")
-    second = build_chat_processor("model-b", merged_tokens=100)
-    assert first.model == "model-a" and second.tokenizer.vocab_size < first.tokenizer.vocab_size
-    assert first.tokenizer.tables is not second.tokenizer.tables  # one heap per model
-    tokens = first.tokenizer.tables.tokens
-    # Tracked containers are what a full collection walks: the heap a frontend grows.
-    assert all(gc.is_tracked(token) for token in tokens[:: len(tokens) // 16])
-    prompt = first.render([ChatMessage("user", "héllo")])
-    assert first.tokenizer.decode(first.encode(prompt)) == prompt
+# -- stop strings ------------------------------------------------------------------------------
+
+
+def run_matcher(stops, chunks):
+    matcher = StopStringMatcher(stops)
+    sent = []
+    for chunk in chunks:
+        sent.append(matcher.feed(chunk))
+        if matcher.stopped:
+            break
+    sent.append(matcher.flush())
+    return sent, matcher.stopped
+
+
+@pytest.mark.parametrize("split", range(1, 12))
+def test_a_stop_string_split_anywhere_never_leaks(split):
+    text = "one two STOP three"
+    chunks = [text[i : i + split] for i in range(0, len(text), split)]
+    sent, stopped = run_matcher(["STOP"], chunks)
+    assert stopped and "".join(sent) == "one two "
+    assert not any("S" in piece for piece in sent)  # not even a partial match went out
+
+
+def test_a_partial_match_that_does_not_complete_is_sent_later():
+    sent, stopped = run_matcher(["STOP"], ["a ST", "ORE b", " STO"])
+    assert not stopped
+    assert sent == ["a ", "STORE b", " ", "STO"]  # the tail "STO" only at the end
+
+
+def test_the_earliest_of_several_stop_strings_wins():
+    sent, stopped = run_matcher(["bb", "abc"], ["xxab", "cbb"])
+    assert stopped and "".join(sent) == "xx"
+
+
+def test_no_stop_strings_pass_everything_through():
+    assert run_matcher([], ["a", "b"]) == (["a", "b", ""], False)

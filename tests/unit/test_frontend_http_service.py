@@ -1,55 +1,44 @@
-"""The frontend's HTTP service on aiohttp's test client, routing to real request-plane servers.
+"""The frontend's HTTP service on aiohttp's test client, with the tiny model's real tokenizer and
+template, routing to request-plane servers that speak wire format v2 (tests/unit/frontend_support).
 
-Workers are the real request plane (``add_request_plane_routes``) around B's real mock engine;
-only the mid-stream crash uses a hand-written generator, since a crash cannot be asked of it.
+Only the mid-stream crash uses a hand-written generator, since a crash cannot be asked of an
+engine.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import socket
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
 
 from dynamo.common import lifecycle
 from dynamo.frontend.chat_processor import build_chat_processor
-from dynamo.frontend.chat_template import ChatMessage
-from dynamo.frontend.http_service import FrontendService
-from dynamo.frontend.model_registry import ModelRegistry
-from dynamo.frontend.worker_router import WorkerRouter, create_worker_session
-from dynamo.runtime.discovery import ModelRecord
-from dynamo.runtime.request_plane import add_request_plane_routes
-from dynamo.vllm.mock_engine import MockEngine, mock_completion
+from tests.tiny_tokenizer import build_tiny_tokenizer, tiny_card
+from tests.unit.frontend_support import (
+    MODEL,
+    assert_openai_error,
+    echo_worker,
+    frontend,
+    request_plane_server,
+    sse_events,
+    streamed_text,
+)
 
-MODEL = "unit-model"
 HELLO = [{"role": "user", "content": "héllo"}]
+MULTI_BYTE = "Snow ❄ and ice 🧊 in 世界, done: 👩‍👩‍👧."
 
 
-def expected_content(messages: list[dict], max_tokens: int) -> str:
-    processor = build_chat_processor(MODEL)
-    prompt = processor.render([ChatMessage(m["role"], m["content"]) for m in messages])
-    return processor.tokenizer.decode(mock_completion(processor.encode(prompt), max_tokens))
+@pytest.fixture
+def card(tiny_tokenizer_dir):
+    return tiny_card(tiny_tokenizer_dir, MODEL)
 
 
-@contextlib.asynccontextmanager
-async def request_plane_server(generate):
-    app = web.Application()
-    add_request_plane_routes(app, generate, lambda: True)
-    async with TestServer(app, host="127.0.0.1") as server:
-        yield f"http://127.0.0.1:{server.port}"
-
-
-@contextlib.asynccontextmanager
-async def mock_worker(token_ms: float = 0.0):
-    engine = MockEngine(MODEL, token_ms=token_ms)
-    await engine.start()
-    async with request_plane_server(engine.generate) as endpoint:
-        yield engine, endpoint
+@pytest.fixture
+def processor(card):
+    return build_chat_processor(card)
 
 
 def dead_endpoint() -> str:
@@ -59,51 +48,39 @@ def dead_endpoint() -> str:
         return f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
-@contextlib.asynccontextmanager
-async def frontend(*endpoints: str, model: str = MODEL):
-    registry = ModelRegistry(build_chat_processor)
-    for endpoint in endpoints:
-        registry.add_instance(ModelRecord(model=model, endpoint=endpoint))
-    session = create_worker_session()
-    try:
-        app = FrontendService(registry, WorkerRouter(session)).build_app()
-        async with TestClient(TestServer(app, host="127.0.0.1")) as client:
-            yield client
-    finally:
-        await session.close()
+def chat(max_tokens: int | None = 12, stream: bool = False, **extra) -> dict:
+    body = {"model": MODEL, "messages": HELLO, "stream": stream, **extra}
+    if max_tokens is not None:
+        body["max_tokens"] = max_tokens
+    return body
 
 
-def chat(max_tokens: int = 12, stream: bool = False, **extra) -> dict:
-    return {"model": MODEL, "messages": HELLO, "max_tokens": max_tokens, "stream": stream, **extra}
+def prompt_ids(processor, messages=HELLO) -> list[int]:
+    return processor.encode_chat(processor.render(messages))
 
 
-async def sse_events(response) -> list:
-    events = []
-    async for line in response.content:
-        line = line.decode().strip()
-        if not line:
-            continue
-        assert line.startswith("data: ")
-        payload = line[len("data: ") :]
-        events.append(payload if payload == "[DONE]" else json.loads(payload))
-    return events
+def cycled(ids: list[int], max_tokens: int) -> list[int]:
+    return (ids * (max_tokens // len(ids) + 1))[:max_tokens]
 
 
-def assert_openai_error(body: dict, *, param=None) -> dict:
-    assert set(body) == {"error"}
-    error = body["error"]
-    assert set(error) == {"message", "type", "param", "code"} and error["message"]
-    if param is not None:
-        assert error["param"] == param
-    return error
+def echoed(processor, messages, max_tokens) -> str:
+    """What the echo engine's completion decodes to with ignore_eos (the prompt, cycled, special
+    tokens hidden); without it, the echo ends at the template's first EOS."""
+    return processor.tokenizer.decode(cycled(prompt_ids(processor, messages), max_tokens))
+
+
+def run(scenario):
+    return asyncio.run(scenario())
 
 
 BAD_BODIES = [
     (b"{not json", None),
     (b"\xff\xfe", None),
     (b"[1, 2]", None),
+    (b'"text"', None),
     (json.dumps({"messages": HELLO}).encode(), "model"),
     (json.dumps({"model": "", "messages": HELLO}).encode(), "model"),
+    (json.dumps({"model": 5, "messages": HELLO}).encode(), "model"),
     (json.dumps({"model": MODEL}).encode(), "messages"),
     (json.dumps({"model": MODEL, "messages": []}).encode(), "messages"),
     (json.dumps({"model": MODEL, "messages": "hi"}).encode(), "messages"),
@@ -114,123 +91,451 @@ BAD_BODIES = [
      "messages[0].content"),
     (json.dumps({"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image"}]}]})
      .encode(), "messages[0].content"),
-    (json.dumps(chat(max_tokens=0)).encode(), "max_tokens"),
-    (json.dumps(chat(max_tokens=-3)).encode(), "max_tokens"),
-    (json.dumps(chat(max_tokens="5")).encode(), "max_tokens"),
-    (json.dumps(chat(max_tokens=1.5)).encode(), "max_tokens"),
-    (json.dumps(chat(max_tokens=True)).encode(), "max_tokens"),
-    (json.dumps(chat(max_completion_tokens=10**9)).encode(), "max_completion_tokens"),
-    (json.dumps(chat(stream="yes")).encode(), "stream"),
-    (json.dumps(chat(n=2)).encode(), "n"),
-    (json.dumps(chat(stream_options={"include_usage": "y"})).encode(), "stream_options"),
 ]  # fmt: skip
+
+BAD_FIELDS = [
+    ("max_tokens", [0, -3, "5", 1.5, True]),
+    ("max_completion_tokens", [0, "7", False]),
+    ("temperature", [-0.1, "1", True, [1]]),
+    ("top_p", [0, 1.01, -1, "0.5"]),
+    ("top_k", [-2, 1.5, "3"]),
+    ("min_p", [-0.01, 1.5, "0"]),
+    ("seed", [1.5, "7", 2**63, -(2**63) - 1]),
+    ("presence_penalty", [-2.01, 2.5, "0"]),
+    ("frequency_penalty", [3, -3, None and 0 or "x"]),
+    ("repetition_penalty", [0, -1, "1"]),
+    ("stop", [5, [""], "", [1, 2], ["a"] * 65, {"a": 1}]),
+    ("n", [2, 0, "1"]),
+    ("ignore_eos", ["yes", 1]),
+    ("min_tokens", [-1, 1.5, "2"]),
+    ("stream", ["yes", 1]),
+    ("stream_options", ["x", {"include_usage": "y"}]),
+]
+BAD_FIELD_CASES = [(name, value) for name, values in BAD_FIELDS for value in values]
 
 
 @pytest.mark.parametrize("raw, param", BAD_BODIES)
-def test_bad_requests_are_400_in_the_openai_shape_and_reach_no_worker(raw, param):
+def test_bad_requests_are_400_in_the_openai_shape_and_reach_no_worker(card, raw, param):
     async def scenario():
-        async with mock_worker() as (engine, endpoint), frontend(endpoint) as client:
+        async with echo_worker() as (engine, endpoint), frontend(card, endpoint) as client:
             response = await client.post("/v1/chat/completions", data=raw)
             return response.status, await response.json(), engine.requests_started
 
-    status, body, worker_requests = asyncio.run(scenario())
+    status, body, worker_requests = run(scenario)
     assert status == 400
     error = assert_openai_error(body, param=param)
     assert error["type"] == "invalid_request_error"
     assert worker_requests == 0
 
 
-def test_unknown_model_is_404_model_not_found():
+@pytest.mark.parametrize(
+    "endpoint_path, name, value",
+    [("/v1/chat/completions", name, value) for name, value in BAD_FIELD_CASES]
+    + [  # max_completion_tokens is chat's only (/v1/completions ignores it, as vLLM does)
+        ("/v1/completions", name, value)
+        for name, value in BAD_FIELD_CASES
+        if name != "max_completion_tokens"
+    ],
+)
+def test_every_sampling_field_rejects_its_bad_values_naming_it(card, endpoint_path, name, value):
+    body = chat(**{name: value})
+    if endpoint_path == "/v1/completions":
+        del body["messages"]
+        body["prompt"] = "hello"
+
     async def scenario():
-        async with mock_worker() as (_, endpoint), frontend(endpoint) as client:
-            response = await client.post("/v1/chat/completions", json=chat(model="nope"))
+        async with echo_worker() as (engine, endpoint), frontend(card, endpoint) as client:
+            response = await client.post(endpoint_path, json=body)
+            return response.status, await response.json(), engine.requests_started
+
+    status, body, worker_requests = run(scenario)
+    assert status == 400, body
+    error = assert_openai_error(body)
+    assert error["param"] is not None and error["param"].split(".")[0] == name, error
+    assert worker_requests == 0
+
+
+BODY_DECODER_PROBLEMS = [
+    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+    (b'{"model": "tiny", "messages": [], "temperature": NaN}', "NaN is not a JSON number"),
+    (b'{"model": "tiny", "messages": [], "temperature": Infinity}', "Infinity"),
+    (b'{"model": "tiny", "messages": [], "temperature": -Infinity}', "Infinity"),
+    (b'{"model": "tiny", "messages": [{"role": "user", "content": "\\ud800"}]}', "surrogate"),
+    (b'{"model": "tiny", "prompt": "a\\udfffb"}', "surrogate"),
+    (b'{"model": "tiny", "max_tokens": 1' + b"0" * 5000 + b"}", "not valid JSON"),
+    (b'{"model": "tiny", "messages": "caf\xe9"}', "not valid UTF-8"),
+    (b"", "not valid JSON"),
+]
+
+
+@pytest.mark.parametrize("endpoint_path", ["/v1/chat/completions", "/v1/completions"])
+@pytest.mark.parametrize("raw, message", BODY_DECODER_PROBLEMS)
+def test_bodies_the_decoder_cannot_take_are_400_naming_the_problem(
+    card, endpoint_path, raw, message
+):
+    async def scenario():
+        async with echo_worker() as (_, endpoint), frontend(card, endpoint) as client:
+            response = await client.post(endpoint_path, data=raw)
             return response.status, await response.json()
 
-    status, body = asyncio.run(scenario())
-    assert status == 404
-    assert assert_openai_error(body, param="model")["code"] == "model_not_found"
+    status, body = run(scenario)
+    assert status == 400, body
+    assert message in assert_openai_error(body)["message"]
 
 
-def test_chat_completion_returns_the_engines_tokens():
+def test_unknown_fields_are_ignored_and_the_sampling_fields_reach_the_worker(card, processor):
+    fields = dict(
+        temperature=0.7,
+        top_p=0.9,
+        top_k=40,
+        min_p=0.05,
+        seed=1234,
+        presence_penalty=0.5,
+        frequency_penalty=-0.5,
+        repetition_penalty=1.1,
+        stop=["zzz", "qqq"],
+        min_tokens=2,
+        logit_bias={"1": 5},  # unknown here: ignored, as vLLM ignores what it does not know
+        user="someone",
+    )
+
     async def scenario():
-        async with mock_worker() as (_, endpoint), frontend(endpoint) as client:
-            response = await client.post("/v1/chat/completions", json=chat(max_tokens=40))
-            return response.status, await response.json()
+        async with echo_worker() as (engine, endpoint), frontend(card, endpoint) as client:
+            response = await client.post("/v1/chat/completions", json=chat(max_tokens=5, **fields))
+            return response.status, engine.bodies
 
-    status, body = asyncio.run(scenario())
+    status, (body,) = run(scenario)
+    assert status == 200
+    assert body["model"] == MODEL and body["token_ids"] == prompt_ids(processor)
+    sampling = body["sampling"]
+    for name in ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
+                 "frequency_penalty", "repetition_penalty", "min_tokens"):  # fmt: skip
+        assert sampling[name] == fields[name], name
+    assert sampling["stop"] == ["zzz", "qqq"] and sampling["max_tokens"] == 5
+    assert sampling["stop_token_ids"] == list(card.eos_token_ids)
+    assert sampling["ignore_eos"] is False
+
+
+def test_ignore_eos_sends_no_stop_token_ids_and_runs_to_the_limit(card, processor):
+    eos = card.eos_token_ids[0]
+    output = processor.encode_completion("ok") + [eos]
+
+    async def scenario():
+        async with echo_worker(output=output) as (engine, endpoint), frontend(
+            card, endpoint
+        ) as client:
+            normal = await (await client.post("/v1/chat/completions", json=chat(10))).json()
+            ignoring = await (
+                await client.post("/v1/chat/completions", json=chat(10, ignore_eos=True))
+            ).json()
+            return normal, ignoring, engine.bodies
+
+    normal, ignoring, bodies = run(scenario)
+    assert normal["choices"][0]["finish_reason"] == "stop"
+    assert normal["choices"][0]["message"]["content"] == "ok"  # EOS itself never shows
+    assert normal["usage"]["completion_tokens"] == len(output)
+    assert bodies[1]["sampling"]["stop_token_ids"] == [] and bodies[1]["sampling"]["ignore_eos"]
+    assert ignoring["choices"][0]["finish_reason"] == "length"
+    assert ignoring["usage"]["completion_tokens"] == 10
+
+
+def test_chat_completion_returns_the_engines_tokens_decoded_by_the_models_tokenizer(
+    card, processor
+):
+    async def scenario():
+        async with echo_worker() as (_, endpoint), frontend(card, endpoint) as client:
+            response = await client.post(
+                "/v1/chat/completions", json=chat(max_tokens=40, ignore_eos=True)
+            )
+            eos = await client.post("/v1/chat/completions", json=chat(max_tokens=40))
+            return response.status, await response.json(), await eos.json()
+
+    status, body, eos = run(scenario)
     assert status == 200
     assert body["object"] == "chat.completion" and body["model"] == MODEL
     assert body["id"].startswith("chatcmpl-")
     (choice,) = body["choices"]
-    assert choice["message"] == {"role": "assistant", "content": expected_content(HELLO, 40)}
+    assert choice["message"] == {"role": "assistant", "content": echoed(processor, HELLO, 40)}
     assert choice["finish_reason"] == "length"
-    assert body["usage"]["completion_tokens"] == 40
-    assert body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"] + 40
+    assert body["usage"] == {
+        "prompt_tokens": len(prompt_ids(processor)),
+        "completion_tokens": 40,
+        "total_tokens": len(prompt_ids(processor)) + 40,
+    }
+    # Without ignore_eos the echo reaches the template's EOS: "stop", EOS counted, not shown.
+    ids = prompt_ids(processor)
+    upto = ids.index(card.eos_token_ids[0]) + 1
+    assert eos["choices"][0]["finish_reason"] == "stop"
+    assert eos["choices"][0]["message"]["content"] == processor.tokenizer.decode(ids[:upto])
+    assert eos["usage"]["completion_tokens"] == upto
 
 
-def test_streaming_sends_chunks_then_done():
+@pytest.mark.parametrize("chunk", [1, 2, 3, 5, 8])
+def test_multi_byte_text_streams_byte_exact_whatever_the_chunking(card, processor, chunk):
+    output = processor.encode_completion(MULTI_BYTE)
+
     async def scenario():
-        async with mock_worker() as (_, endpoint), frontend(endpoint) as client:
+        async with echo_worker(output=output, chunk=chunk) as (_, endpoint), frontend(
+            card, endpoint
+        ) as client:
+            streamed = await client.post(
+                "/v1/chat/completions", json=chat(len(output), stream=True)
+            )
+            whole = await client.post("/v1/completions", json={
+                "model": MODEL, "prompt": "x", "max_tokens": len(output)})  # fmt: skip
+            return await sse_events(streamed), await whole.json()
+
+    events, whole = run(scenario)
+    pieces = streamed_text(events)
+    assert "".join(pieces) == MULTI_BYTE
+    assert not any("\ufffd" in piece for piece in pieces)
+    assert whole["choices"][0]["text"] == MULTI_BYTE
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 4, 7])
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_stop_string_ends_the_completion_before_it_and_never_leaks(
+    card, processor, chunk, stream
+):
+    text = "The quick brown fox jumps over the lazy dog."
+    output = processor.encode_completion(text)
+
+    async def scenario():
+        async with echo_worker(output=output, chunk=chunk, token_ms=1) as (
+            engine,
+            endpoint,
+        ), frontend(card, endpoint) as client:
             response = await client.post(
                 "/v1/chat/completions",
-                json=chat(max_tokens=30, stream=True, stream_options={"include_usage": True}),
+                json=chat(200, stream=stream, stop=["fox", "never"],
+                          stream_options={"include_usage": True} if stream else None),
+            )  # fmt: skip
+            body = await sse_events(response) if stream else await response.json()
+
+            async def aborted():  # the frontend closed the stream: the worker stopped
+                while engine.requests_aborted + engine.requests_finished == 0:
+                    await asyncio.sleep(0.01)
+
+            await asyncio.wait_for(aborted(), 30)
+            return body, engine.requests_aborted
+
+    body, aborted = run(scenario)
+    if stream:
+        pieces = streamed_text(body)
+        assert "".join(pieces) == "The quick brown "
+        assert not any("f" in piece for piece in pieces)  # not even the start of "fox"
+        finish = [e for e in body if isinstance(e, dict) and e["choices"]][-1]
+        assert finish["choices"][0]["finish_reason"] == "stop"
+        usage = body[-2]["usage"]
+    else:
+        assert body["choices"][0]["message"]["content"] == "The quick brown "
+        assert body["choices"][0]["finish_reason"] == "stop"
+        usage = body["usage"]
+    # The model's tokens up to the one that completed "fox".
+    upto = len(processor.encode_completion("The quick brown fox"))
+    assert usage["completion_tokens"] == upto
+    assert aborted == 1
+
+
+def test_streaming_sends_chunks_then_usage_then_done(card, processor):
+    async def scenario():
+        async with echo_worker() as (_, endpoint), frontend(card, endpoint) as client:
+            response = await client.post(
+                "/v1/chat/completions",
+                json=chat(max_tokens=30, stream=True, stream_options={"include_usage": True},
+                          ignore_eos=True),  # fmt: skip
             )
             return response.status, response.headers["Content-Type"], await sse_events(response)
 
-    status, content_type, events = asyncio.run(scenario())
+    status, content_type, events = run(scenario)
     assert status == 200 and content_type.startswith("text/event-stream")
     assert events[-1] == "[DONE]"
     chunks = events[:-1]
     assert all(c["object"] == "chat.completion.chunk" for c in chunks)
     assert len({c["id"] for c in chunks}) == 1
-    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
-    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
-    assert text == expected_content(HELLO, 30)
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert "".join(streamed_text(events)) == echoed(processor, HELLO, 30)
     assert chunks[-2]["choices"][0]["finish_reason"] == "length"
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 30
 
 
-def test_dead_worker_is_503_fast_in_both_modes():
+def test_completions_take_text_or_token_ids(card, processor):
     async def scenario():
-        async with frontend(dead_endpoint()) as client:
+        async with echo_worker() as (engine, endpoint), frontend(card, endpoint) as client:
+            text = await client.post(
+                "/v1/completions", json={"model": MODEL, "prompt": "Hello world", "max_tokens": 4}
+            )
+            ids = await client.post(
+                "/v1/completions", json={"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 3}
+            )
+            listed = await client.post(
+                "/v1/completions", json={"model": MODEL, "prompt": ["Hi"], "max_tokens": 2}
+            )
+            streamed = await client.post(
+                "/v1/completions",
+                json={"model": MODEL, "prompt": "Hello", "max_tokens": 3, "stream": True},
+            )
+            return (
+                await text.json(), await ids.json(), await listed.json(),
+                await sse_events(streamed), engine.bodies,
+            )  # fmt: skip
+
+    text, ids, listed, events, bodies = run(scenario)
+    assert text["object"] == "text_completion" and text["id"].startswith("cmpl-")
+    assert bodies[0]["token_ids"] == processor.encode_completion("Hello world")
+    assert text["choices"][0]["text"] == processor.tokenizer.decode(cycled(bodies[0]["token_ids"], 4))
+    assert text["choices"][0]["finish_reason"] == "length"
+    assert bodies[1]["token_ids"] == [5, 6, 7] and ids["usage"]["prompt_tokens"] == 3
+    assert bodies[2]["token_ids"] == processor.encode_completion("Hi")
+    assert events[-1] == "[DONE]" and all(e["object"] == "text_completion" for e in events[:-1])
+    hello = processor.encode_completion("Hello")
+    assert "".join(streamed_text(events)) == processor.tokenizer.decode(cycled(hello, 3))
+
+
+def test_the_context_length_bounds_prompt_and_completion(card, processor):
+    context = card.context_length
+    prompt_len = len(prompt_ids(processor))
+
+    async def scenario():
+        async with echo_worker() as (engine, endpoint), frontend(card, endpoint) as client:
+            results = {}
+            long_prompt = {"model": MODEL, "prompt": list(range(3, 3 + context))}
+            results["prompt"] = await client.post("/v1/completions", json=long_prompt)
+            results["sum"] = await client.post(
+                "/v1/chat/completions", json=chat(max_tokens=context - prompt_len + 1)
+            )
+            results["completion_field"] = await client.post(
+                "/v1/chat/completions",
+                json={**chat(None), "max_completion_tokens": context, "max_tokens": 1},
+            )
+            results["min_tokens"] = await client.post(
+                "/v1/chat/completions", json=chat(max_tokens=3, min_tokens=4)
+            )
+            results["fits"] = await client.post(
+                "/v1/chat/completions", json=chat(max_tokens=context - prompt_len)
+            )
+            results["absent"] = await client.post(
+                "/v1/chat/completions", json=chat(None, ignore_eos=True)
+            )
+            out = {k: (r.status, await r.json()) for k, r in results.items()}
+            return out, [b["sampling"]["max_tokens"] for b in engine.bodies]
+
+    results, sent_max_tokens = run(scenario)
+    status, body = results["prompt"]
+    error = assert_openai_error(body, param="prompt")
+    assert status == 400 and error["code"] == "context_length_exceeded"
+    assert f"maximum context length is {context} tokens" in error["message"]
+    assert f"contains {context} input tokens" in error["message"]
+    status, body = results["sum"]
+    assert status == 400 and assert_openai_error(body, param="max_tokens")
+    assert f"requested {context + 1} tokens" in body["error"]["message"]
+    status, body = results["completion_field"]  # the newer name wins, and is named
+    assert status == 400 and assert_openai_error(body, param="max_completion_tokens")
+    assert results["min_tokens"][0] == 400
+    assert assert_openai_error(results["min_tokens"][1], param="min_tokens")
+    assert results["fits"][0] == 200 and results["absent"][0] == 200
+    # Absent max_tokens: what is left of the context.
+    assert sent_max_tokens == [context - prompt_len, context - prompt_len]
+    assert results["absent"][1]["usage"]["completion_tokens"] == context - prompt_len
+
+
+def test_a_model_without_a_chat_template_is_400_for_chat_and_serves_completions(tmp_path):
+    directory = build_tiny_tokenizer(tmp_path / "plain", chat_template=False)
+    card = tiny_card(directory, MODEL)
+
+    async def scenario():
+        async with echo_worker() as (_, endpoint), frontend(card, endpoint) as client:
+            chat_response = await client.post("/v1/chat/completions", json=chat())
+            completion = await client.post(
+                "/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2}
+            )
+            return (chat_response.status, await chat_response.json()), completion.status
+
+    (status, body), completion_status = run(scenario)
+    assert status == 400
+    error = assert_openai_error(body, param="messages")
+    assert error["code"] == "no_chat_template" and "no chat template" in error["message"]
+    assert completion_status == 200
+
+
+def test_a_template_that_raises_is_a_400_with_its_message(tiny_tokenizer_dir, tmp_path):
+    template = tmp_path / "strict.jinja"
+    template.write_text(
+        "{% if messages[0].role != 'system' %}{{ raise_exception('a system message comes "
+        "first') }}{% endif %}ok",
+        encoding="utf-8",
+    )
+    card = tiny_card(tiny_tokenizer_dir, MODEL, chat_template_path=str(template))
+
+    async def scenario():
+        async with echo_worker() as (engine, endpoint), frontend(card, endpoint) as client:
+            response = await client.post("/v1/chat/completions", json=chat())
+            return response.status, await response.json(), engine.requests_started
+
+    status, body, started = run(scenario)
+    assert status == 400 and started == 0
+    error = assert_openai_error(body, param="messages")
+    assert "a system message comes first" in error["message"]
+
+
+def test_unknown_model_is_404_model_not_found(card):
+    async def scenario():
+        async with echo_worker() as (_, endpoint), frontend(card, endpoint) as client:
+            chat_response = await client.post("/v1/chat/completions", json=chat(model="nope"))
+            completion = await client.post("/v1/completions", json={"model": "n", "prompt": "x"})
+            return [(r.status, await r.json()) for r in (chat_response, completion)]
+
+    for status, body in run(scenario):
+        assert status == 404
+        assert assert_openai_error(body, param="model")["code"] == "model_not_found"
+
+
+def test_dead_worker_is_503_fast_in_both_modes(card):
+    async def scenario():
+        async with frontend(card, dead_endpoint()) as client:
             whole = await client.post("/v1/chat/completions", json=chat())
             streamed = await client.post("/v1/chat/completions", json=chat(stream=True))
             return [(r.status, await r.json()) for r in (whole, streamed)]
 
-    for status, body in asyncio.run(scenario()):
+    for status, body in run(scenario):
         assert status == 503
         error = assert_openai_error(body)
         assert error["code"] == "worker_unavailable" and "reachable" in error["message"]
 
 
-def test_a_dead_instance_fails_over_to_a_live_one():
+def test_a_dead_instance_fails_over_to_a_live_one(card):
     async def scenario():
-        async with mock_worker() as (engine, endpoint):
-            async with frontend(dead_endpoint(), endpoint) as client:
+        async with echo_worker() as (engine, endpoint):
+            async with frontend(card, dead_endpoint(), endpoint) as client:
                 statuses = []
                 for _ in range(4):  # round-robin puts the dead one first every other time
                     response = await client.post("/v1/chat/completions", json=chat())
                     statuses.append(response.status)
                 return statuses, engine.requests_finished
 
-    statuses, finished = asyncio.run(scenario())
+    statuses, finished = run(scenario)
     assert statuses == [200] * 4 and finished == 4
 
 
-async def crashing_engine(request: dict):
-    yield {"token_ids": [ord("o"), ord("k")]}
-    raise RuntimeError("engine crashed")
+def crashing_engine(processor):
+    async def generate(request: dict):
+        yield {"token_ids": processor.encode_completion("ok")}
+        raise RuntimeError("engine crashed")
+
+    return generate
 
 
-def test_worker_failing_mid_stream_ends_the_stream_with_an_error_event():
+def test_worker_failing_mid_stream_ends_the_stream_with_an_error_event(card, processor):
     async def scenario():
-        async with request_plane_server(crashing_engine) as endpoint, frontend(endpoint) as client:
+        async with request_plane_server(crashing_engine(processor)) as endpoint, frontend(
+            card, endpoint
+        ) as client:
             streamed = await client.post("/v1/chat/completions", json=chat(stream=True))
             events = await sse_events(streamed)
             whole = await client.post("/v1/chat/completions", json=chat())
             return streamed.status, events, whole.status, await whole.json()
 
-    stream_status, events, whole_status, whole_body = asyncio.run(scenario())
+    stream_status, events, whole_status, whole_body = run(scenario)
     assert stream_status == 200  # headers went out before the crash
     assert events[-1] == "[DONE]"
     assert events[1]["choices"][0]["delta"]["content"] == "ok"
@@ -239,11 +544,13 @@ def test_worker_failing_mid_stream_ends_the_stream_with_an_error_event():
     assert whole_status == 503 and "engine crashed" in whole_body["error"]["message"]
 
 
-def test_client_disconnect_mid_stream_aborts_the_request_in_the_worker():
+def test_client_disconnect_mid_stream_aborts_the_request_in_the_worker(card):
     async def scenario():
-        async with mock_worker(token_ms=5.0) as (engine, endpoint), frontend(endpoint) as client:
+        async with echo_worker(token_ms=5.0) as (engine, endpoint), frontend(
+            card, endpoint
+        ) as client:
             response = await client.post(
-                "/v1/chat/completions", json=chat(max_tokens=10_000, stream=True)
+                "/v1/chat/completions", json=chat(max_tokens=400, stream=True)
             )
             await response.content.readline()  # the stream has started
             response.close()  # the client hangs up
@@ -255,12 +562,12 @@ def test_client_disconnect_mid_stream_aborts_the_request_in_the_worker():
             await asyncio.wait_for(aborted(), 30)
             return engine.requests_aborted, engine.requests_finished
 
-    assert asyncio.run(scenario()) == (1, 0)
+    assert run(scenario) == (1, 0)
 
 
-def test_models_health_and_aiohttp_errors_in_openai_shape():
+def test_models_health_and_aiohttp_errors_in_openai_shape(card):
     async def scenario():
-        async with mock_worker() as (_, endpoint), frontend(endpoint) as client:
+        async with echo_worker() as (_, endpoint), frontend(card, endpoint) as client:
             models = await (await client.get("/v1/models")).json()
             starting = await client.get("/health")
             lifecycle.mark_serving("test")
@@ -269,6 +576,7 @@ def test_models_health_and_aiohttp_errors_in_openai_shape():
             unknown = await client.get("/v2/nothing")
             lifecycle.mark_draining("test")
             draining = await client.post("/v1/chat/completions", json=chat())
+            draining_completion = await client.post("/v1/completions", json={})
             return (
                 models,
                 starting.status,
@@ -276,9 +584,10 @@ def test_models_health_and_aiohttp_errors_in_openai_shape():
                 (wrong_method.status, await wrong_method.json()),
                 (unknown.status, await unknown.json()),
                 (draining.status, await draining.json()),
+                draining_completion.status,
             )
 
-    models, starting, serving, wrong_method, unknown, draining = asyncio.run(scenario())
+    models, starting, serving, wrong_method, unknown, draining, draining2 = run(scenario)
     assert models["object"] == "list"
     assert [(m["id"], m["object"]) for m in models["data"]] == [(MODEL, "model")]
     assert starting == 503
@@ -286,6 +595,7 @@ def test_models_health_and_aiohttp_errors_in_openai_shape():
     assert wrong_method[0] == 405 and assert_openai_error(wrong_method[1])
     assert unknown[0] == 404 and assert_openai_error(unknown[1])["code"] == "not_found"
     assert draining[0] == 503 and assert_openai_error(draining[1])["code"] == "draining"
+    assert draining2 == 503
 
 
 def _frontend_lines(caplog) -> list[logging.LogRecord]:
@@ -296,18 +606,18 @@ def _frontend_lines(caplog) -> list[logging.LogRecord]:
     ]
 
 
-def test_each_failed_request_logs_one_warning_naming_every_instance_tried(caplog):
+def test_each_failed_request_logs_one_warning_naming_every_instance_tried(card, caplog):
     caplog.set_level(logging.INFO)
     dead = [dead_endpoint(), dead_endpoint()]
 
     async def scenario():
-        async with frontend(*dead) as client:
+        async with frontend(card, *dead) as client:
             caplog.clear()  # the set-up's lines (model added) are not the requests'
             for stream in (False, True, False):
                 response = await client.post("/v1/chat/completions", json=chat(stream=stream))
                 assert response.status == 503
 
-    asyncio.run(scenario())
+    run(scenario)
     lines = _frontend_lines(caplog)
     assert len(lines) == 3, [r.getMessage() for r in lines]  # one per request, no more
     for line in lines:
@@ -317,35 +627,37 @@ def test_each_failed_request_logs_one_warning_naming_every_instance_tried(caplog
         assert all(endpoint in message for endpoint in dead)  # the log names both instances
 
 
-def test_a_worker_failing_mid_request_logs_one_line(caplog):
+def test_a_worker_failing_mid_request_logs_one_line(card, processor, caplog):
     caplog.set_level(logging.INFO)
 
     async def scenario():
-        async with request_plane_server(crashing_engine) as endpoint, frontend(endpoint) as client:
+        async with request_plane_server(crashing_engine(processor)) as endpoint, frontend(
+            card, endpoint
+        ) as client:
             caplog.clear()
             whole = await client.post("/v1/chat/completions", json=chat())
             streamed = await client.post("/v1/chat/completions", json=chat(stream=True))
             await sse_events(streamed)
             return whole.status
 
-    assert asyncio.run(scenario()) == 503
+    assert run(scenario) == 503
     lines = [r.getMessage() for r in _frontend_lines(caplog)]
     assert len(lines) == 2, lines  # the whole one (middleware), the streamed one (in-band)
     assert sum("-> 503 worker_unavailable" in line for line in lines) == 1
     assert sum("failed mid-stream" in line for line in lines) == 1
 
 
-def test_a_failover_that_succeeds_logs_the_dead_instance_once(caplog):
+def test_a_failover_that_succeeds_logs_the_dead_instance_once(card, caplog):
     caplog.set_level(logging.INFO)
     dead = dead_endpoint()
 
     async def scenario():
-        async with mock_worker() as (_, endpoint), frontend(dead, endpoint) as client:
+        async with echo_worker() as (_, endpoint), frontend(card, dead, endpoint) as client:
             # Round-robin starts at the dead instance for the first request, not the second.
             return [(await client.post("/v1/chat/completions", json=chat())).status
                     for _ in range(2)]  # fmt: skip
 
-    assert asyncio.run(scenario()) == [200, 200]
+    assert run(scenario) == [200, 200]
     lines = [r for r in _frontend_lines(caplog) if r.levelno >= logging.WARNING]
     assert len(lines) == 1 and dead in lines[0].getMessage()
     assert "failed over after 1 unavailable instance(s)" in lines[0].getMessage()

@@ -1,6 +1,7 @@
 """The preprocess pool: N spawned processes, all initialised during start(), encoding like the
-frontend's own tokenizer; a pool broken by a dead process is rebuilt once, off the event loop,
-and one whose rebuild fails takes /health down."""
+frontend's own processor for whichever model a task names (each process loads and caches the
+tokenizers it is asked about); a pool broken by a dead process is rebuilt once, off the event
+loop, and one whose rebuild fails takes /health down."""
 
 from __future__ import annotations
 
@@ -18,12 +19,11 @@ from dynamo.frontend.chat_processor import build_chat_processor
 from dynamo.frontend.http_service import FrontendService
 from dynamo.frontend.model_registry import ModelRegistry
 from dynamo.frontend.preprocess_pool import PreprocessPool, PreprocessPoolError
-from dynamo.frontend.tokenizer import ByteTokenizer
 from dynamo.frontend.worker_router import WorkerRouter, create_worker_session
 from dynamo.runtime.discovery import ModelRecord
-from dynamo.vllm.mock_engine import MockEngine
 from tests.integration.harness import wait_until
-from tests.unit.test_frontend_http_service import request_plane_server
+from tests.tiny_tokenizer import build_tiny_tokenizer, tiny_card
+from tests.unit.frontend_support import echo_worker
 
 MODEL = "pool-model"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 4}
@@ -38,18 +38,43 @@ def alive(pid: int) -> bool:
     return True
 
 
-def test_start_initialises_every_process_before_returning_and_encodes_like_in_process():
+@pytest.fixture
+def card(tiny_tokenizer_dir):
+    return tiny_card(tiny_tokenizer_dir, MODEL)
+
+
+def test_start_initialises_every_process_before_returning_and_encodes_like_in_process(
+    card, tmp_path
+):
+    # A second model with another vocabulary: each task is tokenised for the model it names.
+    other_dir = build_tiny_tokenizer(tmp_path / "other")
+    (other_dir / "tokenizer.json").write_text(
+        (other_dir / "tokenizer.json").read_text(encoding="utf-8").replace('"<|pad|>"', '"<|x|>"'),
+        encoding="utf-8",
+    )
+    other = tiny_card(other_dir, "other")
     pool = PreprocessPool(2, freeze_gc_heap=False, gc_pause_log_ms=0.0)
     try:
         pids = pool.start()
         assert len(set(pids)) == 2 and os.getpid() not in pids
         assert all(alive(pid) for pid in pids)
-        texts = ["<|im_start|>user\nhi 🧊<|im_end|>\n", "plain", ""]
+        texts = ["<|begin_of_text|><|user|>\nhi 🧊<|end_of_text|>\n", "plain", "", "<|x|>"]
+        tasks = [(c, t, special) for c in (card, other) for t in texts for special in (0, 1)]
 
         async def encode_all():
-            return await asyncio.gather(*(pool.encode(text) for text in texts))
+            return await asyncio.gather(
+                *(pool.encode(c, t, add_special_tokens=bool(s)) for c, t, s in tasks)
+            )
 
-        assert asyncio.run(encode_all()) == [ByteTokenizer().encode(t) for t in texts]
+        expected = []
+        for c, t, special in tasks:
+            processor = build_chat_processor(c)
+            expected.append(
+                processor.encode_completion(t) if special else processor.encode_chat(t)
+            )
+        got = asyncio.run(encode_all())
+        assert got == expected
+        assert got[tasks.index((card, "<|x|>", 0))] != got[tasks.index((other, "<|x|>", 0))]
     finally:
         pool.shutdown()
     # shutdown() waits for the processes; the kernel may take a moment to reap them.
@@ -62,7 +87,7 @@ def test_a_pool_needs_a_worker():
 
 
 @pytest.fixture
-def pool():
+def pool(card):
     pool = PreprocessPool(1, freeze_gc_heap=False, gc_pause_log_ms=0.0)
     pool.start()
     yield pool
@@ -92,12 +117,11 @@ class Service:
         return response.status, await response.json()
 
 
-async def _serve(pool: PreprocessPool, scenario):
-    engine = MockEngine(MODEL, token_ms=0.0)
-    await engine.start()
-    async with request_plane_server(engine.generate) as endpoint:
+async def _serve(pool: PreprocessPool, card, scenario):
+    async with echo_worker() as (_, endpoint):
         registry = ModelRegistry(build_chat_processor)
-        registry.add_instance(ModelRecord(model=MODEL, endpoint=endpoint))
+        registry.add_instance(ModelRecord(model=MODEL, endpoint=endpoint, card=card))
+        await registry.wait_idle()
         session = create_worker_session()
         app = FrontendService(registry, WorkerRouter(session), pool).build_app()
         lifecycle.mark_serving("test")
@@ -113,7 +137,7 @@ def _records(caplog, level: int, text: str) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.levelno == level and text in r.getMessage()]
 
 
-def test_a_dead_process_gets_503s_then_the_pool_is_rebuilt_and_serves_again(pool, caplog):
+def test_a_dead_process_gets_503s_then_the_pool_is_rebuilt_and_serves_again(pool, card, caplog):
     caplog.set_level(logging.INFO)
     (old_pid,) = pool.pids
 
@@ -126,7 +150,7 @@ def test_a_dead_process_gets_503s_then_the_pool_is_rebuilt_and_serves_again(pool
         await _until(lambda: pool.state == "ready")
         return broken, during, await service.chat(), await service.health()
 
-    broken, during, after, health = asyncio.run(_serve(pool, scenario))
+    broken, during, after, health = asyncio.run(_serve(pool, card, scenario))
     assert broken[0] == 503 and broken[1]["error"]["code"] == "preprocess_unavailable"
     (status, body), (health_status, health_body) = during
     if status == 503:  # unless the rebuild was already done (a fast machine)
@@ -147,7 +171,7 @@ def test_a_dead_process_gets_503s_then_the_pool_is_rebuilt_and_serves_again(pool
     assert _records(caplog, logging.ERROR, "") == []
 
 
-def test_the_rebuild_runs_off_the_event_loop(pool, mocker):
+def test_the_rebuild_runs_off_the_event_loop(pool, card, mocker):
     real_spawn = pool._spawn
     spawned_in: list[int] = []
 
@@ -160,9 +184,10 @@ def test_the_rebuild_runs_off_the_event_loop(pool, mocker):
 
     async def scenario() -> int:
         with pytest.raises(PreprocessPoolError):
-            await pool.encode("x")
+            await pool.encode(card, "x", add_special_tokens=False)
         await _until(lambda: pool.state == "ready")
-        assert await pool.encode("ok") == ByteTokenizer().encode("ok")
+        ok = await pool.encode(card, "ok", add_special_tokens=False)
+        assert ok == build_chat_processor(card).encode_chat("ok")
         await pool.aclose()
         return threading.get_ident()
 
@@ -170,7 +195,7 @@ def test_the_rebuild_runs_off_the_event_loop(pool, mocker):
     assert len(spawned_in) == 1 and spawned_in[0] != loop_thread
 
 
-def test_a_failed_rebuild_turns_health_503_and_logs_one_error(pool, mocker, caplog):
+def test_a_failed_rebuild_turns_health_503_and_logs_one_error(pool, card, mocker, caplog):
     mocker.patch.object(
         pool, "_spawn", side_effect=PreprocessPoolError("preprocess workers failed to start")
     )
@@ -182,7 +207,7 @@ def test_a_failed_rebuild_turns_health_503_and_logs_one_error(pool, mocker, capl
         await _until(lambda: pool.state == "failed")
         return first, [await service.chat() for _ in range(3)], await service.health()
 
-    first, later, health = asyncio.run(_serve(pool, scenario))
+    first, later, health = asyncio.run(_serve(pool, card, scenario))
     assert first[0] == 503
     for status, body in later:
         assert status == 503 and body["error"]["code"] == "preprocess_unavailable"
@@ -197,3 +222,22 @@ def test_a_failed_rebuild_turns_health_503_and_logs_one_error(pool, mocker, capl
 
 def pool_child_dead(pool: PreprocessPool) -> bool:
     return not any(alive(pid) for pid in pool.pids)
+
+
+def test_a_worker_process_keeps_a_bounded_cache_of_tokenizers(tiny_tokenizer_dir, mocker):
+    """In-process (the worker module's functions, as a pool process runs them)."""
+    from dynamo.frontend import preprocess_worker
+
+    mocker.patch.object(preprocess_worker, "_tokenizers", type(preprocess_worker._tokenizers)())
+    preprocess_worker.initialize_preprocess_worker(False, 0.0, logging.INFO, None)
+    limit = preprocess_worker.CACHED_TOKENIZERS
+    cards = [tiny_card(tiny_tokenizer_dir, f"m{i}") for i in range(limit + 2)]
+    for card in cards:
+        assert preprocess_worker.encode(card, "hi", False) == build_chat_processor(
+            card
+        ).encode_chat("hi")
+    assert preprocess_worker.cached_models() == [f"m{i}" for i in range(2, limit + 2)]
+    preprocess_worker.encode(cards[2], "again", False)  # used again: the newest now
+    preprocess_worker.encode(cards[0], "back", False)  # reloaded: the oldest (m3) goes
+    cached = preprocess_worker.cached_models()
+    assert len(cached) == limit and cached[-2:] == ["m2", "m0"] and "m3" not in cached

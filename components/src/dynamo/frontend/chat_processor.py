@@ -1,59 +1,235 @@
-"""Per-model chat processor (template + tokenizer) and the chat engine factory that builds it.
+"""Per-model chat processor (the model's tokenizer + chat template) and the factory that builds it.
 
-The model registry calls :func:`build_chat_processor` once per newly discovered model, while the
-frontend serves. Whatever it allocates is long-lived heap grown *after* the start-up freeze, so
-it must never freeze or collect: the serving-phase guard would refuse a freeze here anyway, and
-nothing in this module asks for one.
+``--dyn-chat-processor`` picks the implementation:
+
+* ``hf`` (default): ``tokenizers`` and ``jinja2`` (see :mod:`.hf_processor`); a small heap, no
+  torch, no transformers.
+* ``vllm``: vLLM's own tokenizer loader (``vllm.tokenizers.get_tokenizer``, a transformers
+  tokenizer) and transformers' ``apply_chat_template``, as ``vllm serve`` preprocesses. Its
+  import heap (~0.5M objects) is what the frontend's start-up freeze is for, so
+  :func:`import_processor_libraries` imports it at start-up, before the freeze.
+
+The model registry calls :func:`build_chat_processor` once per newly discovered model, in a
+thread, while the frontend serves. Whatever it allocates is heap grown *after* the start-up
+freeze, so it must never freeze or collect: the serving-phase guard would refuse a freeze here
+anyway, and nothing in this module asks for one.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import time
-from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
-from .chat_template import ChatMessage, ChatTemplate
-from .tokenizer import (
-    DEFAULT_MERGED_TOKENS,
-    ByteTokenizer,
-    IncrementalDetokenizer,
-    build_tokenizer_tables,
+from dynamo.runtime.model_card import ModelCard
+
+from .hf_processor import (
+    ChatTemplateError,
+    HfChatTemplate,
+    HfTokenizer,
+    ModelFilesError,
+    StreamDetokenizer,
+    find_chat_template,
+    read_tokenizer_config,
+    special_tokens,
 )
 
 logger = logging.getLogger(__name__)
 
+CHAT_PROCESSORS = ("hf", "vllm")
+DEFAULT_CHAT_PROCESSOR = "hf"
+# What --dyn-chat-processor vllm imports at start-up (before the freeze): the tokenizer loader
+# and the chat rendering and OpenAI protocol modules a vLLM frontend holds.
+VLLM_MODULES = (
+    "vllm.tokenizers",
+    "vllm.renderers.hf",
+    "vllm.entrypoints.openai.chat_completion.protocol",
+)
 
-@dataclass
+__all__ = [
+    "CHAT_PROCESSORS",
+    "ChatProcessor",
+    "ChatTemplateError",
+    "ModelFilesError",
+    "NoChatTemplate",
+    "build_chat_processor",
+    "build_tokenizer",
+    "import_processor_libraries",
+]
+
+
+class NoChatTemplate(ValueError):
+    """The model has no chat template: /v1/chat/completions cannot serve it (completions can)."""
+
+
+class Detokenizer(Protocol):
+    def add(self, ids: Sequence[int]) -> str: ...
+
+    def finish(self) -> str: ...
+
+
+class Tokenizer(Protocol):
+    def encode(self, text: str, *, add_special_tokens: bool) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    def detokenizer(self) -> Detokenizer: ...
+
+
+class Template(Protocol):
+    def render(
+        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True
+    ) -> str: ...
+
+
 class ChatProcessor:
-    model: str
-    template: ChatTemplate
-    tokenizer: ByteTokenizer
+    """One model's preprocessing: render a chat, encode a prompt, decode a completion."""
 
-    def render(self, messages: Sequence[ChatMessage]) -> str:
-        return self.template.render(messages)
+    def __init__(
+        self, card: ModelCard, kind: str, tokenizer: Tokenizer, template: Template | None
+    ) -> None:
+        self.card = card
+        self.kind = kind
+        self.tokenizer = tokenizer
+        self.template = template
 
-    def encode(self, prompt: str) -> list[int]:
-        return self.tokenizer.encode(prompt)
+    @property
+    def model(self) -> str:
+        return self.card.served_model_name
 
-    def detokenizer(self) -> IncrementalDetokenizer:
+    def render(self, messages: Sequence[Mapping[str, Any]]) -> str:
+        """The chat prompt; raises NoChatTemplate or ChatTemplateError (the client's 400)."""
+        if self.template is None:
+            raise NoChatTemplate(
+                f"the model `{self.model}` has no chat template, so it cannot serve chat "
+                "completions (use /v1/completions, or give the worker a template with "
+                "vLLM's --chat-template)"
+            )
+        return self.template.render(messages, add_generation_prompt=True)
+
+    def encode_chat(self, prompt: str) -> list[int]:
+        # The template already wrote BOS and the like: transformers' apply_chat_template
+        # encodes with add_special_tokens=False, so does vLLM.
+        return self.tokenizer.encode(prompt, add_special_tokens=False)
+
+    def encode_completion(self, prompt: str) -> list[int]:
+        return self.tokenizer.encode(prompt, add_special_tokens=True)
+
+    def detokenizer(self) -> Detokenizer:
         return self.tokenizer.detokenizer()
 
 
-def build_chat_processor(
-    model: str, *, merged_tokens: int = DEFAULT_MERGED_TOKENS
-) -> ChatProcessor:
-    """The chat engine factory: build one model's processor (its tables are its heap)."""
+def import_processor_libraries(kind: str) -> str:
+    """Import what ``kind`` needs, at start-up (before the freeze); a short description.
+
+    Raises ImportError (with what is missing) when ``vllm`` is asked for and not installed.
+    """
+    if kind == "vllm":
+        for name in VLLM_MODULES:
+            importlib.import_module(name)
+        vllm = importlib.import_module("vllm")
+        return f"vLLM {getattr(vllm, '__version__', '?')}"
+    return "tokenizers + jinja2"
+
+
+# -- hf -------------------------------------------------------------------------------------
+
+
+def _build_hf(card: ModelCard) -> tuple[Tokenizer, Template | None]:
+    tokenizer = HfTokenizer(card.tokenizer_path)
+    config = read_tokenizer_config(card.tokenizer_path)
+    source = find_chat_template(card.tokenizer_path, config, card.chat_template_path)
+    template = None if source is None else HfChatTemplate(source, special_tokens(config))
+    return tokenizer, template
+
+
+# -- vllm ------------------------------------------------------------------------------------
+
+
+class _VllmTokenizer:
+    """vLLM's tokenizer (a transformers tokenizer), decoded incrementally like vLLM's own fast
+    incremental detokenizer: a ``DecodeStream`` over its Rust backend."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is None:
+            raise ModelFilesError(
+                "vLLM loaded a slow (Python) tokenizer for this model; the frontend needs a "
+                "fast one (tokenizer.json)"
+            )
+        self._backend = backend
+
+    def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
+        return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def detokenizer(self) -> Detokenizer:
+        return StreamDetokenizer(self._backend)
+
+
+class _VllmTemplate:
+    def __init__(self, tokenizer: Any, source: str) -> None:
+        self._tokenizer = tokenizer
+        self._source = source
+
+    def render(
+        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True
+    ) -> str:
+        import jinja2
+
+        try:
+            return self._tokenizer.apply_chat_template(
+                list(messages),
+                chat_template=self._source,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+            )
+        except jinja2.exceptions.TemplateError as exc:
+            raise ChatTemplateError(str(exc)) from None
+        except (TypeError, ValueError, LookupError, AttributeError) as exc:
+            raise ChatTemplateError(f"{type(exc).__name__}: {exc}") from None
+
+
+def _build_vllm(card: ModelCard) -> tuple[Tokenizer, Template | None]:
+    from vllm.tokenizers import get_tokenizer  # imported at start-up; this is a lookup
+
+    try:
+        tokenizer = get_tokenizer(card.tokenizer_path)
+    except Exception as exc:  # noqa: BLE001 - transformers raises OSError, ValueError, ...
+        raise ModelFilesError(f"vLLM cannot load the tokenizer in {card.tokenizer_path}: {exc}")
+    config = read_tokenizer_config(card.tokenizer_path)
+    source = find_chat_template(card.tokenizer_path, config, card.chat_template_path)
+    if source is None:
+        source = getattr(tokenizer, "chat_template", None)
+    template = None if source is None else _VllmTemplate(tokenizer, source)
+    return _VllmTokenizer(tokenizer), template
+
+
+_BUILDERS = {"hf": _build_hf, "vllm": _build_vllm}
+
+
+def build_tokenizer(card: ModelCard, kind: str = DEFAULT_CHAT_PROCESSOR) -> Tokenizer:
+    """Only the tokenizer (what a preprocess worker process needs)."""
+    if kind == "vllm":
+        return _build_vllm(card)[0]
+    return HfTokenizer(card.tokenizer_path)
+
+
+def build_chat_processor(card: ModelCard, kind: str = DEFAULT_CHAT_PROCESSOR) -> ChatProcessor:
+    """The chat engine factory: one model's processor. Raises ModelFilesError."""
     started = time.perf_counter()
-    processor = ChatProcessor(
-        model=model,
-        template=ChatTemplate(),
-        tokenizer=ByteTokenizer(build_tokenizer_tables(merged_tokens)),
-    )
+    tokenizer, template = _BUILDERS[kind](card)
+    processor = ChatProcessor(card, kind, tokenizer, template)
     logger.info(
-        "Chat processor built: model=%s vocab=%d took_ms=%.1f",
-        model,
-        processor.tokenizer.vocab_size,
+        "Chat processor built: model=%s processor=%s tokenizer=%s chat_template=%s took_ms=%.1f",
+        card.served_model_name,
+        kind,
+        card.tokenizer_path,
+        "yes" if template is not None else "none",
         (time.perf_counter() - started) * 1000.0,
     )
     return processor

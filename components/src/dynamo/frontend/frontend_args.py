@@ -8,10 +8,12 @@ import socket
 from typing import Mapping, Sequence
 
 from dynamo.common.configuration import (
+    Choice,
     Host,
     IntRange,
     Option,
     Surface,
+    Text,
     gc_options,
     parse_surface,
 )
@@ -39,6 +41,21 @@ HTTP_PORT = Option(
     help="Port of the HTTP service (0 picks a free port and logs it)",
 )
 
+CHAT_PROCESSOR = Option(
+    name="dyn-chat-processor",
+    env_var="DYN_CHAT_PROCESSOR",
+    default="hf",
+    kind=Choice(("hf", "vllm")),
+    metavar="NAME",
+    help=(
+        "How the frontend applies each model's own tokenizer and chat template (from the "
+        "model directory its worker registers): `hf` with the tokenizers and jinja2 "
+        "libraries (small heap, no torch); `vllm` with vLLM's tokenizer and chat-template "
+        "code, imported at start-up so the start-up freeze covers its ~0.5M-object heap "
+        "(needs vLLM installed in the frontend's environment)"
+    ),
+)
+
 OPTIONS = [
     HTTP_HOST,
     HTTP_PORT,
@@ -52,6 +69,19 @@ OPTIONS = [
         help=(
             "Tokenise in a pool of N processes (each freezes its own heap at the end of its "
             "initializer); 0 tokenises in the frontend process"
+        ),
+    ),
+    CHAT_PROCESSOR,
+    Option(
+        name="dyn-max-models",
+        env_var="DYN_MAX_MODELS",
+        default=64,
+        kind=IntRange(1, 100_000),
+        metavar="N",
+        help=(
+            "Most distinct models the frontend serves at once (each holds its tokenizer and "
+            "chat template in memory); a newly discovered model over the limit is refused with "
+            "one WARNING and not served until one goes"
         ),
     ),
     *gc_options(flag_prefix="dyn-", env_prefix="DYN_"),

@@ -15,26 +15,28 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass
-from typing import AsyncGenerator
+from typing import Any, AsyncGenerator, AsyncIterator
 
 from aiohttp import web
 
 from dynamo.common import lifecycle
 from dynamo.common.http_server import FRONTEND_MAX_BODY_BYTES
 from dynamo.common.request_drain import mark_stream
+from dynamo.runtime.model_card import ModelCard
 from dynamo.runtime.request_plane import WorkerUnavailable
 
 from . import openai_protocol as oai
-from .chat_processor import ChatProcessor
-from .model_registry import ModelRegistry
+from .chat_processor import ChatProcessor, ChatTemplateError, ModelFilesError, NoChatTemplate
+from .model_registry import ModelEntry, ModelRegistry
 from .preprocess_pool import PreprocessPool, PreprocessPoolError
+from .stop_strings import StopStringMatcher
 from .worker_router import NoWorkerAvailable, WorkerRouter
 
 logger = logging.getLogger(__name__)
 
 MODELS_PATH = "/v1/models"
 CHAT_COMPLETIONS_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
 HEALTH_PATH = "/health"
 
 _HTTP_ERROR_CODES = {
@@ -56,7 +58,7 @@ class FrontendService:
         self.registry = registry
         self.router = router
         self.preprocess_pool = preprocess_pool
-        self.in_flight = 0  # chat requests admitted and not finished (reported when draining)
+        self.in_flight = 0  # completion requests admitted and not finished (logged when draining)
         # The discovery watcher (set by main): /health reports its state, and is not ready
         # before its first look at the store.
         self.discovery_watcher = None
@@ -67,6 +69,7 @@ class FrontendService:
         )
         app.router.add_get(MODELS_PATH, self.handle_models)
         app.router.add_post(CHAT_COMPLETIONS_PATH, self.handle_chat_completions)
+        app.router.add_post(COMPLETIONS_PATH, self.handle_completions)
         app.router.add_get(HEALTH_PATH, self.handle_health)
         return app
 
@@ -101,157 +104,373 @@ class FrontendService:
             oai.model_list((entry.name, entry.created) for entry in self.registry.entries())
         )
 
-    async def _encode(self, processor: ChatProcessor, prompt: str) -> list[int]:
+    async def _encode(self, entry: ModelEntry, prompt: str, *, chat: bool) -> list[int]:
+        processor = entry.processor
         if self.preprocess_pool is None:
-            return processor.encode(prompt)
+            if chat:
+                return processor.encode_chat(prompt)
+            return processor.encode_completion(prompt)
         try:
-            return await self.preprocess_pool.encode(prompt)
+            return await self.preprocess_pool.encode(
+                processor.card, prompt, add_special_tokens=not chat
+            )
         except PreprocessPoolError as exc:  # the pool logs its own breakage, once
             raise oai.service_unavailable(str(exc), code="preprocess_unavailable") from exc
+        except ModelFilesError as exc:  # the frontend loaded them: this host's files changed?
+            raise oai.service_unavailable(
+                f"a preprocess worker cannot load the tokenizer of `{processor.model}`: {exc}",
+                code="preprocess_unavailable",
+            ) from exc
 
-    async def handle_chat_completions(self, request: web.Request) -> web.StreamResponse:
+    def _admit(self) -> None:
         if lifecycle.current_phase() is lifecycle.Phase.DRAINING:
             raise oai.service_unavailable("the frontend is shutting down", code="draining")
+
+    def _entry(self, model: str) -> ModelEntry:
+        entry = self.registry.get(model)
+        if entry is None:
+            raise oai.model_not_found(model)
+        return entry
+
+    async def handle_chat_completions(self, request: web.Request) -> web.StreamResponse:
+        self._admit()
+        chat = oai.parse_chat_request(await read_json_body(request))
+        entry = self._entry(chat.model)
         try:
-            body = json.loads(await request.read())
-        except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-            raise oai.invalid_request(f"request body is not valid JSON: {exc}", code="invalid_json")
-        chat = oai.parse_chat_request(body)
+            prompt = entry.processor.render(chat.template_messages())
+        except NoChatTemplate as exc:
+            raise oai.invalid_request(str(exc), param="messages", code="no_chat_template")
+        except ChatTemplateError as exc:
+            raise oai.invalid_request(
+                f"the model's chat template rejected the messages: {exc}",
+                param="messages",
+                code="chat_template_error",
+            )
+        prompt_ids = await self._encode(entry, prompt, chat=True)
+        return await self._serve(request, entry, chat, prompt_ids, "messages", ChatResponder)
+
+    async def handle_completions(self, request: web.Request) -> web.StreamResponse:
+        self._admit()
+        completion = oai.parse_completion_request(await read_json_body(request))
+        entry = self._entry(completion.model)
+        if isinstance(completion.prompt, str):
+            prompt_ids = await self._encode(entry, completion.prompt, chat=False)
+        else:
+            prompt_ids = list(completion.prompt)
+        return await self._serve(
+            request, entry, completion, prompt_ids, "prompt", CompletionResponder
+        )
+
+    async def _serve(
+        self,
+        request: web.Request,
+        entry: ModelEntry,
+        req: oai._SamplingRequest,
+        prompt_ids: list[int],
+        prompt_param: str,
+        responder_class: type["Responder"],
+    ) -> web.StreamResponse:
+        max_tokens = completion_budget(req, entry.card, len(prompt_ids), prompt_param)
+        responder = responder_class(req.model, oai.new_completion_id(responder_class.ID_PREFIX))
+        plane_request = {
+            "request_id": responder.completion_id,
+            "model": entry.card.served_model_name,
+            "token_ids": prompt_ids,
+            "sampling": req.sampling(max_tokens, entry.card.eos_token_ids).model_dump(
+                mode="json"
+            ),
+        }
         self.in_flight += 1
         try:
-            return await self._serve_chat(request, chat)
+            try:
+                first, stream = await self.router.open_stream(entry, plane_request)
+            except NoWorkerAvailable as exc:
+                raise oai.service_unavailable(str(exc), detail=exc.detail) from exc
+            generation = Generation(
+                entry.processor, req.stop_strings, len(prompt_ids), first, stream
+            )
+            try:
+                if req.stream:
+                    return await self._stream(request, responder, generation, req.include_usage)
+                return await self._complete(responder, generation)
+            finally:
+                # Whatever ended the handler (done, a stop string, client gone, cancelled),
+                # the worker's stream is closed, which closes its connection and aborts the
+                # request in the worker.
+                await stream.aclose()
         finally:
             self.in_flight -= 1
 
-    async def _serve_chat(
-        self, request: web.Request, chat: oai.ChatCompletionRequest
-    ) -> web.StreamResponse:
-        entry = self.registry.get(chat.model)
-        if entry is None:
-            raise oai.model_not_found(chat.model)
-        prompt_ids = await self._encode(entry.processor, entry.processor.render(chat.messages))
-        completion_id = oai.new_completion_id()
-        plane_request = {
-            "request_id": completion_id,
-            "token_ids": prompt_ids,
-            "max_tokens": chat.max_tokens,
-        }
+    async def _complete(self, responder: "Responder", generation: "Generation") -> web.Response:
         try:
-            first, stream = await self.router.open_stream(entry, plane_request)
-        except NoWorkerAvailable as exc:
-            raise oai.service_unavailable(str(exc), detail=exc.detail) from exc
-        generation = Generation(
-            chat, entry.processor, completion_id, len(prompt_ids), first, stream
-        )
-        try:
-            if chat.stream:
-                return await self._stream(request, generation)
-            return await self._complete(generation)
-        finally:
-            # Whatever ended the handler (done, client gone, cancelled), the worker's stream is
-            # closed, which closes its connection and aborts the request in the worker.
-            await stream.aclose()
-
-    async def _complete(self, generation: "Generation") -> web.Response:
-        token_ids: list[int] = []
-        try:
-            item = generation.first
-            while True:
-                token_ids.extend(item.get("token_ids", ()))
-                if "finish_reason" in item:
-                    break
-                item = await generation.stream.__anext__()
+            text = "".join([piece async for piece in generation.pieces()])
         except (WorkerUnavailable, StopAsyncIteration) as exc:  # logged by the middleware
             raise oai.service_unavailable(
-                f"the worker failed during request {generation.completion_id}: {exc}"
+                f"the worker failed during request {responder.completion_id}: {exc}"
             ) from exc
-        detokenizer = generation.processor.detokenizer()
         return web.json_response(
-            oai.chat_completion(
-                completion_id=generation.completion_id,
-                model=generation.chat.model,
-                content=detokenizer.add(token_ids) + detokenizer.finish(),
-                finish_reason=item["finish_reason"],
-                usage=generation.usage(item, len(token_ids)),
-            )
+            responder.whole(text, generation.finish_reason, generation.usage())
         )
 
-    async def _stream(self, request: web.Request, generation: "Generation") -> web.StreamResponse:
+    async def _stream(
+        self,
+        request: web.Request,
+        responder: "Responder",
+        generation: "Generation",
+        include_usage: bool,
+    ) -> web.StreamResponse:
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
         await response.prepare(request)
         mark_stream(request, response)  # a drain that cuts it short ends it with an error event
-        created = int(time.time())
-
-        def chunk(delta: dict, finish_reason: str | None = None, **extra) -> dict:
-            return oai.chat_completion_chunk(
-                completion_id=generation.completion_id,
-                created=created,
-                model=generation.chat.model,
-                delta=delta,
-                finish_reason=finish_reason,
-                **extra,
-            )
-
-        detokenizer = generation.processor.detokenizer()
-        streamed = 0
         try:
-            await send_event(response, chunk({"role": "assistant", "content": ""}))
-            item = generation.first
-            while True:
-                token_ids = item.get("token_ids", ())
-                streamed += len(token_ids)
-                text = detokenizer.add(token_ids)
-                if "finish_reason" in item:
-                    text += detokenizer.finish()
-                    if text:
-                        await send_event(response, chunk({"content": text}))
-                    await send_event(response, chunk({}, item["finish_reason"]))
-                    if generation.chat.include_usage:
-                        usage = generation.usage(item, streamed)
-                        await send_event(response, chunk({}, with_choice=False, usage=usage))
-                    break
-                if text:
-                    await send_event(response, chunk({"content": text}))
-                try:
-                    item = await generation.stream.__anext__()
-                except (WorkerUnavailable, StopAsyncIteration) as exc:
-                    # Headers are gone: the failure travels in-band, then the stream ends.
-                    logger.warning(
-                        "Worker failed mid-stream %s: %s", generation.completion_id, exc
-                    )
-                    error = oai.service_unavailable(f"the worker failed during the stream: {exc}")
-                    await send_event(response, error.body())
-                    break
+            opening = responder.opening()
+            if opening is not None:
+                await send_event(response, opening)
+            try:
+                async for piece in generation.pieces():
+                    if piece:
+                        await send_event(response, responder.piece(piece))
+                await send_event(response, responder.finish(generation.finish_reason))
+                if include_usage:
+                    await send_event(response, responder.usage(generation.usage()))
+            except (WorkerUnavailable, StopAsyncIteration) as exc:
+                # Headers are gone: the failure travels in-band, then the stream ends.
+                logger.warning("Worker failed mid-stream %s: %s", responder.completion_id, exc)
+                error = oai.service_unavailable(f"the worker failed during the stream: {exc}")
+                await send_event(response, error.body())
             await send_event(response, "[DONE]")
             await response.write_eof()
         except ConnectionResetError:
             # The client closed its connection; the caller's finally aborts the worker's side.
-            logger.info("Client went away mid-stream: request %s aborted", generation.completion_id)
+            logger.info("Client went away mid-stream: request %s aborted", responder.completion_id)
         except asyncio.CancelledError:
-            logger.info("Request %s cancelled mid-stream: aborted", generation.completion_id)
+            logger.info("Request %s cancelled mid-stream: aborted", responder.completion_id)
             raise
         return response
 
 
-@dataclass
-class Generation:
-    """One admitted request: what the client asked, and the worker stream answering it."""
-
-    chat: oai.ChatCompletionRequest
-    processor: ChatProcessor
-    completion_id: str
-    prompt_tokens: int
-    first: dict
-    stream: AsyncGenerator[dict, None]
-
-    def usage(self, final: dict, completion_tokens: int) -> dict:
-        # The worker's counts when it sends them (the request plane's final item does).
-        return oai.usage(
-            final.get("prompt_tokens", self.prompt_tokens),
-            final.get("completion_tokens", completion_tokens),
+def completion_budget(
+    req: oai._SamplingRequest, card: ModelCard, prompt_tokens: int, prompt_param: str
+) -> int:
+    """The ``max_tokens`` the worker gets: what the client asked for, or what is left of the
+    model's context; a 400 (vLLM's wording) when the prompt, or prompt + max_tokens, does not
+    fit."""
+    context = card.context_length
+    if prompt_tokens == 0:
+        raise oai.invalid_request("the prompt is empty", param=prompt_param)
+    if prompt_tokens >= context:
+        raise oai.context_length_exceeded(
+            context_length=context, prompt_tokens=prompt_tokens, param=prompt_param
         )
+    room = context - prompt_tokens
+    requested = req.requested_max_tokens
+    if requested is None:
+        max_tokens = room
+    else:
+        name, max_tokens = requested
+        if max_tokens > room:
+            raise oai.completion_too_long(
+                context_length=context,
+                prompt_tokens=prompt_tokens,
+                max_tokens=max_tokens,
+                param=name,
+            )
+    min_tokens = req.min_tokens or 0
+    if min_tokens > max_tokens:
+        raise oai.invalid_request(
+            f"`min_tokens` ({min_tokens}) must be at most `max_tokens` ({max_tokens})",
+            param="min_tokens",
+        )
+    return max_tokens
+
+
+class Generation:
+    """One admitted request's output: the worker's ids, detokenized, cut at a stop string.
+
+    Ids are decoded one at a time, so the completion's token count stops at the token that
+    completed a stop string even when the worker sent several in one item.
+    """
+
+    def __init__(
+        self,
+        processor: ChatProcessor,
+        stops: tuple[str, ...],
+        prompt_tokens: int,
+        first: dict,
+        stream: AsyncGenerator[dict, None],
+    ) -> None:
+        self._detokenizer = processor.detokenizer()
+        self._stops = StopStringMatcher(stops)
+        self.prompt_tokens = prompt_tokens
+        self._first = first
+        self._stream = stream
+        self.completion_tokens = 0
+        self.finish_reason: str | None = None
+
+    async def pieces(self) -> AsyncIterator[str]:
+        """The completion's text, piece by piece (an empty piece carries nothing)."""
+        item = self._first
+        while True:
+            pieces = []
+            for token_id in item.get("token_ids", ()):
+                self.completion_tokens += 1
+                pieces.append(self._stops.feed(self._detokenizer.add((token_id,))))
+                if self._stops.stopped:
+                    self.finish_reason = "stop"
+                    yield "".join(pieces)
+                    return
+            if "finish_reason" in item:
+                pieces.append(self._stops.feed(self._detokenizer.finish()))
+                pieces.append(self._stops.flush())
+                self.finish_reason = "stop" if self._stops.stopped else item["finish_reason"]
+                # The worker's count when it sends one (it counts what it generated).
+                self.completion_tokens = item.get("completion_tokens", self.completion_tokens)
+                yield "".join(pieces)
+                return
+            yield "".join(pieces)
+            item = await self._stream.__anext__()
+
+    def usage(self) -> dict:
+        return oai.usage(self.prompt_tokens, self.completion_tokens)
+
+
+class Responder:
+    """The OpenAI response shapes of one endpoint, for one request."""
+
+    ID_PREFIX = "cmpl"
+
+    def __init__(self, model: str, completion_id: str) -> None:
+        self.model = model
+        self.completion_id = completion_id
+        self.created = int(time.time())
+
+    def opening(self) -> dict | None:
+        return None
+
+    def whole(self, text: str, finish_reason: str, usage: dict) -> dict:
+        raise NotImplementedError
+
+    def piece(self, text: str) -> dict:
+        raise NotImplementedError
+
+    def finish(self, finish_reason: str) -> dict:
+        raise NotImplementedError
+
+    def usage(self, usage: dict) -> dict:
+        raise NotImplementedError
+
+
+class ChatResponder(Responder):
+    ID_PREFIX = "chatcmpl"
+
+    def _chunk(self, delta: dict, finish_reason: str | None = None, **extra) -> dict:
+        return oai.chat_completion_chunk(
+            completion_id=self.completion_id,
+            created=self.created,
+            model=self.model,
+            delta=delta,
+            finish_reason=finish_reason,
+            **extra,
+        )
+
+    def opening(self) -> dict:
+        return self._chunk({"role": "assistant", "content": ""})
+
+    def whole(self, text: str, finish_reason: str, usage: dict) -> dict:
+        return oai.chat_completion(
+            completion_id=self.completion_id,
+            model=self.model,
+            content=text,
+            finish_reason=finish_reason,
+            usage=usage,
+        )
+
+    def piece(self, text: str) -> dict:
+        return self._chunk({"content": text})
+
+    def finish(self, finish_reason: str) -> dict:
+        return self._chunk({}, finish_reason)
+
+    def usage(self, usage: dict) -> dict:
+        return self._chunk({}, with_choice=False, usage=usage)
+
+
+class CompletionResponder(Responder):
+    ID_PREFIX = "cmpl"
+
+    def _chunk(self, text: str, finish_reason: str | None = None, **extra) -> dict:
+        return oai.text_completion_chunk(
+            completion_id=self.completion_id,
+            created=self.created,
+            model=self.model,
+            text=text,
+            finish_reason=finish_reason,
+            **extra,
+        )
+
+    def whole(self, text: str, finish_reason: str, usage: dict) -> dict:
+        return oai.text_completion(
+            completion_id=self.completion_id,
+            model=self.model,
+            text=text,
+            finish_reason=finish_reason,
+            usage=usage,
+        )
+
+    def piece(self, text: str) -> dict:
+        return self._chunk(text)
+
+    def finish(self, finish_reason: str) -> dict:
+        return self._chunk("", finish_reason)
+
+    def usage(self, usage: dict) -> dict:
+        return self._chunk("", with_choice=False, usage=usage)
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+async def read_json_body(request: web.Request) -> Any:
+    """The decoded body; a 400 naming the problem for anything the decoder cannot take.
+
+    Python's decoder is lenient where JSON is not (``NaN``, ``Infinity``), fails with a
+    RecursionError on deep nesting, and decodes ``"\\ud800"`` to a lone surrogate that no
+    tokenizer (and no UTF-8 encoder) accepts: each is the client's error, not a 500.
+    """
+    raw = await request.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise oai.invalid_request(
+            f"request body is not valid UTF-8 (byte {raw[exc.start]:#04x} at {exc.start})",
+            code="invalid_json",
+        ) from None
+    try:
+        body = json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        raise oai.invalid_request(
+            "request body is nested too deeply to decode", code="invalid_json"
+        ) from None
+    except ValueError as exc:  # JSONDecodeError, a number over the int digit limit
+        raise oai.invalid_request(
+            f"request body is not valid JSON: {exc}", code="invalid_json"
+        ) from None
+    try:
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise oai.invalid_request(
+            "request body contains text that is not valid Unicode (a lone surrogate "
+            f"{exc.object[exc.start:exc.end]!r}, escaped as \\ud800-\\udfff without its pair)",
+            code="invalid_text",
+        ) from None
+    except RecursionError:
+        raise oai.invalid_request(
+            "request body is nested too deeply to decode", code="invalid_json"
+        ) from None
+    return body
 
 
 async def send_event(response: web.StreamResponse, payload: dict | str) -> None:

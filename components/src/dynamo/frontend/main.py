@@ -4,14 +4,16 @@ Start-up order (each step logged), which is the point of this launcher:
 
 1. parse args and check that the discovery directory can be watched (created if missing): bad
    input exits 2 before anything runs; then logging and the GC pause logger;
-2. build everything that does not depend on discovery: preprocess worker processes (each freezes
+2. import the chat processor's libraries (``--dyn-chat-processor vllm``: vLLM's, whose heap
+   is what the freeze is for); build everything that does not depend on discovery: preprocess worker processes (each freezes
    its own heap in its initializer), the worker client session, the model registry, the app and
    its routes;
 3. freeze the GC heap (``maybe_freeze_gc_heap(..., context="frontend")``);
 4. mark the process ``serving``: from here on any freeze is refused;
 5. open the HTTP listener;
 6. start the discovery watcher. Models found from now on grow the heap after the freeze; the
-   watcher and the chat engine factory never freeze (and the guard would refuse if they did).
+   watcher and the chat engine factory never freeze (and the guard would refuse if they did);
+   each model's processor is built in a thread, so serving never waits for it.
 
 SIGTERM/SIGINT: mark ``draining``, stop the watcher, close the listener (new connections are
 refused from here on: in Kubernetes a preStop hook keeps the pod serving until its endpoints are
@@ -27,9 +29,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Sequence
 
@@ -54,7 +58,7 @@ from dynamo.runtime.discovery_backend import (
 )
 
 from . import frontend_args, gc_collect_trace
-from .chat_processor import build_chat_processor
+from .chat_processor import build_chat_processor, import_processor_libraries
 from .http_service import FrontendService
 from .model_registry import ModelRegistry
 from .preprocess_pool import PreprocessPool, PreprocessPoolError
@@ -138,6 +142,7 @@ async def _build(
             freeze_gc_heap=config.freeze_gc_heap,
             gc_pause_log_ms=config.gc_pause_log_ms,
             log_level=logging.getLogger().level,
+            chat_processor=config.dyn_chat_processor,
         )
         # Blocking on purpose: nothing is served yet, and every worker must have frozen its
         # heap before this process freezes and admits requests.
@@ -145,7 +150,11 @@ async def _build(
         closer.push("preprocess pool", pool.aclose)
     session = create_worker_session()
     closer.push("worker client session", session.close)
-    registry = ModelRegistry(build_chat_processor)
+    registry = ModelRegistry(
+        functools.partial(build_chat_processor, kind=config.dyn_chat_processor),
+        max_models=config.dyn_max_models,
+    )
+    closer.push("chat processor builds", registry.aclose)
     service = FrontendService(registry, WorkerRouter(session), pool)
     app = service.build_app()
     if metrics is not None:
@@ -304,6 +313,31 @@ def check_discovery_dir(path: str) -> str | None:
     return None
 
 
+def import_chat_processor(kind: str) -> str | None:
+    """Import the chat processor's libraries now, before the freeze; why not, or None.
+
+    With ``vllm`` that is vLLM's ~0.5M-object import heap: imported on the first discovered
+    model instead, it would land after the freeze, where every full collection walks it.
+    """
+    started = time.perf_counter()
+    try:
+        libraries = import_processor_libraries(kind)
+    except ImportError as exc:
+        option = frontend_args.CHAT_PROCESSOR
+        return (
+            f"{option.source_label()} is {kind!r} but vLLM cannot be imported in this Python "
+            f"environment ({sys.executable}): {exc}. Install vLLM next to the frontend (pip "
+            "install vllm, or run it from the vLLM environment), or use the default `hf`"
+        )
+    logger.info(
+        "Chat processor %s: imported %s in %.1f s",
+        kind,
+        libraries,
+        time.perf_counter() - started,
+    )
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Exit codes: 0 after a signal (or --help), 2 for bad input (a flag, an env var, an
     unusable discovery directory) before anything runs, 1 when start-up or shutdown fails."""
@@ -324,15 +358,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: {problem}", file=sys.stderr)
         return 2
     configure_logging()
+    problem = import_chat_processor(config.dyn_chat_processor)
+    if problem is not None:
+        print(f"{PROG}: error: {problem}", file=sys.stderr)
+        return 2
     gc_collect_trace.install_if_requested()
     metrics = DynamoMetrics(freeze_enabled=config.freeze_gc_heap).attach()
     gc_state = gc_freeze.ProcessGcState(metrics)
     # Always installed: every pause feeds dynamo_gc_pause_seconds, even with the log off (0).
     gc_freeze.install_gc_pause_logger(config.gc_pause_log_ms, on_pause=metrics.observe_pause)
     logger.info(
-        "Frontend starting: http=%s discovery=%s preprocess_workers=%d freeze_gc_heap=%s",
+        "Frontend starting: http=%s discovery=%s chat_processor=%s max_models=%d "
+        "preprocess_workers=%d freeze_gc_heap=%s",
         _url(config.http_host, config.http_port),
         config.discovery.describe(),
+        config.dyn_chat_processor,
+        config.dyn_max_models,
         config.dyn_preprocess_workers,
         "on" if config.freeze_gc_heap else "off",
     )

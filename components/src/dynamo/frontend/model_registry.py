@@ -1,24 +1,37 @@
 """Which models the frontend serves, and which worker instances serve each one.
 
-The discovery watcher feeds it (:meth:`ModelRegistry.add_instance` / :meth:`remove_instance`).
-The first instance of a model builds its chat processor through the factory; later instances of
-the same model share it and take turns (round-robin). The model goes when its last instance goes.
+The discovery watcher feeds it on the event loop (:meth:`ModelRegistry.add_instance` /
+:meth:`remove_instance`). The first instance of a model starts building its chat processor from
+the record's model card, in a thread (loading a real tokenizer takes from milliseconds to
+seconds, and /health and every stream must not wait for it); the model is published, and
+served, once the processor is built. Later instances of the same model share it and take turns
+(round-robin). The model goes when its last instance goes, and with it the processor: nothing
+else holds it, so its memory (the tokenizer lives in Rust) is returned then.
+
+Records the frontend cannot serve are refused with one WARNING each, not one per poll: a record
+without a model card (an older worker: serving it with a tokenizer that is not the model's own
+would return garbage), a model over ``--dyn-max-models``, a model whose processor fails to
+build (its files missing or broken on this host), and an instance whose card differs from the
+one its model is served with.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 from dynamo.runtime.discovery import ModelRecord
+from dynamo.runtime.model_card import ModelCard
 
 from .chat_processor import ChatProcessor
 
 logger = logging.getLogger(__name__)
 
-ChatEngineFactory = Callable[[str], ChatProcessor]
+ChatEngineFactory = Callable[[ModelCard], ChatProcessor]
+DEFAULT_MAX_MODELS = 64
 
 
 @dataclass
@@ -28,6 +41,10 @@ class ModelEntry:
     created: int = field(default_factory=lambda: int(time.time()))
     instances: dict[str, ModelRecord] = field(default_factory=dict)  # by instance id
     _turn: int = 0
+
+    @property
+    def card(self) -> ModelCard:
+        return self.processor.card
 
     def route_order(self) -> list[ModelRecord]:
         """Every instance once, starting with the one whose turn it is (round-robin).
@@ -42,10 +59,33 @@ class ModelEntry:
         return records[start:] + records[:start]
 
 
+@dataclass
+class _PendingModel:
+    """A model whose processor is being built: the instances that arrived meanwhile."""
+
+    card: ModelCard
+    instances: dict[str, ModelRecord]
+    task: asyncio.Task | None = None
+
+
 class ModelRegistry:
-    def __init__(self, chat_engine_factory: ChatEngineFactory) -> None:
+    def __init__(
+        self, chat_engine_factory: ChatEngineFactory, *, max_models: int = DEFAULT_MAX_MODELS
+    ) -> None:
+        if max_models < 1:
+            raise ValueError("max_models must be at least 1")
         self._factory = chat_engine_factory
+        self.max_models = max_models
         self._models: dict[str, ModelEntry] = {}
+        self._pending: dict[str, _PendingModel] = {}
+        # What was refused, so each refusal is logged once: instance ids (no card, card
+        # mismatch) and model names (over the limit, processor failed), forgotten when the
+        # refused record goes away.
+        self._refused: dict[str, set[str]] = {}  # model name -> refused instance ids
+        self._failed: dict[str, str] = {}  # model name -> why its processor failed
+        # Instances refused for the model limit, by instance id: admitted, oldest first, when
+        # a model goes and makes room.
+        self._over_limit: dict[str, ModelRecord] = {}
 
     def get(self, model: str) -> ModelEntry | None:
         return self._models.get(model)
@@ -53,29 +93,178 @@ class ModelRegistry:
     def entries(self) -> list[ModelEntry]:
         return list(self._models.values())
 
+    @property
+    def building(self) -> int:
+        """Models whose processor is being built (not served yet)."""
+        return len(self._pending)
+
+    async def wait_idle(self) -> None:
+        """Until no processor is being built (for tests and shutdown)."""
+        while self._pending:
+            tasks = [p.task for p in self._pending.values() if p.task is not None]
+            if not tasks:
+                return
+            await asyncio.wait(tasks)
+
+    async def aclose(self) -> None:
+        """Cancel builds in flight (their threads finish on their own; results are dropped)."""
+        for pending in list(self._pending.values()):
+            if pending.task is not None:
+                pending.task.cancel()
+        await asyncio.gather(
+            *(p.task for p in self._pending.values() if p.task is not None),
+            return_exceptions=True,
+        )
+        self._pending.clear()
+
+    def _refuse(self, record: ModelRecord, message: str, *args) -> None:
+        refused = self._refused.setdefault(record.model, set())
+        if record.instance_id in refused:
+            return
+        refused.add(record.instance_id)
+        logger.warning(message, *args)
+
     def add_instance(self, record: ModelRecord) -> None:
-        entry = self._models.get(record.model)
-        if entry is None:
-            # Built before the entry is published: a request never sees a half-made model.
-            entry = ModelEntry(name=record.model, processor=self._factory(record.model))
-            self._models[record.model] = entry
-            logger.info(
-                "Model added: model=%s instance=%s endpoint=%s",
-                record.model,
+        card = record.card
+        if card is None:
+            self._refuse(
+                record,
+                "Model instance refused: instance=%s endpoint=%s model=%s has no model card "
+                "(a worker older than the frontend?); its model is not served through it",
                 record.instance_id,
                 record.endpoint,
+                record.model,
             )
-        else:
+            return
+        entry = self._models.get(record.model)
+        if entry is not None:
+            if not self._same_card(entry.card, record):
+                return
+            entry.instances[record.instance_id] = record
             logger.info(
                 "Model instance added: model=%s instance=%s endpoint=%s (%d instances)",
                 record.model,
                 record.instance_id,
                 record.endpoint,
-                len(entry.instances) + 1,
+                len(entry.instances),
             )
-        entry.instances[record.instance_id] = record
+            return
+        pending = self._pending.get(record.model)
+        if pending is not None:
+            if self._same_card(pending.card, record):
+                pending.instances[record.instance_id] = record
+            return
+        if record.model in self._failed:
+            self._refuse(
+                record,
+                "Model instance refused: instance=%s model=%s: its chat processor failed to "
+                "build (%s)",
+                record.instance_id,
+                record.model,
+                self._failed[record.model],
+            )
+            return
+        if len(self._models) + len(self._pending) >= self.max_models:
+            self._over_limit[record.instance_id] = record
+            self._refuse(
+                record,
+                "Model refused: model=%s instance=%s endpoint=%s: the frontend already serves "
+                "%d models, the limit of --dyn-max-models / DYN_MAX_MODELS (it is served once "
+                "another model goes)",
+                record.model,
+                record.instance_id,
+                record.endpoint,
+                self.max_models,
+            )
+            return
+        self._forget_refusal(record)
+        pending = _PendingModel(card=card, instances={record.instance_id: record})
+        self._pending[record.model] = pending
+        pending.task = asyncio.get_running_loop().create_task(
+            self._build(record.model, pending), name=f"chat-processor-{record.model}"
+        )
+
+    def _forget_refusal(self, record: ModelRecord) -> None:
+        refused = self._refused.get(record.model)
+        if refused is not None:
+            refused.discard(record.instance_id)
+            if not refused:
+                del self._refused[record.model]
+                self._failed.pop(record.model, None)  # a later record may bring fixed files
+
+    def _make_room(self) -> None:
+        """A model went: admit the instances the limit refused, oldest first."""
+        waiting, self._over_limit = self._over_limit, {}
+        for record in waiting.values():
+            self.add_instance(record)
+
+    def _same_card(self, card: ModelCard, record: ModelRecord) -> bool:
+        if record.card == card:
+            return True
+        self._refuse(
+            record,
+            "Model instance refused: instance=%s endpoint=%s model=%s: its model card differs "
+            "from the one the model is served with (tokenizer %s, context %d vs tokenizer %s, "
+            "context %d); give every instance of a model the same model files",
+            record.instance_id,
+            record.endpoint,
+            record.model,
+            record.card.tokenizer_path,
+            record.card.context_length,
+            card.tokenizer_path,
+            card.context_length,
+        )
+        return False
+
+    async def _build(self, model: str, pending: _PendingModel) -> None:
+        try:
+            # Off the event loop: /health and every stream keep being served meanwhile.
+            processor = await asyncio.to_thread(self._factory, pending.card)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the model is refused, with the reason
+            if self._pending.get(model) is pending:
+                del self._pending[model]
+            reason = str(exc) or type(exc).__name__
+            self._failed[model] = reason
+            self._refused.setdefault(model, set()).update(pending.instances)
+            logger.warning(
+                "Model refused: model=%s instances=%s: its chat processor failed to build: %s",
+                model,
+                ",".join(pending.instances),
+                reason,
+            )
+            self._make_room()
+            return
+        if self._pending.get(model) is not pending:
+            return  # the registry was closed meanwhile
+        del self._pending[model]
+        if not pending.instances:
+            # Every instance went while the processor was built: drop it (it is freed here).
+            logger.info("Model %s went away while its chat processor was built", model)
+            self._make_room()
+            return
+        entry = ModelEntry(name=model, processor=processor, instances=pending.instances)
+        self._models[model] = entry
+        first = next(iter(entry.instances.values()))
+        logger.info(
+            "Model added: model=%s instance=%s endpoint=%s (%d instances)",
+            model,
+            first.instance_id,
+            first.endpoint,
+            len(entry.instances),
+        )
 
     def remove_instance(self, record: ModelRecord) -> None:
+        refused = self._refused.get(record.model)
+        if refused is not None and record.instance_id in refused:
+            self._over_limit.pop(record.instance_id, None)
+            self._forget_refusal(record)
+            return
+        pending = self._pending.get(record.model)
+        if pending is not None:
+            pending.instances.pop(record.instance_id, None)
+            return
         entry = self._models.get(record.model)
         if entry is None or entry.instances.pop(record.instance_id, None) is None:
             return
@@ -88,3 +277,4 @@ class ModelRegistry:
         if not entry.instances:
             del self._models[record.model]
             logger.info("Model removed: model=%s (no instance left)", record.model)
+            self._make_room()

@@ -1,20 +1,37 @@
-"""The OpenAI chat-completions wire format: request validation and response shapes.
+"""The OpenAI wire format: request models (pydantic), response shapes, the error shape.
 
-Only what the frontend serves: ``/v1/models``, ``/v1/chat/completions`` (whole and streamed),
-and the error shape ``{"error": {"message", "type", "param", "code"}}``.
+What the frontend serves: ``/v1/models``, ``/v1/chat/completions`` and ``/v1/completions``
+(whole and streamed), and the error shape ``{"error": {"message", "type", "param", "code"}}``.
+
+The request models take the sampling fields vLLM's OpenAI server takes, with vLLM's ranges (they
+are :class:`~dynamo.runtime.sampling.SamplingOptions`' own, so a request accepted here is one the
+worker and vLLM accept). A bad value is a 400 naming the field in ``param``; unknown fields are
+ignored, as vLLM and OpenAI's servers do. Numbers are strict: ``"5"`` is not 5, ``true`` is not
+1, and ``NaN``/``Infinity`` are refused.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Annotated, Any, Iterable, Literal, Optional, Union
 
-from .chat_template import ROLES, ChatMessage
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    model_validator,
+)
 
-DEFAULT_MAX_TOKENS = 128
-MAX_TOKENS_LIMIT = 65536
+from dynamo.runtime.sampling import SamplingOptions
+
+# The roles a chat message may have (vLLM's, plus OpenAI's "developer", passed to the template).
+ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 class ApiError(Exception):
@@ -68,115 +85,233 @@ def service_unavailable(
     return ApiError(503, message, type="service_unavailable_error", code=code, detail=detail)
 
 
-@dataclass(frozen=True)
-class ChatCompletionRequest:
-    model: str
-    messages: tuple[ChatMessage, ...]
-    max_tokens: int
-    stream: bool = False
-    include_usage: bool = False
+# -- requests -------------------------------------------------------------------------------
+
+Number = StrictFloat  # strict: a JSON number (an integer too), not a string or a boolean
+Penalty = Annotated[Number, Field(ge=-2.0, le=2.0)]
+Positive = Annotated[StrictInt, Field(ge=1)]
+# vLLM's seed range (a C long).
+Seed = Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)]
+StopText = Annotated[StrictStr, Field(min_length=1)]
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    include_usage: StrictBool = False
 
 
-def _message_text(content: Any, index: int) -> str:
-    param = f"messages[{index}].content"
-    if isinstance(content, str):
-        return content
-    if content is None:
-        return ""  # an assistant turn that only called tools
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if not (
-                isinstance(part, dict)
-                and part.get("type") == "text"
-                and isinstance(part.get("text"), str)
-            ):
-                raise invalid_request(
-                    "content parts must be objects {\"type\": \"text\", \"text\": string}",
-                    param=param,
-                )
-            texts.append(part["text"])
-        return "".join(texts)
-    raise invalid_request("content must be a string or a list of text parts", param=param)
+class _SamplingRequest(BaseModel):
+    """Fields /v1/chat/completions and /v1/completions share."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    model: Annotated[StrictStr, Field(min_length=1)]
+    max_tokens: Optional[Positive] = None
+    temperature: Optional[Annotated[Number, Field(ge=0.0)]] = None
+    top_p: Optional[Annotated[Number, Field(gt=0.0, le=1.0)]] = None
+    top_k: Optional[Annotated[StrictInt, Field(ge=-1)]] = None
+    min_p: Optional[Annotated[Number, Field(ge=0.0, le=1.0)]] = None
+    seed: Optional[Seed] = None
+    presence_penalty: Optional[Penalty] = None
+    frequency_penalty: Optional[Penalty] = None
+    repetition_penalty: Optional[Annotated[Number, Field(gt=0.0)]] = None
+    stop: Optional[Union[StopText, Annotated[list[StopText], Field(max_length=64)]]] = None
+    n: Optional[Literal[1]] = 1
+    ignore_eos: Optional[StrictBool] = False
+    min_tokens: Optional[Annotated[StrictInt, Field(ge=0)]] = 0
+    stream: Optional[StrictBool] = False
+    stream_options: Optional[StreamOptions] = None
+
+    @property
+    def requested_max_tokens(self) -> tuple[str, int] | None:
+        """(field name, value) of the completion limit the client set, if any."""
+        return ("max_tokens", self.max_tokens) if self.max_tokens is not None else None
+
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    def sampling(self, max_tokens: int, eos_token_ids: Iterable[int]) -> SamplingOptions:
+        """What the worker gets; ``max_tokens`` already fits the model's context."""
+        ignore_eos = bool(self.ignore_eos)
+        return SamplingOptions(
+            max_tokens=max_tokens,
+            min_tokens=self.min_tokens or 0,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            seed=self.seed,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty,
+            stop=self.stop_strings,
+            stop_token_ids=() if ignore_eos else tuple(eos_token_ids),
+            ignore_eos=ignore_eos,
+        )
 
 
-def _parse_messages(messages: Any) -> tuple[ChatMessage, ...]:
-    if messages is None:
-        raise invalid_request("`messages` is required", param="messages", code="missing_field")
-    if not isinstance(messages, list) or not messages:
-        raise invalid_request("`messages` must be a non-empty list", param="messages")
-    parsed = []
-    for index, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise invalid_request("each message must be an object", param=f"messages[{index}]")
-        role = message.get("role")
-        if role not in ROLES:
-            raise invalid_request(
-                f"role must be one of {', '.join(ROLES)}", param=f"messages[{index}].role"
-            )
-        parsed.append(ChatMessage(role=role, content=_message_text(message.get("content"), index)))
-    return tuple(parsed)
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    type: Literal["text"]
+    text: StrictStr
 
 
-def _parse_max_tokens(body: dict) -> int:
-    # The newer name wins when both are given, as in OpenAI's API.
-    for name in ("max_completion_tokens", "max_tokens"):
-        value = body.get(name)
-        if value is None:
-            continue
-        if not _is_int(value) or not 1 <= value <= MAX_TOKENS_LIMIT:
-            raise invalid_request(
-                f"`{name}` must be an integer between 1 and {MAX_TOKENS_LIMIT}", param=name
-            )
-        return value
-    return DEFAULT_MAX_TOKENS
+class ChatMessage(BaseModel):
+    """One message; what the template sees is :meth:`for_template`."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    role: Literal[ROLES]  # type: ignore[valid-type]
+    # None: an assistant turn that only called tools.
+    content: Optional[Union[StrictStr, list[TextPart]]] = None
+
+    def for_template(self) -> dict[str, Any]:
+        """A plain dict as chat templates expect (``message['content']`` a string), with the
+        other fields the client sent (``name``, ``tool_calls``, ...) as they came."""
+        message = dict(self.model_extra or {})
+        message["role"] = self.role
+        content = self.content
+        if isinstance(content, list):
+            content = "".join(part.text for part in content)
+        message["content"] = "" if content is None else content
+        return message
 
 
-def parse_chat_request(body: Any) -> ChatCompletionRequest:
+class ChatCompletionRequest(_SamplingRequest):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: Optional[Positive] = None
+
+    @property
+    def requested_max_tokens(self) -> tuple[str, int] | None:
+        # The newer name wins when both are given, as in OpenAI's and vLLM's servers.
+        if self.max_completion_tokens is not None:
+            return "max_completion_tokens", self.max_completion_tokens
+        return super().requested_max_tokens
+
+    def template_messages(self) -> list[dict[str, Any]]:
+        return [message.for_template() for message in self.messages]
+
+
+class CompletionRequest(_SamplingRequest):
+    # A text, or the prompt's token ids (as vLLM takes them); a list of one text is that text.
+    prompt: Union[
+        StrictStr,
+        Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)],
+        Annotated[list[StrictStr], Field(min_length=1, max_length=1)],
+    ]
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> "CompletionRequest":
+        if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str):
+            self.prompt = self.prompt[0]
+        return self
+
+
+def _param(loc: tuple) -> str | None:
+    """``messages[0].content`` from pydantic's ('messages', 0, 'content', ...) location.
+
+    Union branches add their type names (``'str'``, ``'list[...]'``) to the location; those are
+    not fields, so the path stops at the first one.
+    """
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif isinstance(part, str) and part.isidentifier():
+            path += f".{part}" if path else part
+        else:
+            break
+    return path or None
+
+
+_UNION_TAGS = ("str", "int", "float", "bool", "list", "literal", "function", "constrained")
+
+
+def _first_error(exc: ValidationError) -> tuple[str | None, str]:
+    errors = exc.errors(include_url=False)
+    error = errors[0]
+    loc = tuple(
+        part
+        for part in error["loc"]
+        if not (isinstance(part, str) and part.split("[")[0].lower() in _UNION_TAGS)
+    )
+    param = _param(loc)
+    message = error["msg"]
+    if error["type"] == "missing" and len(errors) == 1:
+        return param, f"`{param}` is required"
+    if param and param.startswith("messages[") and param.endswith("].content"):
+        return param, (
+            f"`{param}` must be a string or a list of text parts "
+            '{"type": "text", "text": string}'
+        )
+    if len(errors) > 1 and all(_param(e["loc"][:1]) == _param(loc[:1]) for e in errors):
+        # One field failing every branch of a union (e.g. stop: a string or a list).
+        message = "; or ".join(dict.fromkeys(e["msg"] for e in errors))
+    return param, f"`{param}`: {message}" if param else message
+
+
+def parse_request(model: type[_SamplingRequest], body: Any) -> Any:
     """Validate a decoded JSON body; raises :class:`ApiError` (400) naming the bad field."""
     if not isinstance(body, dict):
         raise invalid_request("request body must be a JSON object")
-    model = body.get("model")
-    if model is None:
-        raise invalid_request("`model` is required", param="model", code="missing_field")
-    if not isinstance(model, str) or not model:
-        raise invalid_request("`model` must be a non-empty string", param="model")
-    messages = _parse_messages(body.get("messages"))
-    max_tokens = _parse_max_tokens(body)
-    stream = body.get("stream", False)
-    if stream is None:
-        stream = False
-    if not isinstance(stream, bool):
-        raise invalid_request("`stream` must be a boolean", param="stream")
-    n = body.get("n", 1)
-    if n is not None and n != 1:
-        raise invalid_request("only `n` = 1 is supported", param="n")
-    include_usage = False
-    stream_options = body.get("stream_options")
-    if stream_options is not None:
-        if not isinstance(stream_options, dict) or not isinstance(
-            stream_options.get("include_usage", False), bool
-        ):
-            raise invalid_request(
-                "`stream_options` must be an object with a boolean `include_usage`",
-                param="stream_options",
-            )
-        include_usage = stream_options.get("include_usage", False)
-    return ChatCompletionRequest(
-        model=model,
-        messages=messages,
-        max_tokens=max_tokens,
-        stream=stream,
-        include_usage=include_usage,
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        param, message = _first_error(exc)
+        code = "missing_field" if exc.errors()[0]["type"] == "missing" else "invalid_value"
+        if param == "n":
+            message = "only `n` = 1 is supported"
+        raise invalid_request(message, param=param, code=code) from None
+
+
+def parse_chat_request(body: Any) -> ChatCompletionRequest:
+    return parse_request(ChatCompletionRequest, body)
+
+
+def parse_completion_request(body: Any) -> CompletionRequest:
+    return parse_request(CompletionRequest, body)
+
+
+def context_length_exceeded(
+    *, context_length: int, prompt_tokens: int, param: str
+) -> "ApiError":
+    # vLLM's wording (renderers/params.py), so clients that parse it keep working.
+    return invalid_request(
+        f"This model's maximum context length is {context_length} tokens. However, your "
+        f"prompt contains {prompt_tokens} input tokens, which exceeds this limit even without "
+        "any output tokens. Please reduce the length of the input prompt.",
+        param=param,
+        code="context_length_exceeded",
     )
 
 
-def new_completion_id() -> str:
-    return "chatcmpl-" + uuid.uuid4().hex
+def completion_too_long(
+    *, context_length: int, prompt_tokens: int, max_tokens: int, param: str
+) -> "ApiError":
+    return invalid_request(
+        f"This model's maximum context length is {context_length} tokens. However, you "
+        f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, "
+        f"{max_tokens} for the completion). Please reduce the length of the prompt or "
+        f"`{param}`.",
+        param=param,
+        code="context_length_exceeded",
+    )
+
+
+# -- responses ------------------------------------------------------------------------------
+
+
+def new_completion_id(prefix: str = "chatcmpl") -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
@@ -223,6 +358,47 @@ def chat_completion_chunk(
         "model": model,
         "choices": (
             [{"index": 0, "delta": delta, "finish_reason": finish_reason}] if with_choice else []
+        ),
+    }
+    if usage is not None:
+        chunk["usage"] = usage
+    return chunk
+
+
+def text_completion(
+    *, completion_id: str, model: str, text: str, finish_reason: str, usage: dict
+) -> dict:
+    return {
+        "id": completion_id,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        ],
+        "usage": usage,
+    }
+
+
+def text_completion_chunk(
+    *,
+    completion_id: str,
+    created: int,
+    model: str,
+    text: str,
+    finish_reason: str | None = None,
+    usage: dict | None = None,
+    with_choice: bool = True,
+) -> dict:
+    chunk = {
+        "id": completion_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": (
+            [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}]
+            if with_choice
+            else []
         ),
     }
     if usage is not None:

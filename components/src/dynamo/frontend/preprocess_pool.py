@@ -22,7 +22,10 @@ import multiprocessing
 import threading
 import time
 
+from dynamo.runtime.model_card import ModelCard
+
 from . import preprocess_worker
+from .chat_processor import DEFAULT_CHAT_PROCESSOR
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +48,7 @@ class PreprocessPool:
         gc_pause_log_ms: float,
         log_level: int = logging.INFO,
         start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
+        chat_processor: str = DEFAULT_CHAT_PROCESSOR,
     ) -> None:
         if workers < 1:
             raise ValueError("a preprocess pool needs at least one worker")
@@ -53,6 +57,7 @@ class PreprocessPool:
         self._gc_pause_log_ms = gc_pause_log_ms
         self._log_level = log_level
         self._start_timeout_s = start_timeout_s
+        self._chat_processor = chat_processor
         self._executor: concurrent.futures.ProcessPoolExecutor | None = None
         self._rebuild: asyncio.Task | None = None
         self._closing = threading.Event()  # read by a rebuild's thread
@@ -89,7 +94,13 @@ class PreprocessPool:
             max_workers=self.workers,
             mp_context=context,
             initializer=preprocess_worker.initialize_preprocess_worker,
-            initargs=(self._freeze_gc_heap, self._gc_pause_log_ms, self._log_level, barrier),
+            initargs=(
+                self._freeze_gc_heap,
+                self._gc_pause_log_ms,
+                self._log_level,
+                barrier,
+                self._chat_processor,
+            ),
         )
         try:
             # One blocking task per process (see report_ready): the executor spawns a new
@@ -120,13 +131,19 @@ class PreprocessPool:
             raise PreprocessPoolError(f"preprocess workers failed to start: {exc!r}") from exc
         return executor, pids
 
-    async def encode(self, text: str) -> list[int]:
+    async def encode(
+        self, card: ModelCard, text: str, *, add_special_tokens: bool
+    ) -> list[int]:
+        """``text`` in the tokens of ``card``'s model (each process loads it once, then
+        keeps it in a bounded cache). A tokenizer that fails to load raises ModelFilesError."""
         executor = self._executor
         if executor is None:
             raise PreprocessPoolError(self._unavailable())
         loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(executor, preprocess_worker.encode, text)
+            return await loop.run_in_executor(
+                executor, preprocess_worker.encode, card, text, add_special_tokens
+            )
         except concurrent.futures.BrokenExecutor as exc:
             self._broke(executor, exc)
             raise PreprocessPoolError(f"preprocess pool broke ({exc}); rebuilding it") from exc

@@ -1,0 +1,54 @@
+"""Stop strings on streamed text: the output ends before the first stop string and never shows it.
+
+The frontend is authoritative for stop strings (the worker only sees token ids): a stop string
+can span tokens, chunks and characters, so it is matched on the detokenized text. While
+streaming, the tail that could still become a stop string (a prefix of one) is held back until
+the next text decides: either it completes the stop string (the output ends there, the tail is
+dropped) or it does not (the tail is sent). So neither a stop string nor a partial match of one
+ever reaches the client.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+
+class StopStringMatcher:
+    def __init__(self, stops: Sequence[str]) -> None:
+        self._stops = tuple(s for s in stops if s)
+        self._longest = max((len(s) for s in self._stops), default=0)
+        self._pending = ""  # text not yet sent: it may be the start of a stop string
+        self.stopped = False
+
+    def feed(self, text: str) -> str:
+        """The part of ``text`` (plus what was held) that is safe to send now.
+
+        After a stop string is found, :attr:`stopped` is true and everything from the stop
+        string on is discarded (later calls return "").
+        """
+        if self.stopped:
+            return ""
+        if not self._stops:
+            return text
+        window = self._pending + text
+        cut = min((i for i in (window.find(s) for s in self._stops) if i >= 0), default=-1)
+        if cut >= 0:
+            self.stopped = True
+            self._pending = ""
+            return window[:cut]
+        hold = self._partial_match_length(window)
+        self._pending = window[len(window) - hold :] if hold else ""
+        return window[: len(window) - hold]
+
+    def _partial_match_length(self, window: str) -> int:
+        """Length of the longest suffix of ``window`` that is a proper prefix of a stop string."""
+        for length in range(min(self._longest - 1, len(window)), 0, -1):
+            suffix = window[-length:]
+            if any(stop.startswith(suffix) for stop in self._stops):
+                return length
+        return 0
+
+    def flush(self) -> str:
+        """The end of the completion: a held partial match was not a stop string after all."""
+        pending, self._pending = self._pending, ""
+        return "" if self.stopped else pending

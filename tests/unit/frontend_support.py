@@ -1,0 +1,162 @@
+"""An in-process frontend (the real HTTP service, registry and tiny-model processor) in front of
+request-plane servers speaking wire format v2 (this module holds no tests).
+
+The worker side here is a small v2 echo engine written for these tests: it answers
+``POST /generate`` with ``{"request_id", "model", "token_ids", "sampling"}`` by streaming ids
+back as NDJSON, honouring ``max_tokens``, ``stop_token_ids`` and ``ignore_eos`` like the mock
+engine and vLLM, and recording every body it got, so a test can check exactly what the
+frontend sent. The tokenizer, template, HTTP service and request-plane client are the real ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from typing import AsyncIterator, Callable, Sequence
+
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from dynamo.frontend.chat_processor import build_chat_processor
+from dynamo.frontend.http_service import FrontendService
+from dynamo.frontend.model_registry import ModelRegistry
+from dynamo.frontend.worker_router import WorkerRouter, create_worker_session
+from dynamo.runtime.discovery import ModelRecord
+from dynamo.runtime.model_card import ModelCard
+from dynamo.runtime.sampling import SamplingOptions
+
+MODEL = "tiny"
+
+
+class EchoEngine:
+    """Streams ``output`` (default: the prompt's ids, over and over) ``chunk`` ids per item."""
+
+    def __init__(
+        self, *, output: Sequence[int] | None = None, chunk: int = 1, token_ms: float = 0.0
+    ) -> None:
+        self.output = None if output is None else list(output)
+        self.chunk = chunk
+        self.token_s = token_ms / 1000.0
+        self.bodies: list[dict] = []
+        self.requests_started = 0
+        self.requests_finished = 0
+        self.requests_aborted = 0
+
+    async def generate(self, body: dict) -> AsyncIterator[dict]:
+        assert set(body) == {"request_id", "model", "token_ids", "sampling"}, body
+        sampling = SamplingOptions.model_validate(body["sampling"])
+        self.bodies.append(body)
+        self.requests_started += 1
+        prompt = body["token_ids"]
+        source = self.output if self.output is not None else prompt
+        produced: list[int] = []
+        finish = "length"
+        try:
+            while len(produced) < sampling.max_tokens and finish == "length":
+                step = []
+                while len(step) < self.chunk and len(produced) < sampling.max_tokens:
+                    token = source[len(produced) % len(source)]
+                    produced.append(token)
+                    step.append(token)
+                    if token in sampling.stop_token_ids and not sampling.ignore_eos:
+                        finish = "stop"  # EOS: returned (and counted), as vLLM does
+                        break
+                if self.token_s:
+                    await asyncio.sleep(self.token_s)  # the engine's simulated compute
+                yield {"token_ids": step}
+        except (GeneratorExit, asyncio.CancelledError):
+            self.requests_aborted += 1
+            raise
+        self.requests_finished += 1
+        yield {
+            "finish_reason": finish,
+            "prompt_tokens": len(prompt),
+            "completion_tokens": len(produced),
+        }
+
+
+@contextlib.asynccontextmanager
+async def request_plane_server(generate: Callable[[dict], AsyncIterator[dict]]):
+    """``POST /generate`` streaming NDJSON from ``generate`` (errors in-band, as the worker)."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await response.prepare(request)
+        async with contextlib.aclosing(generate(body)) as stream:
+            try:
+                async for item in stream:
+                    await response.write(json.dumps(item).encode() + b"\n")
+            except (asyncio.CancelledError, ConnectionResetError):
+                raise
+            except Exception as exc:  # noqa: BLE001 - in-band, as the real worker does
+                await response.write(json.dumps({"error": str(exc)}).encode() + b"\n")
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_post("/generate", handle)
+    async with TestServer(app, host="127.0.0.1") as server:
+        yield f"http://127.0.0.1:{server.port}"
+
+
+@contextlib.asynccontextmanager
+async def echo_worker(**engine_args):
+    engine = EchoEngine(**engine_args)
+    async with request_plane_server(engine.generate) as endpoint:
+        yield engine, endpoint
+
+
+def record(card: ModelCard | None, endpoint: str, model: str = MODEL) -> ModelRecord:
+    return ModelRecord(model=model, endpoint=endpoint, card=card)
+
+
+@contextlib.asynccontextmanager
+async def frontend(card: ModelCard, *endpoints: str, pool=None, registry=None):
+    """The real service with ``card``'s model served by ``endpoints`` (processor built)."""
+    registry = registry or ModelRegistry(build_chat_processor)
+    for endpoint in endpoints:
+        registry.add_instance(record(card, endpoint, card.served_model_name))
+    await registry.wait_idle()
+    session = create_worker_session()
+    try:
+        app = FrontendService(registry, WorkerRouter(session), pool).build_app()
+        async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+            yield client
+    finally:
+        await session.close()
+        await registry.aclose()
+
+
+async def sse_events(response) -> list:
+    events = []
+    async for line in response.content:
+        line = line.decode().strip()
+        if not line:
+            continue
+        assert line.startswith("data: ")
+        payload = line[len("data: ") :]
+        events.append(payload if payload == "[DONE]" else json.loads(payload))
+    return events
+
+
+def streamed_text(events: list) -> list[str]:
+    """The text pieces of a streamed chat or text completion, in order."""
+    pieces = []
+    for event in events:
+        if isinstance(event, dict) and event.get("choices"):
+            choice = event["choices"][0]
+            piece = choice["delta"].get("content") if "delta" in choice else choice["text"]
+            if piece:
+                pieces.append(piece)
+    return pieces
+
+
+def assert_openai_error(body: dict, *, param=None) -> dict:
+    assert set(body) == {"error"}
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    if param is not None:
+        assert error["param"] == param, error
+    return error
