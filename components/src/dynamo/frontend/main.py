@@ -34,9 +34,8 @@ from typing import Awaitable, Callable, Sequence
 import aiohttp
 from aiohttp import web
 
-from dynamo.common import lifecycle
+from dynamo.common import lifecycle, logging_setup
 from dynamo.common.configuration.runtime_options import DISCOVERY_DIR
-from dynamo.common.logging_setup import configure_logging
 from dynamo.common.metrics import DynamoMetrics, debug_gc_route, metrics_route
 from dynamo.common.utils import gc_freeze
 from dynamo.runtime.discovery import DiscoveryDirError, DiscoveryWatcher, ensure_discovery_dir
@@ -123,7 +122,7 @@ async def _build(
             config.dyn_preprocess_workers,
             freeze_gc_heap=config.freeze_gc_heap,
             gc_pause_log_ms=config.gc_pause_log_ms,
-            log_level=logging.getLogger().level,
+            log_level=logging_setup.current_log_levels(),  # DYN_LOG's levels, targets too
         )
         # Blocking on purpose: nothing is served yet, and every worker must have frozen its
         # heap before this process freezes and admits requests.
@@ -258,6 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     unusable discovery directory) before anything runs, 1 when start-up or shutdown fails."""
     try:
         config = frontend_args.parse_args(argv)
+        log_levels = logging_setup.log_levels_or_exit(PROG)  # DYN_LOG, as upstream
     except SystemExit as exc:  # bad input (2, the parser printed why) or --help (0)
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     problem = check_discovery_dir(config.discovery_dir)
@@ -266,7 +266,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # worker, ever, while /health said ready.
         print(f"{PROG}: error: {problem}", file=sys.stderr)
         return 2
-    configure_logging()
+    logging_setup.configure_logging(log_levels)
+    logging_setup.warn_unmatched_targets(log_levels)
     gc_collect_trace.install_if_requested()
     metrics = DynamoMetrics(freeze_enabled=config.freeze_gc_heap).attach()
     gc_state = gc_freeze.ProcessGcState(metrics)

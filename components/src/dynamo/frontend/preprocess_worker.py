@@ -28,7 +28,7 @@ _ready_barrier: Any = None  # a multiprocessing Barrier shared by the pool's pro
 
 
 def initialize_preprocess_worker(
-    freeze_enabled: bool, gc_pause_log_ms: float, log_level: int, ready_barrier: Any
+    freeze_enabled: bool, gc_pause_log_ms: float, log_level: Any, ready_barrier: Any
 ) -> None:
     """Pool initializer: logging, pause logger, tokenizer tables, then the freeze (last)."""
     global _tokenizer, _ready_barrier

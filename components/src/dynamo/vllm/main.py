@@ -40,8 +40,7 @@ from typing import AsyncIterator, Sequence
 
 from aiohttp import web
 
-from dynamo.common import lifecycle
-from dynamo.common.logging_setup import configure_logging
+from dynamo.common import lifecycle, logging_setup
 from dynamo.common.metrics import DynamoMetrics
 from dynamo.common.system_server import start_system_server
 from dynamo.common.utils import gc_freeze
@@ -58,6 +57,7 @@ from dynamo.vllm.startup_checks import StartupError
 
 logger = logging.getLogger(__name__)
 
+PROG = "python -m dynamo.vllm"
 FREEZE_CONTEXT = "vllm worker"
 # How long a drain waits for in-flight requests before aborting them. Long enough for a chat
 # completion to finish, short enough for a Kubernetes default terminationGracePeriodSeconds.
@@ -383,6 +383,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments, an engine that cannot run here), 1 when a start-up step fails (a taken port)."""
     try:
         config = backend_args.parse_args(argv)
+        log_levels = logging_setup.log_levels_or_exit(PROG)  # DYN_LOG, as upstream
         if config.self_benchmark_points > 0:
             # Before the engine exists: its ranks must load the GC policy's worker extension
             # (a conflicting user extension exits 2 here), and read the policy from their
@@ -394,7 +395,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         startup_checks.check_paths(config)
     except SystemExit as exc:  # bad input (exit 2) or --help (exit 0): nothing else has run
         return _exit_code(exc)
-    configure_logging()
+    logging_setup.configure_logging(log_levels)
+    logging_setup.warn_unmatched_targets(log_levels)
     logger.info(
         "Worker options: model=%s engine=%s discovery_dir=%s discovery_ttl=%g "
         "request_plane=%s:%s freeze_gc_heap=%s gc_pause_log_ms=%g self_benchmark_points=%d",
