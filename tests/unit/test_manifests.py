@@ -381,3 +381,36 @@ def test_the_shutdown_check_catches_a_default_grace_period_and_a_missing_prestop
     manifest.write_text(yaml.safe_dump(document))
     with pytest.raises(AssertionError, match="grace 30 s < 40.0 s"):
         test_every_pod_has_time_to_drain_and_the_frontend_outlives_its_endpoints(manifest)
+
+
+# --- probes: liveness from /live, readiness from /health ----------------------------------
+
+
+def _probe_path(container: dict, kind: str) -> str | None:
+    probe = container.get(kind) or {}
+    return (probe.get("httpGet") or {}).get("path")
+
+
+@pytest.mark.parametrize("path", manifest_files(), ids=lambda p: p.name)
+def test_workers_are_live_on_live_and_ready_on_health(path):
+    """A liveness probe on /health would restart a worker in a long engine init (503 there);
+    /live answers 200 in every phase. Every worker container with probes has both."""
+    for launch in pod_launches_in(path):
+        liveness = _probe_path(launch.container, "livenessProbe")
+        readiness = _probe_path(launch.container, "readinessProbe")
+        assert liveness != "/health", f"{launch.where}: liveness on /health"
+        if launch.program == "dynamo.vllm" and readiness is not None:
+            assert readiness == "/health", launch.where
+            assert liveness == "/live", f"{launch.where}: no liveness probe on /live"
+        if launch.program == "dynamo.frontend":
+            assert liveness is None, f"{launch.where}: the frontend serves no /live"
+
+
+def test_at_least_one_worker_example_has_the_liveness_probe():
+    probed = [
+        launch
+        for path in manifest_files()
+        for launch in pod_launches_in(path)
+        if _probe_path(launch.container, "livenessProbe") == "/live"
+    ]
+    assert probed and all(launch.program == "dynamo.vllm" for launch in probed)

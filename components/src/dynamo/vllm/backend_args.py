@@ -106,6 +106,17 @@ OPTIONS = [
         help="Mock engine: time per generated token, in milliseconds",
     ),
     Option(
+        name="mock-init-ms",
+        env_var="DYN_VLLM_MOCK_INIT_MS",
+        default=0.0,
+        kind=FiniteFloat(minimum=0.0),
+        metavar="MS",
+        help=(
+            "Mock engine: how long engine init takes, in milliseconds, like a real engine "
+            "loading its weights (to rehearse start-up probes: /live answers, /health is 503)"
+        ),
+    ),
+    Option(
         name="mock-heap-objects",
         env_var="DYN_VLLM_MOCK_HEAP_OBJECTS",
         default=0,

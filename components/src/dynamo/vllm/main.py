@@ -51,7 +51,7 @@ from dynamo.runtime.discovery import (
     heartbeat_interval_for,
 )
 from dynamo.runtime.request_plane import add_request_plane_routes
-from dynamo.vllm import backend_args, engine_factory, startup_checks
+from dynamo.vllm import backend_args, engine_factory, reachability, startup_checks
 from dynamo.vllm.engine import Engine, EngineUnavailable
 from dynamo.vllm.startup_checks import StartupError
 
@@ -257,6 +257,25 @@ async def open_request_plane(
     return plane
 
 
+async def warn_if_unreachable(config: argparse.Namespace, endpoint: str) -> str | None:
+    """One WARNING when the advertised request plane is loopback but other hosts read the
+    discovery record (see :mod:`dynamo.vllm.reachability`); off the loop: it may resolve a name.
+
+    The backend options are read when present (``--discovery-backend``, ``--etcd-endpoints``);
+    without them discovery is the file backend.
+    """
+    reason = await asyncio.to_thread(
+        reachability.unreachable_reason,
+        endpoint,
+        getattr(config, "discovery_backend", None) or "file",
+        config.discovery_dir,
+        getattr(config, "etcd_endpoints", None) or (),
+    )
+    if reason is not None:
+        logger.warning(reason)
+    return reason
+
+
 def register_model(
     store: DiscoveryStore, model: str, endpoint: str, *, heartbeat_interval_s: float
 ) -> ModelRecord:
@@ -328,6 +347,7 @@ async def _start_and_serve(
         worker_extension_cls=getattr(config, "worker_extension_cls", None),
     )
     plane = await open_request_plane(config, engine, cleanup)
+    await warn_if_unreachable(config, plane.endpoint)
 
     logger.info("Engine init: starting the %s engine for model %s", config.engine, config.model)
     began = time.perf_counter()
