@@ -367,7 +367,8 @@ def good_value(option: Option) -> tuple[str, object]:
         value = kind.minimum + 1 if option.default == kind.minimum else kind.minimum
         return str(value), value
     if isinstance(kind, Choice):
-        word = next(w for w in kind.words if w != option.default)
+        # A one-word choice (--router-mode round-robin) has only its default to give.
+        word = next((w for w in kind.words if w != option.default), kind.words[0])
         return word, word
     for text in GENERIC_GOOD:
         if not _rejects(option, text) and kind.parse(text) != option.default:

@@ -64,7 +64,8 @@ class LogLevels:
 def _level(word: str, directive: str) -> int:
     level = LEVEL_WORDS.get(word.strip().lower())
     if level is None:
-        raise ValueError(f"{word.strip()!r} in {directive!r} is not a level ({_LEVEL_LIST})")
+        where = "" if word.strip() == directive else f" in {directive!r}"
+        raise ValueError(f"{word.strip()!r}{where} is not a level ({_LEVEL_LIST})")
     return level
 
 

@@ -5,7 +5,15 @@ from __future__ import annotations
 import argparse
 from typing import Mapping, Sequence
 
-from dynamo.common.configuration import IntRange, Option, Surface, Text, gc_options, parse_surface
+from dynamo.common.configuration import (
+    Choice,
+    IntRange,
+    Option,
+    Surface,
+    Text,
+    gc_options,
+    parse_surface,
+)
 from dynamo.common.configuration.runtime_options import (
     DISCOVERY_DIR,
     DISCOVERY_TTL,
@@ -40,6 +48,17 @@ OPTIONS = [
         help=(
             "Tokenise in a pool of N processes (each freezes its own heap at the end of its "
             "initializer); 0 tokenises in the frontend process"
+        ),
+    ),
+    Option(
+        name="router-mode",
+        env_var="DYN_ROUTER_MODE",
+        default="round-robin",
+        kind=Choice(("round-robin",)),
+        metavar="{round-robin}",
+        help=(
+            "How requests are spread over a model's workers: round-robin (upstream Dynamo's "
+            "default; its other modes, such as kv, are not available here)"
         ),
     ),
     *gc_options(flag_prefix="dyn-", env_prefix="DYN_"),

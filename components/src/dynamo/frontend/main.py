@@ -35,6 +35,7 @@ import aiohttp
 from aiohttp import web
 
 from dynamo.common import lifecycle, logging_setup
+from dynamo.common.configuration import upstream
 from dynamo.common.configuration.runtime_options import DISCOVERY_DIR
 from dynamo.common.metrics import DynamoMetrics, debug_gc_route, metrics_route
 from dynamo.common.utils import gc_freeze
@@ -268,6 +269,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     logging_setup.configure_logging(log_levels)
     logging_setup.warn_unmatched_targets(log_levels)
+    upstream.warn_ignored_env(PROG, upstream.declared_names(frontend_args.SURFACE.options))
     gc_collect_trace.install_if_requested()
     metrics = DynamoMetrics(freeze_enabled=config.freeze_gc_heap).attach()
     gc_state = gc_freeze.ProcessGcState(metrics)

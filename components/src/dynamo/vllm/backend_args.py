@@ -156,7 +156,8 @@ SURFACE = Surface(
 
 # What the command line accepts: the worker's options plus the self-benchmark's (documented on a
 # page of their own, see self_benchmark_args).
-_PARSED = dataclasses.replace(SURFACE, options=[*OPTIONS, *self_benchmark_args.OPTIONS])
+ALL_OPTIONS = [*OPTIONS, *self_benchmark_args.OPTIONS]
+_PARSED = dataclasses.replace(SURFACE, options=ALL_OPTIONS)
 
 
 def parse_args(

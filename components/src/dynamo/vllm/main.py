@@ -41,6 +41,7 @@ from typing import AsyncIterator, Sequence
 from aiohttp import web
 
 from dynamo.common import lifecycle, logging_setup
+from dynamo.common.configuration import upstream
 from dynamo.common.metrics import DynamoMetrics
 from dynamo.common.system_server import start_system_server
 from dynamo.common.utils import gc_freeze
@@ -417,6 +418,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _exit_code(exc)
     logging_setup.configure_logging(log_levels)
     logging_setup.warn_unmatched_targets(log_levels)
+    upstream.warn_ignored_env(PROG, upstream.declared_names(backend_args.ALL_OPTIONS))
     logger.info(
         "Worker options: model=%s engine=%s discovery_dir=%s discovery_ttl=%g "
         "request_plane=%s:%s freeze_gc_heap=%s gc_pause_log_ms=%g self_benchmark_points=%d",
