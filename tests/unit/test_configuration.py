@@ -378,11 +378,14 @@ def bad_values(option: Option) -> list[str]:
     if isinstance(kind, Choice):
         word = kind.words[-1]
         fullwidth = "".join(chr(ord(c) + 0xFEE0) if "!" <= c <= "~" else c for c in word)
-        return [
+        values = [
             "", "  ", "bogus", word.upper(), word.capitalize(), word + "x", "x" + word,
             word[:-1], fullwidth, word + "\x00", ",".join(kind.words), " ".join(kind.words),
             "*", "-", "1", "0", "none", "\uff11", f"'{word}'", f'"{word}"',
         ]  # fmt: skip
+        # A one-word choice joined with itself is that word, and some choices take any case
+        # (DYN_FPM_GC_POLICY, as upstream): only the values the kind refuses are bad ones.
+        return [value for value in values if _rejects(option, value)]
     if isinstance(kind, Host):
         return [
             "", "  ", "a..b", ".", "..", "a" * 64, "a" * 64 + ".example.com",
@@ -405,7 +408,8 @@ def good_value(option: Option) -> tuple[str, object]:
         value = kind.minimum + 1 if option.default == kind.minimum else kind.minimum
         return str(value), value
     if isinstance(kind, Choice):
-        word = next(w for w in kind.words if w != option.default)
+        # A one-word choice (--router-mode round-robin) has only its default to give.
+        word = next((w for w in kind.words if w != option.default), kind.words[0])
         return word, word
     for text in GENERIC_GOOD:
         if not _rejects(option, text) and kind.parse(text) != option.default:

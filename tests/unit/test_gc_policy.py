@@ -64,37 +64,37 @@ def churn_with_survivors(iterations: int) -> list:
 
 
 def test_start_and_stop_are_idempotent_and_restartable():
-    assert gc_policy.start_gc_policy() is True
-    assert gc_policy.start_gc_policy() is False
+    assert gc_policy.start_policy() is True
+    assert gc_policy.start_policy() is False
     assert gc_policy.policy_running()
-    assert gc_policy.stop_gc_policy() is True
-    assert gc_policy.stop_gc_policy() is False
+    assert gc_policy.stop_policy() is True
+    assert gc_policy.stop_policy() is False
     assert not gc_policy.policy_running()
-    assert gc_policy.start_gc_policy() is True
+    assert gc_policy.start_policy() is True
     assert gc_policy.policy_running()
-    assert gc_policy.stop_gc_policy() is True
+    assert gc_policy.stop_policy() is True
 
 
 @pytest.mark.parametrize("thresholds", [(123, 4, 5), (2000, 10, 10), (700, 10, 10)])
 def test_thresholds_are_restored_exactly(thresholds):
     gc.set_threshold(*thresholds)
-    gc_policy.start_gc_policy()
+    gc_policy.start_policy()
     assert gc.get_threshold() == (thresholds[0], thresholds[1], gc_policy.GEN2_NEVER)
-    gc_policy.stop_gc_policy()
+    gc_policy.stop_policy()
     assert gc.get_threshold() == thresholds
 
 
 def test_stock_thresholds_of_this_interpreter_come_back():
     stock = gc.get_threshold()  # 3.13 raised threshold0 to 2000: nothing may assume 700
-    gc_policy.start_gc_policy()
-    gc_policy.stop_gc_policy()
+    gc_policy.start_policy()
+    gc_policy.stop_policy()
     assert gc.get_threshold() == stock
 
 
 def test_stop_leaves_the_enabled_flag_as_it_was():
     gc.disable()
-    gc_policy.start_gc_policy()
-    gc_policy.stop_gc_policy()
+    gc_policy.start_policy()
+    gc_policy.stop_policy()
     assert not gc.isenabled()
 
 
@@ -123,7 +123,7 @@ def test_threshold2_of_zero_does_not_disable_gen2():
 
 def test_policy_stops_automatic_gen2_but_not_young_collections():
     iterations = churn_length()
-    gc_policy.start_gc_policy()
+    gc_policy.start_policy()
     counter = GenerationCounter()
     gc.callbacks.append(counter)
     kept = churn_with_survivors(iterations)
@@ -134,22 +134,22 @@ def test_policy_stops_automatic_gen2_but_not_young_collections():
 
 
 def test_stop_reclaims_a_cycle_that_died_in_the_frozen_heap():
-    gc_policy.start_gc_policy()
+    gc_policy.start_policy()
     ref = make_cycle()
     gc.freeze()  # what the background thread does each interval
     gc.collect()
     assert ref() is not None  # frozen: no collection reaches it while the policy runs
-    gc_policy.stop_gc_policy()
+    gc_policy.stop_policy()
     assert ref() is None
 
 
 def test_gc_maintain_reclaims_deferred_cycles_and_keeps_the_policy():
-    gc_policy.start_gc_policy()
+    gc_policy.start_policy()
     ref = make_cycle()
     gc.freeze()
     gc.collect()
     assert ref() is not None
-    collected = gc_policy.gc_maintain()
+    collected = gc_policy.maintain()
     assert ref() is None
     assert collected >= 1
     assert gc_policy.policy_running()
@@ -160,7 +160,7 @@ def test_gc_maintain_reclaims_deferred_cycles_and_keeps_the_policy():
 def test_gc_maintain_outside_the_policy_touches_nothing():
     ref = make_cycle()
     gc.freeze()
-    assert gc_policy.gc_maintain() == 0
+    assert gc_policy.maintain() == 0
     assert ref() is not None
     assert gc.get_freeze_count() > 0
 
@@ -168,7 +168,7 @@ def test_gc_maintain_outside_the_policy_touches_nothing():
 def test_background_thread_freezes_survivors_and_stops():
     if gc_policy.unsound_build_reason():
         pytest.skip("no periodic freeze on this build")
-    gc_policy.start_gc_policy(interval_s=0.01)
+    gc_policy.start_policy(interval_s=0.01)
     (thread,) = policy_threads()
     assert thread.daemon
     frozen_at_start = gc.get_freeze_count()
@@ -176,15 +176,15 @@ def test_background_thread_freezes_survivors_and_stops():
     policy = gc_policy._running
     wait_until(lambda: policy.periodic_freezes >= 2, deadline_s=10, what="two periodic freezes")
     assert gc.get_freeze_count() >= frozen_at_start + len(survivors)
-    gc_policy.stop_gc_policy()
+    gc_policy.stop_policy()
     assert not thread.is_alive()
     assert policy_threads() == []
 
 
 def test_restarting_does_not_leak_threads():
     for _ in range(3):
-        gc_policy.start_gc_policy()
-        gc_policy.stop_gc_policy()
+        gc_policy.start_policy()
+        gc_policy.stop_policy()
     assert policy_threads() == []
 
 
@@ -198,14 +198,14 @@ def test_stop_refreezes_only_for_serving_or_a_heap_frozen_before(
     if frozen_before:
         gc.collect()
         gc.freeze()
-    gc_policy.start_gc_policy()
-    gc_policy.stop_gc_policy(serving_freeze=serving_freeze)
+    gc_policy.start_policy()
+    gc_policy.stop_policy(serving_freeze=serving_freeze)
     assert gc_policy.heap_is_frozen() is frozen_after
 
 
 def test_bad_interval_given_by_a_caller_is_refused():
     with pytest.raises(ValueError):
-        gc_policy.start_gc_policy(interval_s=float("nan"))
+        gc_policy.start_policy(interval_s=float("nan"))
     assert not gc_policy.policy_running()
 
 
@@ -236,7 +236,7 @@ def test_good_env_values_are_read(caplog):
 
 def test_start_without_interval_reads_the_env(monkeypatch):
     monkeypatch.setenv("DYN_FPM_GC_FREEZE_INTERVAL_S", "7")
-    gc_policy.start_gc_policy()
+    gc_policy.start_policy()
     assert gc_policy.gc_policy_state()["interval_s"] == 7.0
 
 
@@ -273,10 +273,10 @@ def test_unsound_build_runs_without_the_periodic_freeze(mocker, caplog):
     caplog.set_level(logging.WARNING, logger="dynamo.vllm.gc_policy")
     mocker.patch.object(gc_policy, "unsound_build_reason", return_value="test build")
     thresholds = gc.get_threshold()
-    assert gc_policy.start_gc_policy() is True
+    assert gc_policy.start_policy() is True
     assert policy_threads() == []
     assert "not sound on this build (test build)" in caplog.text
-    gc_policy.stop_gc_policy()
+    gc_policy.stop_policy()
     assert gc.get_threshold() == thresholds
 
 
@@ -301,8 +301,8 @@ def test_the_start_line_says_gen2_is_off_only_where_threshold2_is_honoured(
         side_effect=lambda name: gil_disabled if name == "Py_GIL_DISABLED" else None,
     )
     mocker.patch.object(sys, "version_info", version)
-    assert gc_policy.start_gc_policy() is True
-    gc_policy.stop_gc_policy()
+    assert gc_policy.start_policy() is True
+    gc_policy.stop_policy()
     (started,) = [r.getMessage() for r in caplog.records if "GC policy started" in r.getMessage()]
     assert ("automatic gen2 off" in started) is honoured, started
     if not honoured:

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
+import re
+
+import pytest
 
 from dynamo.common import logging_setup
 
@@ -36,3 +40,101 @@ def test_remove_logging_handler_leaves_other_handlers():
     logging_setup.remove_logging_handler()
     assert ours(root) == []
     assert [h for h in root.handlers] == others
+
+
+# --- DYN_LOG ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "default", "targets"),
+    [
+        ("", logging.INFO, ()),
+        ("  ", logging.INFO, ()),
+        ("debug", logging.DEBUG, ()),
+        ("DEBUG", logging.DEBUG, ()),
+        ("warn", logging.WARNING, ()),
+        ("warning", logging.WARNING, ()),
+        ("error", logging.ERROR, ()),
+        ("trace", logging.DEBUG, ()),  # Python has no TRACE; upstream maps it to DEBUG too
+        ("off", logging_setup.OFF, ()),
+        ("info,dynamo.vllm=debug", logging.INFO, (("dynamo.vllm", logging.DEBUG),)),
+        ("info, dynamo::vllm::gc_policy = trace", logging.INFO,
+         (("dynamo.vllm.gc_policy", logging.DEBUG),)),
+        ("dynamo.frontend=warn,error", logging.ERROR, (("dynamo.frontend", logging.WARNING),)),
+        ("info,,", logging.INFO, ()),
+    ],
+)  # fmt: skip
+def test_dyn_log_values_upstream_accepts(text, default, targets):
+    levels = logging_setup.parse_dyn_log(text)
+    assert (levels.default, levels.targets) == (default, targets)
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("loud", "'loud' is not a level"),
+        ("info,dynamo=loud", "'loud' in 'dynamo=loud' is not a level"),
+        ("info,=debug", "not a logger name"),
+        ("info,dynamo vllm=debug", "not a logger name"),
+        ("dynamo_runtime::system_status_server:trace", "not a level"),  # ':' is not '='
+        ("info,dynamo[span]=debug", "span filters"),
+    ],
+)
+def test_bad_dyn_log_values_say_what_is_wrong(text, says):
+    with pytest.raises(ValueError, match=re.escape(says)):
+        logging_setup.parse_dyn_log(text)
+
+
+def test_a_bad_dyn_log_exits_2_naming_it(capsys):
+    with pytest.raises(SystemExit) as exc:
+        logging_setup.log_levels_or_exit("prog", {"DYN_LOG": "loud"})
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "prog: error: invalid value 'loud' for DYN_LOG" in err
+    assert "error, warn, info, debug, trace or off" in err
+
+
+def test_a_target_gets_its_level_under_an_info_default(capsys):
+    logging_setup.configure_logging(logging_setup.parse_dyn_log("info,dynamo.quiet=error,dynamo.loud=debug"))
+    logging.getLogger("dynamo.loud.child").debug("loud debug")
+    logging.getLogger("dynamo.quiet").warning("quiet warning")
+    logging.getLogger("dynamo.other").debug("other debug")
+    logging.getLogger("dynamo.other").info("other info")
+    err = capsys.readouterr().err
+    assert "loud debug" in err and "other info" in err
+    assert "quiet warning" not in err and "other debug" not in err
+
+
+def test_reconfiguring_drops_the_previous_targets():
+    logging_setup.configure_logging(logging_setup.parse_dyn_log("info,dynamo.x=debug"))
+    logging_setup.configure_logging(logging_setup.parse_dyn_log("warn"))
+    assert logging.getLogger("dynamo.x").level == logging.NOTSET
+    assert logging_setup.current_log_levels().default == logging.WARNING
+
+
+def test_the_levels_travel_to_a_child_process():
+    levels = logging_setup.parse_dyn_log("warn,dynamo.vllm=debug")
+    logging_setup.configure_logging(levels)
+    assert pickle.loads(pickle.dumps(logging_setup.current_log_levels())) == levels
+
+
+def test_debug_says_how_logging_was_configured(capsys):
+    logging_setup.configure_logging(logging_setup.parse_dyn_log("debug"))
+    assert "DEBUG" in capsys.readouterr().err.split("Logging configured from DYN_LOG='debug'")[0]
+
+
+def test_targets_naming_no_python_package_are_reported(caplog):
+    levels = logging_setup.parse_dyn_log("info,dynamo_runtime=debug,dynamo.vllm=debug")
+    caplog.set_level(logging.WARNING, logger="dynamo.common.logging_setup")
+    assert logging_setup.warn_unmatched_targets(levels) == ["dynamo_runtime"]
+    assert "DYN_LOG target 'dynamo_runtime' names no Python package" in caplog.text
+
+
+def test_ensure_logging_configures_a_bare_process_from_the_env(monkeypatch, capsys):
+    monkeypatch.setenv("DYN_LOG", "debug")
+    logging_setup.ensure_logging(label="vllm rank")
+    logging.getLogger("dynamo.test").debug("from a rank")
+    assert "[vllm rank] dynamo.test: from a rank" in capsys.readouterr().err
+    monkeypatch.setenv("DYN_LOG", "error")
+    logging_setup.ensure_logging(label="vllm rank")  # already configured: unchanged
+    assert logging_setup.current_log_levels().default == logging.DEBUG

@@ -1,4 +1,5 @@
-"""The worker's system server, on a real loopback socket: /health by phase, /metrics, debug GC."""
+"""The worker's system server, on a real loopback socket: /live, /health by phase, /metrics, debug
+GC."""
 
 from __future__ import annotations
 
@@ -50,6 +51,23 @@ def test_health_follows_the_serving_phase(process_metrics):
         (503, "starting"),
         (200, "serving"),
         (503, "draining"),
+    ]
+
+
+def test_live_answers_200_in_every_phase_beside_health(process_metrics):
+    async def scenario(session, base):
+        seen = []
+        for advance in (None, lifecycle.mark_serving, lifecycle.mark_draining):
+            if advance is not None:
+                advance("test")
+            async with session.get(base + "/live") as live, session.get(base + "/health") as health:
+                seen.append((live.status, (await live.json())["phase"], health.status))
+        return seen
+
+    assert run_against_server(process_metrics, scenario) == [
+        (200, "starting", 503),
+        (200, "serving", 200),
+        (200, "draining", 503),
     ]
 
 

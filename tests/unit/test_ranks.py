@@ -240,12 +240,14 @@ def test_a_rank_with_a_bad_interval_env_warns_and_uses_the_default(monkeypatch, 
             started = await group.collective_rpc("fpm_gc_start")
             states = await group.collective_rpc("fpm_gc_state")
             stopped = await group.collective_rpc("fpm_gc_stop")
+            after = await group.collective_rpc("fpm_gc_state")
         finally:
             await group.shutdown()
-        return started, states, stopped
+        return started, states, stopped, after
 
-    started, states, stopped = asyncio.run(scenario())
-    assert started == [True] and stopped == [True]
+    started, states, stopped, after = asyncio.run(scenario())
+    assert started == [True] and stopped == [None]  # upstream's return types
+    assert not after[0]["policy_running"]
     assert states[0]["policy_running"] and states[0]["interval_s"] == 60.0
     assert f"Ignoring DYN_FPM_GC_FREEZE_INTERVAL_S={text!r}" in capfd.readouterr().err
 

@@ -207,7 +207,7 @@ def test_with_the_policy_off_gc_is_never_touched(tmp_path, monkeypatch):
 
 def test_long_sweeps_get_untimed_maintain_windows_everywhere(tmp_path, monkeypatch, mocker):
     monkeypatch.setattr(self_benchmark, "MAINTAIN_EVERY_POINTS", 10)
-    maintain = mocker.spy(gc_policy, "gc_maintain")
+    maintain = mocker.spy(gc_policy, "maintain")
     config = benchmark_config(tmp_path, "--fpm-gc-policy", "freeze", "--no-freeze-gc-heap")
     probe, outcome, _, _ = run_benchmark(config, monkeypatch)
     assert outcome is None

@@ -85,6 +85,8 @@ def real_vllm(tiny_model, tmp_path_factory) -> RealVllm:
             "--self-benchmark-points", str(SELF_BENCHMARK_POINTS),
             "--self-benchmark-output", str(directory / "self-benchmark.jsonl"),
             "--fpm-gc-policy", "freeze",
+            # Upstream Dynamo's path for the policy's extension (the same class as ours).
+            "--worker-extension-cls", "dynamo.vllm.gc_policy.FpmGcWorkerExtension",
         )
         processes.append(unfrozen)
         frontend = LauncherProcess(
@@ -186,6 +188,9 @@ def test_self_benchmark_runs_real_forward_passes_with_the_policy_in_the_ranks(re
     assert summary.group(2) == "freeze"
     # Every rank started the policy (a rank that did not is logged as unpoliced).
     assert "GC policy did not start in rank" not in log
+    # vLLM's rank loaded the extension by upstream's path, and our module logged in that rank.
+    assert "Injected <class 'dynamo.vllm.gc_policy.FpmGcWorkerExtension'>" in log, log
+    assert "[vllm rank] dynamo.vllm.gc_policy: GC policy started" in log, log
     assert summary.start() < REGISTERED_LINE.search(log).start()
 
 

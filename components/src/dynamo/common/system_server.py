@@ -1,9 +1,15 @@
-"""The worker's system port: ``GET /health`` and ``GET /metrics`` (and, opt-in, a debug GC route).
+"""The worker's system port: ``GET /live``, ``GET /health`` and ``GET /metrics`` (and, opt-in, a
+debug GC route).
 
 A worker has no HTTP service of its own (the frontend talks to it over the request plane), so
 operators and Kubernetes probes reach it here. It runs in the worker's event loop and is started
 early, before engine init, so a readiness probe sees ``starting`` (503) rather than a refused
 connection, then ``serving`` (200) once the model is registered, then ``draining`` (503).
+
+``/live`` is liveness, as upstream Dynamo's system server has it: 200 whenever the process can
+answer, whatever the phase. A liveness probe on ``/health`` would restart a worker whose engine
+init (or self-benchmark) takes longer than the probe's patience; on ``/live`` only a process whose
+event loop no longer answers is restarted.
 """
 
 from __future__ import annotations
@@ -20,6 +26,11 @@ from dynamo.common.metrics import DynamoMetrics, debug_gc_route, metrics_route
 logger = logging.getLogger(__name__)
 
 HEALTH_PATH = "/health"
+LIVE_PATH = "/live"
+
+
+async def _serve_live(request: web.Request) -> web.Response:
+    return web.json_response({"status": "live", "phase": lifecycle.current_phase().value})
 
 
 async def _serve_health(request: web.Request) -> web.Response:
@@ -33,6 +44,7 @@ async def _serve_health(request: web.Request) -> web.Response:
 
 def build_system_app(metrics: DynamoMetrics, *, debug_gc_endpoint: bool = False) -> web.Application:
     app = web.Application()
+    app.router.add_get(LIVE_PATH, _serve_live)
     app.router.add_get(HEALTH_PATH, _serve_health)
     metrics_route(app, metrics)
     if debug_gc_endpoint:
@@ -67,5 +79,7 @@ async def start_system_server(
     site = web.TCPSite(runner, host, port)
     await site.start()
     bound_port = runner.addresses[0][1]  # the real port when 0 was asked for
-    logger.info("System server listening on http://%s:%d (/health, /metrics)", host, bound_port)
+    logger.info(
+        "System server listening on http://%s:%d (/live, /health, /metrics)", host, bound_port
+    )
     return SystemServer(runner=runner, host=host, port=bound_port)

@@ -84,6 +84,17 @@ OPTIONS = [
             "one WARNING and not served until one goes"
         ),
     ),
+    Option(
+        name="router-mode",
+        env_var="DYN_ROUTER_MODE",
+        default="round-robin",
+        kind=Choice(("round-robin",)),
+        metavar="{round-robin}",
+        help=(
+            "How requests are spread over a model's workers: round-robin (upstream Dynamo's "
+            "default; its other modes, such as kv, are not available here)"
+        ),
+    ),
     *gc_options(flag_prefix="dyn-", env_prefix="DYN_"),
     drain_option(flag_prefix="dyn-", env_prefix="DYN_"),
     Option(

@@ -41,11 +41,11 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import Gauge
 
-from dynamo.common import lifecycle
+from dynamo.common import lifecycle, logging_setup
+from dynamo.common.configuration import upstream
 from dynamo.common.configuration.drain_options import DEFAULT_DRAIN_TIMEOUT_S
 from dynamo.common.configuration.runtime_options import DISCOVERY_DIR
 from dynamo.common.http_server import GuardedRunner
-from dynamo.common.logging_setup import configure_logging
 from dynamo.common.metrics import DynamoMetrics, debug_gc_route, metrics_route
 from dynamo.common.request_drain import END_BOUND_S, RequestDrain
 from dynamo.common.utils import gc_freeze
@@ -141,7 +141,7 @@ async def _build(
             config.dyn_preprocess_workers,
             freeze_gc_heap=config.freeze_gc_heap,
             gc_pause_log_ms=config.gc_pause_log_ms,
-            log_level=logging.getLogger().level,
+            log_level=logging_setup.current_log_levels(),  # DYN_LOG's levels, targets too
             chat_processor=config.dyn_chat_processor,
         )
         # Blocking on purpose: nothing is served yet, and every worker must have frozen its
@@ -343,6 +343,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     unusable discovery directory) before anything runs, 1 when start-up or shutdown fails."""
     try:
         config = frontend_args.parse_args(argv)
+        log_levels = logging_setup.log_levels_or_exit(PROG)  # DYN_LOG, as upstream
     except SystemExit as exc:  # bad input (2, the parser printed why) or --help (0)
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     problem = check_discovery_dir(config.discovery_dir) if config.discovery_backend == "file" else None
@@ -357,7 +358,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # worker, ever, while /health said ready.
         print(f"{PROG}: error: {problem}", file=sys.stderr)
         return 2
-    configure_logging()
+    logging_setup.configure_logging(log_levels)
+    logging_setup.warn_unmatched_targets(log_levels)
+    upstream.warn_ignored_env(PROG, upstream.declared_names(frontend_args.SURFACE.options))
     problem = import_chat_processor(config.dyn_chat_processor)
     if problem is not None:
         print(f"{PROG}: error: {problem}", file=sys.stderr)

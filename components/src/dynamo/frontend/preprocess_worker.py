@@ -43,7 +43,7 @@ _initialized = False
 def initialize_preprocess_worker(
     freeze_enabled: bool,
     gc_pause_log_ms: float,
-    log_level: int,
+    log_level: Any,
     ready_barrier: Any,
     chat_processor: str = DEFAULT_CHAT_PROCESSOR,
 ) -> None:

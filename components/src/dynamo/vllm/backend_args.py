@@ -106,6 +106,17 @@ OPTIONS = [
         help="Mock engine: time per generated token, in milliseconds",
     ),
     Option(
+        name="mock-init-ms",
+        env_var="DYN_VLLM_MOCK_INIT_MS",
+        default=0.0,
+        kind=FiniteFloat(minimum=0.0),
+        metavar="MS",
+        help=(
+            "Mock engine: how long engine init takes, in milliseconds, like a real engine "
+            "loading its weights (to rehearse start-up probes: /live answers, /health is 503)"
+        ),
+    ),
+    Option(
         name="mock-heap-objects",
         env_var="DYN_VLLM_MOCK_HEAP_OBJECTS",
         default=0,
@@ -146,7 +157,8 @@ SURFACE = Surface(
 
 # What the command line accepts: the worker's options plus the self-benchmark's (documented on a
 # page of their own, see self_benchmark_args).
-_PARSED = dataclasses.replace(SURFACE, options=[*OPTIONS, *self_benchmark_args.OPTIONS])
+ALL_OPTIONS = [*OPTIONS, *self_benchmark_args.OPTIONS]
+_PARSED = dataclasses.replace(SURFACE, options=ALL_OPTIONS)
 
 
 def parse_args(

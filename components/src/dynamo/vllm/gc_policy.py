@@ -11,10 +11,19 @@ lockstep, stalling every rank). While the policy runs:
 * :func:`gc_maintain` (unfreeze, collect, freeze) reclaims cyclic garbage in an untimed window
   between points of a long sweep.
 
-:func:`stop_gc_policy` puts everything back: stock thresholds (exactly as saved, never a
+:func:`stop_policy` puts everything back: stock thresholds (exactly as saved, never a
 hard-coded 700: 3.13 uses 2000), the deferred garbage collected, and the heap frozen again only if
 it was frozen before the policy started or the caller's serving freeze follows. Both functions are
 idempotent.
+
+Two faces, one state. The worker uses :func:`start_policy` / :func:`stop_policy` /
+:func:`maintain` (its options decide; stop knows whether a serving freeze follows). Upstream
+Dynamo's public names live here too, with upstream's meaning and return types:
+:func:`start_gc_policy` (env-gated: nothing unless ``DYN_FPM_GC_POLICY=freeze``, any case),
+:func:`stop_gc_policy` (``None``), :func:`gc_maintain` (the permanent generation's size) and
+:class:`FpmGcWorkerExtension`, the worker extension vLLM mixes into every rank. Unlike upstream,
+importing this module starts nothing: the worker starts the policy in every rank through the
+extension when its self-benchmark begins, so a serving process never carries it.
 
 How gen2 is disabled (CPython 3.10-3.13, Modules/gcmodule.c ``gc_collect_generations`` /
 3.13 ``gc_select_generation``): on each automatic collection CPython picks the oldest generation
@@ -175,8 +184,9 @@ def _freeze_loop(policy: _RunningPolicy) -> None:
         policy.periodic_freezes += 1
 
 
-def start_gc_policy(*, interval_s: float | None = None) -> bool:
-    """Start the policy in this process; ``False`` (and nothing changed) if it already runs.
+def start_policy(*, interval_s: float | None = None) -> bool:
+    """Start the policy in this process, whatever the env says; ``False`` (and nothing changed)
+    if it already runs. The worker calls this once its own options have turned the policy on.
 
     ``interval_s`` is the period of the background freeze; ``None`` reads
     ``DYN_FPM_GC_FREEZE_INTERVAL_S`` (WARNING and default when bad).
@@ -242,7 +252,7 @@ def start_gc_policy(*, interval_s: float | None = None) -> bool:
     return True
 
 
-def stop_gc_policy(*, serving_freeze: bool = False) -> bool:
+def stop_policy(*, serving_freeze: bool = False) -> bool:
     """Stop the policy and put GC state back; ``False`` if it was not running.
 
     Stops the freeze thread, restores the saved thresholds exactly, unfreezes and collects the
@@ -289,7 +299,7 @@ def _refreeze_outcome(*, serving_freeze: bool, was_frozen: bool) -> str:
     return "left unfrozen (no serving freeze follows)"
 
 
-def gc_maintain() -> int:
+def maintain() -> int:
     """Unfreeze, collect, freeze: an untimed window in a long sweep. Returns objects collected.
 
     Only while the policy runs (0 otherwise): outside it, a freeze here would be a trace.
@@ -320,3 +330,100 @@ def gc_policy_state() -> dict:
         "freeze_thread_alive": bool(policy and policy.thread and policy.thread.is_alive()),
         "unsound_reason": unsound_build_reason(),
     }
+
+
+# --- Upstream Dynamo's public API (``dynamo.vllm.gc_policy`` in ai-dynamo 1.6.1) ---------------
+#
+# Same names, arguments and return types as upstream, so a call site written for upstream runs
+# here unchanged. What differs on purpose (see docs/upstream.md): importing this module starts
+# nothing; a bad env value is refused or warned about instead of silently clamped; stop freezes
+# the heap again only if it was frozen before; gc_maintain outside the policy changes nothing.
+
+
+def start_gc_policy() -> bool:
+    """Start the policy if ``DYN_FPM_GC_POLICY`` says ``freeze`` (any case, blanks ignored).
+
+    Upstream's env-gated start: nothing happens, and ``False`` is returned, unless the env turns
+    the policy on; then it runs with ``DYN_FPM_GC_FREEZE_INTERVAL_S`` (a bad value: WARNING and
+    the default) and ``True`` is returned, also when it was already running.
+    """
+    config = policy_config_from_env()
+    if not config.enabled:
+        return False
+    start_policy(interval_s=config.interval_s)
+    return True
+
+
+def stop_gc_policy() -> None:
+    """Stop the policy and put GC state back (idempotent; nothing to do if it never started)."""
+    stop_policy()
+
+
+def gc_maintain() -> int:
+    """Reclaim the garbage the policy deferred (unfreeze, collect, freeze), from an untimed window.
+
+    Returns the number of objects in the permanent generation afterwards, as upstream does
+    (``gc.get_freeze_count()``: a walk of the frozen heap, so never call it per step). Outside the
+    policy it changes nothing and only reports that count.
+    """
+    maintain()
+    return gc.get_freeze_count()
+
+
+class FpmGcWorkerExtension:
+    """vLLM worker extension: ``fpm_gc_start``, ``fpm_gc_stop``, ``fpm_gc_maintain``, ``fpm_gc_state``.
+
+    Pass ``dynamo.vllm.gc_policy.FpmGcWorkerExtension`` (upstream's path) or
+    ``dynamo.vllm.worker_extension.FpmGcWorkerExtension`` (the same class) as vLLM's
+    ``worker_extension_cls``; see :mod:`dynamo.vllm.worker_extension` for how ranks load it. It
+    has no ``__init__`` and keeps no state on ``self`` (vLLM never calls an extension's
+    initialiser): the state lives in this module, one per process. The first three methods
+    return what upstream's return.
+    """
+
+    def fpm_gc_start(self) -> bool:
+        """Start the policy in this rank if its env turns it on; ``True`` when it runs after."""
+        _ensure_rank_logging()
+        config = policy_config_from_env()
+        if not config.enabled:
+            logger.warning(
+                "GC policy not started in pid %d: its DYN_FPM_GC_POLICY is %r",
+                os.getpid(),
+                config.policy,
+            )
+            return False
+        start_policy(interval_s=config.interval_s)
+        return True
+
+    def fpm_gc_stop(self) -> None:
+        """Stop the policy in this rank (idempotent).
+
+        The rank's heap is frozen again only if it was frozen before the policy started (vLLM
+        freezes its engine-core processes after init): a rank has no serving freeze of its own.
+        """
+        stop_policy()
+
+    def fpm_gc_maintain(self) -> int:
+        """:func:`gc_maintain` in this rank: the permanent generation's size afterwards."""
+        return gc_maintain()
+
+    def fpm_gc_state(self) -> dict:
+        """Thresholds, enabled flag, freeze count, whether the policy runs, pid.
+
+        ``freeze_count`` walks the permanent generation: a diagnostic call, never per step.
+        """
+        state = gc_policy_state()
+        state["freeze_count"] = gc.get_freeze_count()
+        state["heap_frozen"] = state["freeze_count"] > INTERPRETER_RESIDUE_MAX
+        return state
+
+
+def _ensure_rank_logging() -> None:
+    """In a rank nobody configured logging for (a vLLM worker process), log like our processes.
+
+    vLLM sets up its own ``vllm`` logger only; without this, this module's INFO lines in a real
+    vLLM rank would reach nobody. Our own processes (and mock ranks) already have the handler.
+    """
+    from dynamo.common import logging_setup
+
+    logging_setup.ensure_logging(label="vllm rank")

@@ -43,10 +43,10 @@ import json
 
 from aiohttp import web
 
-from dynamo.common import lifecycle
+from dynamo.common import lifecycle, logging_setup
+from dynamo.common.configuration import upstream
 from dynamo.common.configuration.drain_options import DEFAULT_DRAIN_TIMEOUT_S
 from dynamo.common.http_server import REQUEST_PLANE_MAX_BODY_BYTES, GuardedRunner
-from dynamo.common.logging_setup import configure_logging
 from dynamo.common.request_drain import END_BOUND_S, RequestDrain
 from dynamo.common.metrics import DynamoMetrics
 from dynamo.common.system_server import start_system_server
@@ -54,13 +54,14 @@ from dynamo.common.utils import gc_freeze
 from dynamo.runtime.discovery import ModelRecord
 from dynamo.runtime.discovery_backend import Discovery, Registration, open_discovery
 from dynamo.runtime.request_plane import add_request_plane_routes
-from dynamo.vllm import backend_args, engine_factory, startup_checks
+from dynamo.vllm import backend_args, engine_factory, reachability, startup_checks
 from dynamo.vllm.engine import Engine, EngineUnavailable
 from dynamo.vllm.ranks import RankError
 from dynamo.vllm.startup_checks import StartupError
 
 logger = logging.getLogger(__name__)
 
+PROG = "python -m dynamo.vllm"
 FREEZE_CONTEXT = "vllm worker"
 # How long a drain waits for in-flight requests before aborting them. Long enough for a chat
 # completion to finish, short enough for a Kubernetes default terminationGracePeriodSeconds.
@@ -278,6 +279,23 @@ async def open_request_plane(
     return plane
 
 
+async def warn_if_unreachable(config: argparse.Namespace, endpoint: str) -> str | None:
+    """One WARNING when the advertised request plane is loopback but other hosts read the
+    discovery record (see :mod:`dynamo.vllm.reachability`); off the loop: it may resolve a name.
+
+    """
+    reason = await asyncio.to_thread(
+        reachability.unreachable_reason,
+        endpoint,
+        config.discovery_backend,
+        config.discovery_dir,
+        [endpoint.url for endpoint in config.etcd_endpoints],
+    )
+    if reason is not None:
+        logger.warning(reason)
+    return reason
+
+
 async def register_model(registration: Registration, model: str, endpoint: str) -> ModelRecord:
     """Publish this worker's model; the frontend routes to it from the moment this returns.
 
@@ -363,6 +381,7 @@ async def _start_and_serve(
         worker_extension_cls=getattr(config, "worker_extension_cls", None),
     )
     plane = await open_request_plane(config, engine, cleanup)
+    await warn_if_unreachable(config, plane.endpoint)
     # Before engine init: a store that is down shows in the log at once, not after a minute.
     registration = await connect_discovery(discovery, config, cleanup)
 
@@ -416,6 +435,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments, an engine that cannot run here), 1 when a start-up step fails (a taken port)."""
     try:
         config = backend_args.parse_args(argv)
+        log_levels = logging_setup.log_levels_or_exit(PROG)  # DYN_LOG, as upstream
         if config.self_benchmark_points > 0:
             # Before the engine exists: its ranks must load the GC policy's worker extension
             # (a conflicting user extension exits 2 here), and read the policy from their
@@ -433,7 +453,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:  # EtcdSettingsError: credentials that cannot work
         print(f"{startup_checks.PROG}: error: {exc}", file=sys.stderr)
         return 2
-    configure_logging()
+    logging_setup.configure_logging(log_levels)
+    logging_setup.warn_unmatched_targets(log_levels)
+    upstream.warn_ignored_env(PROG, upstream.declared_names(backend_args.ALL_OPTIONS))
     logger.info(
         "Worker options: model=%s engine=%s discovery_backend=%s discovery_dir=%s discovery_ttl=%g "
         "request_plane=%s:%s freeze_gc_heap=%s gc_pause_log_ms=%g self_benchmark_points=%d",

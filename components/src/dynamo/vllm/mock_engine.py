@@ -11,9 +11,9 @@ It gives the GC layer a real engine loop to live in without vLLM:
   The mock has no end-of-sequence token, so a request that runs to the end always stops at
   ``max_tokens`` with ``finish_reason == "length"``. Closing the stream early (client
   disconnect, drain timeout) aborts the request; aborts are counted.
-* ``start`` (engine init) builds the optional synthetic long-lived heap of
-  ``--mock-heap-objects`` tracked objects and keeps it on the engine for the life of the
-  process, like a real engine's imports and tokenizer tables.
+* ``start`` (engine init) takes ``--mock-init-ms`` (default 0), then builds the optional
+  synthetic long-lived heap of ``--mock-heap-objects`` tracked objects and keeps it on the
+  engine for the life of the process, like a real engine's imports and tokenizer tables.
 * ``forward_pass`` / ``collective_rpc`` run on lockstep rank processes
   (:mod:`dynamo.vllm.ranks`), started only when the self-benchmark is configured or
   ``--tensor-parallel-size`` > 1.
@@ -51,6 +51,7 @@ class MockEngine:
         *,
         token_ms: float = 5.0,
         heap_objects: int = 0,
+        init_ms: float = 0.0,
         tensor_parallel_size: int = 1,
         use_ranks: bool = False,
         worker_extension_cls: str | None = None,
@@ -58,6 +59,7 @@ class MockEngine:
         self.model_name = model_name
         self.token_s = token_ms / 1000.0
         self.heap_objects = heap_objects
+        self.init_s = init_ms / 1000.0
         self.tensor_parallel_size = tensor_parallel_size
         # Rank processes cost a spawn each; only the self-benchmark and lockstep TP need them.
         self.use_ranks = use_ranks or tensor_parallel_size > 1
@@ -77,6 +79,7 @@ class MockEngine:
             config.model,
             token_ms=config.mock_token_ms,
             heap_objects=config.mock_heap_objects,
+            init_ms=getattr(config, "mock_init_ms", 0.0),
             tensor_parallel_size=getattr(config, "tensor_parallel_size", 1),
             use_ranks=getattr(config, "self_benchmark_points", 0) > 0,
             worker_extension_cls=worker_extension_cls,
@@ -90,6 +93,10 @@ class MockEngine:
     async def start(self) -> None:
         if self.started:
             return
+        if self.init_s > 0:
+            # The simulated weight loading of --mock-init-ms; a signal cancels it like any init.
+            logger.info("Mock engine: engine init takes %g ms (--mock-init-ms)", self.init_s * 1e3)
+            await asyncio.sleep(self.init_s)
         if self.use_ranks:
             # Imported lazily: the rank machinery (multiprocessing) is only paid for when used.
             from dynamo.vllm.ranks import RankGroup

@@ -25,7 +25,7 @@ import traceback
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
-from dynamo.common.logging_setup import configure_logging
+from dynamo.common.logging_setup import LogLevels, configure_logging, current_log_levels
 
 logger = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ def _rank_main(
     world_size: int,
     conn,
     worker_extension_cls: str | None,
-    log_level: int,
+    log_level: int | LogLevels,
     exiting,
 ):
     """Entry point of a rank process (spawned: a fresh interpreter, this module imported).
@@ -234,7 +234,7 @@ class RankGroup:
         context = multiprocessing.get_context("spawn")
         # One thread per rank: every rank's reply is awaited at once (lockstep).
         self._executor = ThreadPoolExecutor(max_workers=self.size, thread_name_prefix="rank-pipe")
-        log_level = logging.getLogger().getEffectiveLevel()
+        log_level = current_log_levels()  # the parent's DYN_LOG levels, targets included
         try:
             for rank in range(self.size):
                 parent_conn, child_conn = context.Pipe(duplex=True)

@@ -218,7 +218,7 @@ async def run_sweep(
     results: list[PointResult] = []
     for index, (batch, seq) in enumerate(points):
         if maintain_every and index and index % maintain_every == 0:
-            collected = gc_policy.gc_maintain()  # untimed: between two measured points
+            collected = gc_policy.maintain()  # untimed: between two measured points
             await engine.collective_rpc("fpm_gc_maintain")
             logger.debug("GC maintain window before point %d: collected=%d", index, collected)
         started = time.perf_counter()
@@ -231,7 +231,7 @@ async def run_sweep(
 
 
 async def _start_policy(engine: Any, config: argparse.Namespace) -> None:
-    gc_policy.start_gc_policy(interval_s=config.fpm_gc_freeze_interval_s)
+    gc_policy.start_policy(interval_s=config.fpm_gc_freeze_interval_s)
     started = await engine.collective_rpc("fpm_gc_start")
     unpoliced = [rank for rank, running in enumerate(started) if not running]
     if unpoliced:
@@ -249,7 +249,7 @@ async def _stop_policy(
     # fpm_gc_stop is then a no-op instead of stopping without the serving-freeze hint.
     errors: list[Exception] = []
     try:
-        gc_policy.stop_gc_policy(serving_freeze=serving_freeze)
+        gc_policy.stop_policy(serving_freeze=serving_freeze)
     except Exception as exc:  # noqa: BLE001 - the ranks must still be stopped
         errors.append(exc)
     if ranks_alive:  # a rank group that lost a rank is shut down, the policy with its ranks

@@ -14,11 +14,27 @@ from dynamo.common.configuration import Choice, FiniteFloat, IntRange, Option, S
 POLICY_OFF = "off"
 POLICY_FREEZE = "freeze"
 
+
+@dataclass(frozen=True)
+class PolicyWord(Choice):
+    """``off`` or ``freeze``, in any case and with blanks around it, as upstream Dynamo reads
+    ``DYN_FPM_GC_POLICY`` (it strips and lowercases). Any other word is refused, where upstream
+    would take it for off."""
+
+    words: tuple[str, ...] = (POLICY_OFF, POLICY_FREEZE)
+
+    def parse(self, text: str) -> str:
+        return super().parse(text.strip().lower())
+
+    def describe(self) -> str:
+        return super().describe() + " (any case)"
+
+
 FPM_GC_POLICY = Option(
     name="fpm-gc-policy",
     env_var="DYN_FPM_GC_POLICY",
     default=POLICY_OFF,
-    kind=Choice((POLICY_OFF, POLICY_FREEZE)),
+    kind=PolicyWord(),
     metavar="{off,freeze}",
     help=(
         "GC policy during the self-benchmark: 'freeze' disables automatic gen2 collections and "
@@ -64,7 +80,9 @@ WORKER_EXTENSION_CLS = Option(
     help=(
         "Worker extension class mixed into every rank's worker (vLLM's worker_extension_cls). "
         "With the self-benchmark and --fpm-gc-policy freeze it defaults to "
-        "dynamo.vllm.worker_extension.FpmGcWorkerExtension; another class must subclass it"
+        "dynamo.vllm.worker_extension.FpmGcWorkerExtension (the same class as upstream's "
+        "dynamo.vllm.gc_policy.FpmGcWorkerExtension, which works too); another class must "
+        "subclass it"
     ),
 )
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import textwrap
 from typing import Mapping, Sequence
 
 import configargparse
 
+from . import upstream
 from .options import Option, Surface
 from .values import FiniteFloat, IntRange, parse_bool_word
 
@@ -112,13 +114,21 @@ class DynamoArgParser(configargparse.ArgParser):
         return [option.flag if enabled else "--no-" + option.name]
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Help lines wrapped at spaces only: a flag or a value such as ``round-robin`` is never
+    split at its hyphen across two lines (operators copy them from --help)."""
+
+    def _split_lines(self, text, width):
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
 def build_parser(surface: Surface, *, extra_options: Sequence[Option] = ()) -> DynamoArgParser:
     options = list(surface.options) + list(extra_options)
     parser = DynamoArgParser(
         prog=surface.program,
         description=surface.description,
         options=options,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=_HelpFormatter,
         # Only explicit env_var= options read the environment: no silent auto prefix.
         auto_env_var_prefix=None,
         args_for_setting_config_path=[],
@@ -143,6 +153,15 @@ def parse_surface(
     """
     parser = build_parser(surface)
     env_vars = dict(os.environ if env is None else env)
+    # Upstream Dynamo's names that mean nothing here: exit 2 with what to use instead, before
+    # argparse (or vLLM, for the worker's pass-through arguments) says only "unrecognized".
+    given = sys.argv[1:] if argv is None else argv
+    if not isinstance(given, str):
+        problem = upstream.rejected_problem(
+            surface.program, list(given), env_vars, upstream.declared_names(surface.options)
+        )
+        if problem is not None:
+            parser.error(problem)
     if allow_unknown:
         return parser.parse_known_args(argv, env_vars=env_vars)
     return parser.parse_args(argv, env_vars=env_vars)
