@@ -14,8 +14,9 @@ Lifecycle, each step logged at INFO, in this order:
 4. engine init (``await engine.start()``), then the optional self-benchmark;
 5. the serving freeze (``maybe_freeze_gc_heap``): after everything start-up allocates, before
    anything can be admitted. The listeners' few objects are frozen with the rest;
-6. mark the phase ``serving``, then ``register_model``: the frontend routes to this worker
-   only once its discovery record exists; from then on the record's heartbeat renews it (a
+6. mark the phase ``serving``, then ``register_model``: the record carries the model card the
+   engine resolved (served name, tokenizer directory, context length, EOS ids), and the
+   frontend routes to this worker only once it exists; from then on the record's heartbeat renews it (a
    worker that dies without removing it, SIGKILL included, is dropped after --discovery-ttl);
 7. serve until SIGTERM/SIGINT; then mark ``draining``, stop the heartbeat, remove the record
    (so the frontend stops routing here), let in-flight requests finish within a grace period
@@ -51,9 +52,10 @@ from dynamo.runtime.discovery import (
     RecordHeartbeat,
     heartbeat_interval_for,
 )
-from dynamo.runtime.request_plane import add_request_plane_routes
+from dynamo.runtime.model_card import ModelCard
+from dynamo.runtime.request_plane import GenerateRequest, add_request_plane_routes
 from dynamo.vllm import backend_args, engine_factory, startup_checks
-from dynamo.vllm.engine import Engine, EngineUnavailable
+from dynamo.vllm.engine import Engine, EngineInitFailed, EngineUnavailable
 from dynamo.vllm.startup_checks import StartupError
 
 logger = logging.getLogger(__name__)
@@ -125,7 +127,9 @@ class RequestPlaneServer:
         self.aborted = 0
         self._closed = False
         app = web.Application()
-        add_request_plane_routes(app, self._generate, self._admitting)
+        add_request_plane_routes(
+            app, self._generate, self._admitting, served_model_name=engine.served_model_name
+        )
         # aiohttp waits up to shutdown_timeout for running handlers on cleanup, then cancels
         # them: exactly "finish in-flight requests, bounded". No access log: one INFO line per
         # request would drown the lifecycle lines under load.
@@ -136,7 +140,7 @@ class RequestPlaneServer:
         # Nothing is admitted before the phase is `serving` (see run_worker) nor while draining.
         return lifecycle.current_phase() is lifecycle.Phase.SERVING
 
-    async def _generate(self, request: dict) -> AsyncIterator[dict]:
+    async def _generate(self, request: GenerateRequest) -> AsyncIterator[dict]:
         self.in_flight += 1
         finished = False
         try:
@@ -258,23 +262,33 @@ async def open_request_plane(
 
 
 def register_model(
-    store: DiscoveryStore, model: str, endpoint: str, *, heartbeat_interval_s: float
+    store: DiscoveryStore, card: ModelCard, endpoint: str, *, heartbeat_interval_s: float
 ) -> ModelRecord:
-    """Publish this worker's model; the frontend routes to it from the moment this returns.
+    """Publish this worker's model and its card; the frontend routes to it from the moment this
+    returns.
 
-    The record is a lease (heartbeat 0): unless renewed every ``heartbeat_interval_s`` (see
-    :class:`RecordHeartbeat`), the frontend treats it as gone after its TTL.
+    The record's model is the card's served name. The record is a lease (heartbeat 0): unless
+    renewed every ``heartbeat_interval_s`` (see :class:`RecordHeartbeat`), the frontend treats
+    it as gone after its TTL.
     """
     record = ModelRecord(
-        model=model, endpoint=endpoint, heartbeat=0, heartbeat_interval_s=heartbeat_interval_s
+        model=card.served_model_name,
+        endpoint=endpoint,
+        heartbeat=0,
+        heartbeat_interval_s=heartbeat_interval_s,
+        card=card,
     )
     store.register(record)
     logger.info(
-        "Model registered: model=%s instance=%s endpoint=%s heartbeat every %g s",
+        "Model registered: model=%s instance=%s endpoint=%s heartbeat every %g s "
+        "tokenizer=%s context_length=%d eos_token_ids=%s",
         record.model,
         record.instance_id,
         record.endpoint,
         heartbeat_interval_s,
+        card.tokenizer_path,
+        card.context_length,
+        list(card.eos_token_ids),
     )
     return record
 
@@ -329,7 +343,12 @@ async def _start_and_serve(
     )
     plane = await open_request_plane(config, engine, cleanup)
 
-    logger.info("Engine init: starting the %s engine for model %s", config.engine, config.model)
+    logger.info(
+        "Engine init: starting the %s engine for model %s (served as %s)",
+        config.engine,
+        config.model,
+        engine.served_model_name,
+    )
     began = time.perf_counter()
     cleanup.push_async_callback(shutdown_engine, engine)
     await engine.start()
@@ -353,7 +372,9 @@ async def _start_and_serve(
     lifecycle.mark_serving("register_model")
     store = DiscoveryStore(config.discovery_dir)
     interval_s = heartbeat_interval_for(config.discovery_ttl)
-    record = register_model(store, config.model, plane.endpoint, heartbeat_interval_s=interval_s)
+    record = register_model(
+        store, engine.model_card, plane.endpoint, heartbeat_interval_s=interval_s
+    )
     cleanup.callback(unregister_model, store, record)
     # Pushed after the unregister, so it unwinds before it: a renewal after the removal would
     # write the record back.
@@ -362,7 +383,7 @@ async def _start_and_serve(
     heartbeat.start()
 
     signals.serving()
-    logger.info("Worker serving model %s; stop it with SIGTERM or SIGINT", config.model)
+    logger.info("Worker serving model %s; stop it with SIGTERM or SIGINT", record.model)
     reason = await signals.wait()
     # Draining refuses new requests at once; the heartbeat stops and the record is removed next
     # (the exit stack), then in-flight requests finish within the grace period, then the engine
@@ -380,7 +401,8 @@ def _consume_cancellation() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Exit codes: 0 after a signal (or --help), 2 for bad input (flags, env vars, paths, vLLM's
-    arguments, an engine that cannot run here), 1 when a start-up step fails (a taken port)."""
+    arguments, an engine that cannot run here, a bad mock model directory), 1 when a start-up
+    step fails (a taken port, engine init)."""
     try:
         config = backend_args.parse_args(argv)
         if config.self_benchmark_points > 0:
@@ -396,9 +418,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _exit_code(exc)
     configure_logging()
     logger.info(
-        "Worker options: model=%s engine=%s discovery_dir=%s discovery_ttl=%g "
+        "Worker options: model=%s served_model_name=%s engine=%s discovery_dir=%s discovery_ttl=%g "
         "request_plane=%s:%s freeze_gc_heap=%s gc_pause_log_ms=%g self_benchmark_points=%d",
         config.model,
+        config.served_model_name or config.model,
         config.engine,
         config.discovery_dir,
         config.discovery_ttl,
@@ -422,7 +445,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except EngineUnavailable as exc:
         logger.error("Cannot start the worker: %s", exc)
         return 2
-    except StartupError as exc:
+    except (StartupError, EngineInitFailed) as exc:
         logger.error("Cannot start the worker: %s", exc)
         return 1
 
