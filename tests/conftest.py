@@ -38,3 +38,18 @@ def restore_gc_state():
     lifecycle._listeners[:] = listeners
     # A launcher's main() run in-process installs a stderr handler bound to this test's capture.
     logging_setup.remove_logging_handler()
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer_dir() -> str:
+    """The tiny model's tokenizer directory (make_tiny_model.py --tokenizer-only, cached): what
+    the mock engine's --model names."""
+    from tests.integration.harness import tiny_tokenizer_dir
+
+    return tiny_tokenizer_dir()
+
+
+@pytest.fixture
+def mock_worker_env(tiny_tokenizer_dir) -> dict[str, str]:
+    """The env that makes ``python -m dynamo.vllm`` the mock engine on the tiny tokenizer."""
+    return {"DYN_VLLM_ENGINE": "mock", "DYN_VLLM_MODEL": tiny_tokenizer_dir}

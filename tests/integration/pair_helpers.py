@@ -18,7 +18,9 @@ from typing import Iterator
 
 from dynamo.frontend.chat_processor import build_chat_processor
 from dynamo.frontend.chat_template import ChatMessage
+from dynamo.runtime.sampling import SamplingOptions
 from dynamo.vllm.mock_engine import mock_completion
+from dynamo.vllm.mock_model import load_mock_model
 from tests.integration import harness
 from tests.integration.harness import LISTENING_LINE, LauncherProcess
 
@@ -81,7 +83,10 @@ def expected_content(body: dict) -> str:
     """What the frontend must answer: the mock engine's tokens for this body, detokenised."""
     processor = build_chat_processor(body["model"])
     prompt = processor.render([ChatMessage(m["role"], m["content"]) for m in body["messages"]])
-    return processor.tokenizer.decode(mock_completion(processor.encode(prompt), body["max_tokens"]))
+    model = load_mock_model(harness.tiny_tokenizer_dir(), served_model_name=body["model"])
+    sampling = SamplingOptions(max_tokens=body["max_tokens"])
+    token_ids, _ = mock_completion(model, processor.encode(prompt), sampling)
+    return processor.tokenizer.decode(token_ids)
 
 
 def stream_events(url: str, body: dict, timeout: float = CLIENT_TIMEOUT_S) -> Iterator:

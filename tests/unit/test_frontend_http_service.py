@@ -24,7 +24,10 @@ from dynamo.frontend.model_registry import ModelRegistry
 from dynamo.frontend.worker_router import WorkerRouter, create_worker_session
 from dynamo.runtime.discovery import ModelRecord
 from dynamo.runtime.request_plane import add_request_plane_routes
+from dynamo.runtime.sampling import SamplingOptions
 from dynamo.vllm.mock_engine import MockEngine, mock_completion
+from dynamo.vllm.mock_model import load_mock_model
+from tests.integration.harness import tiny_tokenizer_dir
 
 MODEL = "unit-model"
 HELLO = [{"role": "user", "content": "héllo"}]
@@ -33,20 +36,27 @@ HELLO = [{"role": "user", "content": "héllo"}]
 def expected_content(messages: list[dict], max_tokens: int) -> str:
     processor = build_chat_processor(MODEL)
     prompt = processor.render([ChatMessage(m["role"], m["content"]) for m in messages])
-    return processor.tokenizer.decode(mock_completion(processor.encode(prompt), max_tokens))
+    token_ids, _ = mock_completion(
+        mock_model(), processor.encode(prompt), SamplingOptions(max_tokens=max_tokens)
+    )
+    return processor.tokenizer.decode(token_ids)
+
+
+def mock_model():
+    return load_mock_model(tiny_tokenizer_dir(), served_model_name=MODEL)
 
 
 @contextlib.asynccontextmanager
 async def request_plane_server(generate):
     app = web.Application()
-    add_request_plane_routes(app, generate, lambda: True)
+    add_request_plane_routes(app, generate, lambda: True, served_model_name=MODEL)
     async with TestServer(app, host="127.0.0.1") as server:
         yield f"http://127.0.0.1:{server.port}"
 
 
 @contextlib.asynccontextmanager
 async def mock_worker(token_ms: float = 0.0):
-    engine = MockEngine(MODEL, token_ms=token_ms)
+    engine = MockEngine(mock_model(), token_ms=token_ms)
     await engine.start()
     async with request_plane_server(engine.generate) as endpoint:
         yield engine, endpoint

@@ -118,8 +118,9 @@ class FrontendService:
         completion_id = oai.new_completion_id()
         plane_request = {
             "request_id": completion_id,
+            "model": chat.model,
             "token_ids": prompt_ids,
-            "max_tokens": chat.max_tokens,
+            "sampling": {"max_tokens": chat.max_tokens},  # request plane v2 (H10f: full fields)
         }
         try:
             first, stream = await self.router.open_stream(entry, plane_request)
