@@ -47,9 +47,9 @@ def mock_model():
 
 
 @contextlib.asynccontextmanager
-async def request_plane_server(generate):
+async def request_plane_server(generate, served_model_name: str = MODEL):
     app = web.Application()
-    add_request_plane_routes(app, generate, lambda: True, served_model_name=MODEL)
+    add_request_plane_routes(app, generate, lambda: True, served_model_name=served_model_name)
     async with TestServer(app, host="127.0.0.1") as server:
         yield f"http://127.0.0.1:{server.port}"
 

@@ -22,6 +22,8 @@ from dynamo.frontend.tokenizer import ByteTokenizer
 from dynamo.frontend.worker_router import WorkerRouter, create_worker_session
 from dynamo.runtime.discovery import ModelRecord
 from dynamo.vllm.mock_engine import MockEngine
+from dynamo.vllm.mock_model import load_mock_model
+from tests.integration.harness import tiny_tokenizer_dir
 from tests.integration.harness import wait_until
 from tests.unit.test_frontend_http_service import request_plane_server
 
@@ -93,9 +95,9 @@ class Service:
 
 
 async def _serve(pool: PreprocessPool, scenario):
-    engine = MockEngine(MODEL, token_ms=0.0)
+    engine = MockEngine(load_mock_model(tiny_tokenizer_dir(), served_model_name=MODEL), token_ms=0)
     await engine.start()
-    async with request_plane_server(engine.generate) as endpoint:
+    async with request_plane_server(engine.generate, MODEL) as endpoint:
         registry = ModelRegistry(build_chat_processor)
         registry.add_instance(ModelRecord(model=MODEL, endpoint=endpoint))
         session = create_worker_session()
