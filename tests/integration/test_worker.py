@@ -94,7 +94,7 @@ def test_freezes_once_after_engine_init_and_before_registering(worker):
     frozen = int(re.search(FREEZE_LINE, log).group(1))
     assert frozen >= HEAP_OBJECTS  # the engine's start-up heap is in the permanent generation
     order = [
-        line_index(log, r"Worker options: model=" + MODEL),
+        line_index(log, r"Worker options: model=\S+ served_model_name=" + MODEL),
         # Bound before engine init (a taken port fails at once); it admits nothing yet.
         line_index(log, r"Request plane listening on http://127\.0\.0\.1:\d+"),
         line_index(log, r"Engine init: starting the mock engine"),
@@ -203,7 +203,7 @@ def test_no_freeze_gc_heap_logs_no_freeze_and_serves(tmp_path):
     try:
         process.wait_for_log(REGISTERED_LINE)
         (record,) = records(tmp_path).values()
-        items = asyncio.run(generate(record.endpoint, {"token_ids": [3], "max_tokens": 2}))
+        items = asyncio.run(generate(record.endpoint, plane_request("no-freeze", [3], 2)))
     finally:
         assert process.stop() == 0
     assert items[-1]["completion_tokens"] == 2
