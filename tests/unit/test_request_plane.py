@@ -207,6 +207,7 @@ BAD_FIELDS = [
     ("sampling.max_tokens", ...), ("sampling.max_tokens", 0), ("sampling.max_tokens", 1.5),
     ("sampling.max_tokens", True), ("sampling.max_tokens", "5"),
     ("sampling.min_tokens", -1), ("sampling.min_tokens", 0.5), ("sampling.min_tokens", False),
+    ("sampling.min_tokens", 3),  # more than max_tokens (2): vLLM refuses it too
     ("sampling.temperature", -0.1), ("sampling.temperature", "0.5"),
     ("sampling.temperature", True), ("sampling.temperature", 1e400),
     ("sampling.top_p", 0), ("sampling.top_p", 1.01), ("sampling.top_p", "1"),

@@ -211,10 +211,18 @@ def test_a_stop_string_ends_the_completion(embedded, tiny_model):
     assert stop in tokenizer.decode(stopped)
 
 
-def test_bad_sampling_for_vllm_is_a_bad_request(embedded):
-    # A range both ends accept but vLLM's own checks refuse is a 400 too, never a crash.
-    with pytest.raises(BadGenerateRequest) as excinfo:
-        _collect(embedded, plane_request([5], 4, "min-gt-max", min_tokens=5))
+def test_sampling_vllm_refuses_is_a_bad_request(embedded):
+    # Options the wire format accepts but vLLM's own checks refuse are a 400, never a crash:
+    # min_tokens above max_tokens, built past our validation (as a peer of another version
+    # could send it).
+    options = SamplingOptions.model_construct(
+        **{**SamplingOptions(max_tokens=4).model_dump(), "min_tokens": 5}
+    )
+    request = GenerateRequest.model_construct(
+        request_id="min-gt-max", model="tiny", token_ids=[5], sampling=options
+    )
+    with pytest.raises(BadGenerateRequest, match="min_tokens") as excinfo:
+        _collect(embedded, request)
     assert excinfo.value.field == "sampling"
 
 

@@ -279,8 +279,10 @@ def test_the_frozen_worker_exits_without_leak_reports(real_vllm):
 def test_an_engine_that_fails_to_initialise_ends_the_worker_with_one_error_line(
     tiny_model, tmp_path
 ):
-    """vLLM's "Engine core initialization failed" (here: a KV cache too small for one block)
-    is one ERROR line naming the cause and exit 1, not a traceback of ours; nothing registers."""
+    """vLLM's "Engine core initialization failed" is one ERROR line naming the cause and exit 1,
+    not a traceback of ours; nothing registers. The cause here is vLLM's CPU memory check: with
+    no --kv-cache-memory-bytes it reserves --gpu-memory-utilization of the node's total memory,
+    and 1.0 is always more than is available."""
     args = [a for a in VLLM_ARGS if a not in ("--kv-cache-memory-bytes", "64M")]
     worker = LauncherProcess(
         "worker-init-fails",
@@ -290,7 +292,7 @@ def test_an_engine_that_fails_to_initialise_ends_the_worker_with_one_error_line(
             "--discovery-dir", str(tmp_path / "discovery"),
             "--request-plane-host", "127.0.0.1",
             *args,
-            "--kv-cache-memory-bytes", "1",
+            "--gpu-memory-utilization", "1.0",
         ],
         log_dir=tmp_path,
         env=OFFLINE_ENV,

@@ -12,7 +12,17 @@ from __future__ import annotations
 
 from typing import Annotated, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationInfo,
+    field_validator,
+)
 
 # Strict: a JSON number (an integer is fine), never a string or a boolean ("0.5" and true are
 # what a buggy peer sends; accepting them would hide the bug).
@@ -41,3 +51,12 @@ class SamplingOptions(BaseModel):
     # ignore_eos) and are not part of the returned text.
     stop_token_ids: tuple[Annotated[StrictInt, Field(ge=0)], ...] = ()
     ignore_eos: StrictBool = False
+
+    @field_validator("min_tokens")
+    @classmethod
+    def _min_tokens_fit_max_tokens(cls, value: int, info: ValidationInfo) -> int:
+        # vLLM refuses min_tokens > max_tokens too; named here, on the field, on both ends.
+        max_tokens = info.data.get("max_tokens")
+        if max_tokens is not None and value > max_tokens:
+            raise ValueError(f"must be at most max_tokens ({max_tokens})")
+        return value

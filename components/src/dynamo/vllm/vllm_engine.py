@@ -46,6 +46,11 @@ from vllm.inputs import TokensPrompt
 from vllm.sampling_params import RequestOutputKind
 
 try:
+    from vllm.exceptions import VLLMValidationError
+except ImportError:  # vLLM releases before it: SamplingParams raised ValueError
+    VLLMValidationError = ValueError  # type: ignore[misc,assignment]
+
+try:
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 except ImportError:  # vLLM releases before the utils split
     from vllm.utils import FlexibleArgumentParser  # type: ignore[no-redef]
@@ -334,7 +339,7 @@ class VllmEngine:
         self._check_prompt(prompt)
         try:
             params = sampling_params(request.sampling, self._model_defaults)
-        except ValueError as exc:  # vLLM's own checks (SamplingParams._verify_args)
+        except (ValueError, VLLMValidationError) as exc:  # SamplingParams._verify_args
             raise BadGenerateRequest(f"sampling: {one_line(exc)}", field="sampling") from None
         # The frontend's id is kept as a prefix for the logs; the suffix makes it unique in
         # vLLM, which rejects a request id that is still running.
