@@ -59,7 +59,8 @@ def run_worker(policy: str, ranks: int, points: int, heap: int, pause_log_ms: fl
     output = work_dir / f"points-{policy}-tp{ranks}.jsonl"
     log_path = work_dir / f"worker-{policy}-tp{ranks}.log"
     argv = [
-        sys.executable, "-m", "dynamo.vllm", "--engine", "mock", "--model", "self-bench",
+        sys.executable, "-m", "dynamo.vllm", "--engine", "mock",
+        "--model", bc.tiny_tokenizer_dir(), "--served-model-name", "self-bench",
         "--discovery-dir", str(work_dir / "discovery"), "--request-plane-host", "127.0.0.1",
         "--mock-heap-objects", str(heap), "--gc-pause-log-ms", str(pause_log_ms),
         "--self-benchmark-points", str(points), "--self-benchmark-output", str(output),

@@ -334,7 +334,8 @@ class Pair:
             engine_argv = ["--engine", "vllm", "--model", args.model_name, *common, *VLLM_ARGS]
             worker_env, worker_python = {**bench_env, **OFFLINE_ENV}, args.vllm_python
         else:
-            engine_argv = ["--engine", "mock", "--model", MODEL, *common,
+            engine_argv = ["--engine", "mock", "--model", bc.tiny_tokenizer_dir(),
+                           "--served-model-name", MODEL, *common,
                            "--mock-heap-objects", str(heap), "--mock-token-ms", str(args.token_ms)]
             worker_env, worker_python = bench_env, sys.executable
         self.worker = Process("worker", "dynamo.vllm", engine_argv, work_dir, worker_env,

@@ -36,6 +36,15 @@ DOCS_RESULTS = REPO_ROOT / "docs" / "results"
 SUPPORTED_VERSIONS = ((3, 10), (3, 11), (3, 12), (3, 13))
 
 
+def tiny_tokenizer_dir() -> str:
+    """The tiny model's tokenizer directory: the mock worker's ``--model`` (built with
+    ``tokenizers`` alone by make_tiny_model.py --tokenizer-only, once per machine, then cached)."""
+    import make_tiny_model  # scripts/ is on sys.path: the scripts import each other this way
+
+    out = make_tiny_model.build(make_tiny_model.DEFAULT_TOKENIZER_OUT, tokenizer_only=True)
+    return str(out)
+
+
 def add_mode_args(parser: argparse.ArgumentParser) -> None:
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="small sizes, under a minute")

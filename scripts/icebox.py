@@ -4,9 +4,13 @@
     ./dev.sh icebox                 # frontend on http://127.0.0.1:8000
     ./dev.sh icebox --port 8080     # another port (0 picks a free one)
 
-The worker (``python -m dynamo.vllm --model icebox-mock --mock-heap-objects 200000``) and the
-frontend (``python -m dynamo.frontend``) both run with the GC layer on (freeze at their
-quiescent start-up point) and log every GC pause of 20 ms or more. They share a private discovery
+The worker (``python -m dynamo.vllm --engine mock --model <tiny tokenizer dir>
+--served-model-name icebox-mock --mock-heap-objects 200000``) and the frontend (``python -m
+dynamo.frontend``) both run with the GC layer on (freeze at their
+quiescent start-up point) and log every GC pause of 20 ms or more. The tokenizer directory is the
+tiny model's (``scripts/make_tiny_model.py --tokenizer-only``: built with ``tokenizers`` alone,
+in a second, on first use, then cached): the mock engine echoes and counts in its vocabulary, and
+the frontend reads its tokenizer and chat template from the model card, as for a real model. They share a private discovery
 directory under a fresh temp dir, so no other worker on this machine joins the pair.
 
 Once the frontend lists the model, this prints a ready-to-paste curl command and where the logs
@@ -32,6 +36,8 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+import make_tiny_model  # scripts/ is on sys.path (this script's own directory)
 
 MODEL = "icebox-mock"
 HOST = "127.0.0.1"
@@ -176,13 +182,17 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
 
-    say(f"[icebox] starting the icebox pair in {run_dir}")
+    tokenizer_dir = make_tiny_model.build(
+        make_tiny_model.DEFAULT_TOKENIZER_OUT, tokenizer_only=True
+    )
+    say(f"[icebox] starting the icebox pair in {run_dir} (model: the tokenizer in {tokenizer_dir})")
     worker = Child(
         "worker",
         [
             "dynamo.vllm",
-            "--model", MODEL,
             "--engine", "mock",
+            "--model", str(tokenizer_dir),
+            "--served-model-name", MODEL,
             "--mock-heap-objects", str(args.mock_heap_objects),
             "--freeze-gc-heap",
             "--gc-pause-log-ms", PAUSE_LOG_MS,
@@ -253,8 +263,9 @@ def main(argv: list[str] | None = None) -> int:
         f"[icebox]   frontend {base_url} (pid {frontend.proc.pid}), "
         f"worker model {MODEL} (pid {worker.proc.pid})",
         *(f"[icebox]   {line}" for line in freezes),
-        "[icebox] send a chat completion (the mock engine echoes the prompt's tokens, then "
-        "counts):",
+        "[icebox] send a chat completion (the mock engine echoes the prompt's tokens up to its "
+        "first end-of-text token; with \"ignore_eos\": true it goes on counting through the "
+        "vocabulary):",
         "",
         "  " + curl_command(base_url, MODEL),
         "",

@@ -8,10 +8,15 @@ seeded random weights, saved with ``save_pretrained``. The model talks nonsense;
 real engine, with its real heap, can start and stream tokens in tests and benchmarks.
 
     python scripts/make_tiny_model.py [--out DIR] [--force]
+    python scripts/make_tiny_model.py --tokenizer-only [--out DIR] [--force]
 
 Prints the model directory on stdout. A second run reuses the directory when its recipe stamp
-matches (``--force`` rebuilds). Needs torch, transformers and tokenizers (the vLLM venv has them:
-scripts/setup_vllm_env.sh).
+matches (``--force`` rebuilds). The full model needs torch, transformers and tokenizers (the vLLM
+venv has them: scripts/setup_vllm_env.sh). ``--tokenizer-only`` writes just the tokenizer files
+(``tokenizer.json``, ``tokenizer_config.json``, ``chat_template.jinja``) with ``tokenizers``
+alone, in a second, from the default ``.venv-3.X``: the directory the mock engine
+(``python -m dynamo.vllm --engine mock --model DIR``) and the frontend use. Both modes write the
+same tokenizer files, so the mock counts in exactly the tiny model's vocabulary.
 
 Shape notes: hidden 64 with 2 heads gives head dim 32, the smallest vLLM's CPU attention
 supports; bfloat16 because vLLM's CPU platform runs in bfloat16 by default (it would downcast a
@@ -39,6 +44,7 @@ logger = logging.getLogger("make_tiny_model")
 
 CACHE_HOME = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
 DEFAULT_OUT = CACHE_HOME / "dynamo-gc" / "tiny-llama"
+DEFAULT_TOKENIZER_OUT = CACHE_HOME / "dynamo-gc" / "tiny-llama-tokenizer"
 STAMP_NAME = ".tiny-model-recipe.json"
 SEED = 20240601
 
@@ -49,7 +55,7 @@ SPECIAL_TOKENS = [BOS, EOS, PAD]
 
 # Changing anything here changes the stamp, so cached copies are rebuilt.
 RECIPE = {
-    "recipe_version": 1,
+    "recipe_version": 2,
     "vocab_size_target": 1024,
     "hidden_size": 64,
     "intermediate_size": 128,
@@ -62,8 +68,8 @@ RECIPE = {
     "seed": SEED,
 }
 
-# A plain template: role markers the tokenizer knows as ordinary text. The frontend of this
-# project applies its own template; this one is for vLLM's and transformers' own chat paths.
+# A plain template: role markers the tokenizer knows as ordinary text. The frontend renders it
+# (from chat_template.jinja) as transformers' apply_chat_template would.
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
     "{% for message in messages %}"
@@ -105,25 +111,31 @@ about the sea, the wind, the mountains and the rivers that run from them into th
 """
 
 
-def recipe_digest() -> str:
+def recipe_digest(*, tokenizer_only: bool = False) -> str:
     payload = json.dumps(
-        {"recipe": RECIPE, "template": CHAT_TEMPLATE, "corpus": CORPUS, "special": SPECIAL_TOKENS},
+        {
+            "recipe": RECIPE,
+            "template": CHAT_TEMPLATE,
+            "corpus": CORPUS,
+            "special": SPECIAL_TOKENS,
+            "tokenizer_only": tokenizer_only,
+        },
         sort_keys=True,
     )
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
-def is_built(out: Path) -> bool:
+def is_built(out: Path, *, tokenizer_only: bool = False) -> bool:
     try:
         stamp = json.loads((out / STAMP_NAME).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return stamp.get("digest") == recipe_digest()
+    return stamp.get("digest") == recipe_digest(tokenizer_only=tokenizer_only)
 
 
 def train_tokenizer():
+    """The tiny byte-level BPE tokenizer, with ``tokenizers`` alone (no transformers)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -134,19 +146,30 @@ def train_tokenizer():
         min_frequency=1,
         show_progress=False,
         special_tokens=SPECIAL_TOKENS,
-        # Every byte is in the vocabulary, so any text (and any of the frontend's bytes) encodes.
+        # Every byte is in the vocabulary, so any text encodes.
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     # Several copies of the corpus, so pair counts are large enough to order merges stably.
     tokenizer.train_from_iterator([CORPUS] * 8, trainer=trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        bos_token=BOS,
-        eos_token=EOS,
-        pad_token=PAD,
-        chat_template=CHAT_TEMPLATE,
-        model_max_length=RECIPE["max_position_embeddings"],
+    return tokenizer
+
+
+def write_tokenizer_files(tokenizer, out: Path) -> None:
+    """tokenizer.json, tokenizer_config.json and chat_template.jinja, as Hugging Face lays them
+    out (transformers' AutoTokenizer and vLLM load them; the frontend reads them directly)."""
+    tokenizer.save(str(out / "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": BOS,
+        "eos_token": EOS,
+        "pad_token": PAD,
+        "model_max_length": RECIPE["max_position_embeddings"],
+        "clean_up_tokenization_spaces": False,
+    }
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8"
     )
+    (out / "chat_template.jinja").write_text(CHAT_TEMPLATE, encoding="utf-8")
 
 
 def build_model(tokenizer):
@@ -154,7 +177,7 @@ def build_model(tokenizer):
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
-        vocab_size=len(tokenizer),
+        vocab_size=tokenizer.get_vocab_size(),
         hidden_size=RECIPE["hidden_size"],
         intermediate_size=RECIPE["intermediate_size"],
         num_hidden_layers=RECIPE["num_hidden_layers"],
@@ -162,9 +185,9 @@ def build_model(tokenizer):
         num_key_value_heads=RECIPE["num_key_value_heads"],
         head_dim=RECIPE["head_dim"],
         max_position_embeddings=RECIPE["max_position_embeddings"],
-        bos_token_id=tokenizer.convert_tokens_to_ids(BOS),
-        eos_token_id=tokenizer.convert_tokens_to_ids(EOS),
-        pad_token_id=tokenizer.convert_tokens_to_ids(PAD),
+        bos_token_id=tokenizer.token_to_id(BOS),
+        eos_token_id=tokenizer.token_to_id(EOS),
+        pad_token_id=tokenizer.token_to_id(PAD),
         tie_word_embeddings=False,
         dtype=RECIPE["dtype"],
     )
@@ -178,10 +201,11 @@ def build_model(tokenizer):
     return model
 
 
-def build(out: Path, *, force: bool = False) -> Path:
-    """Build the model into ``out`` unless a copy of this recipe is already there."""
+def build(out: Path, *, force: bool = False, tokenizer_only: bool = False) -> Path:
+    """Build the model (or only its tokenizer) into ``out`` unless a copy of this recipe is
+    already there."""
     out = out.expanduser().resolve()
-    if not force and is_built(out):
+    if not force and is_built(out, tokenizer_only=tokenizer_only):
         logger.info("reusing %s", out)
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -191,11 +215,12 @@ def build(out: Path, *, force: bool = False) -> Path:
     try:
         staging.chmod(0o755)  # mkdtemp's 0700 would outlive the rename
         tokenizer = train_tokenizer()
-        model = build_model(tokenizer)
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
+        if not tokenizer_only:
+            build_model(tokenizer).save_pretrained(staging)
+        write_tokenizer_files(tokenizer, staging)
+        stamp = {"digest": recipe_digest(tokenizer_only=tokenizer_only), "recipe": RECIPE}
         (staging / STAMP_NAME).write_text(
-            json.dumps({"digest": recipe_digest(), "recipe": RECIPE}, sort_keys=True, indent=1),
+            json.dumps({**stamp, "tokenizer_only": tokenizer_only}, sort_keys=True, indent=1),
             encoding="utf-8",
         )
         if out.exists():
@@ -204,21 +229,32 @@ def build(out: Path, *, force: bool = False) -> Path:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    logger.info("built %s (vocab %d)", out, len(tokenizer))
+    what = "tokenizer" if tokenizer_only else "model"
+    logger.info("built %s %s (vocab %d)", what, out, tokenizer.get_vocab_size())
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--out", type=Path, default=DEFAULT_OUT, help=f"model directory (default: {DEFAULT_OUT})"
+        "--out",
+        type=Path,
+        default=None,
+        help=f"model directory (default: {DEFAULT_OUT}; with --tokenizer-only "
+        f"{DEFAULT_TOKENIZER_OUT})",
+    )
+    parser.add_argument(
+        "--tokenizer-only",
+        action="store_true",
+        help="only the tokenizer files (needs tokenizers, no torch or transformers)",
     )
     parser.add_argument(
         "--force", action="store_true", help="rebuild even if the directory is current"
     )
     args = parser.parse_args(argv)
+    out = args.out or (DEFAULT_TOKENIZER_OUT if args.tokenizer_only else DEFAULT_OUT)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr)
-    print(build(args.out, force=args.force))
+    print(build(out, force=args.force, tokenizer_only=args.tokenizer_only))
     return 0
 
 

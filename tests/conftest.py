@@ -66,3 +66,9 @@ def tiny_tokenizer_dir(tmp_path_factory):
     from tests.tiny_tokenizer import build_tiny_tokenizer
 
     return build_tiny_tokenizer(tmp_path_factory.mktemp("tiny-tokenizer"))
+
+
+@pytest.fixture
+def mock_worker_env(tiny_tokenizer_dir) -> dict[str, str]:
+    """The env that makes ``python -m dynamo.vllm`` the mock engine on the tiny tokenizer."""
+    return {"DYN_VLLM_ENGINE": "mock", "DYN_VLLM_MODEL": str(tiny_tokenizer_dir)}

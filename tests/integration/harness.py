@@ -11,6 +11,7 @@ dynamo.frontend`` on 127.0.0.1, an ephemeral port, watching that directory) and
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import signal
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 DEFAULT_DEADLINE_S = 60.0
+MAKE_TINY_MODEL = Path(__file__).resolve().parents[2] / "scripts" / "make_tiny_model.py"
 POLL_S = 0.02
 
 
@@ -115,6 +117,27 @@ class LauncherProcess:
 LISTENING_LINE = r"HTTP service listening on (http://127\.0\.0\.1:\d+)"
 
 
+def tiny_tokenizer_dir() -> str:
+    """The tiny model's tokenizer directory (scripts/make_tiny_model.py --tokenizer-only, built
+    once per machine with ``tokenizers`` alone, then cached): the mock worker's ``--model``."""
+    global _tiny_tokenizer_dir
+    if _tiny_tokenizer_dir is None:
+        spec = importlib.util.spec_from_file_location("make_tiny_model", MAKE_TINY_MODEL)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        out = os.environ.get("DYNAMO_TINY_TOKENIZER_DIR") or module.DEFAULT_TOKENIZER_OUT
+        _tiny_tokenizer_dir = str(module.build(Path(out), tokenizer_only=True))
+    return _tiny_tokenizer_dir
+
+
+_tiny_tokenizer_dir: str | None = None
+
+
+def mock_worker_env() -> dict[str, str]:
+    """The env that makes ``python -m dynamo.vllm`` the mock engine on the tiny tokenizer."""
+    return {"DYN_VLLM_ENGINE": "mock", "DYN_VLLM_MODEL": tiny_tokenizer_dir()}
+
+
 def start_worker(
     name: str,
     log_dir: Path,
@@ -123,15 +146,16 @@ def start_worker(
     *args: str,
     env: dict[str, str] | None = None,
 ) -> LauncherProcess:
-    """``python -m dynamo.vllm --model MODEL --discovery-dir DIR *args`` (mock engine unless
-    ``args`` say otherwise), its output in ``log_dir/<name>.log``."""
+    """``python -m dynamo.vllm --engine mock --model <tiny tokenizer> --served-model-name MODEL
+    --discovery-dir DIR *args``, its output in ``log_dir/<name>.log``."""
     return LauncherProcess(
         name,
         "dynamo.vllm",
-        ["--model", model, "--discovery-dir", str(discovery_dir), *args],
+        ["--engine", "mock", "--model", tiny_tokenizer_dir(), "--served-model-name", model,
+         "--discovery-dir", str(discovery_dir), *args],
         log_dir=log_dir,
         env=env,
-    )
+    )  # fmt: skip
 
 
 def start_frontend(

@@ -20,7 +20,9 @@ import pytest
 
 from dynamo.frontend.chat_processor import build_chat_processor
 from dynamo.runtime import request_plane
+from dynamo.runtime.sampling import SamplingOptions
 from dynamo.vllm.mock_engine import mock_completion
+from dynamo.vllm.mock_model import load_mock_model
 from tests.integration import harness
 from tests.integration.harness import LISTENING_LINE, LauncherProcess
 
@@ -104,11 +106,15 @@ def chat_body(model: str, max_tokens: int = 16, stream: bool = False) -> dict:
 
 
 def expected_content(body: dict, card) -> str:
-    """What the frontend must answer: the mock engine's tokens for this body, decoded by the
-    model's own tokenizer (``card`` names its files)."""
+    """What the frontend must answer: the mock engine's tokens for this body (the prompt the
+    model's own template renders, the stop ids the frontend sends), decoded by the model's own
+    tokenizer (``card`` names its files)."""
     processor = build_chat_processor(card)
     ids = processor.encode_chat(processor.render(body["messages"]))
-    return processor.tokenizer.decode(mock_completion(ids, body["max_tokens"]))
+    model = load_mock_model(card.tokenizer_path, served_model_name=card.served_model_name)
+    sampling = SamplingOptions(max_tokens=body["max_tokens"], stop_token_ids=card.eos_token_ids)
+    token_ids, _ = mock_completion(model, ids, sampling)
+    return processor.tokenizer.decode(token_ids)
 
 
 def stream_events(url: str, body: dict, timeout: float = CLIENT_TIMEOUT_S) -> Iterator:

@@ -15,6 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dynamo.common.metrics import PAUSE_BUCKETS_S
+from tests.integration import harness
 from tests.integration.harness import LauncherProcess
 from tests.unit.test_metrics import STABLE_FAMILIES
 
@@ -76,7 +77,9 @@ def served(tmp_path_factory) -> dict[str, Served]:
         "worker",
         "dynamo.vllm",
         [
-            "--model", MODEL,
+            "--engine", "mock",
+            "--model", harness.tiny_tokenizer_dir(),
+            "--served-model-name", MODEL,
             "--discovery-dir", discovery,
             "--mock-heap-objects", "50000",
             "--system-host", "127.0.0.1",

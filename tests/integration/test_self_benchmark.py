@@ -165,7 +165,12 @@ def test_registers_after_the_benchmark_and_serves(benchmarked_worker):
 
     async def generate():
         async with aiohttp.ClientSession() as session:
-            request = {"request_id": "after-bench", "token_ids": [4, 5], "max_tokens": 3}
+            request = {
+                "request_id": "after-bench",
+                "model": MODEL,
+                "token_ids": [4, 5],
+                "sampling": {"max_tokens": 3},
+            }
             stream = request_plane.generate(session, record.endpoint, request)
             return [item async for item in stream]
 

@@ -19,7 +19,9 @@ import pytest
 
 from dynamo.runtime import request_plane
 from dynamo.runtime.discovery import DiscoveryStore, ModelRecord
+from dynamo.runtime.sampling import SamplingOptions
 from dynamo.vllm.mock_engine import mock_completion
+from dynamo.vllm.mock_model import load_mock_model
 from tests.integration import harness
 from tests.integration.harness import LauncherProcess, wait_until
 
@@ -38,6 +40,21 @@ def start_worker(name: str, directory: Path, *args: str, env=None) -> LauncherPr
 
 def records(directory: Path) -> dict[str, ModelRecord]:
     return DiscoveryStore(directory / "discovery").read_all()
+
+
+def plane_request(request_id: str, token_ids: list[int], max_tokens: int, **sampling) -> dict:
+    """A request-plane v2 body for MODEL."""
+    return {
+        "request_id": request_id,
+        "model": MODEL,
+        "token_ids": token_ids,
+        "sampling": {"max_tokens": max_tokens, **sampling},
+    }
+
+
+def expected_tokens(prompt: list[int], max_tokens: int) -> list[int]:
+    model = load_mock_model(harness.tiny_tokenizer_dir(), served_model_name=MODEL)
+    return mock_completion(model, prompt, SamplingOptions(max_tokens=max_tokens))[0]
 
 
 async def generate(endpoint: str, request: dict) -> list[dict]:
@@ -77,7 +94,7 @@ def test_freezes_once_after_engine_init_and_before_registering(worker):
     frozen = int(re.search(FREEZE_LINE, log).group(1))
     assert frozen >= HEAP_OBJECTS  # the engine's start-up heap is in the permanent generation
     order = [
-        line_index(log, r"Worker options: model=" + MODEL),
+        line_index(log, r"Worker options: model=\S+ served_model_name=" + MODEL),
         # Bound before engine init (a taken port fails at once); it admits nothing yet.
         line_index(log, r"Request plane listening on http://127\.0\.0\.1:\d+"),
         line_index(log, r"Engine init: starting the mock engine"),
@@ -108,11 +125,9 @@ def test_generate_streams_the_echo_tokens(worker):
     _, directory = worker
     (record,) = records(directory).values()
     prompt = [101, 102, 103]
-    items = asyncio.run(
-        generate(record.endpoint, {"request_id": "echo", "token_ids": prompt, "max_tokens": 6})
-    )
-    assert [item["token_ids"][0] for item in items[:-1]] == mock_completion(prompt, 6)
-    assert mock_completion(prompt, 6)[:3] == prompt
+    items = asyncio.run(generate(record.endpoint, plane_request("echo", prompt, 6)))
+    assert [item["token_ids"][0] for item in items[:-1]] == expected_tokens(prompt, 6)
+    assert expected_tokens(prompt, 6)[:3] == prompt
     assert items[-1] == {"finish_reason": "length", "prompt_tokens": 3, "completion_tokens": 6}
 
 
@@ -125,16 +140,16 @@ def test_client_disconnect_aborts_the_request_in_the_engine(worker):
             stream = request_plane.generate(
                 session,
                 record.endpoint,
-                {"request_id": "walks-away", "token_ids": [1], "max_tokens": 100_000},
+                plane_request("walks-away", [5], 100_000),
             )
             first = await stream.__anext__()
             await stream.aclose()  # leaves the response early: the connection is closed
             return first
 
-    assert asyncio.run(read_one_then_disconnect()) == {"token_ids": [1]}
+    assert asyncio.run(read_one_then_disconnect()) == {"token_ids": [5]}
     process.wait_for_log(r"request walks-away aborted after \d+ token")
     # The worker keeps serving after the abort.
-    items = asyncio.run(generate(record.endpoint, {"token_ids": [5], "max_tokens": 2}))
+    items = asyncio.run(generate(record.endpoint, plane_request("after", [5], 2)))
     assert items[-1]["finish_reason"] == "length"
 
 
@@ -149,7 +164,7 @@ def test_sigterm_removes_the_record_finishes_in_flight_requests_and_exits_0(tmp_
         async def stream_across_sigterm():
             async with aiohttp.ClientSession() as session:
                 items = []
-                request = {"request_id": "in-flight", "token_ids": [7, 8], "max_tokens": 200}
+                request = plane_request("in-flight", [7, 8], 200)
                 async for item in request_plane.generate(session, record.endpoint, request):
                     items.append(item)
                     if len(items) == 1:
@@ -168,7 +183,7 @@ def test_sigterm_removes_the_record_finishes_in_flight_requests_and_exits_0(tmp_
     finally:
         process.stop()
     assert items[-1] == {"finish_reason": "length", "prompt_tokens": 2, "completion_tokens": 200}
-    assert [item["token_ids"][0] for item in items[:-1]] == mock_completion([7, 8], 200)
+    assert [item["token_ids"][0] for item in items[:-1]] == expected_tokens([7, 8], 200)
     log = process.log()
     assert re.search(r"Draining: 1 request\(s\) in flight", log), log
     assert re.search(r"requests finished=1 aborted=0", log), log
@@ -188,7 +203,7 @@ def test_no_freeze_gc_heap_logs_no_freeze_and_serves(tmp_path):
     try:
         process.wait_for_log(REGISTERED_LINE)
         (record,) = records(tmp_path).values()
-        items = asyncio.run(generate(record.endpoint, {"token_ids": [3], "max_tokens": 2}))
+        items = asyncio.run(generate(record.endpoint, plane_request("no-freeze", [3], 2)))
     finally:
         assert process.stop() == 0
     assert items[-1]["completion_tokens"] == 2
@@ -248,7 +263,7 @@ def test_a_discovery_dir_that_is_a_file_exits_2_naming_flag_env_and_path(tmp_pat
     process = LauncherProcess(
         "file-discovery",
         "dynamo.vllm",
-        ["--model", MODEL],
+        ["--engine", "mock", "--model", MODEL],
         log_dir=tmp_path,
         env={"DYN_DISCOVERY_DIR": str(not_a_dir)},
     )

@@ -35,10 +35,18 @@ from dynamo.vllm import backend_args, self_benchmark_args
 
 REPO = Path(__file__).resolve().parents[2]
 
+def parse_worker(argv=None, env=None) -> argparse.Namespace:
+    """The worker's parse_args with its one required option (--model) given through its env
+    var, so each test can leave it out."""
+    env = dict(os.environ if env is None else env)
+    env.setdefault(backend_args.MODEL.env_var, "/models/some-model")
+    return backend_args.parse_args(argv, env)
+
+
 # Each program and the parse_args that reads its command line and env.
 PARSERS: dict[str, Callable[..., argparse.Namespace]] = {
     "python -m dynamo.frontend": frontend_args.parse_args,
-    "python -m dynamo.vllm": backend_args.parse_args,
+    "python -m dynamo.vllm": parse_worker,
 }
 MAIN_MODULES = {
     "python -m dynamo.frontend": "dynamo.frontend",
@@ -303,7 +311,7 @@ def test_pause_threshold_from_env_and_cli(gc_surface):
 
 def test_the_surfaces_read_only_their_own_env_vars():
     frontend = frontend_args.parse_args([], {"DYN_VLLM_FREEZE_GC_HEAP": "0"})
-    worker = backend_args.parse_args([], {"DYN_FREEZE_GC_HEAP": "0"})
+    worker = parse_worker([], {"DYN_FREEZE_GC_HEAP": "0"})
     assert frontend.freeze_gc_heap is True
     assert worker.freeze_gc_heap is True
 
@@ -311,7 +319,7 @@ def test_the_surfaces_read_only_their_own_env_vars():
 def test_parse_args_reads_os_environ_when_no_env_is_given(monkeypatch):
     monkeypatch.setenv("DYN_VLLM_GC_PAUSE_LOG_MS", "12")
     monkeypatch.setenv("DYN_FREEZE_GC_HEAP", "off")
-    assert backend_args.parse_args([]).gc_pause_log_ms == 12.0
+    assert parse_worker([]).gc_pause_log_ms == 12.0
     assert frontend_args.parse_args([]).freeze_gc_heap is False
 
 
@@ -471,22 +479,22 @@ def test_every_option_takes_a_good_value_and_cli_beats_env(program, option):
 
 
 def test_a_dash_word_after_a_text_option_is_not_taken_for_its_value(capsys):
-    err = expect_exit_2(capsys, backend_args.parse_args, ["--model", "-x"], {})
+    err = expect_exit_2(capsys, parse_worker, ["--model", "-x"], {})
     assert "argument --model: expected one argument" in err
     # Said explicitly, it is a value.
-    assert backend_args.parse_args(["--model=-weird-name"], {}).model == "-weird-name"
+    assert parse_worker(["--model=-weird-name"], {}).model == "-weird-name"
 
 
 def test_a_vllm_flag_after_a_text_option_is_not_swallowed_as_its_value(capsys):
     argv = ["--engine", "vllm", "--model", "--max-model-len", "256"]
-    err = expect_exit_2(capsys, backend_args.parse_args, argv, {})
+    err = expect_exit_2(capsys, parse_worker, argv, {})
     assert "argument --model: expected one argument" in err
 
 
 @pytest.mark.parametrize("value", ["-5", "-inf", "-1e3", "-x"])
 def test_a_dash_word_after_a_numeric_option_reaches_its_check(value, capsys):
     option = next(o for o in backend_args.OPTIONS if o.flag == "--mock-token-ms")
-    err = expect_exit_2(capsys, backend_args.parse_args, [option.flag, value], {})
+    err = expect_exit_2(capsys, parse_worker, [option.flag, value], {})
     assert_names_flag_env_and_value(err, option.flag, option.env_var, value)
 
 
@@ -494,8 +502,8 @@ def test_a_dash_word_after_a_numeric_option_reaches_its_check(value, capsys):
     "parse, argv",
     [
         (frontend_args.parse_args, ["--dyn-gc-pause-log", "5"]),
-        (backend_args.parse_args, ["--gc-pause-log", "5"]),
-        (backend_args.parse_args, ["--mock-token", "1"]),
+        (parse_worker, ["--gc-pause-log", "5", "--engine", "mock"]),
+        (parse_worker, ["--mock-token", "1", "--engine", "mock"]),
     ],
 )
 def test_abbreviated_flags_are_refused(parse, argv, capsys):
@@ -504,13 +512,13 @@ def test_abbreviated_flags_are_refused(parse, argv, capsys):
 
 
 def test_an_abbreviation_meant_for_vllm_goes_to_vllm():
-    config = backend_args.parse_args(["--engine", "vllm", "--tensor-parallel", "2"], {})
+    config = parse_worker(["--engine", "vllm", "--tensor-parallel", "2"], {})
     assert config.tensor_parallel_size == 1
     assert config.vllm_args == ["--tensor-parallel", "2"]
 
 
 def test_a_following_flag_is_not_taken_for_a_value(capsys):
-    err = expect_exit_2(capsys, backend_args.parse_args, ["--model", "--engine", "mock"], {})
+    err = expect_exit_2(capsys, parse_worker, ["--model", "--engine", "mock"], {})
     assert "--model" in err
 
 
@@ -524,22 +532,22 @@ POLICY = self_benchmark_args.FPM_GC_POLICY
 @pytest.mark.parametrize("source", ["env", "cli"])
 def test_self_benchmark_freeze_interval_rejects(value, source, capsys):
     argv, env = ([f"{INTERVAL.flag}={value}"], {}) if source == "cli" else ([], {INTERVAL.env_var: value})
-    err = expect_exit_2(capsys, backend_args.parse_args, argv, env)
+    err = expect_exit_2(capsys, parse_worker, argv, env)
     assert_names_flag_env_and_value(err, INTERVAL.flag, INTERVAL.env_var, value)
 
 
 @pytest.mark.parametrize("source", ["env", "cli"])
 def test_self_benchmark_policy_rejects_bogus(source, capsys):
     argv, env = ([POLICY.flag, "bogus"], {}) if source == "cli" else ([], {POLICY.env_var: "bogus"})
-    err = expect_exit_2(capsys, backend_args.parse_args, argv, env)
+    err = expect_exit_2(capsys, parse_worker, argv, env)
     assert_names_flag_env_and_value(err, POLICY.flag, POLICY.env_var, "bogus")
 
 
 def test_self_benchmark_defaults_and_values():
-    config = backend_args.parse_args([], {})
+    config = parse_worker([], {})
     assert config.fpm_gc_policy == "off"
     assert config.fpm_gc_freeze_interval_s == 60.0
-    config = backend_args.parse_args(
+    config = parse_worker(
         [], {POLICY.env_var: "freeze", INTERVAL.env_var: "1"}
     )
     assert config.fpm_gc_policy == "freeze"
@@ -630,7 +638,9 @@ def test_a_boolean_flag_given_a_value_exits_2_naming_flag_env_and_value(
 
 def test_a_value_after_double_dash_is_not_checked_as_a_boolean_flag():
     # After `--` every word is positional: with the vLLM engine it goes to vLLM untouched.
-    config = backend_args.parse_args(["--engine", "vllm", "--", "--freeze-gc-heap=0"], {})
+    config = backend_args.parse_args(
+        ["--engine", "vllm", "--model", "/m", "--", "--freeze-gc-heap=0"], {}
+    )
     assert "--freeze-gc-heap=0" in config.vllm_args
 
 
@@ -686,3 +696,20 @@ def test_a_bad_host_stops_the_program_with_exit_2_and_no_traceback(program):
             assert result.returncode == 2, result.stderr
             assert "Traceback" not in result.stderr, result.stderr
             assert_names_flag_env_and_value(result.stderr, option.flag, option.env_var, value)
+
+
+def test_the_worker_needs_a_model_naming_flag_and_env_var(capsys):
+    err = expect_exit_2(capsys, backend_args.parse_args, [], {})
+    assert "--model / DYN_VLLM_MODEL is required" in err
+    assert backend_args.parse_args([], {"DYN_VLLM_MODEL": "/m"}).model == "/m"
+
+
+def test_the_engine_is_vllm_unless_the_mock_is_chosen():
+    assert parse_worker([], {}).engine == "vllm"
+    assert parse_worker(["--engine", "mock"], {}).engine == "mock"
+    assert parse_worker([], {"DYN_VLLM_ENGINE": "mock"}).engine == "mock"
+
+
+def test_the_served_model_name_defaults_to_unset():
+    assert parse_worker([], {}).served_model_name is None
+    assert parse_worker(["--served-model-name", "tiny"], {}).served_model_name == "tiny"

@@ -24,6 +24,7 @@ from dynamo.runtime.discovery import (
 )
 from dynamo.vllm import backend_args, main as worker_main
 from tests.unit.watched_discovery import TTL_S, Watched
+from tests.integration.harness import mock_worker_env
 
 LOGGER = "dynamo.runtime.discovery"
 EXPIRED = (
@@ -324,7 +325,7 @@ def test_the_worker_renews_its_record_while_serving_and_stops_before_removing_it
     discovery_dir = tmp_path / "discovery"
     config = backend_args.parse_args(
         ["--discovery-dir", str(discovery_dir), "--discovery-ttl", "1", "--no-freeze-gc-heap"],
-        env={},
+        env=mock_worker_env(),
     )
     heartbeats_running_at_removal: list[list[asyncio.Task]] = []
     real_unregister = DiscoveryStore.unregister

@@ -183,11 +183,13 @@ def test_a_refused_name_exits_2_naming_it_and_what_to_use(entry, program, capsys
 def test_an_upstream_value_that_means_what_we_do_is_accepted(program, env):
     if set(env) & DECLARED[program]:
         pytest.skip("declared here now")
-    PARSERS[program]([], env)
+    PARSERS[program]([], {**env, "DYN_VLLM_MODEL": "/m"})  # the worker needs a model
 
 
 def test_a_refused_flag_after_double_dash_is_not_ours_to_judge():
-    config = backend_args.parse_args(["--engine", "vllm", "--", "--benchmark-mode", "agg"], {})
+    config = backend_args.parse_args(
+        ["--engine", "vllm", "--model", "/m", "--", "--benchmark-mode", "agg"], {}
+    )
     assert "--benchmark-mode" in config.vllm_args
 
 

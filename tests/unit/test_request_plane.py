@@ -19,25 +19,32 @@ from aiohttp.test_utils import TestServer
 from dynamo.runtime import request_plane
 from dynamo.runtime.request_plane import (
     GENERATE_PATH,
+    BadGenerateRequest,
+    GenerateRequest,
     WorkerUnavailable,
     add_request_plane_routes,
     generate,
     validate_generate_request,
 )
+from dynamo.runtime.sampling import SamplingOptions
 
 DEADLINE_S = 30.0
 
 
-async def echo_engine(request: dict) -> AsyncIterator[dict]:
+MODEL = "served-name"
+
+
+async def echo_engine(request: GenerateRequest) -> AsyncIterator[dict]:
     """Echo each prompt token back, one per step, up to max_tokens."""
     emitted = 0
-    for token in request["token_ids"][: request["max_tokens"]]:
+    max_tokens = request.sampling.max_tokens
+    for token in request.token_ids[:max_tokens]:
         await asyncio.sleep(0)
         emitted += 1
         yield {"token_ids": [token]}
     yield {
-        "finish_reason": "length" if emitted == request["max_tokens"] else "stop",
-        "prompt_tokens": len(request["token_ids"]),
+        "finish_reason": "length" if emitted == max_tokens else "stop",
+        "prompt_tokens": len(request.token_ids),
         "completion_tokens": emitted,
     }
 
@@ -45,7 +52,7 @@ async def echo_engine(request: dict) -> AsyncIterator[dict]:
 @contextlib.asynccontextmanager
 async def worker(handler, is_healthy: Callable[[], bool] = lambda: True):
     app = web.Application()
-    add_request_plane_routes(app, handler, is_healthy)
+    add_request_plane_routes(app, handler, is_healthy, served_model_name=MODEL)
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
     try:
@@ -86,7 +93,12 @@ async def collect(session, endpoint, request) -> list[dict]:
     return [item async for item in generate(session, endpoint, request)]
 
 
-REQUEST = {"request_id": "r1", "token_ids": [5, 6, 7], "max_tokens": 2}
+REQUEST = {
+    "request_id": "r1",
+    "model": MODEL,
+    "token_ids": [5, 6, 7],
+    "sampling": {"max_tokens": 2},
+}
 
 
 # --- the happy path -----------------------------------------------------------------------------
@@ -110,7 +122,7 @@ def test_items_reach_the_client_before_the_stream_ends():
     async def scenario():
         first_seen = asyncio.Event()
 
-        async def lockstep(request: dict) -> AsyncIterator[dict]:
+        async def lockstep(request: GenerateRequest) -> AsyncIterator[dict]:
             yield {"token_ids": [1]}
             await asyncio.wait_for(first_seen.wait(), DEADLINE_S / 2)
             yield {"token_ids": [2]}
@@ -127,18 +139,24 @@ def test_items_reach_the_client_before_the_stream_ends():
 
 
 def test_the_handler_gets_the_validated_request():
-    seen: list[dict] = []
+    seen: list[GenerateRequest] = []
 
-    async def recording(request: dict) -> AsyncIterator[dict]:
+    async def recording(request: GenerateRequest) -> AsyncIterator[dict]:
         seen.append(request)
         yield {"finish_reason": "stop", "prompt_tokens": 0, "completion_tokens": 0}
 
+    sampling = {"max_tokens": 9, "temperature": 0.5, "seed": 7, "stop": ["\n\n"], "top_k": -1}
+    request = GenerateRequest(
+        request_id="r2", model=MODEL, token_ids=[1, 2], sampling=SamplingOptions(**sampling)
+    )
+
     async def scenario():
         async with worker(recording) as (session, endpoint):
-            await collect(session, endpoint, {**REQUEST, "extra": "dropped"})
+            await collect(session, endpoint, request)  # the model, sent as its JSON
 
     run(scenario())
-    assert seen == [REQUEST]
+    assert seen == [request]
+    assert seen[0].sampling.stop == ("\n\n",) and seen[0].sampling.temperature == 0.5
 
 
 def test_health_is_200_while_healthy_and_503_while_draining():
@@ -158,50 +176,123 @@ def test_health_is_200_while_healthy_and_503_while_draining():
 
 # --- errors -------------------------------------------------------------------------------------
 
-BAD_BODIES = [
+NOT_JSON_BODIES = [
     pytest.param(b"{not json", id="not-json"),
     pytest.param(b"", id="empty"),
     pytest.param(b"\xff\xfe", id="not-utf8"),
     pytest.param(b"[1, 2]", id="array"),
-    pytest.param(b'{"max_tokens": 1}', id="no-token-ids"),
-    pytest.param(b'{"token_ids": "abc", "max_tokens": 1}', id="token-ids-str"),
-    pytest.param(b'{"token_ids": [1, "2"], "max_tokens": 1}', id="token-str"),
-    pytest.param(b'{"token_ids": [true], "max_tokens": 1}', id="token-bool"),
-    pytest.param(b'{"token_ids": [1]}', id="no-max-tokens"),
-    pytest.param(b'{"token_ids": [1], "max_tokens": 0}', id="max-tokens-0"),
-    pytest.param(b'{"token_ids": [1], "max_tokens": 1.5}', id="max-tokens-float"),
-    pytest.param(b'{"token_ids": [1], "max_tokens": true}', id="max-tokens-bool"),
-    pytest.param(b'{"token_ids": [1], "max_tokens": 1, "request_id": 7}', id="request-id-int"),
 ]
 
 
-@pytest.mark.parametrize("body", BAD_BODIES)
-def test_a_bad_body_is_a_400_and_never_reaches_the_engine(body):
-    called: list[dict] = []
+def _with(field: str, value) -> dict:
+    """REQUEST with one field (``sampling.x`` for a sampling field) set, or removed (...)."""
+    body = json.loads(json.dumps(REQUEST))
+    target, name = (body["sampling"], field[9:]) if field.startswith("sampling.") else (body, field)
+    if value is ...:
+        target.pop(name, None)
+    else:
+        target[name] = value
+    return body
 
-    async def engine(request: dict) -> AsyncIterator[dict]:
+
+# Every field of the v2 body, and every SamplingOptions field, with values it must refuse; the
+# 400 names the field (for a list item, the list: "token_ids.1", "sampling.stop.0").
+BAD_FIELDS = [
+    ("request_id", ...), ("request_id", 7), ("request_id", None),
+    ("model", ...), ("model", ""), ("model", 5),
+    ("token_ids", ...), ("token_ids", "abc"), ("token_ids", []), ("token_ids", [1, "2"]),
+    ("token_ids", [True]), ("token_ids", [-1]), ("token_ids", [1.5]),
+    ("sampling", ...), ("sampling", None), ("sampling", [1]),
+    ("max_tokens", ""),  # an unknown top-level field (the v1 body): refused, not ignored
+    ("sampling.max_tokens", ...), ("sampling.max_tokens", 0), ("sampling.max_tokens", 1.5),
+    ("sampling.max_tokens", True), ("sampling.max_tokens", "5"),
+    ("sampling.min_tokens", -1), ("sampling.min_tokens", 0.5), ("sampling.min_tokens", False),
+    ("sampling.min_tokens", 3),  # more than max_tokens (2): vLLM refuses it too
+    ("sampling.temperature", -0.1), ("sampling.temperature", "0.5"),
+    ("sampling.temperature", True), ("sampling.temperature", 1e400),
+    ("sampling.top_p", 0), ("sampling.top_p", 1.01), ("sampling.top_p", "1"),
+    ("sampling.top_k", -2), ("sampling.top_k", 2.5), ("sampling.top_k", "3"),
+    ("sampling.min_p", -0.1), ("sampling.min_p", 1.5), ("sampling.min_p", False),
+    ("sampling.seed", 1.5), ("sampling.seed", "7"), ("sampling.seed", True),
+    ("sampling.presence_penalty", 2.5), ("sampling.presence_penalty", -2.5),
+    ("sampling.presence_penalty", "0"),
+    ("sampling.frequency_penalty", 2.01), ("sampling.frequency_penalty", -3),
+    ("sampling.frequency_penalty", True),
+    ("sampling.repetition_penalty", 0), ("sampling.repetition_penalty", -1),
+    ("sampling.repetition_penalty", "1.1"),
+    ("sampling.stop", "\n"), ("sampling.stop", [""]), ("sampling.stop", [5]),
+    ("sampling.stop", None),
+    ("sampling.stop_token_ids", [-1]), ("sampling.stop_token_ids", ["1"]),
+    ("sampling.stop_token_ids", 5),
+    ("sampling.ignore_eos", "yes"), ("sampling.ignore_eos", 1), ("sampling.ignore_eos", None),
+    ("sampling.best_of", 2),  # not a sampling option of the wire format
+]  # fmt: skip
+
+
+def _post(body: bytes | dict, engine=None):
+    called: list = []
+
+    async def recording(request) -> AsyncIterator[dict]:
         called.append(request)
-        yield {"finish_reason": "stop"}
+        yield {"finish_reason": "stop", "prompt_tokens": 1, "completion_tokens": 0}
 
     async def scenario():
-        async with worker(engine) as (session, endpoint):
+        async with worker(engine or recording) as (session, endpoint):
+            kwargs = {"json": body} if isinstance(body, dict) else {"data": body}
             async with session.post(
-                endpoint + GENERATE_PATH,
-                data=body,
-                headers={"Content-Type": "application/json"},
+                endpoint + GENERATE_PATH, headers={"Content-Type": "application/json"}, **kwargs
             ) as response:
                 return response.status, await response.json()
 
     status, answer = run(scenario())
+    return status, answer, called
+
+
+@pytest.mark.parametrize("body", NOT_JSON_BODIES)
+def test_a_body_that_is_not_a_json_object_is_a_400_and_never_reaches_the_engine(body):
+    status, answer, called = _post(body)
     assert status == 400
     assert isinstance(answer["error"], str) and answer["error"]
     assert called == []
 
 
+@pytest.mark.parametrize(
+    "field, value", [pytest.param(f, v, id=f"{f}={v!r}") for f, v in BAD_FIELDS]
+)
+def test_a_bad_field_is_a_400_naming_it_and_never_reaches_the_engine(field, value):
+    status, answer, called = _post(_with(field, value))
+    assert status == 400, answer
+    assert answer["field"].split(".")[: len(field.split("."))] == field.split("."), answer
+    assert answer["error"].startswith(answer["field"] + ": "), answer
+    assert called == []
+
+
+def test_every_sampling_option_is_covered_by_the_bad_value_table():
+    covered = {f[9:] for f, _ in BAD_FIELDS if f.startswith("sampling.")}
+    assert set(SamplingOptions.model_fields) <= covered
+
+
+def test_a_request_for_another_model_is_a_400_naming_the_served_one():
+    status, answer, called = _post(_with("model", "someone-else"))
+    assert status == 400
+    assert answer["field"] == "model"
+    assert "'someone-else'" in answer["error"] and repr(MODEL) in answer["error"]
+    assert called == []
+
+
+def test_an_engine_refusing_the_prompt_before_its_first_item_is_a_400():
+    async def refusing(request) -> AsyncIterator[dict]:
+        raise BadGenerateRequest("the prompt is too long", field="token_ids")
+        yield {}  # an async generator  # pragma: no cover
+
+    status, answer, _ = _post(REQUEST, engine=refusing)
+    assert (status, answer) == (400, {"error": "the prompt is too long", "field": "token_ids"})
+
+
 def test_the_client_turns_a_400_into_worker_unavailable():
     async def scenario():
         async with worker(echo_engine) as (session, endpoint):
-            await collect(session, endpoint, {"token_ids": [1], "max_tokens": 0})
+            await collect(session, endpoint, _with("sampling.max_tokens", 0))
 
     with pytest.raises(WorkerUnavailable, match="400"):
         run(scenario())
@@ -210,7 +301,7 @@ def test_the_client_turns_a_400_into_worker_unavailable():
 def test_a_draining_worker_answers_503_and_the_client_raises():
     called: list[dict] = []
 
-    async def engine(request: dict) -> AsyncIterator[dict]:
+    async def engine(request: GenerateRequest) -> AsyncIterator[dict]:
         called.append(request)
         yield {"finish_reason": "stop"}
 
@@ -244,7 +335,7 @@ def test_a_closed_port_is_worker_unavailable():
 def test_a_stream_that_ends_without_finish_reason_is_worker_unavailable():
     received: list[dict] = []
 
-    async def unfinished(request: dict) -> AsyncIterator[dict]:
+    async def unfinished(request: GenerateRequest) -> AsyncIterator[dict]:
         yield {"token_ids": [1]}
         yield {"token_ids": [2]}
 
@@ -259,7 +350,7 @@ def test_a_stream_that_ends_without_finish_reason_is_worker_unavailable():
 
 
 def test_an_engine_failure_mid_stream_is_reported_in_band():
-    async def failing(request: dict) -> AsyncIterator[dict]:
+    async def failing(request: GenerateRequest) -> AsyncIterator[dict]:
         yield {"token_ids": [1]}
         raise RuntimeError("engine died")
 
@@ -272,7 +363,7 @@ def test_an_engine_failure_mid_stream_is_reported_in_band():
 
 
 def test_a_connection_dropped_mid_stream_is_worker_unavailable():
-    async def dropping(request: dict) -> AsyncIterator[dict]:
+    async def dropping(request: GenerateRequest) -> AsyncIterator[dict]:
         yield {"token_ids": [1]}
         raise ConnectionResetError("peer gone")  # the handler lets this through and aborts
 
@@ -317,7 +408,7 @@ def test_closing_the_client_stream_aborts_the_request_in_the_worker():
     async def scenario():
         aborted = asyncio.Event()
 
-        async def endless(request: dict) -> AsyncIterator[dict]:
+        async def endless(request: GenerateRequest) -> AsyncIterator[dict]:
             try:
                 n = 0
                 while True:
@@ -337,12 +428,33 @@ def test_closing_the_client_stream_aborts_the_request_in_the_worker():
     assert run(scenario()) == {"token_ids": [1]}
 
 
+def test_an_engine_failure_before_the_first_item_is_reported_in_band():
+    async def failing(request: GenerateRequest) -> AsyncIterator[dict]:
+        raise RuntimeError("engine died at once")
+        yield {}  # an async generator  # pragma: no cover
+
+    async def scenario():
+        async with worker(failing) as (session, endpoint):
+            await collect(session, endpoint, REQUEST)
+
+    with pytest.raises(WorkerUnavailable, match="engine died at once"):
+        run(scenario())
+
+
 # --- validation as a function (shared by both ends) --------------------------------------------
 
 
-def test_validate_generate_request_defaults_the_request_id():
-    assert validate_generate_request({"token_ids": [], "max_tokens": 1}) == {
-        "request_id": "",
-        "token_ids": [],
-        "max_tokens": 1,
-    }
+def test_validate_generate_request_returns_the_model_with_sampling_defaults():
+    request = validate_generate_request(REQUEST)
+    assert request == GenerateRequest(
+        request_id="r1", model=MODEL, token_ids=[5, 6, 7], sampling=SamplingOptions(max_tokens=2)
+    )
+    assert request.sampling.temperature is None and request.sampling.ignore_eos is False
+    assert request.model_dump(mode="json")["sampling"]["stop"] == []
+
+
+def test_validate_generate_request_names_the_first_bad_field():
+    with pytest.raises(BadGenerateRequest) as excinfo:
+        validate_generate_request(_with("sampling.top_p", 2))
+    assert excinfo.value.field == "sampling.top_p"
+    assert str(excinfo.value).startswith("sampling.top_p: ")

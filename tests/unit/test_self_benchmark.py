@@ -19,6 +19,7 @@ from dynamo.vllm.self_benchmark import (
 )
 from dynamo.vllm.mock_engine import MockEngine
 from dynamo.vllm.worker_extension import QUALNAME, FpmGcWorkerExtension
+from tests.integration.harness import mock_worker_env
 
 
 class PolicyAwareExtension(FpmGcWorkerExtension):
@@ -36,7 +37,9 @@ class UnrelatedExtension:
 
 
 def config_for(*argv: str, env: dict[str, str] | None = None):
-    return backend_args.parse_args(["--discovery-dir", "/nonexistent", *argv], env=env or {})
+    return backend_args.parse_args(
+        ["--discovery-dir", "/nonexistent", *argv], env={**mock_worker_env(), **(env or {})}
+    )
 
 
 BENCH_FREEZE = ("--self-benchmark-points", "10", "--fpm-gc-policy", "freeze")

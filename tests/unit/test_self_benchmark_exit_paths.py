@@ -19,6 +19,7 @@ from dynamo.vllm.mock_engine import MockEngine
 from dynamo.vllm.ranks import RankError
 from dynamo.vllm.self_benchmark import run_self_benchmark
 from dynamo.vllm.worker_extension import QUALNAME
+from tests.integration.harness import mock_worker_env
 
 POINTS = 30
 FAIL_AT = 12
@@ -97,7 +98,7 @@ def benchmark_config(tmp_path, *extra: str):
             "--fpm-gc-freeze-interval-s", "1",
             *extra,
         ],
-        env={},
+        env=mock_worker_env(),
     )
 
 

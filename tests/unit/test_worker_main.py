@@ -24,6 +24,7 @@ from dynamo.runtime import request_plane
 from dynamo.runtime.discovery import DiscoveryStore
 from dynamo.vllm import backend_args, main as worker_main
 from dynamo.vllm.mock_engine import MockEngine
+from tests.integration.harness import mock_worker_env
 
 
 async def until(condition, deadline_s: float = 30.0) -> None:
@@ -44,6 +45,13 @@ def sigterm_self() -> None:
 def forget_this_modules_freezes(monkeypatch):
     """The worker really freezes this process; its FreezeRecord must not outlive the test."""
     monkeypatch.setattr(gc_freeze, "_last_freeze", gc_freeze.last_freeze())
+
+
+@pytest.fixture(autouse=True)
+def the_mock_engine_on_the_tiny_tokenizer(monkeypatch):
+    """``main()`` reads os.environ: every worker here is the mock on the tiny tokenizer."""
+    for name, value in mock_worker_env().items():
+        monkeypatch.setenv(name, value)
 
 
 @pytest.fixture
@@ -104,6 +112,16 @@ def steps(mocker):
     return recorded
 
 
+def plane_request(request_id: str, record_model: str | None, max_tokens: int = 1) -> dict:
+    """A request-plane v2 body; the model is the served name (the tokenizer dir by default)."""
+    return {
+        "request_id": request_id,
+        "model": record_model or mock_worker_env()["DYN_VLLM_MODEL"],
+        "token_ids": [41],
+        "sampling": {"max_tokens": max_tokens},
+    }
+
+
 def names(recorded) -> list[str]:
     return [step for step, _, _ in recorded]
 
@@ -151,7 +169,7 @@ def test_freeze_after_engine_init_and_before_register_model(steps, discovery_dir
 
 def test_the_request_plane_refuses_requests_while_engine_init_runs(discovery_dir, mocker):
     """Bound early, the listener answers 503 (WorkerUnavailable) until the worker serves."""
-    config = backend_args.parse_args(["--discovery-dir", str(discovery_dir)], env={})
+    config = backend_args.parse_args(["--discovery-dir", str(discovery_dir)], env=mock_worker_env())
     planes: list[worker_main.RequestPlaneServer] = []
     real_open = worker_main.RequestPlaneServer.open
     answered = []
@@ -164,7 +182,7 @@ def test_the_request_plane_refuses_requests_while_engine_init_runs(discovery_dir
         (plane,) = planes
         async with aiohttp.ClientSession() as session:
             stream = request_plane.generate(
-                session, plane.endpoint, {"request_id": "early", "token_ids": [1], "max_tokens": 1}
+                session, plane.endpoint, plane_request("early", record_model=None)
             )
             with pytest.raises(request_plane.WorkerUnavailable):
                 await stream.__anext__()
@@ -360,7 +378,8 @@ def test_drain_aborts_requests_still_running_after_the_grace_period(discovery_di
     """SIGTERM while a request streams: record removed at once, request aborted after grace."""
     mocker.patch.object(worker_main, "DRAIN_GRACE_S", 0.2)
     config = backend_args.parse_args(
-        ["--discovery-dir", str(discovery_dir), "--mock-token-ms", "60000"], env={}
+        ["--discovery-dir", str(discovery_dir), "--mock-token-ms", "60000"],
+        env=mock_worker_env(),
     )
     engines: list[MockEngine] = []
     registered = asyncio.Event()
@@ -386,7 +405,7 @@ def test_drain_aborts_requests_still_running_after_the_grace_period(discovery_di
         (engine,) = engines
         async with aiohttp.ClientSession() as session:
             stream = request_plane.generate(
-                session, record.endpoint, {"request_id": "slow", "token_ids": [1], "max_tokens": 2}
+                session, record.endpoint, plane_request("slow", record.model, max_tokens=2)
             )
             first_item = asyncio.ensure_future(stream.__anext__())
             await until(lambda: engine.requests_started == 1)  # in the engine, mid-step

@@ -1,62 +1,235 @@
-"""The mock engine: token echo, aborts, the start-up heap, and delegation to the rank group."""
+"""The mock engine: its model card and vocabulary from a real tokenizer directory, the echo and
+count with vLLM's stop rules, aborts, the start-up heap, and delegation to the rank group."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import re
+import shutil
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
 from dynamo.common.utils.synthetic_heap import TRACKED_PER_UNIT
 from dynamo.vllm import backend_args, engine_factory
 from dynamo.vllm.engine import EngineUnavailable
+from dynamo.runtime.request_plane import BadGenerateRequest, GenerateRequest
+from dynamo.runtime.sampling import SamplingOptions
 from dynamo.vllm.mock_engine import MockEngine, mock_completion
+from dynamo.vllm.mock_model import BadModelDirectory, MockModel, load_mock_model
+from tests.integration.harness import mock_worker_env, tiny_tokenizer_dir
 
 
-async def collect(engine: MockEngine, request: dict) -> list[dict]:
-    return [item async for item in engine.generate(request)]
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> MockModel:
+    """The tiny model's tokenizer, loaded as the mock engine loads --model."""
+    return load_mock_model(tiny_tokenizer_dir(), served_model_name="m")
 
 
-def test_echoes_the_prompt_then_counts_up_to_max_tokens():
-    engine = MockEngine("m", token_ms=0)
-    request = {"request_id": "r", "token_ids": [41, 42], "max_tokens": 5}
-    items = asyncio.run(collect(engine, request))
-    assert [item["token_ids"] for item in items[:-1]] == [[41], [42], [2], [3], [4]]
+def request(token_ids: list[int], max_tokens: int, request_id: str = "r", **sampling):
+    return GenerateRequest(
+        request_id=request_id,
+        model="m",
+        token_ids=token_ids,
+        sampling=SamplingOptions(max_tokens=max_tokens, **sampling),
+    )
+
+
+async def collect(engine: MockEngine, plane_request: GenerateRequest) -> list[dict]:
+    return [item async for item in engine.generate(plane_request)]
+
+
+def streamed(items: list[dict]) -> list[int]:
+    return [t for item in items[:-1] for t in item["token_ids"]]
+
+
+def encode(model: MockModel, text: str) -> list[int]:
+    return model.tokenizer.encode(text).ids
+
+
+# --- the model card and the vocabulary, from the tokenizer directory ---------------------------
+
+
+def test_the_card_comes_from_the_tiny_tokenizer_directory(tiny):
+    card = tiny.card
+    directory = str(Path(tiny_tokenizer_dir()).resolve())
+    assert card.served_model_name == "m"
+    assert card.model_path == card.tokenizer_path == directory
+    assert card.context_length == 512  # tokenizer_config.json model_max_length
+    eos = tiny.tokenizer.token_to_id("<|end_of_text|>")
+    assert card.eos_token_ids == (eos,)
+    assert card.chat_template_path is None
+    assert tiny.vocab_size == tiny.tokenizer.get_vocab_size() and tiny.vocab_size > 500
+    assert tiny.special_ids == {0, 1, 2}  # BOS, EOS, pad
+    assert tiny.ordinary_ids[0] == 3 and len(tiny.ordinary_ids) == tiny.vocab_size - 3
+
+
+def test_the_served_name_defaults_to_the_model_directory(tmp_path):
+    model = load_mock_model(tiny_tokenizer_dir())
+    assert model.card.served_model_name == tiny_tokenizer_dir()
+
+
+def test_context_length_from_config_json_or_the_option(tmp_path):
+    directory = tmp_path / "model"
+    shutil.copytree(tiny_tokenizer_dir(), directory)
+    (directory / "config.json").write_text(json.dumps({"max_position_embeddings": 96}))
+    assert load_mock_model(str(directory)).card.context_length == 96
+    assert load_mock_model(str(directory), max_model_len=40).card.context_length == 40
+
+
+def test_generation_config_eos_ids_are_added_after_the_tokenizers(tmp_path):
+    directory = tmp_path / "model"
+    shutil.copytree(tiny_tokenizer_dir(), directory)
+    (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 1, 9]}))
+    assert load_mock_model(str(directory)).card.eos_token_ids == (1, 7, 9)
+
+
+def test_a_chat_template_override_is_published_as_an_absolute_path(tmp_path):
+    template = tmp_path / "t.jinja"
+    template.write_text("{{ messages }}")
+    model = load_mock_model(tiny_tokenizer_dir(), chat_template=str(template))
+    assert model.card.chat_template_path == str(template)
+
+
+@pytest.mark.parametrize(
+    "setup, message",
+    [
+        ("missing", "is not a directory"),
+        ("empty", "has no tokenizer.json"),
+        ("garbage", "cannot be loaded"),
+        ("no-context", "--mock-max-model-len / DYN_VLLM_MOCK_MAX_MODEL_LEN"),
+    ],
+)
+def test_a_directory_the_mock_cannot_serve_says_why(tmp_path, setup, message):
+    directory = tmp_path / "model"
+    if setup != "missing":
+        directory.mkdir()
+    if setup == "garbage":
+        (directory / "tokenizer.json").write_text("{not a tokenizer")
+    if setup == "no-context":
+        shutil.copy(Path(tiny_tokenizer_dir()) / "tokenizer.json", directory)
+        (directory / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 10**30}))
+    with pytest.raises(BadModelDirectory, match=re.escape(message)):
+        load_mock_model(str(directory))
+
+
+def test_a_bad_model_directory_exits_2_naming_the_option(tmp_path, capsys):
+    from dynamo.vllm import main as worker_main
+
+    argv = ["--engine", "mock", "--model", str(tmp_path), "--discovery-dir", str(tmp_path / "d")]
+    assert worker_main.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--model / DYN_VLLM_MODEL" in err and "has no tokenizer.json" in err
+
+
+# --- what the mock streams -------------------------------------------------------------------
+
+
+def test_echoes_the_prompt_then_counts_through_the_ordinary_ids(tiny):
+    engine = MockEngine(tiny, token_ms=0)
+    items = asyncio.run(collect(engine, request([41, 42], 5)))
+    ordinary = tiny.ordinary_ids
+    assert streamed(items) == [41, 42, ordinary[2], ordinary[3], ordinary[4]]
+    assert all(len(item["token_ids"]) == 1 for item in items[:-1])
     assert items[-1] == {"finish_reason": "length", "prompt_tokens": 2, "completion_tokens": 5}
     assert (engine.requests_started, engine.requests_finished, engine.requests_aborted) == (1, 1, 0)
 
 
-def test_a_prompt_longer_than_max_tokens_is_cut_at_max_tokens():
-    assert mock_completion([9, 8, 7, 6], 2) == [9, 8]
-    engine = MockEngine("m", token_ms=0)
-    items = asyncio.run(collect(engine, {"token_ids": [9, 8, 7, 6], "max_tokens": 2}))
-    assert [item["token_ids"] for item in items[:-1]] == [[9], [8]]
-    assert items[-1]["finish_reason"] == "length"
+def test_a_prompt_longer_than_max_tokens_is_cut_at_max_tokens(tiny):
+    assert mock_completion(tiny, [9, 8, 7, 6], SamplingOptions(max_tokens=2)) == ([9, 8], "length")
 
 
-def test_an_empty_prompt_gives_counted_tokens():
-    assert mock_completion([], 3) == [0, 1, 2]
+def test_counting_wraps_around_the_vocabulary_and_never_emits_a_special_token():
+    model = load_mock_model(tiny_tokenizer_dir(), max_model_len=2000)
+    tokens, reason = mock_completion(model, [5], SamplingOptions(max_tokens=1500))
+    assert reason == "length" and len(tokens) == 1500
+    assert not set(tokens[1:]) & model.special_ids
+    assert tokens[len(model.ordinary_ids)] == model.ordinary_ids[0]  # wrapped
 
 
-def test_closing_the_stream_aborts_the_request():
-    engine = MockEngine("m", token_ms=0)
+def test_an_eos_token_stops_with_stop_and_is_streamed(tiny):
+    eos = tiny.card.eos_token_ids[0]
+    prompt = [41, eos, 42]
+    assert mock_completion(tiny, prompt, SamplingOptions(max_tokens=10)) == ([41, eos], "stop")
+
+
+def test_ignore_eos_runs_past_eos_to_max_tokens(tiny):
+    eos = tiny.card.eos_token_ids[0]
+    options = SamplingOptions(max_tokens=6, ignore_eos=True)
+    tokens, reason = mock_completion(tiny, [41, eos, 42], options)
+    assert reason == "length" and tokens[:3] == [41, eos, 42] and len(tokens) == 6
+
+
+def test_stop_token_ids_stop_even_with_ignore_eos(tiny):
+    options = SamplingOptions(max_tokens=10, stop_token_ids=(42,), ignore_eos=True)
+    assert mock_completion(tiny, [41, 42, 43], options) == ([41, 42], "stop")
+
+
+def test_min_tokens_holds_back_every_stop(tiny):
+    eos = tiny.card.eos_token_ids[0]
+    options = SamplingOptions(max_tokens=10, min_tokens=3)
+    tokens, reason = mock_completion(tiny, [41, eos, 42, eos, 43], options)
+    assert (tokens, reason) == ([41, eos, 42, eos], "stop")
+
+
+def test_a_stop_string_in_its_own_decoded_text_stops_the_completion(tiny):
+    prompt = encode(tiny, "Hello, frozen heap! Goodbye.")
+    tokens, reason = mock_completion(tiny, prompt, SamplingOptions(max_tokens=50, stop=("heap",)))
+    assert reason == "stop"
+    text = tiny.tokenizer.decode(tokens)
+    assert text.endswith("heap") or "heap" in text  # the token that completed it is streamed
+    assert "heap" not in tiny.tokenizer.decode(tokens[:-1])  # nothing past that token
+
+
+def test_a_stop_string_split_across_tokens_and_multibyte_text_is_matched(tiny):
+    prompt = encode(tiny, "ab 🧊❄ cd")
+    assert len(prompt) > 4  # the emoji is several byte-level tokens
+    tokens, reason = mock_completion(tiny, prompt, SamplingOptions(max_tokens=50, stop=("🧊❄",)))
+    assert reason == "stop" and tiny.tokenizer.decode(tokens).endswith("🧊❄")
+
+
+def test_a_stop_string_that_never_appears_runs_to_max_tokens(tiny):
+    prompt = encode(tiny, "Hello")
+    options = SamplingOptions(max_tokens=8, stop=("zebra",))
+    assert mock_completion(tiny, prompt, options)[1] == "length"
+
+
+def test_the_context_length_ends_a_completion_with_length(tmp_path):
+    model = load_mock_model(tiny_tokenizer_dir(), max_model_len=6)
+    tokens, reason = mock_completion(model, [41, 42], SamplingOptions(max_tokens=100))
+    assert (len(tokens), reason) == (4, "length")
+
+
+def test_a_prompt_that_fills_the_context_is_refused_before_the_first_item():
+    model = load_mock_model(tiny_tokenizer_dir(), max_model_len=3)
+    engine = MockEngine(model, token_ms=0)
+    with pytest.raises(BadGenerateRequest, match="no room") as excinfo:
+        asyncio.run(collect(engine, request([41, 42, 43], 2)))
+    assert excinfo.value.field == "token_ids"
+    assert engine.requests_started == 0
+
+
+def test_closing_the_stream_aborts_the_request(tiny):
+    engine = MockEngine(tiny, token_ms=0)
 
     async def read_one_then_close():
-        stream = engine.generate({"request_id": "gone", "token_ids": [1, 2, 3], "max_tokens": 10})
+        stream = engine.generate(request([41, 42, 43], 10, request_id="gone"))
         first = await stream.__anext__()
         await stream.aclose()
         return first
 
-    assert asyncio.run(read_one_then_close()) == {"token_ids": [1]}
+    assert asyncio.run(read_one_then_close()) == {"token_ids": [41]}
     assert (engine.requests_finished, engine.requests_aborted) == (0, 1)
 
 
-def test_cancelling_the_consumer_aborts_the_request():
-    engine = MockEngine("m", token_ms=60_000)  # the first step never ends by itself
+def test_cancelling_the_consumer_aborts_the_request(tiny):
+    engine = MockEngine(tiny, token_ms=60_000)  # the first step never ends by itself
 
     async def cancel_mid_step():
-        task = asyncio.ensure_future(collect(engine, {"token_ids": [1], "max_tokens": 2}))
+        task = asyncio.ensure_future(collect(engine, request([41], 2)))
         while engine.requests_started == 0:  # the task reaches the engine's first step
             await asyncio.sleep(0)
         task.cancel()
@@ -67,9 +240,9 @@ def test_cancelling_the_consumer_aborts_the_request():
     assert engine.requests_aborted == 1
 
 
-def test_start_builds_and_keeps_the_synthetic_heap(caplog):
+def test_start_builds_and_keeps_the_synthetic_heap(tiny, caplog):
     caplog.set_level("INFO")
-    engine = MockEngine("m", heap_objects=50_000)
+    engine = MockEngine(tiny, heap_objects=50_000)
     asyncio.run(engine.start())
     assert len(engine.heap) * TRACKED_PER_UNIT == 50_000
     assert "synthetic start-up heap of ~50000 tracked objects" in caplog.text
@@ -77,14 +250,14 @@ def test_start_builds_and_keeps_the_synthetic_heap(caplog):
     assert len(engine.heap) * TRACKED_PER_UNIT == 50_000  # long-lived: kept for the process
 
 
-def test_no_heap_by_default():
-    engine = MockEngine("m")
+def test_no_heap_by_default(tiny):
+    engine = MockEngine(tiny)
     asyncio.run(engine.start())
     assert engine.heap == []
 
 
-def test_forward_pass_without_ranks_is_a_clear_error():
-    engine = MockEngine("m")
+def test_forward_pass_without_ranks_is_a_clear_error(tiny):
+    engine = MockEngine(tiny)
     asyncio.run(engine.start())
     with pytest.raises(RuntimeError, match="no rank processes: the self-benchmark is off"):
         asyncio.run(engine.forward_pass(4, 128))
@@ -124,7 +297,7 @@ def fake_ranks(mocker):
 
 
 def config_for(*argv: str):
-    return backend_args.parse_args(["--discovery-dir", "/nonexistent", *argv], env={})
+    return backend_args.parse_args(["--discovery-dir", "/nonexistent", *argv], env=mock_worker_env())
 
 
 @pytest.mark.parametrize(
@@ -160,10 +333,10 @@ def test_no_rank_group_when_neither_is_configured(fake_ranks):
 
 def test_factory_builds_the_mock_engine_from_the_options():
     engine = engine_factory.build_engine(
-        config_for("--model", "m1", "--mock-token-ms", "7", "--mock-heap-objects", "30")
+        config_for("--served-model-name", "m1", "--mock-token-ms", "7", "--mock-heap-objects", "30")
     )
     assert isinstance(engine, MockEngine)
-    assert (engine.model_name, engine.token_s, engine.heap_objects) == ("m1", 0.007, 30)
+    assert (engine.served_model_name, engine.token_s, engine.heap_objects) == ("m1", 0.007, 30)
 
 
 def test_factory_without_vllm_names_the_way_out(mocker):

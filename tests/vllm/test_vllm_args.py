@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
 from dynamo.vllm import backend_args
@@ -12,8 +14,8 @@ VLLM_REST = [
     "--kv-cache-memory-bytes=64M",
     "--enforce-eager",
     "--seed", "-1",
-    "--served-model-name", "tiny",
 ]  # fmt: skip
+MOCK = ["--engine", "mock", "--model", "/tokenizer-dir"]
 
 
 def test_engine_vllm_keeps_unknown_arguments_in_order_for_vllm():
@@ -26,19 +28,21 @@ def test_engine_vllm_keeps_unknown_arguments_in_order_for_vllm():
 
 
 def test_engine_vllm_from_env_keeps_unknown_arguments_too():
-    config = backend_args.parse_args(["--enforce-eager"], env={"DYN_VLLM_ENGINE": "vllm"})
+    config = backend_args.parse_args(
+        ["--enforce-eager"], env={"DYN_VLLM_ENGINE": "vllm", "DYN_VLLM_MODEL": "/m"}
+    )
     assert config.vllm_args == ["--enforce-eager"]
 
 
 def test_mock_engine_rejects_unknown_arguments(capsys):
     with pytest.raises(SystemExit) as exc:
-        backend_args.parse_args(["--max-model-len", "256"], env={})
+        backend_args.parse_args([*MOCK, "--max-model-len", "256"], env={})
     assert exc.value.code == 2
     assert "unrecognized arguments: --max-model-len 256" in capsys.readouterr().err
 
 
 def test_mock_engine_has_no_vllm_arguments():
-    assert backend_args.parse_args([], env={}).vllm_args == []
+    assert backend_args.parse_args(MOCK, env={}).vllm_args == []
 
 
 @pytest.mark.vllm
@@ -46,7 +50,8 @@ def test_vllm_parser_reads_the_rest_with_the_workers_model_and_tp():
     from dynamo.vllm import vllm_engine
 
     config = backend_args.parse_args(
-        ["--engine", "vllm", "--model", "/m", "--tensor-parallel-size", "2", *VLLM_REST], env={}
+        ["--model", "/m", "--served-model-name", "tiny", "--tensor-parallel-size", "2", *VLLM_REST],
+        env={},
     )
     args = vllm_engine.engine_args_from_config(
         config, worker_extension_cls="dynamo.vllm.worker_extension.FpmGcWorkerExtension"
@@ -92,3 +97,42 @@ def test_a_bad_vllm_argument_exits_2_before_anything_starts(tmp_path, mocker, ca
     assert worker_main.main([*argv, "--no-such-vllm-flag"]) == 2
     run_worker.assert_not_called()  # no listener, no engine init, no event loop
     assert "--no-such-vllm-flag" in capsys.readouterr().err
+
+
+def test_vllm_is_the_default_engine_and_the_served_name_is_the_workers_option():
+    config = backend_args.parse_args(["--model", "/m", "--served-model-name", "tiny"], env={})
+    assert config.engine == "vllm"
+    assert config.served_model_name == "tiny"
+    assert config.vllm_args == []  # the worker's option, passed on to vLLM by the adapter
+
+
+def _help(capsys, argv: list[str]) -> str:
+    with pytest.raises(SystemExit) as exc:
+        backend_args.parse_args(argv, env={})
+    assert exc.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_mock_help_lists_only_the_workers_options(capsys):
+    out = _help(capsys, ["--engine", "mock", "--help"])
+    assert "--mock-token-ms" in out and "--served-model-name" in out
+    assert "vLLM's engine arguments" not in out and "--enforce-eager" not in out
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is not None, reason="vLLM is installed in this environment"
+)
+def test_vllm_help_without_vllm_says_so_after_the_workers_options(capsys):
+    out = _help(capsys, ["--help"])  # no --model needed for help
+    worker = out.index("--mock-token-ms")
+    note = out.index("vLLM's engine arguments are not listed")
+    assert worker < note and "--engine mock" in out[note:]
+
+
+@pytest.mark.vllm
+def test_vllm_help_shows_vllms_options_after_the_workers(capsys):
+    out = _help(capsys, ["--engine", "vllm", "--help"])
+    worker = out.index("--mock-token-ms")
+    vllm = out.index("--enforce-eager")
+    assert worker < out.index("Every other argument goes to vLLM") < vllm
+    assert "--kv-cache-memory-bytes" in out[worker:]

@@ -11,9 +11,12 @@ import asyncio
 import contextlib
 import logging
 import os
+from pathlib import Path
 
 import pytest
 
+from dynamo.runtime.request_plane import BadGenerateRequest, GenerateRequest
+from dynamo.runtime.sampling import SamplingOptions
 from dynamo.vllm import backend_args
 from dynamo.vllm.self_benchmark_args import POLICY_FREEZE
 from tests.vllm.conftest import OFFLINE_ENV, VLLM_ARGS
@@ -57,7 +60,8 @@ def embedded(tiny_model):
     from dynamo.vllm.worker_extension import QUALNAME
 
     config = backend_args.parse_args(
-        ["--engine", "vllm", "--model", tiny_model, *VLLM_ARGS], env={}
+        ["--engine", "vllm", "--model", tiny_model, "--served-model-name", "tiny", *VLLM_ARGS],
+        env={},
     )
     engine = vllm_engine.build_vllm_engine(config, worker_extension_cls=QUALNAME)
     loop = asyncio.new_event_loop()
@@ -73,11 +77,24 @@ def embedded(tiny_model):
         loop.close()
 
 
-def _collect(embedded: EmbeddedEngine, request: dict) -> list[dict]:
+def plane_request(token_ids, max_tokens: int, request_id: str = "r", **sampling):
+    return GenerateRequest(
+        request_id=request_id,
+        model="tiny",
+        token_ids=list(token_ids),
+        sampling=SamplingOptions(max_tokens=max_tokens, **sampling),
+    )
+
+
+def _collect(embedded: EmbeddedEngine, request: GenerateRequest) -> list[dict]:
     async def collect():
         return [item async for item in embedded.engine.generate(request)]
 
     return embedded.run(collect())
+
+
+def _tokens(items: list[dict]) -> list[int]:
+    return [t for item in items[:-1] for t in item["token_ids"]]
 
 
 def test_the_policy_starts_and_stops_in_each_real_rank(embedded):
@@ -107,9 +124,9 @@ def test_the_policy_starts_and_stops_in_each_real_rank(embedded):
 
 
 def test_generate_streams_token_ids_then_a_final_item(embedded):
-    items = _collect(embedded, {"request_id": "stream", "token_ids": [1, 2, 3, 4], "max_tokens": 6})
+    items = _collect(embedded, plane_request([5, 6, 7, 8], 6, "stream"))
     final = items[-1]
-    tokens = [t for item in items[:-1] for t in item["token_ids"]]
+    tokens = _tokens(items)
     assert final["finish_reason"] in ("length", "stop")
     assert final["prompt_tokens"] == 4
     assert final["completion_tokens"] == len(tokens)
@@ -117,19 +134,103 @@ def test_generate_streams_token_ids_then_a_final_item(embedded):
     assert all(0 <= t < embedded.engine.vocab_size for t in tokens)
 
 
-def test_prompt_ids_beyond_the_models_vocab_are_mapped_into_it(embedded):
+def test_the_model_card_is_what_vllm_resolved(embedded, tiny_model):
+    card = embedded.engine.model_card
+    assert card.served_model_name == "tiny"  # --served-model-name, passed on to vLLM
+    assert embedded.engine.engine_args.served_model_name == ["tiny"]
+    assert card.model_path == card.tokenizer_path == str(Path(tiny_model).resolve())
+    assert card.context_length == 256  # --max-model-len (VLLM_ARGS)
+    assert card.eos_token_ids == (1,)  # <|end_of_text|>, tokenizer and generation config
+    assert card.chat_template_path is None
+
+
+def test_vllm_receives_exactly_the_prompt_ids_sent(embedded, tiny_model):
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(Path(tiny_model) / "tokenizer.json"))
+    prompt = tokenizer.encode("<|begin_of_text|><|user|>\nSay hello.<|end_of_text|>\n").ids
+    seen: list[tuple[list[int], list[int]]] = []
+    vllm_engine = embedded.engine.engine
+    real_generate = vllm_engine.generate
+
+    async def spying_generate(prompt_input, params, request_id, **kwargs):
+        async for output in real_generate(prompt_input, params, request_id, **kwargs):
+            # What we handed vLLM, and what vLLM reports it ran as the prompt.
+            seen.append((list(prompt_input["prompt_token_ids"]), list(output.prompt_token_ids)))
+            yield output
+
+    vllm_engine.generate = spying_generate
+    try:
+        items = _collect(embedded, plane_request(prompt, 2, "exact-ids"))
+    finally:
+        del vllm_engine.generate  # the instance attribute goes; the class's method is back
+    assert seen and all(given == reported == prompt for given, reported in seen), seen
+    assert items[-1]["prompt_tokens"] == len(prompt)
+
+
+def test_an_id_outside_the_vocabulary_is_refused_before_the_first_item(embedded):
     vocab_size = embedded.engine.vocab_size
-    prompt = [vocab_size, vocab_size * 3 + 5, 70_000]
-    assert embedded.engine.map_token_ids(prompt) == [0, 5, 70_000 % vocab_size]
-    items = _collect(embedded, {"request_id": "big-ids", "token_ids": prompt, "max_tokens": 2})
-    assert items[-1]["prompt_tokens"] == 3
+    with pytest.raises(BadGenerateRequest, match="out of vocabulary") as excinfo:
+        _collect(embedded, plane_request([5, vocab_size], 2, "big-ids"))
+    assert excinfo.value.field == "token_ids.1"
+
+
+def test_a_prompt_that_fills_max_model_len_is_refused(embedded):
+    with pytest.raises(BadGenerateRequest, match="max_model_len 256"):
+        _collect(embedded, plane_request([5] * 256, 2, "too-long"))
+
+
+def test_seed_and_temperature_give_the_same_completion_twice(embedded):
+    def sample(seed: int) -> list[int]:
+        options = {"seed": seed, "temperature": 1.0, "ignore_eos": True}
+        return _tokens(_collect(embedded, plane_request([5, 6, 7], 12, f"seed-{seed}", **options)))
+
+    first, second = sample(1234), sample(1234)
+    assert first == second and len(first) == 12
+
+
+def test_a_stop_string_ends_the_completion(embedded, tiny_model):
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(Path(tiny_model) / "tokenizer.json"))
+    options = {"seed": 99, "temperature": 1.0, "ignore_eos": True}
+    free = _tokens(_collect(embedded, plane_request([5, 6, 7], 16, "free", **options)))
+    # A stop string the seeded completion reaches at its 6th-or-later token, not before.
+    for cut in range(6, len(free)):
+        before = tokenizer.decode(free[:cut - 1])
+        text = tokenizer.decode(free[:cut])
+        stop = text[len(before):].strip()
+        if stop and stop not in before:
+            break
+    else:
+        pytest.fail(f"no usable stop string in {tokenizer.decode(free)!r}")
+    items = _collect(embedded, plane_request([5, 6, 7], 16, "stopped", stop=(stop,), **options))
+    stopped = _tokens(items)
+    assert items[-1]["finish_reason"] == "stop", (stop, items)
+    assert len(stopped) < len(free) and stopped == free[: len(stopped)]
+    assert stop in tokenizer.decode(stopped)
+
+
+def test_sampling_vllm_refuses_is_a_bad_request(embedded):
+    # Options the wire format accepts but vLLM's own checks refuse are a 400, never a crash:
+    # min_tokens above max_tokens, built past our validation (as a peer of another version
+    # could send it).
+    options = SamplingOptions.model_construct(
+        **{**SamplingOptions(max_tokens=4).model_dump(), "min_tokens": 5}
+    )
+    request = GenerateRequest.model_construct(
+        request_id="min-gt-max", model="tiny", token_ids=[5], sampling=options
+    )
+    with pytest.raises(BadGenerateRequest, match="min_tokens") as excinfo:
+        _collect(embedded, request)
+    assert excinfo.value.field == "sampling"
 
 
 def test_closing_the_stream_aborts_the_request_in_vllm(embedded, caplog):
     caplog.set_level(logging.INFO, logger="dynamo.vllm.vllm_engine")
     async def read_one_then_close():
         stream = embedded.engine.generate(
-            {"request_id": "closed", "token_ids": [5, 6, 7], "max_tokens": 200}
+            plane_request([5, 6, 7], 200, "closed", ignore_eos=True)
         )
         first = await stream.__anext__()
         await stream.aclose()

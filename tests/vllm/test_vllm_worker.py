@@ -4,7 +4,8 @@ frontend.
 One module-scoped start serves every test here: two workers started side by side (engine init
 dominates, so running them together roughly halves the wait) and one frontend.
 
-* ``frozen``: default options (the serving freeze on), paired with the frontend;
+* ``frozen``: default options (the serving freeze on) and ``--served-model-name``, paired with
+  the frontend;
 * ``unfrozen``: ``--no-freeze-gc-heap``, plus a short self-benchmark with the GC policy, so the
   sweep's forward passes are real vLLM steps and the policy runs in the real rank process. It
   has a discovery directory of its own, so the frontend never routes to it.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,9 +39,13 @@ REGISTERED_LINE = re.compile(r"Model registered: ")
 _opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback only
 
 
+SERVED_NAME = "tiny-served"
+
+
 @dataclass
 class RealVllm:
     model: str
+    model_dir: str
     frozen: LauncherProcess
     unfrozen: LauncherProcess
     frontend: LauncherProcess
@@ -73,8 +79,13 @@ def real_vllm(tiny_model, tmp_path_factory) -> RealVllm:
     try:
         # Every pause of 1 ms or more is logged: none may appear after "Worker stopped".
         frozen = _worker(
-            "worker-frozen", tiny_model, frozen_discovery, directory, "--gc-pause-log-ms", "1"
-        )
+            "worker-frozen",
+            tiny_model,
+            frozen_discovery,
+            directory,
+            "--gc-pause-log-ms", "1",
+            "--served-model-name", SERVED_NAME,
+        )  # fmt: skip
         processes.append(frozen)
         unfrozen = _worker(
             "worker-unfrozen",
@@ -104,11 +115,11 @@ def real_vllm(tiny_model, tmp_path_factory) -> RealVllm:
             r"HTTP service listening on http://127\.0\.0\.1:(\d+)", deadline_s=START_DEADLINE_S
         ).group(1)
         frozen.wait_for_log(REGISTERED_LINE.pattern, deadline_s=START_DEADLINE_S)
-        if WORKER_SPEAKS_WIRE_V2:  # else the frontend refuses the cardless record (see below)
-            frontend.wait_for_log(r"Model added: model=" + re.escape(tiny_model), deadline_s=60)
+        frontend.wait_for_log(r"Model added: model=" + re.escape(SERVED_NAME), deadline_s=60)
         unfrozen.wait_for_log(REGISTERED_LINE.pattern, deadline_s=START_DEADLINE_S)
         yield RealVllm(
-            model=tiny_model,
+            model=SERVED_NAME,
+            model_dir=tiny_model,
             frozen=frozen,
             unfrozen=unfrozen,
             frontend=frontend,
@@ -194,11 +205,43 @@ def test_self_benchmark_runs_real_forward_passes_with_the_policy_in_the_ranks(re
     assert summary.start() < REGISTERED_LINE.search(log).start()
 
 
+def test_the_record_carries_the_card_vllm_resolved_under_the_served_name(real_vllm):
+    (record,) = DiscoveryStore(real_vllm.frozen_discovery).read_all().values()
+    assert record.model == SERVED_NAME
+    card = record.card
+    assert card is not None and card.served_model_name == SERVED_NAME
+    assert card.model_path == card.tokenizer_path == str(Path(real_vllm.model_dir).resolve())
+    assert card.context_length == 256  # --max-model-len
+    assert card.eos_token_ids == (1,)
+    with _opener.open(real_vllm.frontend_url + "/v1/models", timeout=30) as response:
+        assert [m["id"] for m in json.load(response)["data"]] == [SERVED_NAME]
+
+
+def test_a_request_for_another_name_is_a_400_from_the_worker(real_vllm):
+    (record,) = DiscoveryStore(real_vllm.frozen_discovery).read_all().values()
+    body = {
+        "request_id": "wrong-name",
+        "model": real_vllm.model_dir,  # --model, not the served name
+        "token_ids": [5, 6],
+        "sampling": {"max_tokens": 2},
+    }
+    with pytest.raises(urllib.error.HTTPError) as excinfo:
+        _opener.open(_post_json(record.endpoint + "/generate", body), timeout=30)
+    with excinfo.value as error:
+        assert error.code == 400
+        assert json.load(error)["field"] == "model"
+
+
 def test_client_disconnect_aborts_the_request_in_vllm(real_vllm):
     (record,) = DiscoveryStore(real_vllm.frozen_discovery).read_all().values()
     request = _post_json(
         record.endpoint + "/generate",
-        {"request_id": "disconnect-test", "token_ids": [72, 105, 33], "max_tokens": 200},
+        {
+            "request_id": "disconnect-test",
+            "model": SERVED_NAME,
+            "token_ids": [72, 105, 33],
+            "sampling": {"max_tokens": 200, "ignore_eos": True},
+        },
     )
     response = _opener.open(request, timeout=60)
     try:
@@ -238,3 +281,40 @@ def test_the_frozen_worker_exits_without_leak_reports(real_vllm):
     assert "nanobind: leaked" not in log, log
     stopped = log.index("Worker stopped")
     assert re.search(r"GC gen\d pause", log[stopped:]) is None, log[stopped:]
+
+
+def test_an_engine_that_fails_to_initialise_ends_the_worker_with_one_error_line(
+    tiny_model, tmp_path
+):
+    """vLLM's "Engine core initialization failed" is one ERROR line naming the cause and exit 1,
+    not a traceback of ours; nothing registers. The cause here is vLLM's CPU memory check: with
+    no --kv-cache-memory-bytes it reserves --gpu-memory-utilization of the node's total memory,
+    and 1.0 is always more than is available."""
+    args = [a for a in VLLM_ARGS if a not in ("--kv-cache-memory-bytes", "64M")]
+    worker = LauncherProcess(
+        "worker-init-fails",
+        "dynamo.vllm",
+        [
+            "--model", tiny_model,
+            "--discovery-dir", str(tmp_path / "discovery"),
+            "--request-plane-host", "127.0.0.1",
+            *args,
+            "--gpu-memory-utilization", "1.0",
+        ],
+        log_dir=tmp_path,
+        env=OFFLINE_ENV,
+    )  # fmt: skip
+    try:
+        assert worker.wait_exit(START_DEADLINE_S) == 1, worker.log()
+    finally:
+        worker.stop()
+    log = worker.log()
+    ours = [line for line in log.splitlines() if " dynamo." in line]
+    errors = [line for line in ours if " ERROR " in line]
+    assert len(errors) == 1, log
+    assert "Cannot start the worker: vLLM engine init failed: " in errors[0], errors
+    assert "Engine core initialization failed" in errors[0], errors
+    # vLLM's engine core logs its own traceback; the worker adds none.
+    assert 'File "' + str(Path(__file__).parents[2] / "components") not in log, log
+    assert "Model registered" not in log
+    assert DiscoveryStore(tmp_path / "discovery").read_all() == {}

@@ -1,16 +1,30 @@
 """The request plane from frontend to worker: HTTP on loopback, streamed as NDJSON.
 
-Wire format (one place, used by both ends):
+Wire format v2 (one place, used by both ends):
 
-* ``POST <endpoint>/generate`` with a JSON body
-  ``{"request_id": str, "token_ids": [int, ...], "max_tokens": int}``;
-* the response is ``application/x-ndjson``: one ``{"token_ids": [int, ...]}`` line per step,
-  then one final ``{"finish_reason": "stop" | "length", "prompt_tokens": int,
-  "completion_tokens": int}`` line. A failure after the stream started is sent as a final
-  ``{"error": str}`` line; a bad request before it started is an HTTP 400.
+* ``POST <endpoint>/generate`` with a JSON body (:class:`GenerateRequest`)::
+
+      {"request_id": str, "model": str, "token_ids": [int, ...],
+       "sampling": {SamplingOptions as JSON}}
+
+  ``model`` is the served name the frontend routed on; ``token_ids`` is the prompt in the model's
+  own vocabulary (the frontend applied the model's chat template and tokenizer, named by the
+  worker's model card); ``sampling`` is :class:`dynamo.runtime.sampling.SamplingOptions`.
+  The worker validates the body again (it does not trust its peer): a bad field is an HTTP 400
+  ``{"error": str, "field": "sampling.temperature"}`` naming it, and so is a ``model`` that is not
+  the name this worker serves, and a prompt its engine refuses (longer than the context, an id
+  outside the vocabulary).
+* the response is ``application/x-ndjson``: one ``{"token_ids": [int, ...]}`` line per step
+  (every generated token, EOS and stop tokens included: the frontend detokenizes, hides special
+  tokens and is authoritative for stop strings), then one final ``{"finish_reason": "stop" |
+  "length", "prompt_tokens": int, "completion_tokens": int}`` line. ``stop``: the engine ended on
+  an EOS or stop token id, or on a stop string it matched itself; ``length``: ``max_tokens`` or
+  the model's context length was reached. A failure after the stream started is sent as a final
+  ``{"error": str}`` line.
 * ``GET <endpoint>/health`` answers 200 while the worker serves, 503 while it drains.
 
-Closing the connection aborts the request in the worker (the handler's generator is cancelled).
+Closing the connection aborts the request in the worker (the handler's generator is cancelled):
+that is how the frontend ends a completion at a stop string it matched.
 """
 
 from __future__ import annotations
@@ -19,10 +33,13 @@ import asyncio
 import contextlib
 import json
 import logging
-from typing import Any, AsyncIterator, Callable
+from typing import Annotated, Any, AsyncIterator, Callable
 
 import aiohttp
 from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
+
+from dynamo.runtime.sampling import SamplingOptions
 
 from dynamo.common.request_drain import mark_stream
 
@@ -31,7 +48,21 @@ logger = logging.getLogger(__name__)
 GENERATE_PATH = "/generate"
 HEALTH_PATH = "/health"
 
-GenerateHandler = Callable[[dict], AsyncIterator[dict]]
+
+
+class GenerateRequest(BaseModel):
+    """The body of ``POST /generate``, validated on both ends."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    request_id: StrictStr
+    # The served name the frontend routed on; the worker refuses any other.
+    model: Annotated[StrictStr, Field(min_length=1)]
+    token_ids: Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)]
+    sampling: SamplingOptions
+
+
+GenerateHandler = Callable[[GenerateRequest], AsyncIterator[dict]]
 
 
 class WorkerUnavailable(Exception):
@@ -39,58 +70,103 @@ class WorkerUnavailable(Exception):
 
 
 class BadGenerateRequest(ValueError):
-    pass
+    """A request the worker refuses with a 400; ``field`` names the offending field, if one."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
-def validate_generate_request(body: Any) -> dict:
+def validate_generate_request(body: Any) -> GenerateRequest:
+    """The body as a :class:`GenerateRequest`; raises :class:`BadGenerateRequest` naming the
+    first bad field (``sampling.top_p``, ``token_ids.3``, ...)."""
     if not isinstance(body, dict):
         raise BadGenerateRequest("body must be a JSON object")
-    token_ids = body.get("token_ids")
-    if not isinstance(token_ids, list) or not all(
-        isinstance(t, int) and not isinstance(t, bool) for t in token_ids
-    ):
-        raise BadGenerateRequest("token_ids must be a list of integers")
-    max_tokens = body.get("max_tokens")
-    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-        raise BadGenerateRequest("max_tokens must be a positive integer")
-    request_id = body.get("request_id", "")
-    if not isinstance(request_id, str):
-        raise BadGenerateRequest("request_id must be a string")
-    return {"request_id": request_id, "token_ids": token_ids, "max_tokens": max_tokens}
+    try:
+        return GenerateRequest.model_validate(body)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        field = ".".join(str(part) for part in error["loc"])
+        raise BadGenerateRequest(f"{field}: {error['msg']}", field=field) from None
+
+
+def _bad_request(exc: BadGenerateRequest) -> web.Response:
+    body = {"error": str(exc)}
+    if exc.field is not None:
+        body["field"] = exc.field
+    return web.json_response(body, status=400)
 
 
 def add_request_plane_routes(
     app: web.Application,
     generate: GenerateHandler,
     is_healthy: Callable[[], bool],
+    *,
+    served_model_name: str | Callable[[], str],
 ) -> None:
-    """Mount the worker side of the request plane on an aiohttp app."""
+    """Mount the worker side of the request plane on an aiohttp app.
+
+    ``served_model_name`` is the name this worker serves (or a callable returning it, for a
+    name known only once the engine has started); a request for any other model is a 400.
+    ``generate`` may raise :class:`BadGenerateRequest` before its first item (a prompt the
+    engine refuses): that is a 400 too, since nothing was streamed yet.
+    """
+
+    def served_name() -> str:
+        return served_model_name() if callable(served_model_name) else served_model_name
 
     async def handle_generate(request: web.Request) -> web.StreamResponse:
         try:
             body = validate_generate_request(await request.json())
-        except ValueError as exc:  # bad JSON, bad UTF-8 (UnicodeDecodeError), bad fields
-            return web.json_response({"error": str(exc)}, status=400)
+        except BadGenerateRequest as exc:
+            return _bad_request(exc)
+        except ValueError as exc:  # bad JSON, bad UTF-8 (UnicodeDecodeError)
+            return web.json_response({"error": f"body is not valid JSON: {exc}"}, status=400)
         if not is_healthy():
             return web.json_response({"error": "worker is draining"}, status=503)
-        response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
-        await response.prepare(request)
-        mark_stream(request, response)  # a drain that cuts it short ends it with an error line
-        try:
-            # aclosing: an abort closes the engine's stream now, not when the GC finds it.
-            async with contextlib.aclosing(generate(body)) as stream:
-                async for item in stream:
-                    await response.write(json.dumps(item).encode() + b"\n")
-        except asyncio.CancelledError:
-            raise  # the caller hung up and aiohttp cancelled the handler: the stream is closed
-        except ConnectionResetError:
-            # The caller hung up between two writes: the request is aborted (stream closed
-            # above). An expected event, not a server error worth a traceback.
-            logger.info("Request %s aborted: the caller closed the connection", body["request_id"])
-            return response
-        except Exception as exc:  # noqa: BLE001 - reported to the caller in-band
-            logger.exception("generate failed for request %s", body["request_id"])
-            await response.write(json.dumps({"error": str(exc)}).encode() + b"\n")
+        if body.model != served_name():
+            return _bad_request(
+                BadGenerateRequest(
+                    f"model {body.model!r} is not served here (this worker serves "
+                    f"{served_name()!r})",
+                    field="model",
+                )
+            )
+        # aclosing: an abort closes the engine's stream now, not when the GC finds it.
+        async with contextlib.aclosing(generate(body)) as stream:
+            first: dict | None = None
+            failure: Exception | None = None
+            try:
+                # The first item before the response starts: a prompt the engine refuses is a
+                # 400, not a 200 with an error line.
+                first = await stream.__anext__()
+            except BadGenerateRequest as exc:
+                return _bad_request(exc)
+            except StopAsyncIteration:
+                pass
+            except Exception as exc:  # noqa: BLE001 - reported to the caller in-band, below
+                failure = exc
+            response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+            await response.prepare(request)
+            mark_stream(request, response)  # a drain that cuts it short ends it with an error line
+            try:
+                if failure is not None:
+                    raise failure
+                if first is not None:
+                    await response.write(json.dumps(first).encode() + b"\n")
+                    async for item in stream:
+                        await response.write(json.dumps(item).encode() + b"\n")
+            except asyncio.CancelledError:
+                raise  # the caller hung up and aiohttp cancelled the handler: stream closed
+            except ConnectionResetError:
+                # The caller hung up between two writes: the request is aborted (the stream is
+                # closed on leaving this block). An expected event, not a server error worth a
+                # traceback.
+                logger.info("Request %s aborted: the caller closed the connection", body.request_id)
+                return response
+            except Exception as exc:  # noqa: BLE001 - reported to the caller in-band
+                logger.exception("generate failed for request %s", body.request_id)
+                await response.write(json.dumps({"error": str(exc)}).encode() + b"\n")
         await response.write_eof()
         return response
 
@@ -117,10 +193,15 @@ def _parse_line(line: bytes) -> dict:
 
 
 async def generate(
-    session: aiohttp.ClientSession, endpoint: str, request: dict
+    session: aiohttp.ClientSession, endpoint: str, request: GenerateRequest | dict
 ) -> AsyncIterator[dict]:
-    """Stream one request's items from a worker. Raises :class:`WorkerUnavailable`."""
+    """Stream one request's items from a worker. Raises :class:`WorkerUnavailable`.
+
+    ``request`` is a :class:`GenerateRequest` (or its JSON form as a dict).
+    """
     url = endpoint.rstrip("/") + GENERATE_PATH
+    if isinstance(request, GenerateRequest):
+        request = request.model_dump(mode="json")
     try:
         async with session.post(url, json=request) as response:
             if response.status != 200:

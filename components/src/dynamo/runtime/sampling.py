@@ -12,9 +12,21 @@ from __future__ import annotations
 
 from typing import Annotated, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationInfo,
+    field_validator,
+)
 
-Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+# Strict: a JSON number (an integer is fine), never a string or a boolean ("0.5" and true are
+# what a buggy peer sends; accepting them would hide the bug).
+Penalty = Annotated[StrictFloat, Field(ge=-2.0, le=2.0)]
 
 
 class SamplingOptions(BaseModel):
@@ -23,15 +35,15 @@ class SamplingOptions(BaseModel):
     # Already capped by the frontend so that prompt + completion fits the model's context.
     max_tokens: Annotated[StrictInt, Field(ge=1)]
     min_tokens: Annotated[StrictInt, Field(ge=0)] = 0
-    temperature: Optional[Annotated[float, Field(ge=0.0)]] = None
-    top_p: Optional[Annotated[float, Field(gt=0.0, le=1.0)]] = None
+    temperature: Optional[Annotated[StrictFloat, Field(ge=0.0)]] = None
+    top_p: Optional[Annotated[StrictFloat, Field(gt=0.0, le=1.0)]] = None
     # vLLM: 0 or -1 disables top-k.
     top_k: Optional[Annotated[StrictInt, Field(ge=-1)]] = None
-    min_p: Optional[Annotated[float, Field(ge=0.0, le=1.0)]] = None
+    min_p: Optional[Annotated[StrictFloat, Field(ge=0.0, le=1.0)]] = None
     seed: Optional[StrictInt] = None
     presence_penalty: Optional[Penalty] = None
     frequency_penalty: Optional[Penalty] = None
-    repetition_penalty: Optional[Annotated[float, Field(gt=0.0)]] = None
+    repetition_penalty: Optional[Annotated[StrictFloat, Field(gt=0.0)]] = None
     # Stop strings, matched on the detokenized text. The frontend is authoritative (it hides
     # them from the output and ends the stream); engines that can match them too stop sooner.
     stop: tuple[Annotated[StrictStr, Field(min_length=1)], ...] = ()
@@ -39,3 +51,12 @@ class SamplingOptions(BaseModel):
     # ignore_eos) and are not part of the returned text.
     stop_token_ids: tuple[Annotated[StrictInt, Field(ge=0)], ...] = ()
     ignore_eos: StrictBool = False
+
+    @field_validator("min_tokens")
+    @classmethod
+    def _min_tokens_fit_max_tokens(cls, value: int, info: ValidationInfo) -> int:
+        # vLLM refuses min_tokens > max_tokens too; named here, on the field, on both ends.
+        max_tokens = info.data.get("max_tokens")
+        if max_tokens is not None and value > max_tokens:
+            raise ValueError(f"must be at most max_tokens ({max_tokens})")
+        return value

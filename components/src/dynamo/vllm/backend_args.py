@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from typing import Mapping, Sequence
 
 from dynamo.common.configuration import (
@@ -14,6 +15,7 @@ from dynamo.common.configuration import (
     Option,
     Surface,
     Text,
+    build_parser,
     gc_options,
     parse_surface,
 )
@@ -76,23 +78,74 @@ SYSTEM_PORT = Option(
     ),
 )
 
+MODEL = Option(
+    name="model",
+    env_var="DYN_VLLM_MODEL",
+    default=None,
+    kind=Text("model"),
+    metavar="MODEL",
+    help=(
+        "The model to serve (required). vLLM engine: vLLM's --model (a model directory or a "
+        "Hugging Face id). Mock engine: a Hugging Face tokenizer directory (tokenizer.json), "
+        "whose vocabulary the mock echoes and counts in, e.g. scripts/make_tiny_model.py "
+        "--tokenizer-only"
+    ),
+)
+
+SERVED_MODEL_NAME = Option(
+    name="served-model-name",
+    env_var="DYN_VLLM_SERVED_MODEL_NAME",
+    default=None,
+    kind=Text("model name"),
+    metavar="NAME",
+    help=(
+        "The name the worker registers and clients put in \"model\" (unset: --model). vLLM "
+        "engine: passed on as vLLM's --served-model-name"
+    ),
+)
+
+CHAT_TEMPLATE = Option(
+    name="chat-template",
+    env_var="DYN_VLLM_CHAT_TEMPLATE",
+    default=None,
+    kind=Text("path"),
+    metavar="FILE",
+    help=(
+        "A Jinja chat template file the frontend renders instead of the model's own (vLLM "
+        "serve's --chat-template); published in the model card (unset: the model's template)"
+    ),
+)
+
+MOCK_MAX_MODEL_LEN = Option(
+    name="mock-max-model-len",
+    env_var="DYN_VLLM_MOCK_MAX_MODEL_LEN",
+    default=None,
+    kind=IntRange(1, 10_000_000),
+    metavar="TOKENS",
+    help=(
+        "Mock engine: the context length (prompt + completion) it serves and publishes in the "
+        "model card (unset: the model directory's config.json max_position_embeddings, else "
+        "tokenizer_config.json model_max_length)"
+    ),
+)
+
+ENGINE = Option(
+    name="engine",
+    env_var="DYN_VLLM_ENGINE",
+    default="vllm",
+    kind=Choice(("vllm", "mock")),
+    metavar="{vllm,mock}",
+    help=(
+        "Engine behind the worker: vLLM's AsyncLLM (as upstream Dynamo runs it), or the "
+        "built-in mock engine (tests, demos, benchmarks without vLLM)"
+    ),
+)
+
 OPTIONS = [
-    Option(
-        name="model",
-        env_var="DYN_VLLM_MODEL",
-        default="dynamo-mock",
-        kind=Text("model name"),
-        metavar="NAME",
-        help="Model name the worker registers and serves",
-    ),
-    Option(
-        name="engine",
-        env_var="DYN_VLLM_ENGINE",
-        default="mock",
-        kind=Choice(("mock", "vllm")),
-        metavar="{mock,vllm}",
-        help="Engine behind the worker: the built-in mock engine, or vLLM's AsyncLLM",
-    ),
+    MODEL,
+    SERVED_MODEL_NAME,
+    ENGINE,
+    CHAT_TEMPLATE,
     TENSOR_PARALLEL_SIZE,
     *DISCOVERY_OPTIONS,
     REQUEST_PLANE_HOST,
@@ -105,6 +158,7 @@ OPTIONS = [
         metavar="MS",
         help="Mock engine: time per generated token, in milliseconds",
     ),
+    MOCK_MAX_MODEL_LEN,
     Option(
         name="mock-init-ms",
         env_var="DYN_VLLM_MOCK_INIT_MS",
@@ -161,6 +215,9 @@ ALL_OPTIONS = [*OPTIONS, *self_benchmark_args.OPTIONS]
 _PARSED = dataclasses.replace(SURFACE, options=ALL_OPTIONS)
 
 
+HELP_FLAGS = ("-h", "--help")
+
+
 def parse_args(
     argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 ) -> argparse.Namespace:
@@ -169,12 +226,34 @@ def parse_args(
     The worker's own options are parsed first. With ``--engine vllm`` every argument the worker
     does not know is kept, in order, in ``config.vllm_args`` for vLLM's own parser (see
     ``dynamo.vllm.vllm_engine.parse_vllm_args``), so vLLM's flags work as they are; with the mock
-    engine an unknown argument exits 2 as usual.
+    engine an unknown argument exits 2 as usual. ``--help`` prints the worker's options, then,
+    with ``--engine vllm``, vLLM's engine arguments (exit 0).
     """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    words = argv[: argv.index("--")] if "--" in argv else argv
+    if any(word in HELP_FLAGS for word in words):
+        _print_help([word for word in argv if word not in HELP_FLAGS], env)
     config, rest = parse_surface(_PARSED, argv, env, allow_unknown=True)
     if rest and config.engine != "vllm":
         parse_surface(_PARSED, argv, env)  # exits 2, naming the unrecognized arguments
+    if config.model is None:
+        build_parser(_PARSED).error(
+            f"{MODEL.source_label()} is required: with --engine vllm the model to load (a "
+            "directory or a Hugging Face id), with --engine mock a tokenizer directory"
+        )
     config.vllm_args = list(rest)
     if config.discovery_dir is None:
         config.discovery_dir = default_discovery_dir()
     return config
+
+
+def _print_help(argv: list[str], env: Mapping[str, str] | None) -> None:
+    """The worker's help, then vLLM's engine arguments when the engine is vLLM; exits 0."""
+    config, _ = parse_surface(_PARSED, argv, env, allow_unknown=True)
+    build_parser(_PARSED).print_help()
+    if config.engine == "vllm":
+        from dynamo.vllm.engine_factory import print_vllm_help
+
+        sys.stdout.flush()
+        print_vllm_help()
+    raise SystemExit(0)

@@ -9,9 +9,18 @@ from __future__ import annotations
 
 from typing import Any, AsyncIterator, Protocol, Sequence
 
+from dynamo.runtime.model_card import ModelCard
+from dynamo.runtime.request_plane import GenerateRequest
+
 
 class EngineUnavailable(Exception):
-    """The selected engine cannot be used here (e.g. vLLM is not installed)."""
+    """The selected engine cannot be used here (vLLM is not installed, a bad model directory or
+    engine argument): the worker exits 2 with this message."""
+
+
+class EngineInitFailed(Exception):
+    """Engine init failed (e.g. vLLM's "Engine core initialization failed" after its CPU memory
+    check): the worker logs this message as one ERROR line and exits 1."""
 
 
 class Engine(Protocol):
@@ -23,15 +32,27 @@ class Engine(Protocol):
     the attribute (the mock) has no limit.
     """
 
-    model_name: str
+    @property
+    def served_model_name(self) -> str:
+        """The name clients use (known before :meth:`start`)."""
+
+    @property
+    def model_card(self) -> ModelCard:
+        """What the frontend needs to serve the model, as the engine resolved it (valid after
+        :meth:`start`); published in the worker's discovery record."""
 
     async def start(self) -> None:
-        """Engine init: load the model, start rank processes. Runs before any freeze."""
+        """Engine init: load the model, start rank processes. Runs before any freeze.
 
-    def generate(self, request: dict) -> AsyncIterator[dict]:
+        Raises :class:`EngineInitFailed` when the engine cannot start.
+        """
+
+    def generate(self, request: GenerateRequest) -> AsyncIterator[dict]:
         """Stream request-plane items for one request (see dynamo.runtime.request_plane).
 
-        Closing the iterator (client disconnect) aborts the request in the engine.
+        Raises :class:`dynamo.runtime.request_plane.BadGenerateRequest` before the first item
+        for a prompt the engine refuses. Closing the iterator (client disconnect) aborts the
+        request in the engine.
         """
 
     async def forward_pass(self, batch_size: int, seq_len: int) -> None:

@@ -14,8 +14,9 @@ Lifecycle, each step logged at INFO, in this order:
 4. engine init (``await engine.start()``), then the optional self-benchmark;
 5. the serving freeze (``maybe_freeze_gc_heap``): after everything start-up allocates, before
    anything can be admitted. The listeners' few objects are frozen with the rest;
-6. mark the phase ``serving``, then ``register_model``: the frontend routes to this worker
-   only once its discovery record exists; from then on the record's heartbeat renews it (a
+6. mark the phase ``serving``, then ``register_model``: the record carries the model card the
+   engine resolved (served name, tokenizer directory, context length, EOS ids), and the
+   frontend routes to this worker only once it exists; from then on the record's heartbeat renews it (a
    worker that dies without removing it, SIGKILL included, is dropped after --discovery-ttl);
 7. serve until SIGTERM/SIGINT; then mark ``draining``, stop the heartbeat, remove the record
    (so the frontend stops routing here), let in-flight requests finish within a grace period
@@ -53,9 +54,10 @@ from dynamo.common.system_server import start_system_server
 from dynamo.common.utils import gc_freeze
 from dynamo.runtime.discovery import ModelRecord
 from dynamo.runtime.discovery_backend import Discovery, Registration, open_discovery
-from dynamo.runtime.request_plane import add_request_plane_routes
+from dynamo.runtime.model_card import ModelCard
+from dynamo.runtime.request_plane import GenerateRequest, add_request_plane_routes
 from dynamo.vllm import backend_args, engine_factory, reachability, startup_checks
-from dynamo.vllm.engine import Engine, EngineUnavailable
+from dynamo.vllm.engine import Engine, EngineInitFailed, EngineUnavailable
 from dynamo.vllm.ranks import RankError
 from dynamo.vllm.startup_checks import StartupError
 
@@ -130,7 +132,9 @@ class RequestPlaneServer:
         self.aborted = 0
         self._closed = False
         app = web.Application(client_max_size=REQUEST_PLANE_MAX_BODY_BYTES)
-        add_request_plane_routes(app, self._generate, self._admitting)
+        add_request_plane_routes(
+            app, self._generate, self._admitting, served_model_name=engine.served_model_name
+        )
         # Our drain (one deadline; a cut stream ends with an in-band error line) finishes every
         # request before aiohttp's cleanup, whose timeout then only bounds closing connections.
         self.drain = RequestDrain(
@@ -144,7 +148,7 @@ class RequestPlaneServer:
         # Nothing is admitted before the phase is `serving` (see run_worker) nor while draining.
         return lifecycle.current_phase() is lifecycle.Phase.SERVING
 
-    async def _generate(self, request: dict) -> AsyncIterator[dict]:
+    async def _generate(self, request: GenerateRequest) -> AsyncIterator[dict]:
         self.in_flight += 1
         finished = False
         try:
@@ -296,20 +300,27 @@ async def warn_if_unreachable(config: argparse.Namespace, endpoint: str) -> str 
     return reason
 
 
-async def register_model(registration: Registration, model: str, endpoint: str) -> ModelRecord:
-    """Publish this worker's model; the frontend routes to it from the moment this returns.
+async def register_model(registration: Registration, card: ModelCard, endpoint: str) -> ModelRecord:
+    """Publish this worker's model and its card; the frontend routes to it from the moment this
+    returns.
 
-    The record is a lease, kept alive by the registration until :func:`unregister_model`
-    (file: rewritten every heartbeat; etcd: a lease kept alive); a worker that dies without
-    unregistering is dropped after --discovery-ttl.
+    The record's model is the card's served name. The record is a lease, kept alive by the
+    registration until :func:`unregister_model` (file: rewritten every heartbeat; etcd: a lease
+    kept alive); a worker that dies without unregistering is dropped after --discovery-ttl.
     """
-    record = await registration.register(ModelRecord(model=model, endpoint=endpoint))
+    record = await registration.register(
+        ModelRecord(model=card.served_model_name, endpoint=endpoint, card=card)
+    )
     logger.info(
-        "Model registered: model=%s instance=%s endpoint=%s %s",
+        "Model registered: model=%s instance=%s endpoint=%s %s "
+        "tokenizer=%s context_length=%d eos_token_ids=%s",
         record.model,
         record.instance_id,
         record.endpoint,
         registration.describe_lease(),
+        card.tokenizer_path,
+        card.context_length,
+        list(card.eos_token_ids),
     )
     return record
 
@@ -385,7 +396,12 @@ async def _start_and_serve(
     # Before engine init: a store that is down shows in the log at once, not after a minute.
     registration = await connect_discovery(discovery, config, cleanup)
 
-    logger.info("Engine init: starting the %s engine for model %s", config.engine, config.model)
+    logger.info(
+        "Engine init: starting the %s engine for model %s (served as %s)",
+        config.engine,
+        config.model,
+        engine.served_model_name,
+    )
     began = time.perf_counter()
     cleanup.push_async_callback(shutdown_engine, engine)
     await engine.start()
@@ -407,13 +423,13 @@ async def _start_and_serve(
     # then a no-op.
     cleanup.push_async_callback(plane.close)
     lifecycle.mark_serving("register_model")
-    record = await register_model(registration, config.model, plane.endpoint)
+    record = await register_model(registration, engine.model_card, plane.endpoint)
     # Unwinds first: the record goes (file: heartbeat stopped, then the file; etcd: the lease
     # revoked) before the request plane drains.
     cleanup.push_async_callback(unregister_model, registration, record)
 
     signals.serving()
-    logger.info("Worker serving model %s; stop it with SIGTERM or SIGINT", config.model)
+    logger.info("Worker serving model %s; stop it with SIGTERM or SIGINT", record.model)
     reason = await signals.wait()
     plane.drain.start(plane.drain_grace_s)  # one deadline, from the signal, for the drain
     # Draining refuses new requests at once; the heartbeat stops and the record is removed next
@@ -432,7 +448,8 @@ def _consume_cancellation() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Exit codes: 0 after a signal (or --help), 2 for bad input (flags, env vars, paths, vLLM's
-    arguments, an engine that cannot run here), 1 when a start-up step fails (a taken port)."""
+    arguments, an engine that cannot run here, a bad mock model directory), 1 when a start-up
+    step fails (a taken port, engine init)."""
     try:
         config = backend_args.parse_args(argv)
         log_levels = logging_setup.log_levels_or_exit(PROG)  # DYN_LOG, as upstream
@@ -457,9 +474,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging_setup.warn_unmatched_targets(log_levels)
     upstream.warn_ignored_env(PROG, upstream.declared_names(backend_args.ALL_OPTIONS))
     logger.info(
-        "Worker options: model=%s engine=%s discovery_backend=%s discovery_dir=%s discovery_ttl=%g "
+        "Worker options: model=%s served_model_name=%s engine=%s discovery_backend=%s discovery_dir=%s discovery_ttl=%g "
         "request_plane=%s:%s freeze_gc_heap=%s gc_pause_log_ms=%g self_benchmark_points=%d",
         config.model,
+        config.served_model_name or config.model,
         config.engine,
         config.discovery_backend,
         config.discovery_dir,
@@ -484,7 +502,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except EngineUnavailable as exc:
         logger.error("Cannot start the worker: %s", exc)
         return 2
-    except StartupError as exc:
+    except (StartupError, EngineInitFailed) as exc:
         logger.error("Cannot start the worker: %s", exc)
         return 1
     except RankError as exc:

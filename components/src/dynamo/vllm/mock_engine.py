@@ -1,16 +1,24 @@
-"""The built-in engine behind ``python -m dynamo.vllm --engine mock``.
+"""The built-in engine behind ``python -m dynamo.vllm --engine mock --model DIR``.
 
-It gives the GC layer a real engine loop to live in without vLLM:
+It gives the GC layer a real engine loop to live in without vLLM, in a real model's vocabulary:
+DIR is a Hugging Face tokenizer directory (:mod:`dynamo.vllm.mock_model`), so the frontend
+tokenizes with DIR's own tokenizer and detokenizes what the mock streams.
 
 * ``generate`` streams one token per step, each step an ``asyncio.sleep`` of ``--mock-token-ms``
   (the engine's simulated compute). The completion is the prompt's token ids echoed back, then
-  counted tokens (the position in the completion) until ``max_tokens``::
+  DIR's ordinary (non-special) ids counted from the position in the completion
+  (``ordinary_ids[position % len(ordinary_ids)]``). It ends as vLLM's would:
 
-      completion = (prompt + list(range(len(prompt), max_tokens)))[:max_tokens]
+  - ``stop`` on a token of the card's EOS ids (unless ``ignore_eos``; the echoed prompt carries
+    the chat template's EOS tokens, so a chat prompt is echoed up to the end of its first
+    message), on one of ``stop_token_ids``, or once the decoded completion contains one of the
+    ``stop`` strings; none of these before ``min_tokens`` tokens. The stopping token is
+    streamed too (the frontend hides special tokens and cuts at stop strings);
+  - ``length`` at ``max_tokens``, or when prompt plus completion reach the context length.
 
-  The mock has no end-of-sequence token, so a request that runs to the end always stops at
-  ``max_tokens`` with ``finish_reason == "length"``. Closing the stream early (client
-  disconnect, drain timeout) aborts the request; aborts are counted.
+  A prompt that leaves no room in the context is refused before the first token (the request
+  plane answers 400), as vLLM refuses it. Closing the stream early
+  (client disconnect, drain timeout) aborts the request; aborts are counted.
 * ``start`` (engine init) takes ``--mock-init-ms`` (default 0), then builds the optional
   synthetic long-lived heap of ``--mock-heap-objects`` tracked objects and keeps it on the
   engine for the life of the process, like a real engine's imports and tokenizer tables.
@@ -25,9 +33,15 @@ import argparse
 import asyncio
 import logging
 import time
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, AsyncIterator, Iterator, Sequence
+
+from tokenizers.decoders import DecodeStream
 
 from dynamo.common.utils.synthetic_heap import TRACKED_PER_UNIT, build_synthetic_heap
+from dynamo.runtime.model_card import ModelCard
+from dynamo.runtime.request_plane import BadGenerateRequest, GenerateRequest
+from dynamo.runtime.sampling import SamplingOptions
+from dynamo.vllm.mock_model import MockModel, load_mock_model
 
 logger = logging.getLogger(__name__)
 
@@ -37,9 +51,79 @@ NO_RANKS_MESSAGE = (
 )
 
 
-def mock_completion(prompt: Sequence[int], max_tokens: int) -> list[int]:
-    """The token ids the mock engine streams for this prompt (for callers and tests)."""
-    return (list(prompt) + list(range(len(prompt), max_tokens)))[:max_tokens]
+class MockCompletion:
+    """The tokens the mock engine streams for one request, and why it stopped.
+
+    Iterating yields the token ids one at a time; once exhausted, :attr:`finish_reason` is
+    ``"stop"`` or ``"length"``.
+    """
+
+    def __init__(self, model: MockModel, prompt: Sequence[int], sampling: SamplingOptions):
+        self.model = model
+        self.prompt = list(prompt)
+        self.sampling = sampling
+        self.token_ids: list[int] = []
+        self.finish_reason: str | None = None
+
+    def check_prompt(self) -> None:
+        """Raise :class:`BadGenerateRequest` for a prompt that leaves no room in the context.
+
+        Ids outside the vocabulary are echoed as they are (and decode to nothing when stop
+        strings are matched), where vLLM would refuse them: a frontend that does not yet
+        tokenize with the model's own tokenizer can still drive the mock.
+        """
+        context_length = self.model.card.context_length
+        if len(self.prompt) >= context_length:
+            raise BadGenerateRequest(
+                f"the prompt ({len(self.prompt)} tokens) leaves no room in the model's context "
+                f"length of {context_length} tokens",
+                field="token_ids",
+            )
+
+    def token_at(self, position: int) -> int:
+        if position < len(self.prompt):
+            return self.prompt[position]
+        ordinary = self.model.ordinary_ids
+        return ordinary[position % len(ordinary)]
+
+    def __iter__(self) -> Iterator[int]:
+        sampling = self.sampling
+        stop_ids = set(sampling.stop_token_ids)
+        if not sampling.ignore_eos:
+            stop_ids.update(self.model.card.eos_token_ids)
+        limit = min(sampling.max_tokens, self.model.card.context_length - len(self.prompt))
+        # Stop strings are matched on the completion's own decoded text, as vLLM matches them
+        # (special tokens skipped); the decoder only runs when there is something to match.
+        decoder = DecodeStream(skip_special_tokens=True) if sampling.stop else None
+        text = ""
+        for position in range(limit):
+            token_id = self.token_at(position)
+            self.token_ids.append(token_id)
+            searched_from = len(text)
+            if decoder is not None:
+                text += decoder.step(self.model.tokenizer, token_id) or ""
+            yield token_id
+            if len(self.token_ids) <= sampling.min_tokens:
+                continue
+            if token_id in stop_ids or any(
+                text.find(stop, max(0, searched_from - len(stop) + 1)) != -1
+                for stop in sampling.stop
+            ):
+                self.finish_reason = "stop"
+                return
+        self.finish_reason = "length"
+
+
+def mock_completion(
+    model: MockModel, prompt: Sequence[int], sampling: SamplingOptions
+) -> tuple[list[int], str]:
+    """The token ids the mock engine streams for this prompt, and its finish reason (for
+    callers and tests)."""
+    completion = MockCompletion(model, prompt, sampling)
+    completion.check_prompt()
+    token_ids = list(completion)
+    assert completion.finish_reason is not None
+    return token_ids, completion.finish_reason
 
 
 class MockEngine:
@@ -47,7 +131,7 @@ class MockEngine:
 
     def __init__(
         self,
-        model_name: str,
+        model: MockModel,
         *,
         token_ms: float = 5.0,
         heap_objects: int = 0,
@@ -56,7 +140,7 @@ class MockEngine:
         use_ranks: bool = False,
         worker_extension_cls: str | None = None,
     ) -> None:
-        self.model_name = model_name
+        self.model = model
         self.token_s = token_ms / 1000.0
         self.heap_objects = heap_objects
         self.init_s = init_ms / 1000.0
@@ -75,8 +159,9 @@ class MockEngine:
     def from_config(
         cls, config: argparse.Namespace, *, worker_extension_cls: str | None = None
     ) -> "MockEngine":
+        model = getattr(config, "mock_model", None) or load_mock_config_model(config)
         return cls(
-            config.model,
+            model,
             token_ms=config.mock_token_ms,
             heap_objects=config.mock_heap_objects,
             init_ms=getattr(config, "mock_init_ms", 0.0),
@@ -84,6 +169,14 @@ class MockEngine:
             use_ranks=getattr(config, "self_benchmark_points", 0) > 0,
             worker_extension_cls=worker_extension_cls,
         )
+
+    @property
+    def model_card(self) -> ModelCard:
+        return self.model.card
+
+    @property
+    def served_model_name(self) -> str:
+        return self.model.card.served_model_name
 
     @property
     def heap(self) -> list:
@@ -117,22 +210,22 @@ class MockEngine:
             )
         self.started = True
 
-    async def generate(self, request: dict) -> AsyncIterator[dict]:
-        prompt = request["token_ids"]
-        max_tokens = request["max_tokens"]
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[dict]:
+        completion = MockCompletion(self.model, request.token_ids, request.sampling)
+        completion.check_prompt()  # before the first item: the request plane answers 400
         self.requests_started += 1
         produced = 0
         finished = False
         try:
-            for token in mock_completion(prompt, max_tokens):
+            for token in completion:
                 await asyncio.sleep(self.token_s)  # the simulated compute of one step
                 produced += 1
                 yield {"token_ids": [token]}
             finished = True
             self.requests_finished += 1
             yield {
-                "finish_reason": "length" if produced >= max_tokens else "stop",
-                "prompt_tokens": len(prompt),
+                "finish_reason": completion.finish_reason,
+                "prompt_tokens": len(request.token_ids),
                 "completion_tokens": produced,
             }
         finally:
@@ -142,7 +235,7 @@ class MockEngine:
                 self.requests_aborted += 1
                 logger.info(
                     "Mock engine: request %s aborted after %d token(s)",
-                    request.get("request_id", ""),
+                    request.request_id,
                     produced,
                 )
 
@@ -159,3 +252,14 @@ class MockEngine:
         if ranks is not None:
             await ranks.shutdown()  # the worker logs the engine's shutdown, once
         self.started = False
+
+
+def load_mock_config_model(config: argparse.Namespace) -> MockModel:
+    """The mock engine's model from the worker's options (``--model`` is the directory);
+    raises :class:`dynamo.vllm.mock_model.BadModelDirectory`."""
+    return load_mock_model(
+        config.model,
+        served_model_name=config.served_model_name,
+        max_model_len=config.mock_max_model_len,
+        chat_template=config.chat_template,
+    )

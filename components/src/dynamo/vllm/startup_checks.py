@@ -5,7 +5,8 @@ Every message names the option (flag and env var) and the value, so the operator
 change, and none is a traceback:
 
 * :func:`check_paths` runs in ``main()`` before the event loop: the discovery directory must be
-  creatable and writable, the self-benchmark output file creatable. A bad path exits 2, like a
+  creatable and writable, the self-benchmark output file creatable, the chat template file
+  readable. A bad path exits 2, like a
   bad flag, before engine init and the self-benchmark have spent a minute.
 * :func:`listening` wraps the bind of a listener: a taken port (or an unknown host) becomes a
   :class:`StartupError`, which ``main()`` logs as one ERROR line before exiting 1.
@@ -23,6 +24,7 @@ from typing import Awaitable, Callable, TypeVar
 from dynamo.common.configuration import Option
 from dynamo.common.configuration.runtime_options import DISCOVERY_DIR
 from dynamo.runtime import discovery
+from dynamo.vllm.backend_args import CHAT_TEMPLATE
 from dynamo.vllm.self_benchmark_args import SELF_BENCHMARK_OUTPUT
 
 PROG = "python -m dynamo.vllm"
@@ -67,9 +69,23 @@ def create_benchmark_output(path: str) -> None:
         ) from None
 
 
+def check_chat_template(path: str) -> None:
+    """The chat template must be a readable UTF-8 file (the frontend renders it)."""
+    try:
+        with open(path, encoding="utf-8") as template:
+            template.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = _reason(exc) if isinstance(exc, OSError) else f"not UTF-8 text: {exc}"
+        raise UnusablePath(
+            f"{CHAT_TEMPLATE.source_label()} is {path!r}: the worker cannot read it ({reason})"
+        ) from None
+
+
 def check_paths(config: argparse.Namespace) -> None:
     """The path options, checked (and created) before anything starts; exits 2 on a bad one."""
     try:
+        if getattr(config, "chat_template", None) is not None:
+            check_chat_template(config.chat_template)
         if config.discovery_backend == "file":
             ensure_discovery_dir(config.discovery_dir)
         if config.self_benchmark_points > 0 and config.self_benchmark_output is not None:

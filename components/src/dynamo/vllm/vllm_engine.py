@@ -7,9 +7,18 @@ vLLM's flags work as they are::
     python -m dynamo.vllm --engine vllm --model PATH --max-model-len 256 \\
         --kv-cache-memory-bytes 64M --enforce-eager
 
-Three of the worker's options are vLLM's too and reach it from the worker: ``--model`` (the
-model to load, also the name the worker registers), ``--tensor-parallel-size`` (passed on when
-not 1) and ``--worker-extension-cls`` (through ``build_engine``'s ``worker_extension_cls``).
+Four of the worker's options are vLLM's too and reach it from the worker: ``--model`` (the
+model to load), ``--served-model-name`` (the name the worker registers; unset: ``--model``),
+``--tensor-parallel-size`` (passed on when not 1) and ``--worker-extension-cls`` (through
+``build_engine``'s ``worker_extension_cls``).
+
+Requests arrive as the model's own token ids (the frontend tokenized them with the tokenizer
+the model card names) and are handed to vLLM unchanged, as a ``TokensPrompt``; their
+:class:`~dynamo.runtime.sampling.SamplingOptions` become ``SamplingParams`` (DELTA output), with
+the model's generation-config defaults for the fields a request leaves unset, as ``vllm serve``
+applies them. After engine init the model card is read from what vLLM resolved: the served
+name, the tokenizer directory (``--tokenizer``, else the model's), ``max_model_len`` and the EOS
+ids of the tokenizer and generation config.
 
 This process embeds ``AsyncLLM``: it is the parent whose heap (torch, transformers, vLLM, the
 engine client: ~600k tracked objects) the worker freezes after engine init. vLLM freezes its own
@@ -26,6 +35,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import os
 import time
 import uuid
 from typing import Any, AsyncIterator, Sequence
@@ -36,11 +46,19 @@ from vllm.inputs import TokensPrompt
 from vllm.sampling_params import RequestOutputKind
 
 try:
+    from vllm.exceptions import VLLMValidationError
+except ImportError:  # vLLM releases before it: SamplingParams raised ValueError
+    VLLMValidationError = ValueError  # type: ignore[misc,assignment]
+
+try:
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 except ImportError:  # vLLM releases before the utils split
     from vllm.utils import FlexibleArgumentParser  # type: ignore[no-redef]
 
-from dynamo.vllm.engine import EngineUnavailable
+from dynamo.runtime.model_card import ModelCard
+from dynamo.runtime.request_plane import BadGenerateRequest, GenerateRequest
+from dynamo.runtime.sampling import SamplingOptions
+from dynamo.vllm.engine import EngineInitFailed, EngineUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +88,9 @@ def engine_args_from_config(
 ) -> AsyncEngineArgs:
     """The worker's config (its options plus ``config.vllm_args``) as vLLM engine arguments."""
     argv = ["--model", config.model]
+    served_model_name = getattr(config, "served_model_name", None)
+    if served_model_name:
+        argv += ["--served-model-name", served_model_name]
     tensor_parallel_size = getattr(config, "tensor_parallel_size", 1)
     if tensor_parallel_size != 1:
         # First, so an explicit vLLM -tp/--tensor-parallel-size later in the rest still wins.
@@ -98,16 +119,81 @@ def build_vllm_engine(
     engine_args = getattr(config, "vllm_engine_args", None)
     if engine_args is None:
         engine_args = engine_args_from_config(config, worker_extension_cls=worker_extension_cls)
-    return VllmEngine(engine_args, model_name=config.model)
+    return VllmEngine(engine_args, chat_template=getattr(config, "chat_template", None))
+
+
+# SamplingOptions fields that fall back on the model's generation config when a request leaves
+# them unset (vLLM's ModelConfig.get_diff_sampling_param, as its OpenAI server applies them).
+MODEL_DEFAULT_FIELDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+)
+
+
+def sampling_params(options: SamplingOptions, model_defaults: dict[str, Any]) -> SamplingParams:
+    """vLLM's ``SamplingParams`` for one request (DELTA output: each step's new tokens)."""
+    chosen: dict[str, Any] = {}
+    for name in MODEL_DEFAULT_FIELDS:
+        value = getattr(options, name)
+        if value is None:
+            value = model_defaults.get(name)
+        if value is not None:
+            chosen[name] = value
+    return SamplingParams(
+        max_tokens=options.max_tokens,
+        min_tokens=options.min_tokens,
+        seed=options.seed,
+        stop=list(options.stop),
+        stop_token_ids=list(options.stop_token_ids),
+        ignore_eos=options.ignore_eos,
+        output_kind=RequestOutputKind.DELTA,
+        **chosen,
+    )
+
+
+def served_name_of(engine_args: AsyncEngineArgs) -> str:
+    """vLLM's first --served-model-name, else --model (what vLLM itself reports)."""
+    names = engine_args.served_model_name
+    if isinstance(names, str):
+        names = [names]
+    return names[0] if names else engine_args.model
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception's message on one log line (pydantic's and vLLM's span several)."""
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def resolve_tokenizer_dir(tokenizer: str, revision: str | None) -> str:
+    """The local directory of vLLM's resolved tokenizer (a directory already, or a Hugging Face
+    id vLLM has downloaded into the hub cache)."""
+    if os.path.isdir(tokenizer):
+        return os.path.abspath(tokenizer)
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(tokenizer, revision=revision, local_files_only=True)
+    except Exception as exc:  # noqa: BLE001 - any hub error means: no local copy
+        raise EngineInitFailed(
+            f"the tokenizer {tokenizer!r} has no local directory the frontend could read "
+            f"({one_line(exc)}); pass a model directory as --model (or vLLM's --tokenizer)"
+        ) from None
 
 
 class VllmEngine:
     """The engine protocol (:class:`dynamo.vllm.engine.Engine`) on vLLM's ``AsyncLLM``."""
 
-    def __init__(self, engine_args: AsyncEngineArgs, *, model_name: str | None = None) -> None:
+    def __init__(self, engine_args: AsyncEngineArgs, *, chat_template: str | None = None) -> None:
         self.engine_args = engine_args
-        self.model_name = model_name or engine_args.model
+        self.chat_template = chat_template
         self._engine: Any = None  # vllm.v1.engine.async_llm.AsyncLLM once started
+        self._card: ModelCard | None = None
+        self._model_defaults: dict[str, Any] = {}
         self._vocab_size = 0
         self._max_model_len = 0
         self._request_ids = itertools.count()
@@ -122,6 +208,16 @@ class VllmEngine:
         if self._engine is None:
             raise RuntimeError("the vLLM engine is not running")
         return self._engine
+
+    @property
+    def served_model_name(self) -> str:
+        return served_name_of(self.engine_args)
+
+    @property
+    def model_card(self) -> ModelCard:
+        if self._card is None:
+            raise RuntimeError("the vLLM engine has not started: no model card yet")
+        return self._card
 
     @property
     def vocab_size(self) -> int:
@@ -149,6 +245,13 @@ class VllmEngine:
         creation = asyncio.ensure_future(asyncio.to_thread(self._create_engine))
         try:
             engine = await asyncio.shield(creation)
+        except EngineInitFailed:
+            raise
+        except Exception as exc:
+            # E.g. "Engine core initialization failed. See root cause above." after the CPU
+            # memory check: the engine core has logged its own traceback; ours would add
+            # nothing but noise.
+            raise EngineInitFailed(f"vLLM engine init failed: {one_line(exc)}") from None
         except asyncio.CancelledError:
             # A signal during engine init: the thread cannot be interrupted. Wait for it, so
             # shutdown() can stop the processes it started instead of orphaning them.
@@ -165,9 +268,15 @@ class VllmEngine:
 
         began = time.perf_counter()
         engine = AsyncLLM.from_engine_args(self.engine_args)
-        model_config = engine.model_config
-        self._vocab_size = model_config.get_vocab_size()
-        self._max_model_len = model_config.max_model_len
+        try:
+            model_config = engine.model_config
+            self._vocab_size = model_config.get_vocab_size()
+            self._max_model_len = model_config.max_model_len
+            self._model_defaults = dict(model_config.get_diff_sampling_param())
+            self._card = self._read_card(engine)
+        except BaseException:
+            engine.shutdown()  # its processes are running: stop them before reporting
+            raise
         logger.info(
             "vLLM AsyncLLM started in %.1f s: model=%s vocab_size=%d max_model_len=%d "
             "worker_extension_cls=%s",
@@ -179,33 +288,62 @@ class VllmEngine:
         )
         return engine
 
-    def map_token_ids(self, token_ids: Sequence[int]) -> list[int]:
-        """Request-plane token ids as ids of this model's vocabulary.
+    def _read_card(self, engine: Any) -> ModelCard:
+        model_config = engine.model_config
+        tokenizer = engine.tokenizer
+        eos_ids: list[int] = []
+        if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
+            eos_ids.append(tokenizer.eos_token_id)
+        generation_eos = model_config.try_get_generation_config().get("eos_token_id")
+        if isinstance(generation_eos, int):
+            generation_eos = [generation_eos]
+        eos_ids += [i for i in generation_eos or () if isinstance(i, int)]
+        tokenizer_dir = resolve_tokenizer_dir(
+            model_config.tokenizer, getattr(model_config, "tokenizer_revision", None)
+        )
+        model_path = model_config.model
+        if os.path.isdir(model_path):
+            model_path = os.path.abspath(model_path)
+        return ModelCard(
+            served_model_name=self.served_model_name,
+            model_path=model_path,
+            tokenizer_path=tokenizer_dir,
+            context_length=model_config.max_model_len,
+            eos_token_ids=tuple(dict.fromkeys(i for i in eos_ids if i >= 0)),
+            chat_template_path=(
+                os.path.abspath(self.chat_template) if self.chat_template else None
+            ),
+        )
 
-        The frontend keeps the chat template and tokenizer (its built-in byte-level tokenizer,
-        ids 0..255 plus specials and merged tokens above); it does not know this model's
-        vocabulary. Ids are mapped into ``[0, vocab_size)`` by remainder, so every request is
-        valid input for the model and different ids stay mostly different (clamping would
-        collapse them all onto the last id). Generated ids come back unmapped: the frontend's
-        detokenizer decodes any id (unknown ones as U+FFFD).
-        """
-        vocab_size = self._vocab_size
-        return [token_id % vocab_size for token_id in token_ids]
+    def _check_prompt(self, prompt: Sequence[int]) -> None:
+        """What vLLM would refuse, refused before the first item (a 400 on the request plane)."""
+        for index, token_id in enumerate(prompt):
+            if token_id >= self._vocab_size:
+                raise BadGenerateRequest(
+                    f"token id {token_id} is out of vocabulary (size {self._vocab_size})",
+                    field=f"token_ids.{index}",
+                )
+        if len(prompt) >= self._max_model_len:
+            raise BadGenerateRequest(
+                f"the prompt ({len(prompt)} tokens) leaves no room in max_model_len "
+                f"{self._max_model_len}",
+                field="token_ids",
+            )
 
     def _next_request_id(self, label: str) -> str:
         return f"{label or 'req'}-{self._id_prefix}-{next(self._request_ids)}"
 
-    async def generate(self, request: dict) -> AsyncIterator[dict]:
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[dict]:
         engine = self.engine
-        prompt = self.map_token_ids(request["token_ids"])
-        if not prompt:
-            raise ValueError("the prompt has no tokens")
+        prompt = list(request.token_ids)  # the model's own ids: sent to vLLM unchanged
+        self._check_prompt(prompt)
+        try:
+            params = sampling_params(request.sampling, self._model_defaults)
+        except (ValueError, VLLMValidationError) as exc:  # SamplingParams._verify_args
+            raise BadGenerateRequest(f"sampling: {one_line(exc)}", field="sampling") from None
         # The frontend's id is kept as a prefix for the logs; the suffix makes it unique in
         # vLLM, which rejects a request id that is still running.
-        request_id = self._next_request_id(request.get("request_id", ""))
-        params = SamplingParams(
-            max_tokens=request["max_tokens"], output_kind=RequestOutputKind.DELTA
-        )
+        request_id = self._next_request_id(request.request_id)
         produced = 0
         finished = False
         try:
