@@ -16,10 +16,8 @@ import urllib.request
 from pathlib import Path
 from typing import Iterator
 
-import pytest
 
 from dynamo.frontend.chat_processor import build_chat_processor
-from dynamo.runtime import request_plane
 from dynamo.runtime.sampling import SamplingOptions
 from dynamo.vllm.mock_engine import mock_completion
 from dynamo.vllm.mock_model import load_mock_model
@@ -28,29 +26,6 @@ from tests.integration.harness import LISTENING_LINE, LauncherProcess
 
 __all__ = ["LISTENING_LINE"]  # re-exported: the pair tests import it from here
 
-
-def _worker_speaks_wire_v2() -> bool:
-    """Whether the worker side of issue 10 is here: its request plane takes the v2 body.
-
-    The frontend sends v2 bodies and serves only records with a model card; both come from the
-    worker side (a separate change). Until it is merged, tests that need a mock worker serving
-    through the frontend cannot pass, and are skipped with this reason (transitional: the probe
-    turns them on by itself once the worker side lands).
-    """
-    body = {"request_id": "r", "model": "m", "token_ids": [1], "sampling": {"max_tokens": 1}}
-    try:
-        request_plane.validate_generate_request(body)
-    except ValueError:
-        return False
-    return True
-
-
-WORKER_SPEAKS_WIRE_V2 = _worker_speaks_wire_v2()
-needs_worker_v2 = pytest.mark.skipif(
-    not WORKER_SPEAKS_WIRE_V2,
-    reason="needs the worker side of issue 10 (model card in the record, request-plane wire "
-    "format v2); the frontend side refuses cardless records",
-)
 
 FROZEN_LINE = r"GC heap frozen \(([^)]*)\): collected=\d+ frozen=\d+"
 REFUSED_LINE = r"GC heap freeze refused"
@@ -96,25 +71,61 @@ def request(
             return error.code, json.load(error)
 
 
-def chat_body(model: str, max_tokens: int = 16, stream: bool = False) -> dict:
-    return {
+def chat_body(
+    model: str, max_tokens: int = 16, stream: bool = False, *, ignore_eos: bool = False
+) -> dict:
+    """A chat request. The mock echoes the rendered prompt, whose EOS tokens end a completion
+    unless ``ignore_eos`` (long streams set it, so they run to ``max_tokens``)."""
+    body = {
         "model": model,
         "messages": [{"role": "user", "content": "Hello, frozen heap! ❄"}],
         "max_tokens": max_tokens,
         "stream": stream,
     }
+    if ignore_eos:
+        body["ignore_eos"] = True
+    return body
 
 
-def expected_content(body: dict, card) -> str:
-    """What the frontend must answer: the mock engine's tokens for this body (the prompt the
-    model's own template renders, the stop ids the frontend sends), decoded by the model's own
-    tokenizer (``card`` names its files)."""
+def expected_completion(
+    body: dict, card=None, *, max_model_len: int | None = None
+) -> tuple[str, str, int]:
+    """What the frontend must answer, its finish reason and its completion token count: the mock engine's tokens for this
+    body (the prompt the model's own template renders, the EOS ids the frontend sends as stop
+    ids), decoded by the model's own tokenizer. ``card`` names the model's files (default: the
+    tiny tokenizer the harness's mock worker serves, under the body's model name, with the
+    worker's ``--mock-max-model-len`` when it set one)."""
+    if card is None:
+        card = load_mock_model(
+            harness.tiny_tokenizer_dir(), served_model_name=body["model"], max_model_len=max_model_len
+        ).card
     processor = build_chat_processor(card)
     ids = processor.encode_chat(processor.render(body["messages"]))
-    model = load_mock_model(card.tokenizer_path, served_model_name=card.served_model_name)
-    sampling = SamplingOptions(max_tokens=body["max_tokens"], stop_token_ids=card.eos_token_ids)
-    token_ids, _ = mock_completion(model, ids, sampling)
-    return processor.tokenizer.decode(token_ids)
+    model = load_mock_model(
+        card.tokenizer_path,
+        served_model_name=card.served_model_name,
+        max_model_len=card.context_length,
+    )
+    ignore_eos = bool(body.get("ignore_eos"))
+    sampling = SamplingOptions(
+        max_tokens=body["max_tokens"],
+        stop_token_ids=() if ignore_eos else card.eos_token_ids,
+        ignore_eos=ignore_eos,
+    )
+    token_ids, finish_reason = mock_completion(model, ids, sampling)
+    return processor.tokenizer.decode(token_ids), finish_reason, len(token_ids)
+
+
+def expected_content(body: dict, card=None, *, max_model_len: int | None = None) -> str:
+    return expected_completion(body, card, max_model_len=max_model_len)[0]
+
+
+def expected_finish_reason(body: dict, card=None) -> str:
+    return expected_completion(body, card)[1]
+
+
+def expected_completion_tokens(body: dict, card=None) -> int:
+    return expected_completion(body, card)[2]
 
 
 def stream_events(url: str, body: dict, timeout: float = CLIENT_TIMEOUT_S) -> Iterator:

@@ -15,7 +15,6 @@ import pytest
 from dynamo.runtime.discovery import HEARTBEATS_PER_TTL, DiscoveryStore
 from tests.integration.harness import wait_until
 from tests.integration.pair_helpers import (
-    needs_worker_v2,
     assert_openai_error,
     chat_body,
     frontend_url,
@@ -24,7 +23,7 @@ from tests.integration.pair_helpers import (
     start_worker,
 )
 
-pytestmark = [pytest.mark.integration, needs_worker_v2]
+pytestmark = pytest.mark.integration
 
 # Short enough for a quick test, long enough that a live worker on a busy 2-core CI machine is
 # never taken for dead: it renews every second (TTL/5), so only a stall of five

@@ -31,7 +31,8 @@ def _chat(url: str, *, stream: bool, max_tokens: int, content: str = "hi") -> ht
     parts = urllib.parse.urlsplit(url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
     body = {"model": MODEL, "messages": [{"role": "user", "content": content}],
-            "max_tokens": max_tokens, "stream": stream}  # fmt: skip
+            "max_tokens": max_tokens, "stream": stream,
+            "ignore_eos": True}  # fmt: skip: the echoed prompt's EOS must not end the stream
     conn.request("POST", "/v1/chat/completions", json.dumps(body),
                  {"Content-Type": "application/json"})  # fmt: skip
     return conn.getresponse()
@@ -42,7 +43,7 @@ def pair(tmp_path):
     discovery = tmp_path / "discovery"
     worker = start_worker(
         "worker", tmp_path, discovery, MODEL, "--mock-token-ms", "200",
-        "--drain-timeout", str(DRAIN_S),
+        "--drain-timeout", str(DRAIN_S), "--mock-max-model-len", "2000000",
     )  # fmt: skip
     frontend = start_frontend("frontend", tmp_path, discovery, "--dyn-drain-timeout", str(DRAIN_S))
     try:
@@ -108,8 +109,9 @@ def test_the_worker_drain_ends_cut_streams_with_an_in_band_error_line(pair):
     plane = listening_url(worker, WORKER_PLANE_LINE)
     parts = urllib.parse.urlsplit(plane)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
-    conn.request("POST", "/generate", json.dumps({"request_id": "r1", "token_ids": [1, 2],
-                                                    "max_tokens": 1000}))  # fmt: skip
+    body = {"request_id": "r1", "model": MODEL, "token_ids": [1, 2],
+            "sampling": {"max_tokens": 1000, "ignore_eos": True}}  # fmt: skip
+    conn.request("POST", "/generate", json.dumps(body))
     response = conn.getresponse()
     assert response.status == 200
     lines: list[str] = []

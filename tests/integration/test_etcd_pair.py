@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import subprocess
 import sys
 import threading
@@ -14,6 +13,7 @@ import aetcd
 import pytest
 
 from dynamo.runtime.discovery import ModelRecord
+from tests.integration import harness
 from tests.integration.harness import wait_until
 from tests.integration.pair_helpers import (
     EXPLICIT_COLLECT_LINE,
@@ -199,7 +199,8 @@ def test_start_up_with_etcd_down_stays_not_ready_then_serves(etcd_server, tmp_pa
 )
 def test_unusable_etcd_credentials_exit_2_and_never_print_a_password(module, env, needle):
     result = subprocess.run(
-        [sys.executable, "-m", module, "--discovery-backend", "etcd"],
+        [sys.executable, "-m", module, "--discovery-backend", "etcd"]
+        + (["--engine", "mock", "--model", harness.tiny_tokenizer_dir()] if module == "dynamo.vllm" else []),
         env={**{k: v for k, v in __import__("os").environ.items() if not k.startswith("ETCD_")},
              **env},
         capture_output=True,

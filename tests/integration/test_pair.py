@@ -16,7 +16,6 @@ import pytest
 
 from tests.integration.harness import wait_until
 from tests.integration.pair_helpers import (
-    needs_worker_v2,
     CLIENT_TIMEOUT_S,
     EXPLICIT_COLLECT_LINE,
     FROZEN_LINE,
@@ -25,6 +24,8 @@ from tests.integration.pair_helpers import (
     assert_openai_error,
     chat_body,
     expected_content,
+    expected_completion_tokens,
+    expected_finish_reason,
     frontend_url,
     request,
     start_frontend,
@@ -33,7 +34,7 @@ from tests.integration.pair_helpers import (
     streamed_text,
 )
 
-pytestmark = [pytest.mark.integration, needs_worker_v2]
+pytestmark = pytest.mark.integration
 
 MODEL = "pair-mock"
 
@@ -97,8 +98,8 @@ def test_chat_completion_returns_the_engines_tokens(pair):
     assert completion["object"] == "chat.completion" and completion["model"] == MODEL
     (choice,) = completion["choices"]
     assert choice["message"]["content"] == expected_content(body)
-    assert choice["finish_reason"] == "length"
-    assert completion["usage"]["completion_tokens"] == 48
+    assert choice["finish_reason"] == expected_finish_reason(body)
+    assert completion["usage"]["completion_tokens"] == expected_completion_tokens(body)
 
 
 def test_streaming_chat_completion(pair):
@@ -108,7 +109,7 @@ def test_streaming_chat_completion(pair):
     chunks = events[:-1]
     assert all(c["object"] == "chat.completion.chunk" for c in chunks)
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
-    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["choices"][0]["finish_reason"] == expected_finish_reason(body)
     assert len(chunks) > 3  # streamed in pieces, not one blob
     assert streamed_text(chunks) == expected_content(body)
 
@@ -191,10 +192,13 @@ def test_a_model_registered_while_serving_is_servable_without_freeze_or_collect(
 
 
 def test_a_killed_worker_turns_its_model_into_503s_not_hangs(pair, extra_workers):
-    doomed = extra_workers("worker-doomed", "pair-doomed", "--mock-token-ms", "20")
+    doomed = extra_workers(
+        "worker-doomed", "pair-doomed", "--mock-token-ms", "20", "--mock-max-model-len", "100000"
+    )
     pair.frontend.wait_for_log(r"Model added: model=pair-doomed ")
     # A long stream in flight when the worker dies (5000 tokens at 20 ms would take 100 s).
-    events = stream_events(pair.url, chat_body("pair-doomed", max_tokens=5000, stream=True))
+    body = chat_body("pair-doomed", max_tokens=5000, stream=True, ignore_eos=True)
+    events = stream_events(pair.url, body)
     started = [next(events), next(events), next(events)]
     assert started[0]["choices"][0]["delta"]["role"] == "assistant"
     doomed.signal(signal.SIGKILL)

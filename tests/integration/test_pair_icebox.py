@@ -15,12 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.pair_helpers import needs_worker_v2
 
 from tests.integration.harness import wait_until
 from tests.integration.pair_helpers import CLIENT_TIMEOUT_S, expected_content, request
 
-pytestmark = [pytest.mark.integration, needs_worker_v2]
+pytestmark = pytest.mark.integration
 
 ICEBOX = Path(__file__).resolve().parents[2] / "scripts" / "icebox.py"
 BANNER = re.compile(

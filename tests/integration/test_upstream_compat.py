@@ -102,7 +102,10 @@ def test_dyn_log_debug_reaches_every_process(tmp_path):
 @pytest.mark.parametrize("module", ["dynamo.vllm", "dynamo.frontend"])
 def test_an_unknown_dyn_log_level_exits_2_naming_it(tmp_path, module):
     process = harness.LauncherProcess(
-        f"loud-{module}", module, ["--discovery-dir", str(tmp_path / "d")], log_dir=tmp_path,
+        f"loud-{module}", module,
+        ["--discovery-dir", str(tmp_path / "d")]
+        + (["--engine", "mock", "--model", harness.tiny_tokenizer_dir()] if module == "dynamo.vllm" else []),
+        log_dir=tmp_path,
         env={"DYN_LOG": "loud"},
     )  # fmt: skip
     try:

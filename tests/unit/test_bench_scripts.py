@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.pair_helpers import needs_worker_v2
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO_ROOT / "scripts"
@@ -93,7 +92,6 @@ def test_bench_overheads_smoke(tmp_path):
 
 
 @pytest.mark.integration  # a real frontend and worker on loopback
-@needs_worker_v2
 def test_ab_serving_smoke(tmp_path):
     result = run_smoke("ab_serving.py", tmp_path, timeout_s=180)
     assert result["benchmark"] == "ab_serving"

@@ -1,7 +1,7 @@
 """The tiny model served by the real vLLM worker through the real frontend, end to end.
 
-Written against the issue-10 contract (model card in the record, request-plane wire format v2);
-skipped until the worker side is present (see tests/integration/pair_helpers.needs_worker_v2).
+The worker publishes the tiny model's card; the frontend renders and tokenizes with the model's
+own files and sends the request plane's v2 body.
 """
 
 from __future__ import annotations
@@ -15,10 +15,9 @@ import pytest
 from dynamo.frontend.chat_processor import build_chat_processor
 from dynamo.runtime.model_card import ModelCard
 from tests.integration.harness import LISTENING_LINE, LauncherProcess
-from tests.integration.pair_helpers import needs_worker_v2
 from tests.vllm.conftest import OFFLINE_ENV, VLLM_ARGS
 
-pytestmark = [pytest.mark.vllm, pytest.mark.integration, needs_worker_v2]
+pytestmark = [pytest.mark.vllm, pytest.mark.integration]
 
 SERVED = "tiny-served"
 START_DEADLINE_S = 360.0

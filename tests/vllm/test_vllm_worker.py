@@ -25,7 +25,6 @@ import pytest
 
 from dynamo.runtime.discovery import DiscoveryStore
 from tests.integration.harness import LauncherProcess
-from tests.integration.pair_helpers import WORKER_SPEAKS_WIRE_V2, needs_worker_v2
 from tests.vllm.conftest import OFFLINE_ENV, VLLM_ARGS
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration]
@@ -141,7 +140,6 @@ def _post_json(url: str, body: dict) -> urllib.request.Request:
     )
 
 
-@needs_worker_v2
 def test_streamed_chat_completion_through_the_real_frontend(real_vllm):
     request = _post_json(
         real_vllm.frontend_url + "/v1/chat/completions",

@@ -13,7 +13,6 @@ from dynamo.common.configuration import (
     IntRange,
     Option,
     Surface,
-    Text,
     gc_options,
     parse_surface,
 )
