@@ -10,6 +10,7 @@ import asyncio
 import gc
 import logging
 import threading
+import time
 import weakref
 
 import pytest
@@ -88,8 +89,13 @@ def test_last_instance_gone_drops_the_model_and_frees_its_processor(factory, mak
         registry.remove_instance(make_record("never-seen", 1))
         registry.remove_instance(a2)
         assert registry.get("a") is None and registry.entries() == []
-        # Nothing else holds it: its memory (the Rust tokenizer too) is returned now,
-        # by reference counting, with no collection.
+        # Nothing else holds it: its memory (the Rust tokenizer too) is returned by reference
+        # counting, with no collection. The builder thread's finished work item may hold the
+        # result for an instant after the loop got it (concurrent.futures drops it on its next
+        # line), so wait for that, with a deadline: never a collection.
+        deadline = time.monotonic() + 5.0
+        while processor() is not None and time.monotonic() < deadline:
+            await asyncio.sleep(0.001)  # polling a condition with a deadline
         assert processor() is None
         registry.add_instance(a1)  # comes back: a fresh processor
         await registry.wait_idle()
