@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import errno
-import socket
 from typing import Mapping, Sequence
 
 from dynamo.common.configuration import (
@@ -16,6 +14,7 @@ from dynamo.common.configuration import (
     gc_options,
     parse_surface,
 )
+from dynamo.common.bind_errors import is_host_error
 from dynamo.common.configuration.drain_options import drain_option
 from dynamo.common.configuration.runtime_options import (
     DISCOVERY_OPTIONS,
@@ -124,7 +123,7 @@ SURFACE = Surface(
 def listen_option_at_fault(exc: OSError) -> Option:
     """The option to change when the HTTP listener cannot bind: the host when it is no address
     of this machine (or does not resolve), else the port (taken, or privileged)."""
-    if isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL:
+    if is_host_error(exc):
         return HTTP_HOST
     return HTTP_PORT
 

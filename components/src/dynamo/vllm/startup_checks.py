@@ -15,12 +15,11 @@ change, and none is a traceback:
 from __future__ import annotations
 
 import argparse
-import errno
 import os
-import socket
 import sys
 from typing import Awaitable, Callable, TypeVar
 
+from dynamo.common.bind_errors import is_host_error
 from dynamo.common.configuration import Option
 from dynamo.common.configuration.runtime_options import DISCOVERY_DIR
 from dynamo.runtime import discovery
@@ -93,11 +92,6 @@ def check_paths(config: argparse.Namespace) -> None:
     except UnusablePath as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-
-
-def is_host_error(exc: OSError) -> bool:
-    """Whether a failed bind is the host's fault (unknown name, not an address of this machine)."""
-    return isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL
 
 
 async def listening(
