@@ -233,6 +233,25 @@ def test_debug_state_reports_thresholds_freeze_and_phase():
     assert metrics.debug_gc_state()["frozen_objects"] == gc.get_freeze_count() >= frozen - 100
 
 
+def test_debug_state_counts_the_tracked_objects_of_each_generation():
+    was_enabled = gc.isenabled()
+    gc.disable()  # no automatic collection may move objects between the two readings
+    try:
+        gc.collect()
+        kept = [[] for _ in range(5000)]  # new tracked containers: generation 0
+        state = metrics.debug_gc_state()
+        assert state["counts"][0] >= len(kept)
+        young, middle, old = state["generation_objects"]
+        assert young >= len(kept)
+        assert old > young  # the collection above left the whole heap in generation 2
+        gc.collect()
+        assert metrics.debug_gc_state()["generation_objects"][2] >= old + len(kept) - 100
+        del kept
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def test_debug_state_carries_the_pause_loggers_counters():
     assert metrics.debug_gc_state()["pause_logger"] is None
     gc.disable()
