@@ -21,14 +21,24 @@ or more that each process's pause logger reported (``GC gen<g> pause <x> ms`` WA
 The frontend's heap is built before its start-up freeze by scripts/bench_launch.py (the frontend
 has no heap option); the worker's by its own ``--mock-heap-objects``.
 
-With ``--engine vllm`` the worker is ``python -m dynamo.vllm --engine vllm`` on the tiny random
-model (scripts/make_tiny_model.py), run by .venv-vllm's python (``--vllm-python``): its heap is
-the real one vLLM's imports and ``AsyncLLM`` build (~620k objects), so it gets no synthetic heap;
-the frontend keeps its synthetic one. CPU inference is slow and each engine start takes 10-40 s,
-so that mode has its own small ladder (results go to ``ab_serving_vllm*.json``).
+With ``--engine vllm`` **no process gets a synthetic heap**: the worker is ``python -m
+dynamo.vllm --engine vllm`` on the tiny random model (scripts/make_tiny_model.py) and the
+frontend runs ``--dyn-chat-processor vllm`` (vLLM's own tokenizer and chat-template rendering),
+both by .venv-vllm's python (``--vllm-python``), so each heap is the one its imports and
+start-up build. vLLM's EngineCore process (scheduler and model) freezes its own start-up heap
+in every arm (``vllm.v1.engine.core``); the arms differ in the two processes our flags govern.
+Each engine start takes 10-40 s and a stock process needs minutes of load before its first
+full collection, so that mode has its own ladder (results go to ``ab_serving_vllm*.json``),
+and two extra runs (scripts/serving_probes.py): ``--probe`` (how long each process of a
+``ctl`` pair takes to its first full collection, and a full collection timed in each serving
+process under load, stock against frozen) and ``--cross-check`` (one rung driven by vLLM's own
+``vllm bench serve`` beside this client).
 
-    python scripts/ab_serving.py [--quick|--smoke] [--engine vllm] [--rungs 50,100,...]
-        [--out DIR] [--publish]
+RSS is read at the end of every rung (psutil) for the frontend, the worker's main process and
+the worker's child processes (EngineCore), so the freeze's memory cost is in the table.
+
+    python scripts/ab_serving.py [--quick|--smoke] [--engine vllm [--probe|--cross-check]]
+        [--rungs 50,100,...] [--duration S] [--out DIR] [--publish]
 """
 
 from __future__ import annotations
@@ -80,14 +90,17 @@ MODES = {
     "smoke": {"heap": 20_000, "duration_s": 1.0, "passes": 1, "rung_fractions": [0.5],
               "arms": ("ctl", "all"), "rungs": [20.0], "token_ms": 1.0, "max_tokens": 4},
 }
-# --engine vllm: the worker's heap is vLLM's own (the value is the frontend's synthetic heap);
-# a short ladder calibrated on the real engine, since each arm pays an engine start.
+# --engine vllm: every heap is the process's own ("heap" is unused). The full mode's rungs are
+# minutes long: docs/benchmarks.md section 3c says why (the probe's time to a first gen2).
 VLLM_MODES = {
-    "full": {"heap": 800_000, "duration_s": 20.0, "passes": 2,
-             "rung_fractions": [0.5, 0.8, 1.0]},
-    "quick": {"heap": 800_000, "duration_s": 10.0, "passes": 1,
+    # Fixed rungs: at 120 RPS a stock pair on this machine runs a full collection every ~30 s
+    # in the frontend and every ~50 s in the worker (the probe); 60 RPS is below that regime,
+    # 180 RPS past the stock pair's comfort. Three arms: `worker` is left out to fit the run.
+    "full": {"heap": 0, "duration_s": 90.0, "passes": 2, "rungs": [60.0, 120.0, 180.0],
+             "arms": ("ctl", "all", "nogc"), "rung_fractions": [0.4, 0.7, 1.0]},
+    "quick": {"heap": 0, "duration_s": 10.0, "passes": 1,
               "rung_fractions": [0.5, 1.0]},
-    "smoke": {"heap": 20_000, "duration_s": 1.0, "passes": 1, "rungs": [2.0],
+    "smoke": {"heap": 0, "duration_s": 1.0, "passes": 1, "rungs": [2.0],
               "arms": ("ctl", "all"), "max_tokens": 4},
 }
 
@@ -304,6 +317,18 @@ def gc_counters(metrics_url: str) -> dict:
     return counters
 
 
+def rss_mb(pid: int, *, children: bool = False) -> float | None:
+    """RSS of ``pid`` (or the sum over its descendants) in MiB; None once it is gone."""
+    import psutil
+
+    try:
+        process = psutil.Process(pid)
+        targets = process.children(recursive=True) if children else [process]
+        return sum(target.memory_info().rss for target in targets) / 2**20
+    except psutil.Error:
+        return None
+
+
 def pauses_in(log: bytes) -> list[dict]:
     return [
         {"generation": int(g), "ms": float(ms)} for g, ms in PAUSE_LINE.findall(log)
@@ -313,7 +338,8 @@ def pauses_in(log: bytes) -> list[dict]:
 class Pair:
     """A frontend and a worker for one arm, up and serving MODEL."""
 
-    def __init__(self, arm: str, heap: int, args: argparse.Namespace, work_dir: Path) -> None:
+    def __init__(self, arm: str, heap: int, args: argparse.Namespace, work_dir: Path,
+                 debug_gc: bool = False) -> None:
         self.arm = arm
         discovery = work_dir / "discovery"
         discovery.mkdir(parents=True, exist_ok=True)
@@ -328,6 +354,7 @@ class Pair:
             "--gc-pause-log-ms", str(PAUSE_LOG_MS),
             "--system-host", "127.0.0.1", "--system-port", str(self.worker_metrics_port),
             "--freeze-gc-heap" if worker_frozen else "--no-freeze-gc-heap",
+            *(["--debug-gc-endpoint"] if debug_gc else []),
         ]
         if args.engine == "vllm":
             # The real heap: vLLM's imports and AsyncLLM, no synthetic one.
@@ -340,18 +367,22 @@ class Pair:
             worker_env, worker_python = bench_env, sys.executable
         self.worker = Process("worker", "dynamo.vllm", engine_argv, work_dir, worker_env,
                               worker_python)
-        self.frontend = Process(
-            "frontend",
-            "dynamo.frontend",
-            [
-                "--http-host", "127.0.0.1", "--http-port", str(self.http_port),
-                "--discovery-dir", str(discovery),
-                "--dyn-gc-pause-log-ms", str(PAUSE_LOG_MS),
-                "--dyn-freeze-gc-heap" if frontend_frozen else "--no-dyn-freeze-gc-heap",
-            ],
-            work_dir,
-            {**bench_env, "BENCH_START_UP_HEAP_OBJECTS": str(heap)},
-        )
+        frontend_argv = [
+            "--http-host", "127.0.0.1", "--http-port", str(self.http_port),
+            "--discovery-dir", str(discovery),
+            "--dyn-gc-pause-log-ms", str(PAUSE_LOG_MS),
+            "--dyn-freeze-gc-heap" if frontend_frozen else "--no-dyn-freeze-gc-heap",
+            *(["--dyn-debug-gc-endpoint"] if debug_gc else []),
+        ]
+        if args.engine == "vllm":
+            # The real heap: vLLM's tokenizer and chat-template rendering, imported at start-up.
+            frontend_argv += ["--dyn-chat-processor", "vllm"]
+            frontend_env, frontend_python = {**bench_env, **OFFLINE_ENV}, args.vllm_python
+        else:
+            frontend_env = {**bench_env, "BENCH_START_UP_HEAP_OBJECTS": str(heap)}
+            frontend_python = sys.executable
+        self.frontend = Process("frontend", "dynamo.frontend", frontend_argv, work_dir,
+                                frontend_env, frontend_python)
         self.base_url = f"http://127.0.0.1:{self.http_port}"
 
     def wait_ready(self, deadline_s: float = 300.0) -> None:
@@ -369,20 +400,41 @@ class Pair:
             "worker": (self.worker, f"http://127.0.0.1:{self.worker_metrics_port}/metrics"),
         }
 
+    def debug_urls(self) -> dict[str, str]:
+        """Each process's /debug/gc base URL (served with ``debug_gc=True`` only)."""
+        return {
+            "frontend": self.base_url + "/debug/gc",
+            "worker": f"http://127.0.0.1:{self.worker_metrics_port}/debug/gc",
+        }
+
+    def rss_mb(self) -> dict[str, float | None]:
+        """Resident memory now: frontend, worker main process, the worker's children (vLLM's
+        EngineCore with --engine vllm; none with the mock)."""
+        return {
+            "frontend": rss_mb(self.frontend.proc.pid),
+            "worker": rss_mb(self.worker.proc.pid),
+            "worker_children": rss_mb(self.worker.proc.pid, children=True),
+        }
+
     def stop(self) -> None:
         self.frontend.stop()
         self.worker.stop()
 
 
-def run_client(url: str, rate: float, duration_s: float, seed: int, args) -> dict:
-    argv = [
+def client_argv(url: str, rate: float, duration_s: float, seed: int, args) -> list[str]:
+    """The load client's command line (it runs in its own process)."""
+    return [
         sys.executable, __file__, "--client", "--url", url, "--rate", str(rate),
         "--duration", str(duration_s), "--seed", str(seed), "--timeout", str(args.timeout),
         "--messages", str(args.messages), "--max-tokens", str(args.max_tokens),
         "--model-name", args.model_name,
         "--stream" if args.stream else "--no-stream",
     ]
-    return bc.run_json_child(argv, timeout_s=duration_s + args.timeout + 120)
+
+
+def run_client(url: str, rate: float, duration_s: float, seed: int, args) -> dict:
+    return bc.run_json_child(client_argv(url, rate, duration_s, seed, args),
+                             timeout_s=duration_s + args.timeout + 120)
 
 
 def run_rung(pair: Pair, rate: float, duration_s: float, seed: int, args) -> dict:
@@ -407,6 +459,7 @@ def run_rung(pair: Pair, rate: float, duration_s: float, seed: int, args) -> dic
             },
         }
     load["processes"] = per_process
+    load["rss_mb"] = pair.rss_mb()  # at the end of the rung: what the arm's heap costs
     return load
 
 
@@ -416,6 +469,7 @@ def summarise(samples: list[list[float]]) -> dict:
         "n": len(pooled),
         "p50_ms": 1000 * bc.percentile(pooled, 50),
         "p99_ms": 1000 * bc.percentile(pooled, 99),
+        "p999_ms": 1000 * bc.percentile(pooled, 99.9),
         "max_ms": 1000 * max(pooled) if pooled else float("nan"),
     }
 
@@ -513,6 +567,9 @@ def aggregate(runs: list[dict], rungs: list[float]) -> list[dict]:
                 "latency": latency,
                 "ttft": ttft,
                 "p99_ms_per_pass": [1000 * bc.percentile(r["latency_s"], 99) for r in same],
+                # Resident memory at the end of the rung, per pass (MiB).
+                "rss_mb": {name: [r["rss_mb"][name] for r in same]
+                           for name in ("frontend", "worker", "worker_children")},
                 "send_lag_p99_ms": 1000 * bc.percentile(
                     [v for r in same for v in r["send_lag_s"]], 99
                 ),
@@ -532,6 +589,11 @@ def aggregate(runs: list[dict], rungs: list[float]) -> list[dict]:
                 }
             rows.append(row)
     return rows
+
+
+def _mean(values) -> float | None:
+    present = [value for value in values if value is not None]
+    return sum(present) / len(present) if present else None
 
 
 def _merge_counts(dicts) -> dict:
@@ -562,14 +624,28 @@ def judge(rows: list[dict]) -> dict:
         for metric in ("latency", "ttft"):
             if ("all", rate) not in by:
                 break
-            all_p99 = by[("all", rate)][metric]["p99_ms"]
-            ctl_p99 = by[("ctl", rate)][metric]["p99_ms"]
-            verdict[f"all_over_ctl_{metric}_p99"] = {
-                "measured": bc.ratio(all_p99, ctl_p99), "met": all_p99 <= ctl_p99 / 3.0}
-            if ("nogc", rate) in by:
-                nogc_p99 = by[("nogc", rate)][metric]["p99_ms"]
-                verdict[f"all_over_nogc_{metric}_p99"] = {
-                    "measured": bc.ratio(all_p99, nogc_p99), "met": all_p99 <= 1.2 * nogc_p99}
+            for tail in ("p99_ms", "p999_ms"):
+                name = tail[:-3]
+                all_tail = by[("all", rate)][metric][tail]
+                ctl_tail = by[("ctl", rate)][metric][tail]
+                verdict[f"all_over_ctl_{metric}_{name}"] = {
+                    "measured": bc.ratio(all_tail, ctl_tail), "met": all_tail <= ctl_tail / 3.0}
+                if ("nogc", rate) in by:
+                    nogc_tail = by[("nogc", rate)][metric][tail]
+                    verdict[f"all_over_nogc_{metric}_{name}"] = {
+                        "measured": bc.ratio(all_tail, nogc_tail),
+                        "met": all_tail <= 1.2 * nogc_tail}
+    # The freeze's memory cost: RSS of `all` against `ctl` after the last (longest-running) rung.
+    last = rates[-1] if rates else None
+    if ("all", last) in by and ("ctl", last) in by:
+        for name in ("frontend", "worker", "worker_children"):
+            all_rss = _mean(by[("all", last)]["rss_mb"][name])
+            ctl_rss = _mean(by[("ctl", last)]["rss_mb"][name])
+            if all_rss is None or ctl_rss is None or not ctl_rss:
+                continue
+            verdict[f"rss_all_over_ctl_{name}"] = {
+                "measured": all_rss / ctl_rss, "met": all_rss <= 1.05 * ctl_rss,
+                "all_mb": all_rss, "ctl_mb": ctl_rss}
     ceilings = {}
     for arm in dict.fromkeys(row["arm"] for row in rows):
         ceilings[arm] = max(row["achieved_rps"] for row in rows if row["arm"] == arm)
@@ -666,6 +742,15 @@ def main(argv: list[str] | None = None) -> int:
                         "model scripts/make_tiny_model.py builds)")
     parser.add_argument("--model-name", default=MODEL, help=argparse.SUPPRESS)
     parser.add_argument("--keep-logs", action="store_true", help="copy the processes' logs to --out")
+    parser.add_argument("--probe", action="store_true",
+                        help="with --engine vllm: time to the first gen2 of each process at "
+                        "--rate for --duration seconds, then full collections timed under load "
+                        "(scripts/serving_probes.py)")
+    parser.add_argument("--cross-check", action="store_true",
+                        help="with --engine vllm: one rung (--rate, --duration) by this client "
+                        "and by vLLM's `vllm bench serve`")
+    parser.add_argument("--cross-check-input-len", type=int, default=32,
+                        help="prompt tokens of vllm bench serve's random dataset")
     bc.add_mode_args(parser)
     args = parser.parse_args(argv)
     if args.client:
@@ -675,10 +760,12 @@ def main(argv: list[str] | None = None) -> int:
     mode = bc.mode_name(args)
     settings = (VLLM_MODES if args.engine == "vllm" else MODES)[mode]
     real = args.engine == "vllm"
-    for name, mock_default, vllm_default in (("messages", 8, 2), ("calibration_start_rps", 50.0, 2.0),
+    for name, mock_default, vllm_default in (("messages", 8, 2), ("calibration_start_rps", 50.0, 16.0),
                                              ("calibration_s", 6.0, 4.0)):
         if getattr(args, name) is None:
             setattr(args, name, vllm_default if real else mock_default)
+    if (args.probe or args.cross_check) and (args.engine != "vllm" or args.rate is None):
+        parser.error("--probe and --cross-check need --engine vllm and --rate")
     if args.engine == "vllm":
         if not Path(args.vllm_python).exists():
             parser.error(f"{args.vllm_python} does not exist: run scripts/setup_vllm_env.sh")
@@ -695,8 +782,8 @@ def main(argv: list[str] | None = None) -> int:
         "mode": mode,
         "machine": bc.machine_info(),
         "settings": {
-            "heap_objects_per_process": heap,
-            "token_ms": args.token_ms,
+            "heap_objects_per_process": None if real else heap,
+            "token_ms": None if real else args.token_ms,
             "max_tokens": args.max_tokens,
             "messages": args.messages,
             "stream": args.stream,
@@ -705,11 +792,14 @@ def main(argv: list[str] | None = None) -> int:
             "pause_log_ms": PAUSE_LOG_MS,
             "engine": args.engine,
             "model": args.model_name,
-            "worker_args": VLLM_ARGS if args.engine == "vllm" else None,
-            "worker_heap": "vLLM's own (no synthetic heap)" if args.engine == "vllm"
+            "worker_args": VLLM_ARGS if real else None,
+            "worker_heap": "vLLM's own (no synthetic heap)" if real else heap,
+            "frontend_heap": "--dyn-chat-processor vllm's own (no synthetic heap)" if real
             else heap,
         },
     }
+    if args.probe or args.cross_check:
+        return run_probes(args, result)
     with tempfile.TemporaryDirectory(prefix="ab_serving-") as tmp:
         work_root = Path(tmp)
         if args.rungs:
@@ -736,23 +826,48 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         table.append([
             row["arm"], row["offered_rps"], row["achieved_rps"], row["ok"], row["errors"],
-            row["latency"]["p50_ms"], row["latency"]["p99_ms"], row["latency"]["max_ms"],
-            row["ttft"]["p99_ms"],
+            row["latency"]["p50_ms"], row["latency"]["p99_ms"], row["latency"]["p999_ms"],
+            row["latency"]["max_ms"], row["ttft"]["p99_ms"], row["ttft"]["p999_ms"],
             f"{row['frontend']['pauses_ge_50ms']}/{row['worker']['pauses_ge_50ms']}",
             max(row["frontend"]["max_pause_ms"], row["worker"]["max_pause_ms"]),
             f"{row['frontend']['gen2_collections']:.0f}/{row['worker']['gen2_collections']:.0f}",
             f"{row['frontend']['gen2_mean_ms']:.0f}/{row['worker']['gen2_mean_ms']:.0f}",
+            "/".join(f"{v:.0f}" if v is not None else "-" for v in
+                     (_mean(row["rss_mb"][name]) for name in ("frontend", "worker",
+                                                            "worker_children"))),
         ])
     print(bc.format_table(
-        ["arm", "offered", "achieved", "ok", "errors", "p50 ms", "p99 ms", "max ms",
-         "ttft p99 ms", "pauses>=50 fe/wk", "max pause ms", "gen2 fe/wk",
-         "gen2 mean ms fe/wk"],
+        ["arm", "offered", "achieved", "ok", "errors", "p50 ms", "p99 ms", "p99.9 ms", "max ms",
+         "ttft p99 ms", "ttft p99.9 ms", "pauses>=50 fe/wk", "max pause ms", "gen2 fe/wk",
+         "gen2 mean ms fe/wk", "RSS MiB fe/wk/engine"],
         table,
     ))
     print(json.dumps(result["goal"], indent=1))
     path = plot(args, rows)
     result["plot"] = str(path) if path else None
     json_path = bc.write_result(args, result_name(args), result)
+    bc.publish_plot(args, path)
+    print(f"wrote {json_path}" + (f" and {path}" if path else ""))
+    return 0
+
+
+def run_probes(args: argparse.Namespace, result: dict) -> int:
+    import serving_probes
+
+    kind = "probe" if args.probe else "cross_check"
+    args.duration = args.duration or (600.0 if args.probe else 60.0)
+    result["settings"]["duration_s"] = args.duration
+    with tempfile.TemporaryDirectory(prefix=f"ab_serving-{kind}-") as tmp:
+        work = Path(tmp)
+        result[kind] = (serving_probes.probe if args.probe else serving_probes.cross_check)(
+            args, work)
+        if args.keep_logs:
+            for log in work.rglob("*.log"):
+                shutil.copy(log, Path(args.out) / f"{result_name(args)}-{kind}-"
+                            f"{log.parent.name}-{log.name}")
+    path = serving_probes.plot_probe(args, result["probe"]) if args.probe else None
+    result["plot"] = str(path) if path else None
+    json_path = bc.write_result(args, f"{result_name(args)}-{kind.replace('_', '-')}", result)
     bc.publish_plot(args, path)
     print(f"wrote {json_path}" + (f" and {path}" if path else ""))
     return 0
