@@ -202,3 +202,83 @@ def test_a_rank_that_dies_ends_the_worker_with_exit_1_and_one_error_line(tmp_pat
         assert "left unfrozen (no serving freeze follows)" in log, log
     finally:
         worker.stop()
+
+
+def test_a_rank_that_dies_while_serving_ends_the_worker_at_once(tmp_path):
+    """SIGKILL of a rank while streams are in flight: exit 1 within a bound, one ERROR line naming
+    the rank, its pid and the signal, both streams (the frontend's SSE and the request plane's
+    NDJSON) ended with an error, the record gone, no traceback."""
+    import os
+    import re
+    import signal
+
+    discovery = tmp_path / "discovery"
+    worker = start_worker(
+        "ranks", tmp_path, discovery, MODEL, "--tensor-parallel-size", "2",
+        "--mock-token-ms", "200", "--mock-max-model-len", "100000",
+    )  # fmt: skip
+    frontend = start_frontend("frontend", tmp_path, discovery)
+    try:
+        pids = worker.wait_for_log(r"Started 2 rank process\(es\) \[(\d+), (\d+)\]")
+        worker.wait_for_log("Worker serving model")
+        assert len(list(discovery.glob("*.json"))) == 1
+        url = listening_url(frontend)
+        wait_until(lambda: f'"{MODEL}"' in _get(url, "/v1/models"), deadline_s=30, what="model")
+        sse = _chat(url, stream=True, max_tokens=1000)  # 200 s of tokens
+        assert sse.status == 200
+        events: list[str] = []
+        sse_done = threading.Event()
+        _read_stream_in_thread(sse, events, sse_done)
+        plane = urllib.parse.urlsplit(listening_url(worker, WORKER_PLANE_LINE))
+        conn = http.client.HTTPConnection(plane.hostname, plane.port, timeout=60)
+        body = {"request_id": "r1", "model": MODEL, "token_ids": [1, 2],
+                "sampling": {"max_tokens": 1000, "ignore_eos": True}}  # fmt: skip
+        conn.request("POST", "/generate", json.dumps(body))
+        ndjson = conn.getresponse()
+        assert ndjson.status == 200
+        ndjson.readline()
+        wait_until(lambda: len(events) >= 2, deadline_s=30, what="the first SSE tokens")
+
+        killed = int(pids.group(2))
+        began = time.monotonic()
+        os.kill(killed, signal.SIGKILL)
+        rest = ndjson.read().decode()  # a broken chunked body would raise IncompleteRead
+        assert worker.wait_exit(20) == 1
+        took = time.monotonic() - began
+        log = worker.log()
+        assert took < 10, f"exit {took:.1f} s after the rank died:\n{log}"
+
+        errors = [line for line in log.splitlines() if " ERROR " in line or "ERROR" in line]
+        assert len(errors) == 1, log
+        assert f"rank 1 (pid {killed}) was killed by signal SIGKILL (9) while serving" in errors[0]
+        assert "Traceback" not in log, log
+        last = json.loads(rest.splitlines()[-1])
+        assert "the engine died" in last["error"] and "rank 1" in last["error"], rest[-300:]
+        # The record went first, then the engine (the other rank reaped) and the GC state.
+        assert not list(discovery.glob("*.json"))
+        assert log.index("ERROR") < log.index("Model unregistered") < log.index("Engine shut down")
+        assert "Worker stopped after its engine died (exit 1)" in log
+        assert not _alive(int(pids.group(1))), "the other rank outlived the worker"
+
+        assert sse_done.wait(20)
+        assert events[-2:] == ["[DONE]", "<eof>"], events[-3:]
+        error = json.loads(events[-3])["error"]
+        assert error["type"] == "service_unavailable_error" and "engine died" in error["message"]
+    finally:
+        frontend.stop()
+        worker.stop()
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers signal 0 until its parent reaps it; the rank's parent is gone.
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ")[-1][:1] != "Z"
+    except FileNotFoundError:
+        return False

@@ -77,6 +77,11 @@ class BadGenerateRequest(ValueError):
         self.field = field
 
 
+class StreamFailed(Exception):
+    """A stream the engine cannot finish, for a cause logged once where it was noticed (the
+    engine died): sent as the in-band error line, without a traceback per request."""
+
+
 def validate_generate_request(body: Any) -> GenerateRequest:
     """The body as a :class:`GenerateRequest`; raises :class:`BadGenerateRequest` naming the
     first bad field (``sampling.top_p``, ``token_ids.3``, ...)."""
@@ -158,6 +163,8 @@ def add_request_plane_routes(
                         await response.write(json.dumps(item).encode() + b"\n")
             except asyncio.CancelledError:
                 raise  # the caller hung up and aiohttp cancelled the handler: stream closed
+            except StreamFailed as exc:
+                await response.write(json.dumps({"error": str(exc)}).encode() + b"\n")
             except ConnectionResetError:
                 # The caller hung up between two writes: the request is aborted (the stream is
                 # closed on leaving this block). An expected event, not a server error worth a
