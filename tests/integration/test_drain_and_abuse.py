@@ -7,8 +7,10 @@ never from a sleep in the test.
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
+import re
 import socket
 import threading
 import time
@@ -156,18 +158,100 @@ def test_malformed_http_gets_400_and_no_traceback_in_either_log(pair):
     assert "Error handling request" not in frontend.log() + worker.log()
 
 
-def test_a_connection_that_never_finishes_its_head_is_closed_after_the_bound(pair, mocker):
-    worker, frontend, url = pair
-    parts = urllib.parse.urlsplit(url)
-    with socket.create_connection((parts.hostname, parts.port), timeout=60) as sock:
-        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # never the blank line
-        began = time.monotonic()
-        assert sock.recv(1) == b""  # closed by the server
-        took = time.monotonic() - began
-    from dynamo.common.http_server import HEADER_TIMEOUT_S
+async def _closed_after(reader) -> float:
+    began = time.monotonic()
+    try:
+        while await asyncio.wait_for(reader.read(65536), 60):
+            pass
+    except ConnectionResetError:
+        pass
+    return time.monotonic() - began
 
-    assert HEADER_TIMEOUT_S - 1 <= took < HEADER_TIMEOUT_S + 5, took
-    frontend.wait_for_log("no complete request head within")
+
+async def _trickle(writer, data: bytes) -> None:
+    for byte in data:
+        writer.write(bytes([byte]))
+        await asyncio.sleep(1.0)  # the slow client's pace: one byte a second
+
+
+async def _unfinished_first_head(host, port) -> float:
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # never the blank line
+    try:
+        return await _closed_after(reader)
+    finally:
+        writer.close()
+
+
+async def _slow_later_head(host, port) -> float:
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+    length = int(re.search(rb"Content-Length: (\d+)", head).group(1))
+    await reader.readexactly(length)
+    trickler = asyncio.ensure_future(_trickle(writer, b"GET /health HTTP/1.1\r\nHost: x" * 4))
+    try:
+        return await _closed_after(reader)
+    finally:
+        trickler.cancel()
+        writer.close()
+
+
+async def _slow_body(host, port, path: str) -> tuple[float, int, dict]:
+    reader, writer = await asyncio.open_connection(host, port)
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x" * 100}]})
+    writer.write(
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n".encode()
+    )
+    began = time.monotonic()
+    trickler = asyncio.ensure_future(_trickle(writer, body.encode()))
+    try:
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 60)
+        took = time.monotonic() - began
+        length = int(re.search(rb"Content-Length: (\d+)", head).group(1))
+        answer = json.loads(await reader.readexactly(length))
+        await _closed_after(reader)
+        return took, int(head.split()[1]), answer
+    finally:
+        trickler.cancel()
+        writer.close()
+
+
+def test_slow_heads_and_bodies_are_cut_at_their_bounds_on_both_listeners(pair):
+    """The real 20 s bounds, all at once: a first head never finished, a later head trickled on
+    a kept-alive connection, and a body trickled to the frontend and to the request plane."""
+    from dynamo.common.http_server import BODY_TIMEOUT_S, HEADER_TIMEOUT_S
+
+    worker, frontend, url = pair
+    front = urllib.parse.urlsplit(url)
+    plane = urllib.parse.urlsplit(listening_url(worker, WORKER_PLANE_LINE))
+
+    async def scenario():
+        return await asyncio.gather(
+            _unfinished_first_head(front.hostname, front.port),
+            _slow_later_head(front.hostname, front.port),
+            _slow_later_head(plane.hostname, plane.port),
+            _slow_body(front.hostname, front.port, "/v1/chat/completions"),
+            _slow_body(plane.hostname, plane.port, "/generate"),
+        )
+
+    first_head, later_head, plane_later_head, front_body, plane_body = asyncio.run(scenario())
+    for took in (first_head, later_head, plane_later_head):
+        assert HEADER_TIMEOUT_S - 1 <= took < HEADER_TIMEOUT_S + 5, took
+    took, status, answer = front_body
+    assert BODY_TIMEOUT_S - 1 <= took < BODY_TIMEOUT_S + 5, took
+    assert status == 408 and answer["error"]["code"] == "request_timeout", answer
+    took, status, answer = plane_body
+    assert BODY_TIMEOUT_S - 1 <= took < BODY_TIMEOUT_S + 5, took
+    assert status == 408 and "did not arrive within" in answer["error"], answer
+    frontend.wait_for_log("HTTP service from 127.0.0.1: no complete request head within 20 s")
+    frontend.wait_for_log("Request body to the HTTP service from 127.0.0.1 not complete within")
+    worker.wait_for_log("request plane from 127.0.0.1: no complete request head within 20 s")
+    worker.wait_for_log("Request body to the request plane from 127.0.0.1 not complete within")
+    # One line per kind: the two frontend head cuts share one (rate-limited) line.
+    assert frontend.count("no complete request head within") == 1
+    assert "Traceback" not in frontend.log() + worker.log()
 
 
 def test_a_long_prompt_the_frontend_accepts_reaches_the_worker(pair):

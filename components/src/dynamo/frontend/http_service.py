@@ -20,7 +20,7 @@ from typing import Any, AsyncGenerator, AsyncIterator
 from aiohttp import web
 
 from dynamo.common import lifecycle
-from dynamo.common.http_server import FRONTEND_MAX_BODY_BYTES
+from dynamo.common.http_server import FRONTEND_MAX_BODY_BYTES, RequestBodyTimeout
 from dynamo.common.request_drain import mark_stream
 from dynamo.runtime.model_card import ModelCard
 from dynamo.runtime.request_plane import WorkerUnavailable
@@ -438,9 +438,16 @@ async def read_json_body(request: web.Request) -> Any:
 
     Python's decoder is lenient where JSON is not (``NaN``, ``Infinity``), fails with a
     RecursionError on deep nesting, and decodes ``"\\ud800"`` to a lone surrogate that no
-    tokenizer (and no UTF-8 encoder) accepts: each is the client's error, not a 500.
+    tokenizer (and no UTF-8 encoder) accepts: each is the client's error, not a 500. A body
+    that does not arrive within the listener's bound is a 408.
     """
-    raw = await request.read()
+    try:
+        raw = await request.read()
+    except RequestBodyTimeout as exc:  # the listener's body deadline (logged there, once)
+        raise oai.ApiError(
+            408, f"{exc}: send the whole body at once", type="invalid_request_error",
+            code="request_timeout",
+        ) from None  # fmt: skip
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

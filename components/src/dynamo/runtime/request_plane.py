@@ -41,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, Validat
 
 from dynamo.runtime.sampling import SamplingOptions
 
+from dynamo.common.http_server import RequestBodyTimeout
 from dynamo.common.request_drain import mark_stream
 
 logger = logging.getLogger(__name__)
@@ -125,6 +126,8 @@ def add_request_plane_routes(
             body = validate_generate_request(await request.json())
         except BadGenerateRequest as exc:
             return _bad_request(exc)
+        except RequestBodyTimeout as exc:  # the listener's body deadline (logged there, once)
+            return web.json_response({"error": str(exc)}, status=408)
         except ValueError as exc:  # bad JSON, bad UTF-8 (UnicodeDecodeError)
             return web.json_response({"error": f"body is not valid JSON: {exc}"}, status=400)
         if not is_healthy():
