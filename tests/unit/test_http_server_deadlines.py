@@ -257,3 +257,15 @@ def test_the_body_timeout_is_a_timeout_to_aiohttp():
     assert issubclass(RequestBodyTimeout, asyncio.TimeoutError)
     with pytest.raises(asyncio.TimeoutError):
         raise RequestBodyTimeout("x")
+
+
+def test_a_client_gone_while_aiohttp_writes_is_no_traceback(caplog):
+    from dynamo.common.http_server import ProtocolLogger
+
+    caplog.set_level(logging.DEBUG)
+    ProtocolLogger("test service").exception(
+        "Error handling request from %s", "127.0.0.1",
+        exc_info=ConnectionResetError("Cannot write to closing transport"),
+    )  # fmt: skip
+    assert not any(r.levelno >= logging.WARNING or r.exc_info for r in caplog.records)
+    assert any("went away" in r.getMessage() for r in caplog.records)

@@ -97,6 +97,11 @@ class ProtocolLogger(logging.LoggerAdapter):
         self._malformed = RateLimitedLine(logger)
 
     def exception(self, msg, *args, exc_info=True, **kwargs) -> None:  # noqa: D401
+        if isinstance(exc_info, ConnectionResetError):
+            # The client went away while aiohttp wrote to it (a 100 Continue, a response):
+            # nothing to answer and nobody's fault worth a traceback at ERROR.
+            logger.debug("The client of the %s went away: %s", self.what, exc_info)
+            return
         if is_malformed_http(exc_info if isinstance(exc_info, BaseException) else None):
             peer = args[0] if args else "?"
             self._malformed.emit(

@@ -41,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, Validat
 
 from dynamo.runtime.sampling import SamplingOptions
 
-from dynamo.common.http_server import RequestBodyTimeout
+from dynamo.common.http_server import RequestBodyTimeout, is_malformed_http
 from dynamo.common.request_drain import mark_stream
 
 logger = logging.getLogger(__name__)
@@ -96,6 +96,27 @@ def validate_generate_request(body: Any) -> GenerateRequest:
         raise BadGenerateRequest(f"{field}: {error['msg']}", field=field) from None
 
 
+async def _read_json(request: web.Request) -> Any:
+    """The decoded body; :class:`BadGenerateRequest` for anything that is not one JSON value
+    (bad JSON or UTF-8, nesting deeper than the decoder's recursion limit, a body aiohttp cannot
+    read: a broken chunked body, a Content-Encoding it cannot undo)."""
+    try:
+        raw = await request.read()
+    except RequestBodyTimeout:
+        raise
+    except Exception as exc:
+        if not is_malformed_http(exc):
+            raise
+        cause = exc.__cause__ or exc
+        raise BadGenerateRequest(f"body could not be read: {cause}") from None
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise BadGenerateRequest("body is nested too deeply to decode") from None
+    except ValueError as exc:  # bad JSON, bad UTF-8 (UnicodeDecodeError), huge integers
+        raise BadGenerateRequest(f"body is not valid JSON: {exc}") from None
+
+
 def _bad_request(exc: BadGenerateRequest) -> web.Response:
     body = {"error": str(exc)}
     if exc.field is not None:
@@ -123,13 +144,11 @@ def add_request_plane_routes(
 
     async def handle_generate(request: web.Request) -> web.StreamResponse:
         try:
-            body = validate_generate_request(await request.json())
+            body = validate_generate_request(await _read_json(request))
         except BadGenerateRequest as exc:
             return _bad_request(exc)
         except RequestBodyTimeout as exc:  # the listener's body deadline (logged there, once)
             return web.json_response({"error": str(exc)}, status=408)
-        except ValueError as exc:  # bad JSON, bad UTF-8 (UnicodeDecodeError)
-            return web.json_response({"error": f"body is not valid JSON: {exc}"}, status=400)
         if not is_healthy():
             return web.json_response({"error": "worker is draining"}, status=503)
         if body.model != served_name():
