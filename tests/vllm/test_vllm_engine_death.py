@@ -16,7 +16,6 @@ import time
 import urllib.parse
 from pathlib import Path
 
-import psutil
 import pytest
 
 from dynamo.runtime.discovery import DiscoveryStore
@@ -31,7 +30,9 @@ MODEL = "tiny-death"
 STREAMS = 4  # a few long streams, so some are still running when EngineCore is killed
 
 
-def _engine_core(worker_pid: int) -> psutil.Process:
+def _engine_core(worker_pid: int):
+    import psutil  # a vLLM dependency: only the vLLM environment has it
+
     def find():
         for child in psutil.Process(worker_pid).children(recursive=True):
             try:
@@ -45,6 +46,8 @@ def _engine_core(worker_pid: int) -> psutil.Process:
 
 
 def test_a_killed_engine_core_ends_the_real_worker_with_one_error_line(tiny_model, tmp_path):
+    import psutil
+
     discovery = tmp_path / "discovery"
     worker = LauncherProcess(
         "worker-core-dies",
