@@ -202,8 +202,9 @@ def problems(launch: Launch) -> list[str]:
     return found
 
 
-def parse_with_the_real_parser(launch: Launch) -> None:
-    """What the program itself would do with this argv and env (exit 2 on anything bad)."""
+def parse_with_the_real_parser(launch: Launch):
+    """What the program itself would do with this argv and env (exit 2 on anything bad); the
+    namespace it parses."""
     surface = Surface(
         name=launch.program,
         title=launch.program,
@@ -217,7 +218,7 @@ def parse_with_the_real_parser(launch: Launch) -> None:
         if value is not None
     }
     argv = [KUBERNETES_SUBSTITUTIONS.get(word, word) for word in launch.argv]
-    build_parser(surface).parse_args(argv, env_vars=env)
+    return build_parser(surface).parse_args(argv, env_vars=env)
 
 
 def test_there_are_manifests_for_both_programs_and_a_freeze_off_variant():
@@ -312,6 +313,7 @@ class PodLaunch:
     program: str
     pod_spec: dict
     container: dict
+    launch: Launch  # its argv and env, as the program reads them
 
 
 def pod_launches_in(path: Path) -> Iterator[PodLaunch]:
@@ -322,17 +324,22 @@ def pod_launches_in(path: Path) -> Iterator[PodLaunch]:
             for service_name, service in document["spec"]["services"].items():
                 pod_spec = service.get("extraPodSpec") or {}
                 container = pod_spec.get("mainContainer") or {}
-                yield from _pod_launch(f"{name} {service_name}", pod_spec, container)
+                # The operator puts the service's `envs` and the container's own `env` together.
+                env_entries = [*(service.get("envs") or []), *(container.get("env") or [])]
+                yield from _pod_launch(f"{name} {service_name}", pod_spec, container, env_entries)
         template = ((document.get("spec") or {}).get("template") or {}).get("spec")
         if template:
             for container in template.get("containers") or []:
-                yield from _pod_launch(f"{name} {container.get('name')}", template, container)
+                where = f"{name} {container.get('name')}"
+                yield from _pod_launch(where, template, container, container.get("env"))
 
 
-def _pod_launch(where: str, pod_spec: dict, container: dict) -> Iterator[PodLaunch]:
+def _pod_launch(where: str, pod_spec: dict, container: dict, env_entries) -> Iterator[PodLaunch]:
     split = _split_program([*(container.get("command") or []), *(container.get("args") or [])])
     if split is not None:
-        yield PodLaunch(where, split[0], pod_spec, container)
+        program, argv = split
+        launch = Launch(where=where, program=program, argv=argv, env=_env_list(env_entries, where))
+        yield PodLaunch(where, program, pod_spec, container, launch)
 
 
 def prestop_sleep_s(container: dict) -> float:
@@ -347,14 +354,16 @@ def prestop_sleep_s(container: dict) -> float:
     return 0.0
 
 
-def drain_timeout_s(program: str) -> float:
-    if program == "dynamo.frontend":
-        from dynamo.frontend.main import DRAIN_TIMEOUT_S
-
-        return DRAIN_TIMEOUT_S
-    from dynamo.vllm.main import DRAIN_GRACE_S
-
-    return DRAIN_GRACE_S
+def drain_timeout_s(pod_launch: PodLaunch) -> float:
+    """The drain deadline this container runs with: the flag or env var the manifest sets, else
+    the declared default, as the program's own parser reads them."""
+    (option,) = [
+        o for o in program_options(pod_launch.program) if o.dest == "drain_timeout"
+    ]
+    assert pod_launch.launch.env.get(option.env_var, "") is not None, (
+        f"{pod_launch.where}: {option.env_var} comes from valueFrom: the check cannot read it"
+    )
+    return float(parse_with_the_real_parser(pod_launch.launch).drain_timeout)
 
 
 @pytest.mark.parametrize("path", manifest_files(), ids=lambda p: p.name)
@@ -368,7 +377,7 @@ def test_every_pod_has_time_to_drain_and_the_frontend_outlives_its_endpoints(pat
         if launch.program == "dynamo.frontend":
             assert pause_s >= 3, f"{launch.where}: no preStop pause before SIGTERM"
         grace_s = launch.pod_spec.get("terminationGracePeriodSeconds", 30)
-        needed_s = pause_s + drain_timeout_s(launch.program) + SHUTDOWN_MARGIN_S
+        needed_s = pause_s + drain_timeout_s(launch) + SHUTDOWN_MARGIN_S
         assert grace_s >= needed_s, f"{launch.where}: grace {grace_s} s < {needed_s} s"
     if "-m dynamo" in path.read_text(encoding="utf-8"):
         assert launches, f"{path}: launches found by the other checks, but no pod spec"
@@ -394,6 +403,59 @@ def test_the_shutdown_check_catches_a_default_grace_period_and_a_missing_prestop
     manifest.write_text(yaml.safe_dump(document))
     with pytest.raises(AssertionError, match="grace 30 s < 40.0 s"):
         test_every_pod_has_time_to_drain_and_the_frontend_outlives_its_endpoints(manifest)
+
+
+def test_the_shutdown_check_reads_the_drain_each_manifest_sets(tmp_path):
+    """The drain is the one the container runs with: its env var or flag (a DGD service's
+    `envs` too), else the declared default, never a constant of the test."""
+    frontend = {
+        "name": "frontend",
+        "command": ["python", "-m", "dynamo.frontend"],
+        "lifecycle": {"preStop": {"sleep": {"seconds": 5}}},
+    }
+    worker = {"name": "worker", "command": ["python", "-m", "dynamo.vllm"], "args": []}
+    pod = {"terminationGracePeriodSeconds": 45, "containers": [frontend, worker]}
+    manifest = tmp_path / "drains.yaml"
+
+    def check(**changes):
+        frontend.update(changes.get("frontend", {}))
+        worker.update(changes.get("worker", {}))
+        manifest.write_text(
+            yaml.safe_dump({"kind": "Deployment", "spec": {"template": {"spec": pod}}})
+        )
+        test_every_pod_has_time_to_drain_and_the_frontend_outlives_its_endpoints(manifest)
+
+    check()  # the declared defaults: 5 + 30 + 5 <= 45
+    with pytest.raises(AssertionError, match="frontend: grace 45 s < 70.0 s"):
+        check(frontend={"env": [{"name": "DYN_DRAIN_TIMEOUT", "value": "60"}]})
+    check(frontend={"env": [{"name": "DYN_DRAIN_TIMEOUT", "value": "10"}]})
+    with pytest.raises(AssertionError, match="worker: grace 45 s < 46.0 s"):
+        check(worker={"args": ["--drain-timeout=41"]})
+    with pytest.raises(AssertionError, match="worker: grace 45 s < 46.0 s"):
+        check(worker={"args": [], "env": [{"name": "DYN_VLLM_DRAIN_TIMEOUT", "value": "41"}]})
+    # The flag wins over the env var, as in the program.
+    check(worker={"args": ["--drain-timeout", "20"]})
+    with pytest.raises(AssertionError, match="comes from valueFrom"):
+        ref = {"configMapKeyRef": {"name": "c", "key": "k"}}
+        check(worker={"env": [{"name": "DYN_VLLM_DRAIN_TIMEOUT", "valueFrom": ref}]})
+
+    graph = tmp_path / "graph.yaml"
+    graph.write_text(
+        yaml.safe_dump(
+            {
+                "kind": "DynamoGraphDeployment",
+                "spec": {"services": {"Frontend": {
+                    "envs": [{"name": "DYN_DRAIN_TIMEOUT", "value": "40"}],
+                    "extraPodSpec": {"terminationGracePeriodSeconds": 45, "mainContainer": {
+                        "command": ["python3", "-m", "dynamo.frontend"],
+                        "lifecycle": {"preStop": {"sleep": {"seconds": 5}}},
+                    }},
+                }}},
+            }
+        )
+    )  # fmt: skip
+    with pytest.raises(AssertionError, match="Frontend: grace 45 s < 50.0 s"):
+        test_every_pod_has_time_to_drain_and_the_frontend_outlives_its_endpoints(graph)
 
 
 def test_the_etcd_pair_uses_etcd_and_no_shared_volume():

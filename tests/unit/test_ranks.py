@@ -163,6 +163,45 @@ def test_a_dead_rank_is_reported_by_the_next_rpc():
     assert "was killed by signal SIGKILL (9)" in str(error)
 
 
+def test_the_watch_names_the_rank_that_dies_while_nothing_calls_the_ranks():
+    async def scenario():
+        group = await started_group(2)
+        try:
+            watch = asyncio.ensure_future(group.watch())
+            await asyncio.sleep(0)  # the watch is armed; nothing has died
+            assert not watch.done()
+            victim = group.pids[0]
+            os.kill(victim, signal.SIGKILL)
+            ended = await asyncio.wait_for(watch, 10)
+            # Level-triggered: a second watch returns at once for the rank already gone.
+            again = await asyncio.wait_for(group.watch(), 10)
+            return victim, ended, again
+        finally:
+            await group.shutdown()
+
+    victim, ended, again = asyncio.run(scenario())
+    assert (ended.label, ended.pid, ended.exitcode) == ("rank 0", victim, -signal.SIGKILL)
+    assert ended.describe() == f"rank 0 (pid {victim}) was killed by signal SIGKILL (9)"
+    assert again == ended
+
+
+def test_a_cancelled_watch_leaves_no_reader_and_shutdown_ends_the_ranks_quietly():
+    async def scenario():
+        group = await started_group(2)
+        loop = asyncio.get_running_loop()
+        sentinels = [proc.sentinel for proc in group._procs]
+        watch = asyncio.ensure_future(group.watch())
+        await asyncio.sleep(0)
+        watch.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await watch
+        # No reader left: adding one again would replace it silently; remove_reader says.
+        assert not any(loop.remove_reader(fd) for fd in sentinels)
+        await group.shutdown()
+
+    asyncio.run(scenario())
+
+
 def test_a_cancelled_rpc_does_not_hand_its_reply_to_the_next_call():
     async def scenario():
         group = await started_group(2)

@@ -181,6 +181,8 @@ NOT_JSON_BODIES = [
     pytest.param(b"", id="empty"),
     pytest.param(b"\xff\xfe", id="not-utf8"),
     pytest.param(b"[1, 2]", id="array"),
+    pytest.param(b"[" * 100_000 + b"]" * 100_000, id="nested-too-deeply"),
+    pytest.param(b'{"request_id": ' + b"9" * 5000 + b"}", id="integer-over-the-digit-limit"),
 ]
 
 
@@ -458,3 +460,22 @@ def test_validate_generate_request_names_the_first_bad_field():
         validate_generate_request(_with("sampling.top_p", 2))
     assert excinfo.value.field == "sampling.top_p"
     assert str(excinfo.value).startswith("sampling.top_p: ")
+
+
+def test_a_body_aiohttp_cannot_read_is_a_400_not_a_500():
+    async def never(request) -> AsyncIterator[dict]:
+        raise AssertionError("reached the engine")
+        yield {}
+
+    async def scenario():
+        async with worker(never) as (session, endpoint):
+            async with session.post(
+                endpoint + GENERATE_PATH,
+                data=b"this is not gzip",
+                headers={"Content-Type": "application/json", "Content-Encoding": "gzip"},
+            ) as response:
+                return response.status, await response.json()
+
+    status, answer = run(scenario())
+    assert status == 400
+    assert answer["error"].startswith("body could not be read: "), answer

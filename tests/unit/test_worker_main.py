@@ -418,3 +418,62 @@ def test_drain_aborts_requests_still_running_after_the_grace_period(discovery_di
     assert exit_code == 0
     assert engine.requests_aborted == 1
     assert list(discovery_dir.iterdir()) == []
+
+
+def test_a_rank_that_dies_while_serving_returns_1_with_the_gc_state_put_back(
+    discovery_dir, mocker, caplog
+):
+    """In this process: the record goes, the stream in flight ends in-band, the heap frozen at
+    start-up is unfrozen and the pause logger removed, run_worker returns 1."""
+    caplog.set_level(logging.INFO)
+    config = backend_args.parse_args(
+        ["--discovery-dir", str(discovery_dir), "--mock-token-ms", "60000",
+         "--tensor-parallel-size", "2"],
+        env=mock_worker_env(),
+    )  # fmt: skip
+    engines: list[MockEngine] = []
+    registered = asyncio.Event()
+    real_start = MockEngine.start
+    real_register = DiscoveryStore.register
+
+    async def start(self):
+        engines.append(self)
+        await real_start(self)
+
+    def register(store, record):
+        path = real_register(store, record)
+        registered.set()
+        return path
+
+    mocker.patch.object(MockEngine, "start", start)
+    mocker.patch.object(DiscoveryStore, "register", register)
+    callbacks_before = list(gc.callbacks)
+
+    async def scenario():
+        worker = asyncio.ensure_future(worker_main.run_worker(config))
+        await registered.wait()
+        frozen_while_serving = gc.get_freeze_count()
+        (record,) = DiscoveryStore(discovery_dir).read_all().values()
+        (engine,) = engines
+        victim = engine._ranks.pids[1]
+        async with aiohttp.ClientSession() as session:
+            stream = request_plane.generate(
+                session, record.endpoint, plane_request("doomed", record.model, max_tokens=2)
+            )
+            first_item = asyncio.ensure_future(stream.__anext__())
+            await until(lambda: engine.requests_started == 1)
+            os.kill(victim, signal.SIGKILL)
+            with pytest.raises(request_plane.WorkerUnavailable, match="the engine died"):
+                await first_item
+        return await asyncio.wait_for(worker, 30), victim, frozen_while_serving
+
+    exit_code, victim, frozen_while_serving = asyncio.run(scenario())
+    assert exit_code == 1
+    assert frozen_while_serving > 0 and gc.get_freeze_count() == 0
+    assert gc.callbacks == callbacks_before
+    assert list(discovery_dir.iterdir()) == []
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [
+        f"Worker stopped: the engine died: rank 1 (pid {victim}) was killed by signal "
+        "SIGKILL (9) while serving"
+    ]

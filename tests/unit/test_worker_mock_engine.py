@@ -347,3 +347,24 @@ def test_factory_without_vllm_names_the_way_out(mocker):
     assert "vLLM is not installed" in message
     assert "scripts/setup_vllm_env.sh" in message
     assert "--engine mock" in message
+
+
+def test_without_ranks_nothing_can_die_and_the_wait_is_cancellable():
+    import asyncio
+
+    from dynamo.vllm.mock_engine import MockEngine
+    from dynamo.vllm.mock_model import load_mock_model
+    from tests.integration.harness import tiny_tokenizer_dir
+
+    async def scenario():
+        engine = MockEngine(load_mock_model(tiny_tokenizer_dir()), token_ms=0)
+        await engine.start()
+        wait = asyncio.ensure_future(engine.wait_until_dead())
+        done, _ = await asyncio.wait([wait], timeout=0.2)
+        assert not done
+        wait.cancel()
+        await asyncio.gather(wait, return_exceptions=True)
+        await engine.shutdown()
+        return wait.cancelled()
+
+    assert asyncio.run(scenario())

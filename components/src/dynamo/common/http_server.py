@@ -4,13 +4,19 @@ request plane and its system port.
 What they bound, and why (docs/operator-guide.md lists them for operators):
 
 * **Request head timeout** (:data:`HEADER_TIMEOUT_S`): a connection must deliver its first
-  complete request line and headers within this time of being accepted, or it is closed. aiohttp
-  has no such bound (older versions never close a connection that sends nothing; 3.14 waits for
-  its keep-alive timeout), so a client that opens connections and trickles header bytes (a
-  "slowloris") would hold them, and their file descriptors, for as long as it likes.
+  complete request line and headers within this time of being accepted, and every later request
+  head on a kept-alive connection within this time of its first byte, or it is closed (what
+  nginx's ``client_header_timeout`` does). aiohttp has no such bound (older versions never close
+  a connection that sends nothing; 3.14 waits for its keep-alive timeout), so a client that
+  opens connections and trickles header bytes (a "slowloris") would hold them, and their file
+  descriptors, for as long as it likes.
+* **Request body timeout** (:data:`BODY_TIMEOUT_S`): a request's body must arrive within this
+  time of its head. aiohttp has no such setting (its ``read_timeout`` is the client's); past it
+  the body read raises :class:`RequestBodyTimeout`, answered 408, and the connection is closed.
+  A whole-body bound, stricter than nginx's ``client_body_timeout`` between two reads: a client
+  sending one byte every few seconds is still cut at the bound.
 * **Keep-alive timeout** (:data:`KEEPALIVE_TIMEOUT_S`): an idle connection is closed this long
-  after its last response. It also bounds the head of every later request on that connection
-  (aiohttp closes a connection still waiting for a request when it fires).
+  after its last response.
 * **Malformed HTTP** (a bad request line, bad headers, a header line too long, a broken chunked
   body) is answered 400 by aiohttp, as before, but logged as one INFO line without a traceback:
   it is the client's mistake (or a scanner's), not the server's. Both kinds of line are rate
@@ -41,6 +47,9 @@ FRONTEND_MAX_BODY_BYTES = 1024**2
 REQUEST_PLANE_MAX_BODY_BYTES = 16 * FRONTEND_MAX_BODY_BYTES
 
 HEADER_TIMEOUT_S = 20.0
+# A request body must arrive within this long of its head: the frontend's largest (1 MiB) at
+# ~52 kB/s, the request plane's on a cluster network in well under a second.
+BODY_TIMEOUT_S = 20.0
 KEEPALIVE_TIMEOUT_S = 75.0
 # A rate-limited line is logged at most once per this many seconds; the lines it held back are
 # counted in the next one.
@@ -88,6 +97,11 @@ class ProtocolLogger(logging.LoggerAdapter):
         self._malformed = RateLimitedLine(logger)
 
     def exception(self, msg, *args, exc_info=True, **kwargs) -> None:  # noqa: D401
+        if isinstance(exc_info, ConnectionResetError):
+            # The client went away while aiohttp wrote to it (a 100 Continue, a response):
+            # nothing to answer and nobody's fault worth a traceback at ERROR.
+            logger.debug("The client of the %s went away: %s", self.what, exc_info)
+            return
         if is_malformed_http(exc_info if isinstance(exc_info, BaseException) else None):
             peer = args[0] if args else "?"
             self._malformed.emit(
@@ -100,21 +114,92 @@ class ProtocolLogger(logging.LoggerAdapter):
         super().exception(msg, *args, exc_info=exc_info, **kwargs)
 
 
-class HeaderDeadline:
-    """Closes a connection that has not delivered a complete request head in time.
+class RequestBodyTimeout(asyncio.TimeoutError):
+    """A request body that did not arrive within :data:`BODY_TIMEOUT_S` of its head.
 
-    Installed on the runner's low-level server between ``setup()`` and the first site's
-    ``start()``: it wraps the server's public per-connection hooks (``connection_made``,
-    ``connection_lost``) and its ``request_factory``, which aiohttp calls once a request's line
-    and headers are parsed (a malformed head too, so its 400 is not cut short).
+    Raised by the body read (``request.read()``, ``request.json()``); a handler answers it 408.
+    A subclass of ``asyncio.TimeoutError``, so aiohttp's own read of an unread body after the
+    response ("lingering") takes it as a timeout and closes the connection, without a traceback.
     """
 
-    def __init__(self, what: str, timeout_s: float = HEADER_TIMEOUT_S) -> None:
+
+class _Watched(asyncio.Protocol):
+    """Stands between a connection's transport and aiohttp's handler (``set_protocol``, public
+    asyncio API): sees each chunk of bytes as it arrives, then hands it on unchanged."""
+
+    def __init__(self, handler: asyncio.Protocol, on_data) -> None:
+        self._handler = handler
+        self._on_data = on_data
+
+    def data_received(self, data: bytes) -> None:
+        self._on_data(data)
+        self._handler.data_received(data)
+
+    def eof_received(self):
+        return self._handler.eof_received()
+
+    def connection_lost(self, exc) -> None:
+        self._handler.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self._handler.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._handler.resume_writing()
+
+
+class _Connection:
+    """One connection's deadline state."""
+
+    __slots__ = ("transport", "awaiting_head", "tail", "head_timer", "body_timer")
+
+    def __init__(self, transport) -> None:
+        self.transport = transport
+        # True until a request head is complete, and again once that request's body is.
+        self.awaiting_head = True
+        self.tail = b""  # the last bytes of a head still arriving (its end may span chunks)
+        self.head_timer: asyncio.TimerHandle | None = None
+        self.body_timer: asyncio.TimerHandle | None = None
+
+    def cancel(self) -> None:
+        for timer in (self.head_timer, self.body_timer):
+            if timer is not None:
+                timer.cancel()
+        self.head_timer = self.body_timer = None
+
+
+class RequestDeadlines:
+    """Every request head, and every request body, must arrive within its bound.
+
+    * A head: within :data:`HEADER_TIMEOUT_S` of the connection's accept (the first request)
+      or of its first byte (every later request on a kept-alive connection; an idle connection
+      is the keep-alive timeout's business). Past it the connection is closed.
+    * A body: within :data:`BODY_TIMEOUT_S` of its head. Past it the body read raises
+      :class:`RequestBodyTimeout`, which the handler answers 408 (the frontend in the OpenAI
+      error shape); aiohttp then closes the connection, as the rest of the body is unread.
+
+    Installed on the runner's low-level server between ``setup()`` and the first site's
+    ``start()``: it wraps the server's per-connection hooks (``connection_made``,
+    ``connection_lost``) and its ``request_factory``, which aiohttp calls once a request's head
+    is parsed (a malformed head too, so its 400 is not cut short), with the body's stream.
+    A head is complete at its blank line (seen in the bytes) or at ``request_factory``,
+    whichever comes first, so a pipelined head waiting behind a long response is not cut.
+    """
+
+    def __init__(
+        self,
+        what: str,
+        head_timeout_s: float = HEADER_TIMEOUT_S,
+        body_timeout_s: float = BODY_TIMEOUT_S,
+    ) -> None:
         self.what = what
-        self.timeout_s = timeout_s
-        self.closed = 0
-        self._timers: dict[Any, asyncio.TimerHandle] = {}
-        self._line = RateLimitedLine(logger)
+        self.head_timeout_s = head_timeout_s
+        self.body_timeout_s = body_timeout_s
+        self.closed = 0  # connections closed for a slow head
+        self.timed_out_bodies = 0
+        self._connections: dict[Any, _Connection] = {}
+        self._head_line = RateLimitedLine(logger)
+        self._body_line = RateLimitedLine(logger)
 
     def install(self, server: web.Server) -> None:
         made, lost, factory = server.connection_made, server.connection_lost, server.request_factory
@@ -122,37 +207,102 @@ class HeaderDeadline:
 
         def connection_made(handler, transport) -> None:
             made(handler, transport)
-            self._timers[handler] = loop.call_later(self.timeout_s, self._expire, handler, transport)
+            connection = _Connection(transport)
+            self._connections[handler] = connection
+            connection.head_timer = loop.call_later(
+                self.head_timeout_s, self._head_expired, handler
+            )
+            transport.set_protocol(_Watched(handler, lambda data: self._data(handler, data)))
 
         def connection_lost(handler, exc=None) -> None:
-            self._disarm(handler)
+            connection = self._connections.pop(handler, None)
+            if connection is not None:
+                connection.cancel()
             lost(handler, exc)
 
         def request_factory(message, payload, protocol, *args, **kwargs):
-            self._disarm(protocol)  # the head is complete
+            connection = self._connections.get(protocol)
+            if connection is not None:
+                self._head_complete(connection)
+                self._watch_body(loop, protocol, connection, payload)
             return factory(message, payload, protocol, *args, **kwargs)
 
         server.connection_made = connection_made
         server.connection_lost = connection_lost
         server.request_factory = request_factory
 
-    def _disarm(self, handler) -> None:
-        timer = self._timers.pop(handler, None)
-        if timer is not None:
-            timer.cancel()
+    def _data(self, handler, data: bytes) -> None:
+        connection = self._connections.get(handler)
+        if connection is None or not connection.awaiting_head:
+            return  # a body's bytes
+        if connection.head_timer is None:  # the first byte of a later request's head
+            connection.head_timer = asyncio.get_running_loop().call_later(
+                self.head_timeout_s, self._head_expired, handler
+            )
+        seen = connection.tail + data
+        if b"\r\n\r\n" in seen:
+            self._head_complete(connection)
+        else:
+            connection.tail = seen[-3:]
 
-    def _expire(self, handler, transport) -> None:
-        if self._timers.pop(handler, None) is None:
+    @staticmethod
+    def _head_complete(connection: _Connection) -> None:
+        connection.awaiting_head = False
+        connection.tail = b""
+        if connection.head_timer is not None:
+            connection.head_timer.cancel()
+            connection.head_timer = None
+
+    def _watch_body(self, loop, handler, connection: _Connection, payload) -> None:
+        def body_complete() -> None:
+            if connection.body_timer is not None:
+                connection.body_timer.cancel()
+                connection.body_timer = None
+            connection.awaiting_head = True  # what comes next is the next request's head
+
+        if payload.is_eof():  # no body
+            body_complete()
             return
+        if connection.body_timer is not None:
+            connection.body_timer.cancel()
+        connection.body_timer = loop.call_later(
+            self.body_timeout_s, self._body_expired, handler, connection, payload
+        )
+        payload.on_eof(body_complete)
+
+    def _head_expired(self, handler) -> None:
+        connection = self._connections.get(handler)
+        if connection is None or connection.head_timer is None:
+            return
+        connection.head_timer = None
         self.closed += 1
-        peer = transport.get_extra_info("peername")
-        self._line.emit(
+        self._head_line.emit(
             "Closed a connection to the %s from %s: no complete request head within %g s",
             self.what,
-            peer[0] if isinstance(peer, tuple) else peer,
-            self.timeout_s,
+            _peer(connection.transport),
+            self.head_timeout_s,
         )
         handler.force_close()
+
+    def _body_expired(self, handler, connection: _Connection, payload) -> None:
+        connection.body_timer = None
+        if payload.is_eof() or handler not in self._connections:
+            return
+        self.timed_out_bodies += 1
+        self._body_line.emit(
+            "Request body to the %s from %s not complete within %g s: answered 408 and closed",
+            self.what,
+            _peer(connection.transport),
+            self.body_timeout_s,
+        )
+        payload.set_exception(
+            RequestBodyTimeout(f"the request body did not arrive within {self.body_timeout_s:g} s")
+        )
+
+
+def _peer(transport) -> Any:
+    peer = transport.get_extra_info("peername")
+    return peer[0] if isinstance(peer, tuple) else peer
 
 
 class GuardedRunner(web.AppRunner):
@@ -163,8 +313,8 @@ class GuardedRunner(web.AppRunner):
         kwargs.setdefault("keepalive_timeout", KEEPALIVE_TIMEOUT_S)
         kwargs.setdefault("logger", ProtocolLogger(what))
         super().__init__(app, **kwargs)
-        self.header_deadline = HeaderDeadline(what)
+        self.deadlines = RequestDeadlines(what)
 
     async def setup(self) -> None:
         await super().setup()
-        self.header_deadline.install(self.server)
+        self.deadlines.install(self.server)

@@ -20,7 +20,11 @@ from typing import Any, AsyncGenerator, AsyncIterator
 from aiohttp import web
 
 from dynamo.common import lifecycle
-from dynamo.common.http_server import FRONTEND_MAX_BODY_BYTES
+from dynamo.common.http_server import (
+    FRONTEND_MAX_BODY_BYTES,
+    RequestBodyTimeout,
+    is_malformed_http,
+)
 from dynamo.common.request_drain import mark_stream
 from dynamo.runtime.model_card import ModelCard
 from dynamo.runtime.request_plane import WorkerUnavailable
@@ -438,9 +442,23 @@ async def read_json_body(request: web.Request) -> Any:
 
     Python's decoder is lenient where JSON is not (``NaN``, ``Infinity``), fails with a
     RecursionError on deep nesting, and decodes ``"\\ud800"`` to a lone surrogate that no
-    tokenizer (and no UTF-8 encoder) accepts: each is the client's error, not a 500.
+    tokenizer (and no UTF-8 encoder) accepts: each is the client's error, not a 500. A body
+    that does not arrive within the listener's bound is a 408.
     """
-    raw = await request.read()
+    try:
+        raw = await request.read()
+    except RequestBodyTimeout as exc:  # the listener's body deadline (logged there, once)
+        raise oai.ApiError(
+            408, f"{exc}: send the whole body at once", type="invalid_request_error",
+            code="request_timeout",
+        ) from None  # fmt: skip
+    except Exception as exc:
+        if not is_malformed_http(exc):
+            raise
+        # A body aiohttp cannot read: a broken chunked body, a Content-Encoding it cannot undo.
+        raise oai.invalid_request(
+            f"request body could not be read: {_payload_problem(exc)}", code="invalid_body"
+        ) from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -471,6 +489,11 @@ async def read_json_body(request: web.Request) -> Any:
             "request body is nested too deeply to decode", code="invalid_json"
         ) from None
     return body
+
+
+def _payload_problem(exc: BaseException) -> str:
+    cause = exc.__cause__ or exc
+    return " ".join(str(getattr(cause, "message", None) or cause).split()) or type(cause).__name__
 
 
 async def send_event(response: web.StreamResponse, payload: dict | str) -> None:

@@ -41,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, Validat
 
 from dynamo.runtime.sampling import SamplingOptions
 
+from dynamo.common.http_server import RequestBodyTimeout, is_malformed_http
 from dynamo.common.request_drain import mark_stream
 
 logger = logging.getLogger(__name__)
@@ -77,6 +78,11 @@ class BadGenerateRequest(ValueError):
         self.field = field
 
 
+class StreamFailed(Exception):
+    """A stream the engine cannot finish, for a cause logged once where it was noticed (the
+    engine died): sent as the in-band error line, without a traceback per request."""
+
+
 def validate_generate_request(body: Any) -> GenerateRequest:
     """The body as a :class:`GenerateRequest`; raises :class:`BadGenerateRequest` naming the
     first bad field (``sampling.top_p``, ``token_ids.3``, ...)."""
@@ -88,6 +94,27 @@ def validate_generate_request(body: Any) -> GenerateRequest:
         error = exc.errors(include_url=False)[0]
         field = ".".join(str(part) for part in error["loc"])
         raise BadGenerateRequest(f"{field}: {error['msg']}", field=field) from None
+
+
+async def _read_json(request: web.Request) -> Any:
+    """The decoded body; :class:`BadGenerateRequest` for anything that is not one JSON value
+    (bad JSON or UTF-8, nesting deeper than the decoder's recursion limit, a body aiohttp cannot
+    read: a broken chunked body, a Content-Encoding it cannot undo)."""
+    try:
+        raw = await request.read()
+    except RequestBodyTimeout:
+        raise
+    except Exception as exc:
+        if not is_malformed_http(exc):
+            raise
+        cause = exc.__cause__ or exc
+        raise BadGenerateRequest(f"body could not be read: {cause}") from None
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise BadGenerateRequest("body is nested too deeply to decode") from None
+    except ValueError as exc:  # bad JSON, bad UTF-8 (UnicodeDecodeError), huge integers
+        raise BadGenerateRequest(f"body is not valid JSON: {exc}") from None
 
 
 def _bad_request(exc: BadGenerateRequest) -> web.Response:
@@ -117,11 +144,11 @@ def add_request_plane_routes(
 
     async def handle_generate(request: web.Request) -> web.StreamResponse:
         try:
-            body = validate_generate_request(await request.json())
+            body = validate_generate_request(await _read_json(request))
         except BadGenerateRequest as exc:
             return _bad_request(exc)
-        except ValueError as exc:  # bad JSON, bad UTF-8 (UnicodeDecodeError)
-            return web.json_response({"error": f"body is not valid JSON: {exc}"}, status=400)
+        except RequestBodyTimeout as exc:  # the listener's body deadline (logged there, once)
+            return web.json_response({"error": str(exc)}, status=408)
         if not is_healthy():
             return web.json_response({"error": "worker is draining"}, status=503)
         if body.model != served_name():
@@ -158,6 +185,8 @@ def add_request_plane_routes(
                         await response.write(json.dumps(item).encode() + b"\n")
             except asyncio.CancelledError:
                 raise  # the caller hung up and aiohttp cancelled the handler: stream closed
+            except StreamFailed as exc:
+                await response.write(json.dumps({"error": str(exc)}).encode() + b"\n")
             except ConnectionResetError:
                 # The caller hung up between two writes: the request is aborted (the stream is
                 # closed on leaving this block). An expected event, not a server error worth a

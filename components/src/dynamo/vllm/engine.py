@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, AsyncIterator, Protocol, Sequence
 
 from dynamo.runtime.model_card import ModelCard
-from dynamo.runtime.request_plane import GenerateRequest
+from dynamo.runtime.request_plane import GenerateRequest, StreamFailed
 
 
 class EngineUnavailable(Exception):
@@ -21,6 +21,11 @@ class EngineUnavailable(Exception):
 class EngineInitFailed(Exception):
     """Engine init failed (e.g. vLLM's "Engine core initialization failed" after its CPU memory
     check): the worker logs this message as one ERROR line and exits 1."""
+
+
+class EngineDied(StreamFailed):
+    """The engine died while serving (a rank or EngineCore process ended): the streams it was
+    running end with this message in-band; the worker logs the death once and exits 1."""
 
 
 class Engine(Protocol):
@@ -60,6 +65,11 @@ class Engine(Protocol):
 
     async def collective_rpc(self, method: str, args: Sequence[Any] = ()) -> list:
         """Call ``method`` on every rank's worker (worker extension methods included)."""
+
+    async def wait_until_dead(self) -> str:
+        """Return, saying what died and how, when the engine can no longer serve (a rank or
+        EngineCore process ended, or the engine reports itself dead); never while it is healthy.
+        The worker awaits it while serving and cancels it before :meth:`shutdown`."""
 
     async def shutdown(self) -> None:
         """Stop rank processes and release resources; idempotent."""

@@ -137,8 +137,10 @@ class RequestPlaneServer:
         )
         # Our drain (one deadline; a cut stream ends with an in-band error line) finishes every
         # request before aiohttp's cleanup, whose timeout then only bounds closing connections.
+        # What a request cut short is told: the drain's message, or why the engine died.
+        self.cut_message = CUT_SHORT_MESSAGE
         self.drain = RequestDrain(
-            what="request plane", end_stream=_end_cut_stream, refuse=_refuse_cut_request
+            what="request plane", end_stream=self._end_cut_stream, refuse=self._refuse_cut_request
         )
         self.drain.install(app)
         self._runner = GuardedRunner(app, what="request plane", shutdown_timeout=END_BOUND_S / 2)
@@ -165,6 +167,20 @@ class RequestPlaneServer:
             else:
                 self.aborted += 1
 
+    def fail(self, message: str) -> None:
+        """The engine died: every request still running is cut short now (no grace period),
+        each told ``message`` (in-band, or a 503 before its stream started)."""
+        self.cut_message = message
+        self.drain.start(0.0)
+
+    async def _end_cut_stream(self, response: web.StreamResponse) -> None:
+        # The request plane's in-band failure line (see dynamo.runtime.request_plane).
+        await response.write(json.dumps({"error": self.cut_message}).encode() + b"\n")
+        await response.write_eof()
+
+    def _refuse_cut_request(self) -> web.Response:
+        return web.json_response({"error": self.cut_message}, status=503)
+
     async def open(self) -> str:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._host, self._port)
@@ -184,11 +200,14 @@ class RequestPlaneServer:
             # nothing to drain, and nothing to report.
             await self._runner.cleanup()
             return
-        logger.info(
-            "Draining: %d request(s) in flight; waiting up to %g s before aborting them",
-            self.in_flight,
-            self.drain_grace_s,
-        )
+        if self.cut_message == CUT_SHORT_MESSAGE:
+            logger.info(
+                "Draining: %d request(s) in flight; waiting up to %g s before aborting them",
+                self.in_flight,
+                self.drain_grace_s,
+            )
+        else:
+            logger.info("Ending the %d request(s) in flight: the engine died", self.in_flight)
         for site in list(self._runner.sites):
             await site.stop()  # the listener closes first
         self.drain.start(self.drain_grace_s)  # no-op when the signal already set the deadline
@@ -199,14 +218,6 @@ class RequestPlaneServer:
         )
 
 
-async def _end_cut_stream(response: web.StreamResponse) -> None:
-    # The request plane's in-band failure line (see dynamo.runtime.request_plane).
-    await response.write(json.dumps({"error": CUT_SHORT_MESSAGE}).encode() + b"\n")
-    await response.write_eof()
-
-
-def _refuse_cut_request() -> web.Response:
-    return web.json_response({"error": CUT_SHORT_MESSAGE}, status=503)
 
 
 def _advertised_host(host: str) -> str:
@@ -358,7 +369,7 @@ async def run_worker(config: argparse.Namespace) -> int:
     try:
         async with contextlib.AsyncExitStack() as cleanup:
             # Unwound last-in first-out: unregister, close the request plane, stop the engine.
-            await _start_and_serve(config, discovery, signals, cleanup)
+            exit_code = await _start_and_serve(config, discovery, signals, cleanup)
     except asyncio.CancelledError:
         if signals.received is None:
             raise
@@ -367,8 +378,11 @@ async def run_worker(config: argparse.Namespace) -> int:
         return 0
     finally:
         signals.uninstall()
-    logger.info("Worker stopped")
-    return 0
+    if exit_code:
+        logger.info("Worker stopped after its engine died (exit %d)", exit_code)
+    else:
+        logger.info("Worker stopped")
+    return exit_code
 
 
 async def _start_and_serve(
@@ -376,7 +390,8 @@ async def _start_and_serve(
     discovery: Discovery,
     signals: StopSignals,
     cleanup: contextlib.AsyncExitStack,
-) -> None:
+) -> int:
+    """Start up, serve until a signal (returns 0) or the engine's death (returns 1)."""
     metrics = DynamoMetrics(freeze_enabled=config.freeze_gc_heap).attach()
     gc_state = gc_freeze.ProcessGcState(metrics)
     cleanup.callback(gc_state.restore)  # pushed first, so it runs last
@@ -430,12 +445,39 @@ async def _start_and_serve(
 
     signals.serving()
     logger.info("Worker serving model %s; stop it with SIGTERM or SIGINT", record.model)
-    reason = await signals.wait()
+    death = await serve_until_stopped(signals, engine)
+    if death is not None:
+        # The one ERROR line. Then, as for a drain but with no grace period: new requests are
+        # refused, the record goes at once (the exit stack), the requests in flight end with
+        # an in-band error, the other ranks are reaped, GC state is put back; exit 1.
+        logger.error("Worker stopped: the engine died: %s", death)
+        plane.fail(f"worker failed: the engine died ({death})")
+        lifecycle.mark_draining("the engine died")
+        return 1
+    reason = signals.received
+    assert reason is not None
     plane.drain.start(plane.drain_grace_s)  # one deadline, from the signal, for the drain
     # Draining refuses new requests at once; the heartbeat stops and the record is removed next
     # (the exit stack), then in-flight requests finish within the grace period, then the engine
     # stops, then the system port closes and the process's GC state is put back.
     lifecycle.mark_draining(reason)
+    return 0
+
+
+async def serve_until_stopped(signals: StopSignals, engine: Engine) -> str | None:
+    """Wait for SIGTERM/SIGINT (returns None) or for the engine's death (returns what died and
+    how, from ``engine.wait_until_dead``); the other wait is cancelled."""
+    stopped = asyncio.ensure_future(signals.wait())
+    died = asyncio.ensure_future(engine.wait_until_dead())
+    try:
+        await asyncio.wait((stopped, died), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in (stopped, died):
+            wait.cancel()
+        await asyncio.gather(stopped, died, return_exceptions=True)
+    if stopped.done() and not stopped.cancelled():
+        return None  # a signal wins a tie: a deliberate stop is not a failure
+    return died.result()
 
 
 def _consume_cancellation() -> None:

@@ -24,7 +24,8 @@ tokenizes with DIR's own tokenizer and detokenizes what the mock streams.
   engine for the life of the process, like a real engine's imports and tokenizer tables.
 * ``forward_pass`` / ``collective_rpc`` run on lockstep rank processes
   (:mod:`dynamo.vllm.ranks`), started only when the self-benchmark is configured or
-  ``--tensor-parallel-size`` > 1.
+  ``--tensor-parallel-size`` > 1. While serving, ``wait_until_dead`` watches them: a rank that
+  ends ends the engine (the worker exits 1), as a dead TP rank ends vLLM's.
 """
 
 from __future__ import annotations
@@ -238,6 +239,14 @@ class MockEngine:
                     request.request_id,
                     produced,
                 )
+
+    async def wait_until_dead(self) -> str:
+        """Returns when a rank process ends (without ranks: never; a cancelled wait returns
+        nothing). The mock's streams do not step on the ranks, so nothing else would notice."""
+        if self._ranks is None:
+            await asyncio.get_running_loop().create_future()  # nothing that can die
+        ended = await self._ranks.watch()
+        return f"{ended.describe()} while serving"
 
     async def collective_rpc(self, method: str, args: Sequence[Any] = ()) -> list:
         if self._ranks is None:

@@ -26,6 +26,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
 from dynamo.common.logging_setup import LogLevels, configure_logging, current_log_levels
+from dynamo.vllm.process_watch import ProcessExit, describe_exit, first_exit
+
+__all__ = ["RankError", "RankGroup", "describe_exit", "inject_worker_extension"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,19 +57,6 @@ class RankError(RuntimeError):
         super().__init__(message)
         self.ranks = tuple(ranks)
         self.died = tuple(died)  # the ranks whose process is gone (the group cannot step again)
-
-
-def describe_exit(exitcode: int | None) -> str:
-    """How a process ended, in words: 'killed by signal SIGKILL (9)' or 'exited with code 3'."""
-    if exitcode is None:
-        return "died (exit status not yet known)"
-    if exitcode < 0:
-        try:
-            name = signal.Signals(-exitcode).name
-        except ValueError:
-            name = f"signal {-exitcode}"
-        return f"was killed by signal {name} ({-exitcode})"
-    return f"exited with code {exitcode}"
 
 
 def resolve_qualname(qualname: str) -> Any:
@@ -268,6 +258,14 @@ class RankGroup:
             self.pids,
             self.worker_extension_cls or "none",
         )
+
+    async def watch(self) -> ProcessExit:
+        """Return as soon as any rank process ends, however it ends (see
+        :mod:`dynamo.vllm.process_watch`): while serving, nothing else would notice before the
+        next collective call. Cancel the watch before :meth:`shutdown`, whose ranks end too."""
+        if not self._procs:
+            raise RuntimeError("the rank group is not running")
+        return await first_exit([(f"rank {rank}", proc) for rank, proc in enumerate(self._procs)])
 
     async def collective_rpc(self, method: str, args: Sequence[Any] = ()) -> list:
         """Call ``method(*args)`` on every rank's worker; the list of results, by rank.

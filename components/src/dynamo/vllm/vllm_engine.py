@@ -51,6 +51,12 @@ except ImportError:  # vLLM releases before it: SamplingParams raised ValueError
     VLLMValidationError = ValueError  # type: ignore[misc,assignment]
 
 try:
+    from vllm.v1.engine.exceptions import EngineDeadError
+except ImportError:  # a vLLM without the v1 engine's exceptions: nothing raises it
+    class EngineDeadError(Exception):  # type: ignore[no-redef]
+        pass
+
+try:
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 except ImportError:  # vLLM releases before the utils split
     from vllm.utils import FlexibleArgumentParser  # type: ignore[no-redef]
@@ -58,7 +64,8 @@ except ImportError:  # vLLM releases before the utils split
 from dynamo.runtime.model_card import ModelCard
 from dynamo.runtime.request_plane import BadGenerateRequest, GenerateRequest
 from dynamo.runtime.sampling import SamplingOptions
-from dynamo.vllm.engine import EngineInitFailed, EngineUnavailable
+from dynamo.vllm.engine import EngineDied, EngineInitFailed, EngineUnavailable
+from dynamo.vllm.process_watch import first_exit
 
 logger = logging.getLogger(__name__)
 
@@ -169,6 +176,16 @@ def one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
+def engine_core_processes(engine: Any) -> list[tuple[str, Any]]:
+    """vLLM's EngineCore processes behind an ``AsyncLLM``, as ``(label, process)`` pairs; none
+    when the core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) or elsewhere (Ray).
+    """
+    resources = getattr(getattr(engine, "engine_core", None), "resources", None)
+    manager = getattr(resources, "engine_manager", None)
+    processes = getattr(manager, "processes", None) or []
+    return [(f"{process.name} process", process) for process in processes]
+
+
 def resolve_tokenizer_dir(tokenizer: str, revision: str | None) -> str:
     """The local directory of vLLM's resolved tokenizer (a directory already, or a Hugging Face
     id vLLM has downloaded into the hub cache)."""
@@ -201,6 +218,9 @@ class VllmEngine:
         self._id_prefix = uuid.uuid4().hex[:8]
         self._clamped_seq_lens: set[int] = set()
         self._benchmark_body: list[int] = []
+        # Set when a request finds vLLM dead (EngineDeadError): see wait_until_dead.
+        self._reported_dead = asyncio.Event()
+        self._dead_reason = ""
 
     @property
     def engine(self) -> Any:
@@ -368,8 +388,13 @@ class VllmEngine:
                             "completion_tokens": produced,
                         }
                         return
+        except EngineDeadError as exc:
+            # vLLM's EngineCore is gone (it logged why): this stream ends with an in-band
+            # error, and the worker, woken by wait_until_dead, logs the death once and exits.
+            self._report_dead(one_line(exc))
+            raise EngineDied(f"the vLLM engine died: {one_line(exc)}") from None
         finally:
-            if not finished:
+            if not finished and not self._is_dead(engine):
                 # The consumer went away (client disconnect, drain timeout) or the stream
                 # failed: make sure the request's scheduler slot and KV blocks are freed now.
                 # Aborting a request vLLM already dropped is a no-op.
@@ -381,6 +406,37 @@ class VllmEngine:
                     logger.info(
                         "vLLM request %s aborted after %d token(s)", request_id, produced
                     )
+
+    def _report_dead(self, reason: str) -> None:
+        if not self._reported_dead.is_set():
+            self._dead_reason = reason
+            self._reported_dead.set()
+
+    def _is_dead(self, engine: Any) -> bool:
+        # A dead engine has nothing to abort (vLLM's own generate does not abort then either).
+        return self._reported_dead.is_set() or bool(getattr(engine, "errored", False))
+
+    async def wait_until_dead(self) -> str:
+        """Returns when vLLM's EngineCore process ends (its sentinel, watched on the event loop;
+        vLLM's own monitor thread notices it too and shuts its client down) or a request finds
+        the engine dead (EngineDeadError: the core failed without exiting yet). EngineCore
+        watches its own workers and exits when one dies, so a dead worker ends up here too."""
+        engine = self.engine
+        processes = engine_core_processes(engine)
+        watches = [asyncio.ensure_future(self._reported_dead.wait())]
+        if processes:
+            watches.append(asyncio.ensure_future(first_exit(processes)))
+        try:
+            done, _ = await asyncio.wait(watches, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for watch in watches:
+                watch.cancel()
+            await asyncio.gather(*watches, return_exceptions=True)
+        for watch in done:
+            result = watch.result()
+            if result is not True:  # the process watch's ProcessExit
+                return f"vLLM's {result.describe()} while serving"
+        return f"vLLM's engine reported itself dead while serving: {self._dead_reason}"
 
     async def forward_pass(self, batch_size: int, seq_len: int) -> None:
         """A real generate step at this point: ``batch_size`` concurrent requests of ``seq_len``
