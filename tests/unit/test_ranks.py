@@ -15,7 +15,14 @@ from dynamo.vllm import ranks
 from dynamo.vllm.ranks import RankError, RankGroup, inject_worker_extension
 from dynamo.vllm.worker_extension import QUALNAME, FpmGcWorkerExtension
 
-EXTENSION_CALLS = ["fpm_gc_maintain", "fpm_gc_start", "fpm_gc_state", "fpm_gc_stop"]
+EXTENSION_CALLS = [
+    "fpm_gc_maintain",
+    "fpm_gc_pause_log",
+    "fpm_gc_report",
+    "fpm_gc_start",
+    "fpm_gc_state",
+    "fpm_gc_stop",
+]
 
 
 class WorkerBase:

@@ -219,7 +219,15 @@ def test_a_conflicting_extension_exits_2_naming_both_options(capsys, name):
 def test_without_the_policy_the_users_extension_is_left_alone(argv):
     name = f"{__name__}.UnrelatedExtension"
     assert resolve_worker_extension(config_for(*argv, "--worker-extension-cls", name)) == name
-    assert resolve_worker_extension(config_for(*argv)) is None
+
+
+def test_the_extension_is_injected_in_both_arms_of_the_benchmark_and_never_outside_it():
+    # Policy off: the ranks still load it (their pause logger and heap reports), so an A/B's
+    # arms differ in the policy alone.
+    off = config_for("--self-benchmark-points", "10", "--fpm-gc-policy", "off")
+    assert resolve_worker_extension(off) == QUALNAME
+    assert resolve_worker_extension(config_for("--fpm-gc-policy", "freeze")) is None
+    assert resolve_worker_extension(config_for()) is None
 
 
 def test_policy_env_is_given_to_the_ranks_in_benchmark_mode_only(monkeypatch):

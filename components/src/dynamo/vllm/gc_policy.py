@@ -65,6 +65,9 @@ logger = logging.getLogger(__name__)
 # gc.set_threshold() parses C ints: this is the largest threshold2 it accepts.
 GEN2_NEVER = 2**31 - 1
 FREEZE_THREAD_NAME = "dynamo-gc-policy-freeze"
+# How our log lines name the processes vLLM starts (beside their pid).
+RANK_LABEL = "vllm rank"
+ENGINE_CORE_LABEL = "vllm EngineCore"
 
 
 @dataclass(frozen=True)
@@ -317,6 +320,42 @@ def policy_running() -> bool:
     return _running is not None
 
 
+def gc_process_report(label: str) -> dict:
+    """:func:`gc_policy_state` plus what a benchmark reports per process, from an untimed window.
+
+    Walks the heap twice (``gc.get_freeze_count()`` and ``gc.get_objects()``: ~0.1 s on a
+    600k-object heap), so never call it inside a measured window. ``tracked_objects`` counts the
+    objects the collector tracks outside the permanent generation (what a full collection walks),
+    ``frozen_objects`` those inside it; ``collections`` is CPython's per-generation count since
+    the process started (``gc.get_stats()``), and ``pause_logger`` the pause logger's counters
+    when one is installed here.
+    """
+    from dynamo.common.utils import gc_freeze
+
+    state = gc_policy_state()
+    state["label"] = label
+    state["frozen_objects"] = gc.get_freeze_count()
+    state["heap_frozen"] = state["frozen_objects"] > INTERPRETER_RESIDUE_MAX
+    state["tracked_objects"] = len(gc.get_objects())
+    state["counts"] = list(gc.get_count())
+    state["collections"] = [generation["collections"] for generation in gc.get_stats()]
+    pause_logger = gc_freeze.installed_gc_pause_logger()
+    state["pause_logger"] = None if pause_logger is None else pause_logger.snapshot()
+    return state
+
+
+def install_pause_logger_here(threshold_ms: float, *, label: str) -> bool:
+    """Install the pause logger in a process the worker does not configure (a rank, EngineCore).
+
+    Its lines go to that process's stderr, in the worker's log, with this process's pid and
+    ``label``. Returns whether one is installed afterwards (``threshold_ms <= 0``: none).
+    """
+    from dynamo.common.utils import gc_freeze
+
+    ensure_process_logging(label)
+    return gc_freeze.install_gc_pause_logger(threshold_ms) is not None
+
+
 def gc_policy_state() -> dict:
     """This process's GC state and policy, as plain data (no heap walk)."""
     policy = _running
@@ -417,6 +456,21 @@ class FpmGcWorkerExtension:
         state["heap_frozen"] = state["freeze_count"] > INTERPRETER_RESIDUE_MAX
         return state
 
+    def fpm_gc_report(self) -> dict:
+        """:func:`gc_process_report` of this rank (heap walks: untimed windows only)."""
+        return gc_process_report(RANK_LABEL)
+
+    def fpm_gc_pause_log(self, threshold_ms: float) -> bool:
+        """Install the pause logger in this rank (its lines in the rank's stderr)."""
+        return install_pause_logger_here(float(threshold_ms), label=RANK_LABEL)
+
+
+def ensure_process_logging(label: str) -> None:
+    """Our log format in a process vLLM started (a rank, EngineCore), named ``label``."""
+    from dynamo.common import logging_setup
+
+    logging_setup.ensure_logging(label=label)
+
 
 def _ensure_rank_logging() -> None:
     """In a rank nobody configured logging for (a vLLM worker process), log like our processes.
@@ -426,4 +480,4 @@ def _ensure_rank_logging() -> None:
     """
     from dynamo.common import logging_setup
 
-    logging_setup.ensure_logging(label="vllm rank")
+    logging_setup.ensure_logging(label=RANK_LABEL)

@@ -2,7 +2,11 @@
 
 It runs after engine init and before the serving freeze and ``register_model``. With
 ``--fpm-gc-policy freeze`` the GC policy (:mod:`dynamo.vllm.gc_policy`) runs around the sweep in
-the main process and, through the worker extension, in every rank; it is stopped on every exit
+the main process, through the worker extension in every rank, and with ``--engine vllm``
+through the scheduler (:mod:`dynamo.vllm.gc_scheduler`) in vLLM's EngineCore process: every
+process a measured window runs in. Each process logs a ``Self-benchmark GC report`` (GC state,
+heap size, collections, pause counters) before, at the start and end of the sweep, and after.
+The policy is stopped on every exit
 path (success, exception, KeyboardInterrupt, cancellation) before this function returns or
 raises, so the serving freeze that follows sees stock thresholds, as if the benchmark never ran.
 
@@ -57,15 +61,20 @@ def policy_active(config: argparse.Namespace) -> bool:
 def check_worker_extension(config: argparse.Namespace) -> str | None:
     """The ``worker_extension_cls`` the engine must get (raises on a conflict).
 
-    With the policy active every rank must load :class:`FpmGcWorkerExtension`: it is injected
-    when the user set no extension, and a user extension must subclass it. Otherwise the user's
-    value is returned untouched.
+    While the self-benchmark runs, every rank loads :class:`FpmGcWorkerExtension`: it is
+    injected when the user set no extension, with the policy off too (then it only installs the
+    rank's pause logger and reports its heap, so the two arms of an A/B differ in the policy
+    alone). With the policy active a user extension must subclass it; with the policy off a
+    user's extension is kept as it is (its ranks then report nothing). Outside the
+    self-benchmark the user's value is returned untouched.
     """
     user_value = config.worker_extension_cls
-    if not policy_active(config):
+    if config.self_benchmark_points <= 0:
         return user_value
     if user_value is None or user_value == POLICY_EXTENSION:
         return POLICY_EXTENSION
+    if not policy_active(config):
+        return user_value
     try:
         extension = resolve_qualname(user_value)
     except Exception as exc:  # noqa: BLE001 - any import failure is the same operator error
@@ -87,6 +96,50 @@ def resolve_worker_extension(config: argparse.Namespace) -> str | None:
     try:
         return check_worker_extension(config)
     except WorkerExtensionConflict as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+class SchedulerConflict(ValueError):
+    """The user's vLLM ``--scheduler-cls`` would leave EngineCore without the GC policy."""
+
+
+def check_scheduler_cls(config: argparse.Namespace, user_value: Any) -> Any:
+    """The vLLM ``scheduler_cls`` EngineCore must get (raises on a conflict); vLLM only.
+
+    The same rule as :func:`check_worker_extension`, for vLLM's own ``--scheduler-cls``:
+    :class:`dynamo.vllm.gc_scheduler.FpmGcScheduler` is injected while the self-benchmark runs
+    and the user set none; with the policy active a user's class must subclass it.
+    """
+    from dynamo.vllm.gc_scheduler import QUALNAME as POLICY_SCHEDULER
+    from dynamo.vllm.gc_scheduler import FpmGcScheduler
+
+    if config.self_benchmark_points <= 0:
+        return user_value
+    if user_value is None or user_value == POLICY_SCHEDULER:
+        return POLICY_SCHEDULER
+    if not policy_active(config):
+        return user_value
+    try:
+        scheduler = user_value if isinstance(user_value, type) else resolve_qualname(user_value)
+    except Exception as exc:  # noqa: BLE001 - any import failure is the same operator error
+        raise SchedulerConflict(
+            f"vLLM's --scheduler-cls {user_value!r} cannot be loaded ({exc})"
+        ) from None
+    if isinstance(scheduler, type) and issubclass(scheduler, FpmGcScheduler):
+        return user_value
+    raise SchedulerConflict(
+        f"vLLM's --scheduler-cls is {user_value!r}, but {FPM_GC_POLICY.source_label()} "
+        f"'freeze' with the self-benchmark needs vLLM's EngineCore process to run "
+        f"{POLICY_SCHEDULER}: make your scheduler subclass it, or set {FPM_GC_POLICY.flag} off"
+    )
+
+
+def resolve_scheduler_cls(config: argparse.Namespace, user_value: Any) -> Any:
+    """:func:`check_scheduler_cls`, with a conflict ending the program like a bad flag (2)."""
+    try:
+        return check_scheduler_cls(config, user_value)
+    except SchedulerConflict as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
 
@@ -230,6 +283,56 @@ async def run_sweep(
     return results
 
 
+REPORT_LINE = "Self-benchmark GC report: "
+
+
+async def _engine_core(engine: Any, command: str, **params: Any) -> dict | None:
+    """``command`` in vLLM's EngineCore process; ``None`` for an engine without one (the mock)
+    or an EngineCore whose scheduler is not ours (a user's, with the policy off)."""
+    call = getattr(engine, "engine_core_call", None)
+    if call is None:
+        return None
+    from dynamo.vllm.gc_scheduler import EngineCoreUnpoliced
+
+    try:
+        return await call(command, **params)
+    except EngineCoreUnpoliced as exc:
+        logger.warning("%s", exc)
+        return None
+
+
+async def _install_pause_loggers(engine: Any, config: argparse.Namespace) -> None:
+    """The worker's ``--gc-pause-log-ms`` in every process of the sweep, not only this one.
+
+    Diagnostic: a process that cannot take it (a user's extension or scheduler, with the policy
+    off) is logged and the sweep goes on.
+    """
+    threshold_ms = float(getattr(config, "gc_pause_log_ms", 0.0) or 0.0)
+    if threshold_ms <= 0:
+        return
+    try:
+        await engine.collective_rpc("fpm_gc_pause_log", (threshold_ms,))
+        await _engine_core(engine, "pause_log", threshold_ms=threshold_ms)
+    except Exception as exc:  # noqa: BLE001 - see above
+        logger.warning("GC pause logger not installed in every engine process: %s", exc)
+
+
+async def _log_gc_reports(engine: Any, phase: str) -> None:
+    """One line per process: its GC state, heap and pause counters (untimed; walks heaps)."""
+    reports = [gc_policy.gc_process_report("main")]
+    try:
+        reports += list(await engine.collective_rpc("fpm_gc_report"))
+        core = await _engine_core(engine, "report")
+        if core is not None:
+            reports.append(core)
+    except Exception as exc:  # noqa: BLE001 - a diagnostic never stops the benchmark
+        logger.warning("GC report (%s) incomplete: %s", phase, exc)
+    for report in reports:
+        report.pop("command", None)
+        report.pop("result", None)
+        logger.info("%s%s", REPORT_LINE, json.dumps({"phase": phase, **report}, sort_keys=True))
+
+
 async def _start_policy(engine: Any, config: argparse.Namespace) -> None:
     gc_policy.start_policy(interval_s=config.fpm_gc_freeze_interval_s)
     started = await engine.collective_rpc("fpm_gc_start")
@@ -240,6 +343,7 @@ async def _start_policy(engine: Any, config: argparse.Namespace) -> None:
             "gen2 pauses can land in measured windows",
             unpoliced,
         )
+    await _engine_core(engine, "start", interval_s=float(config.fpm_gc_freeze_interval_s))
 
 
 async def _stop_policy(
@@ -255,6 +359,11 @@ async def _stop_policy(
     if ranks_alive:  # a rank group that lost a rank is shut down, the policy with its ranks
         try:
             await engine.collective_rpc("fpm_gc_stop")
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        try:
+            # EngineCore's scheduler also stops it when EngineCore shuts down.
+            await _engine_core(engine, "stop")
         except Exception as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
     if errors and raise_errors:
@@ -287,15 +396,19 @@ async def run_self_benchmark(engine: Any, config: argparse.Namespace) -> Benchma
     writer = PointWriter(config.self_benchmark_output)  # fails before any GC state changes
     policy_started = False
     try:
+        await _install_pause_loggers(engine, config)
+        await _log_gc_reports(engine, "before")
         if use_policy:
             policy_started = True  # set first: a start that fails half-way is still stopped
             await _start_policy(engine, config)
+        await _log_gc_reports(engine, "sweep_start")
         results = await run_sweep(
             engine,
             points,
             writer,
             maintain_every=MAINTAIN_EVERY_POINTS if use_policy else None,
         )
+        await _log_gc_reports(engine, "sweep_end")
     except BaseException as exc:
         if policy_started:
             # Start-up is abandoned: no serving freeze follows, so the heap is not frozen again
@@ -311,6 +424,7 @@ async def run_self_benchmark(engine: Any, config: argparse.Namespace) -> Benchma
         writer.close()
     if policy_started:
         await _stop_policy(engine, serving_freeze=serving_freeze, raise_errors=True)
+    await _log_gc_reports(engine, "after")
     summary = summarize(results, gc_policy_name=policy_name)
     logger.info(summary.log_line())
     return summary

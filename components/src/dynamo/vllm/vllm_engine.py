@@ -10,7 +10,8 @@ vLLM's flags work as they are::
 Four of the worker's options are vLLM's too and reach it from the worker: ``--model`` (the
 model to load), ``--served-model-name`` (the name the worker registers; unset: ``--model``),
 ``--tensor-parallel-size`` (passed on when not 1) and ``--worker-extension-cls`` (through
-``build_engine``'s ``worker_extension_cls``).
+``build_engine``'s ``worker_extension_cls``). With the self-benchmark, vLLM's
+``--scheduler-cls`` is the GC policy's scheduler (:mod:`dynamo.vllm.gc_scheduler`).
 
 Requests arrive as the model's own token ids (the frontend tokenized them with the tokenizer
 the model card names) and are handed to vLLM unchanged, as a ``TokensPrompt``; their
@@ -112,6 +113,12 @@ def engine_args_from_config(
         raise EngineUnavailable(f"--engine vllm: invalid vLLM arguments {rest}") from None
     if worker_extension_cls is not None:
         engine_args.worker_extension_cls = worker_extension_cls
+    if getattr(config, "self_benchmark_points", 0) > 0:
+        # EngineCore runs the self-benchmark's GC policy through its scheduler (a conflicting
+        # user --scheduler-cls exits 2 here, before anything starts).
+        from dynamo.vllm.self_benchmark import resolve_scheduler_cls
+
+        engine_args.scheduler_cls = resolve_scheduler_cls(config, engine_args.scheduler_cls)
     return engine_args
 
 
@@ -487,6 +494,13 @@ class VllmEngine:
         """``method`` on every rank's worker (worker extension methods included); one result
         per rank."""
         return await self.engine.collective_rpc(method, args=tuple(args))
+
+    async def engine_core_call(self, command: str, **params: Any) -> dict:
+        """A GC-policy command in vLLM's EngineCore process, and that process's GC report
+        (:func:`dynamo.vllm.gc_scheduler.call_engine_core`)."""
+        from dynamo.vllm.gc_scheduler import call_engine_core
+
+        return await call_engine_core(self.engine, command, **params)
 
     async def shutdown(self) -> None:
         engine, self._engine = self._engine, None
