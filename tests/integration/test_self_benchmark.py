@@ -98,8 +98,10 @@ def test_writes_one_json_line_per_point(benchmarked_worker):
     _, _, output = benchmarked_worker
     rows = [json.loads(line) for line in output.read_text().splitlines()]
     assert [row["point"] for row in rows] == list(range(POINTS))
-    assert all(set(row) == {"point", "batch", "seq", "wall_ms"} for row in rows)
+    assert all(set(row) == {"point", "batch", "seq", "wall_ms", "started_unix"} for row in rows)
     assert all(row["wall_ms"] > 0 for row in rows)
+    starts = [row["started_unix"] for row in rows]
+    assert starts == sorted(starts)  # wall clock at each start, in sweep order
 
 
 def test_policy_runs_everywhere_and_stops_before_the_one_serving_freeze(benchmarked_worker):

@@ -136,3 +136,65 @@ def test_vllm_help_shows_vllms_options_after_the_workers(capsys):
     vllm = out.index("--enforce-eager")
     assert worker < out.index("Every other argument goes to vLLM") < vllm
     assert "--kv-cache-memory-bytes" in out[worker:]
+
+
+BENCH = ["--model", "/m", "--self-benchmark-points", "10", *VLLM_REST]
+POLICY_SCHEDULER = "dynamo.vllm.gc_scheduler.FpmGcScheduler"
+
+
+def _engine_args(*argv: str):
+    from dynamo.vllm import vllm_engine
+
+    return vllm_engine.engine_args_from_config(backend_args.parse_args(list(argv), env={}))
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("policy", ["freeze", "off"])
+def test_the_self_benchmark_gives_engine_core_the_policy_scheduler(policy):
+    # Both arms: with the policy off it only installs EngineCore's pause logger and reports.
+    args = _engine_args(*BENCH, "--fpm-gc-policy", policy)
+    assert args.scheduler_cls == POLICY_SCHEDULER
+
+
+@pytest.mark.vllm
+def test_serving_alone_keeps_vllms_scheduler():
+    assert _engine_args("--model", "/m", "--fpm-gc-policy", "freeze").scheduler_cls is None
+    user = "vllm.v1.core.sched.scheduler.Scheduler"
+    assert _engine_args("--model", "/m", "--scheduler-cls", user).scheduler_cls == user
+
+
+@pytest.mark.vllm
+def test_a_subclass_of_the_policy_scheduler_is_accepted():
+    user = f"{__name__}.policy_aware_scheduler"
+    args = _engine_args(*BENCH, "--fpm-gc-policy", "freeze", "--scheduler-cls", user)
+    assert args.scheduler_cls == user
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize(
+    "user", ["vllm.v1.core.sched.scheduler.Scheduler", "dynamo.no_such_module.Scheduler"]
+)
+def test_a_conflicting_scheduler_exits_2_naming_both_options(capsys, user):
+    with pytest.raises(SystemExit) as exited:
+        _engine_args(*BENCH, "--fpm-gc-policy", "freeze", "--scheduler-cls", user)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "--scheduler-cls" in err and user in err
+    if "no_such_module" not in user:
+        assert "--fpm-gc-policy" in err and POLICY_SCHEDULER in err
+
+
+@pytest.mark.vllm
+def test_with_the_policy_off_a_users_scheduler_is_kept():
+    user = "vllm.v1.core.sched.scheduler.Scheduler"
+    args = _engine_args(*BENCH, "--fpm-gc-policy", "off", "--scheduler-cls", user)
+    assert args.scheduler_cls == user
+
+
+def __getattr__(name: str):
+    # A module attribute made on first use, so importing this module never imports vLLM.
+    if name == "policy_aware_scheduler":
+        from dynamo.vllm.gc_scheduler import FpmGcScheduler
+
+        return type("PolicyAwareScheduler", (FpmGcScheduler,), {})
+    raise AttributeError(name)

@@ -2,13 +2,16 @@
 (its EngineCore and rank worker are real child processes) serves every test in this module.
 
 The rank loads the self-benchmark's worker extension, so ``collective_rpc`` reaches the GC policy
-in the real rank process and returns each rank's GC state.
+in the real rank process and returns each rank's GC state; EngineCore runs the policy's
+scheduler, so control requests reach the policy there and return EngineCore's GC report.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
+import json
 import logging
 import os
 from pathlib import Path
@@ -24,6 +27,16 @@ from tests.vllm.conftest import OFFLINE_ENV, VLLM_ARGS
 pytestmark = [pytest.mark.vllm, pytest.mark.integration]
 
 ENGINE_DEADLINE_S = 300.0
+POLICY_SCHEDULER = "dynamo.vllm.gc_scheduler.FpmGcScheduler"
+# What "GC as before" means in a process: its state, not its counters.
+STATE_KEYS = ("thresholds", "isenabled", "heap_frozen", "policy_running", "freeze_thread_alive")
+PROCESSES = ("main", "vllm rank", "vllm EngineCore")
+
+
+def engine_args_scheduler(config) -> str | None:
+    from dynamo.vllm import vllm_engine
+
+    return vllm_engine.engine_args_from_config(config).scheduler_cls
 
 
 @contextlib.contextmanager
@@ -59,10 +72,17 @@ def embedded(tiny_model):
     from dynamo.vllm import gc_policy, vllm_engine
     from dynamo.vllm.worker_extension import QUALNAME
 
+    # Benchmark mode, so vLLM's EngineCore gets the policy's scheduler (serving through it is
+    # what every other test here then checks).
     config = backend_args.parse_args(
-        ["--engine", "vllm", "--model", tiny_model, "--served-model-name", "tiny", *VLLM_ARGS],
+        [
+            "--engine", "vllm", "--model", tiny_model, "--served-model-name", "tiny",
+            "--self-benchmark-points", "1", "--fpm-gc-policy", POLICY_FREEZE,
+            *VLLM_ARGS,
+        ],
         env={},
-    )
+    )  # fmt: skip
+    assert engine_args_scheduler(config) == POLICY_SCHEDULER
     engine = vllm_engine.build_vllm_engine(config, worker_extension_cls=QUALNAME)
     loop = asyncio.new_event_loop()
     # The rank reads the policy from the environment it is started with (as under the worker,
@@ -246,3 +266,120 @@ def test_forward_pass_clamps_a_length_beyond_max_model_len(embedded, caplog):
     embedded.run(embedded.engine.forward_pass(2, 4 * embedded.engine.max_model_len))
     assert "does not fit max_model_len" in caplog.text
     assert embedded.engine.engine.get_num_unfinished_requests() == 0
+
+
+def _engine_core_pid(embedded: EmbeddedEngine) -> int:
+    """The pid vLLM itself started EngineCore with (its process manager's only process)."""
+    manager = embedded.engine.engine.engine_core.resources.engine_manager
+    (process,) = manager.processes
+    return process.pid
+
+
+def _state(report: dict) -> dict:
+    return {key: (tuple(report[key]) if key == "thresholds" else report[key]) for key in STATE_KEYS}
+
+
+def test_engine_core_is_its_own_process_and_runs_the_policy_through_its_scheduler(embedded):
+    from dynamo.vllm.gc_policy import GEN2_NEVER
+
+    core = embedded.engine.engine_core_call
+    before = embedded.run(core("report"))
+    rank = embedded.rpc("fpm_gc_state")[0]
+    # Three processes: this one, EngineCore (vLLM's own pid for it) and the rank.
+    assert before["pid"] == _engine_core_pid(embedded)
+    assert len({os.getpid(), before["pid"], rank["pid"]}) == 3
+    assert before["label"] == "vllm EngineCore"
+    assert before["policy_running"] is False
+    assert before["heap_frozen"] is True  # vLLM froze EngineCore after init
+    assert before["tracked_objects"] > 0
+
+    started = embedded.run(core("start", interval_s=60.0))
+    assert started["result"] is True
+    assert started["policy_running"] is True and started["freeze_thread_alive"] is True
+    assert started["thresholds"][2] == GEN2_NEVER
+    assert started["thresholds"][:2] == before["thresholds"][:2]
+    embedded.run(embedded.engine.forward_pass(4, 32))  # a real step under the policy
+    assert embedded.run(core("start", interval_s=60.0))["result"] is False  # already running
+
+    stopped = embedded.run(core("stop"))
+    assert stopped["result"] is True
+    assert _state(stopped) == _state(before)  # stock thresholds, frozen again as vLLM left it
+    assert stopped["pid"] == before["pid"]
+    assert embedded.run(core("stop"))["result"] is False  # idempotent
+
+
+def test_an_unknown_control_command_is_refused_before_it_is_sent(embedded):
+    with pytest.raises(ValueError, match="unknown GC control command 'explode'"):
+        embedded.run(embedded.engine.engine_core_call("explode"))
+
+
+def _benchmark_reports(embedded, caplog, policy: str) -> dict[tuple[str, str], dict]:
+    """Run the real self-benchmark on the embedded engine; its per-process reports by
+    (phase, process)."""
+    from dynamo.vllm import gc_policy
+    from dynamo.vllm.self_benchmark import REPORT_LINE, run_self_benchmark
+
+    config = backend_args.parse_args(
+        [
+            "--engine", "vllm", "--model", "unused",
+            "--self-benchmark-points", "24", "--fpm-gc-policy", policy,
+            "--no-freeze-gc-heap", "--gc-pause-log-ms", "50",
+        ],
+        env={},
+    )  # fmt: skip
+    caplog.set_level(logging.INFO, logger="dynamo.vllm.self_benchmark")
+    saved = gc.get_threshold()
+    try:
+        summary = embedded.run(run_self_benchmark(embedded.engine, config), timeout_s=300.0)
+    finally:
+        gc_policy.stop_policy()  # a failed run must not leave this process policed
+        gc.set_threshold(*saved)
+    assert summary.points == 24 and summary.gc_policy == policy
+    reports = {}
+    for record in caplog.records:
+        message = record.getMessage()
+        if message.startswith(REPORT_LINE):
+            report = json.loads(message[len(REPORT_LINE):])
+            reports[(report["phase"], report["label"])] = report
+    phases = ("before", "sweep_start", "sweep_end", "after")
+    assert set(reports) == {(phase, label) for phase in phases for label in PROCESSES}, reports
+    return reports
+
+
+def test_the_self_benchmark_polices_every_process_and_serving_starts_with_stock_gc(
+    embedded, caplog
+):
+    from dynamo.vllm.gc_policy import GEN2_NEVER
+
+    reports = _benchmark_reports(embedded, caplog, POLICY_FREEZE)
+    pids = {label: reports[("before", label)]["pid"] for label in PROCESSES}
+    assert pids["main"] == os.getpid() and len(set(pids.values())) == 3
+    assert pids["vllm EngineCore"] == _engine_core_pid(embedded)
+    for label in PROCESSES:
+        before, after = reports[("before", label)], reports[("after", label)]
+        assert before["policy_running"] is False
+        for phase in ("sweep_start", "sweep_end"):  # the whole sweep, in every process
+            during = reports[(phase, label)]
+            assert during["policy_running"] and during["freeze_thread_alive"], (label, during)
+            assert during["thresholds"][2] == GEN2_NEVER and during["heap_frozen"]
+        # Serving starts as if the benchmark never ran: stock thresholds, the enabled flag,
+        # frozen exactly as before (EngineCore: vLLM's freeze; main and rank: not frozen here).
+        assert _state(after) == _state(before), (label, before, after)
+        assert after["pid"] == before["pid"]
+        # The pause logger runs in every engine process, at the worker's threshold (this test
+        # process is the worker's stand-in: its own logger is main.py's job).
+        if label != "main":
+            assert after["pause_logger"]["threshold_ms"] == 50.0, (label, after)
+    # No automatic full collection in any process during the sweep.
+    for label in PROCESSES:
+        start, end = reports[("sweep_start", label)], reports[("sweep_end", label)]
+        assert end["collections"][2] == start["collections"][2], (label, start, end)
+
+
+def test_with_the_policy_off_the_self_benchmark_changes_no_process_gc(embedded, caplog):
+    reports = _benchmark_reports(embedded, caplog, "off")
+    for label in PROCESSES:
+        states = [_state(reports[(phase, label)]) for phase in ("before", "sweep_start")]
+        states += [_state(reports[(phase, label)]) for phase in ("sweep_end", "after")]
+        assert all(state == states[0] for state in states), (label, states)
+        assert states[0]["policy_running"] is False

@@ -198,9 +198,15 @@ class PointResult:
     batch: int
     seq: int
     wall_ms: float
+    # Wall clock at the point's start (time.time()): lines a point up with the timestamped pause
+    # lines of every process of the engine (their own clocks are this machine's).
+    started_unix: float | None = None
 
     def json_line(self) -> str:
-        return json.dumps(asdict(self)) + "\n"
+        fields = asdict(self)
+        if fields["started_unix"] is None:
+            del fields["started_unix"]
+        return json.dumps(fields) + "\n"
 
 
 @dataclass(frozen=True)
@@ -274,10 +280,17 @@ async def run_sweep(
             collected = gc_policy.maintain()  # untimed: between two measured points
             await engine.collective_rpc("fpm_gc_maintain")
             logger.debug("GC maintain window before point %d: collected=%d", index, collected)
+        started_unix = time.time()
         started = time.perf_counter()
         await engine.forward_pass(batch, seq)
         elapsed_ms = (time.perf_counter() - started) * 1000.0
-        result = PointResult(point=index, batch=batch, seq=seq, wall_ms=round(elapsed_ms, 4))
+        result = PointResult(
+            point=index,
+            batch=batch,
+            seq=seq,
+            wall_ms=round(elapsed_ms, 4),
+            started_unix=round(started_unix, 6),
+        )
         writer.write(result)
         results.append(result)
     return results
