@@ -22,12 +22,28 @@ Per run, from the JSON lines the worker wrote (one per point, its wall time):
 
 Goal (issue 5): policy on has at most a tenth of the off arm's outliers.
 
+With ``--engine vllm`` each run is the real worker, ``python -m dynamo.vllm --engine vllm`` on
+the tiny random model (scripts/make_tiny_model.py), run by .venv-vllm's python
+(``--vllm-python``), no synthetic heap anywhere: its heaps are vLLM's own, in three processes
+(the worker's main process, vLLM's EngineCore and the rank; vLLM's CPU backend always runs the
+model in a process of its own). Runs alternate ``off freeze`` / ``freeze off``. On top of the
+figures above, per run and process, from the worker's log: the process's ``Self-benchmark GC
+report`` lines (heap size: tracked and frozen objects; full collections during the sweep; growth
+of its objects per point) and the pause lines its pause logger wrote during the sweep (the worker
+passes ``--gc-pause-log-ms``; EngineCore's and the rank's lines carry their pid). A stall is
+attributed to the process(es) whose pause overlapped the point's window (each point records its
+start on the wall clock). Goal (issue 12): with the policy, at most a tenth of off's stalls and a
+longest stall at most a fifth of off's; full collections during the sweep per process.
+Results go to ``ab_self_benchmark_vllm*.json`` and its plot.
+
     python scripts/ab_self_benchmark.py [--quick|--smoke] [--points N] [--out DIR] [--publish]
+    python scripts/ab_self_benchmark.py --engine vllm [--quick|--smoke] [--points N] [--passes N]
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import re
 import signal
@@ -52,6 +68,306 @@ MODES = {
     "quick": {"points": 3_000, "passes": 1, "heap": 800_000, "ranks": (1, 2)},
     "smoke": {"points": 120, "passes": 1, "heap": 10_000, "ranks": (1,)},
 }
+
+
+# --engine vllm ---------------------------------------------------------------------------------
+
+VLLM_NAME = "ab_self_benchmark_vllm"
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+# The flags tests/vllm/conftest.py starts the real worker with: a KV cache size in bytes (vLLM's
+# start-up memory check reads a NUMA node's size otherwise), eager mode (torch.compile would add
+# ~25 s to each start), no periodic stats lines.
+VLLM_ARGS = ["--max-model-len", "256", "--kv-cache-memory-bytes", "64M", "--enforce-eager",
+             "--disable-log-stats"]
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
+VLLM_MODES = {
+    # A real point is a prefill of up to 64 x 255 tokens plus one decode step: ~5-60 ms here.
+    "full": {"points": 30_480, "passes": 1},
+    "quick": {"points": 2_000, "passes": 1},
+    "smoke": {"points": 24, "passes": 1},
+}
+REPORT_LINE = re.compile(rb"Self-benchmark GC report: (\{.*\})")
+# "2026-12-02 22:06:42,349 INFO pid=20477 [vllm rank] dynamo...: GC gen2 pause 396.6 ms"
+TIMED_PAUSE_LINE = re.compile(
+    rb"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \w+ pid=(\d+) .*?GC gen(\d) pause ([0-9.]+) ms",
+    re.MULTILINE,
+)
+PROCESS_ORDER = ("main", "vllm EngineCore", "vllm rank")
+# Log timestamps have millisecond resolution; a pause this close to a window still overlaps it.
+ATTRIBUTION_SLACK_S = 0.002
+
+
+def tiny_model_dir(vllm_python: str) -> str:
+    """The tiny random model's directory (built once per machine, then cached)."""
+    proc = subprocess.run(
+        [vllm_python, str(REPO / "scripts" / "make_tiny_model.py")],
+        env=bc.child_env(OFFLINE_ENV), capture_output=True, text=True, timeout=600, check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"make_tiny_model.py failed:\n{proc.stderr[-3000:]}")
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def run_vllm_worker(args, policy: str, points: int, work_dir: Path, deadline_s: float) -> dict:
+    output = work_dir / f"points-{policy}.jsonl"
+    log_path = work_dir / f"worker-{policy}.log"
+    argv = [
+        args.vllm_python, "-m", "dynamo.vllm", "--engine", "vllm",
+        "--model", args.model_name, "--served-model-name", "self-bench",
+        "--discovery-dir", str(work_dir / "discovery"), "--request-plane-host", "127.0.0.1",
+        "--gc-pause-log-ms", str(args.pause_log_ms),
+        "--self-benchmark-points", str(points), "--self-benchmark-output", str(output),
+        "--fpm-gc-policy", policy, *VLLM_ARGS,
+    ]  # fmt: skip
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=bc.child_env(OFFLINE_ENV),
+                                cwd=bc.REPO_ROOT)
+        try:
+            end = time.monotonic() + deadline_s
+            while DONE_LINE.search(log_path.read_bytes()) is None:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"vLLM worker ({policy}) exited with {proc.returncode}:"
+                                       f"\n{log_path.read_text(errors='replace')[-3000:]}")
+                if time.monotonic() > end:
+                    raise TimeoutError(f"vLLM worker ({policy}) did not finish its "
+                                       f"self-benchmark within {deadline_s:.0f}s")
+                time.sleep(0.5)  # polling interval of a condition wait
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)  # it would go on to register and serve
+                try:
+                    proc.wait(timeout=90)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout=60)
+    log_bytes = log_path.read_bytes()
+    sweep = log_bytes[log_bytes.index(START_LINE):DONE_LINE.search(log_bytes).end()]
+    rows = [json.loads(line) for line in output.read_text().splitlines() if line.strip()]
+    reports = [json.loads(m.group(1)) for m in REPORT_LINE.finditer(sweep)]
+    pauses = []
+    for stamp, pid, generation, ms in TIMED_PAUSE_LINE.findall(log_bytes):
+        ended = datetime.datetime.strptime(stamp.decode(), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        pauses.append({"pid": int(pid), "generation": int(generation), "ms": float(ms),
+                       "ended_unix": ended})
+    return {
+        "policy": policy,
+        "rows": rows,
+        "reports": reports,
+        "pauses": pauses,
+        "worker_summary": DONE_LINE.search(log_bytes).group(1).decode(errors="replace"),
+        "log": str(log_path),
+    }
+
+
+def analyse_processes(run: dict, analysis: dict, stall_ms: float) -> dict:
+    """Per process: heap, collections and pauses during the sweep; stalls attributed to it."""
+    rows = run["rows"]
+    by_phase = {(r["phase"], r["label"]): r for r in run["reports"]}
+    labels = [label for label in PROCESS_ORDER if ("sweep_start", label) in by_phase]
+    labels += sorted({r["label"] for r in run["reports"]} - set(labels))
+    sweep_begin = rows[0]["started_unix"] if rows else 0.0
+    sweep_end = (rows[-1]["started_unix"] + rows[-1]["wall_ms"] / 1000.0) if rows else 0.0
+    windows = {row["point"]: (row["started_unix"], row["started_unix"] + row["wall_ms"] / 1000.0)
+               for row in rows}
+    stall_set = set(analysis["stall_indices"])
+    processes = {}
+    pid_label = {}
+    for label in labels:
+        start, end = by_phase.get(("sweep_start", label)), by_phase.get(("sweep_end", label))
+        if start is None or end is None:
+            continue
+        pid_label[start["pid"]] = label
+        pauses = [p for p in run["pauses"] if p["pid"] == start["pid"]
+                  and sweep_begin - ATTRIBUTION_SLACK_S <= p["ended_unix"]
+                  <= sweep_end + ATTRIBUTION_SLACK_S]
+        total_start = start["tracked_objects"] + start["frozen_objects"]
+        total_end = end["tracked_objects"] + end["frozen_objects"]
+        processes[label] = {
+            "pid": start["pid"],
+            "tracked_objects": start["tracked_objects"],
+            "frozen_objects": start["frozen_objects"],
+            "gen2_collections_in_sweep": end["collections"][2] - start["collections"][2],
+            "gen1_collections_in_sweep": end["collections"][1] - start["collections"][1],
+            "objects_growth_per_point": ((total_end - total_start) / len(rows)) if rows else None,
+            "policy_running_in_sweep": bool(start["policy_running"] and end["policy_running"]),
+            "thresholds_in_sweep": start["thresholds"],
+            "pauses_in_sweep": len(pauses),
+            "pauses_ge_stall_ms": sum(1 for p in pauses if p["ms"] >= stall_ms),
+            "max_pause_ms": max((p["ms"] for p in pauses), default=0.0),
+            "gen2_pauses": [p["ms"] for p in pauses if p["generation"] == 2],
+            "stalls_attributed": 0,
+        }
+    attributed = []
+    for pause in run["pauses"]:
+        label = pid_label.get(pause["pid"])
+        if label is None:
+            continue
+        began = pause["ended_unix"] - pause["ms"] / 1000.0
+        for index in stall_set:
+            lo, hi = windows[index]
+            if began <= hi + ATTRIBUTION_SLACK_S and pause["ended_unix"] >= lo - ATTRIBUTION_SLACK_S:
+                attributed.append({"index": index, "process": label, "pause_ms": pause["ms"],
+                                   "generation": pause["generation"]})
+    for item in attributed:
+        processes[item["process"]]["stalls_attributed"] += 1
+    return {"processes": processes, "attributed_stalls": attributed,
+            "unattributed_stalls": len(stall_set - {a["index"] for a in attributed})}
+
+
+def plot_vllm(args, runs: list[dict]):
+    plt = bc.pyplot()
+    if plt is None:
+        return None
+    fig, ax = plt.subplots(figsize=(10, 4.8))
+    colors = {"off": "C3", "freeze": "C0"}
+    for run in [r for r in runs if r["pass"] == 0]:
+        a = run["analysis"]
+        ax.scatter([row["point"] for row in run["rows"]], [row["wall_ms"] for row in run["rows"]],
+                   s=3, alpha=0.5, color=colors[run["policy"]],
+                   label=f"policy {run['policy']}: {a['stalls']} stalls >= {args.stall_ms:g} ms "
+                         f"over their point's median, longest {a['max_stall_ms']:.0f} ms")
+    ax.set_yscale("log")
+    ax.set_xlabel("point index in the sweep")
+    ax.set_ylabel("forward_pass wall ms (main process)")
+    ax.set_title("real vLLM engine, tiny model: every point, both arms (pass 1)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.suptitle(f"{VLLM_NAME} ({bc.mode_name(args)}), {bc.cpu_model()}", fontsize=9)
+    fig.tight_layout()
+    path = bc.plot_path(args, VLLM_NAME)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main_vllm(args) -> int:
+    mode = bc.mode_name(args)
+    settings = VLLM_MODES[mode]
+    points = args.points or settings["points"]
+    passes = args.passes or settings["passes"]
+    args.model_name = args.model_dir or tiny_model_dir(args.vllm_python)
+    result = {
+        "benchmark": VLLM_NAME,
+        "mode": mode,
+        "machine": bc.machine_info(),
+        "settings": {"points": points, "passes": passes, "stall_ms": args.stall_ms,
+                     "pause_log_ms": args.pause_log_ms, "model": args.model_name,
+                     "worker_args": VLLM_ARGS, "tensor_parallel_size": 1,
+                     "heap": "vLLM's own in every process (no synthetic heap)"},
+    }
+    runs = []
+    began = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="ab_self_benchmark_vllm-") as tmp:
+        for pass_index in range(passes):
+            order = POLICIES if pass_index % 2 == 0 else tuple(reversed(POLICIES))
+            for policy in order:
+                print(f"pass {pass_index + 1}/{passes}: policy={policy}, {points} points",
+                      file=sys.stderr, flush=True)
+                work_dir = Path(tmp) / f"pass{pass_index}-{policy}"
+                work_dir.mkdir(parents=True)
+                run_began = time.monotonic()
+                run = run_vllm_worker(args, policy, points, work_dir,
+                                      deadline_s=300 + points * 0.5)
+                run["run_s"] = time.monotonic() - run_began
+                run["pass"] = pass_index
+                run["analysis"] = analyse(run["rows"], args.stall_ms)
+                run["analysis"].update(analyse_processes(run, run["analysis"], args.stall_ms))
+                runs.append(run)
+
+    table, process_table = [], []
+    for policy in POLICIES:
+        for run in [r for r in runs if r["policy"] == policy]:
+            a = run["analysis"]
+            table.append([
+                policy, run["pass"] + 1, a["points"], a["p50_ms"], a["outliers"], a["stalls"],
+                a["max_wall_ms"], a["max_stall_ms"],
+                "-" if a["index_gap_median"] is None else f"{a['index_gap_median']:.0f}",
+                "-" if a["index_ratio_median"] is None else f"{a['index_ratio_median']:.3f}",
+                a["unattributed_stalls"], a["sweep_s"], run["run_s"],
+            ])
+            for label, proc in a["processes"].items():
+                process_table.append([
+                    policy, run["pass"] + 1, label, proc["tracked_objects"],
+                    proc["frozen_objects"], proc["objects_growth_per_point"],
+                    proc["gen2_collections_in_sweep"], proc["pauses_in_sweep"],
+                    proc["pauses_ge_stall_ms"], proc["max_pause_ms"], proc["stalls_attributed"],
+                ])
+    print(bc.format_table(
+        ["policy", "pass", "points", "p50 ms", "outliers", f"stalls >= {args.stall_ms:g} ms",
+         "max wall ms", "longest stall ms", "stall gap (median)", "stall index ratio (median)",
+         "stalls unattributed", "sweep s", "run s"],
+        table,
+    ))
+    print(bc.format_table(
+        ["policy", "pass", "process", "tracked objects", "frozen objects", "growth/point",
+         "gen2 in sweep", f"pauses logged (>= {args.pause_log_ms:g} ms)",
+         f"pauses >= {args.stall_ms:g} ms",
+         "max pause ms", "stalls attributed"],
+        process_table,
+    ))
+
+    def total(policy: str, key: str) -> float:
+        return sum(r["analysis"][key] for r in runs if r["policy"] == policy)
+
+    def longest(policy: str) -> float:
+        return max((r["analysis"]["max_stall_ms"] for r in runs if r["policy"] == policy),
+                   default=0.0)
+
+    per_process = {}
+    labels = sorted({label for r in runs for label in r["analysis"]["processes"]},
+                    key=lambda label: PROCESS_ORDER.index(label) if label in PROCESS_ORDER else 9)
+    for label in labels:
+        values = {policy: [r["analysis"]["processes"][label] for r in runs
+                           if r["policy"] == policy and label in r["analysis"]["processes"]]
+                  for policy in POLICIES}
+        off_pauses = sum(p["pauses_ge_stall_ms"] for p in values["off"])
+        on_pauses = sum(p["pauses_ge_stall_ms"] for p in values["freeze"])
+        off_max = max((p["max_pause_ms"] for p in values["off"]), default=0.0)
+        on_max = max((p["max_pause_ms"] for p in values["freeze"]), default=0.0)
+        per_process[label] = {
+            "pauses_ge_stall_ms_off": off_pauses, "pauses_ge_stall_ms_freeze": on_pauses,
+            "gen2_in_sweep_off": sum(p["gen2_collections_in_sweep"] for p in values["off"]),
+            "gen2_in_sweep_freeze": sum(p["gen2_collections_in_sweep"] for p in values["freeze"]),
+            "max_pause_ms_off": off_max, "max_pause_ms_freeze": on_max,
+            "stalls_met": on_pauses * 10 <= off_pauses, "longest_met": on_max * 5 <= off_max,
+        }
+    stalls_off, stalls_on = total("off", "stalls"), total("freeze", "stalls")
+    verdict = {
+        "stalls_off": stalls_off, "stalls_freeze": stalls_on,
+        "stalls_met": stalls_on * 10 <= stalls_off,
+        "longest_stall_ms_off": longest("off"), "longest_stall_ms_freeze": longest("freeze"),
+        "longest_met": longest("freeze") * 5 <= longest("off"),
+        "per_process": per_process,
+        # A goal met with nothing to beat is not a result: say so.
+        "off_had_stalls": stalls_off > 0,
+    }
+    print(f"goal: stalls freeze/off = {stalls_on}/{stalls_off} "
+          f"({'met' if verdict['stalls_met'] else 'MISSED'}, goal <= 1/10); longest stall "
+          f"freeze/off = {longest('freeze'):.1f}/{longest('off'):.1f} ms "
+          f"({'met' if verdict['longest_met'] else 'MISSED'}, goal <= 1/5)"
+          + ("" if stalls_off else " -- the off arm had no stall: nothing to compare"))
+    for label, v in per_process.items():
+        print(f"  {label}: pauses >= {args.stall_ms:g} ms in the sweep freeze/off = "
+              f"{v['pauses_ge_stall_ms_freeze']}/{v['pauses_ge_stall_ms_off']}, gen2 in the "
+              f"sweep freeze/off = {v['gen2_in_sweep_freeze']}/{v['gen2_in_sweep_off']}, max "
+              f"pause freeze/off = {v['max_pause_ms_freeze']:.1f}/{v['max_pause_ms_off']:.1f} ms")
+    result["goal"] = verdict
+    result["elapsed_s"] = time.monotonic() - began
+    path = plot_vllm(args, runs)
+    for run in runs:
+        run["analysis"]["outlier_indices"] = run["analysis"]["outlier_indices"][:500]
+        run["analysis"]["attributed_stalls"] = run["analysis"]["attributed_stalls"][:500]
+        del run["rows"]  # the points stay in the run's temp dir; the JSON stays small
+        run["pauses"] = run["pauses"][:500]
+        del run["log"]
+    result["runs"] = runs
+    result["plot"] = str(path) if path else None
+    json_path = bc.write_result(args, VLLM_NAME, result)
+    bc.publish_plot(args, path)
+    print(f"wrote {json_path}" + (f" and {path}" if path else ""))
+    return 0
 
 
 def run_worker(policy: str, ranks: int, points: int, heap: int, pause_log_ms: float,
@@ -175,10 +491,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stall-ms", type=float, default=5.0,
                         help="an outlier this much over its point's median is also a stall")
     parser.add_argument("--pause-log-ms", type=float, default=5.0,
-                        help="the worker's --gc-pause-log-ms (its main process's pauses)")
+                        help="the worker's --gc-pause-log-ms (with --engine vllm: every "
+                        "process's pauses)")
+    parser.add_argument("--engine", choices=("mock", "vllm"), default="mock",
+                        help="the worker's engine (vllm: the real one, on the tiny model)")
+    parser.add_argument("--vllm-python", default=str(DEFAULT_VLLM_PYTHON),
+                        help="with --engine vllm: python of the vLLM environment "
+                        "(scripts/setup_vllm_env.sh prints it)")
+    parser.add_argument("--model-dir", help="with --engine vllm: the model (default: the tiny "
+                        "random model of scripts/make_tiny_model.py)")
     bc.add_mode_args(parser)
     args = parser.parse_args(argv)
     bc.exit_cleanly_on_sigterm()
+    if args.engine == "vllm":
+        if not Path(args.vllm_python).exists():
+            parser.error(f"--vllm-python {args.vllm_python} does not exist: run "
+                         "scripts/setup_vllm_env.sh")
+        for name in ("heap_objects", "tensor_parallel_sizes"):
+            if getattr(args, name) is not None:
+                parser.error(f"--{name.replace('_', '-')} is for --engine mock (the real engine "
+                             "runs vLLM's own heaps, tensor-parallel-size 1)")
+        return main_vllm(args)
     mode = bc.mode_name(args)
     settings = MODES[mode]
     points = args.points or settings["points"]
