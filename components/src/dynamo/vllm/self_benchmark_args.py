@@ -79,10 +79,11 @@ WORKER_EXTENSION_CLS = Option(
     metavar="PACKAGE.MODULE.CLASS",
     help=(
         "Worker extension class mixed into every rank's worker (vLLM's worker_extension_cls). "
-        "With the self-benchmark and --fpm-gc-policy freeze it defaults to "
+        "With the self-benchmark it defaults to "
         "dynamo.vllm.worker_extension.FpmGcWorkerExtension (the same class as upstream's "
-        "dynamo.vllm.gc_policy.FpmGcWorkerExtension, which works too); another class must "
-        "subclass it"
+        "dynamo.vllm.gc_policy.FpmGcWorkerExtension, which works too); with --fpm-gc-policy "
+        "freeze another class must subclass it. vLLM's --scheduler-cls follows the same rule "
+        "with dynamo.vllm.gc_scheduler.FpmGcScheduler (the policy in vLLM's EngineCore process)"
     ),
 )
 
