@@ -198,3 +198,20 @@ def __getattr__(name: str):
 
         return type("PolicyAwareScheduler", (FpmGcScheduler,), {})
     raise AttributeError(name)
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_the_policy_scheduler_schedules_on_the_base_vllm_would_pick(async_scheduling):
+    from types import SimpleNamespace
+
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+    from dynamo.vllm.gc_scheduler import FpmGcAsyncScheduler, FpmGcScheduler
+
+    config = SimpleNamespace(scheduler_config=SimpleNamespace(async_scheduling=async_scheduling))
+    # __new__ alone: what EngineCore's Scheduler(vllm_config=...) call constructs.
+    scheduler = FpmGcScheduler.__new__(FpmGcScheduler, vllm_config=config)
+    assert isinstance(scheduler, FpmGcScheduler)
+    assert isinstance(scheduler, AsyncScheduler) is async_scheduling
+    assert issubclass(FpmGcAsyncScheduler, FpmGcScheduler)

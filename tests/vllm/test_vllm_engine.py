@@ -300,6 +300,9 @@ def test_engine_core_is_its_own_process_and_runs_the_policy_through_its_schedule
     assert started["thresholds"][:2] == before["thresholds"][:2]
     embedded.run(embedded.engine.forward_pass(4, 32))  # a real step under the policy
     assert embedded.run(core("start", interval_s=60.0))["result"] is False  # already running
+    maintained = embedded.run(core("maintain", report=False))  # no heap walk: no report
+    assert isinstance(maintained["result"], int) and "tracked_objects" not in maintained
+    assert embedded.run(core("report"))["heap_frozen"] is True  # frozen again after collecting
 
     stopped = embedded.run(core("stop"))
     assert stopped["result"] is True

@@ -15,9 +15,11 @@ untouched) carries ``{"dynamo_fpm_gc": {"command": ...}}``. The scheduler runs t
 :meth:`add_request`, before the request is scheduled, and writes this process's GC report (a
 JSON file the caller names) before the request's token comes back, so the caller's ``await``
 is the synchronisation. The request is then served like any other (one untimed step).
-Commands: ``start`` (the policy, with ``interval_s``), ``stop``, ``pause_log`` (install the pause
-logger, ``threshold_ms``), ``report``. vLLM calls :meth:`shutdown` when EngineCore stops, so a
-policy still running then (a main process that died mid-sweep) is stopped too.
+Commands: ``start`` (the policy, with ``interval_s``), ``stop``, ``maintain`` (the untimed
+collect window of long sweeps; ``report=False`` skips the report's heap walk), ``pause_log``
+(install the pause logger, ``threshold_ms``), ``report``. vLLM calls :meth:`shutdown` when
+EngineCore stops, so a policy still running then (a main process that died mid-sweep) is stopped
+too.
 
 Which base: vLLM picks ``AsyncScheduler`` when async scheduling is on and ``Scheduler``
 otherwise (the CPU platform turns it off); ``FpmGcScheduler.__new__`` makes the same choice from
@@ -46,7 +48,7 @@ logger = logging.getLogger(__name__)
 
 QUALNAME = "dynamo.vllm.gc_scheduler.FpmGcScheduler"
 CONTROL_KEY = "dynamo_fpm_gc"
-COMMANDS = ("start", "stop", "pause_log", "report")
+COMMANDS = ("start", "stop", "maintain", "pause_log", "report")
 LABEL = gc_policy.ENGINE_CORE_LABEL
 
 
@@ -100,6 +102,8 @@ def _run_control(control: dict) -> None:
             # EngineCore has no serving freeze of its own: frozen again only if it was before
             # (vLLM freezes its engine processes after init).
             result = gc_policy.stop_policy()
+        elif command == "maintain":
+            result = gc_policy.maintain()  # objects collected (0 outside the policy)
         elif command == "pause_log":
             result = gc_policy.install_pause_logger_here(
                 float(control["threshold_ms"]), label=LABEL
@@ -108,7 +112,9 @@ def _run_control(control: dict) -> None:
             result = None
         else:
             raise ValueError(f"unknown GC control command {command!r} (known: {COMMANDS})")
-        report = gc_policy.gc_process_report(LABEL) if report_path else {}
+        # The report walks the heap: only where it is wanted (not in maintain windows).
+        wanted = report_path and control.get("report", True)
+        report = gc_policy.gc_process_report(LABEL) if wanted else {}
         report["command"] = command
         report["result"] = result
     except Exception as exc:  # noqa: BLE001 - reported to the caller, never kills EngineCore

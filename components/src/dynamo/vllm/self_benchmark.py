@@ -279,6 +279,7 @@ async def run_sweep(
         if maintain_every and index and index % maintain_every == 0:
             collected = gc_policy.maintain()  # untimed: between two measured points
             await engine.collective_rpc("fpm_gc_maintain")
+            await _engine_core(engine, "maintain", report=False)
             logger.debug("GC maintain window before point %d: collected=%d", index, collected)
         started_unix = time.time()
         started = time.perf_counter()
