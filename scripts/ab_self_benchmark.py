@@ -95,7 +95,8 @@ TIMED_PAUSE_LINE = re.compile(
     re.MULTILINE,
 )
 PROCESS_ORDER = ("main", "vllm EngineCore", "vllm rank")
-# Log timestamps have millisecond resolution; a pause this close to a window still overlaps it.
+# Log timestamps have millisecond resolution: a pause counts in a window only when it overlaps it
+# by more than this (a real stall overlaps by the whole pause).
 ATTRIBUTION_SLACK_S = 0.002
 
 
@@ -219,16 +220,18 @@ def analyse_processes(run: dict, analysis: dict, stall_ms: float) -> dict:
 
 
 def _overlapping_points(pause: dict, rows: list[dict]) -> list[int]:
-    """The points whose measured window a pause overlaps (log stamps: ms resolution)."""
-    began = pause["ended_unix"] - pause["ms"] / 1000.0 - ATTRIBUTION_SLACK_S
-    ended = pause["ended_unix"] + ATTRIBUTION_SLACK_S
+    """The points whose measured window a pause overlaps by more than the log stamps' resolution
+    (a pause that ends where a window starts, like a maintain window's, is not in it)."""
+    began = pause["ended_unix"] - pause["ms"] / 1000.0
+    ended = pause["ended_unix"]
     starts = [row["started_unix"] for row in rows]
     first = max(0, bisect.bisect_right(starts, began) - 1)
     hits = []
     for row in rows[first:]:
         if row["started_unix"] > ended:
             break
-        if row["started_unix"] + row["wall_ms"] / 1000.0 >= began:
+        window_end = row["started_unix"] + row["wall_ms"] / 1000.0
+        if min(ended, window_end) - max(began, row["started_unix"]) > ATTRIBUTION_SLACK_S:
             hits.append(row["point"])
     return hits
 

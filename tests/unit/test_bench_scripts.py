@@ -221,3 +221,21 @@ def test_ab_self_benchmark_vllm_engine_names_the_missing_vllm_environment(tmp_pa
     assert proc.returncode == 2, proc.stderr
     assert str(missing) in proc.stderr and "scripts/setup_vllm_env.sh" in proc.stderr
     assert not list((tmp_path / "out").glob("*.json"))
+
+
+def test_ab_self_benchmark_counts_a_pause_only_in_the_windows_it_overlaps(monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    import ab_self_benchmark
+
+    rows = [
+        {"point": 0, "started_unix": 100.0, "wall_ms": 10.0},
+        {"point": 1, "started_unix": 100.5, "wall_ms": 600.0},
+        {"point": 2, "started_unix": 101.2, "wall_ms": 10.0},
+    ]
+    overlapping = ab_self_benchmark._overlapping_points
+    # A pause inside point 1's window, and one that ends 10 ms into it.
+    assert overlapping({"ended_unix": 101.0, "ms": 400.0}, rows) == [1]
+    assert overlapping({"ended_unix": 100.51, "ms": 500.0}, rows) == [1]
+    # Between two points (a maintain window), touching point 2's start: in no window.
+    assert overlapping({"ended_unix": 100.499, "ms": 400.0}, rows) == []
+    assert overlapping({"ended_unix": 101.2005, "ms": 90.0}, rows) == []
