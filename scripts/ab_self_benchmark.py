@@ -492,7 +492,8 @@ def plot(args, runs: list[dict]):
             walls = {row["point"]: row["wall_ms"] for row in run["rows"]}
             ax.scatter(idx, [walls[i] for i in idx], s=12, color=colors[run["policy"]],
                        label=f"policy {run['policy']}: {analysis['outliers']} outliers")
-        ax.set_yscale("log")
+        if any(r["analysis"]["outliers"] for r in runs if r["ranks"] == tp):
+            ax.set_yscale("log")  # an empty log axis makes tight_layout fail (smoke runs)
         ax.set_xlabel("point index in the sweep")
         ax.set_ylabel("wall ms of outlier samples (> 3x their point's median)")
         ax.set_title(f"tensor-parallel-size {tp} (pass 1)")
