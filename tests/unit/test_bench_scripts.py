@@ -156,58 +156,6 @@ def test_ab_serving_vllm_engine_names_the_missing_vllm_environment(tmp_path):
     assert not list((tmp_path / "out").glob("*.json"))
 
 
-def vllm_python_or_skip() -> str:
-    """The python of the vLLM environment: this one when it has vLLM, else the clone's
-    .venv-vllm; skipped without one, an error under DYNAMO_REQUIRE_VLLM=1 (as tests/vllm)."""
-    import importlib.util
-    import os
-
-    if importlib.util.find_spec("vllm") is not None:
-        return sys.executable
-    candidate = Path(os.environ.get("DYNAMO_VLLM_PYTHON", REPO_ROOT / ".venv-vllm/bin/python"))
-    if candidate.exists():
-        return str(candidate)
-    reason = (
-        f"no vLLM environment ({candidate} is missing and {sys.executable} has no vLLM): "
-        "create it with scripts/setup_vllm_env.sh"
-    )
-    if os.environ.get("DYNAMO_REQUIRE_VLLM") == "1":
-        pytest.fail(f"DYNAMO_REQUIRE_VLLM=1 but {reason}")
-    pytest.skip(reason)
-
-
-@pytest.mark.integration  # the real vLLM worker, twice: its EngineCore and rank processes too
-@pytest.mark.vllm
-def test_ab_self_benchmark_vllm_engine_smoke(tmp_path):
-    vllm_python = vllm_python_or_skip()
-    result = run_smoke(
-        "ab_self_benchmark.py", tmp_path, "--engine", "vllm", "--vllm-python", vllm_python,
-        timeout_s=300,
-    )  # fmt: skip
-    assert result["benchmark"] == "ab_self_benchmark_vllm"
-    assert_machine(result)
-    points = result["settings"]["points"]
-    runs = result["runs"]
-    assert [run["policy"] for run in runs] == ["off", "freeze"]  # pass 1: off first
-    for run in runs:
-        analysis = run["analysis"]
-        assert analysis["points"] == points
-        assert 0 < analysis["p50_ms"] <= analysis["max_wall_ms"]
-        assert f"gc_policy={run['policy']}" in run["worker_summary"]
-        processes = analysis["processes"]
-        # Every process of the real engine reported its heap: main, EngineCore, the rank.
-        assert set(processes) == {"main", "vllm EngineCore", "vllm rank"}
-        assert len({proc["pid"] for proc in processes.values()}) == 3
-        for proc in processes.values():
-            assert proc["tracked_objects"] + proc["frozen_objects"] > 1000
-            assert proc["policy_running_in_sweep"] is (run["policy"] == "freeze")
-            if run["policy"] == "freeze":
-                assert proc["gen2_collections_in_sweep"] == 0
-    goal = result["goal"]
-    assert set(goal["per_process"]) == {"main", "vllm EngineCore", "vllm rank"}
-    assert isinstance(goal["stalls_met"], bool)
-
-
 def test_ab_self_benchmark_vllm_engine_names_the_missing_vllm_environment(tmp_path):
     missing = tmp_path / "no-venv" / "bin" / "python"
     proc = subprocess.run(

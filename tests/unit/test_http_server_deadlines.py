@@ -174,7 +174,6 @@ def test_a_later_head_sent_slowly_is_closed_but_an_idle_kept_alive_connection_is
             idle_wait = asyncio.ensure_future(idle_r.read(1))
             done, _ = await asyncio.wait([idle_wait], timeout=HEAD_S * 2)
             assert not done, "an idle kept-alive connection was closed by the head bound"
-            began = time.monotonic()
 
             async def trickle():
                 for byte in b"GET /ok HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"y" * 100:
