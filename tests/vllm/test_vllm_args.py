@@ -215,3 +215,21 @@ def test_the_policy_scheduler_schedules_on_the_base_vllm_would_pick(async_schedu
     assert isinstance(scheduler, FpmGcScheduler)
     assert isinstance(scheduler, AsyncScheduler) is async_scheduling
     assert issubclass(FpmGcAsyncScheduler, FpmGcScheduler)
+
+
+@pytest.mark.vllm
+def test_a_control_request_writes_its_report_only_where_call_engine_core_would(tmp_path, caplog):
+    import json
+    import tempfile
+
+    from dynamo.vllm import gc_scheduler
+
+    elsewhere = tmp_path / "not-ours.json"
+    gc_scheduler._run_control({"command": "report", "report_path": str(elsewhere)})
+    assert not elsewhere.exists()
+    assert "report path" in caplog.text and "not one of ours" in caplog.text
+    with tempfile.TemporaryDirectory(prefix=gc_scheduler.REPORT_DIR_PREFIX) as ours:
+        path = f"{ours}/report.json"
+        gc_scheduler._run_control({"command": "report", "report_path": path})
+        with open(path, encoding="utf-8") as report:
+            assert json.load(report)["command"] == "report"

@@ -89,9 +89,26 @@ def _control_of(request: Any) -> dict | None:
     return control if isinstance(control, dict) else {"command": control}
 
 
+REPORT_DIR_PREFIX = "dynamo-fpm-gc-"
+
+
+def _report_path_allowed(path: Any) -> bool:
+    """Only a report file in a directory :func:`call_engine_core` made: a control request is
+    never a way to write elsewhere, whoever managed to send one."""
+    if not isinstance(path, str):
+        return False
+    parent = os.path.dirname(os.path.realpath(path))
+    return (os.path.dirname(parent) == os.path.realpath(tempfile.gettempdir())
+            and os.path.basename(parent).startswith(REPORT_DIR_PREFIX))
+
+
 def _run_control(control: dict) -> None:
     """Run one command in this process; write the report (or the error) where asked."""
     report_path = control.get("report_path")
+    if report_path is not None and not _report_path_allowed(report_path):
+        logger.warning("GC control %r ignored: its report path %r is not one of ours",
+                       control.get("command"), report_path)
+        return
     report: dict[str, Any]
     try:
         gc_policy.ensure_process_logging(LABEL)
@@ -141,7 +158,7 @@ async def call_engine_core(async_llm: Any, command: str, **params: Any) -> dict:
     """
     if command not in COMMANDS:
         raise ValueError(f"unknown GC control command {command!r} (known: {COMMANDS})")
-    with tempfile.TemporaryDirectory(prefix="dynamo-fpm-gc-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=REPORT_DIR_PREFIX) as tmp:
         report_path = os.path.join(tmp, "report.json")
         control = {"command": command, "report_path": report_path, **params}
         sampling = SamplingParams(
