@@ -74,14 +74,6 @@ MODES = {
 # --engine vllm ---------------------------------------------------------------------------------
 
 VLLM_NAME = "ab_self_benchmark_vllm"
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
-# The flags tests/vllm/conftest.py starts the real worker with: a KV cache size in bytes (vLLM's
-# start-up memory check reads a NUMA node's size otherwise), eager mode (torch.compile would add
-# ~25 s to each start), no periodic stats lines.
-VLLM_ARGS = ["--max-model-len", "256", "--kv-cache-memory-bytes", "64M", "--enforce-eager",
-             "--disable-log-stats"]
-OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
 VLLM_MODES = {
     # A real point is a prefill of up to 64 x 255 tokens plus one decode step: ~5-60 ms here.
     "full": {"points": 30_480, "passes": 1},
@@ -100,15 +92,31 @@ PROCESS_ORDER = ("main", "vllm EngineCore", "vllm rank")
 ATTRIBUTION_SLACK_S = 0.002
 
 
-def tiny_model_dir(vllm_python: str) -> str:
-    """The tiny random model's directory (built once per machine, then cached)."""
-    proc = subprocess.run(
-        [vllm_python, str(REPO / "scripts" / "make_tiny_model.py")],
-        env=bc.child_env(OFFLINE_ENV), capture_output=True, text=True, timeout=600, check=False,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"make_tiny_model.py failed:\n{proc.stderr[-3000:]}")
-    return proc.stdout.strip().splitlines()[-1]
+def run_until_sweep_done(argv: list[str], log_path: Path, *, env: dict, label: str,
+                         deadline_s: float, stop_s: float) -> None:
+    """Run a worker until it logs ``Self-benchmark done``, then stop it with SIGTERM (it would go
+    on to register and serve); its output goes to ``log_path``."""
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=env, cwd=bc.REPO_ROOT)
+        try:
+            end = time.monotonic() + deadline_s
+            while DONE_LINE.search(log_path.read_bytes()) is None:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{label} exited with {proc.returncode}:"
+                                       f"\n{log_path.read_text(errors='replace')[-3000:]}")
+                if time.monotonic() > end:
+                    raise TimeoutError(f"{label} did not finish its self-benchmark within "
+                                       f"{deadline_s:.0f}s")
+                time.sleep(0.2)  # polling interval of a condition wait
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=stop_s)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout=60)
 
 
 def run_vllm_worker(args, policy: str, points: int, work_dir: Path, deadline_s: float) -> dict:
@@ -120,30 +128,10 @@ def run_vllm_worker(args, policy: str, points: int, work_dir: Path, deadline_s: 
         "--discovery-dir", str(work_dir / "discovery"), "--request-plane-host", "127.0.0.1",
         "--gc-pause-log-ms", str(args.pause_log_ms),
         "--self-benchmark-points", str(points), "--self-benchmark-output", str(output),
-        "--fpm-gc-policy", policy, *VLLM_ARGS,
+        "--fpm-gc-policy", policy, *bc.VLLM_ARGS,
     ]  # fmt: skip
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=bc.child_env(OFFLINE_ENV),
-                                cwd=bc.REPO_ROOT)
-        try:
-            end = time.monotonic() + deadline_s
-            while DONE_LINE.search(log_path.read_bytes()) is None:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"vLLM worker ({policy}) exited with {proc.returncode}:"
-                                       f"\n{log_path.read_text(errors='replace')[-3000:]}")
-                if time.monotonic() > end:
-                    raise TimeoutError(f"vLLM worker ({policy}) did not finish its "
-                                       f"self-benchmark within {deadline_s:.0f}s")
-                time.sleep(0.5)  # polling interval of a condition wait
-        finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)  # it would go on to register and serve
-                try:
-                    proc.wait(timeout=90)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=60)
+    run_until_sweep_done(argv, log_path, env=bc.child_env(bc.OFFLINE_ENV),
+                         label=f"vLLM worker ({policy})", deadline_s=deadline_s, stop_s=90)
     log_bytes = log_path.read_bytes()
     sweep = log_bytes[log_bytes.index(START_LINE):DONE_LINE.search(log_bytes).end()]
     rows = [json.loads(line) for line in output.read_text().splitlines() if line.strip()]
@@ -267,14 +255,14 @@ def main_vllm(args) -> int:
     settings = VLLM_MODES[mode]
     points = args.points or settings["points"]
     passes = args.passes or settings["passes"]
-    args.model_name = args.model_dir or tiny_model_dir(args.vllm_python)
+    args.model_name = args.model_dir or bc.tiny_model_dir(args.vllm_python)
     result = {
         "benchmark": VLLM_NAME,
         "mode": mode,
         "machine": bc.machine_info(),
         "settings": {"points": points, "passes": passes, "stall_ms": args.stall_ms,
                      "pause_log_ms": args.pause_log_ms, "model": args.model_name,
-                     "worker_args": VLLM_ARGS, "tensor_parallel_size": 1,
+                     "worker_args": bc.VLLM_ARGS, "tensor_parallel_size": 1,
                      # Untimed collect windows of the freeze arm (full collections, counted in
                      # "gen2 in sweep", never in a measured window).
                      "maintain_windows_freeze": max(0, (points - 1) // 1000),
@@ -406,27 +394,8 @@ def run_worker(policy: str, ranks: int, points: int, heap: int, pause_log_ms: fl
         "--self-benchmark-points", str(points), "--self-benchmark-output", str(output),
         "--fpm-gc-policy", policy, "--tensor-parallel-size", str(ranks),
     ]
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=bc.child_env(), cwd=bc.REPO_ROOT)
-        try:
-            end = time.monotonic() + deadline_s
-            while DONE_LINE.search(log_path.read_bytes()) is None:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"worker ({policy}, tp={ranks}) exited with "
-                                       f"{proc.returncode}:\n{log_path.read_text()[-3000:]}")
-                if time.monotonic() > end:
-                    raise TimeoutError(f"worker ({policy}, tp={ranks}) did not finish its "
-                                       f"self-benchmark within {deadline_s:.0f}s")
-                time.sleep(0.2)  # polling interval of a condition wait
-        finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=60)
+    run_until_sweep_done(argv, log_path, env=bc.child_env(),
+                         label=f"worker ({policy}, tp={ranks})", deadline_s=deadline_s, stop_s=60)
     log_bytes = log_path.read_bytes()
     sweep = log_bytes[log_bytes.index(START_LINE):DONE_LINE.search(log_bytes).start()]
     rows = [json.loads(line) for line in output.read_text().splitlines() if line.strip()]
@@ -520,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
                         "process's pauses)")
     parser.add_argument("--engine", choices=("mock", "vllm"), default="mock",
                         help="the worker's engine (vllm: the real one, on the tiny model)")
-    parser.add_argument("--vllm-python", default=str(DEFAULT_VLLM_PYTHON),
+    parser.add_argument("--vllm-python", default=str(bc.DEFAULT_VLLM_PYTHON),
                         help="with --engine vllm: python of the vLLM environment "
                         "(scripts/setup_vllm_env.sh prints it)")
     parser.add_argument("--model-dir", help="with --engine vllm: the model (default: the tiny "

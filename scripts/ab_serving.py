@@ -66,15 +66,6 @@ ARMS = ("ctl", "worker", "all", "nogc")
 PAUSE_LINE = re.compile(rb"GC gen(\d) pause ([0-9.]+) ms")
 PAUSE_LOG_MS = 50.0
 MODEL = "bench"
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
-# The flags tests/vllm/conftest.py starts the real worker with: a KV cache size in bytes (vLLM's
-# start-up memory check reads a NUMA node's size otherwise), eager mode (torch.compile would add
-# ~25 s to each start), no periodic stats lines.
-VLLM_ARGS = ["--max-model-len", "256", "--kv-cache-memory-bytes", "64M", "--enforce-eager",
-             "--disable-log-stats"]
-# Nothing may come from a hub: the model is built locally.
-OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
 # Requests live ~0.65 s (16 tokens x 40 ms): long enough that their objects survive young
 # collections and get promoted, which is what makes the stock GC run full collections at all.
 DEFAULT_TOKEN_MS = 40.0
@@ -358,8 +349,8 @@ class Pair:
         ]
         if args.engine == "vllm":
             # The real heap: vLLM's imports and AsyncLLM, no synthetic one.
-            engine_argv = ["--engine", "vllm", "--model", args.model_name, *common, *VLLM_ARGS]
-            worker_env, worker_python = {**bench_env, **OFFLINE_ENV}, args.vllm_python
+            engine_argv = ["--engine", "vllm", "--model", args.model_name, *common, *bc.VLLM_ARGS]
+            worker_env, worker_python = {**bench_env, **bc.OFFLINE_ENV}, args.vllm_python
         else:
             engine_argv = ["--engine", "mock", "--model", bc.tiny_tokenizer_dir(),
                            "--served-model-name", MODEL, *common,
@@ -377,7 +368,7 @@ class Pair:
         if args.engine == "vllm":
             # The real heap: vLLM's tokenizer and chat-template rendering, imported at start-up.
             frontend_argv += ["--dyn-chat-processor", "vllm"]
-            frontend_env, frontend_python = {**bench_env, **OFFLINE_ENV}, args.vllm_python
+            frontend_env, frontend_python = {**bench_env, **bc.OFFLINE_ENV}, args.vllm_python
         else:
             frontend_env = {**bench_env, "BENCH_START_UP_HEAP_OBJECTS": str(heap)}
             frontend_python = sys.executable
@@ -696,17 +687,6 @@ def result_name(args: argparse.Namespace) -> str:
     return NAME if args.engine == "mock" else f"{NAME}_vllm"
 
 
-def tiny_model_dir(vllm_python: str) -> str:
-    """The tiny random model's directory (built once per machine, then cached)."""
-    proc = subprocess.run(
-        [vllm_python, str(REPO / "scripts" / "make_tiny_model.py")],
-        env=bc.child_env(OFFLINE_ENV), capture_output=True, text=True, timeout=600, check=False,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"make_tiny_model.py failed:\n{proc.stderr[-3000:]}")
-    return proc.stdout.strip().splitlines()[-1]
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
@@ -736,7 +716,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds per calibration step (default 6, 4 with --engine vllm)")
     parser.add_argument("--engine", choices=("mock", "vllm"), default="mock",
                         help="the worker's engine (vllm: the real one, on the tiny model)")
-    parser.add_argument("--vllm-python", default=str(DEFAULT_VLLM_PYTHON),
+    parser.add_argument("--vllm-python", default=str(bc.DEFAULT_VLLM_PYTHON),
                         help="python of the vLLM environment (scripts/setup_vllm_env.sh prints it)")
     parser.add_argument("--model-dir", help="with --engine vllm: the model (default: the tiny "
                         "model scripts/make_tiny_model.py builds)")
@@ -770,7 +750,7 @@ def main(argv: list[str] | None = None) -> int:
         if not Path(args.vllm_python).exists():
             parser.error(f"{args.vllm_python} does not exist: run scripts/setup_vllm_env.sh")
         # The worker registers the model under its path; requests name it so.
-        args.model_name = args.model_dir or tiny_model_dir(args.vllm_python)
+        args.model_name = args.model_dir or bc.tiny_model_dir(args.vllm_python)
     if args.token_ms is None:
         args.token_ms = settings.get("token_ms", DEFAULT_TOKEN_MS)
     if args.max_tokens is None:
@@ -792,7 +772,7 @@ def main(argv: list[str] | None = None) -> int:
             "pause_log_ms": PAUSE_LOG_MS,
             "engine": args.engine,
             "model": args.model_name,
-            "worker_args": VLLM_ARGS if real else None,
+            "worker_args": bc.VLLM_ARGS if real else None,
             "worker_heap": "vLLM's own (no synthetic heap)" if real else heap,
             "frontend_heap": "--dyn-chat-processor vllm's own (no synthetic heap)" if real
             else heap,

@@ -36,6 +36,28 @@ DOCS_RESULTS = REPO_ROOT / "docs" / "results"
 SUPPORTED_VERSIONS = ((3, 10), (3, 11), (3, 12), (3, 13))
 
 
+# --engine vllm: the real worker as tests/vllm/conftest.py starts it, from the vLLM environment.
+DEFAULT_VLLM_PYTHON = REPO_ROOT / ".venv-vllm" / "bin" / "python"
+# A KV cache size in bytes (vLLM's start-up memory check reads a NUMA node's size otherwise),
+# eager mode (torch.compile would add ~25 s to each start), no periodic stats lines.
+VLLM_ARGS = ["--max-model-len", "256", "--kv-cache-memory-bytes", "64M", "--enforce-eager",
+             "--disable-log-stats"]
+# Nothing may come from a hub: the model is built locally.
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
+
+
+def tiny_model_dir(vllm_python: str) -> str:
+    """The tiny random model's directory (built by make_tiny_model.py with the vLLM environment's
+    python, once per machine, then cached)."""
+    proc = subprocess.run(
+        [vllm_python, str(REPO_ROOT / "scripts" / "make_tiny_model.py")],
+        env=child_env(OFFLINE_ENV), capture_output=True, text=True, timeout=600, check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"make_tiny_model.py failed:\n{proc.stderr[-3000:]}")
+    return proc.stdout.strip().splitlines()[-1]
+
+
 def tiny_tokenizer_dir() -> str:
     """The tiny model's tokenizer directory: the mock worker's ``--model`` (built with
     ``tokenizers`` alone by make_tiny_model.py --tokenizer-only, once per machine, then cached)."""

@@ -281,7 +281,7 @@ def run_vllm_bench_serve(pair: ab.Pair, args, work_dir: Path) -> dict:
         "--num-warmups", "0", "--disable-tqdm",
     ]
     proc = subprocess.run(argv, capture_output=True, text=True, cwd=bc.REPO_ROOT,
-                          env=bc.child_env(ab.OFFLINE_ENV), timeout=args.duration * 4 + 300)
+                          env=bc.child_env(bc.OFFLINE_ENV), timeout=args.duration * 4 + 300)
     (work_dir / "vllm-bench-serve.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         raise RuntimeError(f"vllm bench serve exited {proc.returncode}:\n{proc.stderr[-3000:]}")
