@@ -225,7 +225,11 @@ def test_an_outage_keeps_the_known_instances_and_logs_once(etcd_server, caplog):
     assert len(warnings(caplog, "Discovery degraded: lost etcd")) == 1
     assert len(warnings(caplog, "Discovery: lost etcd")) == 1
     assert "Discovery recovered: etcd at" in caplog.text
-    assert "Traceback" not in caplog.text
+    # Our code logs no traceback. (grpc's asyncio poller may still report, through the asyncio
+    # logger, a callback aimed at the loop of an earlier asyncio.run() in this test process:
+    # that loop is closed; a launcher runs one loop for its life, so only tests see it.)
+    ours = [r for r in caplog.records if r.name.startswith("dynamo")]
+    assert not [r for r in ours if r.exc_info or "Traceback" in r.getMessage()]
 
 
 def test_start_up_with_etcd_down_waits_and_connects_when_it_comes(etcd_server, caplog):
