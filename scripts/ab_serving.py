@@ -691,7 +691,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
-    parser.add_argument("--rate", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--rate", type=float,
+                        help="offered RPS of --probe and --cross-check (and of the client)")
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--duration", type=float, help="seconds of load per rung")
     parser.add_argument("--rungs", help="offered loads in RPS, comma-separated (default: "
