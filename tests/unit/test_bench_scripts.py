@@ -139,27 +139,13 @@ def test_ab_self_benchmark_smoke(tmp_path):
     assert verdict["tensor_parallel_size"] == 1
 
 
-def test_ab_serving_vllm_engine_names_the_missing_vllm_environment(tmp_path):
+@pytest.mark.parametrize("script", ["ab_serving.py", "ab_self_benchmark.py"])
+def test_the_vllm_engine_mode_names_the_missing_vllm_environment(tmp_path, script):
     # --engine vllm runs the worker from the vLLM environment's python: without it, the script
     # must say how to make it, before it starts anything.
     missing = tmp_path / "no-venv" / "bin" / "python"
     proc = subprocess.run(
-        [sys.executable, str(SCRIPTS / "ab_serving.py"), "--engine", "vllm", "--smoke",
-         "--vllm-python", str(missing), "--out", str(tmp_path / "out")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO_ROOT,
-    )  # fmt: skip
-    assert proc.returncode == 2, proc.stderr
-    assert str(missing) in proc.stderr and "scripts/setup_vllm_env.sh" in proc.stderr
-    assert not list((tmp_path / "out").glob("*.json"))
-
-
-def test_ab_self_benchmark_vllm_engine_names_the_missing_vllm_environment(tmp_path):
-    missing = tmp_path / "no-venv" / "bin" / "python"
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPTS / "ab_self_benchmark.py"), "--engine", "vllm", "--smoke",
+        [sys.executable, str(SCRIPTS / script), "--engine", "vllm", "--smoke",
          "--vllm-python", str(missing), "--out", str(tmp_path / "out")],
         capture_output=True,
         text=True,

@@ -374,13 +374,9 @@ def test_signal_during_engine_init_stops_without_registering(
     assert lifecycle.current_phase() is lifecycle.Phase.STARTING
 
 
-def test_drain_aborts_requests_still_running_after_the_grace_period(discovery_dir, mocker):
-    """SIGTERM while a request streams: record removed at once, request aborted after grace."""
-    mocker.patch.object(worker_main, "DRAIN_GRACE_S", 0.2)
-    config = backend_args.parse_args(
-        ["--discovery-dir", str(discovery_dir), "--mock-token-ms", "60000"],
-        env=mock_worker_env(),
-    )
+def spy_on_engine_and_registration(mocker) -> tuple[list[MockEngine], asyncio.Event]:
+    """The worker's mock engines as they start, and an event set once its record is published
+    (the real methods still run)."""
     engines: list[MockEngine] = []
     registered = asyncio.Event()
     real_start = MockEngine.start
@@ -397,6 +393,17 @@ def test_drain_aborts_requests_still_running_after_the_grace_period(discovery_di
 
     mocker.patch.object(MockEngine, "start", start)
     mocker.patch.object(DiscoveryStore, "register", register)
+    return engines, registered
+
+
+def test_drain_aborts_requests_still_running_after_the_grace_period(discovery_dir, mocker):
+    """SIGTERM while a request streams: record removed at once, request aborted after grace."""
+    mocker.patch.object(worker_main, "DRAIN_GRACE_S", 0.2)
+    config = backend_args.parse_args(
+        ["--discovery-dir", str(discovery_dir), "--mock-token-ms", "60000"],
+        env=mock_worker_env(),
+    )
+    engines, registered = spy_on_engine_and_registration(mocker)
 
     async def scenario():
         worker = asyncio.ensure_future(worker_main.run_worker(config))
@@ -431,22 +438,7 @@ def test_a_rank_that_dies_while_serving_returns_1_with_the_gc_state_put_back(
          "--tensor-parallel-size", "2"],
         env=mock_worker_env(),
     )  # fmt: skip
-    engines: list[MockEngine] = []
-    registered = asyncio.Event()
-    real_start = MockEngine.start
-    real_register = DiscoveryStore.register
-
-    async def start(self):
-        engines.append(self)
-        await real_start(self)
-
-    def register(store, record):
-        path = real_register(store, record)
-        registered.set()
-        return path
-
-    mocker.patch.object(MockEngine, "start", start)
-    mocker.patch.object(DiscoveryStore, "register", register)
+    engines, registered = spy_on_engine_and_registration(mocker)
     callbacks_before = list(gc.callbacks)
 
     async def scenario():

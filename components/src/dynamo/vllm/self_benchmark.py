@@ -58,36 +58,42 @@ def policy_active(config: argparse.Namespace) -> bool:
     return config.self_benchmark_points > 0 and config.fpm_gc_policy == POLICY_FREEZE
 
 
-def check_worker_extension(config: argparse.Namespace) -> str | None:
-    """The ``worker_extension_cls`` the engine must get (raises on a conflict).
+def _policy_hook(config: argparse.Namespace, user_value: Any, *, ours: str, base: Any,
+                 what: str, needs: str, conflict: type[ValueError]) -> Any:
+    """The class a vLLM hook (``what``) must name while the self-benchmark runs.
 
-    While the self-benchmark runs, every rank loads :class:`FpmGcWorkerExtension`: it is
-    injected when the user set no extension, with the policy off too (then it only installs the
-    rank's pause logger and reports its heap, so the two arms of an A/B differ in the policy
-    alone). With the policy active a user extension must subclass it; with the policy off a
-    user's extension is kept as it is (its ranks then report nothing). Outside the
-    self-benchmark the user's value is returned untouched.
+    Ours (``ours``, the qualified name of ``base``) is injected when the user set none, with the
+    policy off too (it then only installs the pause logger and reports the heap, so the two arms
+    of an A/B differ in the policy alone). With the policy active a user's class must subclass
+    ``base`` (else ``conflict``); with it off, or outside the self-benchmark, the user's value
+    is returned untouched.
     """
-    user_value = config.worker_extension_cls
     if config.self_benchmark_points <= 0:
         return user_value
-    if user_value is None or user_value == POLICY_EXTENSION:
-        return POLICY_EXTENSION
+    if user_value is None or user_value == ours:
+        return ours
     if not policy_active(config):
         return user_value
     try:
-        extension = resolve_qualname(user_value)
+        found = user_value if isinstance(user_value, type) else resolve_qualname(user_value)
     except Exception as exc:  # noqa: BLE001 - any import failure is the same operator error
-        raise WorkerExtensionConflict(
-            f"{WORKER_EXTENSION_CLS.source_label()} {user_value!r} cannot be loaded ({exc})"
-        ) from None
-    if isinstance(extension, type) and issubclass(extension, FpmGcWorkerExtension):
+        raise conflict(f"{what} {user_value!r} cannot be loaded ({exc})") from None
+    if isinstance(found, type) and issubclass(found, base):
         return user_value
-    raise WorkerExtensionConflict(
-        f"{WORKER_EXTENSION_CLS.source_label()} is {user_value!r}, but "
-        f"{FPM_GC_POLICY.source_label()} 'freeze' with the self-benchmark needs every rank to "
-        f"load {POLICY_EXTENSION}: make your extension subclass it, or set "
+    raise conflict(
+        f"{what} is {user_value!r}, but {FPM_GC_POLICY.source_label()} 'freeze' with the "
+        f"self-benchmark needs {needs} {ours}: make yours subclass it, or set "
         f"{FPM_GC_POLICY.flag} off"
+    )
+
+
+def check_worker_extension(config: argparse.Namespace) -> str | None:
+    """The ``worker_extension_cls`` the engine must get (raises on a conflict): every rank
+    loads :class:`FpmGcWorkerExtension` while the self-benchmark runs (:func:`_policy_hook`)."""
+    return _policy_hook(
+        config, config.worker_extension_cls, ours=POLICY_EXTENSION, base=FpmGcWorkerExtension,
+        what=WORKER_EXTENSION_CLS.source_label(), needs="every rank to load",
+        conflict=WorkerExtensionConflict,
     )
 
 
@@ -107,31 +113,16 @@ class SchedulerConflict(ValueError):
 def check_scheduler_cls(config: argparse.Namespace, user_value: Any) -> Any:
     """The vLLM ``scheduler_cls`` EngineCore must get (raises on a conflict); vLLM only.
 
-    The same rule as :func:`check_worker_extension`, for vLLM's own ``--scheduler-cls``:
-    :class:`dynamo.vllm.gc_scheduler.FpmGcScheduler` is injected while the self-benchmark runs
-    and the user set none; with the policy active a user's class must subclass it.
+    The rule of :func:`check_worker_extension`, for vLLM's own ``--scheduler-cls``:
+    :class:`dynamo.vllm.gc_scheduler.FpmGcScheduler` while the self-benchmark runs.
     """
     from dynamo.vllm.gc_scheduler import QUALNAME as POLICY_SCHEDULER
     from dynamo.vllm.gc_scheduler import FpmGcScheduler
 
-    if config.self_benchmark_points <= 0:
-        return user_value
-    if user_value is None or user_value == POLICY_SCHEDULER:
-        return POLICY_SCHEDULER
-    if not policy_active(config):
-        return user_value
-    try:
-        scheduler = user_value if isinstance(user_value, type) else resolve_qualname(user_value)
-    except Exception as exc:  # noqa: BLE001 - any import failure is the same operator error
-        raise SchedulerConflict(
-            f"vLLM's --scheduler-cls {user_value!r} cannot be loaded ({exc})"
-        ) from None
-    if isinstance(scheduler, type) and issubclass(scheduler, FpmGcScheduler):
-        return user_value
-    raise SchedulerConflict(
-        f"vLLM's --scheduler-cls is {user_value!r}, but {FPM_GC_POLICY.source_label()} "
-        f"'freeze' with the self-benchmark needs vLLM's EngineCore process to run "
-        f"{POLICY_SCHEDULER}: make your scheduler subclass it, or set {FPM_GC_POLICY.flag} off"
+    return _policy_hook(
+        config, user_value, ours=POLICY_SCHEDULER, base=FpmGcScheduler,
+        what="vLLM's --scheduler-cls", needs="vLLM's EngineCore process to run",
+        conflict=SchedulerConflict,
     )
 
 
