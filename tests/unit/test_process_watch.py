@@ -40,13 +40,17 @@ def test_describe_exit(exitcode, words):
 
 def test_a_killed_process_is_noticed_without_polling():
     async def scenario():
-        ready = CONTEXT.Event()
-        first = CONTEXT.Process(target=_wait_forever, args=(ready,), daemon=True)
-        second = CONTEXT.Process(target=_wait_forever, args=(CONTEXT.Event(),), daemon=True)
+        # Both events stay referenced here until both children have set them: Process.start()
+        # drops its args, and a spawn-context Event finalized in the parent unlinks its named
+        # semaphore, so a child that unpickles it later dies with FileNotFoundError (exit 1).
+        first_ready, second_ready = CONTEXT.Event(), CONTEXT.Event()
+        first = CONTEXT.Process(target=_wait_forever, args=(first_ready,), daemon=True)
+        second = CONTEXT.Process(target=_wait_forever, args=(second_ready,), daemon=True)
         first.start()
         second.start()
         try:
-            await asyncio.to_thread(ready.wait, 30)
+            for ready in (first_ready, second_ready):
+                assert await asyncio.to_thread(ready.wait, 30), "a child did not start"
             watch = asyncio.ensure_future(first_exit([("first", first), ("second", second)]))
             await asyncio.sleep(0)
             assert not watch.done()
