@@ -407,6 +407,29 @@ def test_completions_take_text_or_token_ids(card, processor):
     assert "".join(streamed_text(events)) == processor.tokenizer.decode(cycled(hello, 3))
 
 
+def test_a_token_id_outside_the_vocabulary_is_a_400_naming_the_prompt(card, processor):
+    largest = processor.tokenizer.max_token_id
+    assert largest == max(processor.tokenizer._tokenizer.get_vocab(with_added_tokens=True).values())
+
+    async def scenario():
+        async with echo_worker() as (engine, endpoint), frontend(card, endpoint) as client:
+            results = []
+            for ids in ([5, largest + 1, 7], [999_999], [largest]):
+                response = await client.post(
+                    "/v1/completions", json={"model": MODEL, "prompt": ids, "max_tokens": 2}
+                )
+                results.append((response.status, await response.json()))
+            return results, engine.bodies
+
+    (first, huge, edge), bodies = run(scenario)
+    for (status, body), bad in ((first, largest + 1), (huge, 999_999)):
+        assert status == 400
+        error = assert_openai_error(body, param="prompt")
+        assert error["message"].startswith(f"Token id {bad} is out of vocabulary")
+    assert edge[0] == 200  # the largest id is in the vocabulary
+    assert [b["token_ids"] for b in bodies] == [[largest]]  # the refused ones reached no worker
+
+
 def test_the_context_length_bounds_prompt_and_completion(card, processor):
     context = card.context_length
     prompt_len = len(prompt_ids(processor))

@@ -146,3 +146,16 @@ def test_decoding_equals_transformers_decode(reference, tiny_model):
         detokenizer = build_chat_processor(card(tiny_model), kind).detokenizer()
         streamed = "".join(detokenizer.add([i]) for i in ids) + detokenizer.finish()
         assert streamed == reference.decode(ids, skip_special_tokens=True)
+
+
+def test_both_processors_bound_prompt_ids_by_the_vocabulary_vllm_checks(reference, tiny_model):
+    from vllm.tokenizers import get_tokenizer
+
+    largest = get_tokenizer(tiny_model).max_token_id  # what vLLM's own check compares with
+    assert largest == max(reference.get_vocab().values())
+    for kind in ("hf", "vllm"):
+        processor = build_chat_processor(card(tiny_model), kind)
+        assert processor.tokenizer.max_token_id == largest, kind
+        processor.check_token_ids([0, largest])
+        with pytest.raises(ValueError, match=f"Token id {largest + 1} is out of vocabulary"):
+            processor.check_token_ids([3, largest + 1])

@@ -53,10 +53,15 @@ __all__ = [
     "ChatTemplateError",
     "ModelFilesError",
     "NoChatTemplate",
+    "OutOfVocabulary",
     "build_chat_processor",
     "build_tokenizer",
     "import_processor_libraries",
 ]
+
+
+class OutOfVocabulary(ValueError):
+    """A prompt of token ids holds an id the model's vocabulary does not have (the client's 400)."""
 
 
 class NoChatTemplate(ValueError):
@@ -70,6 +75,8 @@ class Detokenizer(Protocol):
 
 
 class Tokenizer(Protocol):
+    max_token_id: int  # the largest id of the vocabulary (added tokens included)
+
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]: ...
 
     def decode(self, ids: Sequence[int]) -> str: ...
@@ -116,6 +123,17 @@ class ChatProcessor:
     def encode_completion(self, prompt: str) -> list[int]:
         return self.tokenizer.encode(prompt, add_special_tokens=True)
 
+    def check_token_ids(self, ids: Sequence[int]) -> None:
+        """A prompt given as token ids must be in the model's vocabulary (vLLM refuses it too,
+        with the same words); raises OutOfVocabulary naming the first id that is not."""
+        limit = self.tokenizer.max_token_id
+        for token_id in ids:
+            if token_id > limit:
+                raise OutOfVocabulary(
+                    f"Token id {token_id} is out of vocabulary (the model's largest token id "
+                    f"is {limit})"
+                )
+
     def detokenizer(self) -> Detokenizer:
         return self.tokenizer.detokenizer()
 
@@ -160,6 +178,11 @@ class _VllmTokenizer:
                 "fast one (tokenizer.json)"
             )
         self._backend = backend
+        # vLLM's cached tokenizer carries it; a bare transformers tokenizer does not.
+        max_token_id = getattr(tokenizer, "max_token_id", None)
+        if max_token_id is None:
+            max_token_id = max(tokenizer.get_vocab().values())
+        self.max_token_id = int(max_token_id)
 
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
         return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens))

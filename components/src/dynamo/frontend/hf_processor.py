@@ -185,6 +185,9 @@ class HfTokenizer:
             self._tokenizer = Tokenizer.from_file(str(path))
         except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception
             raise ModelFilesError(f"cannot load {path}: {exc}") from None
+        # The largest id a prompt may hold, as vLLM computes it (added tokens included; ids
+        # need not be contiguous). Read once: the vocabulary dict is built for it and dropped.
+        self.max_token_id = max(self._tokenizer.get_vocab(with_added_tokens=True).values())
 
     @property
     def vocab_size(self) -> int:

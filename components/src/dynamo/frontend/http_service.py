@@ -30,7 +30,13 @@ from dynamo.runtime.model_card import ModelCard
 from dynamo.runtime.request_plane import WorkerUnavailable
 
 from . import openai_protocol as oai
-from .chat_processor import ChatProcessor, ChatTemplateError, ModelFilesError, NoChatTemplate
+from .chat_processor import (
+    ChatProcessor,
+    ChatTemplateError,
+    ModelFilesError,
+    NoChatTemplate,
+    OutOfVocabulary,
+)
 from .model_registry import ModelEntry, ModelRegistry
 from .preprocess_pool import PreprocessPool, PreprocessPoolError
 from .stop_strings import StopStringMatcher
@@ -161,6 +167,10 @@ class FrontendService:
             prompt_ids = await self._encode(entry, completion.prompt, chat=False)
         else:
             prompt_ids = list(completion.prompt)
+            try:
+                entry.processor.check_token_ids(prompt_ids)
+            except OutOfVocabulary as exc:
+                raise oai.invalid_request(str(exc), param="prompt") from None
         return await self._serve(
             request, entry, completion, prompt_ids, "prompt", CompletionResponder
         )
