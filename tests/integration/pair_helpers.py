@@ -113,7 +113,20 @@ def expected_completion(
         ignore_eos=ignore_eos,
     )
     token_ids, finish_reason = mock_completion(model, ids, sampling)
-    return processor.tokenizer.decode(token_ids), finish_reason, len(token_ids)
+    text = processor.tokenizer.decode(token_ids)
+    stops = body.get("stop") or []
+    stops = [stops] if isinstance(stops, str) else stops
+    found = [text.find(stop) for stop in stops if stop in text]
+    if not found:
+        return text, finish_reason, len(token_ids)
+    # A stop string ends the completion before it: the text stops there, and the tokens
+    # counted are those generated until the one that completed it.
+    cut = min(found)
+    used = next(
+        k for k in range(1, len(token_ids) + 1)
+        if any(stop in processor.tokenizer.decode(token_ids[:k]) for stop in stops)
+    )  # fmt: skip
+    return text[:cut], "stop", used
 
 
 def expected_content(body: dict, card=None, *, max_model_len: int | None = None) -> str:

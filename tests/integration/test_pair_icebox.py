@@ -22,6 +22,9 @@ from tests.integration.pair_helpers import CLIENT_TIMEOUT_S, expected_content, r
 pytestmark = pytest.mark.integration
 
 ICEBOX = Path(__file__).resolve().parents[2] / "scripts" / "icebox.py"
+README = ICEBOX.parents[1] / "README.md"
+README_URL = "http://127.0.0.1:8000"  # the icebox's default port, as the README says
+README_CURL = re.compile(r"^curl -s http://127\.0\.0\.1:8000/v1/chat/completions .*?\}'$", re.M | re.S)
 BANNER = re.compile(
     r"frontend (http://127\.0\.0\.1:\d+) \(pid (\d+)\), worker model (\S+) \(pid (\d+)\)"
 )
@@ -100,6 +103,17 @@ def test_icebox_prints_a_working_curl_command_and_stops_cleanly(icebox):
         status, answer = request("POST", argv[2], body)
         assert status == 200
     assert answer["choices"][0]["message"]["content"] == expected_content(body)
+
+    # The README's example request, sent as written, answers what the README says it does.
+    readme = README.read_text(encoding="utf-8")
+    example = shlex.split(README_CURL.search(readme).group(0))
+    assert example[2].startswith(README_URL), example[2]
+    body = json.loads(example[example.index("-d") + 1])
+    status, answer = request("POST", url + example[2][len(README_URL):], body)
+    assert status == 200, answer
+    content = answer["choices"][0]["message"]["content"]
+    assert content == expected_content(body) and answer["choices"][0]["finish_reason"] == "stop"
+    assert f'`"content": {json.dumps(content)}`' in readme, content
 
     icebox.proc.send_signal(signal.SIGTERM)
     assert icebox.wait_exit() == 0
