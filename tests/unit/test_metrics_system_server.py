@@ -106,3 +106,16 @@ def test_debug_gc_route_collects_once(process_metrics):
     before = result["pause_histogram_gen2_count_before"]
     assert result["pause_histogram_gen2_count_after"] == before + 1
     assert process_metrics.pauses.count(2) >= before + 1
+
+
+def test_the_system_port_options_name_every_route_it_serves(process_metrics):
+    # An operator reads --help or docs/configuration to find the probe paths: /live included.
+    from dynamo.common.system_server import build_system_app
+    from dynamo.vllm import backend_args
+
+    app = build_system_app(process_metrics)
+    paths = {route.resource.canonical for route in app.router.routes() if route.method == "GET"}
+    assert {"/live", "/health", "/metrics"} <= paths
+    for option in (backend_args.SYSTEM_PORT, backend_args.SYSTEM_HOST):
+        missing = {path for path in paths if path not in option.help}
+        assert not missing, f"--{option.name} help does not name {missing}"

@@ -63,7 +63,7 @@ SYSTEM_HOST = Option(
     default="0.0.0.0",
     kind=Host(),
     metavar="HOST",
-    help="Address the system server (/health, /metrics) listens on, with --system-port",
+    help="Address the system server (/live, /health, /metrics) listens on, with --system-port",
 )
 
 SYSTEM_PORT = Option(
@@ -73,7 +73,8 @@ SYSTEM_PORT = Option(
     kind=IntRange(0, 65535),
     metavar="PORT",
     help=(
-        "Serve GET /health (200 once serving, 503 while starting or draining) and GET "
+        "Serve GET /live (liveness: 200 while the process answers, in every phase), GET "
+        "/health (readiness: 200 once serving, 503 while starting or draining) and GET "
         "/metrics on this port (unset: no system server; 0 picks a free port and logs it)"
     ),
 )
