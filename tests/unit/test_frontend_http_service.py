@@ -603,6 +603,25 @@ def test_client_disconnect_mid_stream_aborts_the_request_in_the_worker(card):
     assert run(scenario) == (1, 0)
 
 
+def test_live_answers_200_in_every_phase_while_health_follows_readiness(card):
+    async def scenario():
+        async with echo_worker() as (_, endpoint), frontend(card, endpoint) as client:
+            answers = []
+            for mark in (None, lifecycle.mark_serving, lifecycle.mark_draining):
+                if mark is not None:
+                    mark("test")
+                live = await client.get("/live")
+                health = await client.get("/health")
+                answers.append((live.status, await live.json(), health.status))
+            return answers
+
+    assert run(scenario) == [
+        (200, {"status": "live", "phase": "starting"}, 503),
+        (200, {"status": "live", "phase": "serving"}, 200),
+        (200, {"status": "live", "phase": "draining"}, 503),
+    ]
+
+
 def test_models_health_and_aiohttp_errors_in_openai_shape(card):
     async def scenario():
         async with echo_worker() as (_, endpoint), frontend(card, endpoint) as client:

@@ -48,6 +48,7 @@ MODELS_PATH = "/v1/models"
 CHAT_COMPLETIONS_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
 HEALTH_PATH = "/health"
+LIVE_PATH = "/live"
 
 _HTTP_ERROR_CODES = {
     404: "not_found",
@@ -81,7 +82,14 @@ class FrontendService:
         app.router.add_post(CHAT_COMPLETIONS_PATH, self.handle_chat_completions)
         app.router.add_post(COMPLETIONS_PATH, self.handle_completions)
         app.router.add_get(HEALTH_PATH, self.handle_health)
+        app.router.add_get(LIVE_PATH, self.handle_live)
         return app
+
+    async def handle_live(self, request: web.Request) -> web.Response:
+        """Liveness, as upstream Dynamo's frontend serves it on its HTTP port: 200 whenever the
+        process answers, whatever the phase (``/health`` is readiness). An upstream manifest
+        whose liveness probe asks the frontend for ``/live`` must not restart it in a loop."""
+        return web.json_response({"status": "live", "phase": lifecycle.current_phase().value})
 
     async def handle_health(self, request: web.Request) -> web.Response:
         phase = lifecycle.current_phase()
