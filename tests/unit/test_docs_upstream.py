@@ -105,6 +105,15 @@ def test_every_flag_or_env_var_of_ours_named_on_the_page_exists():
         assert not unknown, f"{row.line}: not declared here: {unknown}"
 
 
+def test_every_upstream_name_we_list_is_declared_refused_or_ignored():
+    # A name upstream's launchers take (upstream.SHARED) that no option here declares would
+    # otherwise be a flag argparse calls "unrecognized" without saying what to use, or an env
+    # var dropped silently: a custom chat template or a tool-call parser that never applies.
+    declared = {name for option in all_options() for name in (*option.flags(), option.env_var)}
+    handled = {entry.name for entry in upstream.ALL}
+    assert not sorted(upstream.SHARED - declared - handled)
+
+
 def test_a_row_marked_pending_names_an_option_that_does_not_exist_yet():
     # The marker (and its "Today: ..." text) is for an option another change adds; once the
     # option is declared, the row must say what the launchers do now.

@@ -165,6 +165,21 @@ REJECTED: list[UpstreamName] = [
         ["--dump-config-to"], BOTH, "the options in effect are logged at start-up (INFO)"
     ),
     *_names(
+        ["--custom-jinja-template", "DYN_CUSTOM_JINJA_TEMPLATE"],
+        [WORKER],
+        "use --chat-template / DYN_VLLM_CHAT_TEMPLATE (vLLM serve's name): the file is "
+        "published in the model card and the frontend renders it instead of the model's own",
+    ),
+    *_names(
+        [
+            "--dyn-tool-call-parser", "DYN_TOOL_CALL_PARSER",
+            "--dyn-reasoning-parser", "DYN_REASONING_PARSER",
+        ],
+        [WORKER],
+        "there is no tool-call or reasoning parsing here: the completion's text comes back as "
+        "the model wrote it, without tool_calls or reasoning_content",
+    ),  # fmt: skip
+    *_names(
         ["--fpm-trace"],
         [WORKER],
         "there are no forward-pass metrics here; GC pauses are in dynamo_gc_pause_seconds",
