@@ -8,14 +8,18 @@ engine.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import socket
 
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from dynamo.common import lifecycle
 from dynamo.frontend.chat_processor import build_chat_processor
+from dynamo.runtime.request_plane import BadGenerateRequest, add_request_plane_routes
 from tests.tiny_tokenizer import build_tiny_tokenizer, tiny_card
 from tests.unit.frontend_support import (
     MODEL,
@@ -718,3 +722,74 @@ def test_a_failover_that_succeeds_logs_the_dead_instance_once(card, caplog):
     lines = [r for r in _frontend_lines(caplog) if r.levelno >= logging.WARNING]
     assert len(lines) == 1 and dead in lines[0].getMessage()
     assert "failed over after 1 unavailable instance(s)" in lines[0].getMessage()
+
+
+@contextlib.asynccontextmanager
+async def refusing_worker(field: str, message: str):
+    """The worker's real request-plane routes in front of an engine that refuses every prompt
+    before its first item, as vLLM's own checks do (BadGenerateRequest naming ``field``)."""
+    calls = []
+
+    async def generate(request):
+        calls.append(request)
+        raise BadGenerateRequest(message, field=field)
+        yield  # pragma: no cover - an async generator that refuses before its first item
+
+    app = web.Application()
+    add_request_plane_routes(app, generate, lambda: True, served_model_name=MODEL)
+    async with TestServer(app, host="127.0.0.1") as server:
+        yield f"http://127.0.0.1:{server.port}", calls
+
+
+@pytest.mark.parametrize(
+    ("field", "path", "param"),
+    [
+        ("sampling.top_k", "/v1/chat/completions", "top_k"),
+        ("sampling", "/v1/completions", None),
+        ("token_ids.2", "/v1/completions", "prompt"),
+        ("token_ids", "/v1/chat/completions", "messages"),
+    ],
+)
+def test_a_prompt_or_sampling_refused_by_the_engine_is_the_clients_400_without_failover(
+    card, caplog, field, path, param
+):
+    message = f"{field}: refused by the engine's own check"
+
+    async def scenario():
+        async with refusing_worker(field, message) as (first, first_calls), refusing_worker(
+            field, message
+        ) as (second, second_calls), frontend(card, first, second) as client:
+            body = chat() if path.endswith("chat/completions") else {
+                "model": MODEL, "prompt": "Hello", "max_tokens": 3,
+            }  # fmt: skip
+            answers = []
+            for stream in (False, True):
+                response = await client.post(path, json={**body, "stream": stream})
+                answers.append((response.status, await response.json()))
+            return answers, len(first_calls) + len(second_calls)
+
+    with caplog.at_level(logging.WARNING, logger="dynamo"):
+        answers, calls = run(scenario)
+    for status, body in answers:
+        assert status == 400, body
+        error = assert_openai_error(body, param=param)
+        assert error["message"] == message and error["code"] == "invalid_value"
+    assert calls == 2  # one instance per request: another would refuse it too
+    assert not [r for r in caplog.records if "unavailable" in r.getMessage()]
+
+
+def test_a_worker_refusing_the_model_name_is_still_the_workers_fault(card):
+    """A 400 naming ``model`` means the two ends disagree about what the worker serves: the
+    next instance is tried, and with none left it is a 503, not the client's error."""
+
+    async def scenario():
+        async with refusing_worker("model", "model 'x' is not served here") as (
+            endpoint, calls,
+        ), echo_worker() as (engine, live), frontend(card, endpoint, live) as client:
+            statuses = [
+                (await client.post("/v1/chat/completions", json=chat())).status for _ in range(2)
+            ]
+            return statuses, len(calls), engine.requests_finished
+
+    statuses, refused, served = run(scenario)
+    assert statuses == [200, 200] and refused == 1 and served == 2

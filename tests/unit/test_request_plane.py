@@ -21,7 +21,9 @@ from dynamo.runtime.request_plane import (
     GENERATE_PATH,
     BadGenerateRequest,
     GenerateRequest,
+    RequestRefused,
     WorkerUnavailable,
+    _refusal,
     add_request_plane_routes,
     generate,
     validate_generate_request,
@@ -291,13 +293,41 @@ def test_an_engine_refusing_the_prompt_before_its_first_item_is_a_400():
     assert (status, answer) == (400, {"error": "the prompt is too long", "field": "token_ids"})
 
 
-def test_the_client_turns_a_400_into_worker_unavailable():
+def test_the_client_turns_a_400_about_the_request_into_request_refused():
+    """A 400 naming a request field (the prompt, a sampling field) is the client's: another
+    instance would refuse it too, so it is not WorkerUnavailable (which fails over)."""
+
     async def scenario():
         async with worker(echo_engine) as (session, endpoint):
             await collect(session, endpoint, _with("sampling.max_tokens", 0))
 
-    with pytest.raises(WorkerUnavailable, match="400"):
+    with pytest.raises(RequestRefused) as refused:
         run(scenario())
+    assert refused.value.field == "sampling.max_tokens"
+    assert "greater than or equal to 1" in str(refused.value)
+
+
+@pytest.mark.parametrize("model", ["someone-else", None])
+def test_the_client_turns_any_other_400_into_worker_unavailable(model):
+    """A 400 naming the model (or nothing: a body the worker could not read) means the two ends
+    disagree: the worker's side, so the caller may try another instance."""
+
+    async def scenario():
+        async with worker(echo_engine) as (session, endpoint):
+            body = _with("model", model) if model else b"{not json"
+            if isinstance(body, bytes):
+                async with session.post(endpoint + GENERATE_PATH, data=body) as response:
+                    text = await response.text()
+                assert response.status == 400, text
+                assert _refusal(response.status, text) is None
+                return
+            await collect(session, endpoint, body)
+
+    if model is None:
+        run(scenario())
+    else:
+        with pytest.raises(WorkerUnavailable, match="400"):
+            run(scenario())
 
 
 def test_a_draining_worker_answers_503_and_the_client_raises():

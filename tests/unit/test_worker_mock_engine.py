@@ -62,6 +62,7 @@ def test_the_card_comes_from_the_tiny_tokenizer_directory(tiny):
     eos = tiny.tokenizer.token_to_id("<|end_of_text|>")
     assert card.eos_token_ids == (eos,)
     assert card.chat_template_path is None
+    assert card.max_token_id == tiny.vocab_size - 1  # the tiny vocabulary's ids are contiguous
     assert tiny.vocab_size == tiny.tokenizer.get_vocab_size() and tiny.vocab_size > 500
     assert tiny.special_ids == {0, 1, 2}  # BOS, EOS, pad
     assert tiny.ordinary_ids[0] == 3 and len(tiny.ordinary_ids) == tiny.vocab_size - 3
@@ -210,6 +211,19 @@ def test_a_prompt_that_fills_the_context_is_refused_before_the_first_item():
         asyncio.run(collect(engine, request([41, 42, 43], 2)))
     assert excinfo.value.field == "token_ids"
     assert engine.requests_started == 0
+
+
+def test_an_id_outside_the_vocabulary_is_refused_before_the_first_item_as_vllm_does(tiny):
+    engine = MockEngine(tiny, token_ms=0)
+    largest = tiny.card.max_token_id
+    with pytest.raises(BadGenerateRequest, match=f"^Token id {largest + 1} is out of vocabulary"):
+        try:
+            asyncio.run(collect(engine, request([41, largest, largest + 1], 2)))
+        except BadGenerateRequest as exc:
+            assert exc.field == "token_ids.2"
+            raise
+    assert engine.requests_started == 0
+    assert streamed(asyncio.run(collect(engine, request([largest], 1)))) == [largest]
 
 
 def test_closing_the_stream_aborts_the_request(tiny):

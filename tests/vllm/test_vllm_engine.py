@@ -162,6 +162,9 @@ def test_the_model_card_is_what_vllm_resolved(embedded, tiny_model):
     assert card.context_length == 256  # --max-model-len (VLLM_ARGS)
     assert card.eos_token_ids == (1,)  # <|end_of_text|>, tokenizer and generation config
     assert card.chat_template_path is None
+    # vLLM's prompt-id bound: the larger of the tokenizer's largest id and the vocabulary - 1
+    # (equal for the tiny model, whose embedding has a row per token).
+    assert card.max_token_id == embedded.engine.vocab_size - 1
 
 
 def test_vllm_receives_exactly_the_prompt_ids_sent(embedded, tiny_model):
@@ -190,7 +193,9 @@ def test_vllm_receives_exactly_the_prompt_ids_sent(embedded, tiny_model):
 
 def test_an_id_outside_the_vocabulary_is_refused_before_the_first_item(embedded):
     vocab_size = embedded.engine.vocab_size
-    with pytest.raises(BadGenerateRequest, match="out of vocabulary") as excinfo:
+    with pytest.raises(
+        BadGenerateRequest, match=f"^Token id {vocab_size} is out of vocabulary"
+    ) as excinfo:
         _collect(embedded, plane_request([5, vocab_size], 2, "big-ids"))
     assert excinfo.value.field == "token_ids.1"
 

@@ -22,7 +22,7 @@ import logging
 import time
 from typing import Any, Mapping, Protocol, Sequence
 
-from dynamo.runtime.model_card import ModelCard
+from dynamo.runtime.model_card import ModelCard, out_of_vocabulary
 
 from .hf_processor import (
     ChatTemplateError,
@@ -124,15 +124,15 @@ class ChatProcessor:
         return self.tokenizer.encode(prompt, add_special_tokens=True)
 
     def check_token_ids(self, ids: Sequence[int]) -> None:
-        """A prompt given as token ids must be in the model's vocabulary (vLLM refuses it too,
-        with the same words); raises OutOfVocabulary naming the first id that is not."""
-        limit = self.tokenizer.max_token_id
-        for token_id in ids:
-            if token_id > limit:
-                raise OutOfVocabulary(
-                    f"Token id {token_id} is out of vocabulary (the model's largest token id "
-                    f"is {limit})"
-                )
+        """A prompt given as token ids must be in the model's vocabulary, as its worker's engine
+        bounds it (the card's ``max_token_id``; from an older worker, the tokenizer's); raises
+        OutOfVocabulary, with vLLM's words, naming the first id that is not."""
+        limit = self.card.max_token_id
+        if limit is None:
+            limit = self.tokenizer.max_token_id
+        found = out_of_vocabulary(ids, limit)
+        if found is not None:
+            raise OutOfVocabulary(found[1])
 
     def detokenizer(self) -> Detokenizer:
         return self.tokenizer.detokenizer()

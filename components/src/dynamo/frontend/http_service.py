@@ -27,7 +27,7 @@ from dynamo.common.http_server import (
 )
 from dynamo.common.request_drain import mark_stream
 from dynamo.runtime.model_card import ModelCard
-from dynamo.runtime.request_plane import WorkerUnavailable
+from dynamo.runtime.request_plane import RequestRefused, WorkerUnavailable
 
 from . import openai_protocol as oai
 from .chat_processor import (
@@ -208,6 +208,10 @@ class FrontendService:
                 first, stream = await self.router.open_stream(entry, plane_request)
             except NoWorkerAvailable as exc:
                 raise oai.service_unavailable(str(exc), detail=exc.detail) from exc
+            except RequestRefused as exc:  # the engine's own check: the client's 400
+                raise oai.invalid_request(
+                    str(exc), param=refused_param(exc.field, prompt_param)
+                ) from None
             generation = Generation(
                 entry.processor, req.stop_strings, len(prompt_ids), first, stream
             )
@@ -271,6 +275,16 @@ class FrontendService:
             logger.info("Request %s cancelled mid-stream: aborted", responder.completion_id)
             raise
         return response
+
+
+def refused_param(field: str, prompt_param: str) -> str | None:
+    """The OpenAI field a worker's refusal is about: ``token_ids...`` is the prompt (or the
+    messages it was rendered from), ``sampling.top_k`` is ``top_k`` (the request plane uses
+    the OpenAI names), bare ``sampling`` is the sampling fields together (no one field)."""
+    head, _, rest = field.partition(".")
+    if head == "token_ids":
+        return prompt_param
+    return rest.split(".", 1)[0] or None
 
 
 def completion_budget(

@@ -14,7 +14,7 @@ does for ``--model``.
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated, Optional, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
@@ -40,3 +40,23 @@ class ModelCard(BaseModel):
     eos_token_ids: tuple[Annotated[StrictInt, Field(ge=0)], ...] = ()
     # A chat template file that overrides the tokenizer's own (vLLM's --chat-template), if any.
     chat_template_path: Optional[NonEmptyStr] = None
+    # The largest token id a prompt may hold, as the engine checks it: vLLM takes the larger of
+    # the tokenizer's largest id and the model's vocabulary size - 1 (a model's embedding can
+    # have rows its tokenizer has no token for, Qwen3's for one). The frontend refuses a prompt
+    # of ids above it with vLLM's words; absent (an older worker), it uses its tokenizer's.
+    max_token_id: Optional[Annotated[StrictInt, Field(ge=0)]] = None
+
+
+def out_of_vocabulary(token_ids: Sequence[int], max_token_id: int) -> Optional[tuple[int, str]]:
+    """The first prompt id above ``max_token_id``: its index and vLLM's words for it, else None.
+
+    One rule for the frontend (a 400 naming the prompt) and both engines (a 400 on the request
+    plane), so a prompt is refused the same way wherever it is checked.
+    """
+    for index, token_id in enumerate(token_ids):
+        if token_id > max_token_id:
+            return index, (
+                f"Token id {token_id} is out of vocabulary (the model's largest token id is "
+                f"{max_token_id})"
+            )
+    return None

@@ -70,6 +70,21 @@ class WorkerUnavailable(Exception):
     """The worker could not be reached, or went away before the stream finished."""
 
 
+class RequestRefused(Exception):
+    """The worker refused the request itself (a 400 naming ``token_ids...`` or ``sampling...``):
+    its engine checks the prompt or a sampling field more strictly than the frontend did.
+    Another instance of the model would refuse it too, so it is the client's 400, not a reason
+    to fail over. ``field`` is the request-plane field the worker named."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+# Fields whose refusal is about the request, not the worker (see RequestRefused).
+CLIENT_FIELDS = ("token_ids", "sampling")
+
+
 class BadGenerateRequest(ValueError):
     """A request the worker refuses with a 400; ``field`` names the offending field, if one."""
 
@@ -221,10 +236,30 @@ def _parse_line(line: bytes) -> dict:
     return item
 
 
+def _refusal(status: int, text: str) -> RequestRefused | None:
+    """A worker's 400 that names a request field (see :class:`RequestRefused`), else None: a
+    400 naming ``model`` or no field means the two ends disagree, which is the worker's side."""
+    if status != 400:
+        return None
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(body, dict):
+        return None
+    field, error = body.get("field"), body.get("error")
+    if not isinstance(field, str) or not isinstance(error, str):
+        return None
+    if field.split(".", 1)[0] not in CLIENT_FIELDS:
+        return None
+    return RequestRefused(error, field)
+
+
 async def generate(
     session: aiohttp.ClientSession, endpoint: str, request: GenerateRequest | dict
 ) -> AsyncIterator[dict]:
-    """Stream one request's items from a worker. Raises :class:`WorkerUnavailable`.
+    """Stream one request's items from a worker. Raises :class:`WorkerUnavailable`, or
+    :class:`RequestRefused` before the first item for a 400 about the request itself.
 
     ``request`` is a :class:`GenerateRequest` (or its JSON form as a dict).
     """
@@ -235,6 +270,9 @@ async def generate(
         async with session.post(url, json=request) as response:
             if response.status != 200:
                 text = await response.text()
+                refused = _refusal(response.status, text)
+                if refused is not None:
+                    raise refused
                 raise WorkerUnavailable(f"worker answered {response.status}: {text[:200]}")
             finished = False
             async for line in response.content:

@@ -39,7 +39,7 @@ from typing import Any, AsyncIterator, Iterator, Sequence
 from tokenizers.decoders import DecodeStream
 
 from dynamo.common.utils.synthetic_heap import TRACKED_PER_UNIT, build_synthetic_heap
-from dynamo.runtime.model_card import ModelCard
+from dynamo.runtime.model_card import ModelCard, out_of_vocabulary
 from dynamo.runtime.request_plane import BadGenerateRequest, GenerateRequest
 from dynamo.runtime.sampling import SamplingOptions
 from dynamo.vllm.mock_model import MockModel, load_mock_model
@@ -67,12 +67,12 @@ class MockCompletion:
         self.finish_reason: str | None = None
 
     def check_prompt(self) -> None:
-        """Raise :class:`BadGenerateRequest` for a prompt that leaves no room in the context.
-
-        Ids outside the vocabulary are echoed as they are (and decode to nothing when stop
-        strings are matched), where vLLM would refuse them: a frontend that does not yet
-        tokenize with the model's own tokenizer can still drive the mock.
-        """
+        """Raise :class:`BadGenerateRequest` for what vLLM refuses too: an id outside the
+        model's vocabulary, a prompt that leaves no room in the context."""
+        found = out_of_vocabulary(self.prompt, self.model.card.max_token_id)
+        if found is not None:
+            index, message = found
+            raise BadGenerateRequest(message, field=f"token_ids.{index}")
         context_length = self.model.card.context_length
         if len(self.prompt) >= context_length:
             raise BadGenerateRequest(

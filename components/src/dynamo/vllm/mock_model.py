@@ -152,6 +152,7 @@ def load_mock_model(
         context_length=context_length,
         eos_token_ids=read_eos_token_ids(directory, tokenizer),
         chat_template_path=os.path.abspath(chat_template) if chat_template else None,
+        max_token_id=max(tokenizer.get_vocab(with_added_tokens=True).values()),
     )
     return MockModel(
         tokenizer=tokenizer,

@@ -62,7 +62,7 @@ try:
 except ImportError:  # vLLM releases before the utils split
     from vllm.utils import FlexibleArgumentParser  # type: ignore[no-redef]
 
-from dynamo.runtime.model_card import ModelCard
+from dynamo.runtime.model_card import ModelCard, out_of_vocabulary
 from dynamo.runtime.request_plane import BadGenerateRequest, GenerateRequest
 from dynamo.runtime.sampling import SamplingOptions
 from dynamo.vllm.engine import EngineDied, EngineInitFailed, EngineUnavailable
@@ -219,6 +219,7 @@ class VllmEngine:
         self._card: ModelCard | None = None
         self._model_defaults: dict[str, Any] = {}
         self._vocab_size = 0
+        self._max_token_id = -1
         self._max_model_len = 0
         self._request_ids = itertools.count()
         # Unique per process, so request ids never collide with another worker's in logs.
@@ -298,6 +299,12 @@ class VllmEngine:
         try:
             model_config = engine.model_config
             self._vocab_size = model_config.get_vocab_size()
+            # vLLM's own bound on prompt ids (its InputProcessor): the larger of the
+            # tokenizer's largest id and the model's vocabulary size - 1.
+            tokenizer_max = getattr(engine.tokenizer, "max_token_id", None)
+            self._max_token_id = max(
+                self._vocab_size - 1, -1 if tokenizer_max is None else int(tokenizer_max)
+            )
             self._max_model_len = model_config.max_model_len
             self._model_defaults = dict(model_config.get_diff_sampling_param())
             self._card = self._read_card(engine)
@@ -340,16 +347,15 @@ class VllmEngine:
             chat_template_path=(
                 os.path.abspath(self.chat_template) if self.chat_template else None
             ),
+            max_token_id=self._max_token_id,
         )
 
     def _check_prompt(self, prompt: Sequence[int]) -> None:
         """What vLLM would refuse, refused before the first item (a 400 on the request plane)."""
-        for index, token_id in enumerate(prompt):
-            if token_id >= self._vocab_size:
-                raise BadGenerateRequest(
-                    f"token id {token_id} is out of vocabulary (size {self._vocab_size})",
-                    field=f"token_ids.{index}",
-                )
+        found = out_of_vocabulary(prompt, self._max_token_id)
+        if found is not None:
+            index, message = found
+            raise BadGenerateRequest(message, field=f"token_ids.{index}")
         if len(prompt) >= self._max_model_len:
             raise BadGenerateRequest(
                 f"the prompt ({len(prompt)} tokens) leaves no room in max_model_len "
