@@ -191,17 +191,9 @@ def test_a_refused_name_exits_2_naming_it_and_what_to_use(entry, program, capsys
     assert entry.instead in err
 
 
-@pytest.mark.parametrize(
-    "program,env",
-    [
-        (upstream.WORKER, {"DYN_VLLM_DISAGGREGATION_MODE": " AGG "}),
-        (upstream.FRONTEND, {"DYN_DISCOVERY_BACKEND": "file"}),
-    ],
-)
-def test_an_upstream_value_that_means_what_we_do_is_accepted(program, env):
-    if set(env) & DECLARED[program]:
-        pytest.skip("declared here now")
-    PARSERS[program]([], {**env, "DYN_VLLM_MODEL": "/m"})  # the worker needs a model
+def test_an_upstream_value_that_means_what_we_do_is_accepted():
+    env = {"DYN_VLLM_DISAGGREGATION_MODE": " AGG ", "DYN_VLLM_MODEL": "/m"}
+    PARSERS[upstream.WORKER]([], env)
 
 
 def test_a_refused_flag_after_double_dash_is_not_ours_to_judge():
@@ -233,8 +225,17 @@ def test_nothing_is_said_when_no_upstream_env_var_is_set(caplog):
 
 
 def test_a_declared_name_is_never_refused_nor_reported():
-    # When another change declares an upstream name (--namespace, ETCD_ENDPOINTS), it stops
-    # being refused or reported by itself.
-    declared = {"--namespace", "ETCD_ENDPOINTS"}
-    assert upstream.rejected_problem(upstream.WORKER, ["--namespace", "x"], {}, declared) is None
-    assert upstream.ignored_env(upstream.WORKER, {"ETCD_ENDPOINTS": "e:2379"}, declared) == []
+    # When a change declares an upstream name, it stops being refused or reported by itself.
+    argv, env = ["--router-mode", "kv"], {"NATS_SERVER": "nats://n:4222"}
+    assert upstream.rejected_problem(upstream.WORKER, argv, {}, set()) is not None
+    assert upstream.ignored_env(upstream.WORKER, env, set()) != []
+    declared = {"--router-mode", "NATS_SERVER"}
+    assert upstream.rejected_problem(upstream.WORKER, argv, {}, declared) is None
+    assert upstream.ignored_env(upstream.WORKER, env, declared) == []
+
+
+@pytest.mark.parametrize("entry", [*upstream.REJECTED, *upstream.IGNORED_ENV], ids=str)
+def test_no_entry_is_dead_weight(entry):
+    """An entry every launcher it names now declares never applies: its message (what to use
+    instead) is stale, so it goes."""
+    assert any(entry.name not in DECLARED[program] for program in entry.programs), entry.name

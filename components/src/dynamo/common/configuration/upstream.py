@@ -12,7 +12,8 @@ Two lists, kept in step with docs/upstream.md by tests/unit/test_docs_upstream.p
   each launcher logs one WARNING at start-up naming those that are set.
 
 A name the surface declares is never rejected nor reported: when an option that upstream has
-is added here (an etcd backend, namespaces), its row stops applying by itself.
+is added here, its entry stops applying by itself, and tests/unit/test_docs_upstream.py then
+asks for the entry to go.
 """
 
 from __future__ import annotations
@@ -103,24 +104,6 @@ REJECTED: list[UpstreamName] = [
         "planes); there is no event plane",
     ),
     *_names(
-        ["--namespace"],
-        BOTH,
-        "this build has no namespaces: a frontend serves every worker in its discovery "
-        "directory (--discovery-dir / DYN_DISCOVERY_DIR)",
-    ),
-    *_names(
-        ["--discovery-backend"],
-        BOTH,
-        "discovery here is a shared directory, --discovery-dir / DYN_DISCOVERY_DIR",
-    ),
-    *_names(
-        ["DYN_DISCOVERY_BACKEND"],
-        BOTH,
-        "discovery here is a shared directory, --discovery-dir / DYN_DISCOVERY_DIR; "
-        "DYN_DISCOVERY_BACKEND=file is the only value that means the same",
-        harmless=("file",),
-    ),
-    *_names(
         ["--router-mode"],
         [WORKER],
         "routing is the frontend's: --router-mode round-robin on python -m dynamo.frontend",
@@ -194,17 +177,6 @@ REJECTED: list[UpstreamName] = [
 IGNORED_ENV: list[UpstreamName] = [
     *_names(["NATS_SERVER"], BOTH, "there is no NATS here: the request plane is HTTP"),
     *_names(
-        ["ETCD_ENDPOINTS"],
-        BOTH,
-        "discovery here is a shared directory (--discovery-dir / DYN_DISCOVERY_DIR)",
-    ),
-    *_names(
-        ["DYN_NAMESPACE"],
-        BOTH,
-        "this build has no namespaces: a frontend serves every worker in its discovery "
-        "directory",
-    ),
-    *_names(
         ["DYN_ENDPOINT", "DYN_REQUEST_PLANE", "DYN_RESPONSE_PLANE", "DYN_EVENT_PLANE"],
         BOTH,
         "the request plane is HTTP/NDJSON at the worker's --request-plane-host:port",
@@ -252,11 +224,6 @@ IGNORED_ENV: list[UpstreamName] = [
     ),
 ]
 
-IGNORED_ENV += _names(
-    ["DYN_CHAT_PROCESSOR"],
-    [FRONTEND],
-    "the frontend's chat template and tokenizer come from the model card its workers register",
-)
 IGNORED_ENV += _names(
     ["DYN_FILE_KV"],
     BOTH,
