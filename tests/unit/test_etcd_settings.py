@@ -36,6 +36,14 @@ def test_endpoints_are_parsed_in_order_with_the_default_port():
         ("http://" + "x" * 64 + ":1", "not a valid host name"),
         ("http://bad_host:1", "not a valid host name"),
         ("http://:1", "has no host"),
+        # What the Host kind refuses, refused here too: resolvers read these as IPv4 addresses.
+        ("http://1.2.3:2379", "no top-level domain is numeric"),
+        ("0x7f.1:2379", "no top-level domain is numeric"),
+        ("http://999.1.1.1:2379", "no top-level domain is numeric"),
+        # urlsplit drops a tab or newline inside a URL; it would quietly mean "localhost".
+        ("http://loc\nalhost:2379", "control characters"),
+        ("http://local\thost:2379", "control characters"),
+        ("http://a:1\x00", "control characters"),
     ],
 )
 def test_malformed_endpoints_say_why(text, reason):
@@ -89,3 +97,27 @@ def test_the_backend_follows_the_option(tmp_path):
     config.etcd_endpoints = parse_endpoints("http://a:1")
     backend = open_discovery(config)
     assert (backend.backend, backend.prefix) == ("etcd", "dynamo-gc/n/models/")
+
+
+@pytest.mark.parametrize("program", ["dynamo.frontend", "dynamo.vllm"])
+def test_a_namespace_with_a_trailing_newline_is_the_same_namespace(program):
+    """A ConfigMap's trailing newline is forgiven as for every option: without it, "dyn\n"
+    became a key prefix of its own, and the frontend and its workers never met."""
+    from dynamo.frontend import frontend_args
+    from dynamo.vllm import backend_args
+
+    parse = frontend_args.parse_args if program == "dynamo.frontend" else backend_args.parse_args
+    extra = ["--engine", "mock", "--model", "/tmp"] if program == "dynamo.vllm" else []
+    assert parse(extra, {"DYN_NAMESPACE": "dyn\n"}).namespace == "dyn"
+    assert parse([*extra, "--namespace= dyn\t"], {}).namespace == "dyn"
+
+
+@pytest.mark.parametrize("text", ["a\nb", "dyn\n\n x", "dyn\x00", "a/b", ""])
+def test_a_namespace_with_a_character_inside_it_that_no_key_should_hold_exits_2(text, capsys):
+    from dynamo.frontend import frontend_args
+
+    with pytest.raises(SystemExit) as exc:
+        frontend_args.parse_args([], {"DYN_NAMESPACE": text})
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--namespace" in err and "DYN_NAMESPACE" in err and "Traceback" not in err

@@ -54,14 +54,27 @@ def _check_host(host: str) -> None:
     if not host.isascii():
         raise ValueError(f"host {host!r} is not ASCII (write an IDN in its xn-- form)")
     name = host[:-1] if host.endswith(".") else host
-    if len(name) > 253 or not all(_HOST_LABEL.match(label) for label in name.split(".")):
+    if len(name) > 253 or not all(_HOST_LABEL.fullmatch(label) for label in name.split(".")):
         raise ValueError(f"{host!r} is not a valid host name or IP address")
+    last_label = name.rsplit(".", 1)[-1]
+    if last_label.isdigit() or last_label.lower().startswith("0x"):
+        # As the Host kind says: resolvers read "1.2.3" and "0x7f.1" as IPv4 addresses.
+        raise ValueError(
+            f"{host!r} is not a valid IP address, nor a host name (no top-level domain is numeric)"
+        )
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def parse_endpoint(text: str) -> EtcdEndpoint:
     item = text.strip()
     if not item:
         raise ValueError("empty endpoint")
+    if _CONTROL.search(item):
+        # urlsplit would silently drop a tab or newline inside the URL ("loc\nalhost" would
+        # become localhost): a pasted control character is a mistake, not part of a name.
+        raise ValueError(f"endpoint {item!r} must not contain control characters")
     if "://" not in item:
         item = "http://" + item
     parts = urlsplit(item)

@@ -85,12 +85,16 @@ class NamespaceKind:
     _pattern = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
     def parse(self, text: str) -> str:
-        if not (text.isascii() and self._pattern.match(text)):
+        # ASCII blanks around the value are forgiven, as for every other option (a ConfigMap's
+        # trailing newline); fullmatch, since "$" would also match before a final newline and
+        # let "dyn\n" become a key prefix that no process without the newline ever reads.
+        name = text.strip(" \t\r\n")
+        if not (name.isascii() and self._pattern.fullmatch(name)):
             raise ValueError(
                 "must be 1-63 ASCII letters, digits, '.', '_' or '-', starting with a letter or "
                 "digit"
             )
-        return text
+        return name
 
     def describe(self) -> str:
         return "name (letters, digits, `.`, `_`, `-`)"
