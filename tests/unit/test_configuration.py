@@ -227,6 +227,18 @@ def test_finite_float_bounds():
         FiniteFloat(1.0).parse("0.999")
     with pytest.raises(ValueError, match=">= 0"):
         FiniteFloat(0.0).parse("-0.001")
+    bounded = FiniteFloat(1.0, maximum=3600.0)
+    assert bounded.parse("3600") == 3600.0
+    with pytest.raises(ValueError, match="between 1 and 3600"):
+        bounded.parse("3600.5")
+
+
+def test_a_discovery_ttl_no_lease_store_can_hold_exits_2(capsys):
+    """etcd refuses a lease over 9e9 s and aetcd cannot encode one over 2**63: such a TTL left
+    the worker retrying its registration for ever (not ready, a WARNING naming etcd, not the
+    option). Refused at parse time instead, naming flag and env var."""
+    err = expect_exit_2(capsys, PARSERS["python -m dynamo.vllm"], [], {"DYN_DISCOVERY_TTL": "1e10"})
+    assert_names_flag_env_and_value(err, "--discovery-ttl", "DYN_DISCOVERY_TTL", "1e10")
 
 
 def test_int_range_bounds():
@@ -370,6 +382,8 @@ def bad_values(option: Option) -> list[str]:
     kind = option.kind
     if isinstance(kind, FiniteFloat):
         below = [f"{kind.minimum - 1:g}"] + ([f"{kind.minimum / 2:g}"] if kind.minimum > 0 else [])
+        if kind.maximum is not None:
+            below += [f"{kind.maximum + 0.5:g}", f"{kind.maximum * 1e6:g}", "1e300"]
         return [
             "nan", "NaN", "inf", "-inf", "+Infinity", "1e309", "-1e309", "", "  ", "abc",
             "1,5", "1_0", "0x10", "1.5.2", "1e", "e5", "..5", "\uff11.\uff15",

@@ -39,11 +39,16 @@ DISCOVERY_DIR = Option(
     ),
 )
 
+# An hour: a dead worker keeps its traffic for up to one TTL, so anything longer is a typo. (etcd
+# refuses leases over 9e9 s, and aetcd cannot even encode one over 2**63: without a bound, such a
+# TTL left the worker retrying a registration that could never succeed, not ready forever.)
+MAX_DISCOVERY_TTL_S = 3600.0
+
 DISCOVERY_TTL = Option(
     name="discovery-ttl",
     env_var="DYN_DISCOVERY_TTL",
     default=DEFAULT_LEASE_TTL_S,
-    kind=FiniteFloat(minimum=1.0),
+    kind=FiniteFloat(minimum=1.0, maximum=MAX_DISCOVERY_TTL_S),
     metavar="SECONDS",
     help=(
         "Lease of a discovery record, in seconds. file: a worker rewrites its record every 1/"

@@ -51,9 +51,10 @@ def parse_bool_word(text: str) -> bool:
 
 @dataclass(frozen=True)
 class FiniteFloat:
-    """A finite number no smaller than ``minimum``."""
+    """A finite number no smaller than ``minimum`` (and no larger than ``maximum``, if set)."""
 
     minimum: float = 0.0
+    maximum: float | None = None
 
     def parse(self, text: str) -> float:
         word = text.strip(_ASCII_BLANKS)
@@ -64,12 +65,17 @@ class FiniteFloat:
         value = float(word)
         if not math.isfinite(value):  # covers nan, inf, -inf and overflow such as 1e309
             raise ValueError("must be a finite number")
-        if value < self.minimum:
-            raise ValueError(f"must be >= {self.minimum:g}")
+        if value < self.minimum or (self.maximum is not None and value > self.maximum):
+            raise ValueError(f"must be {self.describe_range()}")
         return value
 
+    def describe_range(self) -> str:
+        if self.maximum is None:
+            return f">= {self.minimum:g}"
+        return f"between {self.minimum:g} and {self.maximum:g}"
+
     def describe(self) -> str:
-        return f"number >= {self.minimum:g}"
+        return f"number {self.describe_range()}"
 
 
 @dataclass(frozen=True)
