@@ -165,6 +165,18 @@ MALFORMED = {
     "registered-at-object": json.dumps(
         {"model": "m", "endpoint": "http://x", "instance_id": "x", "registered_at": {}}
     ),
+    # Endpoints no request can reach: each failed every request routed to it, the first with a
+    # 500 and a traceback (the resolver's IDNA codec), the second by meaning port 5.
+    "endpoint-long-label": json.dumps(
+        {"model": "m", "endpoint": "http://" + "a" * 64 + ":1", "instance_id": "x"}
+    ),
+    "endpoint-fullwidth-port": json.dumps(
+        {"model": "m", "endpoint": "http://127.0.0.1:\uff15", "instance_id": "x"}
+    ),
+    "endpoint-not-http": json.dumps(
+        {"model": "m", "endpoint": "file:///etc/passwd", "instance_id": "x"}
+    ),
+    "endpoint-not-a-url": json.dumps({"model": "m", "endpoint": "not a url", "instance_id": "x"}),
     "array": "[1, 2, 3]",
     "number": "42",
     "null": "null",
@@ -303,3 +315,38 @@ def test_the_polling_task_reports_a_record_and_stops_cleanly(tmp_path):
         return added
 
     assert asyncio.run(scenario()) == ["i1"]
+
+
+@pytest.mark.parametrize(
+    "endpoint",
+    ["http://x", "http://w:1", "http://127.0.0.1:40001", "http://[::1]:5", "http://[fd00::1]",
+     "http://worker-0.svc.cluster.local:8000/", "http://compose_worker_1:9000"],
+)  # fmt: skip
+def test_every_endpoint_a_worker_writes_is_read_back(endpoint):
+    record = ModelRecord(model="m", endpoint=endpoint)
+    assert ModelRecord.from_json(record.to_json()) == record
+
+
+@pytest.mark.parametrize(
+    "endpoint,reason",
+    [
+        ("http://" + "a" * 64 + ":1", "labels are 1-63 characters"),
+        ("http://a..b:1", "not a valid host name"),
+        ("http://127.0.0.1:\uff15", "ASCII"),
+        ("http://127.0.0.1:\u0663", "ASCII"),
+        ("http://h:+1", "[Pp]ort"),
+        ("http://h:0", "port"),
+        ("http://h:99999", "not a URL"),
+        ("http://[zz]:1", "not a URL"),
+        ("https://h:1", "must start with http://"),
+        ("h:1", "must start with http://"),
+        ("http://h:1/generate", "no path"),
+        ("http://u@h:1", "no path, query or user"),
+        ("http://h :1", "without blanks"),
+        ("http://h\n:1", "control characters"),
+    ],
+)
+def test_a_record_whose_endpoint_no_request_can_reach_is_malformed(endpoint, reason):
+    text = ModelRecord(model="m", endpoint=endpoint).to_json()
+    with pytest.raises(ValueError, match=reason.replace("+", r"\+")):
+        ModelRecord.from_json(text)

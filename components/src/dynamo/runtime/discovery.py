@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import ipaddress
 import json
 import logging
 import math
@@ -45,6 +46,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Awaitable, Callable, TypeVar
+from urllib.parse import urlsplit
 
 import pydantic
 
@@ -147,7 +149,50 @@ class ModelRecord:
         interval = record.heartbeat_interval_s
         if interval is not None and not (math.isfinite(interval) and interval > 0):
             raise ValueError("record field 'heartbeat_interval_s' must be a positive number")
+        problem = endpoint_problem(record.endpoint)
+        if problem is not None:
+            raise ValueError(f"record field 'endpoint' {record.endpoint[:200]!r}: {problem}")
         return record
+
+
+def endpoint_problem(endpoint: str) -> str | None:
+    """Why ``endpoint`` is not a request-plane URL a frontend can route to (None: it is).
+
+    What a worker writes: ``http://host[:port]``, the host an IP literal or an ASCII name the
+    resolver's IDNA codec takes (labels of 1-63 characters), the port ASCII digits. Checked when
+    a record is read, so a record that would fail every request routed to it (a 64-character
+    label fails in the IDNA codec: a 500 and a traceback per request; a fullwidth port digit
+    silently meant another port) is skipped with the one WARNING a malformed record gets.
+    """
+    if not endpoint.isascii() or any(ord(c) < 0x21 or ord(c) == 0x7F for c in endpoint):
+        return "must be ASCII, without blanks or control characters"
+    try:
+        parts = urlsplit(endpoint)
+        port = parts.port
+    except ValueError as exc:
+        return f"not a URL ({exc})"
+    if parts.scheme != "http":
+        return "must start with http://"
+    if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username is not None:
+        return "must be http://host:port (no path, query or user)"
+    host = parts.hostname
+    if not host:
+        return "has no host"
+    port_text = parts.netloc.rsplit("]", 1)[-1].partition(":")[2]  # after an IPv6 literal
+    if (port_text and not port_text.isdigit()) or port == 0:  # 3.10's urlsplit takes "+1"
+        return "the port must be between 1 and 65535"
+    try:
+        ipaddress.ip_address(host)
+        return None
+    except ValueError:
+        pass
+    try:
+        encoded = host.encode("idna")
+    except UnicodeError:
+        return f"host {host[:100]!r} is not a valid host name (labels are 1-63 characters)"
+    if len(encoded.rstrip(b".")) > 253 or ".." in host or host.startswith("."):
+        return f"host {host[:100]!r} is not a valid host name"
+    return None
 
 
 def _optional(convert: Callable, value: object):
