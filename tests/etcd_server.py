@@ -22,6 +22,9 @@ ETCD_MISSING_REASON = (
     "one with `apt-get install -y etcd-server` (Debian/Ubuntu) or from etcd's release page"
 )
 START_DEADLINE_S = 20.0
+# A port picked free (bound, then closed) can be taken by another process before etcd binds it:
+# the CI runs other suites on the same machine. A start that fails so is tried again.
+BIND_ATTEMPTS = 5
 _opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
@@ -32,10 +35,29 @@ def find_etcd() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def _two_free_ports() -> tuple[int, int]:
+    """Two distinct ports free now (both held bound while the second is picked)."""
+    with socket.socket() as first, socket.socket() as second:
+        first.bind(("127.0.0.1", 0))
+        second.bind(("127.0.0.1", 0))
+        return first.getsockname()[1], second.getsockname()[1]
+
+
+def _wait_until_free(*ports: int, deadline_s: float = 10.0) -> None:
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        try:
+            for port in ports:
+                with socket.socket() as sock:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as etcd binds
+                    sock.bind(("127.0.0.1", port))
+            return
+        except OSError:
+            time.sleep(0.1)  # polling interval of a condition wait
+
+
+class _PortTaken(Exception):
+    """etcd exited because another process holds one of its ports."""
 
 
 class EtcdServer:
@@ -45,16 +67,36 @@ class EtcdServer:
         self.binary = binary
         self.data_dir = directory / "etcd-data"
         self.log_path = directory / "etcd.log"
-        self.client_port = _free_port()
-        self.peer_port = _free_port()
+        self.client_port, self.peer_port = _two_free_ports()
         self.proc: subprocess.Popen | None = None
+        self.started_once = False
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.client_port}"
 
     def start(self) -> None:
+        """Start etcd and wait until it is healthy. If a port was taken meanwhile, the first
+        start picks new ones; a restart (which must keep its ports: clients know them) waits
+        for them to be free again."""
+        for attempt in range(1, BIND_ATTEMPTS + 1):
+            try:
+                self._start_once()
+                self.started_once = True
+                return
+            except _PortTaken:
+                if attempt == BIND_ATTEMPTS:
+                    raise RuntimeError(
+                        f"etcd could not bind its ports {BIND_ATTEMPTS} times:\n{self.log()}"
+                    ) from None
+                if not self.started_once:
+                    self.client_port, self.peer_port = _two_free_ports()
+                else:
+                    _wait_until_free(self.client_port, self.peer_port)
+
+    def _start_once(self) -> None:
         peer = f"http://127.0.0.1:{self.peer_port}"
+        log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [
@@ -76,6 +118,9 @@ class EtcdServer:
         deadline = time.monotonic() + START_DEADLINE_S
         while not self.healthy():
             if self.proc.poll() is not None:
+                if b"address already in use" in self.log_path.read_bytes()[log_offset:]:
+                    self.proc = None
+                    raise _PortTaken()
                 raise RuntimeError(f"etcd exited with {self.proc.returncode}:\n{self.log()}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"etcd not healthy after {START_DEADLINE_S} s:\n{self.log()}")
