@@ -347,10 +347,15 @@ class EtcdRegistration:
             await asyncio.wait([task])
         if self.lease_id is None:
             return
-        try:
+        async def revoke() -> None:
             client = await self.connection.client()
             # Revoking deletes the key with it: the frontend's watch sees the DELETE at once.
-            await asyncio.wait_for(client.revoke_lease(self.lease_id), REVOKE_TIMEOUT_S)
+            await client.revoke_lease(self.lease_id)
+
+        try:
+            # One bound for both: after an outage the client is rebuilt here, and with a user
+            # set that authenticates first (up to RPC_TIMEOUT_S), which the drain cannot wait.
+            await asyncio.wait_for(revoke(), REVOKE_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001 - the drain goes on; the TTL removes the key
             logger.warning(
                 "Discovery: cannot revoke lease %x at %s (%s); the record expires within %d s",
