@@ -45,11 +45,21 @@ def processor(card):
     return build_chat_processor(card)
 
 
+# Sockets that keep the dead endpoints' ports bound (never listening) until the process exits.
+_DEAD_PORT_HOLDERS: list[socket.socket] = []
+
+
 def dead_endpoint() -> str:
-    """A loopback port nobody listens on (bound, then closed): connections are refused."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+    """A loopback port nobody listens on: connections are refused.
+
+    The port stays bound (without listening) for the rest of the run: closed, it could be
+    handed to the next bind(0) (a test's own worker, or anything else on a shared CI machine)
+    or picked as the client's own port, and the "dead" worker would answer.
+    """
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    _DEAD_PORT_HOLDERS.append(sock)
+    return f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
 def chat(max_tokens: int | None = 12, stream: bool = False, **extra) -> dict:
@@ -793,3 +803,13 @@ def test_a_worker_refusing_the_model_name_is_still_the_workers_fault(card):
 
     statuses, refused, served = run(scenario)
     assert statuses == [200, 200] and refused == 1 and served == 2
+
+
+def test_a_dead_endpoint_stays_dead_while_the_run_lasts():
+    """Its port can be neither bound by anyone else nor connected to."""
+    port = int(dead_endpoint().rsplit(":", 1)[1])
+    with socket.socket() as other:
+        with pytest.raises(OSError):
+            other.bind(("127.0.0.1", port))
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()

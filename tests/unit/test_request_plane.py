@@ -349,16 +349,14 @@ def test_a_draining_worker_answers_503_and_the_client_raises():
     assert called == []
 
 
-def _closed_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_a_closed_port_is_worker_unavailable():
     async def scenario():
-        async with aiohttp.ClientSession() as session:
-            await collect(session, f"http://127.0.0.1:{_closed_port()}", REQUEST)
+        # Bound but not listening for the whole test: a port closed before the connect could be
+        # taken meanwhile by another process on a shared CI machine.
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            async with aiohttp.ClientSession() as session:
+                await collect(session, f"http://127.0.0.1:{sock.getsockname()[1]}", REQUEST)
 
     with pytest.raises(WorkerUnavailable, match="unreachable"):
         run(scenario())
