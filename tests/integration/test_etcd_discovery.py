@@ -391,3 +391,39 @@ def test_a_user_and_password_from_the_environment_authenticate_and_are_never_log
     assert password not in caplog.text + authed.describe()
     ours = [r for r in caplog.records if r.name.startswith("dynamo.")]
     assert not [r for r in ours if r.exc_info], "a traceback in our logs"
+
+
+def test_a_page_of_oversized_values_shrinks_the_pages_instead_of_blinding_the_watcher(
+    etcd_server, caplog, mocker
+):
+    """etcd takes values up to 1.5 MiB, over the record limit: LIST_PAGE of them exceeded the
+    gRPC message limit, and every list failed (RESOURCE_EXHAUSTED) for as long as they stayed,
+    so the frontend never became ready. Here the message limit is lowered to keep the test
+    light; the failure is the same."""
+    from dynamo.runtime import discovery_etcd
+
+    caplog.set_level(logging.INFO)
+    mocker.patch.dict(discovery_etcd.CHANNEL_OPTIONS, {"grpc.max_receive_message_length": 4 << 20})
+    backend = discovery(etcd_server)
+    prefix = backend.prefix.encode()
+    good = ModelRecord(model="good", endpoint="http://w:1")
+    seen = Seen()
+
+    async def scenario():
+        async with client(etcd_server) as c:
+            for i in range(10):
+                await c.put(prefix + b"junk-%d" % i, b" " * (MAX_RECORD_BYTES + 100 * 1024))
+            await c.put(prefix + good.instance_id.encode(), good.to_json().encode())
+            watcher = backend.watcher(on_add=seen.on_add, on_remove=seen.on_remove, ttl_s=5)
+            watcher.start()
+            try:
+                await until(lambda: watcher.state == "ok", what="a list that succeeds")
+                await until(lambda: seen.added, what="the good record")
+            finally:
+                await watcher.stop()
+                await c.delete_prefix(prefix)
+
+    asyncio.run(scenario())
+    assert [r.model for r in seen.added] == ["good"]
+    assert len(warnings(caplog, "Ignoring malformed discovery record")) == 10
+    assert not warnings(caplog, "cannot reach etcd")

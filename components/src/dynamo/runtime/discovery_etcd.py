@@ -455,15 +455,26 @@ class EtcdWatcher:
     async def _list(self, client: aetcd.Client) -> tuple[dict[bytes, tuple[bytes, int]], int]:
         """Every key under the prefix at one revision, in pages; and that revision."""
         end = aetcd.utils.prefix_range_end(self.prefix)
-        start, revision = self.prefix, 0
+        start, revision, limit = self.prefix, 0, LIST_PAGE
         found: dict[bytes, tuple[bytes, int]] = {}
         while True:
             request = aetcd.rpc.RangeRequest(
-                key=start, range_end=end, limit=LIST_PAGE, revision=revision
+                key=start, range_end=end, limit=limit, revision=revision
             )
-            response = await client.kvstub.Range(
-                request, timeout=RPC_TIMEOUT_S, metadata=client.metadata
-            )
+            try:
+                response = await client.kvstub.Range(
+                    request, timeout=RPC_TIMEOUT_S, metadata=client.metadata
+                )
+            except grpc.aio.AioRpcError as exc:
+                # A page over the message limit: etcd takes values up to its --max-request-bytes
+                # (1.5 MiB by default), over our record limit, and a page of such values would
+                # fail every list, leaving the frontend blind (never ready, or degraded) for as
+                # long as they stay. Smaller pages, down to one key; oversized records are then
+                # skipped one by one, each with its WARNING.
+                if exc.code() is grpc.StatusCode.RESOURCE_EXHAUSTED and limit > 1:
+                    limit //= 2
+                    continue
+                raise
             if revision == 0:
                 revision = response.header.revision  # later pages read the same snapshot
             for kv in response.kvs:
