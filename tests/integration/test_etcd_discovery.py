@@ -427,3 +427,23 @@ def test_a_page_of_oversized_values_shrinks_the_pages_instead_of_blinding_the_wa
     assert [r.model for r in seen.added] == ["good"]
     assert len(warnings(caplog, "Ignoring malformed discovery record")) == 10
     assert not warnings(caplog, "cannot reach etcd")
+
+
+def test_the_lease_quoted_in_the_logs_is_the_one_etcd_granted(etcd_server):
+    """etcd raises a 1 s lease to its minimum (2 s with default election timeouts): the worker
+    logged "etcd lease 1 s" while its record outlived a SIGKILL by 2 s."""
+    backend = discovery(etcd_server)
+
+    async def scenario():
+        registration = backend.registration(1.0)
+        try:
+            await registration.register(ModelRecord(model="m", endpoint="http://w:1"))
+            async with client(etcd_server) as c:
+                granted = (await c.get_lease_info(registration.lease_id)).grantedTTL
+            return granted, registration.describe_lease()
+        finally:
+            await registration.unregister()
+            await registration.close()
+
+    granted, described = asyncio.run(scenario())
+    assert granted >= 1 and described.startswith(f"etcd lease {granted} s,"), described

@@ -282,6 +282,10 @@ class EtcdRegistration:
             self.lease_id = None
             raise
         self.lease_id = lease.id
+        # etcd raises a TTL under its minimum (1.5 election timeouts: 2 s by default) without
+        # saying so but in its answer: the lines that quote the TTL say what etcd granted. The
+        # keep-alives stay paced on the TTL asked for, which is the shorter.
+        self.lease_ttl_s = max(self.lease_ttl_s, int(lease.ttl))
 
     async def register(self, record: ModelRecord) -> ModelRecord:
         self.record = record
