@@ -447,3 +447,43 @@ def test_the_lease_quoted_in_the_logs_is_the_one_etcd_granted(etcd_server):
 
     granted, described = asyncio.run(scenario())
     assert granted >= 1 and described.startswith(f"etcd lease {granted} s,"), described
+
+
+class _EndedWatch:
+    """A watch stream that ends at once without an error (what a proxy closing streams does)."""
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        raise StopAsyncIteration
+
+    async def cancel(self) -> None:
+        pass
+
+
+def test_a_watch_that_keeps_ending_quietly_is_backed_off_not_a_busy_loop(
+    etcd_server, caplog, mocker
+):
+    caplog.set_level(logging.DEBUG, logger="dynamo.runtime.discovery_etcd")
+    backend = discovery(etcd_server)
+    seen = Seen()
+
+    async def ended_watch(self, *args, **kwargs):
+        return _EndedWatch()
+
+    async def scenario():
+        mocker.patch.object(aetcd.Client, "watch_prefix", ended_watch)
+        watcher = backend.watcher(on_add=seen.on_add, on_remove=seen.on_remove, ttl_s=5)
+        watcher.start()
+        try:
+            await until(lambda: watcher.lists >= 4, what="four lists")
+            assert watcher.state == "ok"  # the lists work: nothing is degraded
+        finally:
+            await watcher.stop()
+
+    asyncio.run(scenario())
+    ends = [r for r in caplog.records if "ended before any event" in r.getMessage()]
+    delays = [float(r.getMessage().rsplit(" in ", 1)[1].split()[0]) for r in ends[:3]]
+    assert delays == [0.25, 0.5, 1.0]  # doubling, as every etcd retry here
+    assert [r.levelno for r in ends[:3]] == [logging.INFO, logging.DEBUG, logging.DEBUG]

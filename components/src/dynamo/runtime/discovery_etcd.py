@@ -523,6 +523,9 @@ class EtcdWatcher:
 
     async def run(self) -> None:
         backoff = Backoff()
+        # Watches that end without an error and without an event (a proxy or load balancer
+        # that closes streams, say): backed off, so they are not a busy loop of lists.
+        quiet_ends = Backoff()
         while True:
             try:
                 client = await self.connection.client()
@@ -545,15 +548,28 @@ class EtcdWatcher:
                         len(self.known),
                     )
                 watch = await client.watch_prefix(self.prefix, start_revision=revision + 1)
+                events = 0
                 try:
                     async for event in watch:
+                        events += 1
                         await self._apply(event)
                 finally:
                     try:
                         await watch.cancel()
                     except Exception:  # noqa: BLE001 - the stream may be gone already
                         pass
-                logger.info("Discovery: etcd watch stream ended; listing again")
+                if events:
+                    quiet_ends.reset()
+                    logger.info("Discovery: etcd watch stream ended; listing again")
+                    continue
+                delay = quiet_ends.next()
+                # The first of a run at INFO; the rest (ever further apart) at DEBUG.
+                (logger.info if delay == quiet_ends.initial_s else logger.debug)(
+                    "Discovery: etcd watch stream ended before any event; listing again in "
+                    "%.2f s",
+                    delay,
+                )
+                await asyncio.sleep(delay)
             except asyncio.CancelledError:
                 raise
             except aetcd.exceptions.RevisionCompactedError as exc:
