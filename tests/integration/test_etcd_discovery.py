@@ -168,6 +168,9 @@ def test_malformed_and_oversized_records_get_one_warning_each_and_are_skipped(
                 await until(lambda: watcher.state == "ok")
                 await c.put(prefix + good.instance_id.encode(), good.to_json().encode())
                 await until(lambda: seen.added, what="the good record")
+                # The same instance under a second key: ignored, with one WARNING.
+                await c.put(prefix + b"copy", good.to_json().encode())
+                await until(lambda: warnings(caplog, "is already registered"))
                 # The watch stream breaks (etcd restarts): the re-list must not warn again
                 # about the same versions of the same keys.
                 etcd_server.stop()
@@ -183,6 +186,8 @@ def test_malformed_and_oversized_records_get_one_warning_each_and_are_skipped(
     assert len(malformed) == 2, malformed
     assert any("garbage" in w for w in malformed)
     assert any("huge" in w and f"{MAX_RECORD_BYTES}-byte record limit" in w for w in malformed)
+    (duplicate,) = warnings(caplog, "is already registered")
+    assert "copy" in duplicate and good.instance_id in duplicate
 
 
 def test_an_outage_keeps_the_known_instances_and_logs_once(etcd_server, caplog):

@@ -396,6 +396,8 @@ class EtcdWatcher:
         self.known: dict[str, ModelRecord] = {}  # by instance id
         self._by_key: dict[bytes, ModelRecord] = {}
         self._rejected: dict[bytes, int] = {}  # key -> mod revision last warned about
+        # Keys holding an instance already known under another key -> the revision warned about.
+        self._duplicates: dict[bytes, int] = {}
         self.state = STATE_CONNECTING
         self.lists = 0  # full lists done (the first, and one per re-list)
         self._connect_warned = False
@@ -425,7 +427,7 @@ class EtcdWatcher:
             )
         return None
 
-    async def _set(self, key: bytes, record: ModelRecord | None) -> None:
+    async def _set(self, key: bytes, record: ModelRecord | None, mod_revision: int = 0) -> None:
         old = self._by_key.get(key)
         if old == record:
             return
@@ -436,12 +438,18 @@ class EtcdWatcher:
                 await self._call(self.on_remove, old)
         if record is not None:
             if record.instance_id in self.known:  # the same instance under a second key
-                logger.warning(
-                    "Ignoring discovery record %s: instance %s is already registered",
-                    key.decode(errors="replace"),
-                    record.instance_id,
-                )
+                # One WARNING per version of the key, not one per re-list.
+                if self._duplicates.get(key) != mod_revision:
+                    self._duplicates[key] = mod_revision
+                    logger.warning(
+                        "Ignoring discovery record %s (revision %d): instance %s is already "
+                        "registered",
+                        key.decode(errors="replace"),
+                        mod_revision,
+                        record.instance_id,
+                    )
                 return
+            self._duplicates.pop(key, None)
             self._by_key[key] = record
             self.known[record.instance_id] = record
             await self._call(self.on_add, record)
@@ -490,18 +498,21 @@ class EtcdWatcher:
     async def _reconcile(self, listing: dict[bytes, tuple[bytes, int]]) -> None:
         for key in [k for k in self._by_key if k not in listing]:
             await self._set(key, None)
-        for key in [k for k in self._rejected if k not in listing]:
-            del self._rejected[key]
+        for forgotten in (self._rejected, self._duplicates):
+            for key in [k for k in forgotten if k not in listing]:
+                del forgotten[key]
         for key, (value, mod_revision) in listing.items():
-            await self._set(key, self._decode(key, value, mod_revision))
+            await self._set(key, self._decode(key, value, mod_revision), mod_revision)
 
     async def _apply(self, event) -> None:
         key = event.kv.key
         if event.kind == aetcd.rtypes.EventKind.DELETE:
             self._rejected.pop(key, None)
+            self._duplicates.pop(key, None)
             await self._set(key, None)
         else:
-            await self._set(key, self._decode(key, event.kv.value, event.kv.mod_revision))
+            revision = event.kv.mod_revision
+            await self._set(key, self._decode(key, event.kv.value, revision), revision)
 
     def _went_down(self, exc: BaseException) -> None:
         """One WARNING per outage (and one while never connected), then quiet retries."""
