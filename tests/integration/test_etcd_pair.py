@@ -9,9 +9,11 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 import aetcd
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from dynamo.runtime.discovery import ModelRecord
 from tests.integration import harness
@@ -124,6 +126,19 @@ def test_sigkill_leaves_after_the_ttl_and_the_other_worker_serves(
             process.stop()
 
 
+LOOPBACK = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # no proxy, ever
+
+
+def degraded_gauge(url: str) -> float:
+    """The frontend's dynamo_discovery_degraded gauge, from its /metrics."""
+    with LOOPBACK.open(url + "/metrics", timeout=10) as response:
+        for family in text_string_to_metric_families(response.read().decode()):
+            if family.name == "dynamo_discovery_degraded":
+                (sample,) = family.samples
+                return sample.value
+    raise AssertionError("no dynamo_discovery_degraded on /metrics")
+
+
 def test_etcd_restarted_after_the_ttl_under_load(etcd_server, tmp_path):
     """etcd stopped for longer than the TTL, restarted on the same data dir, while the pair
     serves: no request fails, the worker registers again, no instance twice, views agree."""
@@ -156,6 +171,7 @@ def test_etcd_restarted_after_the_ttl_under_load(etcd_server, tmp_path):
         worker.wait_for_log(r"Discovery: lost etcd", deadline_s=20)
         status, health = request("GET", url + "/health")
         assert (status, health.get("discovery")) == (200, "degraded")
+        assert degraded_gauge(url) == 1.0  # what a dashboard or an alert reads
         # Stopped for longer than the lease, measured by requests served meanwhile.
         outage_ends = time.monotonic() + float(TTL) + 1.0
         wait_until(lambda: time.monotonic() > outage_ends, deadline_s=10, what="the outage")
@@ -171,6 +187,7 @@ def test_etcd_restarted_after_the_ttl_under_load(etcd_server, tmp_path):
         assert after.instance_id == before.instance_id  # the same instance, once
         status, health = request("GET", url + "/health")
         assert status == 200 and "discovery" not in health and health["models"] == 1
+        assert degraded_gauge(url) == 0.0
     finally:
         stop.set()
         worker.stop()
