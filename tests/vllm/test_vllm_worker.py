@@ -84,6 +84,9 @@ def real_vllm(tiny_model, tmp_path_factory) -> RealVllm:
             directory,
             "--gc-pause-log-ms", "1",
             "--served-model-name", SERVED_NAME,
+            # Upstream's path for the extension, with the policy off (the default): an
+            # upstream manifest that sets it by hand on a serving worker must work unchanged.
+            "--worker-extension-cls", "dynamo.vllm.gc_policy.FpmGcWorkerExtension",
         )  # fmt: skip
         processes.append(frozen)
         unfrozen = _worker(
@@ -179,6 +182,13 @@ def test_parent_freezes_its_real_heap_after_engine_init_and_before_register_mode
     engine_done = log.index("Engine init done")
     registered = REGISTERED_LINE.search(log).start()
     assert engine_done < freezes[0].start() < registered
+
+
+def test_upstreams_extension_path_with_the_policy_off_loads_and_serves(real_vllm):
+    log = real_vllm.frozen.log()
+    assert "Injected <class 'dynamo.vllm.gc_policy.FpmGcWorkerExtension'>" in log, log
+    assert "GC policy started" not in log  # off: the extension is loaded and does nothing
+    assert REGISTERED_LINE.search(log) is not None and "Traceback" not in log
 
 
 def test_no_freeze_gc_heap_leaves_the_real_parent_unfrozen(real_vllm):
