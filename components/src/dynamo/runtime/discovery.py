@@ -169,6 +169,9 @@ def endpoint_problem(endpoint: str) -> str | None:
     try:
         parts = urlsplit(endpoint)
         port = parts.port
+        if "[" in parts.netloc:
+            # A bracketed host is an IPv6 literal: 3.11's urlsplit checks it, 3.10's does not.
+            ipaddress.IPv6Address(parts.hostname or "")
     except ValueError as exc:
         return f"not a URL ({exc})"
     if parts.scheme != "http":
