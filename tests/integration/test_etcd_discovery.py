@@ -492,3 +492,33 @@ def test_a_watch_that_keeps_ending_quietly_is_backed_off_not_a_busy_loop(
     delays = [float(r.getMessage().rsplit(" in ", 1)[1].split()[0]) for r in ends[:3]]
     assert delays == [0.25, 0.5, 1.0]  # doubling, as every etcd retry here
     assert [r.levelno for r in ends[:3]] == [logging.INFO, logging.DEBUG, logging.DEBUG]
+
+
+def test_a_watch_cancel_that_never_answers_does_not_hang_the_stop(etcd_server, mocker):
+    """aetcd's cancel waits on its lock and a bounded queue with no deadline of its own: the
+    watcher's stop (the frontend's shutdown) must end anyway."""
+    real_watch_prefix = aetcd.Client.watch_prefix
+    seen = Seen()
+    watches = []
+
+    async def watch_whose_cancel_hangs(self, *args, **kwargs):
+        watch = await real_watch_prefix(self, *args, **kwargs)
+
+        async def never_answers() -> None:
+            await asyncio.Event().wait()
+
+        watch.cancel = never_answers
+        watches.append(watch)
+        return watch
+
+    async def scenario():
+        mocker.patch.object(aetcd.Client, "watch_prefix", watch_whose_cancel_hangs)
+        watcher = discovery(etcd_server).watcher(
+            on_add=seen.on_add, on_remove=seen.on_remove, ttl_s=5
+        )
+        watcher.start()
+        await until(lambda: watches, what="the watch")  # the watcher is in it now
+        # Unbounded, this never returns: the test's own bound turns that into a failure.
+        await asyncio.wait_for(watcher.stop(), timeout=30)
+
+    asyncio.run(scenario())

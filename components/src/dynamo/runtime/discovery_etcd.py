@@ -53,6 +53,12 @@ TLS_ENVS = ("ETCD_AUTH_CA", "ETCD_AUTH_CLIENT_CERT", "ETCD_AUTH_CLIENT_KEY")
 RPC_TIMEOUT_S = 5.0
 # How long the drain waits for the lease revocation before leaving the key to its TTL.
 REVOKE_TIMEOUT_S = 2.0
+# Every await on aetcd or gRPC is bounded on the asyncio side too, a little past gRPC's own
+# deadline: a completion that never arrives (a call queued behind aetcd's watch lock or its
+# bounded request queue, a gRPC event that reaches no loop) must fail like any other RPC, never
+# hang the keep-alive, the watcher, a stop or a drain. Closing a client gets a shorter bound.
+CALL_BOUND_S = RPC_TIMEOUT_S + 1.0
+CLOSE_BOUND_S = 2.0
 BACKOFF_INITIAL_S = 0.25
 BACKOFF_MAX_S = 5.0
 # Keys per range request when listing: a page of records at the size limit still fits in one
@@ -162,7 +168,8 @@ class EtcdConnection:
                 timeout=RPC_TIMEOUT_S,
                 options=CHANNEL_OPTIONS,
             )
-            await client.connect()  # opens the channel; authenticates when a user is set
+            # Opens the channel; authenticates when a user is set.
+            await asyncio.wait_for(client.connect(), CALL_BOUND_S)
             self._client = client
         return self._client
 
@@ -172,7 +179,7 @@ class EtcdConnection:
         self._index = (self._index + 1) % len(self.endpoints)
         if client is not None:
             try:
-                await client.close()
+                await asyncio.wait_for(client.close(), CLOSE_BOUND_S)
             except Exception:  # noqa: BLE001 - a broken channel may fail to close; it is gone
                 pass
 
@@ -180,7 +187,7 @@ class EtcdConnection:
         client, self._client = self._client, None
         if client is not None:
             try:
-                await client.close()
+                await asyncio.wait_for(client.close(), CLOSE_BOUND_S)
             except Exception:  # noqa: BLE001
                 pass
 
@@ -266,7 +273,7 @@ class EtcdRegistration:
     async def connect(self) -> None:
         async def probe() -> None:
             client = await self.connection.client()
-            await client.get(self.prefix.encode())
+            await asyncio.wait_for(client.get(self.prefix.encode()), CALL_BOUND_S)
 
         await self._until_done("reach etcd", probe)
         logger.info("Discovery: connected to etcd at %s", self.connection.url)
@@ -274,10 +281,12 @@ class EtcdRegistration:
     async def _put_with_new_lease(self) -> None:
         assert self.record is not None
         client = await self.connection.client()
-        lease = await client.lease(self.lease_ttl_s)
+        lease = await asyncio.wait_for(client.lease(self.lease_ttl_s), CALL_BOUND_S)
         try:
             value = self.record.to_json().encode()
-            await client.put(self.key(self.record), value, lease=lease.id)
+            await asyncio.wait_for(
+                client.put(self.key(self.record), value, lease=lease.id), CALL_BOUND_S
+            )
         except BaseException:
             self.lease_id = None
             raise
@@ -301,7 +310,7 @@ class EtcdRegistration:
     async def _refresh(self) -> bool:
         """Keep the lease alive; False when it has expired (etcd forgot it and the key)."""
         client = await self.connection.client()
-        reply = await client.refresh_lease(self.lease_id)
+        reply = await asyncio.wait_for(client.refresh_lease(self.lease_id), CALL_BOUND_S)
         return reply is not None and reply.TTL > 0
 
     async def _keep_alive(self) -> None:
@@ -348,7 +357,7 @@ class EtcdRegistration:
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
-            await asyncio.wait([task])
+            await asyncio.wait([task], timeout=CALL_BOUND_S)  # the drain goes on regardless
         if self.lease_id is None:
             return
         async def revoke() -> None:
@@ -474,8 +483,9 @@ class EtcdWatcher:
                 key=start, range_end=end, limit=limit, revision=revision
             )
             try:
-                response = await client.kvstub.Range(
-                    request, timeout=RPC_TIMEOUT_S, metadata=client.metadata
+                response = await asyncio.wait_for(
+                    client.kvstub.Range(request, timeout=RPC_TIMEOUT_S, metadata=client.metadata),
+                    CALL_BOUND_S,
                 )
             except grpc.aio.AioRpcError as exc:
                 # A page over the message limit: etcd takes values up to its --max-request-bytes
@@ -558,7 +568,9 @@ class EtcdWatcher:
                         self.connection.url,
                         len(self.known),
                     )
-                watch = await client.watch_prefix(self.prefix, start_revision=revision + 1)
+                watch = await asyncio.wait_for(
+                    client.watch_prefix(self.prefix, start_revision=revision + 1), CALL_BOUND_S
+                )
                 events = 0
                 try:
                     async for event in watch:
@@ -566,7 +578,7 @@ class EtcdWatcher:
                         await self._apply(event)
                 finally:
                     try:
-                        await watch.cancel()
+                        await asyncio.wait_for(watch.cancel(), CALL_BOUND_S)
                     except Exception:  # noqa: BLE001 - the stream may be gone already
                         pass
                 if events:
@@ -604,5 +616,5 @@ class EtcdWatcher:
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
-            await asyncio.wait([task])
+            await asyncio.wait([task], timeout=CALL_BOUND_S)  # shutdown goes on regardless
         await self.connection.close()
