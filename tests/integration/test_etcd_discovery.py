@@ -522,3 +522,32 @@ def test_a_watch_cancel_that_never_answers_does_not_hang_the_stop(etcd_server, m
         await asyncio.wait_for(watcher.stop(), timeout=30)
 
     asyncio.run(scenario())
+
+
+def test_a_keep_alive_that_outlives_its_unregister_never_puts_the_record_back(etcd_server):
+    """unregister() waits for the keep-alive task within a bound; should the task outlive it,
+    its next round finds the record revoked and must not register it again."""
+    backend = discovery(etcd_server)
+    prefix = backend.prefix.encode()
+
+    async def scenario():
+        registration = backend.registration(2.0)
+        await registration.connect()
+        await registration.register(ModelRecord(model="m", endpoint="http://w:1"))
+        keep_alive = registration._task
+        async with client(etcd_server) as c:
+            try:
+                # What unregister() leaves when its bounded wait ends first: the task running,
+                # no longer the registration's, the lease revoked.
+                registration._task = None
+                await c.revoke_lease(registration.lease_id)
+                registration.lease_id = None
+                # Three rounds of the keep-alive, each of which would re-register.
+                await asyncio.sleep(3 * registration.keepalive_interval_s)  # the rounds' pace
+                return keep_alive.done(), len((await c.get_prefix(prefix)).kvs)
+            finally:
+                keep_alive.cancel()
+                await registration.close()
+
+    ended, records = asyncio.run(scenario())
+    assert ended and records == 0

@@ -319,6 +319,10 @@ class EtcdRegistration:
         delay = self.keepalive_interval_s
         while True:
             await asyncio.sleep(delay)
+            if self._task is not asyncio.current_task():
+                # Unregistered meanwhile (its wait for this task is bounded): a record revoked
+                # for the drain is never put back.
+                return
             try:
                 if self.lease_id is not None and await self._refresh():
                     if lost:
