@@ -83,6 +83,8 @@ CHANNEL_OPTIONS = {
 DEGRADED_LINE = "Discovery degraded: lost etcd at %s (%s); still routing to the %d instance(s) known, retrying with back-off"  # noqa: E501
 WORKER_LOST_LINE = "Discovery: lost etcd at %s (%s); still serving, retrying with back-off (the record expires after %d s if this lasts, and is put back when etcd is reachable again)"  # noqa: E501
 REREGISTERED_LINE = "Discovery: lease expired; registered again in etcd at %s with lease %x (instance %s)"  # noqa: E501
+QUIET_END_LINE = "Discovery: etcd watch stream ended before any event; listing again in %.2f s"
+DUPLICATE_LINE = "Ignoring discovery record %s (revision %d): instance %s is already registered"
 
 
 class EtcdSettingsError(ValueError):
@@ -455,8 +457,7 @@ class EtcdWatcher:
                 if self._duplicates.get(key) != mod_revision:
                     self._duplicates[key] = mod_revision
                     logger.warning(
-                        "Ignoring discovery record %s (revision %d): instance %s is already "
-                        "registered",
+                        DUPLICATE_LINE,
                         key.decode(errors="replace"),
                         mod_revision,
                         record.instance_id,
@@ -592,9 +593,7 @@ class EtcdWatcher:
                 delay = quiet_ends.next()
                 # The first of a run at INFO; the rest (ever further apart) at DEBUG.
                 (logger.info if delay == quiet_ends.initial_s else logger.debug)(
-                    "Discovery: etcd watch stream ended before any event; listing again in "
-                    "%.2f s",
-                    delay,
+                    QUIET_END_LINE, delay
                 )
                 await asyncio.sleep(delay)
             except asyncio.CancelledError:
