@@ -189,10 +189,6 @@ class HfTokenizer:
         # need not be contiguous). Read once: the vocabulary dict is built for it and dropped.
         self.max_token_id = max(self._tokenizer.get_vocab(with_added_tokens=True).values())
 
-    @property
-    def vocab_size(self) -> int:
-        return self._tokenizer.get_vocab_size(with_added_tokens=True)
-
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
         return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
