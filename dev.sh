@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The project's two commands. Each sets itself up on a fresh clone (a virtual environment per
-# Python version, with the package and its test extra) and is harmless to run twice.
+# Python version, with the package and its test and lint extras) and is harmless to run twice.
 #
 #   ./dev.sh icebox [args...]   start the "icebox" pair: a frontend and a mock worker on loopback,
 #                               GC heaps frozen, pause logger on; Ctrl-C stops both
 #   ./dev.sh test [pytest args] run the test suite
+#   ./dev.sh lint               ruff (lint, format check) and mypy over components/, scripts/, tests/
 #
 # PYTHON=/path/to/python3.X picks the interpreter (default: python3); each version gets its own
 # .venv-3.X so switching is cheap.
@@ -29,8 +30,8 @@ ensure_venv() {
   # Reinstall only when the dependency declarations change.
   stamp="$venv/.installed-$(cksum pyproject.toml | cut -d' ' -f1)"
   if [ ! -f "$stamp" ]; then
-    echo "dev.sh: installing the package and its test extra into $venv" >&2
-    "$venv/bin/python" -m pip install --quiet -e ".[test]" >&2
+    echo "dev.sh: installing the package and its test and lint extras into $venv" >&2
+    "$venv/bin/python" -m pip install --quiet -e ".[test,lint]" >&2
     rm -f "$venv"/.installed-*
     touch "$stamp"
   fi
@@ -57,8 +58,18 @@ case "$command" in
     fi
     exit "$rc"
     ;;
+  lint)
+    ensure_venv
+    set +e
+    rc=0
+    "$VENV_PYTHON" -m ruff check components scripts tests || rc=1
+    "$VENV_PYTHON" -m ruff format --check components scripts tests || rc=1
+    "$VENV_PYTHON" -m mypy components/src/dynamo scripts tests || rc=1
+    set -e
+    exit "$rc"
+    ;;
   *)
-    sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
     ;;
 esac

@@ -92,22 +92,32 @@ PROCESS_ORDER = ("main", "vllm EngineCore", "vllm rank")
 ATTRIBUTION_SLACK_S = 0.002
 
 
-def run_until_sweep_done(argv: list[str], log_path: Path, *, env: dict, label: str,
-                         deadline_s: float, stop_s: float) -> None:
+def run_until_sweep_done(
+    argv: list[str], log_path: Path, *, env: dict, label: str, deadline_s: float, stop_s: float
+) -> None:
     """Run a worker until it logs ``Self-benchmark done``, then stop it with SIGTERM (it would go
     on to register and serve); its output goes to ``log_path``."""
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env, cwd=bc.REPO_ROOT)
+        proc = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=bc.REPO_ROOT,
+        )
         try:
             end = time.monotonic() + deadline_s
             while DONE_LINE.search(log_path.read_bytes()) is None:
                 if proc.poll() is not None:
-                    raise RuntimeError(f"{label} exited with {proc.returncode}:"
-                                       f"\n{log_path.read_text(errors='replace')[-3000:]}")
+                    raise RuntimeError(
+                        f"{label} exited with {proc.returncode}:"
+                        f"\n{log_path.read_text(errors='replace')[-3000:]}"
+                    )
                 if time.monotonic() > end:
-                    raise TimeoutError(f"{label} did not finish its self-benchmark within "
-                                       f"{deadline_s:.0f}s")
+                    raise TimeoutError(
+                        f"{label} did not finish its self-benchmark within {deadline_s:.0f}s"
+                    )
                 time.sleep(0.2)  # polling interval of a condition wait
         finally:
             if proc.poll() is None:
@@ -130,17 +140,24 @@ def run_vllm_worker(args, policy: str, points: int, work_dir: Path, deadline_s: 
         "--self-benchmark-points", str(points), "--self-benchmark-output", str(output),
         "--fpm-gc-policy", policy, *bc.VLLM_ARGS,
     ]  # fmt: skip
-    run_until_sweep_done(argv, log_path, env=bc.child_env(bc.OFFLINE_ENV),
-                         label=f"vLLM worker ({policy})", deadline_s=deadline_s, stop_s=90)
+    run_until_sweep_done(
+        argv,
+        log_path,
+        env=bc.child_env(bc.OFFLINE_ENV),
+        label=f"vLLM worker ({policy})",
+        deadline_s=deadline_s,
+        stop_s=90,
+    )
     log_bytes = log_path.read_bytes()
-    sweep = log_bytes[log_bytes.index(START_LINE):DONE_LINE.search(log_bytes).end()]
+    sweep = log_bytes[log_bytes.index(START_LINE) : DONE_LINE.search(log_bytes).end()]
     rows = [json.loads(line) for line in output.read_text().splitlines() if line.strip()]
     reports = [json.loads(m.group(1)) for m in REPORT_LINE.finditer(sweep)]
     pauses = []
     for stamp, pid, generation, ms in TIMED_PAUSE_LINE.findall(log_bytes):
         ended = datetime.datetime.strptime(stamp.decode(), "%Y-%m-%d %H:%M:%S,%f").timestamp()
-        pauses.append({"pid": int(pid), "generation": int(generation), "ms": float(ms),
-                       "ended_unix": ended})
+        pauses.append(
+            {"pid": int(pid), "generation": int(generation), "ms": float(ms), "ended_unix": ended}
+        )
     return {
         "policy": policy,
         "rows": rows,
@@ -167,9 +184,14 @@ def analyse_processes(run: dict, analysis: dict, stall_ms: float) -> dict:
         if start is None or end is None:
             continue
         pid_label[start["pid"]] = label
-        in_sweep = [p for p in run["pauses"] if p["pid"] == start["pid"]
-                    and sweep_begin - ATTRIBUTION_SLACK_S <= p["ended_unix"]
-                    <= sweep_end + ATTRIBUTION_SLACK_S]
+        in_sweep = [
+            p
+            for p in run["pauses"]
+            if p["pid"] == start["pid"]
+            and sweep_begin - ATTRIBUTION_SLACK_S
+            <= p["ended_unix"]
+            <= sweep_end + ATTRIBUTION_SLACK_S
+        ]
         # Only a pause that overlaps a measured window can stall a point; the others ran
         # between points (the policy's gc_maintain windows, the reports' untimed calls).
         pauses = [p for p in in_sweep if _overlapping_points(p, rows)]
@@ -199,12 +221,21 @@ def analyse_processes(run: dict, analysis: dict, stall_ms: float) -> dict:
         if label is None:
             continue
         for index in set(_overlapping_points(pause, rows)) & stall_set:
-            attributed.append({"index": index, "process": label, "pause_ms": pause["ms"],
-                               "generation": pause["generation"]})
+            attributed.append(
+                {
+                    "index": index,
+                    "process": label,
+                    "pause_ms": pause["ms"],
+                    "generation": pause["generation"],
+                }
+            )
     for item in attributed:
         processes[item["process"]]["stalls_attributed"] += 1
-    return {"processes": processes, "attributed_stalls": attributed,
-            "unattributed_stalls": len(stall_set - {a["index"] for a in attributed})}
+    return {
+        "processes": processes,
+        "attributed_stalls": attributed,
+        "unattributed_stalls": len(stall_set - {a["index"] for a in attributed}),
+    }
 
 
 def _overlapping_points(pause: dict, rows: list[dict]) -> list[int]:
@@ -232,10 +263,15 @@ def plot_vllm(args, runs: list[dict]):
     colors = {"off": "C3", "freeze": "C0"}
     for run in [r for r in runs if r["pass"] == 0]:
         a = run["analysis"]
-        ax.scatter([row["point"] for row in run["rows"]], [row["wall_ms"] for row in run["rows"]],
-                   s=3, alpha=0.5, color=colors[run["policy"]],
-                   label=f"policy {run['policy']}: {a['stalls']} stalls >= {args.stall_ms:g} ms "
-                         f"over their point's median, longest {a['max_stall_ms']:.0f} ms")
+        ax.scatter(
+            [row["point"] for row in run["rows"]],
+            [row["wall_ms"] for row in run["rows"]],
+            s=3,
+            alpha=0.5,
+            color=colors[run["policy"]],
+            label=f"policy {run['policy']}: {a['stalls']} stalls >= {args.stall_ms:g} ms "
+            f"over their point's median, longest {a['max_stall_ms']:.0f} ms",
+        )
     ax.set_yscale("log")
     ax.set_xlabel("point index in the sweep")
     ax.set_ylabel("forward_pass wall ms (main process)")
@@ -260,13 +296,19 @@ def main_vllm(args) -> int:
         "benchmark": VLLM_NAME,
         "mode": mode,
         "machine": bc.machine_info(),
-        "settings": {"points": points, "passes": passes, "stall_ms": args.stall_ms,
-                     "pause_log_ms": args.pause_log_ms, "model": args.model_name,
-                     "worker_args": bc.VLLM_ARGS, "tensor_parallel_size": 1,
-                     # Untimed collect windows of the freeze arm (full collections, counted in
-                     # "gen2 in sweep", never in a measured window).
-                     "maintain_windows_freeze": max(0, (points - 1) // 1000),
-                     "heap": "vLLM's own in every process (no synthetic heap)"},
+        "settings": {
+            "points": points,
+            "passes": passes,
+            "stall_ms": args.stall_ms,
+            "pause_log_ms": args.pause_log_ms,
+            "model": args.model_name,
+            "worker_args": bc.VLLM_ARGS,
+            "tensor_parallel_size": 1,
+            # Untimed collect windows of the freeze arm (full collections, counted in
+            # "gen2 in sweep", never in a measured window).
+            "maintain_windows_freeze": max(0, (points - 1) // 1000),
+            "heap": "vLLM's own in every process (no synthetic heap)",
+        },
     }
     runs = []
     began = time.monotonic()
@@ -274,13 +316,15 @@ def main_vllm(args) -> int:
         for pass_index in range(passes):
             order = POLICIES if pass_index % 2 == 0 else tuple(reversed(POLICIES))
             for policy in order:
-                print(f"pass {pass_index + 1}/{passes}: policy={policy}, {points} points",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"pass {pass_index + 1}/{passes}: policy={policy}, {points} points",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 work_dir = Path(tmp) / f"pass{pass_index}-{policy}"
                 work_dir.mkdir(parents=True)
                 run_began = time.monotonic()
-                run = run_vllm_worker(args, policy, points, work_dir,
-                                      deadline_s=300 + points * 0.5)
+                run = run_vllm_worker(args, policy, points, work_dir, deadline_s=300 + points * 0.5)
                 run["run_s"] = time.monotonic() - run_began
                 run["pass"] = pass_index
                 run["analysis"] = analyse(run["rows"], args.stall_ms)
@@ -291,80 +335,144 @@ def main_vllm(args) -> int:
     for policy in POLICIES:
         for run in [r for r in runs if r["policy"] == policy]:
             a = run["analysis"]
-            table.append([
-                policy, run["pass"] + 1, a["points"], a["p50_ms"], a["outliers"], a["stalls"],
-                a["max_wall_ms"], a["max_stall_ms"],
-                "-" if a["index_gap_median"] is None else f"{a['index_gap_median']:.0f}",
-                "-" if a["index_ratio_median"] is None else f"{a['index_ratio_median']:.3f}",
-                a["unattributed_stalls"], a["sweep_s"], run["run_s"],
-            ])
+            table.append(
+                [
+                    policy,
+                    run["pass"] + 1,
+                    a["points"],
+                    a["p50_ms"],
+                    a["outliers"],
+                    a["stalls"],
+                    a["max_wall_ms"],
+                    a["max_stall_ms"],
+                    "-" if a["index_gap_median"] is None else f"{a['index_gap_median']:.0f}",
+                    "-" if a["index_ratio_median"] is None else f"{a['index_ratio_median']:.3f}",
+                    a["unattributed_stalls"],
+                    a["sweep_s"],
+                    run["run_s"],
+                ]
+            )
             for label, proc in a["processes"].items():
-                process_table.append([
-                    policy, run["pass"] + 1, label, proc["tracked_objects"],
-                    proc["frozen_objects"], proc["objects_growth_per_point"],
-                    proc["gen2_collections_in_sweep"], proc["pauses_in_sweep"],
-                    proc["pauses_ge_stall_ms"], proc["max_pause_ms"], proc["stalls_attributed"],
-                    proc["pauses_between_points"], proc["max_pause_between_points_ms"],
-                ])
-    print(bc.format_table(
-        ["policy", "pass", "points", "p50 ms", "outliers", f"stalls >= {args.stall_ms:g} ms",
-         "max wall ms", "longest stall ms", "stall gap (median)", "stall index ratio (median)",
-         "stalls unattributed", "sweep s", "run s"],
-        table,
-    ))
-    print(bc.format_table(
-        ["policy", "pass", "process", "tracked objects", "frozen objects", "growth/point",
-         "gen2 in sweep (incl. maintain)", f"pauses in windows (>= {args.pause_log_ms:g} ms)",
-         f"pauses in windows >= {args.stall_ms:g} ms", "max pause in windows ms",
-         "stalls attributed", "pauses between points", "max between ms"],
-        process_table,
-    ))
+                process_table.append(
+                    [
+                        policy,
+                        run["pass"] + 1,
+                        label,
+                        proc["tracked_objects"],
+                        proc["frozen_objects"],
+                        proc["objects_growth_per_point"],
+                        proc["gen2_collections_in_sweep"],
+                        proc["pauses_in_sweep"],
+                        proc["pauses_ge_stall_ms"],
+                        proc["max_pause_ms"],
+                        proc["stalls_attributed"],
+                        proc["pauses_between_points"],
+                        proc["max_pause_between_points_ms"],
+                    ]
+                )
+    print(
+        bc.format_table(
+            [
+                "policy",
+                "pass",
+                "points",
+                "p50 ms",
+                "outliers",
+                f"stalls >= {args.stall_ms:g} ms",
+                "max wall ms",
+                "longest stall ms",
+                "stall gap (median)",
+                "stall index ratio (median)",
+                "stalls unattributed",
+                "sweep s",
+                "run s",
+            ],
+            table,
+        )
+    )
+    print(
+        bc.format_table(
+            [
+                "policy",
+                "pass",
+                "process",
+                "tracked objects",
+                "frozen objects",
+                "growth/point",
+                "gen2 in sweep (incl. maintain)",
+                f"pauses in windows (>= {args.pause_log_ms:g} ms)",
+                f"pauses in windows >= {args.stall_ms:g} ms",
+                "max pause in windows ms",
+                "stalls attributed",
+                "pauses between points",
+                "max between ms",
+            ],
+            process_table,
+        )
+    )
 
     def total(policy: str, key: str) -> float:
         return sum(r["analysis"][key] for r in runs if r["policy"] == policy)
 
     def longest(policy: str) -> float:
-        return max((r["analysis"]["max_stall_ms"] for r in runs if r["policy"] == policy),
-                   default=0.0)
+        return max(
+            (r["analysis"]["max_stall_ms"] for r in runs if r["policy"] == policy), default=0.0
+        )
 
     per_process = {}
-    labels = sorted({label for r in runs for label in r["analysis"]["processes"]},
-                    key=lambda label: PROCESS_ORDER.index(label) if label in PROCESS_ORDER else 9)
+    labels = sorted(
+        {label for r in runs for label in r["analysis"]["processes"]},
+        key=lambda label: PROCESS_ORDER.index(label) if label in PROCESS_ORDER else 9,
+    )
     for label in labels:
-        values = {policy: [r["analysis"]["processes"][label] for r in runs
-                           if r["policy"] == policy and label in r["analysis"]["processes"]]
-                  for policy in POLICIES}
+        values = {
+            policy: [
+                r["analysis"]["processes"][label]
+                for r in runs
+                if r["policy"] == policy and label in r["analysis"]["processes"]
+            ]
+            for policy in POLICIES
+        }
         off_pauses = sum(p["pauses_ge_stall_ms"] for p in values["off"])
         on_pauses = sum(p["pauses_ge_stall_ms"] for p in values["freeze"])
         off_max = max((p["max_pause_ms"] for p in values["off"]), default=0.0)
         on_max = max((p["max_pause_ms"] for p in values["freeze"]), default=0.0)
         per_process[label] = {
-            "pauses_ge_stall_ms_off": off_pauses, "pauses_ge_stall_ms_freeze": on_pauses,
+            "pauses_ge_stall_ms_off": off_pauses,
+            "pauses_ge_stall_ms_freeze": on_pauses,
             "gen2_in_sweep_off": sum(p["gen2_collections_in_sweep"] for p in values["off"]),
             "gen2_in_sweep_freeze": sum(p["gen2_collections_in_sweep"] for p in values["freeze"]),
-            "max_pause_ms_off": off_max, "max_pause_ms_freeze": on_max,
-            "stalls_met": on_pauses * 10 <= off_pauses, "longest_met": on_max * 5 <= off_max,
+            "max_pause_ms_off": off_max,
+            "max_pause_ms_freeze": on_max,
+            "stalls_met": on_pauses * 10 <= off_pauses,
+            "longest_met": on_max * 5 <= off_max,
         }
     stalls_off, stalls_on = total("off", "stalls"), total("freeze", "stalls")
     verdict = {
-        "stalls_off": stalls_off, "stalls_freeze": stalls_on,
+        "stalls_off": stalls_off,
+        "stalls_freeze": stalls_on,
         "stalls_met": stalls_on * 10 <= stalls_off,
-        "longest_stall_ms_off": longest("off"), "longest_stall_ms_freeze": longest("freeze"),
+        "longest_stall_ms_off": longest("off"),
+        "longest_stall_ms_freeze": longest("freeze"),
         "longest_met": longest("freeze") * 5 <= longest("off"),
         "per_process": per_process,
         # A goal met with nothing to beat is not a result: say so.
         "off_had_stalls": stalls_off > 0,
     }
-    print(f"goal: stalls freeze/off = {stalls_on}/{stalls_off} "
-          f"({'met' if verdict['stalls_met'] else 'MISSED'}, goal <= 1/10); longest stall "
-          f"freeze/off = {longest('freeze'):.1f}/{longest('off'):.1f} ms "
-          f"({'met' if verdict['longest_met'] else 'MISSED'}, goal <= 1/5)"
-          + ("" if stalls_off else " -- the off arm had no stall: nothing to compare"))
+    print(
+        f"goal: stalls freeze/off = {stalls_on}/{stalls_off} "
+        f"({'met' if verdict['stalls_met'] else 'MISSED'}, goal <= 1/10); longest stall "
+        f"freeze/off = {longest('freeze'):.1f}/{longest('off'):.1f} ms "
+        f"({'met' if verdict['longest_met'] else 'MISSED'}, goal <= 1/5)"
+        + ("" if stalls_off else " -- the off arm had no stall: nothing to compare")
+    )
     for label, v in per_process.items():
-        print(f"  {label}: pauses >= {args.stall_ms:g} ms in measured windows freeze/off = "
-              f"{v['pauses_ge_stall_ms_freeze']}/{v['pauses_ge_stall_ms_off']}, gen2 in the "
-              f"sweep freeze/off = {v['gen2_in_sweep_freeze']}/{v['gen2_in_sweep_off']}, max "
-              f"pause freeze/off = {v['max_pause_ms_freeze']:.1f}/{v['max_pause_ms_off']:.1f} ms")
+        print(
+            f"  {label}: pauses >= {args.stall_ms:g} ms in measured windows freeze/off = "
+            f"{v['pauses_ge_stall_ms_freeze']}/{v['pauses_ge_stall_ms_off']}, gen2 in the "
+            f"sweep freeze/off = {v['gen2_in_sweep_freeze']}/{v['gen2_in_sweep_off']}, max "
+            f"pause freeze/off = {v['max_pause_ms_freeze']:.1f}/{v['max_pause_ms_off']:.1f} ms"
+        )
     result["goal"] = verdict
     result["elapsed_s"] = time.monotonic() - began
     path = plot_vllm(args, runs)
@@ -382,30 +490,63 @@ def main_vllm(args) -> int:
     return 0
 
 
-def run_worker(policy: str, ranks: int, points: int, heap: int, pause_log_ms: float,
-               work_dir: Path, deadline_s: float) -> dict:
+def run_worker(
+    policy: str,
+    ranks: int,
+    points: int,
+    heap: int,
+    pause_log_ms: float,
+    work_dir: Path,
+    deadline_s: float,
+) -> dict:
     output = work_dir / f"points-{policy}-tp{ranks}.jsonl"
     log_path = work_dir / f"worker-{policy}-tp{ranks}.log"
     argv = [
-        sys.executable, "-m", "dynamo.vllm", "--engine", "mock",
-        "--model", bc.tiny_tokenizer_dir(), "--served-model-name", "self-bench",
-        "--discovery-dir", str(work_dir / "discovery"), "--request-plane-host", "127.0.0.1",
-        "--mock-heap-objects", str(heap), "--gc-pause-log-ms", str(pause_log_ms),
-        "--self-benchmark-points", str(points), "--self-benchmark-output", str(output),
-        "--fpm-gc-policy", policy, "--tensor-parallel-size", str(ranks),
+        sys.executable,
+        "-m",
+        "dynamo.vllm",
+        "--engine",
+        "mock",
+        "--model",
+        bc.tiny_tokenizer_dir(),
+        "--served-model-name",
+        "self-bench",
+        "--discovery-dir",
+        str(work_dir / "discovery"),
+        "--request-plane-host",
+        "127.0.0.1",
+        "--mock-heap-objects",
+        str(heap),
+        "--gc-pause-log-ms",
+        str(pause_log_ms),
+        "--self-benchmark-points",
+        str(points),
+        "--self-benchmark-output",
+        str(output),
+        "--fpm-gc-policy",
+        policy,
+        "--tensor-parallel-size",
+        str(ranks),
     ]
-    run_until_sweep_done(argv, log_path, env=bc.child_env(),
-                         label=f"worker ({policy}, tp={ranks})", deadline_s=deadline_s, stop_s=60)
+    run_until_sweep_done(
+        argv,
+        log_path,
+        env=bc.child_env(),
+        label=f"worker ({policy}, tp={ranks})",
+        deadline_s=deadline_s,
+        stop_s=60,
+    )
     log_bytes = log_path.read_bytes()
-    sweep = log_bytes[log_bytes.index(START_LINE):DONE_LINE.search(log_bytes).start()]
+    sweep = log_bytes[log_bytes.index(START_LINE) : DONE_LINE.search(log_bytes).start()]
     rows = [json.loads(line) for line in output.read_text().splitlines() if line.strip()]
     return {
         "policy": policy,
         "ranks": ranks,
         "rows": rows,
         "worker_summary": DONE_LINE.search(log_bytes).group(1).decode(errors="replace"),
-        "main_pauses": [{"generation": int(g), "ms": float(ms)}
-                        for g, ms in PAUSE_LINE.findall(sweep)],
+        "main_pauses": [
+            {"generation": int(g), "ms": float(ms)} for g, ms in PAUSE_LINE.findall(sweep)
+        ],
     }
 
 
@@ -418,8 +559,14 @@ def analyse(rows: list[dict], stall_ms: float) -> dict:
     for row in rows:
         median = medians[(row["batch"], row["seq"])]
         if row["wall_ms"] > OUTLIER_FACTOR * median:
-            outliers.append({"index": row["point"], "wall_ms": row["wall_ms"],
-                             "point_median_ms": median, "excess_ms": row["wall_ms"] - median})
+            outliers.append(
+                {
+                    "index": row["point"],
+                    "wall_ms": row["wall_ms"],
+                    "point_median_ms": median,
+                    "excess_ms": row["wall_ms"] - median,
+                }
+            )
     indices = [o["index"] for o in outliers]
     # Spacing of the stalls (not of every outlier: sub-millisecond points also fail the 3x test
     # on a scheduler hiccup, which has no pattern and would hide the collector's).
@@ -459,8 +606,13 @@ def plot(args, runs: list[dict]):
             analysis = run["analysis"]
             idx = analysis["outlier_indices"]
             walls = {row["point"]: row["wall_ms"] for row in run["rows"]}
-            ax.scatter(idx, [walls[i] for i in idx], s=12, color=colors[run["policy"]],
-                       label=f"policy {run['policy']}: {analysis['outliers']} outliers")
+            ax.scatter(
+                idx,
+                [walls[i] for i in idx],
+                s=12,
+                color=colors[run["policy"]],
+                label=f"policy {run['policy']}: {analysis['outliers']} outliers",
+            )
         if any(r["analysis"]["outliers"] for r in runs if r["ranks"] == tp):
             ax.set_yscale("log")  # an empty log axis makes tight_layout fail (smoke runs)
         ax.set_xlabel("point index in the sweep")
@@ -482,45 +634,73 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--passes", type=int, help="passes over off/freeze (alternating order)")
     parser.add_argument("--heap-objects", type=int, help="synthetic heap of the worker process")
     parser.add_argument("--tensor-parallel-sizes", help="comma-separated, default 1,2")
-    parser.add_argument("--stall-ms", type=float, default=5.0,
-                        help="an outlier this much over its point's median is also a stall")
-    parser.add_argument("--pause-log-ms", type=float, default=5.0,
-                        help="the worker's --gc-pause-log-ms (with --engine vllm: every "
-                        "process's pauses)")
-    parser.add_argument("--engine", choices=("mock", "vllm"), default="mock",
-                        help="the worker's engine (vllm: the real one, on the tiny model)")
-    parser.add_argument("--vllm-python", default=str(bc.DEFAULT_VLLM_PYTHON),
-                        help="with --engine vllm: python of the vLLM environment "
-                        "(scripts/setup_vllm_env.sh prints it)")
-    parser.add_argument("--model-dir", help="with --engine vllm: the model (default: the tiny "
-                        "random model of scripts/make_tiny_model.py)")
+    parser.add_argument(
+        "--stall-ms",
+        type=float,
+        default=5.0,
+        help="an outlier this much over its point's median is also a stall",
+    )
+    parser.add_argument(
+        "--pause-log-ms",
+        type=float,
+        default=5.0,
+        help="the worker's --gc-pause-log-ms (with --engine vllm: every process's pauses)",
+    )
+    parser.add_argument(
+        "--engine",
+        choices=("mock", "vllm"),
+        default="mock",
+        help="the worker's engine (vllm: the real one, on the tiny model)",
+    )
+    parser.add_argument(
+        "--vllm-python",
+        default=str(bc.DEFAULT_VLLM_PYTHON),
+        help="with --engine vllm: python of the vLLM environment "
+        "(scripts/setup_vllm_env.sh prints it)",
+    )
+    parser.add_argument(
+        "--model-dir",
+        help="with --engine vllm: the model (default: the tiny "
+        "random model of scripts/make_tiny_model.py)",
+    )
     bc.add_mode_args(parser)
     args = parser.parse_args(argv)
     bc.exit_cleanly_on_sigterm()
     if args.engine == "vllm":
         if not Path(args.vllm_python).exists():
-            parser.error(f"--vllm-python {args.vllm_python} does not exist: run "
-                         "scripts/setup_vllm_env.sh")
+            parser.error(
+                f"--vllm-python {args.vllm_python} does not exist: run scripts/setup_vllm_env.sh"
+            )
         for name in ("heap_objects", "tensor_parallel_sizes"):
             if getattr(args, name) is not None:
-                parser.error(f"--{name.replace('_', '-')} is for --engine mock (the real engine "
-                             "runs vLLM's own heaps, tensor-parallel-size 1)")
+                parser.error(
+                    f"--{name.replace('_', '-')} is for --engine mock (the real engine "
+                    "runs vLLM's own heaps, tensor-parallel-size 1)"
+                )
         return main_vllm(args)
     mode = bc.mode_name(args)
     settings = MODES[mode]
     points = args.points or settings["points"]
     passes = args.passes or settings["passes"]
     heap = args.heap_objects if args.heap_objects is not None else settings["heap"]
-    tp_sizes = ([int(v) for v in args.tensor_parallel_sizes.split(",")]
-                if args.tensor_parallel_sizes else list(settings["ranks"]))
+    tp_sizes = (
+        [int(v) for v in args.tensor_parallel_sizes.split(",")]
+        if args.tensor_parallel_sizes
+        else list(settings["ranks"])
+    )
 
     result = {
         "benchmark": NAME,
         "mode": mode,
         "machine": bc.machine_info(),
-        "settings": {"points": points, "passes": passes, "heap_objects": heap,
-                     "stall_ms": args.stall_ms,
-                     "tensor_parallel_sizes": tp_sizes, "pause_log_ms": args.pause_log_ms},
+        "settings": {
+            "points": points,
+            "passes": passes,
+            "heap_objects": heap,
+            "stall_ms": args.stall_ms,
+            "tensor_parallel_sizes": tp_sizes,
+            "pause_log_ms": args.pause_log_ms,
+        },
         "runs": [],
     }
     runs = []
@@ -531,12 +711,22 @@ def main(argv: list[str] | None = None) -> int:
                 order = POLICIES if step % 2 == 0 else tuple(reversed(POLICIES))
                 step += 1
                 for policy in order:
-                    print(f"pass {pass_index + 1}/{passes}: tp={tp} policy={policy}",
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"pass {pass_index + 1}/{passes}: tp={tp} policy={policy}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     work_dir = Path(tmp) / f"pass{pass_index}-tp{tp}-{policy}"
                     work_dir.mkdir(parents=True)
-                    run = run_worker(policy, tp, points, heap, args.pause_log_ms, work_dir,
-                                     deadline_s=60 + points * 0.05)
+                    run = run_worker(
+                        policy,
+                        tp,
+                        points,
+                        heap,
+                        args.pause_log_ms,
+                        work_dir,
+                        deadline_s=60 + points * 0.05,
+                    )
                     run["pass"] = pass_index
                     run["analysis"] = analyse(run["rows"], args.stall_ms)
                     runs.append(run)
@@ -547,35 +737,77 @@ def main(argv: list[str] | None = None) -> int:
             for run in [r for r in runs if r["ranks"] == tp and r["policy"] == policy]:
                 a = run["analysis"]
                 main_pauses = run["main_pauses"]
-                table.append([
-                    tp, policy, run["pass"] + 1, a["points"], a["p50_ms"], a["outliers"],
-                    a["outlier_pct"], a["stalls"], a["max_wall_ms"], a["max_stall_ms"],
-                    "-" if a["index_gap_median"] is None else f"{a['index_gap_median']:.0f}",
-                    "-" if a["index_ratio_median"] is None else f"{a['index_ratio_median']:.3f}",
-                    len(main_pauses), max((p["ms"] for p in main_pauses), default=0.0),
-                ])
-        off = sum(r["analysis"]["outliers"] for r in runs if r["ranks"] == tp and r["policy"] == "off")
-        on = sum(r["analysis"]["outliers"] for r in runs
-                 if r["ranks"] == tp and r["policy"] == "freeze")
-        stalls_off = sum(r["analysis"]["stalls"] for r in runs
-                         if r["ranks"] == tp and r["policy"] == "off")
-        stalls_on = sum(r["analysis"]["stalls"] for r in runs
-                        if r["ranks"] == tp and r["policy"] == "freeze")
-        verdicts.append({"tensor_parallel_size": tp, "outliers_off": off, "outliers_freeze": on,
-                         "freeze_over_off": bc.ratio(on, off), "met": on * 10 <= off,
-                         "stalls_off": stalls_off, "stalls_freeze": stalls_on})
-    print(bc.format_table(
-        ["tp", "policy", "pass", "points", "p50 ms", "outliers", "outliers %",
-         f"stalls >= {args.stall_ms:g} ms", "max wall ms",
-         "max stall ms", "stall gap (median)", "stall index ratio (median)",
-         f"main pauses>={args.pause_log_ms:g}ms", "max main pause ms"],
-        table,
-    ))
+                table.append(
+                    [
+                        tp,
+                        policy,
+                        run["pass"] + 1,
+                        a["points"],
+                        a["p50_ms"],
+                        a["outliers"],
+                        a["outlier_pct"],
+                        a["stalls"],
+                        a["max_wall_ms"],
+                        a["max_stall_ms"],
+                        "-" if a["index_gap_median"] is None else f"{a['index_gap_median']:.0f}",
+                        "-"
+                        if a["index_ratio_median"] is None
+                        else f"{a['index_ratio_median']:.3f}",
+                        len(main_pauses),
+                        max((p["ms"] for p in main_pauses), default=0.0),
+                    ]
+                )
+        off = sum(
+            r["analysis"]["outliers"] for r in runs if r["ranks"] == tp and r["policy"] == "off"
+        )
+        on = sum(
+            r["analysis"]["outliers"] for r in runs if r["ranks"] == tp and r["policy"] == "freeze"
+        )
+        stalls_off = sum(
+            r["analysis"]["stalls"] for r in runs if r["ranks"] == tp and r["policy"] == "off"
+        )
+        stalls_on = sum(
+            r["analysis"]["stalls"] for r in runs if r["ranks"] == tp and r["policy"] == "freeze"
+        )
+        verdicts.append(
+            {
+                "tensor_parallel_size": tp,
+                "outliers_off": off,
+                "outliers_freeze": on,
+                "freeze_over_off": bc.ratio(on, off),
+                "met": on * 10 <= off,
+                "stalls_off": stalls_off,
+                "stalls_freeze": stalls_on,
+            }
+        )
+    print(
+        bc.format_table(
+            [
+                "tp",
+                "policy",
+                "pass",
+                "points",
+                "p50 ms",
+                "outliers",
+                "outliers %",
+                f"stalls >= {args.stall_ms:g} ms",
+                "max wall ms",
+                "max stall ms",
+                "stall gap (median)",
+                "stall index ratio (median)",
+                f"main pauses>={args.pause_log_ms:g}ms",
+                "max main pause ms",
+            ],
+            table,
+        )
+    )
     for verdict in verdicts:
-        print(f"goal tp={verdict['tensor_parallel_size']}: outliers freeze/off = "
-              f"{verdict['outliers_freeze']}/{verdict['outliers_off']} "
-              f"({'met' if verdict['met'] else 'MISSED'}, goal <= 1/10); stalls >= "
-              f"{args.stall_ms:g} ms freeze/off = {verdict['stalls_freeze']}/{verdict['stalls_off']}")
+        print(
+            f"goal tp={verdict['tensor_parallel_size']}: outliers freeze/off = "
+            f"{verdict['outliers_freeze']}/{verdict['outliers_off']} "
+            f"({'met' if verdict['met'] else 'MISSED'}, goal <= 1/10); stalls >= "
+            f"{args.stall_ms:g} ms freeze/off = {verdict['stalls_freeze']}/{verdict['stalls_off']}"
+        )
     result["goal"] = {"verdicts": verdicts}
     path = plot(args, runs)
     for run in runs:

@@ -74,12 +74,24 @@ DEFAULT_MAX_TOKENS = 16
 # Rungs are fractions of the capacity a calibration run measures (unless --rungs is given), so
 # the ladder reaches past saturation on whatever machine runs it.
 MODES = {
-    "full": {"heap": 800_000, "duration_s": 30.0, "passes": 2,
-             "rung_fractions": [0.3, 0.5, 0.7, 0.85, 1.0, 1.2]},
+    "full": {
+        "heap": 800_000,
+        "duration_s": 30.0,
+        "passes": 2,
+        "rung_fractions": [0.3, 0.5, 0.7, 0.85, 1.0, 1.2],
+    },
     # Quick: one fixed rung, no calibration; it shows the script works, rarely a gen2 pause.
     "quick": {"heap": 800_000, "duration_s": 6.0, "passes": 1, "rungs": [150.0]},
-    "smoke": {"heap": 20_000, "duration_s": 1.0, "passes": 1, "rung_fractions": [0.5],
-              "arms": ("ctl", "all"), "rungs": [20.0], "token_ms": 1.0, "max_tokens": 4},
+    "smoke": {
+        "heap": 20_000,
+        "duration_s": 1.0,
+        "passes": 1,
+        "rung_fractions": [0.5],
+        "arms": ("ctl", "all"),
+        "rungs": [20.0],
+        "token_ms": 1.0,
+        "max_tokens": 4,
+    },
 }
 # --engine vllm: every heap is the process's own ("heap" is unused). The full mode's rungs are
 # minutes long: docs/benchmarks.md section 3c says why (the probe's time to a first gen2).
@@ -87,12 +99,23 @@ VLLM_MODES = {
     # Fixed rungs: at 120 RPS a stock pair on this machine runs a full collection every ~30 s
     # in the frontend and every ~50 s in the worker (the probe); 60 RPS is below that regime,
     # 180 RPS past the stock pair's comfort. Three arms: `worker` is left out to fit the run.
-    "full": {"heap": 0, "duration_s": 90.0, "passes": 2, "rungs": [60.0, 120.0, 180.0],
-             "arms": ("ctl", "all", "nogc"), "rung_fractions": [0.4, 0.7, 1.0]},
-    "quick": {"heap": 0, "duration_s": 10.0, "passes": 1,
-              "rung_fractions": [0.5, 1.0]},
-    "smoke": {"heap": 0, "duration_s": 1.0, "passes": 1, "rungs": [2.0],
-              "arms": ("ctl", "all"), "max_tokens": 4},
+    "full": {
+        "heap": 0,
+        "duration_s": 90.0,
+        "passes": 2,
+        "rungs": [60.0, 120.0, 180.0],
+        "arms": ("ctl", "all", "nogc"),
+        "rung_fractions": [0.4, 0.7, 1.0],
+    },
+    "quick": {"heap": 0, "duration_s": 10.0, "passes": 1, "rung_fractions": [0.5, 1.0]},
+    "smoke": {
+        "heap": 0,
+        "duration_s": 1.0,
+        "passes": 1,
+        "rungs": [2.0],
+        "arms": ("ctl", "all"),
+        "max_tokens": 4,
+    },
 }
 
 
@@ -110,8 +133,9 @@ def poisson_schedule(rate: float, duration_s: float, seed: int) -> list[float]:
         times.append(now)
 
 
-def request_body(messages: int, max_tokens: int, stream: bool, index: int,
-                 model: str = MODEL) -> dict:
+def request_body(
+    messages: int, max_tokens: int, stream: bool, index: int, model: str = MODEL
+) -> dict:
     """A chat request: a few turns of conversation (the frontend parses and renders them)."""
     turns = []
     for turn in range(messages):
@@ -173,8 +197,7 @@ async def run_load(args: argparse.Namespace) -> dict:
             delay = start + offset - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
-            body = request_body(args.messages, args.max_tokens, args.stream, index,
-                                args.model_name)
+            body = request_body(args.messages, args.max_tokens, args.stream, index, args.model_name)
             tasks.append(
                 asyncio.ensure_future(
                     _one_request(session, args.url, body, start + offset, args.stream, loop)
@@ -189,7 +212,9 @@ async def run_load(args: argparse.Namespace) -> dict:
     # Completion rate between the first and the last OK response: in steady state that span is
     # the sending window shifted by one latency, past saturation it stretches with the backlog.
     ends = sorted(r["end"] for r in ok)
-    achieved = (len(ends) - 1) / (ends[-1] - ends[0]) if len(ends) > 1 and ends[-1] > ends[0] else 0.0
+    achieved = (
+        (len(ends) - 1) / (ends[-1] - ends[0]) if len(ends) > 1 and ends[-1] > ends[0] else 0.0
+    )
     return {
         "offered_rps": args.rate,
         "duration_s": args.duration,
@@ -229,8 +254,15 @@ def free_port() -> int:
 class Process:
     """One launcher started through scripts/bench_launch.py, its output in a log file."""
 
-    def __init__(self, name: str, module: str, argv: list[str], log_dir: Path, env: dict,
-                 python: str = sys.executable) -> None:
+    def __init__(
+        self,
+        name: str,
+        module: str,
+        argv: list[str],
+        log_dir: Path,
+        env: dict,
+        python: str = sys.executable,
+    ) -> None:
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         self._log = open(self.log_path, "wb")
@@ -302,8 +334,9 @@ def gc_counters(metrics_url: str) -> dict:
         counters[f"gen{generation}"] = float(match.group(1)) if match else None
     # Seconds spent in gen2 collections, all of them (the pause logger logs only those >= 50 ms).
     # The series may carry more labels (the serving phase): sum every gen2 series.
-    sums = re.findall(r'^dynamo_gc_pause_seconds_sum{[^}]*generation="2"[^}]*} ([0-9.e+-]+)$',
-                      text, re.MULTILINE)
+    sums = re.findall(
+        r'^dynamo_gc_pause_seconds_sum{[^}]*generation="2"[^}]*} ([0-9.e+-]+)$', text, re.MULTILINE
+    )
     counters["gen2_pause_s"] = sum(float(value) for value in sums) if sums else None
     return counters
 
@@ -321,16 +354,15 @@ def rss_mb(pid: int, *, children: bool = False) -> float | None:
 
 
 def pauses_in(log: bytes) -> list[dict]:
-    return [
-        {"generation": int(g), "ms": float(ms)} for g, ms in PAUSE_LINE.findall(log)
-    ]
+    return [{"generation": int(g), "ms": float(ms)} for g, ms in PAUSE_LINE.findall(log)]
 
 
 class Pair:
     """A frontend and a worker for one arm, up and serving MODEL."""
 
-    def __init__(self, arm: str, heap: int, args: argparse.Namespace, work_dir: Path,
-                 debug_gc: bool = False) -> None:
+    def __init__(
+        self, arm: str, heap: int, args: argparse.Namespace, work_dir: Path, debug_gc: bool = False
+    ) -> None:
         self.arm = arm
         discovery = work_dir / "discovery"
         discovery.mkdir(parents=True, exist_ok=True)
@@ -341,9 +373,16 @@ class Pair:
         self.http_port = free_port()
         self.model = args.model_name
         common = [
-            "--discovery-dir", str(discovery), "--request-plane-host", "127.0.0.1",
-            "--gc-pause-log-ms", str(PAUSE_LOG_MS),
-            "--system-host", "127.0.0.1", "--system-port", str(self.worker_metrics_port),
+            "--discovery-dir",
+            str(discovery),
+            "--request-plane-host",
+            "127.0.0.1",
+            "--gc-pause-log-ms",
+            str(PAUSE_LOG_MS),
+            "--system-host",
+            "127.0.0.1",
+            "--system-port",
+            str(self.worker_metrics_port),
             "--freeze-gc-heap" if worker_frozen else "--no-freeze-gc-heap",
             *(["--debug-gc-endpoint"] if debug_gc else []),
         ]
@@ -352,16 +391,32 @@ class Pair:
             engine_argv = ["--engine", "vllm", "--model", args.model_name, *common, *bc.VLLM_ARGS]
             worker_env, worker_python = {**bench_env, **bc.OFFLINE_ENV}, args.vllm_python
         else:
-            engine_argv = ["--engine", "mock", "--model", bc.tiny_tokenizer_dir(),
-                           "--served-model-name", MODEL, *common,
-                           "--mock-heap-objects", str(heap), "--mock-token-ms", str(args.token_ms)]
+            engine_argv = [
+                "--engine",
+                "mock",
+                "--model",
+                bc.tiny_tokenizer_dir(),
+                "--served-model-name",
+                MODEL,
+                *common,
+                "--mock-heap-objects",
+                str(heap),
+                "--mock-token-ms",
+                str(args.token_ms),
+            ]
             worker_env, worker_python = bench_env, sys.executable
-        self.worker = Process("worker", "dynamo.vllm", engine_argv, work_dir, worker_env,
-                              worker_python)
+        self.worker = Process(
+            "worker", "dynamo.vllm", engine_argv, work_dir, worker_env, worker_python
+        )
         frontend_argv = [
-            "--http-host", "127.0.0.1", "--http-port", str(self.http_port),
-            "--discovery-dir", str(discovery),
-            "--dyn-gc-pause-log-ms", str(PAUSE_LOG_MS),
+            "--http-host",
+            "127.0.0.1",
+            "--http-port",
+            str(self.http_port),
+            "--discovery-dir",
+            str(discovery),
+            "--dyn-gc-pause-log-ms",
+            str(PAUSE_LOG_MS),
             "--dyn-freeze-gc-heap" if frontend_frozen else "--no-dyn-freeze-gc-heap",
             *(["--dyn-debug-gc-endpoint"] if debug_gc else []),
         ]
@@ -372,8 +427,9 @@ class Pair:
         else:
             frontend_env = {**bench_env, "BENCH_START_UP_HEAP_OBJECTS": str(heap)}
             frontend_python = sys.executable
-        self.frontend = Process("frontend", "dynamo.frontend", frontend_argv, work_dir,
-                                frontend_env, frontend_python)
+        self.frontend = Process(
+            "frontend", "dynamo.frontend", frontend_argv, work_dir, frontend_env, frontend_python
+        )
         self.base_url = f"http://127.0.0.1:{self.http_port}"
 
     def wait_ready(self, deadline_s: float = 300.0) -> None:
@@ -415,17 +471,33 @@ class Pair:
 def client_argv(url: str, rate: float, duration_s: float, seed: int, args) -> list[str]:
     """The load client's command line (it runs in its own process)."""
     return [
-        sys.executable, __file__, "--client", "--url", url, "--rate", str(rate),
-        "--duration", str(duration_s), "--seed", str(seed), "--timeout", str(args.timeout),
-        "--messages", str(args.messages), "--max-tokens", str(args.max_tokens),
-        "--model-name", args.model_name,
+        sys.executable,
+        __file__,
+        "--client",
+        "--url",
+        url,
+        "--rate",
+        str(rate),
+        "--duration",
+        str(duration_s),
+        "--seed",
+        str(seed),
+        "--timeout",
+        str(args.timeout),
+        "--messages",
+        str(args.messages),
+        "--max-tokens",
+        str(args.max_tokens),
+        "--model-name",
+        args.model_name,
         "--stream" if args.stream else "--no-stream",
     ]
 
 
 def run_client(url: str, rate: float, duration_s: float, seed: int, args) -> dict:
-    return bc.run_json_child(client_argv(url, rate, duration_s, seed, args),
-                             timeout_s=duration_s + args.timeout + 120)
+    return bc.run_json_child(
+        client_argv(url, rate, duration_s, seed, args), timeout_s=duration_s + args.timeout + 120
+    )
 
 
 def run_rung(pair: Pair, rate: float, duration_s: float, seed: int, args) -> dict:
@@ -482,10 +554,19 @@ def calibrate(args, heap: int, work_root: Path) -> dict:
         rate = args.calibration_start_rps
         while True:
             load = run_client(url, rate, args.calibration_s, len(steps) + 1, args)
-            steps.append({"offered_rps": rate, "achieved_rps": load["achieved_rps"],
-                          "errors": load["errors"]})
-            print(f"  calibration: offered {rate:.0f} -> achieved {load['achieved_rps']:.0f} RPS, "
-                  f"errors {load['errors']}", file=sys.stderr, flush=True)
+            steps.append(
+                {
+                    "offered_rps": rate,
+                    "achieved_rps": load["achieved_rps"],
+                    "errors": load["errors"],
+                }
+            )
+            print(
+                f"  calibration: offered {rate:.0f} -> achieved {load['achieved_rps']:.0f} RPS, "
+                f"errors {load['errors']}",
+                file=sys.stderr,
+                flush=True,
+            )
             if load["achieved_rps"] < 0.9 * rate or load["errors"] or len(steps) >= 8:
                 break
             rate *= 2
@@ -559,11 +640,12 @@ def aggregate(runs: list[dict], rungs: list[float]) -> list[dict]:
                 "ttft": ttft,
                 "p99_ms_per_pass": [1000 * bc.percentile(r["latency_s"], 99) for r in same],
                 # Resident memory at the end of the rung, per pass (MiB).
-                "rss_mb": {name: [r["rss_mb"][name] for r in same]
-                           for name in ("frontend", "worker", "worker_children")},
-                "send_lag_p99_ms": 1000 * bc.percentile(
-                    [v for r in same for v in r["send_lag_s"]], 99
-                ),
+                "rss_mb": {
+                    name: [r["rss_mb"][name] for r in same]
+                    for name in ("frontend", "worker", "worker_children")
+                },
+                "send_lag_p99_ms": 1000
+                * bc.percentile([v for r in same for v in r["send_lag_s"]], 99),
             }
             for name in ("frontend", "worker"):
                 pauses = [p for r in same for p in r["processes"][name]["pauses"]]
@@ -576,7 +658,8 @@ def aggregate(runs: list[dict], rungs: list[float]) -> list[dict]:
                     "gen2_collections": gen2_total,
                     # Mean of every gen2 pause (metrics), not only the logged >= 50 ms ones.
                     "gen2_mean_ms": 1000 * sum(g for g in gen2_s if g is not None) / gen2_total
-                    if gen2_total else 0.0,
+                    if gen2_total
+                    else 0.0,
                 }
             rows.append(row)
     return rows
@@ -602,13 +685,17 @@ def judge(rows: list[dict]) -> dict:
     verdict: dict = {}
     all_rows = [row for row in rows if row["arm"] == "all"]
     if all_rows:
-        pauses = sum(r["frontend"]["pauses_ge_50ms"] + r["worker"]["pauses_ge_50ms"]
-                     for r in all_rows)
+        pauses = sum(
+            r["frontend"]["pauses_ge_50ms"] + r["worker"]["pauses_ge_50ms"] for r in all_rows
+        )
         verdict["all_pauses_ge_50ms"] = {"measured": pauses, "met": pauses == 0}
     # "The highest rung where ctl still answers": at most 1% of its requests failed (past
     # that, every arm's p99 is the client's timeout and the comparison says nothing).
-    answering = [rate for rate in rates
-                 if ("ctl", rate) in by and by[("ctl", rate)]["errors"] <= 0.01 * by[("ctl", rate)]["sent"]]
+    answering = [
+        rate
+        for rate in rates
+        if ("ctl", rate) in by and by[("ctl", rate)]["errors"] <= 0.01 * by[("ctl", rate)]["sent"]
+    ]
     if answering and all_rows:
         rate = max(answering)
         verdict["rung_rps"] = rate
@@ -620,12 +707,15 @@ def judge(rows: list[dict]) -> dict:
                 all_tail = by[("all", rate)][metric][tail]
                 ctl_tail = by[("ctl", rate)][metric][tail]
                 verdict[f"all_over_ctl_{metric}_{name}"] = {
-                    "measured": bc.ratio(all_tail, ctl_tail), "met": all_tail <= ctl_tail / 3.0}
+                    "measured": bc.ratio(all_tail, ctl_tail),
+                    "met": all_tail <= ctl_tail / 3.0,
+                }
                 if ("nogc", rate) in by:
                     nogc_tail = by[("nogc", rate)][metric][tail]
                     verdict[f"all_over_nogc_{metric}_{name}"] = {
                         "measured": bc.ratio(all_tail, nogc_tail),
-                        "met": all_tail <= 1.2 * nogc_tail}
+                        "met": all_tail <= 1.2 * nogc_tail,
+                    }
     # The freeze's memory cost: RSS of `all` against `ctl` after the last (longest-running) rung.
     last = rates[-1] if rates else None
     if ("all", last) in by and ("ctl", last) in by:
@@ -635,8 +725,11 @@ def judge(rows: list[dict]) -> dict:
             if all_rss is None or ctl_rss is None or not ctl_rss:
                 continue
             verdict[f"rss_all_over_ctl_{name}"] = {
-                "measured": all_rss / ctl_rss, "met": all_rss <= 1.05 * ctl_rss,
-                "all_mb": all_rss, "ctl_mb": ctl_rss}
+                "measured": all_rss / ctl_rss,
+                "met": all_rss <= 1.05 * ctl_rss,
+                "all_mb": all_rss,
+                "ctl_mb": ctl_rss,
+            }
     ceilings = {}
     for arm in dict.fromkeys(row["arm"] for row in rows):
         ceilings[arm] = max(row["achieved_rps"] for row in rows if row["arm"] == arm)
@@ -673,8 +766,11 @@ def plot(args, rows: list[dict]):
         ax.set_xlabel("offered load, RPS (open-loop Poisson)")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"ab_serving ({bc.mode_name(args)}): frontend + {args.engine} worker, "
-                 f"{rows[0].get('heap', '')} {bc.cpu_model()}, {os.cpu_count()} cores", fontsize=9)
+    fig.suptitle(
+        f"ab_serving ({bc.mode_name(args)}): frontend + {args.engine} worker, "
+        f"{rows[0].get('heap', '')} {bc.cpu_model()}, {os.cpu_count()} cores",
+        fontsize=9,
+    )
     fig.tight_layout()
     path = bc.plot_path(args, result_name(args))
     fig.savefig(path, dpi=110)
@@ -691,47 +787,87 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
-    parser.add_argument("--rate", type=float,
-                        help="offered RPS of --probe and --cross-check (and of the client)")
+    parser.add_argument(
+        "--rate", type=float, help="offered RPS of --probe and --cross-check (and of the client)"
+    )
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--duration", type=float, help="seconds of load per rung")
-    parser.add_argument("--rungs", help="offered loads in RPS, comma-separated (default: "
-                        "fractions of a calibrated capacity)")
+    parser.add_argument(
+        "--rungs",
+        help="offered loads in RPS, comma-separated (default: fractions of a calibrated capacity)",
+    )
     parser.add_argument("--arms", help=f"comma-separated subset of {','.join(ARMS)}")
     parser.add_argument("--passes", type=int, help="passes over the arms (alternating order)")
     parser.add_argument("--heap-objects", type=int, help="synthetic heap per process")
-    parser.add_argument("--token-ms", type=float,
-                        help=f"mock per-token time (default {DEFAULT_TOKEN_MS:g})")
-    parser.add_argument("--max-tokens", type=int,
-                        help=f"tokens per request (default {DEFAULT_MAX_TOKENS})")
-    parser.add_argument("--messages", type=int,
-                        help="chat turns per request (default 8; 2 with --engine vllm, whose "
-                        "tiny model takes 256 tokens)")
-    parser.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
-                        help="streaming requests (time to first token is measured too)")
+    parser.add_argument(
+        "--token-ms", type=float, help=f"mock per-token time (default {DEFAULT_TOKEN_MS:g})"
+    )
+    parser.add_argument(
+        "--max-tokens", type=int, help=f"tokens per request (default {DEFAULT_MAX_TOKENS})"
+    )
+    parser.add_argument(
+        "--messages",
+        type=int,
+        help="chat turns per request (default 8; 2 with --engine vllm, whose "
+        "tiny model takes 256 tokens)",
+    )
+    parser.add_argument(
+        "--stream",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="streaming requests (time to first token is measured too)",
+    )
     parser.add_argument("--timeout", type=float, default=10.0, help="request timeout, seconds")
-    parser.add_argument("--calibration-start-rps", type=float,
-                        help="first offered load of the capacity calibration (doubled per step; "
-                        "default 50, 2 with --engine vllm)")
-    parser.add_argument("--calibration-s", type=float,
-                        help="seconds per calibration step (default 6, 4 with --engine vllm)")
-    parser.add_argument("--engine", choices=("mock", "vllm"), default="mock",
-                        help="the worker's engine (vllm: the real one, on the tiny model)")
-    parser.add_argument("--vllm-python", default=str(bc.DEFAULT_VLLM_PYTHON),
-                        help="python of the vLLM environment (scripts/setup_vllm_env.sh prints it)")
-    parser.add_argument("--model-dir", help="with --engine vllm: the model (default: the tiny "
-                        "model scripts/make_tiny_model.py builds)")
+    parser.add_argument(
+        "--calibration-start-rps",
+        type=float,
+        help="first offered load of the capacity calibration (doubled per step; "
+        "default 50, 2 with --engine vllm)",
+    )
+    parser.add_argument(
+        "--calibration-s",
+        type=float,
+        help="seconds per calibration step (default 6, 4 with --engine vllm)",
+    )
+    parser.add_argument(
+        "--engine",
+        choices=("mock", "vllm"),
+        default="mock",
+        help="the worker's engine (vllm: the real one, on the tiny model)",
+    )
+    parser.add_argument(
+        "--vllm-python",
+        default=str(bc.DEFAULT_VLLM_PYTHON),
+        help="python of the vLLM environment (scripts/setup_vllm_env.sh prints it)",
+    )
+    parser.add_argument(
+        "--model-dir",
+        help="with --engine vllm: the model (default: the tiny "
+        "model scripts/make_tiny_model.py builds)",
+    )
     parser.add_argument("--model-name", default=MODEL, help=argparse.SUPPRESS)
-    parser.add_argument("--keep-logs", action="store_true", help="copy the processes' logs to --out")
-    parser.add_argument("--probe", action="store_true",
-                        help="with --engine vllm: time to the first gen2 of each process at "
-                        "--rate for --duration seconds, then full collections timed under load "
-                        "(scripts/serving_probes.py)")
-    parser.add_argument("--cross-check", action="store_true",
-                        help="with --engine vllm: one rung (--rate, --duration) by this client "
-                        "and by vLLM's `vllm bench serve`")
-    parser.add_argument("--cross-check-input-len", type=int, default=32,
-                        help="prompt tokens of vllm bench serve's random dataset")
+    parser.add_argument(
+        "--keep-logs", action="store_true", help="copy the processes' logs to --out"
+    )
+    parser.add_argument(
+        "--probe",
+        action="store_true",
+        help="with --engine vllm: time to the first gen2 of each process at "
+        "--rate for --duration seconds, then full collections timed under load "
+        "(scripts/serving_probes.py)",
+    )
+    parser.add_argument(
+        "--cross-check",
+        action="store_true",
+        help="with --engine vllm: one rung (--rate, --duration) by this client "
+        "and by vLLM's `vllm bench serve`",
+    )
+    parser.add_argument(
+        "--cross-check-input-len",
+        type=int,
+        default=32,
+        help="prompt tokens of vllm bench serve's random dataset",
+    )
     bc.add_mode_args(parser)
     args = parser.parse_args(argv)
     if args.client:
@@ -741,8 +877,11 @@ def main(argv: list[str] | None = None) -> int:
     mode = bc.mode_name(args)
     settings = (VLLM_MODES if args.engine == "vllm" else MODES)[mode]
     real = args.engine == "vllm"
-    for name, mock_default, vllm_default in (("messages", 8, 2), ("calibration_start_rps", 50.0, 16.0),
-                                             ("calibration_s", 6.0, 4.0)):
+    for name, mock_default, vllm_default in (
+        ("messages", 8, 2),
+        ("calibration_start_rps", 50.0, 16.0),
+        ("calibration_s", 6.0, 4.0),
+    ):
         if getattr(args, name) is None:
             setattr(args, name, vllm_default if real else mock_default)
     if (args.probe or args.cross_check) and (args.engine != "vllm" or args.rate is None):
@@ -775,7 +914,8 @@ def main(argv: list[str] | None = None) -> int:
             "model": args.model_name,
             "worker_args": bc.VLLM_ARGS if real else None,
             "worker_heap": "vLLM's own (no synthetic heap)" if real else heap,
-            "frontend_heap": "--dyn-chat-processor vllm's own (no synthetic heap)" if real
+            "frontend_heap": "--dyn-chat-processor vllm's own (no synthetic heap)"
+            if real
             else heap,
         },
     }
@@ -805,24 +945,55 @@ def main(argv: list[str] | None = None) -> int:
 
     table = []
     for row in rows:
-        table.append([
-            row["arm"], row["offered_rps"], row["achieved_rps"], row["ok"], row["errors"],
-            row["latency"]["p50_ms"], row["latency"]["p99_ms"], row["latency"]["p999_ms"],
-            row["latency"]["max_ms"], row["ttft"]["p99_ms"], row["ttft"]["p999_ms"],
-            f"{row['frontend']['pauses_ge_50ms']}/{row['worker']['pauses_ge_50ms']}",
-            max(row["frontend"]["max_pause_ms"], row["worker"]["max_pause_ms"]),
-            f"{row['frontend']['gen2_collections']:.0f}/{row['worker']['gen2_collections']:.0f}",
-            f"{row['frontend']['gen2_mean_ms']:.0f}/{row['worker']['gen2_mean_ms']:.0f}",
-            "/".join(f"{v:.0f}" if v is not None else "-" for v in
-                     (_mean(row["rss_mb"][name]) for name in ("frontend", "worker",
-                                                            "worker_children"))),
-        ])
-    print(bc.format_table(
-        ["arm", "offered", "achieved", "ok", "errors", "p50 ms", "p99 ms", "p99.9 ms", "max ms",
-         "ttft p99 ms", "ttft p99.9 ms", "pauses>=50 fe/wk", "max pause ms", "gen2 fe/wk",
-         "gen2 mean ms fe/wk", "RSS MiB fe/wk/engine"],
-        table,
-    ))
+        table.append(
+            [
+                row["arm"],
+                row["offered_rps"],
+                row["achieved_rps"],
+                row["ok"],
+                row["errors"],
+                row["latency"]["p50_ms"],
+                row["latency"]["p99_ms"],
+                row["latency"]["p999_ms"],
+                row["latency"]["max_ms"],
+                row["ttft"]["p99_ms"],
+                row["ttft"]["p999_ms"],
+                f"{row['frontend']['pauses_ge_50ms']}/{row['worker']['pauses_ge_50ms']}",
+                max(row["frontend"]["max_pause_ms"], row["worker"]["max_pause_ms"]),
+                f"{row['frontend']['gen2_collections']:.0f}/{row['worker']['gen2_collections']:.0f}",
+                f"{row['frontend']['gen2_mean_ms']:.0f}/{row['worker']['gen2_mean_ms']:.0f}",
+                "/".join(
+                    f"{v:.0f}" if v is not None else "-"
+                    for v in (
+                        _mean(row["rss_mb"][name])
+                        for name in ("frontend", "worker", "worker_children")
+                    )
+                ),
+            ]
+        )
+    print(
+        bc.format_table(
+            [
+                "arm",
+                "offered",
+                "achieved",
+                "ok",
+                "errors",
+                "p50 ms",
+                "p99 ms",
+                "p99.9 ms",
+                "max ms",
+                "ttft p99 ms",
+                "ttft p99.9 ms",
+                "pauses>=50 fe/wk",
+                "max pause ms",
+                "gen2 fe/wk",
+                "gen2 mean ms fe/wk",
+                "RSS MiB fe/wk/engine",
+            ],
+            table,
+        )
+    )
     print(json.dumps(result["goal"], indent=1))
     path = plot(args, rows)
     result["plot"] = str(path) if path else None
@@ -841,11 +1012,13 @@ def run_probes(args: argparse.Namespace, result: dict) -> int:
     with tempfile.TemporaryDirectory(prefix=f"ab_serving-{kind}-") as tmp:
         work = Path(tmp)
         result[kind] = (serving_probes.probe if args.probe else serving_probes.cross_check)(
-            args, work)
+            args, work
+        )
         if args.keep_logs:
             for log in work.rglob("*.log"):
-                shutil.copy(log, Path(args.out) / f"{result_name(args)}-{kind}-"
-                            f"{log.parent.name}-{log.name}")
+                shutil.copy(
+                    log, Path(args.out) / f"{result_name(args)}-{kind}-{log.parent.name}-{log.name}"
+                )
     path = serving_probes.plot_probe(args, result["probe"]) if args.probe else None
     result["plot"] = str(path) if path else None
     json_path = bc.write_result(args, f"{result_name(args)}-{kind.replace('_', '-')}", result)

@@ -24,8 +24,8 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SRC_DIR = REPO_ROOT / "components" / "src"
@@ -40,8 +40,14 @@ SUPPORTED_VERSIONS = ((3, 10), (3, 11), (3, 12), (3, 13))
 DEFAULT_VLLM_PYTHON = REPO_ROOT / ".venv-vllm" / "bin" / "python"
 # A KV cache size in bytes (vLLM's start-up memory check reads a NUMA node's size otherwise),
 # eager mode (torch.compile would add ~25 s to each start), no periodic stats lines.
-VLLM_ARGS = ["--max-model-len", "256", "--kv-cache-memory-bytes", "64M", "--enforce-eager",
-             "--disable-log-stats"]
+VLLM_ARGS = [
+    "--max-model-len",
+    "256",
+    "--kv-cache-memory-bytes",
+    "64M",
+    "--enforce-eager",
+    "--disable-log-stats",
+]
 # Nothing may come from a hub: the model is built locally.
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
 
@@ -51,7 +57,11 @@ def tiny_model_dir(vllm_python: str) -> str:
     python, once per machine, then cached)."""
     proc = subprocess.run(
         [vllm_python, str(REPO_ROOT / "scripts" / "make_tiny_model.py")],
-        env=child_env(OFFLINE_ENV), capture_output=True, text=True, timeout=600, check=False,
+        env=child_env(OFFLINE_ENV),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
     if proc.returncode != 0:
         raise RuntimeError(f"make_tiny_model.py failed:\n{proc.stderr[-3000:]}")

@@ -105,9 +105,7 @@ def measure(sizes: list[int], reps: int, live_objects: int) -> dict:
                 freeze_collect_and_freeze.append(last_freeze().took_ms)
                 frozen.append(statistics.median(timed_collect() for _ in range(FROZEN_INNER)))
                 live = build_synthetic_heap(live_objects)
-                frozen_live.append(
-                    statistics.median(timed_collect() for _ in range(FROZEN_INNER))
-                )
+                frozen_live.append(statistics.median(timed_collect() for _ in range(FROZEN_INNER)))
                 del live
                 gc.collect()
                 gc.unfreeze()
@@ -158,8 +156,17 @@ def run_interpreter(
     imports = bc.run_json_child([python, "-c", IMPORT_CHECK], timeout_s=60)
     unexpected = sorted(set(imports["project"]) - ALLOWED_PROJECT_IMPORTS) + imports["third_party"]
     result = bc.run_json_child(
-        [python, __file__, "--child", "--sizes", ",".join(map(str, sizes)), "--reps", str(reps),
-         "--live-objects", str(live_objects)],
+        [
+            python,
+            __file__,
+            "--child",
+            "--sizes",
+            ",".join(map(str, sizes)),
+            "--reps",
+            str(reps),
+            "--live-objects",
+            str(live_objects),
+        ],
         timeout_s=timeout_s,
     )
     result["gc_freeze_imports"] = imports
@@ -176,22 +183,39 @@ def plot(args, results: list[dict]):
     fig, (pause_ax, cost_ax) = plt.subplots(1, 2, figsize=(12, 4.8))
     from matplotlib.lines import Line2D
 
-    arms = (("stock_ms_median", "o-", "stock"), ("frozen_ms_median", "s--", "frozen"),
-            ("frozen_with_live_ms_median", "^:", None))
+    arms = (
+        ("stock_ms_median", "o-", "stock"),
+        ("frozen_ms_median", "s--", "frozen"),
+        ("frozen_with_live_ms_median", "^:", None),
+    )
     for index, result in enumerate(results):
         color = f"C{index}"
         x = [row["tracked"] for row in result["rows"]]
         for key, style, _ in arms:
             pause_ax.plot(x, [r[key] for r in result["rows"]], style, color=color)
-        cost_ax.plot(x, [r["freeze_call_over_collect_median"] for r in result["rows"]], "o-",
-                     color=color, label=f"CPython {result['python']}")
+        cost_ax.plot(
+            x,
+            [r["freeze_call_over_collect_median"] for r in result["rows"]],
+            "o-",
+            color=color,
+            label=f"CPython {result['python']}",
+        )
     # One legend entry per interpreter (colour) and per arm (line style), not their product.
     live = results[0]["live_objects"] if results else 0
-    handles = [Line2D([], [], color=f"C{i}", label=f"CPython {r['python']}")
-               for i, r in enumerate(results)]
-    handles += [Line2D([], [], color="black", linestyle=style[1:], marker=style[0],
-                       label=label or f"frozen + {live} unfrozen live objects")
-                for _, style, label in arms]
+    handles = [
+        Line2D([], [], color=f"C{i}", label=f"CPython {r['python']}") for i, r in enumerate(results)
+    ]
+    handles += [
+        Line2D(
+            [],
+            [],
+            color="black",
+            linestyle=style[1:],
+            marker=style[0],
+            label=label or f"frozen + {live} unfrozen live objects",
+        )
+        for _, style, label in arms
+    ]
     pause_ax.legend(handles=handles, fontsize=7, loc="center left")
     pause_ax.set_xscale("log")
     pause_ax.set_yscale("log")
@@ -206,8 +230,11 @@ def plot(args, results: list[dict]):
     cost_ax.set_title("One-off cost of the start-up freeze")
     cost_ax.grid(True, which="both", alpha=0.3)
     cost_ax.legend(fontsize=7)
-    fig.suptitle(f"bench_gc_pause ({bc.mode_name(args)}), {bc.cpu_model()}, "
-                 f"{bc.machine_info()['nproc']} cores", fontsize=9)
+    fig.suptitle(
+        f"bench_gc_pause ({bc.mode_name(args)}), {bc.cpu_model()}, "
+        f"{bc.machine_info()['nproc']} cores",
+        fontsize=9,
+    )
     fig.tight_layout()
     path = bc.plot_path(args, NAME)
     fig.savefig(path, dpi=110)
@@ -276,23 +303,42 @@ def main(argv: list[str] | None = None) -> int:
             )
     print(
         bc.format_table(
-            ["python", "objects", "tracked", "stock ms", "frozen ms", "frozen/stock %",
-             f"frozen+{live_objects} live ms", "freeze_gc_heap ms", "freeze/collect x"],
+            [
+                "python",
+                "objects",
+                "tracked",
+                "stock ms",
+                "frozen ms",
+                "frozen/stock %",
+                f"frozen+{live_objects} live ms",
+                "freeze_gc_heap ms",
+                "freeze/collect x",
+            ],
             rows,
         )
     )
     verdicts = []
     for measured in result["interpreters"]:
         if not measured["gc_freeze_imports_ok"]:
-            print(f"WARNING: on {measured['python']} importing gc_freeze pulled in "
-                  f"{measured['gc_freeze_imports']}", file=sys.stderr)
+            print(
+                f"WARNING: on {measured['python']} importing gc_freeze pulled in "
+                f"{measured['gc_freeze_imports']}",
+                file=sys.stderr,
+            )
         at_goal = [r for r in measured["rows"] if r["objects"] == GOAL_SIZE]
         if at_goal:
             pct = 100.0 * at_goal[0]["frozen_over_stock_median"]
-            verdicts.append({"python": measured["python"], "frozen_over_stock_pct": pct,
-                             "met": pct < GOAL_FROZEN_PCT})
-            print(f"goal on {measured['python']}: frozen/stock at 1M = {pct:.2g}% "
-                  f"({'met' if pct < GOAL_FROZEN_PCT else 'MISSED'}, goal < {GOAL_FROZEN_PCT}%)")
+            verdicts.append(
+                {
+                    "python": measured["python"],
+                    "frozen_over_stock_pct": pct,
+                    "met": pct < GOAL_FROZEN_PCT,
+                }
+            )
+            print(
+                f"goal on {measured['python']}: frozen/stock at 1M = {pct:.2g}% "
+                f"({'met' if pct < GOAL_FROZEN_PCT else 'MISSED'}, goal < {GOAL_FROZEN_PCT}%)"
+            )
     result["goal"]["verdicts"] = verdicts
     path = plot(args, result["interpreters"])
     result["plot"] = str(path) if path else None

@@ -34,12 +34,30 @@ NAME = "overheads"
 SETTINGS = {
     # rounds: interleaved repetitions of the logger arms; iterations: loop length per repetition
     # (about 0.1 s: short rounds, many of them, so drift hits both arms of a round alike); tick_sizes: frozen heaps; tick_blocks: alternating blocks per size.
-    "full": {"rounds": 101, "iterations": 100_000, "tick_sizes": [10_000, 5_000_000],
-             "tick_blocks": 2, "ticks": 400, "callback_calls": 200_000},
-    "quick": {"rounds": 15, "iterations": 50_000, "tick_sizes": [10_000, 1_000_000],
-              "tick_blocks": 1, "ticks": 200, "callback_calls": 50_000},
-    "smoke": {"rounds": 1, "iterations": 5_000, "tick_sizes": [1_000, 10_000],
-              "tick_blocks": 1, "ticks": 10, "callback_calls": 1_000},
+    "full": {
+        "rounds": 101,
+        "iterations": 100_000,
+        "tick_sizes": [10_000, 5_000_000],
+        "tick_blocks": 2,
+        "ticks": 400,
+        "callback_calls": 200_000,
+    },
+    "quick": {
+        "rounds": 15,
+        "iterations": 50_000,
+        "tick_sizes": [10_000, 1_000_000],
+        "tick_blocks": 1,
+        "ticks": 200,
+        "callback_calls": 50_000,
+    },
+    "smoke": {
+        "rounds": 1,
+        "iterations": 5_000,
+        "tick_sizes": [1_000, 10_000],
+        "tick_blocks": 1,
+        "ticks": 10,
+        "callback_calls": 1_000,
+    },
 }
 START_UP_HEAP = {"full": 500_000, "quick": 200_000, "smoke": 5_000}
 LOGGER_THRESHOLD_MS = 50.0
@@ -292,49 +310,93 @@ def main(argv: list[str] | None = None) -> int:
     for measured in result["interpreters"]:
         logged = measured["logger"]
         for arm in logged["arms"][1:]:
-            logger_rows.append([
-                measured["python"], arm, logged["none"]["seconds_median"],
-                logged[arm]["seconds_median"], logged[arm]["collections_median"],
-                logged[arm]["cost_pct_median"],
-                "[{:.1f}, {:.1f}]".format(*logged[arm]["cost_pct_iqr"]),
-                logged[arm]["callback_ns_per_collection"],
-                logged[arm]["cost_pct_from_callback"],
-            ])
+            logger_rows.append(
+                [
+                    measured["python"],
+                    arm,
+                    logged["none"]["seconds_median"],
+                    logged[arm]["seconds_median"],
+                    logged[arm]["collections_median"],
+                    logged[arm]["cost_pct_median"],
+                    "[{:.1f}, {:.1f}]".format(*logged[arm]["cost_pct_iqr"]),
+                    logged[arm]["callback_ns_per_collection"],
+                    logged[arm]["cost_pct_from_callback"],
+                ]
+            )
             if arm == "noop-callback":
                 continue  # a reference point, not a goal
-            verdicts.append({
-                "python": measured["python"], "what": f"{arm} cost %",
-                "measured": logged[arm]["cost_pct_median"],
-                "met": logged[arm]["cost_pct_median"] < GOAL_LOGGER_PCT,
-            })
+            verdicts.append(
+                {
+                    "python": measured["python"],
+                    "what": f"{arm} cost %",
+                    "measured": logged[arm]["cost_pct_median"],
+                    "met": logged[arm]["cost_pct_median"] < GOAL_LOGGER_PCT,
+                }
+            )
         tick = measured["tick"]
         small, big = (str(s) for s in tick["sizes"])
-        tick_rows.append([
-            measured["python"], tick["tick"].split(" ")[0], tick["frozen_counts"][small],
-            tick["tick_us_median"][small], tick["frozen_counts"][big], tick["tick_us_median"][big],
-            tick["big_over_small"],
-        ])
-        verdicts.append({
-            "python": measured["python"], "what": f"tick {big}/{small}",
-            "measured": tick["big_over_small"], "met": tick["big_over_small"] < GOAL_TICK_RATIO,
-        })
-    print(bc.format_table(
-        ["python", "arm", "none s", "arm s", "collections", "cost % (median)", "cost % IQR",
-         "callback ns/collection", "cost % (callback x rate)"],
-        logger_rows,
-    ))
+        tick_rows.append(
+            [
+                measured["python"],
+                tick["tick"].split(" ")[0],
+                tick["frozen_counts"][small],
+                tick["tick_us_median"][small],
+                tick["frozen_counts"][big],
+                tick["tick_us_median"][big],
+                tick["big_over_small"],
+            ]
+        )
+        verdicts.append(
+            {
+                "python": measured["python"],
+                "what": f"tick {big}/{small}",
+                "measured": tick["big_over_small"],
+                "met": tick["big_over_small"] < GOAL_TICK_RATIO,
+            }
+        )
+    print(
+        bc.format_table(
+            [
+                "python",
+                "arm",
+                "none s",
+                "arm s",
+                "collections",
+                "cost % (median)",
+                "cost % IQR",
+                "callback ns/collection",
+                "cost % (callback x rate)",
+            ],
+            logger_rows,
+        )
+    )
     print()
-    print(bc.format_table(
-        ["python", "tick", "frozen (small)", "tick us", "frozen (big)", "tick us", "big/small x"],
-        tick_rows,
-    ))
+    print(
+        bc.format_table(
+            [
+                "python",
+                "tick",
+                "frozen (small)",
+                "tick us",
+                "frozen (big)",
+                "tick us",
+                "big/small x",
+            ],
+            tick_rows,
+        )
+    )
     for verdict in verdicts:
-        print(f"goal {verdict['what']} on {verdict['python']}: {verdict['measured']:.3f} "
-              f"({'met' if verdict['met'] else 'MISSED'})")
+        print(
+            f"goal {verdict['what']} on {verdict['python']}: {verdict['measured']:.3f} "
+            f"({'met' if verdict['met'] else 'MISSED'})"
+        )
     for measured in result["interpreters"]:
         if measured["logger"]["metrics_unavailable"]:
-            print(f"note: no logger+metrics arm on {measured['python']}: "
-                  f"{measured['logger']['metrics_unavailable']}", file=sys.stderr)
+            print(
+                f"note: no logger+metrics arm on {measured['python']}: "
+                f"{measured['logger']['metrics_unavailable']}",
+                file=sys.stderr,
+            )
     result["goal"]["verdicts"] = verdicts
     path = bc.write_result(args, NAME, result)
     print(f"wrote {path}")

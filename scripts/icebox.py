@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         f"worker model {MODEL} (pid {worker.proc.pid})",
         *(f"[icebox]   {line}" for line in freezes),
         "[icebox] send a chat completion (the mock engine echoes the prompt's tokens up to its "
-        "first end-of-text token; with \"ignore_eos\": true it goes on counting through the "
+        'first end-of-text token; with "ignore_eos": true it goes on counting through the '
         "vocabulary):",
         "",
         "  " + curl_command(base_url, MODEL),

@@ -66,10 +66,12 @@ def _heap_sample(pair: ab.Pair, elapsed_s: float) -> dict:
     metrics = {name: url for name, (_, url) in pair.processes().items()}
     for name, url in pair.debug_urls().items():
         state = get_json(url + "/state") or {}
-        sample[name] = {"generation_objects": state.get("generation_objects"),
-                        "counts": state.get("counts"),
-                        "frozen_objects": state.get("frozen_objects"),
-                        "gen2_collections": ab.gc_counters(metrics[name])["gen2"]}
+        sample[name] = {
+            "generation_objects": state.get("generation_objects"),
+            "counts": state.get("counts"),
+            "frozen_objects": state.get("frozen_objects"),
+            "gen2_collections": ab.gc_counters(metrics[name])["gen2"],
+        }
     return sample
 
 
@@ -82,8 +84,11 @@ def _gen2_growth_per_request(heap_samples: list[dict], name: str, rate: float) -
     generation-2 objects that died meanwhile).
     """
     last = heap_samples[-1][name]["gen2_collections"]
-    usable = [s for s in heap_samples
-              if s[name]["generation_objects"] and s[name]["gen2_collections"] == last]
+    usable = [
+        s
+        for s in heap_samples
+        if s[name]["generation_objects"] and s[name]["gen2_collections"] == last
+    ]
     if len(usable) < 2 or usable[-1]["t_s"] <= usable[0]["t_s"]:
         return None
     grown = usable[-1][name]["generation_objects"][2] - usable[0][name]["generation_objects"][2]
@@ -110,7 +115,10 @@ def probe_arm(arm: str, args, work_root: Path) -> dict:
         client_err = open(work_dir / "client.err", "w+")
         client = subprocess.Popen(
             ab.client_argv(chat_url, args.rate, args.duration, 1, args),
-            stdout=client_out, stderr=client_err, env=bc.child_env(), cwd=bc.REPO_ROOT,
+            stdout=client_out,
+            stderr=client_err,
+            env=bc.child_env(),
+            cwd=bc.REPO_ROOT,
         )
         started = time.monotonic()
         next_heap_sample = HEAP_SAMPLE_EVERY_S
@@ -122,8 +130,12 @@ def probe_arm(arm: str, args, work_root: Path) -> dict:
                 counters = ab.gc_counters(url)
                 sample[name] = counters
                 base = start_counters[name]["gen2"]
-                if first_gen2[name] is None and counters["gen2"] is not None and base is not None \
-                        and counters["gen2"] > base:
+                if (
+                    first_gen2[name] is None
+                    and counters["gen2"] is not None
+                    and base is not None
+                    and counters["gen2"] > base
+                ):
                     first_gen2[name] = elapsed
             counter_samples.append(sample)
             if elapsed >= next_heap_sample:
@@ -142,8 +154,10 @@ def probe_arm(arm: str, args, work_root: Path) -> dict:
         load = json.loads((work_dir / "client.json").read_text().strip().splitlines()[-1])
         heap_samples.append(_heap_sample(pair, time.monotonic() - started))
         # The pause logger's lines of the window (>= 50 ms), before the timed collections add theirs.
-        window_pauses = {name: ab.pauses_in(proc.log_bytes(log_start[name], proc.log_size()))
-                         for name, (proc, _) in processes.items()}
+        window_pauses = {
+            name: ab.pauses_in(proc.log_bytes(log_start[name], proc.log_size()))
+            for name, (proc, _) in processes.items()
+        }
         timed = time_full_collections(pair, chat_url, args)
         rss = pair.rss_mb()
     finally:
@@ -151,8 +165,11 @@ def probe_arm(arm: str, args, work_root: Path) -> dict:
     end_counters = counter_samples[-1]
     per_process = {}
     for name in processes:
-        gen2 = [s[name]["gen2"] - start_counters[name]["gen2"] for s in counter_samples
-                if s[name]["gen2"] is not None and start_counters[name]["gen2"] is not None]
+        gen2 = [
+            s[name]["gen2"] - start_counters[name]["gen2"]
+            for s in counter_samples
+            if s[name]["gen2"] is not None and start_counters[name]["gen2"] is not None
+        ]
         first_state = heap_samples[0][name]
         per_process[name] = {
             "first_gen2_s": first_gen2[name],
@@ -162,11 +179,11 @@ def probe_arm(arm: str, args, work_root: Path) -> dict:
             "gen0_in_window": _delta(end_counters[name], start_counters[name], "gen0"),
             "generation_objects_at_start": first_state["generation_objects"],
             "frozen_objects": first_state["frozen_objects"],
-            "gen2_net_growth_per_request": _gen2_growth_per_request(
-                heap_samples, name, args.rate),
+            "gen2_net_growth_per_request": _gen2_growth_per_request(heap_samples, name, args.rate),
             # CPython's next full collection waits for a quarter of what its last one left.
             "gen2_objects_at_end": heap_samples[-1][name]["generation_objects"][2]
-            if heap_samples[-1][name]["generation_objects"] else None,
+            if heap_samples[-1][name]["generation_objects"]
+            else None,
             "timed_full_collections": timed[name],
             "rss_mb_at_end": rss["worker" if name == "worker" else "frontend"],
         }
@@ -194,7 +211,9 @@ def time_full_collections(pair: ab.Pair, chat_url: str, args) -> dict:
     seconds = 4.0 * TIMED_COLLECTIONS + 4.0
     client = subprocess.Popen(
         ab.client_argv(chat_url, args.rate, seconds, 2, args),
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=bc.child_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=bc.child_env(),
         cwd=bc.REPO_ROOT,
     )
     timed: dict[str, list[dict]] = {name: [] for name in pair.debug_urls()}
@@ -206,8 +225,7 @@ def time_full_collections(pair: ab.Pair, chat_url: str, args) -> dict:
         for _ in range(TIMED_COLLECTIONS):
             for name, url in pair.debug_urls().items():
                 answer = post_json(url + "/collect")
-                timed[name].append({"took_ms": answer["took_ms"],
-                                    "collected": answer["collected"]})
+                timed[name].append({"took_ms": answer["took_ms"], "collected": answer["collected"]})
             try:
                 client.wait(timeout=1.0)
             except subprocess.TimeoutExpired:
@@ -221,17 +239,24 @@ def probe(args, work_root: Path) -> dict:
     arms = args.arms.split(",") if args.arms else ["ctl", "all"]
     results = []
     for arm in arms:
-        print(f"probe: arm {arm}, {args.rate:g} RPS for {args.duration:g} s", file=sys.stderr,
-              flush=True)
+        print(
+            f"probe: arm {arm}, {args.rate:g} RPS for {args.duration:g} s",
+            file=sys.stderr,
+            flush=True,
+        )
         measured = probe_arm(arm, args, work_root)
         for name in ("frontend", "worker"):
             process = measured["processes"][name]
             timed = ", ".join(f"{t['took_ms']:.0f}" for t in process["timed_full_collections"])
-            print(f"  {arm:4} {name:8} first gen2 at {process['first_gen2_s']} s, "
-                  f"gen2 in window {process['gen2_in_window']}, "
-                  f"gen2 objects at start {process['generation_objects_at_start']}, "
-                  f"net growth/request {process['gen2_net_growth_per_request']}, "
-                  f"timed full collections {timed} ms", file=sys.stderr, flush=True)
+            print(
+                f"  {arm:4} {name:8} first gen2 at {process['first_gen2_s']} s, "
+                f"gen2 in window {process['gen2_in_window']}, "
+                f"gen2 objects at start {process['generation_objects_at_start']}, "
+                f"net growth/request {process['gen2_net_growth_per_request']}, "
+                f"timed full collections {timed} ms",
+                file=sys.stderr,
+                flush=True,
+            )
         results.append(measured)
     return {"arms": results}
 
@@ -252,36 +277,81 @@ def cross_check(args, work_root: Path) -> dict:
         ours.append(ab.run_rung(pair, args.rate, args.duration, 8, args))
     finally:
         pair.stop()
-    ours_summary = [{
-        "sent": run["sent"], "ok": run["ok"], "errors": run["errors"],
-        "achieved_rps": run["achieved_rps"],
-        "latency": ab.summarise([run["latency_s"]]), "ttft": ab.summarise([run["ttft_s"]]),
-        "send_lag_p99_ms": 1000 * bc.percentile(run["send_lag_s"], 99),
-    } for run in ours]
-    print(f"cross-check at {args.rate:g} RPS: p50/p99 e2e ours "
-          + ", ".join(f"{o['latency']['p50_ms']:.0f}/{o['latency']['p99_ms']:.0f}"
-                      for o in ours_summary)
-          + f" ms (before, after); vllm bench serve {theirs.get('median_e2el_ms'):.0f}/"
-          f"{theirs.get('p99_e2el_ms'):.0f} ms", file=sys.stderr, flush=True)
-    return {"rate_rps": args.rate, "window_s": args.duration, "ours": ours_summary,
-            "vllm_bench_serve": theirs}
+    ours_summary = [
+        {
+            "sent": run["sent"],
+            "ok": run["ok"],
+            "errors": run["errors"],
+            "achieved_rps": run["achieved_rps"],
+            "latency": ab.summarise([run["latency_s"]]),
+            "ttft": ab.summarise([run["ttft_s"]]),
+            "send_lag_p99_ms": 1000 * bc.percentile(run["send_lag_s"], 99),
+        }
+        for run in ours
+    ]
+    print(
+        f"cross-check at {args.rate:g} RPS: p50/p99 e2e ours "
+        + ", ".join(
+            f"{o['latency']['p50_ms']:.0f}/{o['latency']['p99_ms']:.0f}" for o in ours_summary
+        )
+        + f" ms (before, after); vllm bench serve {theirs.get('median_e2el_ms'):.0f}/"
+        f"{theirs.get('p99_e2el_ms'):.0f} ms",
+        file=sys.stderr,
+        flush=True,
+    )
+    return {
+        "rate_rps": args.rate,
+        "window_s": args.duration,
+        "ours": ours_summary,
+        "vllm_bench_serve": theirs,
+    }
 
 
 def run_vllm_bench_serve(pair: ab.Pair, args, work_dir: Path) -> dict:
     out = work_dir / "vllm-bench-serve.json"
     prompts = max(1, round(args.rate * args.duration))
     argv = [
-        args.vllm_python, "-c", VLLM_BENCH_SERVE, str(out),
-        "--backend", "openai-chat", "--base-url", pair.base_url,
-        "--endpoint", "/v1/chat/completions", "--model", args.model_name,
-        "--dataset-name", "random", "--random-input-len", str(args.cross_check_input_len),
-        "--random-output-len", str(args.max_tokens), "--ignore-eos",
-        "--request-rate", str(args.rate), "--num-prompts", str(prompts), "--seed", "7",
-        "--percentile-metrics", "ttft,e2el", "--metric-percentiles", "50,99,99.9",
-        "--num-warmups", "0", "--disable-tqdm",
+        args.vllm_python,
+        "-c",
+        VLLM_BENCH_SERVE,
+        str(out),
+        "--backend",
+        "openai-chat",
+        "--base-url",
+        pair.base_url,
+        "--endpoint",
+        "/v1/chat/completions",
+        "--model",
+        args.model_name,
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(args.cross_check_input_len),
+        "--random-output-len",
+        str(args.max_tokens),
+        "--ignore-eos",
+        "--request-rate",
+        str(args.rate),
+        "--num-prompts",
+        str(prompts),
+        "--seed",
+        "7",
+        "--percentile-metrics",
+        "ttft,e2el",
+        "--metric-percentiles",
+        "50,99,99.9",
+        "--num-warmups",
+        "0",
+        "--disable-tqdm",
     ]
-    proc = subprocess.run(argv, capture_output=True, text=True, cwd=bc.REPO_ROOT,
-                          env=bc.child_env(bc.OFFLINE_ENV), timeout=args.duration * 4 + 300)
+    proc = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        cwd=bc.REPO_ROOT,
+        env=bc.child_env(bc.OFFLINE_ENV),
+        timeout=args.duration * 4 + 300,
+    )
     (work_dir / "vllm-bench-serve.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         raise RuntimeError(f"vllm bench serve exited {proc.returncode}:\n{proc.stderr[-3000:]}")
@@ -303,10 +373,14 @@ def plot_probe(args, result: dict) -> Path | None:
         samples = arm["counter_samples"]
         for name in ("frontend", "worker"):
             base = samples[0][name]["gen2"] or 0
-            count_ax.step([s["t_s"] for s in samples],
-                          [(s[name]["gen2"] or 0) - base for s in samples], where="post",
-                          color=colors.get(arm["arm"]), ls=styles[name],
-                          label=f"{arm['arm']} {name}")
+            count_ax.step(
+                [s["t_s"] for s in samples],
+                [(s[name]["gen2"] or 0) - base for s in samples],
+                where="post",
+                color=colors.get(arm["arm"]),
+                ls=styles[name],
+                label=f"{arm['arm']} {name}",
+            )
             bars.append([t["took_ms"] for t in arm["processes"][name]["timed_full_collections"]])
             labels.append(f"{arm['arm']}\n{name}")
     count_ax.set_title(f"automatic full collections at {result['arms'][0]['rate_rps']:g} RPS")
@@ -322,8 +396,10 @@ def plot_probe(args, result: dict) -> Path | None:
     timed_ax.set_ylabel("ms (POST /debug/gc/collect, timed in the process)")
     timed_ax.set_title("one full collection of the real heap, under the same load")
     timed_ax.grid(True, axis="y", which="both", alpha=0.3)
-    fig.suptitle(f"ab_serving --engine vllm --probe: real heaps, {bc.cpu_model()}, "
-                 f"{os.cpu_count()} cores", fontsize=9)
+    fig.suptitle(
+        f"ab_serving --engine vllm --probe: real heaps, {bc.cpu_model()}, {os.cpu_count()} cores",
+        fontsize=9,
+    )
     fig.tight_layout()
     path = bc.plot_path(args, "ab_serving_vllm-probe")
     fig.savefig(path, dpi=110)

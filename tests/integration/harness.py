@@ -18,8 +18,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 DEFAULT_DEADLINE_S = 60.0
 MAKE_TINY_MODEL = Path(__file__).resolve().parents[2] / "scripts" / "make_tiny_model.py"

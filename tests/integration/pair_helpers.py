@@ -13,9 +13,8 @@ import json
 import re
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
-
 
 from dynamo.frontend.chat_processor import build_chat_processor
 from dynamo.runtime.sampling import SamplingOptions
@@ -40,9 +39,7 @@ def start_worker(
     name: str, log_dir: Path, discovery_dir: Path, model: str, *args: str
 ) -> LauncherProcess:
     """A mock worker producing a token a millisecond (``args`` may override it)."""
-    return harness.start_worker(
-        name, log_dir, discovery_dir, model, "--mock-token-ms", "1", *args
-    )
+    return harness.start_worker(name, log_dir, discovery_dir, model, "--mock-token-ms", "1", *args)
 
 
 def start_frontend(name: str, log_dir: Path, discovery_dir: Path, *args: str) -> LauncherProcess:
@@ -97,7 +94,9 @@ def expected_completion(
     worker's ``--mock-max-model-len`` when it set one)."""
     if card is None:
         card = load_mock_model(
-            harness.tiny_tokenizer_dir(), served_model_name=body["model"], max_model_len=max_model_len
+            harness.tiny_tokenizer_dir(),
+            served_model_name=body["model"],
+            max_model_len=max_model_len,
         ).card
     processor = build_chat_processor(card)
     ids = processor.encode_chat(processor.render(body["messages"]))

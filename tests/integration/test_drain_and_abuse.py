@@ -29,12 +29,18 @@ AFTER_DEADLINE_S = 6.0
 WORKER_PLANE_LINE = r"Request plane listening on (http://[^\s]+)"
 
 
-def _chat(url: str, *, stream: bool, max_tokens: int, content: str = "hi") -> http.client.HTTPResponse:
+def _chat(
+    url: str, *, stream: bool, max_tokens: int, content: str = "hi"
+) -> http.client.HTTPResponse:
     parts = urllib.parse.urlsplit(url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
-    body = {"model": MODEL, "messages": [{"role": "user", "content": content}],
-            "max_tokens": max_tokens, "stream": stream,
-            "ignore_eos": True}  # fmt: skip: the echoed prompt's EOS must not end the stream
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+        "ignore_eos": True,
+    }  # fmt: skip: the echoed prompt's EOS must not end the stream
     conn.request("POST", "/v1/chat/completions", json.dumps(body),
                  {"Content-Type": "application/json"})  # fmt: skip
     return conn.getresponse()

@@ -149,9 +149,7 @@ def test_namespaces_do_not_see_each_other(etcd_server):
     assert [r.model for r in seen_a.added] == ["only-a"] and seen_b.added == []
 
 
-def test_malformed_and_oversized_records_get_one_warning_each_and_are_skipped(
-    etcd_server, caplog
-):
+def test_malformed_and_oversized_records_get_one_warning_each_and_are_skipped(etcd_server, caplog):
     caplog.set_level(logging.INFO)
     backend = discovery(etcd_server)
     prefix = backend.prefix.encode()
@@ -205,15 +203,16 @@ def test_an_outage_keeps_the_known_instances_and_logs_once(etcd_server, caplog):
             etcd_server.stop()
             await until(lambda: watcher.state == "degraded", what="the watcher to see the outage")
             # Longer than the lease: the worker cannot renew, nothing is removed meanwhile.
-            await until(
-                lambda: "Discovery: lost etcd" in caplog.text, what="the worker to see it"
-            )
+            await until(lambda: "Discovery: lost etcd" in caplog.text, what="the worker to see it")
             await asyncio.sleep(registration.lease_ttl_s + 1)  # the outage outlasts the lease
             assert watcher.known == {record.instance_id: record} and seen.removed == []
             etcd_server.start()
             await until(
-                lambda: watcher.state == "ok" and "registered again" in caplog.text
-                or "still held" in caplog.text,
+                lambda: (
+                    watcher.state == "ok"
+                    and "registered again" in caplog.text
+                    or "still held" in caplog.text
+                ),
                 what="recovery",
             )
             await until(lambda: watcher.state == "ok")
@@ -318,7 +317,9 @@ def test_compaction_while_watching_relists_and_misses_nothing(etcd_server, caplo
 def test_a_thousand_records_are_all_seen(etcd_server, record_property):
     backend = discovery(etcd_server)
     prefix = backend.prefix.encode()
-    records = [ModelRecord(model=f"model-{i % 10}", endpoint=f"http://w:{i + 1}") for i in range(1000)]
+    records = [
+        ModelRecord(model=f"model-{i % 10}", endpoint=f"http://w:{i + 1}") for i in range(1000)
+    ]
     seen = Seen()
 
     async def scenario():

@@ -55,8 +55,10 @@ def models(url: str) -> set[str]:
 def etcd_records(server) -> list[ModelRecord]:
     async def listing():
         async with aetcd.Client(host="127.0.0.1", port=server.client_port, timeout=5) as c:
-            return [ModelRecord.from_json(kv.value.decode()) for kv in await c.get_prefix(
-                b"dynamo-gc/pair/models/")]
+            return [
+                ModelRecord.from_json(kv.value.decode())
+                for kv in await c.get_prefix(b"dynamo-gc/pair/models/")
+            ]
 
     return asyncio.run(listing())
 
@@ -109,9 +111,7 @@ def test_sigkill_leaves_after_the_ttl_and_the_other_worker_serves(
     frontend = start_frontend("frontend", tmp_path, d, *etcd_args(etcd_server))
     try:
         url = frontend_url(frontend)
-        wait_until(
-            lambda: {"etcd-doomed", "etcd-other"} <= models(url), deadline_s=30, what="both"
-        )
+        wait_until(lambda: {"etcd-doomed", "etcd-other"} <= models(url), deadline_s=30, what="both")
         doomed.proc.kill()
         doomed.proc.wait(timeout=10)
         began = time.monotonic()
@@ -232,9 +232,15 @@ def test_start_up_with_etcd_down_stays_not_ready_then_serves(etcd_server, tmp_pa
 def test_unusable_etcd_credentials_exit_2_and_never_print_a_password(module, env, needle):
     result = subprocess.run(
         [sys.executable, "-m", module, "--discovery-backend", "etcd"]
-        + (["--engine", "mock", "--model", harness.tiny_tokenizer_dir()] if module == "dynamo.vllm" else []),
-        env={**{k: v for k, v in __import__("os").environ.items() if not k.startswith("ETCD_")},
-             **env},
+        + (
+            ["--engine", "mock", "--model", harness.tiny_tokenizer_dir()]
+            if module == "dynamo.vllm"
+            else []
+        ),
+        env={
+            **{k: v for k, v in __import__("os").environ.items() if not k.startswith("ETCD_")},
+            **env,
+        },
         capture_output=True,
         text=True,
         timeout=60,

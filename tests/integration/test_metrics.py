@@ -55,7 +55,9 @@ class Served:
         return {f.name: f for f in text_string_to_metric_families(body.decode())}
 
     def value(self, families: dict, family: str, sample: str, **labels) -> float:
-        found = [s.value for s in families[family].samples if s.name == sample and s.labels == labels]
+        found = [
+            s.value for s in families[family].samples if s.name == sample and s.labels == labels
+        ]
         assert len(found) == 1, (sample, labels, found)
         return found[0]
 
@@ -138,9 +140,7 @@ def test_frozen_objects_gauge_equals_the_freeze_log_line(one):
 def test_phase_gauge_says_serving(one):
     _, target = one
     families = target.scrape()
-    phases = {
-        s.labels["phase"]: s.value for s in families["dynamo_serving_phase"].samples
-    }
+    phases = {s.labels["phase"]: s.value for s in families["dynamo_serving_phase"].samples}
     assert phases == {"starting": 0, "serving": 1, "draining": 0}
 
 
@@ -154,7 +154,10 @@ def test_forced_collection_adds_one_generation_2_pause(one):
     answer = json.loads(body)
     after_scrape = target.gen2_pauses(target.scrape())
     assert answer["gen2_collections_delta"] == 1
-    before, after = answer["pause_histogram_gen2_count_before"], answer["pause_histogram_gen2_count_after"]
+    before, after = (
+        answer["pause_histogram_gen2_count_before"],
+        answer["pause_histogram_gen2_count_after"],
+    )
     assert after == before + 1
     assert before_scrape <= before and after <= after_scrape
     assert after_scrape >= before_scrape + 1

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-
 from tests.integration.harness import wait_until
 from tests.integration.pair_helpers import CLIENT_TIMEOUT_S, expected_content, request
 
@@ -24,7 +23,9 @@ pytestmark = pytest.mark.integration
 ICEBOX = Path(__file__).resolve().parents[2] / "scripts" / "icebox.py"
 README = ICEBOX.parents[1] / "README.md"
 README_URL = "http://127.0.0.1:8000"  # the icebox's default port, as the README says
-README_CURL = re.compile(r"^curl -s http://127\.0\.0\.1:8000/v1/chat/completions .*?\}'$", re.M | re.S)
+README_CURL = re.compile(
+    r"^curl -s http://127\.0\.0\.1:8000/v1/chat/completions .*?\}'$", re.M | re.S
+)
 BANNER = re.compile(
     r"frontend (http://127\.0\.0\.1:\d+) \(pid (\d+)\), worker model (\S+) \(pid (\d+)\)"
 )
@@ -109,7 +110,7 @@ def test_icebox_prints_a_working_curl_command_and_stops_cleanly(icebox):
     example = shlex.split(README_CURL.search(readme).group(0))
     assert example[2].startswith(README_URL), example[2]
     body = json.loads(example[example.index("-d") + 1])
-    status, answer = request("POST", url + example[2][len(README_URL):], body)
+    status, answer = request("POST", url + example[2][len(README_URL) :], body)
     assert status == 200, answer
     content = answer["choices"][0]["message"]["content"]
     assert content == expected_content(body) and answer["choices"][0]["finish_reason"] == "stop"

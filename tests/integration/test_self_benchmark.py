@@ -55,12 +55,18 @@ def benchmarked_worker(tmp_path_factory):
     process = start_worker(
         "benchmarked-worker",
         directory,
-        "--self-benchmark-points", str(POINTS),
-        "--self-benchmark-output", str(output),
-        "--fpm-gc-policy", "freeze",
-        "--tensor-parallel-size", str(RANKS),
-        "--mock-heap-objects", "100000",
-        "--mock-token-ms", "1",
+        "--self-benchmark-points",
+        str(POINTS),
+        "--self-benchmark-output",
+        str(output),
+        "--fpm-gc-policy",
+        "freeze",
+        "--tensor-parallel-size",
+        str(RANKS),
+        "--mock-heap-objects",
+        "100000",
+        "--mock-token-ms",
+        "1",
         *DEBUG_STATE_ARGS,
     )
     try:
@@ -142,9 +148,12 @@ def test_without_the_serving_freeze_the_benchmark_leaves_nothing_frozen(tmp_path
     process = start_worker(
         "benchmarked-unfrozen",
         tmp_path,
-        "--self-benchmark-points", "20",
-        "--fpm-gc-policy", "freeze",
-        "--tensor-parallel-size", str(RANKS),
+        "--self-benchmark-points",
+        "20",
+        "--fpm-gc-policy",
+        "freeze",
+        "--tensor-parallel-size",
+        str(RANKS),
         "--no-freeze-gc-heap",
         *DEBUG_STATE_ARGS,
     )
@@ -184,8 +193,10 @@ def test_a_conflicting_worker_extension_exits_2_before_engine_init(tmp_path):
     process = start_worker(
         "conflict",
         tmp_path,
-        "--self-benchmark-points", "5",
-        "--fpm-gc-policy", "freeze",
+        "--self-benchmark-points",
+        "5",
+        "--fpm-gc-policy",
+        "freeze",
         env={"DYN_VLLM_WORKER_EXTENSION_CLS": "collections.OrderedDict"},
     )
     try:
@@ -201,7 +212,8 @@ def test_a_bad_interval_env_exits_2_naming_flag_and_env(tmp_path):
     process = start_worker(
         "bad-interval",
         tmp_path,
-        "--self-benchmark-points", "5",
+        "--self-benchmark-points",
+        "5",
         env={"DYN_FPM_GC_POLICY": "freeze", "DYN_FPM_GC_FREEZE_INTERVAL_S": "0.5"},
     )
     try:
@@ -217,9 +229,12 @@ def test_an_output_file_that_cannot_be_created_exits_2_before_the_ranks_start(tm
     process = start_worker(
         "bad-output",
         tmp_path,
-        "--self-benchmark-points", "5",
-        "--self-benchmark-output", str(output),
-        "--tensor-parallel-size", "2",
+        "--self-benchmark-points",
+        "5",
+        "--self-benchmark-output",
+        str(output),
+        "--tensor-parallel-size",
+        "2",
     )
     try:
         assert process.wait_exit() == 2

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from typing import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer

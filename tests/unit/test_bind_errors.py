@@ -39,7 +39,9 @@ def test_this_pythons_own_error_for_an_address_of_no_interface_blames_the_host()
     async def bind() -> OSError:
         try:
             server = await asyncio.get_running_loop().create_server(
-                asyncio.Protocol, "192.0.2.1", 0  # TEST-NET-1: never an address of this machine
+                asyncio.Protocol,
+                "192.0.2.1",
+                0,  # TEST-NET-1: never an address of this machine
             )
         except OSError as exc:
             return exc

@@ -13,8 +13,8 @@ import importlib.util
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
@@ -34,6 +34,7 @@ from dynamo.frontend import frontend_args
 from dynamo.vllm import backend_args, self_benchmark_args
 
 REPO = Path(__file__).resolve().parents[2]
+
 
 def parse_worker(argv=None, env=None) -> argparse.Namespace:
     """The worker's parse_args with its one required option (--model) given through its env
@@ -373,7 +374,16 @@ def _rejects(option: Option, text: str) -> bool:
 
 # Unicode digits that int()/float() read as numbers (fullwidth, Arabic-Indic, Devanagari, ...)
 # and characters that look like digits: none of them is a number to our parsers.
-UNICODE_DIGITS = ["\uff15", "\uff11\uff12", "\u0663", "\u06f4", "\u096a\u0968", "\u00b2", "\u2460", "\u516b"]
+UNICODE_DIGITS = [
+    "\uff15",
+    "\uff11\uff12",
+    "\u0663",
+    "\u06f4",
+    "\u096a\u0968",
+    "\u00b2",
+    "\u2460",
+    "\u516b",
+]
 CONTROL_JUNK = ["\t", "\n", "a\nb", "a\x00b", "\x1b[31mred", "a\x7fb", "a\u0085b"]
 
 
@@ -479,9 +489,7 @@ def test_bad_cli_value_as_separate_word_exits_2_naming_flag_env_and_value(
     assert_names_flag_env_and_value(err, option.flag, option.env_var, value)
 
 
-@pytest.mark.parametrize(
-    "program,option", [pytest.param(p, o, id=o.flag) for p, o in VALUED]
-)
+@pytest.mark.parametrize("program,option", [pytest.param(p, o, id=o.flag) for p, o in VALUED])
 def test_every_option_takes_a_good_value_and_cli_beats_env(program, option):
     parse = PARSERS[program]
     text, value = good_value(option)
@@ -545,7 +553,9 @@ POLICY = self_benchmark_args.FPM_GC_POLICY
 @pytest.mark.parametrize("value", ["0.5", "inf", "nan", "-1", "abc"])
 @pytest.mark.parametrize("source", ["env", "cli"])
 def test_self_benchmark_freeze_interval_rejects(value, source, capsys):
-    argv, env = ([f"{INTERVAL.flag}={value}"], {}) if source == "cli" else ([], {INTERVAL.env_var: value})
+    argv, env = (
+        ([f"{INTERVAL.flag}={value}"], {}) if source == "cli" else ([], {INTERVAL.env_var: value})
+    )
     err = expect_exit_2(capsys, parse_worker, argv, env)
     assert_names_flag_env_and_value(err, INTERVAL.flag, INTERVAL.env_var, value)
 
@@ -561,9 +571,7 @@ def test_self_benchmark_defaults_and_values():
     config = parse_worker([], {})
     assert config.fpm_gc_policy == "off"
     assert config.fpm_gc_freeze_interval_s == 60.0
-    config = parse_worker(
-        [], {POLICY.env_var: "freeze", INTERVAL.env_var: "1"}
-    )
+    config = parse_worker([], {POLICY.env_var: "freeze", INTERVAL.env_var: "1"})
     assert config.fpm_gc_policy == "freeze"
     assert config.fpm_gc_freeze_interval_s == 1.0
 

@@ -144,7 +144,9 @@ def test_watcher_ignores_temp_hidden_and_foreign_files(tmp_path, caplog):
     seen = Recorder(tmp_path)
     seen.poll()
     assert seen.added == []
-    assert not [r for r in caplog.records if ".tmp-" in r.getMessage() or ".hidden" in r.getMessage()]
+    assert not [
+        r for r in caplog.records if ".tmp-" in r.getMessage() or ".hidden" in r.getMessage()
+    ]
 
 
 def _valid(instance_id: str) -> str:
@@ -156,9 +158,7 @@ MALFORMED = {
     "missing-fields": json.dumps({"model": "m"}),
     "empty-model": json.dumps({"model": "", "endpoint": "http://x", "instance_id": "x"}),
     "wrong-type": json.dumps({"model": 1, "endpoint": "http://x", "instance_id": "x"}),
-    "pid-null": json.dumps(
-        {"model": "m", "endpoint": "http://x", "instance_id": "x", "pid": None}
-    ),
+    "pid-null": json.dumps({"model": "m", "endpoint": "http://x", "instance_id": "x", "pid": None}),
     "pid-text": json.dumps(
         {"model": "m", "endpoint": "http://x", "instance_id": "x", "pid": "abc"}
     ),

@@ -22,9 +22,10 @@ from dynamo.runtime.discovery import (
     RecordHeartbeat,
     heartbeat_interval_for,
 )
-from dynamo.vllm import backend_args, main as worker_main
-from tests.unit.watched_discovery import TTL_S, Watched
+from dynamo.vllm import backend_args
+from dynamo.vllm import main as worker_main
 from tests.integration.harness import mock_worker_env
+from tests.unit.watched_discovery import TTL_S, Watched
 
 LOGGER = "dynamo.runtime.discovery"
 EXPIRED = (
@@ -121,9 +122,7 @@ def test_a_record_unchanged_for_longer_than_the_ttl_expires_with_one_warning(tmp
 
     assert seen.removed == ["i1"] and seen.live() == set()
     assert _warnings(caplog, "expired") == [
-        EXPIRED.format(
-            path=path, silent="10.5", instance="i1", endpoint="http://127.0.0.1:40001"
-        )
+        EXPIRED.format(path=path, silent="10.5", instance="i1", endpoint="http://127.0.0.1:40001")
     ]
 
 
@@ -318,9 +317,7 @@ def test_failed_heartbeats_warn_once_and_the_next_success_says_so(tmp_path, mock
     assert len(_warnings(caplog, "Discovery heartbeat failed")) == 2
 
 
-def test_the_worker_renews_its_record_while_serving_and_stops_before_removing_it(
-    tmp_path, mocker
-):
+def test_the_worker_renews_its_record_while_serving_and_stops_before_removing_it(tmp_path, mocker):
     """On the real run_worker: heartbeats while serving; on drain the task ends, then the record."""
     discovery_dir = tmp_path / "discovery"
     config = backend_args.parse_args(

@@ -112,9 +112,7 @@ def _module_of(surface_name: str):
 def _change_option(monkeypatch, surface_name: str, dest: str, **changes) -> Path:
     module = _module_of(surface_name)
     surface = module.SURFACE
-    options = [
-        dataclasses.replace(o, **changes) if o.dest == dest else o for o in surface.options
-    ]
+    options = [dataclasses.replace(o, **changes) if o.dest == dest else o for o in surface.options]
     monkeypatch.setattr(module, "SURFACE", dataclasses.replace(surface, options=options))
     return docs.page_path(Path("."), surface)
 
@@ -134,7 +132,9 @@ def test_freshly_written_pages_are_not_stale(docs_dir):
         ("vllm-self-benchmark", "fpm_gc_policy", {"default": "freeze"}),
     ],
 )
-def test_a_changed_declaration_makes_its_page_stale(docs_dir, monkeypatch, capsys, surface_name, dest, changes):
+def test_a_changed_declaration_makes_its_page_stale(
+    docs_dir, monkeypatch, capsys, surface_name, dest, changes
+):
     relative = _change_option(monkeypatch, surface_name, dest, **changes)
     stale_page = docs_dir / relative
 

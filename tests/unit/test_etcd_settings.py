@@ -6,8 +6,8 @@ import argparse
 
 import pytest
 
-from dynamo.runtime.discovery_etcd import EtcdCredentials, EtcdDiscovery, EtcdSettingsError
 from dynamo.runtime.discovery_backend import FileDiscovery, open_discovery
+from dynamo.runtime.discovery_etcd import EtcdCredentials, EtcdDiscovery, EtcdSettingsError
 from dynamo.runtime.etcd_endpoints import EtcdEndpoint, parse_endpoints
 
 

@@ -93,8 +93,12 @@ def test_template_sources_in_order_override_file_then_config(tmp_path):
     directory = build_tiny_tokenizer(tmp_path / "m", chat_template=False)
     config = {"chat_template": "from-config"}
     assert find_chat_template(directory, config) == "from-config"
-    named = {"chat_template": [{"name": "tool_use", "template": "t"}, {"name": "default",
-                                                                       "template": "d"}]}
+    named = {
+        "chat_template": [
+            {"name": "tool_use", "template": "t"},
+            {"name": "default", "template": "d"},
+        ]
+    }
     assert find_chat_template(directory, named) == "d"
     (directory / "chat_template.jinja").write_text("from-file", encoding="utf-8")
     assert find_chat_template(directory, config) == "from-file"

@@ -250,9 +250,10 @@ def test_ignore_eos_sends_no_stop_token_ids_and_runs_to_the_limit(card, processo
     output = processor.encode_completion("ok") + [eos]
 
     async def scenario():
-        async with echo_worker(output=output) as (engine, endpoint), frontend(
-            card, endpoint
-        ) as client:
+        async with (
+            echo_worker(output=output) as (engine, endpoint),
+            frontend(card, endpoint) as client,
+        ):
             normal = await (await client.post("/v1/chat/completions", json=chat(10))).json()
             ignoring = await (
                 await client.post("/v1/chat/completions", json=chat(10, ignore_eos=True))
@@ -304,9 +305,10 @@ def test_multi_byte_text_streams_byte_exact_whatever_the_chunking(card, processo
     output = processor.encode_completion(MULTI_BYTE)
 
     async def scenario():
-        async with echo_worker(output=output, chunk=chunk) as (_, endpoint), frontend(
-            card, endpoint
-        ) as client:
+        async with (
+            echo_worker(output=output, chunk=chunk) as (_, endpoint),
+            frontend(card, endpoint) as client,
+        ):
             streamed = await client.post(
                 "/v1/chat/completions", json=chat(len(output), stream=True)
             )
@@ -330,10 +332,13 @@ def test_a_stop_string_ends_the_completion_before_it_and_never_leaks(
     output = processor.encode_completion(text)
 
     async def scenario():
-        async with echo_worker(output=output, chunk=chunk, token_ms=1) as (
-            engine,
-            endpoint,
-        ), frontend(card, endpoint) as client:
+        async with (
+            echo_worker(output=output, chunk=chunk, token_ms=1) as (
+                engine,
+                endpoint,
+            ),
+            frontend(card, endpoint) as client,
+        ):
             response = await client.post(
                 "/v1/chat/completions",
                 json=chat(200, stream=stream, stop=["fox", "never"],
@@ -371,8 +376,12 @@ def test_streaming_sends_chunks_then_usage_then_done(card, processor):
         async with echo_worker() as (_, endpoint), frontend(card, endpoint) as client:
             response = await client.post(
                 "/v1/chat/completions",
-                json=chat(max_tokens=30, stream=True, stream_options={"include_usage": True},
-                          ignore_eos=True),  # fmt: skip
+                json=chat(
+                    max_tokens=30,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                    ignore_eos=True,
+                ),  # fmt: skip
             )
             return response.status, response.headers["Content-Type"], await sse_events(response)
 
@@ -412,7 +421,9 @@ def test_completions_take_text_or_token_ids(card, processor):
     text, ids, listed, events, bodies = run(scenario)
     assert text["object"] == "text_completion" and text["id"].startswith("cmpl-")
     assert bodies[0]["token_ids"] == processor.encode_completion("Hello world")
-    assert text["choices"][0]["text"] == processor.tokenizer.decode(cycled(bodies[0]["token_ids"], 4))
+    assert text["choices"][0]["text"] == processor.tokenizer.decode(
+        cycled(bodies[0]["token_ids"], 4)
+    )
     assert text["choices"][0]["finish_reason"] == "length"
     assert bodies[1]["token_ids"] == [5, 6, 7] and ids["usage"]["prompt_tokens"] == 3
     assert bodies[2]["token_ids"] == processor.encode_completion("Hi")
@@ -579,9 +590,10 @@ def crashing_engine(processor):
 
 def test_worker_failing_mid_stream_ends_the_stream_with_an_error_event(card, processor):
     async def scenario():
-        async with request_plane_server(crashing_engine(processor)) as endpoint, frontend(
-            card, endpoint
-        ) as client:
+        async with (
+            request_plane_server(crashing_engine(processor)) as endpoint,
+            frontend(card, endpoint) as client,
+        ):
             streamed = await client.post("/v1/chat/completions", json=chat(stream=True))
             events = await sse_events(streamed)
             whole = await client.post("/v1/chat/completions", json=chat())
@@ -598,9 +610,10 @@ def test_worker_failing_mid_stream_ends_the_stream_with_an_error_event(card, pro
 
 def test_client_disconnect_mid_stream_aborts_the_request_in_the_worker(card):
     async def scenario():
-        async with echo_worker(token_ms=5.0) as (engine, endpoint), frontend(
-            card, endpoint
-        ) as client:
+        async with (
+            echo_worker(token_ms=5.0) as (engine, endpoint),
+            frontend(card, endpoint) as client,
+        ):
             response = await client.post(
                 "/v1/chat/completions", json=chat(max_tokens=400, stream=True)
             )
@@ -702,9 +715,10 @@ def test_a_worker_failing_mid_request_logs_one_line(card, processor, caplog):
     caplog.set_level(logging.INFO)
 
     async def scenario():
-        async with request_plane_server(crashing_engine(processor)) as endpoint, frontend(
-            card, endpoint
-        ) as client:
+        async with (
+            request_plane_server(crashing_engine(processor)) as endpoint,
+            frontend(card, endpoint) as client,
+        ):
             caplog.clear()
             whole = await client.post("/v1/chat/completions", json=chat())
             streamed = await client.post("/v1/chat/completions", json=chat(stream=True))
@@ -766,9 +780,11 @@ def test_a_prompt_or_sampling_refused_by_the_engine_is_the_clients_400_without_f
     message = f"{field}: refused by the engine's own check"
 
     async def scenario():
-        async with refusing_worker(field, message) as (first, first_calls), refusing_worker(
-            field, message
-        ) as (second, second_calls), frontend(card, first, second) as client:
+        async with (
+            refusing_worker(field, message) as (first, first_calls),
+            refusing_worker(field, message) as (second, second_calls),
+            frontend(card, first, second) as client,
+        ):
             body = chat() if path.endswith("chat/completions") else {
                 "model": MODEL, "prompt": "Hello", "max_tokens": 3,
             }  # fmt: skip
@@ -793,9 +809,14 @@ def test_a_worker_refusing_the_model_name_is_still_the_workers_fault(card):
     next instance is tried, and with none left it is a 503, not the client's error."""
 
     async def scenario():
-        async with refusing_worker("model", "model 'x' is not served here") as (
-            endpoint, calls,
-        ), echo_worker() as (engine, live), frontend(card, endpoint, live) as client:
+        async with (
+            refusing_worker("model", "model 'x' is not served here") as (
+                endpoint,
+                calls,
+            ),
+            echo_worker() as (engine, live),
+            frontend(card, endpoint, live) as client,
+        ):
             statuses = [
                 (await client.post("/v1/chat/completions", json=chat())).status for _ in range(2)
             ]

@@ -69,9 +69,7 @@ def test_start_initialises_every_process_before_returning_and_encodes_like_in_pr
         expected = []
         for c, t, special in tasks:
             processor = build_chat_processor(c)
-            expected.append(
-                processor.encode_completion(t) if special else processor.encode_chat(t)
-            )
+            expected.append(processor.encode_completion(t) if special else processor.encode_chat(t))
         got = asyncio.run(encode_all())
         assert got == expected
         assert got[tasks.index((card, "<|x|>", 0))] != got[tasks.index((other, "<|x|>", 0))]

@@ -60,7 +60,9 @@ def _assert_is_live_freeze_count(frozen: int) -> None:
 
 def _frozen_records(caplog) -> list[logging.LogRecord]:
     return [
-        r for r in caplog.records if r.name == LOGGER_NAME and r.getMessage().startswith("GC heap frozen")
+        r
+        for r in caplog.records
+        if r.name == LOGGER_NAME and r.getMessage().startswith("GC heap frozen")
     ]
 
 
@@ -485,7 +487,11 @@ def test_zero_threshold_with_a_sink_installs_a_metrics_only_logger(caplog):
 
 @pytest.mark.parametrize(
     ("mark", "level"),
-    [(None, logging.INFO), (lifecycle.mark_serving, logging.WARNING), ("draining", logging.WARNING)],
+    [
+        (None, logging.INFO),
+        (lifecycle.mark_serving, logging.WARNING),
+        ("draining", logging.WARNING),
+    ],
     ids=["starting", "serving", "draining"],
 )
 def test_pause_lines_are_info_while_starting_and_warnings_once_serving(mocker, caplog, mark, level):

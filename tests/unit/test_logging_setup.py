@@ -95,7 +95,9 @@ def test_a_bad_dyn_log_exits_2_naming_it(capsys):
 
 
 def test_a_target_gets_its_level_under_an_info_default(capsys):
-    logging_setup.configure_logging(logging_setup.parse_dyn_log("info,dynamo.quiet=error,dynamo.loud=debug"))
+    logging_setup.configure_logging(
+        logging_setup.parse_dyn_log("info,dynamo.quiet=error,dynamo.loud=debug")
+    )
     logging.getLogger("dynamo.loud.child").debug("loud debug")
     logging.getLogger("dynamo.quiet").warning("quiet warning")
     logging.getLogger("dynamo.other").debug("other debug")

@@ -11,9 +11,9 @@ log lines the operator guide quotes must exist in the source.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import yaml
@@ -258,9 +258,19 @@ def test_the_walker_refuses_dyn_env_it_cannot_attribute(tmp_path):
         yaml.safe_dump(
             {
                 "kind": "Deployment",
-                "spec": {"template": {"spec": {"containers": [
-                    {"name": "sidecar", "command": ["sh"], "env": [{"name": "DYN_X", "value": "1"}]}
-                ]}}},
+                "spec": {
+                    "template": {
+                        "spec": {
+                            "containers": [
+                                {
+                                    "name": "sidecar",
+                                    "command": ["sh"],
+                                    "env": [{"name": "DYN_X", "value": "1"}],
+                                }
+                            ]
+                        }
+                    }
+                },
             }
         )
     )
@@ -357,9 +367,7 @@ def prestop_sleep_s(container: dict) -> float:
 def drain_timeout_s(pod_launch: PodLaunch) -> float:
     """The drain deadline this container runs with: the flag or env var the manifest sets, else
     the declared default, as the program's own parser reads them."""
-    (option,) = [
-        o for o in program_options(pod_launch.program) if o.dest == "drain_timeout"
-    ]
+    (option,) = [o for o in program_options(pod_launch.program) if o.dest == "drain_timeout"]
     assert pod_launch.launch.env.get(option.env_var, "") is not None, (
         f"{pod_launch.where}: {option.env_var} comes from valueFrom: the check cannot read it"
     )
@@ -469,7 +477,8 @@ def test_the_etcd_pair_uses_etcd_and_no_shared_volume():
     assert etcd["spec"]["replicas"] == 1
     services = {d["metadata"]["name"]: d for d in documents if d["kind"] == "Service"}
     client_port = next(
-        p["port"] for p in services[etcd["spec"]["serviceName"]]["spec"]["ports"]
+        p["port"]
+        for p in services[etcd["spec"]["serviceName"]]["spec"]["ports"]
         if p["name"] == "client"
     )
     expected = f"http://{etcd['spec']['serviceName']}:{client_port}"
@@ -477,7 +486,10 @@ def test_the_etcd_pair_uses_etcd_and_no_shared_volume():
         assert launch.env["DYN_DISCOVERY_BACKEND"] == "etcd", launch.where
         assert launch.env["ETCD_ENDPOINTS"] == expected, launch.where
         assert "DYN_DISCOVERY_DIR" not in launch.env, launch.where
-    assert len({(launch.env["DYN_NAMESPACE"], launch.env["DYN_DISCOVERY_TTL"]) for launch in launches}) == 1
+    assert (
+        len({(launch.env["DYN_NAMESPACE"], launch.env["DYN_DISCOVERY_TTL"]) for launch in launches})
+        == 1
+    )
     assert "ReadWriteMany" not in path.read_text(encoding="utf-8")
     assert "3-node" in path.read_text(encoding="utf-8")  # the production note
 

@@ -69,7 +69,10 @@ def test_pause_histogram_counts_each_collection_by_generation(process_metrics):
     gc.collect(2)
     assert [pause_count(m, g) for g in range(3)] == [1, 1, 2]
     assert sample(m, "dynamo_gc_pause_seconds_sum", generation="2", phase="starting") > 0
-    assert sample(m, "dynamo_gc_pause_seconds_bucket", generation="2", le="+Inf", phase="starting") == 2
+    assert (
+        sample(m, "dynamo_gc_pause_seconds_bucket", generation="2", le="+Inf", phase="starting")
+        == 2
+    )
 
 
 def test_pause_log_threshold_zero_still_records(process_metrics, caplog):
@@ -103,7 +106,9 @@ def test_buckets_span_a_tenth_of_a_millisecond_to_ten_seconds(process_metrics):
     assert bucket["5.0"] == 3
     assert bucket["10.0"] == 3
     assert bucket["+Inf"] == 4
-    assert sample(m, "dynamo_gc_pause_seconds_sum", generation="1", phase="starting") == pytest.approx(23.0003)
+    assert sample(
+        m, "dynamo_gc_pause_seconds_sum", generation="1", phase="starting"
+    ) == pytest.approx(23.0003)
     assert pause_count(m, 0) == 0 and pause_count(m, 2) == 0
 
 
@@ -168,12 +173,16 @@ def test_metric_names_and_labels_are_stable(process_metrics):
         assert families[name].type == kind, name
         for s in families[name].samples:
             assert set(s.labels) - {"le"} == labels, (name, s)
-    assert {
-        s.labels["phase"] for s in families["dynamo_serving_phase"].samples
-    } == {"starting", "serving", "draining"}
-    assert {
-        s.labels["generation"] for s in families["dynamo_gc_pause_seconds"].samples
-    } == {"0", "1", "2"}
+    assert {s.labels["phase"] for s in families["dynamo_serving_phase"].samples} == {
+        "starting",
+        "serving",
+        "draining",
+    }
+    assert {s.labels["generation"] for s in families["dynamo_gc_pause_seconds"].samples} == {
+        "0",
+        "1",
+        "2",
+    }
     dynamo = {name for name in families if name.startswith("dynamo_")}
     assert dynamo == set(STABLE_FAMILIES), "a new dynamo_* metric: add it to STABLE_FAMILIES"
     # The standard collectors ride along on our registry.
@@ -196,9 +205,10 @@ def test_debug_collect_reports_the_generation_2_collection(process_metrics):
     result = metrics.debug_gc_collect(m)
     assert result["generation"] == 2
     assert result["gen2_collections_delta"] == 1
-    assert result["pause_histogram_gen2_count_after"] == result[
-        "pause_histogram_gen2_count_before"
-    ] + 1
+    assert (
+        result["pause_histogram_gen2_count_after"]
+        == result["pause_histogram_gen2_count_before"] + 1
+    )
     assert pause_count(m, 2) >= before + 1
     assert gc.isenabled()  # switched off only around the call
 

@@ -107,12 +107,18 @@ def test_only_a_loopback_advertised_address_warns(mountinfo, endpoint, warns):
 
 
 def test_a_local_directory_and_loopback_etcd_do_not_warn(mountinfo):
-    assert reachability.unreachable_reason(
-        "http://127.0.0.1:9100", "file", "/tmp/discovery", mountinfo_path=mountinfo
-    ) is None
-    assert reachability.unreachable_reason(
-        "http://127.0.0.1:9100", "etcd", None, ["http://127.0.0.1:2379"]
-    ) is None
+    assert (
+        reachability.unreachable_reason(
+            "http://127.0.0.1:9100", "file", "/tmp/discovery", mountinfo_path=mountinfo
+        )
+        is None
+    )
+    assert (
+        reachability.unreachable_reason(
+            "http://127.0.0.1:9100", "etcd", None, ["http://127.0.0.1:2379"]
+        )
+        is None
+    )
 
 
 def test_an_etcd_backend_reachable_elsewhere_warns():
@@ -149,12 +155,18 @@ def test_the_worker_logs_it_once_with_the_backend_options(mocker, caplog):
     from dynamo.runtime.etcd_endpoints import parse_endpoints
 
     plain = argparse.Namespace(
-        discovery_dir="/d", discovery_backend="file", etcd_endpoints=parse_endpoints("http://localhost:2379")
+        discovery_dir="/d",
+        discovery_backend="file",
+        etcd_endpoints=parse_endpoints("http://localhost:2379"),
     )
     etcd = argparse.Namespace(
-        discovery_dir="/d", discovery_backend="etcd", etcd_endpoints=parse_endpoints("http://e:2379")
+        discovery_dir="/d",
+        discovery_backend="etcd",
+        etcd_endpoints=parse_endpoints("http://e:2379"),
     )
-    assert asyncio.run(worker_main.warn_if_unreachable(plain, "http://127.0.0.1:1")) == "the warning"
+    assert (
+        asyncio.run(worker_main.warn_if_unreachable(plain, "http://127.0.0.1:1")) == "the warning"
+    )
     asyncio.run(worker_main.warn_if_unreachable(etcd, "http://127.0.0.1:1"))
     assert seen == [
         ("http://127.0.0.1:1", "file", "/d", ["http://localhost:2379"]),

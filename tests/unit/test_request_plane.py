@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import json
 import socket
-from typing import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 import pytest

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from dynamo.vllm import backend_args, self_benchmark
+from dynamo.vllm.mock_engine import MockEngine
 from dynamo.vllm.self_benchmark import (
     PointResult,
     PointWriter,
@@ -17,7 +18,6 @@ from dynamo.vllm.self_benchmark import (
     resolve_worker_extension,
     summarize,
 )
-from dynamo.vllm.mock_engine import MockEngine
 from dynamo.vllm.worker_extension import QUALNAME, FpmGcWorkerExtension
 from tests.integration.harness import mock_worker_env
 
@@ -51,9 +51,11 @@ def test_points_are_deterministic_and_cover_the_grid():
     assert points == benchmark_points(2 * grid + 5)
     assert points != benchmark_points(2 * grid + 5, seed=1)
     assert len(points) == 2 * grid + 5
-    assert set(points[:grid]) == set(points[grid : 2 * grid]) == {
-        (batch, seq) for batch in self_benchmark.BATCH_SIZES for seq in self_benchmark.SEQ_LENS
-    }
+    assert (
+        set(points[:grid])
+        == set(points[grid : 2 * grid])
+        == {(batch, seq) for batch in self_benchmark.BATCH_SIZES for seq in self_benchmark.SEQ_LENS}
+    )
     assert benchmark_points(0) == []
 
 
@@ -97,9 +99,7 @@ class LimitedMockEngine(MockEngine):
 @pytest.mark.parametrize("engine_class", [LimitedMockEngine, MockEngine])
 def test_the_sweep_runs_and_records_lengths_the_engine_takes(tmp_path, engine_class):
     output = tmp_path / "points.jsonl"
-    config = config_for(
-        "--self-benchmark-points", "40", "--self-benchmark-output", str(output)
-    )
+    config = config_for("--self-benchmark-points", "40", "--self-benchmark-output", str(output))
 
     async def scenario():
         engine = engine_class.from_config(config)

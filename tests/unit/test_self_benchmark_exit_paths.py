@@ -35,7 +35,11 @@ RANK_STATE_KEYS = (
 )
 MAIN_THRESHOLDS = (555, 7, 9)
 # The rank methods that change GC state (the others only read it or install the pause logger).
-POLICY_METHODS = {"fpm_gc_start", "fpm_gc_stop", "fpm_gc_maintain"}  # custom, so a hard-coded restore would show
+POLICY_METHODS = {
+    "fpm_gc_start",
+    "fpm_gc_stop",
+    "fpm_gc_maintain",
+}  # custom, so a hard-coded restore would show
 
 
 class Boom(RuntimeError):
@@ -93,11 +97,16 @@ class Probe:
 def benchmark_config(tmp_path, *extra: str):
     return backend_args.parse_args(
         [
-            "--discovery-dir", str(tmp_path / "discovery"),
-            "--self-benchmark-points", str(POINTS),
-            "--self-benchmark-output", str(tmp_path / "points.jsonl"),
-            "--tensor-parallel-size", str(RANKS),
-            "--fpm-gc-freeze-interval-s", "1",
+            "--discovery-dir",
+            str(tmp_path / "discovery"),
+            "--self-benchmark-points",
+            str(POINTS),
+            "--self-benchmark-output",
+            str(tmp_path / "points.jsonl"),
+            "--tensor-parallel-size",
+            str(RANKS),
+            "--fpm-gc-freeze-interval-s",
+            "1",
             *extra,
         ],
         env=mock_worker_env(),
@@ -194,9 +203,11 @@ def test_with_the_policy_off_gc_is_never_touched(tmp_path, monkeypatch):
     # The user's extension (ours, to read rank state) is loaded, but the policy never starts.
     config = benchmark_config(
         tmp_path,
-        "--fpm-gc-policy", "off",
+        "--fpm-gc-policy",
+        "off",
         "--no-freeze-gc-heap",
-        "--worker-extension-cls", QUALNAME,
+        "--worker-extension-cls",
+        QUALNAME,
     )
     probe, outcome, (main_before, main_after), (ranks_before, ranks_after) = run_benchmark(
         config, monkeypatch

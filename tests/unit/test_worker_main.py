@@ -22,7 +22,8 @@ from dynamo.common import lifecycle
 from dynamo.common.utils import gc_freeze
 from dynamo.runtime import request_plane
 from dynamo.runtime.discovery import DiscoveryStore
-from dynamo.vllm import backend_args, main as worker_main
+from dynamo.vllm import backend_args
+from dynamo.vllm import main as worker_main
 from dynamo.vllm.mock_engine import MockEngine
 from tests.integration.harness import mock_worker_env
 
@@ -235,9 +236,7 @@ def test_an_unknown_request_plane_host_exits_2_at_parse_time(steps, discovery_di
     assert steps == []
 
 
-def test_a_request_plane_host_that_is_not_local_names_the_host_option(
-    steps, discovery_dir, caplog
-):
+def test_a_request_plane_host_that_is_not_local_names_the_host_option(steps, discovery_dir, caplog):
     # 192.0.2.1 (TEST-NET-1) parses and resolves, but no interface here has it: EADDRNOTAVAIL.
     argv = ["--discovery-dir", str(discovery_dir), "--request-plane-host", "192.0.2.1"]
     assert worker_main.main(argv) == 1
@@ -348,9 +347,7 @@ def test_bad_input_exits_2_before_anything_runs(
     assert not discovery_dir.exists()
 
 
-def test_signal_during_engine_init_stops_without_registering(
-    steps, discovery_dir, mocker, caplog
-):
+def test_signal_during_engine_init_stops_without_registering(steps, discovery_dir, mocker, caplog):
     caplog.set_level("INFO")
     engine_shutdowns = []
 

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from dynamo.common.utils.synthetic_heap import TRACKED_PER_UNIT
-from dynamo.vllm import backend_args, engine_factory
-from dynamo.vllm.engine import EngineUnavailable
 from dynamo.runtime.request_plane import BadGenerateRequest, GenerateRequest
 from dynamo.runtime.sampling import SamplingOptions
+from dynamo.vllm import backend_args, engine_factory
+from dynamo.vllm.engine import EngineUnavailable
 from dynamo.vllm.mock_engine import MockEngine, mock_completion
 from dynamo.vllm.mock_model import BadModelDirectory, MockModel, load_mock_model
 from tests.integration.harness import mock_worker_env, tiny_tokenizer_dir
@@ -282,7 +282,7 @@ def test_forward_pass_without_ranks_is_a_clear_error(tiny):
 class FakeRankGroup:
     """Records what the engine asks of its rank group (the real one is tested on its own)."""
 
-    instances: list["FakeRankGroup"] = []
+    instances: list[FakeRankGroup] = []
 
     def __init__(self, size, *, worker_extension_cls):
         self.size = size
@@ -311,7 +311,9 @@ def fake_ranks(mocker):
 
 
 def config_for(*argv: str):
-    return backend_args.parse_args(["--discovery-dir", "/nonexistent", *argv], env=mock_worker_env())
+    return backend_args.parse_args(
+        ["--discovery-dir", "/nonexistent", *argv], env=mock_worker_env()
+    )
 
 
 @pytest.mark.parametrize(

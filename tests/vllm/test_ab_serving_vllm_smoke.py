@@ -52,8 +52,7 @@ def test_the_ab_runs_on_real_heaps_and_reports_rss(tmp_path):
 
 
 def test_the_probe_times_a_full_collection_in_each_serving_process(tmp_path):
-    result = run_ab_serving(tmp_path, "--probe", "--arms", "ctl", "--rate", "4",
-                            "--duration", "6")
+    result = run_ab_serving(tmp_path, "--probe", "--arms", "ctl", "--rate", "4", "--duration", "6")
     (arm,) = result["probe"]["arms"]
     assert arm["arm"] == "ctl" and arm["load"]["ok"] > 0
     for name in ("frontend", "worker"):

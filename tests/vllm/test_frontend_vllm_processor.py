@@ -35,9 +35,7 @@ def test_the_vllm_processor_heap_is_frozen_before_the_listener_opens(tmp_path):
 
 
 @pytest.mark.integration
-@pytest.mark.skipif(
-    importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here"
-)
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
 def test_without_vllm_the_vllm_processor_exits_2_naming_flag_env_var_and_the_fix(tmp_path):
     frontend = start_frontend(
         "frontend", tmp_path, tmp_path / "discovery", env={"DYN_CHAT_PROCESSOR": "vllm"}

@@ -50,7 +50,9 @@ def pair(tiny_model, tmp_path_factory):
     )  # fmt: skip
     try:
         url = frontend.wait_for_log(LISTENING_LINE, deadline_s=START_DEADLINE_S).group(1)
-        frontend.wait_for_log(r"Model added: model=" + re.escape(SERVED), deadline_s=START_DEADLINE_S)
+        frontend.wait_for_log(
+            r"Model added: model=" + re.escape(SERVED), deadline_s=START_DEADLINE_S
+        )
         yield url, tiny_model
     finally:
         frontend.stop()

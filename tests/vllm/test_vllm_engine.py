@@ -222,9 +222,9 @@ def test_a_stop_string_ends_the_completion(embedded, tiny_model):
     free = _tokens(_collect(embedded, plane_request([5, 6, 7], 16, "free", **options)))
     # A stop string the seeded completion reaches at its 6th-or-later token, not before.
     for cut in range(6, len(free)):
-        before = tokenizer.decode(free[:cut - 1])
+        before = tokenizer.decode(free[: cut - 1])
         text = tokenizer.decode(free[:cut])
-        stop = text[len(before):].strip()
+        stop = text[len(before) :].strip()
         if stop and stop not in before:
             break
     else:
@@ -253,10 +253,9 @@ def test_sampling_vllm_refuses_is_a_bad_request(embedded):
 
 def test_closing_the_stream_aborts_the_request_in_vllm(embedded, caplog):
     caplog.set_level(logging.INFO, logger="dynamo.vllm.vllm_engine")
+
     async def read_one_then_close():
-        stream = embedded.engine.generate(
-            plane_request([5, 6, 7], 200, "closed", ignore_eos=True)
-        )
+        stream = embedded.engine.generate(plane_request([5, 6, 7], 200, "closed", ignore_eos=True))
         first = await stream.__anext__()
         await stream.aclose()
         return first, embedded.engine.engine.get_num_unfinished_requests()
@@ -347,7 +346,7 @@ def _benchmark_reports(embedded, caplog, policy: str) -> dict[tuple[str, str], d
     for record in caplog.records:
         message = record.getMessage()
         if message.startswith(REPORT_LINE):
-            report = json.loads(message[len(REPORT_LINE):])
+            report = json.loads(message[len(REPORT_LINE) :])
             reports[(report["phase"], report["label"])] = report
     phases = ("before", "sweep_start", "sweep_end", "after")
     assert set(reports) == {(phase, label) for phase in phases for label in PROCESSES}, reports

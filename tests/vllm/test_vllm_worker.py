@@ -95,11 +95,15 @@ def real_vllm(tiny_model, tmp_path_factory) -> RealVllm:
             directory / "discovery-unfrozen",
             directory,
             "--no-freeze-gc-heap",
-            "--self-benchmark-points", str(SELF_BENCHMARK_POINTS),
-            "--self-benchmark-output", str(directory / "self-benchmark.jsonl"),
-            "--fpm-gc-policy", "freeze",
+            "--self-benchmark-points",
+            str(SELF_BENCHMARK_POINTS),
+            "--self-benchmark-output",
+            str(directory / "self-benchmark.jsonl"),
+            "--fpm-gc-policy",
+            "freeze",
             # Upstream Dynamo's path for the policy's extension (the same class as ours).
-            "--worker-extension-cls", "dynamo.vllm.gc_policy.FpmGcWorkerExtension",
+            "--worker-extension-cls",
+            "dynamo.vllm.gc_policy.FpmGcWorkerExtension",
         )
         processes.append(unfrozen)
         frontend = LauncherProcess(

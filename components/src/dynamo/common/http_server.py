@@ -96,7 +96,7 @@ class ProtocolLogger(logging.LoggerAdapter):
         self.what = what
         self._malformed = RateLimitedLine(logger)
 
-    def exception(self, msg, *args, exc_info=True, **kwargs) -> None:  # noqa: D401
+    def exception(self, msg, *args, exc_info=True, **kwargs) -> None:
         if isinstance(exc_info, ConnectionResetError):
             # The client went away while aiohttp wrote to it (a 100 Continue, a response):
             # nothing to answer and nobody's fault worth a traceback at ERROR.

@@ -54,7 +54,7 @@ def _advance(to: Phase, reason: str) -> None:
         # moment it opens for traffic, nor keep the other listeners from hearing about it.
         try:
             listener(to)
-        except Exception:  # noqa: BLE001 - see above
+        except Exception:  # see above
             logger.exception("Serving-phase listener %r failed", listener)
 
 

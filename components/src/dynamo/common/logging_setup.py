@@ -24,8 +24,8 @@ import importlib.util
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 logger = logging.getLogger(__name__)
 
@@ -130,9 +130,7 @@ _targets_set: list[str] = []  # loggers whose level we set, reset on the next co
 _root_level_before: int | None = None  # the root's level before our first configure
 
 
-def configure_logging(
-    levels: int | LogLevels = logging.INFO, *, label: str | None = None
-) -> None:
+def configure_logging(levels: int | LogLevels = logging.INFO, *, label: str | None = None) -> None:
     """Send records at ``levels`` to stderr in the project's format; idempotent.
 
     ``levels`` is a level number or a parsed ``DYN_LOG`` (:class:`LogLevels`). ``label`` names a

@@ -33,13 +33,13 @@ import gc
 import logging
 import os
 import time
-from typing import Iterable
+from collections.abc import Iterable
 
 from aiohttp import web
 from prometheus_client import (
     CollectorRegistry,
-    GCCollector,
     Gauge,
+    GCCollector,
     ProcessCollector,
     generate_latest,
 )
@@ -203,7 +203,7 @@ class DynamoMetrics:
 
     # -- wiring ----------------------------------------------------------------------------
 
-    def attach(self) -> "DynamoMetrics":
+    def attach(self) -> DynamoMetrics:
         """Follow this process's freezes and phase changes; seed from what already happened."""
         if not self._attached:
             gc_freeze.add_freeze_observer(self.observe_freeze)

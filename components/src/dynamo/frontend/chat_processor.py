@@ -20,7 +20,8 @@ from __future__ import annotations
 import importlib
 import logging
 import time
-from typing import Any, Mapping, Protocol, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 from dynamo.runtime.model_card import ModelCard, out_of_vocabulary
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
+from dynamo.common.bind_errors import is_host_error
 from dynamo.common.configuration import (
     Choice,
     Host,
@@ -14,7 +15,6 @@ from dynamo.common.configuration import (
     gc_options,
     parse_surface,
 )
-from dynamo.common.bind_errors import is_host_error
 from dynamo.common.configuration.drain_options import drain_option
 from dynamo.common.configuration.runtime_options import (
     DISCOVERY_OPTIONS,

@@ -17,7 +17,7 @@ import gc
 import logging
 import os
 import sys
-from typing import Mapping
+from collections.abc import Mapping
 
 from dynamo.common.configuration import parse_bool_word
 

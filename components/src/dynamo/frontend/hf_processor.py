@@ -21,9 +21,10 @@ templates of which ``default`` is used, as ``transformers`` does).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import jinja2
 import jinja2.ext
@@ -195,7 +196,7 @@ class HfTokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         return self._tokenizer.decode(list(ids), skip_special_tokens=True)
 
-    def detokenizer(self) -> "StreamDetokenizer":
+    def detokenizer(self) -> StreamDetokenizer:
         return StreamDetokenizer(self._tokenizer)
 
 

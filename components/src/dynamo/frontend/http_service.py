@@ -15,7 +15,8 @@ import asyncio
 import json
 import logging
 import time
-from typing import Any, AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
 
 from aiohttp import web
 
@@ -190,7 +191,7 @@ class FrontendService:
         req: oai._SamplingRequest,
         prompt_ids: list[int],
         prompt_param: str,
-        responder_class: type["Responder"],
+        responder_class: type[Responder],
     ) -> web.StreamResponse:
         max_tokens = completion_budget(req, entry.card, len(prompt_ids), prompt_param)
         responder = responder_class(req.model, oai.new_completion_id(responder_class.ID_PREFIX))
@@ -198,9 +199,7 @@ class FrontendService:
             "request_id": responder.completion_id,
             "model": entry.card.served_model_name,
             "token_ids": prompt_ids,
-            "sampling": req.sampling(max_tokens, entry.card.eos_token_ids).model_dump(
-                mode="json"
-            ),
+            "sampling": req.sampling(max_tokens, entry.card.eos_token_ids).model_dump(mode="json"),
         }
         self.in_flight += 1
         try:
@@ -227,7 +226,7 @@ class FrontendService:
         finally:
             self.in_flight -= 1
 
-    async def _complete(self, responder: "Responder", generation: "Generation") -> web.Response:
+    async def _complete(self, responder: Responder, generation: Generation) -> web.Response:
         try:
             text = "".join([piece async for piece in generation.pieces()])
         except (WorkerUnavailable, StopAsyncIteration) as exc:  # logged by the middleware
@@ -241,8 +240,8 @@ class FrontendService:
     async def _stream(
         self,
         request: web.Request,
-        responder: "Responder",
-        generation: "Generation",
+        responder: Responder,
+        generation: Generation,
         include_usage: bool,
     ) -> web.StreamResponse:
         response = web.StreamResponse(
@@ -513,7 +512,7 @@ async def read_json_body(request: web.Request) -> Any:
     except UnicodeEncodeError as exc:
         raise oai.invalid_request(
             "request body contains text that is not valid Unicode (a lone surrogate "
-            f"{exc.object[exc.start:exc.end]!r}, escaped as \\ud800-\\udfff without its pair)",
+            f"{exc.object[exc.start : exc.end]!r}, escaped as \\ud800-\\udfff without its pair)",
             code="invalid_text",
         ) from None
     except RecursionError:

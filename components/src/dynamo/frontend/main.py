@@ -34,8 +34,8 @@ import logging
 import signal
 import sys
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Sequence
 
 import aiohttp
 from aiohttp import web
@@ -91,7 +91,7 @@ class Closer:
                 result = close()
                 if asyncio.iscoroutine(result):
                     await result
-            except Exception:  # noqa: BLE001 - see the class docstring
+            except Exception:  # see the class docstring
                 self.failed.append(what)
                 logger.exception("Shutdown: closing the %s failed", what)
 
@@ -307,9 +307,7 @@ def check_discovery_dir(path: str) -> str | None:
     try:
         ensure_discovery_dir(path)
     except DiscoveryDirError as exc:
-        return (
-            f"{DISCOVERY_DIR.source_label()} is {path!r}: the frontend cannot watch it ({exc})"
-        )
+        return f"{DISCOVERY_DIR.source_label()} is {path!r}: the frontend cannot watch it ({exc})"
     return None
 
 
@@ -346,7 +344,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         log_levels = logging_setup.log_levels_or_exit(PROG)  # DYN_LOG, as upstream
     except SystemExit as exc:  # bad input (2, the parser printed why) or --help (0)
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
-    problem = check_discovery_dir(config.discovery_dir) if config.discovery_backend == "file" else None
+    problem = (
+        check_discovery_dir(config.discovery_dir) if config.discovery_backend == "file" else None
+    )
     if problem is None:
         try:
             # The etcd client is imported here, before the start-up freeze covers it.

@@ -20,8 +20,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from dynamo.runtime.discovery import ModelRecord
 from dynamo.runtime.model_card import ModelCard

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Annotated, Any, Iterable, Literal, Optional, Union
+from collections.abc import Iterable
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -107,21 +108,21 @@ class _SamplingRequest(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     model: Annotated[StrictStr, Field(min_length=1)]
-    max_tokens: Optional[Positive] = None
-    temperature: Optional[Annotated[Number, Field(ge=0.0)]] = None
-    top_p: Optional[Annotated[Number, Field(gt=0.0, le=1.0)]] = None
-    top_k: Optional[Annotated[StrictInt, Field(ge=-1)]] = None
-    min_p: Optional[Annotated[Number, Field(ge=0.0, le=1.0)]] = None
-    seed: Optional[Seed] = None
-    presence_penalty: Optional[Penalty] = None
-    frequency_penalty: Optional[Penalty] = None
-    repetition_penalty: Optional[Annotated[Number, Field(gt=0.0)]] = None
-    stop: Optional[Union[StopText, Annotated[list[StopText], Field(max_length=64)]]] = None
-    n: Optional[Literal[1]] = 1
-    ignore_eos: Optional[StrictBool] = False
-    min_tokens: Optional[Annotated[StrictInt, Field(ge=0)]] = 0
-    stream: Optional[StrictBool] = False
-    stream_options: Optional[StreamOptions] = None
+    max_tokens: Positive | None = None
+    temperature: Annotated[Number, Field(ge=0.0)] | None = None
+    top_p: Annotated[Number, Field(gt=0.0, le=1.0)] | None = None
+    top_k: Annotated[StrictInt, Field(ge=-1)] | None = None
+    min_p: Annotated[Number, Field(ge=0.0, le=1.0)] | None = None
+    seed: Seed | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    repetition_penalty: Annotated[Number, Field(gt=0.0)] | None = None
+    stop: StopText | Annotated[list[StopText], Field(max_length=64)] | None = None
+    n: Literal[1] | None = 1
+    ignore_eos: StrictBool | None = False
+    min_tokens: Annotated[StrictInt, Field(ge=0)] | None = 0
+    stream: StrictBool | None = False
+    stream_options: StreamOptions | None = None
 
     @property
     def requested_max_tokens(self) -> tuple[str, int] | None:
@@ -172,7 +173,7 @@ class ChatMessage(BaseModel):
 
     role: Literal[ROLES]  # type: ignore[valid-type]
     # None: an assistant turn that only called tools.
-    content: Optional[Union[StrictStr, list[TextPart]]] = None
+    content: StrictStr | list[TextPart] | None = None
 
     def for_template(self) -> dict[str, Any]:
         """A plain dict as chat templates expect (``message['content']`` a string), with the
@@ -188,7 +189,7 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(_SamplingRequest):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_completion_tokens: Optional[Positive] = None
+    max_completion_tokens: Positive | None = None
 
     @property
     def requested_max_tokens(self) -> tuple[str, int] | None:
@@ -203,14 +204,14 @@ class ChatCompletionRequest(_SamplingRequest):
 
 class CompletionRequest(_SamplingRequest):
     # A text, or the prompt's token ids (as vLLM takes them); a list of one text is that text.
-    prompt: Union[
-        StrictStr,
-        Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)],
-        Annotated[list[StrictStr], Field(min_length=1, max_length=1)],
-    ]
+    prompt: (
+        StrictStr
+        | Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)]
+        | Annotated[list[StrictStr], Field(min_length=1, max_length=1)]
+    )
 
     @model_validator(mode="after")
-    def _one_prompt(self) -> "CompletionRequest":
+    def _one_prompt(self) -> CompletionRequest:
         if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str):
             self.prompt = self.prompt[0]
         return self
@@ -250,8 +251,7 @@ def _first_error(exc: ValidationError) -> tuple[str | None, str]:
         return param, f"`{param}` is required"
     if param and param.startswith("messages[") and param.endswith("].content"):
         return param, (
-            f"`{param}` must be a string or a list of text parts "
-            '{"type": "text", "text": string}'
+            f'`{param}` must be a string or a list of text parts {{"type": "text", "text": string}}'
         )
     if len(errors) > 1 and all(_param(e["loc"][:1]) == _param(loc[:1]) for e in errors):
         # One field failing every branch of a union (e.g. stop: a string or a list).
@@ -281,9 +281,7 @@ def parse_completion_request(body: Any) -> CompletionRequest:
     return parse_request(CompletionRequest, body)
 
 
-def context_length_exceeded(
-    *, context_length: int, prompt_tokens: int, param: str
-) -> "ApiError":
+def context_length_exceeded(*, context_length: int, prompt_tokens: int, param: str) -> ApiError:
     # vLLM's wording (renderers/params.py), so clients that parse it keep working.
     return invalid_request(
         f"This model's maximum context length is {context_length} tokens. However, your "
@@ -296,7 +294,7 @@ def context_length_exceeded(
 
 def completion_too_long(
     *, context_length: int, prompt_tokens: int, max_tokens: int, param: str
-) -> "ApiError":
+) -> ApiError:
     return invalid_request(
         f"This model's maximum context length is {context_length} tokens. However, you "
         f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, "
@@ -373,9 +371,7 @@ def text_completion(
         "object": "text_completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [
-            {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        ],
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
         "usage": usage,
     }
 

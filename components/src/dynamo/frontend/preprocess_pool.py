@@ -131,9 +131,7 @@ class PreprocessPool:
             raise PreprocessPoolError(f"preprocess workers failed to start: {exc!r}") from exc
         return executor, pids
 
-    async def encode(
-        self, card: ModelCard, text: str, *, add_special_tokens: bool
-    ) -> list[int]:
+    async def encode(self, card: ModelCard, text: str, *, add_special_tokens: bool) -> list[int]:
         """``text`` in the tokens of ``card``'s model (each process loads it once, then
         keeps it in a bounded cache). A tokenizer that fails to load raises ModelFilesError."""
         executor = self._executor

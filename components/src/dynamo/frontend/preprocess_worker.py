@@ -35,7 +35,7 @@ FREEZE_CONTEXT = "preprocess worker"
 CACHED_TOKENIZERS = 8
 
 _kind = DEFAULT_CHAT_PROCESSOR
-_tokenizers: "OrderedDict[ModelCard, Any]" = OrderedDict()
+_tokenizers: OrderedDict[ModelCard, Any] = OrderedDict()
 _ready_barrier: Any = None  # a multiprocessing Barrier shared by the pool's processes
 _initialized = False
 

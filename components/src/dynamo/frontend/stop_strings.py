@@ -10,7 +10,7 @@ ever reaches the client.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 
 class StopStringMatcher:

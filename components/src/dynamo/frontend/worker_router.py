@@ -8,7 +8,7 @@ a SIGKILLed worker's port refuses at once, and a hung one hits the connect or re
 from __future__ import annotations
 
 import logging
-from typing import AsyncGenerator
+from collections.abc import AsyncGenerator
 
 import aiohttp
 

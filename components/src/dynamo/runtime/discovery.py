@@ -43,9 +43,10 @@ import stat as stat_module
 import tempfile
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Awaitable, Callable, TypeVar
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 import pydantic
@@ -120,7 +121,7 @@ class ModelRecord:
         return json.dumps(data, sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "ModelRecord":
+    def from_json(cls, text: str) -> ModelRecord:
         data = json.loads(text)
         if not isinstance(data, dict):
             raise ValueError("record is not a JSON object")
@@ -301,7 +302,9 @@ def ensure_discovery_dir(directory: str | os.PathLike, *, writable: bool = False
     except FileExistsError:  # exist_ok only covers an existing directory
         raise DiscoveryDirError(f"{path} exists and is not a directory") from None
     except NotADirectoryError:
-        raise DiscoveryDirError(f"cannot create {path}: a parent of it is not a directory") from None
+        raise DiscoveryDirError(
+            f"cannot create {path}: a parent of it is not a directory"
+        ) from None
     except OSError as exc:
         raise DiscoveryDirError(f"cannot create {path}: {exc.strerror or exc}") from None
     if not path.is_dir():
@@ -766,7 +769,7 @@ class DiscoveryWatcher:
             result = callback(record)
             if asyncio.iscoroutine(result):
                 await result
-        except Exception:  # noqa: BLE001 - see class docstring
+        except Exception:  # see class docstring
             logger.exception("Discovery callback failed for %s (%s)", record.model, record.endpoint)
 
     async def run(self) -> None:

@@ -31,8 +31,8 @@ import asyncio
 import logging
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 import aetcd
 import aetcd.exceptions
@@ -82,7 +82,9 @@ CHANNEL_OPTIONS = {
 # Log lines quoted by docs/operator-guide.md (kept whole so the guide's check finds them).
 DEGRADED_LINE = "Discovery degraded: lost etcd at %s (%s); still routing to the %d instance(s) known, retrying with back-off"  # noqa: E501
 WORKER_LOST_LINE = "Discovery: lost etcd at %s (%s); still serving, retrying with back-off (the record expires after %d s if this lasts, and is put back when etcd is reachable again)"  # noqa: E501
-REREGISTERED_LINE = "Discovery: lease expired; registered again in etcd at %s with lease %x (instance %s)"  # noqa: E501
+REREGISTERED_LINE = (
+    "Discovery: lease expired; registered again in etcd at %s with lease %x (instance %s)"  # noqa: E501
+)
 QUIET_END_LINE = "Discovery: etcd watch stream ended before any event; listing again in %.2f s"
 DUPLICATE_LINE = "Ignoring discovery record %s (revision %d): instance %s is already registered"
 
@@ -97,7 +99,7 @@ class EtcdCredentials:
     password: str | None = field(default=None, repr=False)  # never in a repr, never logged
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "EtcdCredentials":
+    def from_env(cls, env: Mapping[str, str] | None = None) -> EtcdCredentials:
         env = os.environ if env is None else env
         tls = [name for name in TLS_ENVS if env.get(name)]
         if tls:
@@ -204,7 +206,7 @@ class EtcdDiscovery:
     @classmethod
     def from_config(
         cls, config: argparse.Namespace, env: Mapping[str, str] | None = None
-    ) -> "EtcdDiscovery":
+    ) -> EtcdDiscovery:
         return cls(config.etcd_endpoints, config.namespace, EtcdCredentials.from_env(env))
 
     @property
@@ -223,12 +225,12 @@ class EtcdDiscovery:
     def connection(self) -> EtcdConnection:
         return EtcdConnection(self.endpoints, self.credentials)
 
-    def registration(self, ttl_s: float) -> "EtcdRegistration":
+    def registration(self, ttl_s: float) -> EtcdRegistration:
         return EtcdRegistration(self.connection(), self.prefix, ttl_s)
 
     def watcher(
         self, *, on_add: RecordCallback, on_remove: RecordCallback, ttl_s: float
-    ) -> "EtcdWatcher":
+    ) -> EtcdWatcher:
         return EtcdWatcher(self.connection(), self.prefix, on_add=on_add, on_remove=on_remove)
 
 
@@ -366,6 +368,7 @@ class EtcdRegistration:
             await asyncio.wait([task], timeout=CALL_BOUND_S)  # the drain goes on regardless
         if self.lease_id is None:
             return
+
         async def revoke() -> None:
             client = await self.connection.client()
             # Revoking deletes the key with it: the frontend's watch sees the DELETE at once.
@@ -473,7 +476,7 @@ class EtcdWatcher:
             result = callback(record)
             if asyncio.iscoroutine(result):
                 await result
-        except Exception:  # noqa: BLE001 - one bad model must not blind the frontend
+        except Exception:  # one bad model must not blind the frontend
             logger.exception("Discovery callback failed for %s (%s)", record.model, record.endpoint)
 
     # --- etcd -----------------------------------------------------------------------------
@@ -601,9 +604,7 @@ class EtcdWatcher:
             except aetcd.exceptions.RevisionCompactedError as exc:
                 # The revision after our list is gone (compaction): list again at the current
                 # one and reconcile; nothing is missed, the list is the whole truth.
-                logger.info(
-                    "Discovery: etcd compacted past our revision (%s); listing again", exc
-                )
+                logger.info("Discovery: etcd compacted past our revision (%s); listing again", exc)
                 continue
             except Exception as exc:  # noqa: BLE001 - an outage, never a crash
                 self._went_down(exc)

@@ -14,7 +14,8 @@ does for ``--model``.
 
 from __future__ import annotations
 
-from typing import Annotated, Optional, Sequence
+from collections.abc import Sequence
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
@@ -39,15 +40,15 @@ class ModelCard(BaseModel):
     # config and tokenizer; empty for a model without an end-of-sequence token.
     eos_token_ids: tuple[Annotated[StrictInt, Field(ge=0)], ...] = ()
     # A chat template file that overrides the tokenizer's own (vLLM's --chat-template), if any.
-    chat_template_path: Optional[NonEmptyStr] = None
+    chat_template_path: NonEmptyStr | None = None
     # The largest token id a prompt may hold, as the engine checks it: vLLM takes the larger of
     # the tokenizer's largest id and the model's vocabulary size - 1 (a model's embedding can
     # have rows its tokenizer has no token for, Qwen3's for one). The frontend refuses a prompt
     # of ids above it with vLLM's words; absent (an older worker), it uses its tokenizer's.
-    max_token_id: Optional[Annotated[StrictInt, Field(ge=0)]] = None
+    max_token_id: Annotated[StrictInt, Field(ge=0)] | None = None
 
 
-def out_of_vocabulary(token_ids: Sequence[int], max_token_id: int) -> Optional[tuple[int, str]]:
+def out_of_vocabulary(token_ids: Sequence[int], max_token_id: int) -> tuple[int, str] | None:
     """The first prompt id above ``max_token_id``: its index and vLLM's words for it, else None.
 
     One rule for the frontend (a 400 naming the prompt) and both engines (a 400 on the request

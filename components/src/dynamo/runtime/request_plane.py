@@ -33,22 +33,21 @@ import asyncio
 import contextlib
 import json
 import logging
-from typing import Annotated, Any, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Annotated, Any
 
 import aiohttp
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
-from dynamo.runtime.sampling import SamplingOptions
-
 from dynamo.common.http_server import RequestBodyTimeout, is_malformed_http
 from dynamo.common.request_drain import mark_stream
+from dynamo.runtime.sampling import SamplingOptions
 
 logger = logging.getLogger(__name__)
 
 GENERATE_PATH = "/generate"
 HEALTH_PATH = "/health"
-
 
 
 class GenerateRequest(BaseModel):
@@ -208,7 +207,7 @@ def add_request_plane_routes(
                 # traceback.
                 logger.info("Request %s aborted: the caller closed the connection", body.request_id)
                 return response
-            except Exception as exc:  # noqa: BLE001 - reported to the caller in-band
+            except Exception as exc:  # reported to the caller in-band
                 logger.exception("generate failed for request %s", body.request_id)
                 await response.write(json.dumps({"error": str(exc)}).encode() + b"\n")
         await response.write_eof()
@@ -288,5 +287,3 @@ async def generate(
                 raise WorkerUnavailable("worker closed the stream before finishing")
     except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as exc:
         raise WorkerUnavailable(f"worker at {endpoint} unreachable: {exc}") from exc
-
-

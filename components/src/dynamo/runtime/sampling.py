@@ -10,7 +10,7 @@ frontend accepts is one vLLM accepts.
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 from pydantic import (
     BaseModel,
@@ -35,15 +35,15 @@ class SamplingOptions(BaseModel):
     # Already capped by the frontend so that prompt + completion fits the model's context.
     max_tokens: Annotated[StrictInt, Field(ge=1)]
     min_tokens: Annotated[StrictInt, Field(ge=0)] = 0
-    temperature: Optional[Annotated[StrictFloat, Field(ge=0.0)]] = None
-    top_p: Optional[Annotated[StrictFloat, Field(gt=0.0, le=1.0)]] = None
+    temperature: Annotated[StrictFloat, Field(ge=0.0)] | None = None
+    top_p: Annotated[StrictFloat, Field(gt=0.0, le=1.0)] | None = None
     # vLLM: 0 or -1 disables top-k.
-    top_k: Optional[Annotated[StrictInt, Field(ge=-1)]] = None
-    min_p: Optional[Annotated[StrictFloat, Field(ge=0.0, le=1.0)]] = None
-    seed: Optional[StrictInt] = None
-    presence_penalty: Optional[Penalty] = None
-    frequency_penalty: Optional[Penalty] = None
-    repetition_penalty: Optional[Annotated[StrictFloat, Field(gt=0.0)]] = None
+    top_k: Annotated[StrictInt, Field(ge=-1)] | None = None
+    min_p: Annotated[StrictFloat, Field(ge=0.0, le=1.0)] | None = None
+    seed: StrictInt | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    repetition_penalty: Annotated[StrictFloat, Field(gt=0.0)] | None = None
     # Stop strings, matched on the detokenized text. The frontend is authoritative (it hides
     # them from the output and ends the stream); engines that can match them too stop sooner.
     stop: tuple[Annotated[StrictStr, Field(min_length=1)], ...] = ()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from dynamo.common.configuration import (
     Choice,
@@ -100,7 +100,7 @@ SERVED_MODEL_NAME = Option(
     kind=Text("model name"),
     metavar="NAME",
     help=(
-        "The name the worker registers and clients put in \"model\" (unset: --model). vLLM "
+        'The name the worker registers and clients put in "model" (unset: --model). vLLM '
         "engine: passed on as vLLM's --served-model-name"
     ),
 )

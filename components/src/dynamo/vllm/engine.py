@@ -7,7 +7,8 @@ interchangeable.
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator, Protocol, Sequence
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Protocol
 
 from dynamo.runtime.model_card import ModelCard
 from dynamo.runtime.request_plane import GenerateRequest, StreamFailed

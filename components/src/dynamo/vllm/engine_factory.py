@@ -45,9 +45,7 @@ def prepare_engine(config: argparse.Namespace, *, worker_extension_cls: str | No
         )
 
 
-def build_engine(
-    config: argparse.Namespace, *, worker_extension_cls: str | None = None
-) -> Engine:
+def build_engine(config: argparse.Namespace, *, worker_extension_cls: str | None = None) -> Engine:
     """The engine for ``config.engine``; raises :class:`EngineUnavailable` when it cannot run here.
 
     ``worker_extension_cls`` is a qualified class name whose methods every rank's worker gets

@@ -50,8 +50,9 @@ import sys
 import sysconfig
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from dynamo.common.configuration import Option
 from dynamo.vllm.self_benchmark_args import (

@@ -98,16 +98,20 @@ def _report_path_allowed(path: Any) -> bool:
     if not isinstance(path, str):
         return False
     parent = os.path.dirname(os.path.realpath(path))
-    return (os.path.dirname(parent) == os.path.realpath(tempfile.gettempdir())
-            and os.path.basename(parent).startswith(REPORT_DIR_PREFIX))
+    return os.path.dirname(parent) == os.path.realpath(tempfile.gettempdir()) and os.path.basename(
+        parent
+    ).startswith(REPORT_DIR_PREFIX)
 
 
 def _run_control(control: dict) -> None:
     """Run one command in this process; write the report (or the error) where asked."""
     report_path = control.get("report_path")
     if report_path is not None and not _report_path_allowed(report_path):
-        logger.warning("GC control %r ignored: its report path %r is not one of ours",
-                       control.get("command"), report_path)
+        logger.warning(
+            "GC control %r ignored: its report path %r is not one of ours",
+            control.get("command"),
+            report_path,
+        )
         return
     report: dict[str, Any]
     try:
@@ -134,7 +138,7 @@ def _run_control(control: dict) -> None:
         report = gc_policy.gc_process_report(LABEL) if wanted else {}
         report["command"] = command
         report["result"] = result
-    except Exception as exc:  # noqa: BLE001 - reported to the caller, never kills EngineCore
+    except Exception as exc:  # reported to the caller, never kills EngineCore
         logger.exception("GC control %r failed in EngineCore", control.get("command"))
         report = {"command": control.get("command"), "error": f"{type(exc).__name__}: {exc}"}
     if report_path:

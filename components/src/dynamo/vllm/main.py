@@ -33,14 +33,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import logging
 import signal
 import socket
 import sys
 import time
-from typing import AsyncIterator, Sequence
-
-import json
+from collections.abc import AsyncIterator, Sequence
 
 from aiohttp import web
 
@@ -48,8 +47,8 @@ from dynamo.common import lifecycle, logging_setup
 from dynamo.common.configuration import upstream
 from dynamo.common.configuration.drain_options import DEFAULT_DRAIN_TIMEOUT_S
 from dynamo.common.http_server import REQUEST_PLANE_MAX_BODY_BYTES, GuardedRunner
-from dynamo.common.request_drain import END_BOUND_S, RequestDrain
 from dynamo.common.metrics import DynamoMetrics
+from dynamo.common.request_drain import END_BOUND_S, RequestDrain
 from dynamo.common.system_server import start_system_server
 from dynamo.common.utils import gc_freeze
 from dynamo.runtime.discovery import ModelRecord
@@ -216,8 +215,6 @@ class RequestPlaneServer:
         logger.info(
             "Request plane closed: requests finished=%d aborted=%d", self.finished, self.aborted
         )
-
-
 
 
 def _advertised_host(host: str) -> str:

@@ -34,7 +34,8 @@ import argparse
 import asyncio
 import logging
 import time
-from typing import Any, AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
 
 from tokenizers.decoders import DecodeStream
 
@@ -159,7 +160,7 @@ class MockEngine:
     @classmethod
     def from_config(
         cls, config: argparse.Namespace, *, worker_extension_cls: str | None = None
-    ) -> "MockEngine":
+    ) -> MockEngine:
         model = getattr(config, "mock_model", None) or load_mock_config_model(config)
         return cls(
             model,

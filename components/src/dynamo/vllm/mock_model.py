@@ -91,7 +91,11 @@ def read_context_length(directory: Path) -> int | None:
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
     value = _read_json(directory / "tokenizer_config.json").get("model_max_length")
-    if isinstance(value, int) and not isinstance(value, bool) and 0 < value < UNSET_MODEL_MAX_LENGTH:
+    if (
+        isinstance(value, int)
+        and not isinstance(value, bool)
+        and 0 < value < UNSET_MODEL_MAX_LENGTH
+    ):
         return value
     return None
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 # A process whose sentinel fired has closed its end of the pipe, so it is exiting: its exit
 # status is normally there at once. This bounds the wait for it on a loaded machine.

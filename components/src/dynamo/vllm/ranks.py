@@ -22,8 +22,9 @@ import os
 import signal
 import time
 import traceback
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Sequence
+from typing import Any
 
 from dynamo.common.logging_setup import LogLevels, configure_logging, current_log_levels
 from dynamo.vllm.process_watch import ProcessExit, describe_exit, first_exit

@@ -21,8 +21,8 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 from urllib.parse import urlsplit
 
 MOUNTINFO = "/proc/self/mountinfo"
@@ -172,7 +172,9 @@ def readable_from_other_hosts(
     if backend == "etcd":
         if isinstance(etcd_endpoints, str):
             etcd_endpoints = etcd_endpoints.split(",")
-        remote = [e.strip() for e in etcd_endpoints if e.strip() and not is_loopback_host(host_of(e))]
+        remote = [
+            e.strip() for e in etcd_endpoints if e.strip() and not is_loopback_host(host_of(e))
+        ]
         if remote:
             return f"its etcd endpoint(s) {', '.join(remote)} are reachable from other hosts"
         return None

@@ -24,8 +24,9 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import IO, Any, Sequence
+from typing import IO, Any
 
 from dynamo.vllm import gc_policy
 from dynamo.vllm.ranks import RankError, resolve_qualname
@@ -58,8 +59,16 @@ def policy_active(config: argparse.Namespace) -> bool:
     return config.self_benchmark_points > 0 and config.fpm_gc_policy == POLICY_FREEZE
 
 
-def _policy_hook(config: argparse.Namespace, user_value: Any, *, ours: str, base: Any,
-                 what: str, needs: str, conflict: type[ValueError]) -> Any:
+def _policy_hook(
+    config: argparse.Namespace,
+    user_value: Any,
+    *,
+    ours: str,
+    base: Any,
+    what: str,
+    needs: str,
+    conflict: type[ValueError],
+) -> Any:
     """The class a vLLM hook (``what``) must name while the self-benchmark runs.
 
     Ours (``ours``, the qualified name of ``base``) is injected when the user set none, with the
@@ -91,8 +100,12 @@ def check_worker_extension(config: argparse.Namespace) -> str | None:
     """The ``worker_extension_cls`` the engine must get (raises on a conflict): every rank
     loads :class:`FpmGcWorkerExtension` while the self-benchmark runs (:func:`_policy_hook`)."""
     return _policy_hook(
-        config, config.worker_extension_cls, ours=POLICY_EXTENSION, base=FpmGcWorkerExtension,
-        what=WORKER_EXTENSION_CLS.source_label(), needs="every rank to load",
+        config,
+        config.worker_extension_cls,
+        ours=POLICY_EXTENSION,
+        base=FpmGcWorkerExtension,
+        what=WORKER_EXTENSION_CLS.source_label(),
+        needs="every rank to load",
         conflict=WorkerExtensionConflict,
     )
 
@@ -120,8 +133,12 @@ def check_scheduler_cls(config: argparse.Namespace, user_value: Any) -> Any:
     from dynamo.vllm.gc_scheduler import FpmGcScheduler
 
     return _policy_hook(
-        config, user_value, ours=POLICY_SCHEDULER, base=FpmGcScheduler,
-        what="vLLM's --scheduler-cls", needs="vLLM's EngineCore process to run",
+        config,
+        user_value,
+        ours=POLICY_SCHEDULER,
+        base=FpmGcScheduler,
+        what="vLLM's --scheduler-cls",
+        needs="vLLM's EngineCore process to run",
         conflict=SchedulerConflict,
     )
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Awaitable, Callable, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from dynamo.common.bind_errors import is_host_error
 from dynamo.common.configuration import Option

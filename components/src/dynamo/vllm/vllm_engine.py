@@ -39,7 +39,8 @@ import logging
 import os
 import time
 import uuid
-from typing import Any, AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 from vllm import SamplingParams
 from vllm.engine.arg_utils import AsyncEngineArgs
@@ -54,8 +55,10 @@ except ImportError:  # vLLM releases before it: SamplingParams raised ValueError
 try:
     from vllm.v1.engine.exceptions import EngineDeadError
 except ImportError:  # a vLLM without the v1 engine's exceptions: nothing raises it
+
     class EngineDeadError(Exception):  # type: ignore[no-redef]
         pass
+
 
 try:
     from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -124,7 +127,7 @@ def engine_args_from_config(
 
 def build_vllm_engine(
     config: argparse.Namespace, *, worker_extension_cls: str | None = None
-) -> "VllmEngine":
+) -> VllmEngine:
     """What :func:`dynamo.vllm.engine_factory.build_engine` calls for ``--engine vllm``.
 
     Uses the arguments ``prepare_engine`` parsed before start-up (``config.vllm_engine_args``)
@@ -285,7 +288,7 @@ class VllmEngine:
             # shutdown() can stop the processes it started instead of orphaning them.
             try:
                 self._engine = await creation
-            except Exception:  # noqa: BLE001 - the cancellation stays the reason we stop
+            except Exception:  # the cancellation stays the reason we stop
                 # E.g. a SIGTERM to the whole process group also stopped EngineCore.
                 logger.info("vLLM engine init failed after start-up was cancelled", exc_info=True)
             raise
@@ -413,12 +416,10 @@ class VllmEngine:
                 # Aborting a request vLLM already dropped is a no-op.
                 try:
                     await engine.abort(request_id)
-                except Exception:  # noqa: BLE001 - a dead engine must not mask the first error
+                except Exception:  # a dead engine must not mask the first error
                     logger.exception("Aborting vLLM request %s failed", request_id)
                 else:
-                    logger.info(
-                        "vLLM request %s aborted after %d token(s)", request_id, produced
-                    )
+                    logger.info("vLLM request %s aborted after %d token(s)", request_id, produced)
 
     def _report_dead(self, reason: str) -> None:
         if not self._reported_dead.is_set():

@@ -9,8 +9,9 @@ cannot drift apart.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol
 
 
 class ValueKind(Protocol):
@@ -51,7 +52,7 @@ class Option:
     def flags(self) -> tuple[str, ...]:
         return (self.flag, "--no-" + self.name) if self.is_bool else (self.flag,)
 
-    def renamed(self, *, name: str, env_var: str) -> "Option":
+    def renamed(self, *, name: str, env_var: str) -> Option:
         """The same option under another flag and env var (one declaration, two surfaces)."""
         return replace(self, name=name, env_var=env_var)
 

@@ -6,14 +6,13 @@ import argparse
 import os
 import sys
 import textwrap
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import configargparse
 
 from . import upstream
 from .options import Option, Surface
 from .values import FiniteFloat, IntRange, parse_bool_word
-
 
 # Value kinds whose bad input often starts with '-' (``-inf``, ``-1``): see _glue_dash_values.
 NUMERIC_KINDS = (FiniteFloat, IntRange)

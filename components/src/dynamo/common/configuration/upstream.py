@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 logger = logging.getLogger(__name__)
 
@@ -68,14 +68,21 @@ REJECTED: list[UpstreamName] = [
     ),
     *_names(
         [
-            "--benchmark-points-file", "DYN_BENCHMARK_POINTS_FILE",
-            "--benchmark-timeout", "DYN_BENCHMARK_TIMEOUT",
-            "--benchmark-warmup-iterations", "DYN_BENCHMARK_WARMUP_ITERATIONS",
-            "--benchmark-max-batch-size", "DYN_BENCHMARK_MAX_BATCH_SIZE",
-            "--benchmark-randomize-kda-state", "--benchmark-hybrid-live-state",
+            "--benchmark-points-file",
+            "DYN_BENCHMARK_POINTS_FILE",
+            "--benchmark-timeout",
+            "DYN_BENCHMARK_TIMEOUT",
+            "--benchmark-warmup-iterations",
+            "DYN_BENCHMARK_WARMUP_ITERATIONS",
+            "--benchmark-max-batch-size",
+            "DYN_BENCHMARK_MAX_BATCH_SIZE",
+            "--benchmark-randomize-kda-state",
+            "--benchmark-hybrid-live-state",
             "--benchmark-collect-imbalanced",
-            "--prefill-max-new-token-samples", "--prefill-max-kv-read-token-samples",
-            "--decode-max-kv-read-token-samples", "--decode-max-batch-size-samples",
+            "--prefill-max-new-token-samples",
+            "--prefill-max-kv-read-token-samples",
+            "--decode-max-kv-read-token-samples",
+            "--decode-max-batch-size-samples",
             "--prefix-max-batch-size-samples",
         ],
         [WORKER],
@@ -87,9 +94,7 @@ REJECTED: list[UpstreamName] = [
         "workers here are aggregated only (each prefills and decodes its own requests)",
         harmless=("agg",),
     ),
-    *_names(
-        ["--enable-multimodal"], [WORKER], "this worker serves text models only"
-    ),
+    *_names(["--enable-multimodal"], [WORKER], "this worker serves text models only"),
     *_names(
         ["--endpoint"],
         [WORKER],
@@ -110,9 +115,14 @@ REJECTED: list[UpstreamName] = [
     ),
     *_names(
         [
-            "--kv-cache-block-size", "--router-kv-events", "--router-temperature",
-            "--kv-overlap-score-weight", "--router-replica-sync", "--router-reset-states",
-            "--active-decode-blocks-threshold", "--active-prefill-tokens-threshold",
+            "--kv-cache-block-size",
+            "--router-kv-events",
+            "--router-temperature",
+            "--kv-overlap-score-weight",
+            "--router-replica-sync",
+            "--router-reset-states",
+            "--active-decode-blocks-threshold",
+            "--active-prefill-tokens-threshold",
         ],
         [FRONTEND],
         "there is no KV-aware router here; the frontend routes round-robin",
@@ -144,9 +154,7 @@ REJECTED: list[UpstreamName] = [
         [FRONTEND],
         "metric names are fixed (dynamo_gc_* and prometheus_client's process_*)",
     ),
-    *_names(
-        ["--dump-config-to"], BOTH, "the options in effect are logged at start-up (INFO)"
-    ),
+    *_names(["--dump-config-to"], BOTH, "the options in effect are logged at start-up (INFO)"),
     *_names(
         ["--custom-jinja-template", "DYN_CUSTOM_JINJA_TEMPLATE"],
         [WORKER],
@@ -155,8 +163,10 @@ REJECTED: list[UpstreamName] = [
     ),
     *_names(
         [
-            "--dyn-tool-call-parser", "DYN_TOOL_CALL_PARSER",
-            "--dyn-reasoning-parser", "DYN_REASONING_PARSER",
+            "--dyn-tool-call-parser",
+            "DYN_TOOL_CALL_PARSER",
+            "--dyn-reasoning-parser",
+            "DYN_REASONING_PARSER",
         ],
         [WORKER],
         "there is no tool-call or reasoning parsing here: the completion's text comes back as "
@@ -199,7 +209,8 @@ IGNORED_ENV: list[UpstreamName] = [
     ),
     *_names(
         [
-            "DYN_SYSTEM_STARTING_HEALTH_STATUS", "DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS",
+            "DYN_SYSTEM_STARTING_HEALTH_STATUS",
+            "DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS",
             "DYN_HEALTH_CHECK_ENABLED",
         ],
         [WORKER],

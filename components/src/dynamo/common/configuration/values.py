@@ -33,7 +33,10 @@ def _control_character_problem(text: str) -> str | None:
     match = _CONTROL.search(text)
     if match is None:
         return None
-    return f"must not contain control characters (found {match.group()!r} at position {match.start()})"
+    return (
+        f"must not contain control characters (found {match.group()!r} at position {match.start()})"
+    )
+
 
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 FALSE_WORDS = frozenset({"0", "false", "no", "off"})
@@ -186,7 +189,9 @@ class Host:
         last_label = host.rstrip(".").rsplit(".", 1)[-1]
         if last_label.isdigit() or last_label.lower().startswith("0x"):
             # The C resolver reads "1.2.3" and "0x7f.1" as IPv4 addresses; nobody means that.
-            raise ValueError("not a valid IP address, nor a host name (no top-level domain is numeric)")
+            raise ValueError(
+                "not a valid IP address, nor a host name (no top-level domain is numeric)"
+            )
         if host.startswith("[") or "/" in host or " " in host:
             raise ValueError(
                 "not a host name or IP address (write IPv6 addresses without brackets, and no "
@@ -196,7 +201,9 @@ class Host:
             encoded = host.encode("idna")
         except UnicodeError as exc:
             reason = str(exc.__cause__ or exc).split("(", 1)[-1].rstrip(")") or "invalid"
-            raise ValueError(f"not a valid host name ({reason}: labels are 1-63 characters)") from None
+            raise ValueError(
+                f"not a valid host name ({reason}: labels are 1-63 characters)"
+            ) from None
         if len(encoded.rstrip(b".")) > 253:
             raise ValueError("not a valid host name (longer than 253 characters)")
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="resolve")

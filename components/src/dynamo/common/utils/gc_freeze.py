@@ -17,8 +17,8 @@ import gc
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from dynamo.common import lifecycle
 
@@ -91,7 +91,7 @@ def freeze_gc_heap(*, context: str) -> int | None:
         # start-up or keep the other observers from hearing about it.
         try:
             observer(record)
-        except Exception:  # noqa: BLE001 - see above
+        except Exception:  # see above
             logger.exception("GC freeze observer %r failed", observer)
     return frozen
 
