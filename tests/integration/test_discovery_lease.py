@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from dynamo.runtime.discovery import HEARTBEATS_PER_TTL, DiscoveryStore
+from dynamo.runtime.discovery.file_backend import HEARTBEATS_PER_TTL, DiscoveryStore
 from tests.integration.harness import wait_until
 from tests.integration.pair_helpers import (
     assert_openai_error,

@@ -10,13 +10,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 
 import aetcd
 import pytest
 
 from dynamo.runtime.discovery import MAX_RECORD_BYTES, ModelRecord
-from dynamo.runtime.discovery_etcd import EtcdCredentials, EtcdDiscovery
-from dynamo.runtime.etcd_endpoints import parse_endpoints
+from dynamo.runtime.discovery.etcd_backend import EtcdCredentials, EtcdDiscovery
+from dynamo.runtime.discovery.etcd_endpoints import parse_endpoints
 
 pytestmark = pytest.mark.integration
 
@@ -69,10 +70,10 @@ def test_register_watch_and_revoke(etcd_server):
     seen = Seen()
 
     async def scenario():
-        registration = backend.registration(2.0)
+        registration = replace(backend, ttl_s=2.0).registration()
         await registration.connect()
         record = await registration.register(ModelRecord(model="m", endpoint="http://w:1"))
-        watcher = backend.watcher(on_add=seen.on_add, on_remove=seen.on_remove, ttl_s=2.0)
+        watcher = backend.watcher(on_add=seen.on_add, on_remove=seen.on_remove)
         watcher.start()
         try:
             await until(lambda: seen.added, what="the record to be listed")
@@ -104,11 +105,11 @@ def test_a_lease_left_unrenewed_expires_and_its_record_goes(etcd_server, record_
     seen = Seen()
 
     async def scenario():
-        registration = backend.registration(2.0)
+        registration = replace(backend, ttl_s=2.0).registration()
         await registration.register(ModelRecord(model="m", endpoint="http://w:1"))
         registration._task.cancel()  # the worker is gone: no more keep-alives
         began = time.monotonic()
-        watcher = backend.watcher(on_add=seen.on_add, on_remove=seen.on_remove, ttl_s=2.0)
+        watcher = backend.watcher(on_add=seen.on_add, on_remove=seen.on_remove)
         watcher.start()
         try:
             await until(lambda: seen.removed, what="the expired record to go")
@@ -127,13 +128,13 @@ def test_namespaces_do_not_see_each_other(etcd_server):
     seen_a, seen_b = Seen(), Seen()
 
     async def scenario():
-        reg = discovery(etcd_server, "a").registration(5.0)
+        reg = replace(discovery(etcd_server, "a"), ttl_s=5.0).registration()
         await reg.register(ModelRecord(model="only-a", endpoint="http://w:1"))
         watch_a = discovery(etcd_server, "a").watcher(
-            on_add=seen_a.on_add, on_remove=seen_a.on_remove, ttl_s=5
+            on_add=seen_a.on_add, on_remove=seen_a.on_remove
         )
         watch_b = discovery(etcd_server, "b").watcher(
-            on_add=seen_b.on_add, on_remove=seen_b.on_remove, ttl_s=5
+            on_add=seen_b.on_add, on_remove=seen_b.on_remove
         )
         watch_a.start()
         watch_b.start()
@@ -160,7 +161,7 @@ def test_malformed_and_oversized_records_get_one_warning_each_and_are_skipped(et
         async with client(etcd_server) as c:
             await c.put(prefix + b"garbage", b"{not json")
             await c.put(prefix + b"huge", b" " * (MAX_RECORD_BYTES + 1))
-            watcher = backend.watcher(on_add=seen.on_add, on_remove=seen.on_remove, ttl_s=5)
+            watcher = backend.watcher(on_add=seen.on_add, on_remove=seen.on_remove)
             watcher.start()
             try:
                 await until(lambda: watcher.state == "ok")
@@ -194,9 +195,9 @@ def test_an_outage_keeps_the_known_instances_and_logs_once(etcd_server, caplog):
     seen = Seen()
 
     async def scenario():
-        registration = backend.registration(2.0)
+        registration = replace(backend, ttl_s=2.0).registration()
         record = await registration.register(ModelRecord(model="m", endpoint="http://w:1"))
-        watcher = backend.watcher(on_add=seen.on_add, on_remove=seen.on_remove, ttl_s=2)
+        watcher = backend.watcher(on_add=seen.on_add, on_remove=seen.on_remove)
         watcher.start()
         try:
             await until(lambda: seen.added)
@@ -243,9 +244,9 @@ def test_start_up_with_etcd_down_waits_and_connects_when_it_comes(etcd_server, c
     seen = Seen()
 
     async def scenario():
-        watcher = backend.watcher(on_add=seen.on_add, on_remove=seen.on_remove, ttl_s=2)
+        watcher = backend.watcher(on_add=seen.on_add, on_remove=seen.on_remove)
         watcher.start()
-        registration = backend.registration(2.0)
+        registration = replace(backend, ttl_s=2.0).registration()
         connecting = asyncio.ensure_future(registration.connect())
         try:
             # Both must have met the outage before etcd starts: the first WARNING alone (either
@@ -288,7 +289,7 @@ def test_compaction_while_watching_relists_and_misses_nothing(etcd_server, caplo
         async with client(etcd_server) as c:
             for record in first:
                 await c.put(prefix + record.instance_id.encode(), record.to_json().encode())
-            watcher = backend.watcher(on_add=slow_add, on_remove=seen.on_remove, ttl_s=5)
+            watcher = backend.watcher(on_add=slow_add, on_remove=seen.on_remove)
             watcher.start()
             try:
                 await until(lambda: seen.added, what="the first list to reach a callback")
@@ -331,7 +332,7 @@ def test_a_thousand_records_are_all_seen(etcd_server, record_property):
                         for r in records[start : start + 100]
                     )
                 )
-            watcher = backend.watcher(on_add=seen.on_add, on_remove=seen.on_remove, ttl_s=5)
+            watcher = backend.watcher(on_add=seen.on_add, on_remove=seen.on_remove)
             began = time.monotonic()
             watcher.start()
             try:
@@ -376,12 +377,12 @@ def test_a_user_and_password_from_the_environment_authenticate_and_are_never_log
     seen = Seen()
 
     async def scenario():
-        refused = anonymous.watcher(on_add=seen.on_add, on_remove=seen.on_remove, ttl_s=2)
+        refused = anonymous.watcher(on_add=seen.on_add, on_remove=seen.on_remove)
         refused.start()
-        registration = authed.registration(2.0)
+        registration = replace(authed, ttl_s=2.0).registration()
         await registration.connect()
         await registration.register(ModelRecord(model="m", endpoint="http://w:1"))
-        watcher = authed.watcher(on_add=seen.on_add, on_remove=seen.on_remove, ttl_s=2)
+        watcher = authed.watcher(on_add=seen.on_add, on_remove=seen.on_remove)
         watcher.start()
         try:
             await until(lambda: seen.added and "cannot reach etcd" in caplog.text)
@@ -406,7 +407,7 @@ def test_a_page_of_oversized_values_shrinks_the_pages_instead_of_blinding_the_wa
     gRPC message limit, and every list failed (RESOURCE_EXHAUSTED) for as long as they stayed,
     so the frontend never became ready. Here the message limit is lowered to keep the test
     light; the failure is the same."""
-    from dynamo.runtime import discovery_etcd
+    from dynamo.runtime.discovery import etcd_backend as discovery_etcd
 
     caplog.set_level(logging.INFO)
     mocker.patch.dict(discovery_etcd.CHANNEL_OPTIONS, {"grpc.max_receive_message_length": 4 << 20})
@@ -420,7 +421,7 @@ def test_a_page_of_oversized_values_shrinks_the_pages_instead_of_blinding_the_wa
             for i in range(10):
                 await c.put(prefix + b"junk-%d" % i, b" " * (MAX_RECORD_BYTES + 100 * 1024))
             await c.put(prefix + good.instance_id.encode(), good.to_json().encode())
-            watcher = backend.watcher(on_add=seen.on_add, on_remove=seen.on_remove, ttl_s=5)
+            watcher = backend.watcher(on_add=seen.on_add, on_remove=seen.on_remove)
             watcher.start()
             try:
                 await until(lambda: watcher.state == "ok", what="a list that succeeds")
@@ -441,7 +442,7 @@ def test_the_lease_quoted_in_the_logs_is_the_one_etcd_granted(etcd_server):
     backend = discovery(etcd_server)
 
     async def scenario():
-        registration = backend.registration(1.0)
+        registration = replace(backend, ttl_s=1.0).registration()
         try:
             await registration.register(ModelRecord(model="m", endpoint="http://w:1"))
             async with client(etcd_server) as c:
@@ -471,7 +472,7 @@ class _EndedWatch:
 def test_a_watch_that_keeps_ending_quietly_is_backed_off_not_a_busy_loop(
     etcd_server, caplog, mocker
 ):
-    caplog.set_level(logging.DEBUG, logger="dynamo.runtime.discovery_etcd")
+    caplog.set_level(logging.DEBUG, logger="dynamo.runtime.discovery.etcd_backend")
     backend = discovery(etcd_server)
     seen = Seen()
 
@@ -480,7 +481,7 @@ def test_a_watch_that_keeps_ending_quietly_is_backed_off_not_a_busy_loop(
 
     async def scenario():
         mocker.patch.object(aetcd.Client, "watch_prefix", ended_watch)
-        watcher = backend.watcher(on_add=seen.on_add, on_remove=seen.on_remove, ttl_s=5)
+        watcher = backend.watcher(on_add=seen.on_add, on_remove=seen.on_remove)
         watcher.start()
         try:
             await until(lambda: watcher.lists >= 4, what="four lists")
@@ -514,9 +515,7 @@ def test_a_watch_cancel_that_never_answers_does_not_hang_the_stop(etcd_server, m
 
     async def scenario():
         mocker.patch.object(aetcd.Client, "watch_prefix", watch_whose_cancel_hangs)
-        watcher = discovery(etcd_server).watcher(
-            on_add=seen.on_add, on_remove=seen.on_remove, ttl_s=5
-        )
+        watcher = discovery(etcd_server).watcher(on_add=seen.on_add, on_remove=seen.on_remove)
         watcher.start()
         await until(lambda: watches, what="the watch")  # the watcher is in it now
         # Unbounded, this never returns: the test's own bound turns that into a failure.
@@ -532,7 +531,7 @@ def test_a_keep_alive_that_outlives_its_unregister_never_puts_the_record_back(et
     prefix = backend.prefix.encode()
 
     async def scenario():
-        registration = backend.registration(2.0)
+        registration = replace(backend, ttl_s=2.0).registration()
         await registration.connect()
         await registration.register(ModelRecord(model="m", endpoint="http://w:1"))
         keep_alive = registration._task

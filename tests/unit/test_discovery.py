@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from dynamo.runtime import discovery
-from dynamo.runtime.discovery import DiscoveryStore, DiscoveryWatcher, ModelRecord
+from dynamo.runtime.discovery import file_backend as discovery
+from dynamo.runtime.discovery.file_backend import DiscoveryStore, DiscoveryWatcher, ModelRecord
 
-LOGGER = "dynamo.runtime.discovery"
+LOGGER = "dynamo.runtime.discovery.file_backend"
 
 
 def _record(model: str = "m", instance_id: str = "i1", port: int = 40001) -> ModelRecord:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from dynamo.runtime import discovery
-from dynamo.runtime.discovery import (
+from dynamo.runtime.discovery import file_backend as discovery
+from dynamo.runtime.discovery.file_backend import (
     DiscoveryStore,
     ModelRecord,
     RecordHeartbeat,
@@ -27,7 +27,7 @@ from dynamo.vllm import main as worker_main
 from tests.integration.harness import mock_worker_env
 from tests.unit.watched_discovery import TTL_S, Watched
 
-LOGGER = "dynamo.runtime.discovery"
+LOGGER = "dynamo.runtime.discovery.file_backend"
 EXPIRED = (
     "Discovery record {path} expired: no heartbeat for {silent} s (worker {instance} at {endpoint})"
 )

@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from dynamo.runtime import discovery
-from dynamo.runtime.discovery import MAX_RECORD_BYTES, DiscoveryStore, ModelRecord
+from dynamo.runtime.discovery import file_backend as discovery
+from dynamo.runtime.discovery.file_backend import MAX_RECORD_BYTES, DiscoveryStore, ModelRecord
 from tests.unit.watched_discovery import TTL_S, Watched
 
 

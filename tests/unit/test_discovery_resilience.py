@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from dynamo.runtime import discovery
-from dynamo.runtime.discovery import (
+from dynamo.runtime.discovery import file_backend as discovery
+from dynamo.runtime.discovery.file_backend import (
     DELETE_AFTER_TTLS,
     REREAD_EVERY_TTLS,
     DiscoveryDirError,
@@ -32,7 +32,7 @@ from dynamo.runtime.discovery import (
 )
 from tests.unit.watched_discovery import TTL_S, Watched
 
-LOGGER = "dynamo.runtime.discovery"
+LOGGER = "dynamo.runtime.discovery.file_backend"
 DEADLINE_S = 30.0
 
 
@@ -444,7 +444,7 @@ def test_ensure_discovery_dir_writable_probes_a_write(tmp_path, mocker):
     assert list(tmp_path.iterdir()) == []  # the probe is gone
     # Root writes anywhere, so a read-only directory is simulated at the write itself.
     mocker.patch(
-        "dynamo.runtime.discovery.tempfile.mkstemp",
+        "dynamo.runtime.discovery.file_backend.tempfile.mkstemp",
         side_effect=PermissionError(13, "Permission denied"),
     )
     ensure_discovery_dir(tmp_path)  # listing alone still succeeds

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from dynamo.runtime import discovery_etcd
-from dynamo.runtime.discovery_etcd import EtcdConnection, EtcdCredentials, EtcdRegistration
-from dynamo.runtime.etcd_endpoints import parse_endpoints
+from dynamo.runtime.discovery import etcd_backend as discovery_etcd
+from dynamo.runtime.discovery.etcd_backend import EtcdConnection, EtcdCredentials, EtcdRegistration
+from dynamo.runtime.discovery.etcd_endpoints import parse_endpoints
 
 
 def test_unregister_is_bounded_even_when_the_client_must_be_rebuilt_first(mocker, caplog):

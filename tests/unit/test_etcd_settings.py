@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
+from dataclasses import replace
 
 import pytest
 
-from dynamo.runtime.discovery_backend import FileDiscovery, open_discovery
-from dynamo.runtime.discovery_etcd import EtcdCredentials, EtcdDiscovery, EtcdSettingsError
-from dynamo.runtime.etcd_endpoints import EtcdEndpoint, parse_endpoints
+from dynamo.runtime.discovery import DiscoverySettings, open_discovery
+from dynamo.runtime.discovery.etcd_backend import EtcdCredentials, EtcdDiscovery, EtcdSettingsError
+from dynamo.runtime.discovery.etcd_endpoints import EtcdEndpoint, parse_endpoints
 
 
 def test_endpoints_are_parsed_in_order_with_the_default_port():
@@ -84,19 +84,19 @@ def test_credentials_that_cannot_work_are_refused(env, message):
 )
 def test_etcd_is_readable_beyond_this_host_unless_every_endpoint_is_loopback(endpoints, beyond):
     backend = EtcdDiscovery(parse_endpoints(endpoints), "ns")
-    assert backend.readable_beyond_host is beyond
-    assert FileDiscovery("/tmp/x").readable_beyond_host is False
+    assert (backend.readable_beyond_host() is not None) is beyond
 
 
 def test_the_backend_follows_the_option(tmp_path):
-    config = argparse.Namespace(
-        discovery_backend="file", discovery_dir=str(tmp_path), etcd_endpoints=(), namespace="n"
+    settings = DiscoverySettings(
+        backend="file", directory=str(tmp_path), ttl_s=7.0, etcd_endpoints=(), namespace="n"
     )
-    assert open_discovery(config).backend == "file"
-    config.discovery_backend = "etcd"
-    config.etcd_endpoints = parse_endpoints("http://a:1")
-    backend = open_discovery(config)
+    file_store = open_discovery(settings)
+    assert (file_store.backend, file_store.registration().interval_s) == ("file", 7.0 / 5)
+    etcd_settings = replace(settings, backend="etcd", etcd_endpoints=parse_endpoints("http://a:1"))
+    backend = open_discovery(etcd_settings)
     assert (backend.backend, backend.prefix) == ("etcd", "dynamo-gc/n/models/")
+    assert backend.registration().lease_ttl_s == 7
 
 
 @pytest.mark.parametrize("program", ["dynamo.frontend", "dynamo.vllm"])

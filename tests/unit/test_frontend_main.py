@@ -19,8 +19,8 @@ from aiohttp import web
 from dynamo.common import lifecycle, logging_setup
 from dynamo.common.utils import gc_freeze
 from dynamo.frontend import main as frontend_main
-from dynamo.runtime import discovery
-from dynamo.runtime.discovery import DiscoveryWatcher
+from dynamo.runtime.discovery import file_backend as discovery
+from dynamo.runtime.discovery.file_backend import DiscoveryWatcher
 
 
 @pytest.fixture(autouse=True)

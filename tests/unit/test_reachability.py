@@ -1,13 +1,20 @@
-"""The loopback warning: a loopback request plane published where other hosts read it."""
+"""The loopback warning: a loopback request plane published where other hosts read it.
+
+Who can read the records is the discovery store's to say (its ``readable_beyond_host``); the
+mount table decides it for the file store, the endpoints for etcd.
+"""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 
 import pytest
 
+from dynamo.runtime.discovery import mounts
+from dynamo.runtime.discovery.etcd_backend import EtcdDiscovery
+from dynamo.runtime.discovery.etcd_endpoints import parse_endpoints
+from dynamo.runtime.discovery.file_backend import FileDiscovery
 from dynamo.vllm import main as worker_main
 from dynamo.vllm import reachability
 
@@ -25,16 +32,18 @@ garbage line
 
 
 @pytest.fixture
-def mountinfo(tmp_path):
+def mountinfo(tmp_path, monkeypatch):
+    """This file is the process's mount table for the test."""
     path = tmp_path / "mountinfo"
     path.write_text(MOUNTINFO)
+    monkeypatch.setattr(mounts, "MOUNTINFO", str(path))
     return str(path)
 
 
 def test_mountinfo_is_parsed_with_its_escapes():
-    mounts = reachability.parse_mountinfo(MOUNTINFO)
-    assert reachability.Mount("/mnt/my share", "cifs") in mounts
-    assert len(mounts) == 6
+    found = mounts.parse_mountinfo(MOUNTINFO)
+    assert mounts.Mount("/mnt/my share", "cifs") in found
+    assert len(found) == 6
 
 
 @pytest.mark.parametrize(
@@ -50,7 +59,7 @@ def test_mountinfo_is_parsed_with_its_escapes():
     ],
 )
 def test_the_mount_holding_a_directory(directory, fs_type):
-    mount = reachability.filesystem_of(directory, reachability.parse_mountinfo(MOUNTINFO))
+    mount = mounts.filesystem_of(directory, mounts.parse_mountinfo(MOUNTINFO))
     assert mount is not None and mount.fs_type == fs_type
 
 
@@ -66,24 +75,23 @@ def test_the_mount_holding_a_directory(directory, fs_type):
     ],
 )
 def test_file_backend_is_remote_on_network_file_systems(mountinfo, directory, remote):
-    why = reachability.readable_from_other_hosts("file", directory, mountinfo_path=mountinfo)
+    why = FileDiscovery(directory).readable_beyond_host()
     assert (why is not None) is remote, why
 
 
 @pytest.mark.parametrize(
     ("endpoints", "remote"),
     [
-        (["http://127.0.0.1:2379"], False),
-        (["localhost:2379", "https://[::1]:2379"], False),
+        ("http://127.0.0.1:2379", False),
+        ("localhost:2379,http://[::1]:2379", False),
         ("http://127.0.0.1:2379,http://127.0.0.2:2379", False),
-        (["http://127.0.0.1:2379", "http://etcd-0.etcd:2379"], True),
+        ("http://127.0.0.1:2379,http://etcd-0.etcd:2379", True),
         ("10.0.0.7:2379", True),
-        (["https://[2001:db8::1]:2379"], True),
-        ([], False),
+        ("http://[2001:db8::1]:2379", True),
     ],
 )
 def test_etcd_is_remote_when_any_endpoint_is_not_loopback(endpoints, remote):
-    why = reachability.readable_from_other_hosts("etcd", None, endpoints)
+    why = EtcdDiscovery(parse_endpoints(endpoints), "ns").readable_beyond_host()
     assert (why is not None) is remote, why
 
 
@@ -97,9 +105,7 @@ def test_etcd_is_remote_when_any_endpoint_is_not_loopback(endpoints, remote):
     ],
 )
 def test_only_a_loopback_advertised_address_warns(mountinfo, endpoint, warns):
-    reason = reachability.unreachable_reason(
-        endpoint, "file", "/data-h13/dynamo/discovery", mountinfo_path=mountinfo
-    )
+    reason = reachability.unreachable_reason(endpoint, FileDiscovery("/data-h13/dynamo/discovery"))
     assert (reason is not None) is warns
     if warns:
         assert endpoint in reason and "nfs4" in reason
@@ -107,69 +113,47 @@ def test_only_a_loopback_advertised_address_warns(mountinfo, endpoint, warns):
 
 
 def test_a_local_directory_and_loopback_etcd_do_not_warn(mountinfo):
-    assert (
-        reachability.unreachable_reason(
-            "http://127.0.0.1:9100", "file", "/tmp/discovery", mountinfo_path=mountinfo
-        )
-        is None
-    )
-    assert (
-        reachability.unreachable_reason(
-            "http://127.0.0.1:9100", "etcd", None, ["http://127.0.0.1:2379"]
-        )
-        is None
-    )
+    local = FileDiscovery("/tmp/discovery")
+    assert reachability.unreachable_reason("http://127.0.0.1:9100", local) is None
+    etcd = EtcdDiscovery(parse_endpoints("http://127.0.0.1:2379"), "ns")
+    assert reachability.unreachable_reason("http://127.0.0.1:9100", etcd) is None
 
 
 def test_an_etcd_backend_reachable_elsewhere_warns():
-    reason = reachability.unreachable_reason(
-        "http://127.0.0.1:9100", "etcd", None, "http://etcd.default.svc:2379"
-    )
-    assert reason is not None and "etcd.default.svc:2379" in reason
+    etcd = EtcdDiscovery(parse_endpoints("http://etcd.default.svc:2379"), "ns")
+    reason = reachability.unreachable_reason("http://127.0.0.1:9100", etcd)
+    assert reason is not None and "etcd.default.svc:2379" in reason and "etcd backend" in reason
 
 
-def test_no_mount_table_means_nothing_to_warn_about(tmp_path):
-    missing = str(tmp_path / "no-such-mountinfo")
-    assert reachability.readable_from_other_hosts("file", "/x", mountinfo_path=missing) is None
+def test_no_mount_table_means_nothing_to_warn_about(tmp_path, monkeypatch):
+    monkeypatch.setattr(mounts, "MOUNTINFO", str(tmp_path / "no-such-mountinfo"))
+    assert FileDiscovery("/x").readable_beyond_host() is None
 
 
 def test_a_directory_not_created_yet_is_judged_by_its_nearest_parent(tmp_path, mocker):
     mocker.patch.object(
-        reachability,
+        mounts,
         "_read_mounts",
-        return_value=[reachability.Mount("/", "ext4"), reachability.Mount(str(tmp_path), "nfs")],
+        return_value=[mounts.Mount("/", "ext4"), mounts.Mount(str(tmp_path), "nfs")],
     )
-    why = reachability.readable_from_other_hosts("file", str(tmp_path / "a" / "b"))
+    why = FileDiscovery(str(tmp_path / "a" / "b")).readable_beyond_host()
     assert why is not None and "nfs" in why
 
 
-def test_the_worker_logs_it_once_with_the_backend_options(mocker, caplog):
+def test_the_worker_logs_it_once_with_the_discovery_it_opened(mocker, caplog):
     seen = []
 
-    def fake(endpoint, backend, directory, endpoints):
-        seen.append((endpoint, backend, directory, endpoints))
+    def fake(endpoint, discovery):
+        seen.append((endpoint, discovery))
         return "the warning"
 
     mocker.patch.object(reachability, "unreachable_reason", side_effect=fake)
     caplog.set_level(logging.WARNING, logger="dynamo.vllm.main")
-    from dynamo.runtime.etcd_endpoints import parse_endpoints
-
-    plain = argparse.Namespace(
-        discovery_dir="/d",
-        discovery_backend="file",
-        etcd_endpoints=parse_endpoints("http://localhost:2379"),
-    )
-    etcd = argparse.Namespace(
-        discovery_dir="/d",
-        discovery_backend="etcd",
-        etcd_endpoints=parse_endpoints("http://e:2379"),
-    )
+    plain = FileDiscovery("/d")
+    etcd = EtcdDiscovery(parse_endpoints("http://e:2379"), "ns")
     assert (
         asyncio.run(worker_main.warn_if_unreachable(plain, "http://127.0.0.1:1")) == "the warning"
     )
     asyncio.run(worker_main.warn_if_unreachable(etcd, "http://127.0.0.1:1"))
-    assert seen == [
-        ("http://127.0.0.1:1", "file", "/d", ["http://localhost:2379"]),
-        ("http://127.0.0.1:1", "etcd", "/d", ["http://e:2379"]),
-    ]
+    assert seen == [("http://127.0.0.1:1", plain), ("http://127.0.0.1:1", etcd)]
     assert [r.getMessage() for r in caplog.records] == ["the warning", "the warning"]

@@ -44,15 +44,16 @@ from prometheus_client import Gauge
 from dynamo.common import lifecycle, logging_setup
 from dynamo.common.configuration import upstream
 from dynamo.common.configuration.drain_options import DEFAULT_DRAIN_TIMEOUT_S
-from dynamo.common.configuration.runtime_options import DISCOVERY_DIR
+from dynamo.common.configuration.runtime_options import DISCOVERY_DIR, discovery_settings
 from dynamo.common.http_server import GuardedRunner
 from dynamo.common.metrics import DynamoMetrics, debug_gc_route, metrics_route
 from dynamo.common.request_drain import END_BOUND_S, RequestDrain
 from dynamo.common.utils import gc_freeze
-from dynamo.runtime.discovery import DiscoveryDirError, ensure_discovery_dir
-from dynamo.runtime.discovery_backend import (
+from dynamo.runtime.discovery import (
     STATE_DEGRADED,
     Discovery,
+    DiscoveryDirError,
+    DiscoverySetupError,
     RecordWatcher,
     open_discovery,
 )
@@ -185,12 +186,11 @@ async def _build(
         logger.info("HTTP service stopped")
 
     closer.push("HTTP service", stop_http_service)
-    discovery: Discovery = getattr(config, "discovery", None) or open_discovery(config)
-    watcher = discovery.watcher(
-        on_add=registry.add_instance,
-        on_remove=registry.remove_instance,
-        ttl_s=config.discovery_ttl,  # file: a worker whose record stops changing is dropped
+    discovery: Discovery = getattr(config, "discovery", None) or open_discovery(
+        discovery_settings(config)
     )
+    # file: a worker whose record stops changing for --discovery-ttl is dropped
+    watcher = discovery.watcher(on_add=registry.add_instance, on_remove=registry.remove_instance)
     closer.push("discovery watcher", watcher.stop)
     service.discovery_watcher = watcher  # /health reports its state (and waits for its first list)
     if metrics is not None:
@@ -282,7 +282,9 @@ async def _run(
     frontend.watcher.start()
     logger.info(
         "Discovery watcher started: %s (ttl %g s)",
-        config.discovery.describe() if hasattr(config, "discovery") else config.discovery_dir,
+        config.discovery.describe()
+        if hasattr(config, "discovery")
+        else discovery_settings(config).directory,
         config.discovery_ttl,
     )
 
@@ -302,12 +304,14 @@ async def _run(
     return 0
 
 
-def check_discovery_dir(path: str) -> str | None:
-    """Why the discovery directory cannot be watched (created when missing), or None."""
+def check_discovery(discovery: Discovery, directory: str) -> str | None:
+    """Why the discovery store cannot be watched (a directory is created when missing), or None."""
     try:
-        ensure_discovery_dir(path)
+        discovery.check(writer=False)
     except DiscoveryDirError as exc:
-        return f"{DISCOVERY_DIR.source_label()} is {path!r}: the frontend cannot watch it ({exc})"
+        return (
+            f"{DISCOVERY_DIR.source_label()} is {directory!r}: the frontend cannot watch it ({exc})"
+        )
     return None
 
 
@@ -344,15 +348,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         log_levels = logging_setup.log_levels_or_exit(PROG)  # DYN_LOG, as upstream
     except SystemExit as exc:  # bad input (2, the parser printed why) or --help (0)
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
-    problem = (
-        check_discovery_dir(config.discovery_dir) if config.discovery_backend == "file" else None
-    )
-    if problem is None:
-        try:
-            # The etcd client is imported here, before the start-up freeze covers it.
-            config.discovery = open_discovery(config)
-        except ValueError as exc:  # EtcdSettingsError: credentials that cannot work
-            problem = str(exc)
+    settings = discovery_settings(config)
+    try:
+        # The etcd client is imported here, before the start-up freeze covers it.
+        config.discovery = open_discovery(settings)
+        problem = check_discovery(config.discovery, settings.directory)
+    except DiscoverySetupError as exc:  # etcd credentials that cannot work
+        problem = str(exc)
     if problem is not None:
         # Before anything runs: a watcher on a file or an unreadable directory would see no
         # worker, ever, while /health said ready.

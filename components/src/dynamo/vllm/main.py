@@ -46,13 +46,19 @@ from aiohttp import web
 from dynamo.common import lifecycle, logging_setup
 from dynamo.common.configuration import upstream
 from dynamo.common.configuration.drain_options import DEFAULT_DRAIN_TIMEOUT_S
+from dynamo.common.configuration.runtime_options import discovery_settings
 from dynamo.common.http_server import REQUEST_PLANE_MAX_BODY_BYTES, GuardedRunner
 from dynamo.common.metrics import DynamoMetrics
 from dynamo.common.request_drain import END_BOUND_S, RequestDrain
 from dynamo.common.system_server import start_system_server
 from dynamo.common.utils import gc_freeze
-from dynamo.runtime.discovery import ModelRecord
-from dynamo.runtime.discovery_backend import Discovery, Registration, open_discovery
+from dynamo.runtime.discovery import (
+    Discovery,
+    DiscoverySetupError,
+    ModelRecord,
+    Registration,
+    open_discovery,
+)
 from dynamo.runtime.model_card import ModelCard
 from dynamo.runtime.request_plane import GenerateRequest, add_request_plane_routes
 from dynamo.vllm import backend_args, engine_factory, reachability, startup_checks
@@ -291,18 +297,11 @@ async def open_request_plane(
     return plane
 
 
-async def warn_if_unreachable(config: argparse.Namespace, endpoint: str) -> str | None:
+async def warn_if_unreachable(discovery: Discovery, endpoint: str) -> str | None:
     """One WARNING when the advertised request plane is loopback but other hosts read the
-    discovery record (see :mod:`dynamo.vllm.reachability`); off the loop: it may resolve a name.
-
-    """
-    reason = await asyncio.to_thread(
-        reachability.unreachable_reason,
-        endpoint,
-        config.discovery_backend,
-        config.discovery_dir,
-        [endpoint.url for endpoint in config.etcd_endpoints],
-    )
+    discovery record (see :mod:`dynamo.vllm.reachability`); off the loop: it may resolve a name
+    and read the mount table."""
+    reason = await asyncio.to_thread(reachability.unreachable_reason, endpoint, discovery)
     if reason is not None:
         logger.warning(reason)
     return reason
@@ -343,7 +342,7 @@ async def connect_discovery(
 ) -> Registration:
     """The worker's registration, its store reachable (etcd: retried with back-off until it
     answers; the worker stays `starting`, so not ready, meanwhile)."""
-    registration = discovery.registration(config.discovery_ttl)
+    registration = discovery.registration()
     cleanup.push_async_callback(registration.close)
     logger.info("Discovery: %s backend, %s", discovery.backend, discovery.describe())
     await registration.connect()
@@ -360,7 +359,7 @@ async def run_worker(config: argparse.Namespace) -> int:
     """Everything after argument parsing; returns the exit code (0 after a signal)."""
     # main() opens the backend before the loop exists (the etcd client's import is then
     # frozen with the rest); a caller that skipped main() gets it here.
-    discovery = getattr(config, "discovery", None) or open_discovery(config)
+    discovery = getattr(config, "discovery", None) or open_discovery(discovery_settings(config))
     signals = StopSignals(asyncio.get_running_loop(), asyncio.current_task())
     signals.install()
     try:
@@ -404,7 +403,7 @@ async def _start_and_serve(
         worker_extension_cls=getattr(config, "worker_extension_cls", None),
     )
     plane = await open_request_plane(config, engine, cleanup)
-    await warn_if_unreachable(config, plane.endpoint)
+    await warn_if_unreachable(discovery, plane.endpoint)
     # Before engine init: a store that is down shows in the log at once, not after a minute.
     registration = await connect_discovery(discovery, config, cleanup)
 
@@ -500,15 +499,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             config.worker_extension_cls = resolve_worker_extension(config)
             export_policy_env(config)
-        startup_checks.check_paths(config)
     except SystemExit as exc:  # bad input (exit 2) or --help (exit 0): nothing else has run
         return _exit_code(exc)
+    settings = discovery_settings(config)
     try:
         # The etcd client is imported here, before the event loop and the freeze.
-        config.discovery = open_discovery(config)
-    except ValueError as exc:  # EtcdSettingsError: credentials that cannot work
+        config.discovery = open_discovery(settings)
+    except DiscoverySetupError as exc:  # etcd credentials that cannot work
         print(f"{startup_checks.PROG}: error: {exc}", file=sys.stderr)
         return 2
+    try:
+        startup_checks.check_paths(config, config.discovery, settings.directory)
+    except SystemExit as exc:  # an unusable path (exit 2): nothing else has run
+        return _exit_code(exc)
     logging_setup.configure_logging(log_levels)
     logging_setup.warn_unmatched_targets(log_levels)
     upstream.warn_ignored_env(PROG, upstream.declared_names(backend_args.ALL_OPTIONS))

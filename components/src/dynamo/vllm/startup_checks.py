@@ -23,7 +23,7 @@ from typing import TypeVar
 from dynamo.common.bind_errors import is_host_error
 from dynamo.common.configuration import Option
 from dynamo.common.configuration.runtime_options import DISCOVERY_DIR
-from dynamo.runtime import discovery
+from dynamo.runtime.discovery import Discovery, DiscoveryDirError
 from dynamo.vllm.backend_args import CHAT_TEMPLATE
 from dynamo.vllm.self_benchmark_args import SELF_BENCHMARK_OUTPUT
 
@@ -46,14 +46,14 @@ def _reason(exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
-def ensure_discovery_dir(path: str) -> None:
-    """Create ``path`` (and its parents) and prove a record can be written into it."""
+def check_discovery(discovery: Discovery, directory: str) -> None:
+    """The store must be usable by a writer (file: the directory created, a record writable)."""
     try:
-        discovery.ensure_discovery_dir(path, writable=True)
-    except discovery.DiscoveryDirError as exc:
+        discovery.check(writer=True)
+    except DiscoveryDirError as exc:
         raise UnusablePath(
-            f"{DISCOVERY_DIR.source_label()} is {path!r}: the worker cannot write its discovery "
-            f"record there ({exc})"
+            f"{DISCOVERY_DIR.source_label()} is {directory!r}: the worker cannot write its "
+            f"discovery record there ({exc})"
         ) from None
 
 
@@ -81,13 +81,12 @@ def check_chat_template(path: str) -> None:
         ) from None
 
 
-def check_paths(config: argparse.Namespace) -> None:
+def check_paths(config: argparse.Namespace, discovery: Discovery, directory: str) -> None:
     """The path options, checked (and created) before anything starts; exits 2 on a bad one."""
     try:
         if getattr(config, "chat_template", None) is not None:
             check_chat_template(config.chat_template)
-        if config.discovery_backend == "file":
-            ensure_discovery_dir(config.discovery_dir)
+        check_discovery(discovery, directory)
         if config.self_benchmark_points > 0 and config.self_benchmark_output is not None:
             create_benchmark_output(config.self_benchmark_output)
     except UnusablePath as exc:

@@ -7,8 +7,13 @@ import os
 import re
 import tempfile
 
-from dynamo.runtime.discovery import DEFAULT_LEASE_TTL_S, HEARTBEATS_PER_TTL
-from dynamo.runtime.etcd_endpoints import DEFAULT_ETCD_ENDPOINTS, EtcdEndpoint, parse_endpoints
+from dynamo.runtime.discovery import DEFAULT_LEASE_TTL_S, DiscoverySettings
+from dynamo.runtime.discovery.etcd_endpoints import (
+    DEFAULT_ETCD_ENDPOINTS,
+    EtcdEndpoint,
+    parse_endpoints,
+)
+from dynamo.runtime.discovery.file_backend import HEARTBEATS_PER_TTL
 
 from .options import Option
 from .values import Choice, FiniteFloat, Text
@@ -146,3 +151,14 @@ NAMESPACE = Option(
 
 # Every option both launchers read for discovery, in the order their help lists them.
 DISCOVERY_OPTIONS = [DISCOVERY_BACKEND, DISCOVERY_DIR, DISCOVERY_TTL, ETCD_ENDPOINTS, NAMESPACE]
+
+
+def discovery_settings(values) -> DiscoverySettings:
+    """The parsed discovery options as the store's settings (the default directory applied)."""
+    return DiscoverySettings(
+        backend=values.discovery_backend,
+        directory=values.discovery_dir or default_discovery_dir(),
+        ttl_s=values.discovery_ttl,
+        etcd_endpoints=tuple(values.etcd_endpoints),
+        namespace=values.namespace,
+    )

@@ -26,7 +26,6 @@ ignored.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import math
@@ -39,9 +38,16 @@ import aetcd.exceptions
 import aetcd.rpc
 import grpc
 
-from dynamo.runtime.discovery import MAX_RECORD_BYTES, ModelRecord, RecordCallback
-from dynamo.runtime.discovery_backend import STATE_CONNECTING, STATE_DEGRADED, STATE_OK
-from dynamo.runtime.etcd_endpoints import EtcdEndpoint
+from dynamo.runtime.discovery.etcd_endpoints import EtcdEndpoint
+from dynamo.runtime.discovery.interface import (
+    STATE_CONNECTING,
+    STATE_DEGRADED,
+    STATE_OK,
+    DiscoverySettings,
+    DiscoverySetupError,
+    RecordCallback,
+)
+from dynamo.runtime.discovery.record import DEFAULT_LEASE_TTL_S, MAX_RECORD_BYTES, ModelRecord
 
 logger = logging.getLogger(__name__)
 
@@ -83,13 +89,13 @@ CHANNEL_OPTIONS = {
 DEGRADED_LINE = "Discovery degraded: lost etcd at %s (%s); still routing to the %d instance(s) known, retrying with back-off"  # noqa: E501
 WORKER_LOST_LINE = "Discovery: lost etcd at %s (%s); still serving, retrying with back-off (the record expires after %d s if this lasts, and is put back when etcd is reachable again)"  # noqa: E501
 REREGISTERED_LINE = (
-    "Discovery: lease expired; registered again in etcd at %s with lease %x (instance %s)"  # noqa: E501
+    "Discovery: lease expired; registered again in etcd at %s with lease %x (instance %s)"
 )
 QUIET_END_LINE = "Discovery: etcd watch stream ended before any event; listing again in %.2f s"
 DUPLICATE_LINE = "Ignoring discovery record %s (revision %d): instance %s is already registered"
 
 
-class EtcdSettingsError(ValueError):
+class EtcdSettingsError(DiscoverySetupError):
     """etcd settings in the environment that cannot work (exit 2 at start-up, naming them)."""
 
 
@@ -201,13 +207,16 @@ class EtcdDiscovery:
     endpoints: tuple[EtcdEndpoint, ...]
     namespace: str
     credentials: EtcdCredentials = field(default_factory=EtcdCredentials)
+    ttl_s: float = DEFAULT_LEASE_TTL_S
     backend: str = "etcd"
 
     @classmethod
-    def from_config(
-        cls, config: argparse.Namespace, env: Mapping[str, str] | None = None
+    def from_settings(
+        cls, settings: DiscoverySettings, env: Mapping[str, str] | None = None
     ) -> EtcdDiscovery:
-        return cls(config.etcd_endpoints, config.namespace, EtcdCredentials.from_env(env))
+        """Raises :class:`EtcdSettingsError` for credentials in ``env`` that cannot work."""
+        credentials = EtcdCredentials.from_env(env)
+        return cls(settings.etcd_endpoints, settings.namespace, credentials, settings.ttl_s)
 
     @property
     def prefix(self) -> str:
@@ -218,19 +227,22 @@ class EtcdDiscovery:
         user = f" as user {self.credentials.username!r}" if self.credentials.username else ""
         return f"etcd {urls} prefix {self.prefix}{user}"
 
-    @property
-    def readable_beyond_host(self) -> bool:
-        return any(not e.is_loopback for e in self.endpoints)
+    def check(self, *, writer: bool) -> None:
+        return None  # an unreachable etcd is retried while the process serves, not an error
+
+    def readable_beyond_host(self) -> str | None:
+        remote = [e.url for e in self.endpoints if not e.is_loopback]
+        if not remote:
+            return None
+        return f"its etcd endpoint(s) {', '.join(remote)} are reachable from other hosts"
 
     def connection(self) -> EtcdConnection:
         return EtcdConnection(self.endpoints, self.credentials)
 
-    def registration(self, ttl_s: float) -> EtcdRegistration:
-        return EtcdRegistration(self.connection(), self.prefix, ttl_s)
+    def registration(self) -> EtcdRegistration:
+        return EtcdRegistration(self.connection(), self.prefix, self.ttl_s)
 
-    def watcher(
-        self, *, on_add: RecordCallback, on_remove: RecordCallback, ttl_s: float
-    ) -> EtcdWatcher:
+    def watcher(self, *, on_add: RecordCallback, on_remove: RecordCallback) -> EtcdWatcher:
         return EtcdWatcher(self.connection(), self.prefix, on_add=on_add, on_remove=on_remove)
 
 

@@ -34,31 +34,35 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import ipaddress
-import json
 import logging
-import math
 import os
 import stat as stat_module
 import tempfile
 import time
-import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
-from urllib.parse import urlsplit
 
-import pydantic
-
-from dynamo.runtime.model_card import ModelCard
+from dynamo.runtime.discovery.interface import (
+    STATE_DEGRADED,
+    STATE_OK,
+    DiscoveryDirError,
+    DiscoverySettings,
+    RecordCallback,
+)
+from dynamo.runtime.discovery.mounts import network_filesystem_of
+from dynamo.runtime.discovery.record import (
+    DEFAULT_LEASE_TTL_S,
+    MAX_RECORD_BYTES,
+    ModelRecord,
+)
 
 logger = logging.getLogger(__name__)
 
 RECORD_SUFFIX = ".json"
-# A record unchanged for this long is treated as gone. Five heartbeats per TTL: a worker whose
-# event loop stalls (a long GC pause, a busy engine step) can miss four in a row and stay listed.
-DEFAULT_LEASE_TTL_S = 10.0
+# Five heartbeats per TTL: a worker whose event loop stalls (a long GC pause, a busy engine step)
+# can miss four in a row and stay listed.
 HEARTBEATS_PER_TTL = 5
 # The watcher never expires a record sooner than this many of the writer's own heartbeat
 # intervals, whatever its TTL says: a frontend configured with a shorter TTL than its workers
@@ -73,10 +77,6 @@ DELETE_AFTER_TTLS = 10.0
 # while opening a file revalidates it (close-to-open consistency): reading each record at least
 # this often lets a renewal be seen well within one TTL whatever stat() says.
 REREAD_EVERY_TTLS = 0.25
-# The largest record either backend reads (bytes of JSON). Ours are ~1 KiB (the model card names
-# tokenizer files by path); a file or an etcd value over this is skipped with one WARNING and
-# never read whole, so a stray huge file cannot take the frontend's memory.
-MAX_RECORD_BYTES = 1 << 20
 
 T = TypeVar("T")
 
@@ -84,129 +84,6 @@ T = TypeVar("T")
 def heartbeat_interval_for(ttl_s: float) -> float:
     """How often a worker rewrites its record so that a watcher with ``ttl_s`` keeps it."""
     return ttl_s / HEARTBEATS_PER_TTL
-
-
-@dataclass(frozen=True)
-class ModelRecord:
-    """One registered model instance: which model, and where its request plane listens."""
-
-    model: str
-    endpoint: str  # base URL of the worker's request plane, e.g. http://127.0.0.1:40123
-    instance_id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    pid: int = field(default_factory=os.getpid)
-    registered_at: float = field(default_factory=time.time)
-    # The lease (None: a record without one, as written before leases existed). `heartbeat`
-    # counts rewrites, so every rewrite changes the content; `heartbeat_at` is the writer's
-    # wall clock, informative only (watchers never compare it with theirs).
-    heartbeat: int | None = None
-    heartbeat_at: float | None = None
-    heartbeat_interval_s: float | None = None
-    # What a frontend needs to serve the model (None: a record from an older worker, which a
-    # frontend refuses to serve rather than guess a tokenizer for).
-    card: ModelCard | None = None
-
-    @property
-    def has_lease(self) -> bool:
-        return self.heartbeat is not None
-
-    def to_json(self) -> str:
-        # Absent lease fields are left out: the record keeps the shape older readers know.
-        data = {
-            f.name: getattr(self, f.name)
-            for f in dataclasses.fields(self)
-            if getattr(self, f.name) is not None
-        }
-        if self.card is not None:
-            data["card"] = self.card.model_dump(mode="json")
-        return json.dumps(data, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> ModelRecord:
-        data = json.loads(text)
-        if not isinstance(data, dict):
-            raise ValueError("record is not a JSON object")
-        try:
-            record = cls(
-                model=data["model"],
-                endpoint=data["endpoint"],
-                instance_id=data["instance_id"],
-                pid=int(data.get("pid", 0)),
-                registered_at=float(data.get("registered_at", 0.0)),
-                heartbeat=_optional(int, data.get("heartbeat")),
-                heartbeat_at=_optional(float, data.get("heartbeat_at")),
-                heartbeat_interval_s=_optional(float, data.get("heartbeat_interval_s")),
-                card=_optional(ModelCard.model_validate, data.get("card")),
-            )
-        except KeyError as exc:
-            raise ValueError(f"record lacks field {exc.args[0]!r}") from None
-        except pydantic.ValidationError as exc:
-            raise ValueError(f"record has an invalid model card: {_first_error(exc)}") from None
-        except (TypeError, OverflowError) as exc:  # "pid": null, "registered_at": {}, Infinity
-            raise ValueError(f"record has a field of the wrong type: {exc}") from None
-        for name in ("model", "endpoint", "instance_id"):
-            value = getattr(record, name)
-            if not isinstance(value, str) or not value:
-                raise ValueError(f"record field {name!r} must be a non-empty string")
-        interval = record.heartbeat_interval_s
-        if interval is not None and not (math.isfinite(interval) and interval > 0):
-            raise ValueError("record field 'heartbeat_interval_s' must be a positive number")
-        problem = endpoint_problem(record.endpoint)
-        if problem is not None:
-            raise ValueError(f"record field 'endpoint' {record.endpoint[:200]!r}: {problem}")
-        return record
-
-
-def endpoint_problem(endpoint: str) -> str | None:
-    """Why ``endpoint`` is not a request-plane URL a frontend can route to (None: it is).
-
-    What a worker writes: ``http://host[:port]``, the host an IP literal or an ASCII name the
-    resolver's IDNA codec takes (labels of 1-63 characters), the port ASCII digits. Checked when
-    a record is read, so a record that would fail every request routed to it (a 64-character
-    label fails in the IDNA codec: a 500 and a traceback per request; a fullwidth port digit
-    silently meant another port) is skipped with the one WARNING a malformed record gets.
-    """
-    if not endpoint.isascii() or any(ord(c) < 0x21 or ord(c) == 0x7F for c in endpoint):
-        return "must be ASCII, without blanks or control characters"
-    try:
-        parts = urlsplit(endpoint)
-        port = parts.port
-        if "[" in parts.netloc:
-            # A bracketed host is an IPv6 literal: 3.11's urlsplit checks it, 3.10's does not.
-            ipaddress.IPv6Address(parts.hostname or "")
-    except ValueError as exc:
-        return f"not a URL ({exc})"
-    if parts.scheme != "http":
-        return "must start with http://"
-    if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username is not None:
-        return "must be http://host:port (no path, query or user)"
-    host = parts.hostname
-    if not host:
-        return "has no host"
-    port_text = parts.netloc.rsplit("]", 1)[-1].partition(":")[2]  # after an IPv6 literal
-    if (port_text and not port_text.isdigit()) or port == 0:  # 3.10's urlsplit takes "+1"
-        return "the port must be between 1 and 65535"
-    try:
-        ipaddress.ip_address(host)
-        return None
-    except ValueError:
-        pass
-    try:
-        encoded = host.encode("idna")
-    except UnicodeError:
-        return f"host {host[:100]!r} is not a valid host name (labels are 1-63 characters)"
-    if len(encoded.rstrip(b".")) > 253 or ".." in host or host.startswith("."):
-        return f"host {host[:100]!r} is not a valid host name"
-    return None
-
-
-def _optional(convert: Callable, value: object):
-    return None if value is None else convert(value)
-
-
-def _first_error(exc: pydantic.ValidationError) -> str:
-    error = exc.errors()[0]
-    where = ".".join(str(part) for part in error["loc"]) or "card"
-    return f"{where}: {error['msg']}"
 
 
 class DiscoveryStore:
@@ -279,13 +156,6 @@ class DiscoveryStore:
             )
         except FileNotFoundError:
             return []
-
-
-RecordCallback = Callable[[ModelRecord], Awaitable[None] | None]
-
-
-class DiscoveryDirError(Exception):
-    """The discovery directory cannot be used: not a directory, not creatable, not listable."""
 
 
 def ensure_discovery_dir(directory: str | os.PathLike, *, writable: bool = False) -> Path:
@@ -780,3 +650,79 @@ class DiscoveryWatcher:
 
     async def stop(self) -> None:
         await self._periodic.stop()
+
+
+class FileRegistration:
+    """The directory backend's lease: a record rewritten every heartbeat until unregistered."""
+
+    def __init__(self, directory: str | os.PathLike, ttl_s: float) -> None:
+        self.store = DiscoveryStore(directory)
+        self.interval_s = heartbeat_interval_for(ttl_s)
+        self.record: ModelRecord | None = None
+        self._heartbeat: RecordHeartbeat | None = None
+
+    async def connect(self) -> None:
+        return None  # the directory was checked (and created) before start-up
+
+    async def register(self, record: ModelRecord) -> ModelRecord:
+        record = dataclasses.replace(record, heartbeat=0, heartbeat_interval_s=self.interval_s)
+        self.store.register(record)
+        self.record = record
+        self._heartbeat = RecordHeartbeat(self.store, record, self.interval_s)
+        self._heartbeat.start()
+        return record
+
+    async def unregister(self) -> None:
+        # The heartbeat stops first: a renewal after the removal would write the record back.
+        if self._heartbeat is not None:
+            await self._heartbeat.stop()
+        if self.record is not None:
+            self.store.unregister(self.record.instance_id)
+
+    def describe_lease(self) -> str:
+        return f"heartbeat every {self.interval_s:g} s"
+
+    async def close(self) -> None:
+        return None
+
+
+class FileWatcher(DiscoveryWatcher):
+    """The directory watcher, with the state every backend reports."""
+
+    @property
+    def state(self) -> str:
+        return STATE_DEGRADED if self._directory_error is not None else STATE_OK
+
+
+@dataclasses.dataclass
+class FileDiscovery:
+    """The file store: a directory shared by the processes of one machine (or a volume)."""
+
+    directory: str
+    ttl_s: float = DEFAULT_LEASE_TTL_S
+    backend: str = "file"
+
+    @classmethod
+    def from_settings(cls, settings: DiscoverySettings) -> FileDiscovery:
+        return cls(settings.directory, settings.ttl_s)
+
+    def describe(self) -> str:
+        return f"directory {self.directory}"
+
+    def check(self, *, writer: bool) -> None:
+        ensure_discovery_dir(self.directory, writable=writer)
+
+    def readable_beyond_host(self) -> str | None:
+        mount = network_filesystem_of(self.directory)
+        if mount is None:
+            return None
+        return (
+            f"the discovery directory {self.directory} is on a {mount.fs_type} file system "
+            f"(mounted at {mount.mount_point}), which other hosts read"
+        )
+
+    def registration(self) -> FileRegistration:
+        return FileRegistration(self.directory, self.ttl_s)
+
+    def watcher(self, *, on_add: RecordCallback, on_remove: RecordCallback) -> FileWatcher:
+        return FileWatcher(self.directory, on_add=on_add, on_remove=on_remove, ttl_s=self.ttl_s)
