@@ -8,6 +8,9 @@
   tokenizer) and transformers' ``apply_chat_template``, as ``vllm serve`` preprocesses. Its
   import heap (~0.5M objects) is what the frontend's start-up freeze is for, so
   :func:`import_processor_libraries` imports it at start-up, before the freeze.
+* ``sglang``: SGLang's tokenizer loader, template utilities and output parsers, as upstream
+  Dynamo's SGLang processor uses them (see :mod:`.sglang_processor`); a heap of the same size,
+  imported at start-up the same way.
 
 The model registry calls :func:`build_chat_processor` once per newly discovered model, in a
 thread, while the frontend serves. Whatever it allocates is heap grown *after* the start-up
@@ -20,11 +23,16 @@ from __future__ import annotations
 import importlib
 import logging
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dynamo.runtime.model_card import ModelCard, out_of_vocabulary
 
+if TYPE_CHECKING:
+    from .openai_protocol import ChatCompletionRequest
+    from .output_parser import OutputParser
+
+from . import sglang_processor
 from .hf_processor import (
     ChatTemplateError,
     HfChatTemplate,
@@ -38,7 +46,7 @@ from .hf_processor import (
 
 logger = logging.getLogger(__name__)
 
-CHAT_PROCESSORS = ("hf", "vllm")
+CHAT_PROCESSORS = ("hf", "vllm", "sglang")
 DEFAULT_CHAT_PROCESSOR = "hf"
 # What --dyn-chat-processor vllm imports at start-up (before the freeze): the tokenizer loader
 # and the chat rendering and OpenAI protocol modules a vLLM frontend holds.
@@ -95,12 +103,20 @@ class ChatProcessor:
     """One model's preprocessing: render a chat, encode a prompt, decode a completion."""
 
     def __init__(
-        self, card: ModelCard, kind: str, tokenizer: Tokenizer, template: Template | None
+        self,
+        card: ModelCard,
+        kind: str,
+        tokenizer: Tokenizer,
+        template: Template | None,
+        output_parsers: Callable[..., OutputParser | None] | None = None,
     ) -> None:
         self.card = card
         self.kind = kind
         self.tokenizer = tokenizer
         self.template = template
+        # (tools, tool_choice, messages) -> one request's OutputParser, or None; only the
+        # processors that parse tool calls and reasoning have one.
+        self._output_parsers = output_parsers
 
     @property
     def model(self) -> str:
@@ -115,6 +131,26 @@ class ChatProcessor:
                 "vLLM's --chat-template)"
             )
         return self.template.render(messages, add_generation_prompt=True)
+
+    def render_chat(self, chat: ChatCompletionRequest) -> str:
+        """The prompt of a chat request. A template that joins content parts its own way
+        (SGLang's) takes the messages as sent; the others take them joined."""
+        if getattr(self.template, "takes_content_parts", False):
+            return self.render(chat.messages_as_sent())
+        return self.render(chat.template_messages())
+
+    def output_parser(
+        self,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        tool_choice: Any = "auto",
+        messages: Sequence[Mapping[str, Any]] = (),
+        stream: bool = True,
+    ) -> OutputParser | None:
+        """A new tool-call / reasoning parser for one request, or None when this processor (or
+        this request) has nothing to parse."""
+        if self._output_parsers is None:
+            return None
+        return self._output_parsers(tools, tool_choice, messages, stream)
 
     def encode_chat(self, prompt: str) -> list[int]:
         # The template already wrote BOS and the like: transformers' apply_chat_template
@@ -149,6 +185,8 @@ def import_processor_libraries(kind: str) -> str:
             importlib.import_module(name)
         vllm = importlib.import_module("vllm")
         return f"vLLM {getattr(vllm, '__version__', '?')}"
+    if kind == "sglang":
+        return sglang_processor.import_sglang()
     return "tokenizers + jinja2"
 
 
@@ -240,14 +278,28 @@ def build_tokenizer(card: ModelCard, kind: str = DEFAULT_CHAT_PROCESSOR) -> Toke
     """Only the tokenizer (what a preprocess worker process needs)."""
     if kind == "vllm":
         return _build_vllm(card)[0]
+    if kind == "sglang":
+        return sglang_processor.SglangTokenizer(sglang_processor.load_tokenizer(card))
     return HfTokenizer(card.tokenizer_path)
 
 
-def build_chat_processor(card: ModelCard, kind: str = DEFAULT_CHAT_PROCESSOR) -> ChatProcessor:
-    """The chat engine factory: one model's processor. Raises ModelFilesError."""
+def build_chat_processor(
+    card: ModelCard,
+    kind: str = DEFAULT_CHAT_PROCESSOR,
+    sglang: sglang_processor.SglangSettings | None = None,
+) -> ChatProcessor:
+    """The chat engine factory: one model's processor. Raises ModelFilesError. ``sglang``:
+    the frontend's sglang options (parser names, --chat-template), for ``kind="sglang"``."""
     started = time.perf_counter()
-    tokenizer, template = _BUILDERS[kind](card)
-    processor = ChatProcessor(card, kind, tokenizer, template)
+    tokenizer: Tokenizer
+    template: Template | None
+    parsers = None
+    if kind == "sglang":
+        model = sglang_processor.build_sglang(card, sglang or sglang_processor.SglangSettings())
+        tokenizer, template, parsers = model.tokenizer, model.template, model.output_parsers
+    else:
+        tokenizer, template = _BUILDERS[kind](card)
+    processor = ChatProcessor(card, kind, tokenizer, template, parsers)
     logger.info(
         "Chat processor built: model=%s processor=%s tokenizer=%s chat_template=%s took_ms=%.1f",
         card.served_model_name,

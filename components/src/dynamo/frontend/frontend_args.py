@@ -21,6 +21,8 @@ from dynamo.common.configuration.runtime_options import (
     default_discovery_dir,
 )
 
+from .sglang_options import SGLANG_OPTIONS
+
 HTTP_HOST = Option(
     name="http-host",
     env_var="DYN_HTTP_HOST",
@@ -43,14 +45,16 @@ CHAT_PROCESSOR = Option(
     name="dyn-chat-processor",
     env_var="DYN_CHAT_PROCESSOR",
     default="hf",
-    kind=Choice(("hf", "vllm")),
+    kind=Choice(("hf", "vllm", "sglang")),
     metavar="NAME",
     help=(
         "How the frontend applies each model's own tokenizer and chat template (from the "
         "model directory its worker registers): `hf` with the tokenizers and jinja2 "
         "libraries (small heap, no torch); `vllm` with vLLM's tokenizer and chat-template "
         "code, imported at start-up so the start-up freeze covers its ~0.5M-object heap "
-        "(needs vLLM installed in the frontend's environment)"
+        "(needs vLLM installed in the frontend's environment); `sglang` with SGLang's "
+        "tokenizer, template and tool-call/reasoning parser code, imported the same way "
+        "(~0.5M objects; needs SGLang: scripts/setup_sglang_env.sh)"
     ),
 )
 
@@ -70,6 +74,7 @@ OPTIONS = [
         ),
     ),
     CHAT_PROCESSOR,
+    *SGLANG_OPTIONS,
     Option(
         name="dyn-max-models",
         env_var="DYN_MAX_MODELS",

@@ -156,7 +156,7 @@ class FrontendService:
         chat = oai.parse_chat_request(await read_json_body(request))
         entry = self._entry(chat.model)
         try:
-            prompt = entry.processor.render(chat.template_messages())
+            prompt = entry.processor.render_chat(chat)
         except NoChatTemplate as exc:
             raise oai.invalid_request(str(exc), param="messages", code="no_chat_template")
         except ChatTemplateError as exc:

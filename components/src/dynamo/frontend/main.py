@@ -4,10 +4,11 @@ Start-up order (each step logged), which is the point of this launcher:
 
 1. parse args and check that the discovery directory can be watched (created if missing): bad
    input exits 2 before anything runs; then logging and the GC pause logger;
-2. import the chat processor's libraries (``--dyn-chat-processor vllm``: vLLM's, whose heap
-   is what the freeze is for); build everything that does not depend on discovery: preprocess worker processes (each freezes
-   its own heap in its initializer), the worker client session, the model registry, the app and
-   its routes;
+2. import the chat processor's libraries (``--dyn-chat-processor vllm`` or ``sglang``:
+   vLLM's or SGLang's, whose heap is what the freeze is for; sglang's options are checked
+   against SGLang's registries once it is imported); build everything that does not depend
+   on discovery: preprocess worker processes (each freezes its own heap in its initializer),
+   the worker client session, the model registry, the app and its routes;
 3. freeze the GC heap (``maybe_freeze_gc_heap(..., context="frontend")``);
 4. mark the process ``serving``: from here on any freeze is refused;
 5. open the HTTP listener;
@@ -58,11 +59,12 @@ from dynamo.runtime.discovery import (
     open_discovery,
 )
 
-from . import frontend_args, gc_collect_trace
+from . import frontend_args, gc_collect_trace, sglang_options
 from .chat_processor import build_chat_processor, import_processor_libraries
 from .http_service import FrontendService
 from .model_registry import ModelRegistry
 from .preprocess_pool import PreprocessPool, PreprocessPoolError
+from .sglang_processor import SETUP_COMMAND as SGLANG_SETUP_COMMAND
 from .stream_drain import frontend_drain
 from .worker_router import WorkerRouter, create_worker_session
 
@@ -152,7 +154,11 @@ async def _build(
     session = create_worker_session()
     closer.push("worker client session", session.close)
     registry = ModelRegistry(
-        functools.partial(build_chat_processor, kind=config.dyn_chat_processor),
+        functools.partial(
+            build_chat_processor,
+            kind=config.dyn_chat_processor,
+            sglang=getattr(config, "sglang_settings", None),  # set by main() in sglang mode
+        ),
         max_models=config.dyn_max_models,
     )
     closer.push("chat processor builds", registry.aclose)
@@ -326,6 +332,13 @@ def import_chat_processor(kind: str) -> str | None:
         libraries = import_processor_libraries(kind)
     except ImportError as exc:
         option = frontend_args.CHAT_PROCESSOR
+        if kind == "sglang":
+            return (
+                f"{option.source_label()} is 'sglang' but SGLang cannot be imported in this "
+                f"Python environment ({sys.executable}): {exc}. Create its environment with "
+                f"{SGLANG_SETUP_COMMAND} and start the frontend with its python "
+                "(.venv-sglang/bin/python -m dynamo.frontend), or use the default `hf`"
+            )
         return (
             f"{option.source_label()} is {kind!r} but vLLM cannot be imported in this Python "
             f"environment ({sys.executable}): {exc}. Install vLLM next to the frontend (pip "
@@ -355,6 +368,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         problem = check_discovery(config.discovery, settings.directory)
     except DiscoverySetupError as exc:  # etcd credentials that cannot work
         problem = str(exc)
+    if problem is None:
+        problem = sglang_options.problem_before_import(config, frontend_args.CHAT_PROCESSOR)
     if problem is not None:
         # Before anything runs: a watcher on a file or an unreadable directory would see no
         # worker, ever, while /health said ready.
@@ -364,6 +379,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging_setup.warn_unmatched_targets(log_levels)
     upstream.warn_ignored_env(PROG, upstream.declared_names(frontend_args.SURFACE.options))
     problem = import_chat_processor(config.dyn_chat_processor)
+    if problem is None and config.dyn_chat_processor == "sglang":
+        # SGLang's registries are the source of its parser names: checked now it is imported.
+        config.sglang_settings, problem = sglang_options.settings_or_problem(config)
     if problem is not None:
         print(f"{PROG}: error: {problem}", file=sys.stderr)
         return 2

@@ -186,6 +186,14 @@ class ChatMessage(BaseModel):
         message["content"] = "" if content is None else content
         return message
 
+    def as_sent(self) -> dict[str, Any]:
+        """The message as the client sent it: content parts (``{"type": "text", ...}``) kept,
+        for a processor that joins them its own way (SGLang joins them with a space)."""
+        message = self.for_template()
+        if isinstance(self.content, list):
+            message["content"] = [part.model_dump() for part in self.content]
+        return message
+
 
 class ChatCompletionRequest(_SamplingRequest):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
@@ -200,6 +208,9 @@ class ChatCompletionRequest(_SamplingRequest):
 
     def template_messages(self) -> list[dict[str, Any]]:
         return [message.for_template() for message in self.messages]
+
+    def messages_as_sent(self) -> list[dict[str, Any]]:
+        return [message.as_sent() for message in self.messages]
 
 
 class CompletionRequest(_SamplingRequest):
