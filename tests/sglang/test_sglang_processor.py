@@ -10,13 +10,17 @@ from dynamo.frontend.chat_processor import build_chat_processor, import_processo
 from dynamo.frontend.hf_processor import ModelFilesError
 from dynamo.frontend.openai_protocol import parse_chat_request
 from dynamo.vllm.mock_model import load_mock_model
+from tests.sglang.sglang_reference import sglang_prompt_ids
 
 pytestmark = pytest.mark.sglang
 
 MESSAGES = [
     {"role": "system", "content": "Be brief."},
-    {"role": "user", "content": [{"type": "text", "text": "Hello,"}, {"type": "text", "text": "frozen heap! ❄"}]},
-]  # fmt: skip
+    {
+        "role": "user",
+        "content": [{"type": "text", "text": "Hello,"}, {"type": "text", "text": "frozen heap! ❄"}],
+    },
+]
 
 
 @pytest.fixture(scope="module")
@@ -30,24 +34,6 @@ def sglang():
 @pytest.fixture(scope="module")
 def card(tiny_tokenizer):
     return load_mock_model(tiny_tokenizer, served_model_name="tiny").card
-
-
-def sglang_prompt_ids(tokenizer_dir: str, messages: list[dict]) -> list[int]:
-    """SGLang's own preprocessing, as upstream Dynamo's SGLang processor calls it."""
-    from sglang.srt.parser.jinja_template_utils import (
-        detect_jinja_template_content_format,
-        process_content_for_template_format,
-    )
-    from sglang.srt.utils.hf_transformers_utils import get_tokenizer
-
-    tokenizer = get_tokenizer(tokenizer_dir)
-    content_format = detect_jinja_template_content_format(tokenizer.chat_template)
-    normalised = [
-        process_content_for_template_format(dict(m), content_format, [], [], [], [])
-        for m in messages
-    ]
-    rendered = tokenizer.apply_chat_template(normalised, add_generation_prompt=True, tokenize=True)
-    return list(getattr(rendered, "input_ids", rendered))
 
 
 def test_prompt_ids_are_sglangs_own_template_and_tokenizer(sglang, card):

@@ -20,10 +20,10 @@ streaming detectors can drop text when a whole completion arrives in one piece.
 
 Streamed calls are handed out whole by :meth:`SglangOutputParser.finish`, as upstream Dynamo
 does: a streaming detector emits at most one event per piece (a name, or an argument
-fragment), so a call that arrived in one piece can be left half-read. When a streamed call is unknown, or its
-arguments are not complete JSON, the whole tool text is parsed again the way SGLang parses a
-non-streamed completion (``parse_non_stream``; for the JSON array, ``json.loads`` as SGLang's
-``_process_tool_calls`` does), and that result is authoritative.
+fragment), so a call that arrived in one piece can be left half-read. When a streamed call is
+unknown, or its arguments are not complete JSON, the whole tool text is parsed again the way
+SGLang parses a non-streamed completion (``parse_non_stream``; for the JSON array,
+``json.loads`` as SGLang's ``_process_tool_calls`` does), and that result is authoritative.
 """
 
 from __future__ import annotations
