@@ -104,3 +104,22 @@ def test_chat_template_files_follow_upstreams_rules(sglang, tmp_path):
     text_file.write_text("{{ messages }}")
     with pytest.raises(ValueError, match="not a .jinja file"):
         sglang.read_chat_template(str(text_file))
+
+
+def test_the_sglang_heap_benchmark_runs(tmp_path):
+    """scripts/bench_sglang_heap.py --smoke (docs/benchmarks.md quotes its full run)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "bench_sglang_heap.py"
+    proc = subprocess.run(
+        [sys.executable, str(script), "--smoke", "--sglang-python", sys.executable,
+         "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((tmp_path / "sglang_heap-smoke.json").read_text())
+    assert [step["step"] for step in result["steps"]][-2:] == ["+ sglang", "+ model"]
+    assert result["frozen_objects"] > 0 and result["stock_ms_median"] > 0
