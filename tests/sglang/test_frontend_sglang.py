@@ -14,6 +14,7 @@ import re
 
 import pytest
 
+from tests.integration import harness
 from tests.integration.pair_helpers import (
     FROZEN_LINE,
     LISTENING_LINE,
@@ -46,11 +47,20 @@ MESSAGES = [
 ]
 
 
+# How an upstream Dynamo manifest starts its SGLang-mode frontend: upstream's flags, and env
+# vars the Dynamo operator injects into every pod (which mean nothing here: one WARNING).
+UPSTREAM_ARGS = (
+    "--dyn-chat-processor", "sglang", "--tool-call-parser", "qwen25",
+    "--reasoning-parser", "deepseek-r1",
+)  # fmt: skip
+UPSTREAM_ENV = {"DYN_NAMESPACE": "dynamo", "DYN_SYSTEM_PORT": "9090", "DYN_LOG": "info"}
+
+
 def sglang_frontend(directory, *args: str):
-    return start_frontend(
+    return harness.start_frontend(
         "frontend", directory, directory / "discovery",
-        "--dyn-chat-processor", "sglang", "--dyn-preprocess-workers", str(WORKERS),
-        "--tool-call-parser", "qwen25", "--reasoning-parser", "deepseek-r1", *args,
+        *UPSTREAM_ARGS, "--dyn-preprocess-workers", str(WORKERS), *args,
+        env=UPSTREAM_ENV,
     )  # fmt: skip
 
 
@@ -84,6 +94,17 @@ def test_the_prompt_is_sglangs_own_template_and_tokenizer(pair, tiny_tokenizer):
     assert "Hello, SGLang! ❄" in content  # SGLang joins content parts with a space
     events = list(stream_events(url, {**body, "stream": True}))
     assert streamed_text(events) == content
+
+
+@pytest.mark.sglang
+@pytest.mark.integration
+def test_an_upstream_sglang_frontend_invocation_works_unchanged(pair):
+    _, frontend, url = pair
+    status, models = request("GET", url + "/v1/models")
+    assert status == 200 and MODEL in [model["id"] for model in models["data"]]
+    log = frontend.log()
+    assert "Ignoring upstream Dynamo env vars" in log and "DYN_SYSTEM_PORT" in log
+    assert "Traceback" not in log
 
 
 @pytest.mark.sglang
