@@ -135,7 +135,7 @@ def tool_call_parser_problem(name: str) -> str | None:
         return f"SGLang has no tool-call parser {name!r}; its parsers are: {', '.join(names)}"
     probe = [Tool(type="function", function=Function(name="probe", parameters={}))]
     try:  # some parsers need settings of SGLang's server (response_template: its template)
-        FunctionCallParser(tools=probe, tool_call_parser=name).parse_non_stream("")
+        FunctionCallParser(tools=probe, tool_call_parser=name)
     except (ValueError, TypeError, KeyError) as exc:
         return f"SGLang's tool-call parser {name!r} cannot be used here: {exc}"
     return None
@@ -149,7 +149,7 @@ def reasoning_parser_problem(name: str) -> str | None:
     if name not in names:
         return f"SGLang has no reasoning parser {name!r}; its parsers are: {', '.join(names)}"
     try:
-        ReasoningParser(model_type=name, stream_reasoning=True).parse_non_stream("")
+        ReasoningParser(model_type=name, stream_reasoning=True)
     except (ValueError, TypeError, KeyError) as exc:
         return f"SGLang's reasoning parser {name!r} cannot be used here: {exc}"
     return None
@@ -288,7 +288,7 @@ def _template_text(template: Any) -> str:
     return template if isinstance(template, str) else ""
 
 
-def _model_template(tokenizer: Any, card: ModelCard, settings: SglangSettings) -> str | None:
+def _model_template(card: ModelCard, settings: SglangSettings) -> str | None:
     """The frontend's --chat-template, else the worker's (the card's), else the model's own
     (None: what SGLang's tokenizer loaded)."""
     if settings.chat_template is not None:
@@ -423,7 +423,7 @@ def build_sglang(card: ModelCard, settings: SglangSettings) -> SglangModel:
     """One model's SGLang state (raises ModelFilesError). Runs in the registry's thread while
     the frontend serves: it allocates, it never freezes."""
     tokenizer = load_tokenizer(card)
-    source = _model_template(tokenizer, card, settings)
+    source = _model_template(card, settings)
     has_template = source is not None or bool(_template_text(tokenizer.chat_template))
     template = SglangTemplate(tokenizer, source) if has_template else None
     parsers = None
