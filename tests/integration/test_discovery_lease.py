@@ -12,7 +12,8 @@ import re
 
 import pytest
 
-from dynamo.runtime.discovery.file_backend import HEARTBEATS_PER_TTL, DiscoveryStore
+from dynamo.runtime.discovery.file_backend import HEARTBEATS_PER_TTL
+from dynamo.runtime.discovery.file_store import DiscoveryStore
 from tests.integration.harness import wait_until
 from tests.integration.pair_helpers import (
     assert_openai_error,

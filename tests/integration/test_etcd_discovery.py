@@ -16,7 +16,8 @@ import aetcd
 import pytest
 
 from dynamo.runtime.discovery import MAX_RECORD_BYTES, ModelRecord
-from dynamo.runtime.discovery.etcd_backend import EtcdCredentials, EtcdDiscovery
+from dynamo.runtime.discovery.etcd_backend import EtcdDiscovery
+from dynamo.runtime.discovery.etcd_client import EtcdCredentials
 from dynamo.runtime.discovery.etcd_endpoints import parse_endpoints
 
 pytestmark = pytest.mark.integration
@@ -407,10 +408,10 @@ def test_a_page_of_oversized_values_shrinks_the_pages_instead_of_blinding_the_wa
     gRPC message limit, and every list failed (RESOURCE_EXHAUSTED) for as long as they stayed,
     so the frontend never became ready. Here the message limit is lowered to keep the test
     light; the failure is the same."""
-    from dynamo.runtime.discovery import etcd_backend as discovery_etcd
+    from dynamo.runtime.discovery import etcd_client
 
     caplog.set_level(logging.INFO)
-    mocker.patch.dict(discovery_etcd.CHANNEL_OPTIONS, {"grpc.max_receive_message_length": 4 << 20})
+    mocker.patch.dict(etcd_client.CHANNEL_OPTIONS, {"grpc.max_receive_message_length": 4 << 20})
     backend = discovery(etcd_server)
     prefix = backend.prefix.encode()
     good = ModelRecord(model="good", endpoint="http://w:1")
@@ -472,7 +473,7 @@ class _EndedWatch:
 def test_a_watch_that_keeps_ending_quietly_is_backed_off_not_a_busy_loop(
     etcd_server, caplog, mocker
 ):
-    caplog.set_level(logging.DEBUG, logger="dynamo.runtime.discovery.etcd_backend")
+    caplog.set_level(logging.DEBUG, logger="dynamo.runtime.discovery")
     backend = discovery(etcd_server)
     seen = Seen()
 

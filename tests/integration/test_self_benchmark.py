@@ -20,7 +20,7 @@ import aiohttp
 import pytest
 
 from dynamo.runtime import request_plane
-from dynamo.runtime.discovery.file_backend import DiscoveryStore
+from dynamo.runtime.discovery.file_store import DiscoveryStore
 from tests.integration import harness
 from tests.integration.harness import LauncherProcess
 

@@ -18,7 +18,8 @@ import aiohttp
 import pytest
 
 from dynamo.runtime import request_plane
-from dynamo.runtime.discovery.file_backend import DiscoveryStore, ModelRecord
+from dynamo.runtime.discovery.file_store import DiscoveryStore
+from dynamo.runtime.discovery.record import ModelRecord
 from dynamo.runtime.sampling import SamplingOptions
 from dynamo.vllm.mock_engine import mock_completion
 from dynamo.vllm.mock_model import load_mock_model

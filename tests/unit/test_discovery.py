@@ -15,9 +15,11 @@ from pathlib import Path
 import pytest
 
 from dynamo.runtime.discovery import file_backend as discovery
-from dynamo.runtime.discovery.file_backend import DiscoveryStore, DiscoveryWatcher, ModelRecord
+from dynamo.runtime.discovery.file_store import DiscoveryStore
+from dynamo.runtime.discovery.file_watcher import DiscoveryWatcher
+from dynamo.runtime.discovery.record import ModelRecord
 
-LOGGER = "dynamo.runtime.discovery.file_backend"
+LOGGER = "dynamo.runtime.discovery"
 
 
 def _record(model: str = "m", instance_id: str = "i1", port: int = 40001) -> ModelRecord:
@@ -42,7 +44,9 @@ def _warnings(caplog, path: Path) -> list[logging.LogRecord]:
     return [
         r
         for r in caplog.records
-        if r.name == LOGGER and r.levelno == logging.WARNING and str(path) in r.getMessage()
+        if r.name.startswith(LOGGER)
+        and r.levelno == logging.WARNING
+        and str(path) in r.getMessage()
     ]
 
 
@@ -267,7 +271,7 @@ def test_a_raising_callback_does_not_stop_the_watcher(tmp_path, caplog):
     asyncio.run(watcher.poll_once())
     assert removed == ["a"]
     assert added == ["a", "b", "c"]  # "a" is not reported twice; "c" after a raising remove
-    errors = [r for r in caplog.records if r.name == LOGGER and r.levelno == logging.ERROR]
+    errors = [r for r in caplog.records if r.name.startswith(LOGGER) and r.levelno == logging.ERROR]
     assert len(errors) == 2 and all(r.exc_info for r in errors)
 
 

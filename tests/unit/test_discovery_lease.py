@@ -16,18 +16,15 @@ from pathlib import Path
 import pytest
 
 from dynamo.runtime.discovery import file_backend as discovery
-from dynamo.runtime.discovery.file_backend import (
-    DiscoveryStore,
-    ModelRecord,
-    RecordHeartbeat,
-    heartbeat_interval_for,
-)
+from dynamo.runtime.discovery.file_backend import RecordHeartbeat, heartbeat_interval_for
+from dynamo.runtime.discovery.file_store import DiscoveryStore
+from dynamo.runtime.discovery.record import ModelRecord
 from dynamo.vllm import backend_args
 from dynamo.vllm import main as worker_main
 from tests.integration.harness import mock_worker_env
 from tests.unit.watched_discovery import TTL_S, Watched
 
-LOGGER = "dynamo.runtime.discovery.file_backend"
+LOGGER = "dynamo.runtime.discovery"
 EXPIRED = (
     "Discovery record {path} expired: no heartbeat for {silent} s (worker {instance} at {endpoint})"
 )
@@ -47,7 +44,7 @@ def _warnings(caplog, text: str) -> list[str]:
     return [
         r.getMessage()
         for r in caplog.records
-        if r.name == LOGGER and r.levelno == logging.WARNING and text in r.getMessage()
+        if r.name.startswith(LOGGER) and r.levelno == logging.WARNING and text in r.getMessage()
     ]
 
 

@@ -9,7 +9,8 @@ import os
 import pytest
 
 from dynamo.runtime.discovery import file_backend as discovery
-from dynamo.runtime.discovery.file_backend import MAX_RECORD_BYTES, DiscoveryStore, ModelRecord
+from dynamo.runtime.discovery.file_store import DiscoveryStore
+from dynamo.runtime.discovery.record import MAX_RECORD_BYTES, ModelRecord
 from tests.unit.watched_discovery import TTL_S, Watched
 
 

@@ -18,21 +18,20 @@ from pathlib import Path
 
 import pytest
 
-from dynamo.runtime.discovery import file_backend as discovery
-from dynamo.runtime.discovery.file_backend import (
+from dynamo.runtime.discovery import file_watcher as discovery
+from dynamo.runtime.discovery.file_backend import RecordHeartbeat
+from dynamo.runtime.discovery.file_store import DiscoveryStore, ensure_discovery_dir
+from dynamo.runtime.discovery.file_watcher import (
     DELETE_AFTER_TTLS,
     REREAD_EVERY_TTLS,
-    DiscoveryDirError,
-    DiscoveryStore,
     DiscoveryWatcher,
-    ModelRecord,
-    PeriodicTask,
-    RecordHeartbeat,
-    ensure_discovery_dir,
 )
+from dynamo.runtime.discovery.interface import DiscoveryDirError
+from dynamo.runtime.discovery.periodic import PeriodicTask
+from dynamo.runtime.discovery.record import ModelRecord
 from tests.unit.watched_discovery import TTL_S, Watched
 
-LOGGER = "dynamo.runtime.discovery.file_backend"
+LOGGER = "dynamo.runtime.discovery"
 DEADLINE_S = 30.0
 
 
@@ -50,7 +49,7 @@ def _logged(caplog, text: str, level: int = logging.WARNING) -> list[logging.Log
     return [
         r
         for r in caplog.records
-        if r.name == LOGGER and r.levelno == level and text in r.getMessage()
+        if r.name.startswith(LOGGER) and r.levelno == level and text in r.getMessage()
     ]
 
 
@@ -444,7 +443,7 @@ def test_ensure_discovery_dir_writable_probes_a_write(tmp_path, mocker):
     assert list(tmp_path.iterdir()) == []  # the probe is gone
     # Root writes anywhere, so a read-only directory is simulated at the write itself.
     mocker.patch(
-        "dynamo.runtime.discovery.file_backend.tempfile.mkstemp",
+        "dynamo.runtime.discovery.file_store.tempfile.mkstemp",
         side_effect=PermissionError(13, "Permission denied"),
     )
     ensure_discovery_dir(tmp_path)  # listing alone still succeeds

@@ -20,7 +20,7 @@ from dynamo.common import lifecycle, logging_setup
 from dynamo.common.utils import gc_freeze
 from dynamo.frontend import main as frontend_main
 from dynamo.runtime.discovery import file_backend as discovery
-from dynamo.runtime.discovery.file_backend import DiscoveryWatcher
+from dynamo.runtime.discovery.file_watcher import DiscoveryWatcher
 
 
 @pytest.fixture(autouse=True)

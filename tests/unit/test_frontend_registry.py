@@ -21,7 +21,9 @@ from dynamo.frontend.chat_processor import ModelFilesError, build_chat_processor
 from dynamo.frontend.http_service import FrontendService
 from dynamo.frontend.model_registry import ModelRegistry
 from dynamo.frontend.worker_router import WorkerRouter, create_worker_session
-from dynamo.runtime.discovery.file_backend import DiscoveryStore, DiscoveryWatcher, ModelRecord
+from dynamo.runtime.discovery.file_store import DiscoveryStore
+from dynamo.runtime.discovery.file_watcher import DiscoveryWatcher
+from dynamo.runtime.discovery.record import ModelRecord
 from tests.tiny_tokenizer import tiny_card
 
 

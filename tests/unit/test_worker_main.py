@@ -21,7 +21,7 @@ import pytest
 from dynamo.common import lifecycle
 from dynamo.common.utils import gc_freeze
 from dynamo.runtime import request_plane
-from dynamo.runtime.discovery.file_backend import DiscoveryStore
+from dynamo.runtime.discovery.file_store import DiscoveryStore
 from dynamo.vllm import backend_args
 from dynamo.vllm import main as worker_main
 from dynamo.vllm.mock_engine import MockEngine

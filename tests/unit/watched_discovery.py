@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from dynamo.runtime.discovery.file_backend import DiscoveryWatcher
+from dynamo.runtime.discovery.file_watcher import DiscoveryWatcher
 
 TTL_S = 10.0
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from dynamo.runtime.discovery.file_backend import DiscoveryStore
+from dynamo.runtime.discovery.file_store import DiscoveryStore
 from tests.integration.harness import LauncherProcess
 from tests.vllm.conftest import OFFLINE_ENV, VLLM_ARGS
 
