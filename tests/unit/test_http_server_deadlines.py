@@ -17,7 +17,8 @@ import pytest
 from aiohttp import web
 
 from dynamo.common.http_server import GuardedRunner, RequestBodyTimeout
-from dynamo.frontend.http_service import openai_error_middleware, read_json_body
+from dynamo.frontend.http_service import openai_error_middleware
+from dynamo.frontend.request_body import read_json_body
 from dynamo.runtime.request_plane import add_request_plane_routes
 
 HEAD_S = 0.6

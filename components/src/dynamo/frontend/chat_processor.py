@@ -41,6 +41,7 @@ from .hf_processor import (
     StreamDetokenizer,
     find_chat_template,
     read_tokenizer_config,
+    rendering_errors,
     special_tokens,
 )
 
@@ -241,19 +242,13 @@ class _VllmTemplate:
     def render(
         self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True
     ) -> str:
-        import jinja2
-
-        try:
+        with rendering_errors():
             return self._tokenizer.apply_chat_template(
                 list(messages),
                 chat_template=self._source,
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
             )
-        except jinja2.exceptions.TemplateError as exc:
-            raise ChatTemplateError(str(exc)) from None
-        except (TypeError, ValueError, LookupError, AttributeError) as exc:
-            raise ChatTemplateError(f"{type(exc).__name__}: {exc}") from None
 
 
 def _build_vllm(card: ModelCard) -> tuple[Tokenizer, Template | None]:
@@ -262,7 +257,9 @@ def _build_vllm(card: ModelCard) -> tuple[Tokenizer, Template | None]:
     try:
         tokenizer = get_tokenizer(card.tokenizer_path)
     except Exception as exc:  # noqa: BLE001 - transformers raises OSError, ValueError, ...
-        raise ModelFilesError(f"vLLM cannot load the tokenizer in {card.tokenizer_path}: {exc}")
+        raise ModelFilesError(
+            f"vLLM cannot load the tokenizer in {card.tokenizer_path}: {exc}"
+        ) from None
     config = read_tokenizer_config(card.tokenizer_path)
     source = find_chat_template(card.tokenizer_path, config, card.chat_template_path)
     if source is None:

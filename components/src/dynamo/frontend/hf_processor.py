@@ -21,7 +21,8 @@ templates of which ``default`` is used, as ``transformers`` does).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,8 @@ from tokenizers.decoders import DecodeStream
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
-# The special-token attributes transformers passes to every template (its SPECIAL_TOKENS_ATTRIBUTES).
+# The special-token attributes transformers passes to every template
+# (its SPECIAL_TOKENS_ATTRIBUTES).
 SPECIAL_TOKEN_NAMES = (
     "bos_token",
     "eos_token",
@@ -53,6 +55,19 @@ class ModelFilesError(ValueError):
 
 class ChatTemplateError(ValueError):
     """The template rejected the conversation (its ``raise_exception``) or failed to render."""
+
+
+@contextmanager
+def rendering_errors() -> Iterator[None]:
+    """What a chat template raises while it renders, as the client's :class:`ChatTemplateError`:
+    its own ``raise_exception``, or a template that assumes a message shape the request does not
+    have (every processor renders through this, whichever library runs the template)."""
+    try:
+        yield
+    except jinja2.exceptions.TemplateError as exc:
+        raise ChatTemplateError(str(exc)) from None
+    except (TypeError, ValueError, LookupError, AttributeError) as exc:
+        raise ChatTemplateError(f"{type(exc).__name__}: {exc}") from None
 
 
 def _read_json(path: Path) -> dict:
@@ -160,7 +175,7 @@ class HfChatTemplate:
     def render(
         self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True
     ) -> str:
-        try:
+        with rendering_errors():
             return self._template.render(
                 messages=list(messages),
                 tools=None,
@@ -168,11 +183,6 @@ class HfChatTemplate:
                 add_generation_prompt=add_generation_prompt,
                 **self._variables,
             )
-        except jinja2.exceptions.TemplateError as exc:
-            raise ChatTemplateError(str(exc)) from None
-        except (TypeError, ValueError, LookupError, AttributeError) as exc:
-            # A template that assumes a message shape the request does not have.
-            raise ChatTemplateError(f"{type(exc).__name__}: {exc}") from None
 
 
 class HfTokenizer:

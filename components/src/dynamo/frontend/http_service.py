@@ -12,19 +12,13 @@ log too, so an outage does not double (or triple) the log volume per request.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import time
-from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any
 
 from aiohttp import web
 
 from dynamo.common import lifecycle
 from dynamo.common.http_server import (
     FRONTEND_MAX_BODY_BYTES,
-    RequestBodyTimeout,
-    is_malformed_http,
 )
 from dynamo.common.request_drain import mark_stream
 from dynamo.runtime.model_card import ModelCard
@@ -32,15 +26,16 @@ from dynamo.runtime.request_plane import RequestRefused, WorkerUnavailable
 
 from . import openai_protocol as oai
 from .chat_processor import (
-    ChatProcessor,
     ChatTemplateError,
     ModelFilesError,
     NoChatTemplate,
     OutOfVocabulary,
 )
+from .generation import Generation
 from .model_registry import ModelEntry, ModelRegistry
 from .preprocess_pool import PreprocessPool, PreprocessPoolError
-from .stop_strings import StopStringMatcher
+from .request_body import read_json_body
+from .responses import ChatResponder, CompletionResponder, Responder, send_event
 from .worker_router import NoWorkerAvailable, WorkerRouter
 
 logger = logging.getLogger(__name__)
@@ -158,13 +153,13 @@ class FrontendService:
         try:
             prompt = entry.processor.render_chat(chat)
         except NoChatTemplate as exc:
-            raise oai.invalid_request(str(exc), param="messages", code="no_chat_template")
+            raise oai.invalid_request(str(exc), param="messages", code="no_chat_template") from None
         except ChatTemplateError as exc:
             raise oai.invalid_request(
                 f"the model's chat template rejected the messages: {exc}",
                 param="messages",
                 code="chat_template_error",
-            )
+            ) from None
         prompt_ids = await self._encode(entry, prompt, chat=True)
         return await self._serve(request, entry, chat, prompt_ids, "messages", ChatResponder)
 
@@ -319,218 +314,6 @@ def completion_budget(
             param="min_tokens",
         )
     return max_tokens
-
-
-class Generation:
-    """One admitted request's output: the worker's ids, detokenized, cut at a stop string.
-
-    Ids are decoded one at a time, so the completion's token count stops at the token that
-    completed a stop string even when the worker sent several in one item.
-    """
-
-    def __init__(
-        self,
-        processor: ChatProcessor,
-        stops: tuple[str, ...],
-        prompt_tokens: int,
-        first: dict,
-        stream: AsyncGenerator[dict, None],
-    ) -> None:
-        self._detokenizer = processor.detokenizer()
-        self._stops = StopStringMatcher(stops)
-        self.prompt_tokens = prompt_tokens
-        self._first = first
-        self._stream = stream
-        self.completion_tokens = 0
-        self.finish_reason: str | None = None
-
-    async def pieces(self) -> AsyncIterator[str]:
-        """The completion's text, piece by piece (an empty piece carries nothing)."""
-        item = self._first
-        while True:
-            pieces = []
-            for token_id in item.get("token_ids", ()):
-                self.completion_tokens += 1
-                pieces.append(self._stops.feed(self._detokenizer.add((token_id,))))
-                if self._stops.stopped:
-                    self.finish_reason = "stop"
-                    yield "".join(pieces)
-                    return
-            if "finish_reason" in item:
-                pieces.append(self._stops.feed(self._detokenizer.finish()))
-                pieces.append(self._stops.flush())
-                self.finish_reason = "stop" if self._stops.stopped else item["finish_reason"]
-                # The worker's count when it sends one (it counts what it generated).
-                self.completion_tokens = item.get("completion_tokens", self.completion_tokens)
-                yield "".join(pieces)
-                return
-            yield "".join(pieces)
-            item = await self._stream.__anext__()
-
-    def usage(self) -> dict:
-        return oai.usage(self.prompt_tokens, self.completion_tokens)
-
-
-class Responder:
-    """The OpenAI response shapes of one endpoint, for one request."""
-
-    ID_PREFIX = "cmpl"
-
-    def __init__(self, model: str, completion_id: str) -> None:
-        self.model = model
-        self.completion_id = completion_id
-        self.created = int(time.time())
-
-    def opening(self) -> dict | None:
-        return None
-
-    def whole(self, text: str, finish_reason: str, usage: dict) -> dict:
-        raise NotImplementedError
-
-    def piece(self, text: str) -> dict:
-        raise NotImplementedError
-
-    def finish(self, finish_reason: str) -> dict:
-        raise NotImplementedError
-
-    def usage(self, usage: dict) -> dict:
-        raise NotImplementedError
-
-
-class ChatResponder(Responder):
-    ID_PREFIX = "chatcmpl"
-
-    def _chunk(self, delta: dict, finish_reason: str | None = None, **extra) -> dict:
-        return oai.chat_completion_chunk(
-            completion_id=self.completion_id,
-            created=self.created,
-            model=self.model,
-            delta=delta,
-            finish_reason=finish_reason,
-            **extra,
-        )
-
-    def opening(self) -> dict:
-        return self._chunk({"role": "assistant", "content": ""})
-
-    def whole(self, text: str, finish_reason: str, usage: dict) -> dict:
-        return oai.chat_completion(
-            completion_id=self.completion_id,
-            model=self.model,
-            content=text,
-            finish_reason=finish_reason,
-            usage=usage,
-        )
-
-    def piece(self, text: str) -> dict:
-        return self._chunk({"content": text})
-
-    def finish(self, finish_reason: str) -> dict:
-        return self._chunk({}, finish_reason)
-
-    def usage(self, usage: dict) -> dict:
-        return self._chunk({}, with_choice=False, usage=usage)
-
-
-class CompletionResponder(Responder):
-    ID_PREFIX = "cmpl"
-
-    def _chunk(self, text: str, finish_reason: str | None = None, **extra) -> dict:
-        return oai.text_completion_chunk(
-            completion_id=self.completion_id,
-            created=self.created,
-            model=self.model,
-            text=text,
-            finish_reason=finish_reason,
-            **extra,
-        )
-
-    def whole(self, text: str, finish_reason: str, usage: dict) -> dict:
-        return oai.text_completion(
-            completion_id=self.completion_id,
-            model=self.model,
-            text=text,
-            finish_reason=finish_reason,
-            usage=usage,
-        )
-
-    def piece(self, text: str) -> dict:
-        return self._chunk(text)
-
-    def finish(self, finish_reason: str) -> dict:
-        return self._chunk("", finish_reason)
-
-    def usage(self, usage: dict) -> dict:
-        return self._chunk("", with_choice=False, usage=usage)
-
-
-def _reject_constant(name: str):
-    raise ValueError(f"{name} is not a JSON number")
-
-
-async def read_json_body(request: web.Request) -> Any:
-    """The decoded body; a 400 naming the problem for anything the decoder cannot take.
-
-    Python's decoder is lenient where JSON is not (``NaN``, ``Infinity``), fails with a
-    RecursionError on deep nesting, and decodes ``"\\ud800"`` to a lone surrogate that no
-    tokenizer (and no UTF-8 encoder) accepts: each is the client's error, not a 500. A body
-    that does not arrive within the listener's bound is a 408.
-    """
-    try:
-        raw = await request.read()
-    except RequestBodyTimeout as exc:  # the listener's body deadline (logged there, once)
-        raise oai.ApiError(
-            408, f"{exc}: send the whole body at once", type="invalid_request_error",
-            code="request_timeout",
-        ) from None  # fmt: skip
-    except Exception as exc:
-        if not is_malformed_http(exc):
-            raise
-        # A body aiohttp cannot read: a broken chunked body, a Content-Encoding it cannot undo.
-        raise oai.invalid_request(
-            f"request body could not be read: {_payload_problem(exc)}", code="invalid_body"
-        ) from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise oai.invalid_request(
-            f"request body is not valid UTF-8 (byte {raw[exc.start]:#04x} at {exc.start})",
-            code="invalid_json",
-        ) from None
-    try:
-        body = json.loads(text, parse_constant=_reject_constant)
-    except RecursionError:
-        raise oai.invalid_request(
-            "request body is nested too deeply to decode", code="invalid_json"
-        ) from None
-    except ValueError as exc:  # JSONDecodeError, a number over the int digit limit
-        raise oai.invalid_request(
-            f"request body is not valid JSON: {exc}", code="invalid_json"
-        ) from None
-    try:
-        json.dumps(body, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise oai.invalid_request(
-            "request body contains text that is not valid Unicode (a lone surrogate "
-            f"{exc.object[exc.start : exc.end]!r}, escaped as \\ud800-\\udfff without its pair)",
-            code="invalid_text",
-        ) from None
-    except RecursionError:
-        raise oai.invalid_request(
-            "request body is nested too deeply to decode", code="invalid_json"
-        ) from None
-    return body
-
-
-def _payload_problem(exc: BaseException) -> str:
-    cause = exc.__cause__ or exc
-    return " ".join(str(getattr(cause, "message", None) or cause).split()) or type(cause).__name__
-
-
-async def send_event(response: web.StreamResponse, payload: dict | str) -> None:
-    """One server-sent event: ``data: <json>`` and a blank line."""
-    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
-    await response.write(f"data: {data}\n\n".encode())
 
 
 @web.middleware

@@ -51,7 +51,7 @@ from typing import Any
 
 from dynamo.runtime.model_card import ModelCard
 
-from .hf_processor import ChatTemplateError, ModelFilesError
+from .hf_processor import ModelFilesError, rendering_errors
 from .output_parser import OutputParser
 
 # What --dyn-chat-processor sglang imports at start-up, before the freeze (keep in step with
@@ -261,14 +261,13 @@ class SglangTemplate:
         add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
     ) -> str:
-        import jinja2
         from sglang.srt.parser.jinja_template_utils import process_content_for_template_format
 
         normalised = [
             process_content_for_template_format(dict(m), self._content_format, [], [], [], [])
             for m in messages
         ]
-        try:
+        with rendering_errors():
             return self._tokenizer.apply_chat_template(
                 normalised,
                 chat_template=self._source,
@@ -276,10 +275,6 @@ class SglangTemplate:
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
             )
-        except jinja2.exceptions.TemplateError as exc:
-            raise ChatTemplateError(str(exc)) from None
-        except (TypeError, ValueError, LookupError, AttributeError) as exc:
-            raise ChatTemplateError(f"{type(exc).__name__}: {exc}") from None
 
 
 def _template_text(template: Any) -> str:
