@@ -45,7 +45,12 @@ def etcd_server(tmp_path):
     """A real etcd on loopback for one test (skipped without a binary, unless CI requires it)."""
     import os
 
-    from tests.etcd_server import ETCD_MISSING_REASON, REQUIRE_ETCD_ENV, EtcdServer, find_etcd
+    from tests.support.etcd_server import (
+        ETCD_MISSING_REASON,
+        REQUIRE_ETCD_ENV,
+        EtcdServer,
+        find_etcd,
+    )
 
     binary = find_etcd()
     if binary is None:
@@ -62,13 +67,8 @@ def etcd_server(tmp_path):
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer_dir(tmp_path_factory):
-    """The tiny model's tokenizer files (tokenizer.json, tokenizer_config.json, template)."""
-    from tests.tiny_tokenizer import build_tiny_tokenizer
+    """A copy of the tiny model's tokenizer files (tokenizer.json, tokenizer_config.json,
+    template) for this session (tests/support/tiny_model.py)."""
+    from tests.support.tiny_model import build_tiny_tokenizer
 
-    return build_tiny_tokenizer(tmp_path_factory.mktemp("tiny-tokenizer"))
-
-
-@pytest.fixture
-def mock_worker_env(tiny_tokenizer_dir) -> dict[str, str]:
-    """The env that makes ``python -m dynamo.vllm`` the mock engine on the tiny tokenizer."""
-    return {"DYN_VLLM_ENGINE": "mock", "DYN_VLLM_MODEL": str(tiny_tokenizer_dir)}
+    return build_tiny_tokenizer(tmp_path_factory.mktemp("tiny-tokenizer") / "tokenizer")

@@ -18,7 +18,8 @@ import urllib.parse
 
 import pytest
 
-from tests.integration.harness import listening_url, start_frontend, start_worker, wait_until
+from tests.support import wait_until
+from tests.support.processes import listening_url, start_frontend, start_worker
 
 pytestmark = pytest.mark.integration
 

@@ -24,8 +24,9 @@ from dynamo.runtime.discovery.file_backend import (
 )
 from dynamo.vllm import backend_args
 from dynamo.vllm import main as worker_main
-from tests.integration.harness import mock_worker_env
-from tests.unit.watched_discovery import TTL_S, Watched
+from tests.support import wait_until_async
+from tests.support.tiny_model import mock_worker_env
+from tests.support.watched import TTL_S, Watched
 
 LOGGER = "dynamo.runtime.discovery.file_backend"
 EXPIRED = (
@@ -263,14 +264,6 @@ def test_malformed_records_are_still_warned_once_as_time_passes(tmp_path, caplog
 # --- the worker's heartbeat task ----------------------------------------------------------
 
 
-async def _until(condition, deadline_s: float = 30.0) -> None:
-    async def poll() -> None:
-        while not condition():
-            await asyncio.sleep(0.005)
-
-    await asyncio.wait_for(poll(), deadline_s)
-
-
 def _on_disk(path: Path) -> ModelRecord:
     return ModelRecord.from_json(path.read_text(encoding="utf-8"))
 
@@ -283,7 +276,7 @@ def test_the_heartbeat_task_renews_the_record_until_stopped(tmp_path):
     async def scenario() -> None:
         heartbeat = RecordHeartbeat(store, record, interval_s=0.01)
         task = heartbeat.start()
-        await _until(lambda: _on_disk(path).heartbeat >= 3)
+        await wait_until_async(lambda: _on_disk(path).heartbeat >= 3, deadline_s=30)
         await heartbeat.stop()
         await heartbeat.stop()  # idempotent
         assert task.cancelled()
@@ -347,7 +340,7 @@ def test_the_worker_renews_its_record_while_serving_and_stops_before_removing_it
 
     async def scenario() -> tuple[int, ModelRecord]:
         worker = asyncio.ensure_future(worker_main.run_worker(config))
-        await _until(lambda: beating(worker) is not None)
+        await wait_until_async(lambda: beating(worker) is not None, deadline_s=30)
         record = beating(worker)
         os.kill(os.getpid(), signal.SIGTERM)  # handled by the worker's loop: the drain
         return await asyncio.wait_for(worker, 30), record

@@ -10,7 +10,7 @@ import pytest
 
 from dynamo.runtime.discovery import file_backend as discovery
 from dynamo.runtime.discovery.file_backend import MAX_RECORD_BYTES, DiscoveryStore, ModelRecord
-from tests.unit.watched_discovery import TTL_S, Watched
+from tests.support.watched import TTL_S, Watched
 
 
 def _warnings(caplog, text: str) -> list[str]:

@@ -30,7 +30,8 @@ from dynamo.runtime.discovery.file_backend import (
     RecordHeartbeat,
     ensure_discovery_dir,
 )
-from tests.unit.watched_discovery import TTL_S, Watched
+from tests.support import wait_until_async
+from tests.support.watched import TTL_S, Watched
 
 LOGGER = "dynamo.runtime.discovery.file_backend"
 DEADLINE_S = 30.0
@@ -52,14 +53,6 @@ def _logged(caplog, text: str, level: int = logging.WARNING) -> list[logging.Log
         for r in caplog.records
         if r.name == LOGGER and r.levelno == level and text in r.getMessage()
     ]
-
-
-async def _until(condition, deadline_s: float = DEADLINE_S) -> None:
-    async def poll() -> None:
-        while not condition():
-            await asyncio.sleep(0.005)
-
-    await asyncio.wait_for(poll(), deadline_s)
 
 
 # --- start-up check -----------------------------------------------------------------------
@@ -185,7 +178,7 @@ def test_the_polling_task_survives_an_unexpected_error_and_logs_it_once(tmp_path
 
     async def scenario() -> asyncio.Task:
         task = watcher.start()
-        await _until(lambda: added == ["i1"])
+        await wait_until_async(lambda: added == ["i1"], deadline_s=DEADLINE_S)
         assert not task.done()
         await watcher.stop()
         return task
@@ -229,7 +222,9 @@ def test_file_system_work_runs_in_a_thread_and_callbacks_on_the_loop(tmp_path, m
         heartbeat = RecordHeartbeat(store, record, interval_s=0.001)
         watcher.start()
         heartbeat.start()
-        await _until(lambda: threads["on_add"] and len(threads["renew"]) >= 1)
+        await wait_until_async(
+            lambda: threads["on_add"] and len(threads["renew"]) >= 1, deadline_s=DEADLINE_S
+        )
         await heartbeat.stop()
         await watcher.stop()
         return threading.get_ident()
@@ -261,7 +256,7 @@ def test_stopping_the_heartbeat_waits_for_a_renewal_in_progress(tmp_path, mocker
     async def scenario() -> tuple[bool, bool]:
         heartbeat = RecordHeartbeat(store, record, interval_s=0.001)
         task = heartbeat.start()
-        await _until(entered.is_set)
+        await wait_until_async(entered.is_set, deadline_s=DEADLINE_S)
         stopping = asyncio.ensure_future(heartbeat.stop())
         await asyncio.sleep(0.05)  # give a wrong stop() the chance to return early
         returned_early = stopping.done()
@@ -286,7 +281,7 @@ def test_a_periodic_task_stopped_from_a_cancelled_task_propagates_only_its_own_c
 
         periodic = PeriodicTask("ticker", 0.001, step)
         periodic.start()
-        await _until(lambda: ticks >= 2)
+        await wait_until_async(lambda: ticks >= 2, deadline_s=DEADLINE_S)
         await periodic.stop()
         await periodic.stop()  # idempotent
         stopped_at = ticks

@@ -27,6 +27,7 @@ from dynamo.common.utils.gc_freeze import (
     maybe_freeze_gc_heap,
     uninstall_gc_pause_logger,
 )
+from tests.support.clock import FakeClock
 
 LOGGER_NAME = "dynamo.common.utils.gc_freeze"
 FROZEN_LINE = re.compile(
@@ -204,14 +205,6 @@ def test_enabled_maybe_freeze_collects_and_freezes(mocker):
 # --- GcPauseLogger, driven directly with an exact fake clock ----------------------------------
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now_ns = 1_000_000_000
-
-    def __call__(self) -> int:
-        return self.now_ns
-
-
 @pytest.fixture
 def serving():
     """The pause-line contract is about a process that admits requests (WARNING level)."""
@@ -220,14 +213,14 @@ def serving():
 
 @pytest.fixture
 def clock(mocker, serving) -> FakeClock:
-    fake = FakeClock()
+    fake = FakeClock(now=1_000_000_000)  # perf_counter_ns: nanoseconds
     mocker.patch.object(gc_freeze.time, "perf_counter_ns", fake)
     return fake
 
 
 def _pause(pause_logger: GcPauseLogger, clock: FakeClock, pause_ns: int, info) -> None:
     pause_logger("start", info)
-    clock.now_ns += pause_ns
+    clock.advance(pause_ns)
     pause_logger("stop", info)
 
 
@@ -315,7 +308,7 @@ def test_counters_per_generation_with_max_and_total(clock, caplog):
 
 def test_a_stop_without_a_start_is_ignored(clock, caplog):
     pause_logger = GcPauseLogger(0.001)
-    clock.now_ns += 10_000_000
+    clock.advance(10_000_000)
     pause_logger("stop", _info())
     assert pause_logger.collections == [0, 0, 0]
     assert pause_logger.total_pause_ns == 0
@@ -496,7 +489,7 @@ def test_zero_threshold_with_a_sink_installs_a_metrics_only_logger(caplog):
 )
 def test_pause_lines_are_info_while_starting_and_warnings_once_serving(mocker, caplog, mark, level):
     caplog.set_level(logging.INFO, logger=LOGGER_NAME)
-    fake = FakeClock()
+    fake = FakeClock(now=1_000_000_000)  # perf_counter_ns: nanoseconds
     mocker.patch.object(gc_freeze.time, "perf_counter_ns", fake)
     if mark == "draining":
         lifecycle.mark_serving("test")

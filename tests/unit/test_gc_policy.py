@@ -12,7 +12,7 @@ import weakref
 import pytest
 
 from dynamo.vllm import gc_policy
-from tests.integration.harness import wait_until
+from tests.support import wait_until
 
 
 class Node:

@@ -25,17 +25,8 @@ from dynamo.runtime.discovery.file_backend import DiscoveryStore
 from dynamo.vllm import backend_args
 from dynamo.vllm import main as worker_main
 from dynamo.vllm.mock_engine import MockEngine
-from tests.integration.harness import mock_worker_env
-
-
-async def until(condition, deadline_s: float = 30.0) -> None:
-    """Wait for ``condition()`` on the running loop, failing after the deadline."""
-
-    async def poll():
-        while not condition():
-            await asyncio.sleep(0.01)
-
-    await asyncio.wait_for(poll(), deadline_s)
+from tests.support import wait_until_async
+from tests.support.tiny_model import mock_worker_env
 
 
 def sigterm_self() -> None:
@@ -412,7 +403,9 @@ def test_drain_aborts_requests_still_running_after_the_grace_period(discovery_di
                 session, record.endpoint, plane_request("slow", record.model, max_tokens=2)
             )
             first_item = asyncio.ensure_future(stream.__anext__())
-            await until(lambda: engine.requests_started == 1)  # in the engine, mid-step
+            await wait_until_async(
+                lambda: engine.requests_started == 1, deadline_s=30
+            )  # in the engine, mid-step
             sigterm_self()
             with pytest.raises(request_plane.WorkerUnavailable):
                 await first_item
@@ -450,7 +443,7 @@ def test_a_rank_that_dies_while_serving_returns_1_with_the_gc_state_put_back(
                 session, record.endpoint, plane_request("doomed", record.model, max_tokens=2)
             )
             first_item = asyncio.ensure_future(stream.__anext__())
-            await until(lambda: engine.requests_started == 1)
+            await wait_until_async(lambda: engine.requests_started == 1, deadline_s=30)
             os.kill(victim, signal.SIGKILL)
             with pytest.raises(request_plane.WorkerUnavailable, match="the engine died"):
                 await first_item

@@ -1,5 +1,5 @@
 """An in-process frontend (the real HTTP service, registry and tiny-model processor) in front of
-request-plane servers speaking wire format v2 (this module holds no tests).
+request-plane servers speaking wire format v2. Its answers are read with tests/support/answers.py.
 
 The worker side here is a small v2 echo engine written for these tests: it answers
 ``POST /generate`` with ``{"request_id", "model", "token_ids", "sampling"}`` by streaming ids
@@ -127,36 +127,3 @@ async def frontend(card: ModelCard, *endpoints: str, pool=None, registry=None):
     finally:
         await session.close()
         await registry.aclose()
-
-
-async def sse_events(response) -> list:
-    events = []
-    async for line in response.content:
-        line = line.decode().strip()
-        if not line:
-            continue
-        assert line.startswith("data: ")
-        payload = line[len("data: ") :]
-        events.append(payload if payload == "[DONE]" else json.loads(payload))
-    return events
-
-
-def streamed_text(events: list) -> list[str]:
-    """The text pieces of a streamed chat or text completion, in order."""
-    pieces = []
-    for event in events:
-        if isinstance(event, dict) and event.get("choices"):
-            choice = event["choices"][0]
-            piece = choice["delta"].get("content") if "delta" in choice else choice["text"]
-            if piece:
-                pieces.append(piece)
-    return pieces
-
-
-def assert_openai_error(body: dict, *, param=None) -> dict:
-    assert set(body) == {"error"}
-    error = body["error"]
-    assert set(error) == {"message", "type", "param", "code"} and error["message"]
-    if param is not None:
-        assert error["param"] == param, error
-    return error

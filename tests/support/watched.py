@@ -6,19 +6,9 @@ import asyncio
 from pathlib import Path
 
 from dynamo.runtime.discovery.file_backend import DiscoveryWatcher
+from tests.support.clock import FakeClock
 
 TTL_S = 10.0
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 class Watched:
