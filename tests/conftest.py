@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import gc
-
 import pytest
 
 from dynamo.common import lifecycle, logging_setup
@@ -13,29 +11,19 @@ from dynamo.vllm import gc_policy
 
 @pytest.fixture(autouse=True)
 def restore_gc_state():
-    """Restore freeze, thresholds, enabled flag, callbacks, GC policy and the process phase.
+    """Put back freeze, thresholds, enabled flag, callbacks, pause logger, GC policy and the
+    process phase after each test.
 
-    Also the module state that describes them: the last freeze record (the heap is unfrozen
-    again, so a later test must not see an earlier test's freeze), and freeze observers and phase
+    Also what the library keeps about them: the last freeze record (the heap is unfrozen again,
+    so a later test must not see an earlier test's freeze), and freeze observers and phase
     listeners a test forgot to remove.
     """
-    enabled = gc.isenabled()
-    thresholds = gc.get_threshold()
-    callbacks = list(gc.callbacks)
-    last_freeze = gc_freeze.last_freeze()
-    observers = list(gc_freeze._freeze_observers)
-    listeners = list(lifecycle._listeners)
+    gc_state = gc_freeze.snapshot_gc_state()
+    phase_state = lifecycle.snapshot_phase_state()
     yield
     gc_policy.stop_gc_policy()  # the benchmark policy's thread and saved thresholds are global
-    gc_freeze.uninstall_gc_pause_logger()
-    gc.callbacks[:] = callbacks
-    gc.unfreeze()
-    gc.set_threshold(*thresholds)
-    (gc.enable if enabled else gc.disable)()
-    lifecycle.reset_for_new_process()
-    gc_freeze._last_freeze = last_freeze
-    gc_freeze._freeze_observers[:] = observers
-    lifecycle._listeners[:] = listeners
+    gc_freeze.restore_gc_state(gc_state)
+    lifecycle.restore_phase_state(phase_state)
     # A launcher's main() run in-process installs a stderr handler bound to this test's capture.
     logging_setup.remove_logging_handler()
 

@@ -26,12 +26,9 @@ from dynamo.runtime.discovery.file_backend import DiscoveryWatcher
 @pytest.fixture(autouse=True)
 def restore_process_state(monkeypatch):
     """main configures logging, attaches metrics observers and (maybe) freezes this process:
-    none of it may outlive the test."""
+    none of it may outlive the test (tests/conftest.py puts the GC state and the phase back)."""
     root = logging.getLogger()
     level = root.level
-    monkeypatch.setattr(gc_freeze, "_last_freeze", gc_freeze.last_freeze())
-    monkeypatch.setattr(gc_freeze, "_freeze_observers", list(gc_freeze._freeze_observers))
-    monkeypatch.setattr(lifecycle, "_listeners", list(lifecycle._listeners))
     yield
     logging_setup.remove_logging_handler()
     root.setLevel(level)
@@ -187,13 +184,15 @@ def test_an_unreadable_discovery_dir_exits_2(tmp_path, steps, capsys, mocker):
 def test_shutdown_undoes_the_gc_state_after_everything_else(tmp_path, steps, caplog):
     """No pause line after the final one; frozen objects can be finalized at exit."""
     caplog.set_level(logging.INFO)
-    observers, listeners = list(gc_freeze._freeze_observers), list(lifecycle._listeners)
+    observers = gc_freeze.snapshot_gc_state().freeze_observers
+    listeners = lifecycle.snapshot_phase_state().listeners
     callbacks = list(gc.callbacks)
     assert run_main(tmp_path, "--dyn-gc-pause-log-ms", "0.001") == 0
     assert "GC heap frozen (frontend)" in caplog.text
     assert gc.get_freeze_count() == 0  # unfrozen
     assert gc.callbacks == callbacks and gc_freeze.installed_gc_pause_logger() is None
-    assert gc_freeze._freeze_observers == observers and lifecycle._listeners == listeners
+    assert gc_freeze.snapshot_gc_state().freeze_observers == observers
+    assert lifecycle.snapshot_phase_state().listeners == listeners
     gc.collect()  # would log a pause line if the logger were still installed
     messages = [r.getMessage() for r in caplog.records]
     assert messages[-1] == "Frontend exiting with code 0"

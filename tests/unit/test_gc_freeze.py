@@ -537,3 +537,40 @@ def test_process_gc_state_restore_undoes_only_what_the_launcher_did(mocker, froz
     assert installed_gc_pause_logger() is None
     assert metrics.detached
     assert unfreeze.call_count == (1 if froze else 0)
+
+
+# --- snapshot and restore of the GC state -----------------------------------------------------
+
+
+def test_restore_gc_state_puts_back_every_part_and_unfreezes():
+    before = gc_freeze.snapshot_gc_state()
+    thresholds = gc.get_threshold()
+
+    def observer(record):
+        pass
+
+    def callback(phase, info):
+        pass
+
+    install_gc_pause_logger(5.0)
+    gc.callbacks.append(callback)
+    gc_freeze.add_freeze_observer(observer)
+    gc.set_threshold(7, 8, 9)
+    gc.disable()
+    freeze_gc_heap(context="snapshot test")
+    changed = gc_freeze.snapshot_gc_state()
+    assert changed.pause_logger is installed_gc_pause_logger() is not None
+    assert changed.callbacks[-2:] == (changed.pause_logger, callback)
+    assert changed.freeze_observers[-1] is observer
+    assert changed.last_freeze is last_freeze() is not before.last_freeze
+    assert (changed.enabled, changed.thresholds) == (False, (7, 8, 9))
+    assert gc.get_freeze_count() > 0
+
+    gc_freeze.restore_gc_state(before)
+
+    assert gc_freeze.snapshot_gc_state() == before
+    assert installed_gc_pause_logger() is before.pause_logger
+    assert list(gc.callbacks) == list(before.callbacks)
+    assert gc.get_threshold() == thresholds and gc.isenabled() == before.enabled
+    assert last_freeze() is before.last_freeze
+    assert gc.get_freeze_count() == 0

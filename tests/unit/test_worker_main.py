@@ -34,12 +34,6 @@ def sigterm_self() -> None:
 
 
 @pytest.fixture(autouse=True)
-def forget_this_modules_freezes(monkeypatch):
-    """The worker really freezes this process; its FreezeRecord must not outlive the test."""
-    monkeypatch.setattr(gc_freeze, "_last_freeze", gc_freeze.last_freeze())
-
-
-@pytest.fixture(autouse=True)
 def the_mock_engine_on_the_tiny_tokenizer(monkeypatch):
     """``main()`` reads os.environ: every worker here is the mock on the tiny tokenizer."""
     for name, value in mock_worker_env().items():
@@ -120,7 +114,7 @@ def names(recorded) -> list[str]:
 
 def test_freeze_after_engine_init_and_before_register_model(steps, discovery_dir):
     frozen_before = gc.get_freeze_count()
-    observers_before = list(gc_freeze._freeze_observers)
+    observers_before = gc_freeze.snapshot_gc_state().freeze_observers
     argv = ["--discovery-dir", str(discovery_dir), "--system-host", "127.0.0.1"]
     assert worker_main.main([*argv, "--system-port", "0"]) == 0
 
@@ -155,7 +149,7 @@ def test_freeze_after_engine_init_and_before_register_model(steps, discovery_dir
     # Once the engine has shut down, the process's GC state is put back: no pause logger left
     # in gc.callbacks, no metrics observer, the heap unfrozen (so exit finalizes it).
     assert gc_freeze.installed_gc_pause_logger() is None
-    assert gc_freeze._freeze_observers == observers_before
+    assert gc_freeze.snapshot_gc_state().freeze_observers == observers_before
     assert gc.get_freeze_count() == frozen_before
 
 
