@@ -21,6 +21,7 @@ from dynamo.common.utils import gc_freeze
 from dynamo.frontend import main as frontend_main
 from dynamo.runtime.discovery import file_backend as discovery
 from dynamo.runtime.discovery.file_backend import DiscoveryWatcher
+from tests.support.steps import StepRecorder
 
 
 @pytest.fixture(autouse=True)
@@ -37,35 +38,13 @@ def restore_process_state(monkeypatch):
 @pytest.fixture
 def steps(mocker):
     """Record (step, phase, frozen objects) for each start-up step, in order."""
-    recorded: list[tuple[str, lifecycle.Phase, int]] = []
-
-    def note(step: str) -> None:
-        recorded.append((step, lifecycle.current_phase(), gc.get_freeze_count()))
-
-    def wrap(owner, name: str, step: str, *, is_async: bool = False, after=None):
-        real = getattr(owner, name)
-        if is_async:
-
-            async def wrapper(*args, **kwargs):
-                note(step)
-                return await real(*args, **kwargs)
-
-        else:
-
-            def wrapper(*args, **kwargs):
-                note(step)
-                result = real(*args, **kwargs)
-                if after is not None:
-                    after()
-                return result
-
-        mocker.patch.object(owner, name, wrapper)
-
+    recorder = StepRecorder(mocker)
+    wrap = recorder.wrap
     wrap(gc_freeze, "install_gc_pause_logger", "pause_logger")
-    wrap(frontend_main, "build_frontend", "build", is_async=True)
+    wrap(frontend_main, "build_frontend", "build")
     wrap(gc_freeze, "maybe_freeze_gc_heap", "freeze")
     wrap(lifecycle, "mark_serving", "mark_serving")
-    wrap(web.TCPSite, "start", "listen", is_async=True)
+    wrap(web.TCPSite, "start", "listen")
     wrap(
         DiscoveryWatcher,
         "start",
@@ -73,7 +52,7 @@ def steps(mocker):
         after=lambda: os.kill(os.getpid(), signal.SIGTERM),  # stop once start-up is done
     )
     wrap(lifecycle, "mark_draining", "mark_draining")
-    return recorded
+    return recorder.recorded
 
 
 def run_main(tmp_path, *extra: str) -> int:

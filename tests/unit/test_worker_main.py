@@ -26,6 +26,7 @@ from dynamo.vllm import backend_args
 from dynamo.vllm import main as worker_main
 from dynamo.vllm.mock_engine import MockEngine
 from tests.support import wait_until_async
+from tests.support.steps import StepRecorder
 from tests.support.tiny_model import mock_worker_env
 
 
@@ -48,54 +49,35 @@ def discovery_dir(tmp_path):
 @pytest.fixture
 def steps(mocker):
     """Wrap each lifecycle step to append (step, phase, freeze count) to a list, in order."""
-    recorded: list[tuple[str, lifecycle.Phase, int]] = []
-
-    def note(step: str) -> None:
-        recorded.append((step, lifecycle.current_phase(), gc.get_freeze_count()))
-
-    def wrap(owner, name: str, step: str, *, is_async: bool = False):
-        real = getattr(owner, name)
-        if is_async:
-
-            async def wrapper(*args, **kwargs):
-                note(step)
-                return await real(*args, **kwargs)
-
-        else:
-
-            def wrapper(*args, **kwargs):
-                note(step)
-                return real(*args, **kwargs)
-
-        mocker.patch.object(owner, name, wrapper)
-
+    recorder = StepRecorder(mocker)
+    wrap = recorder.wrap
     wrap(gc_freeze, "install_gc_pause_logger", "pause_logger")
-    wrap(worker_main, "start_system_server", "system_port", is_async=True)
-    wrap(MockEngine, "start", "engine_init", is_async=True)
+    wrap(worker_main, "start_system_server", "system_port")
+    wrap(MockEngine, "start", "engine_init")
     wrap(gc_freeze, "freeze_gc_heap", "freeze")
-    wrap(worker_main.RequestPlaneServer, "open", "listen", is_async=True)
-    wrap(worker_main.RequestPlaneServer, "close", "plane_close", is_async=True)
+    wrap(worker_main.RequestPlaneServer, "open", "listen")
+    wrap(worker_main.RequestPlaneServer, "close", "plane_close")
     wrap(lifecycle, "mark_serving", "mark_serving")
     wrap(lifecycle, "mark_draining", "mark_draining")
-    wrap(MockEngine, "shutdown", "engine_shutdown", is_async=True)
+    wrap(MockEngine, "shutdown", "engine_shutdown")
 
     real_register = DiscoveryStore.register
     real_unregister = DiscoveryStore.unregister
 
     def register(store, record):
-        note("register")
+        recorder.note("register")
         path = real_register(store, record)
         assert path.exists()
         sigterm_self()  # handled by the worker's loop: the drain starts once this returns
         return path
 
     def unregister(store, instance_id):
-        note("unregister")
+        recorder.note("unregister")
         return real_unregister(store, instance_id)
 
     mocker.patch.object(DiscoveryStore, "register", register)
     mocker.patch.object(DiscoveryStore, "unregister", unregister)
-    return recorded
+    return recorder.recorded
 
 
 def plane_request(request_id: str, record_model: str | None, max_tokens: int = 1) -> dict:
