@@ -43,7 +43,7 @@ def _timed_out(deadline_s: float, what: str | None, condition: Callable) -> Time
 
 
 def wait_until(
-    condition: Callable[[], T],
+    condition: Callable[[], T | None],
     *,
     deadline_s: float,
     what: str | None = None,
@@ -66,7 +66,7 @@ def wait_until(
 
 
 async def wait_until_async(
-    condition: Callable[[], T],
+    condition: Callable[[], T | None],
     *,
     deadline_s: float,
     what: str | None = None,

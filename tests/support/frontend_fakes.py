@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
@@ -43,7 +43,7 @@ class EchoEngine:
         self.requests_finished = 0
         self.requests_aborted = 0
 
-    async def generate(self, body: dict) -> AsyncIterator[dict]:
+    async def generate(self, body: dict) -> AsyncGenerator[dict, None]:
         assert set(body) == {"request_id", "model", "token_ids", "sampling"}, body
         sampling = SamplingOptions.model_validate(body["sampling"])
         self.bodies.append(body)
@@ -54,7 +54,7 @@ class EchoEngine:
         finish = "length"
         try:
             while len(produced) < sampling.max_tokens and finish == "length":
-                step = []
+                step: list[int] = []
                 while len(step) < self.chunk and len(produced) < sampling.max_tokens:
                     token = source[len(produced) % len(source)]
                     produced.append(token)
@@ -77,7 +77,7 @@ class EchoEngine:
 
 
 @contextlib.asynccontextmanager
-async def request_plane_server(generate: Callable[[dict], AsyncIterator[dict]]):
+async def request_plane_server(generate: Callable[[dict], AsyncGenerator[dict, None]]):
     """``POST /generate`` streaming NDJSON from ``generate`` (errors in-band, as the worker)."""
 
     async def handle(request: web.Request) -> web.StreamResponse:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import make_tiny_model  # scripts/ is on sys.path (pyproject.toml: pytest's pythonpath)
 
@@ -50,7 +51,7 @@ def tiny_card(tokenizer_dir: Path | str, name: str = "tiny", **overrides) -> Mod
     from tokenizers import Tokenizer
 
     eos = Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json")).token_to_id(EOS)
-    fields = dict(
+    fields: dict[str, Any] = dict(
         served_model_name=name,
         model_path=str(tokenizer_dir),
         tokenizer_path=str(tokenizer_dir),

@@ -102,7 +102,7 @@ BAD_BODIES = [
      .encode(), "messages[0].content"),
 ]  # fmt: skip
 
-BAD_FIELDS = [
+BAD_FIELDS: list[tuple[str, list]] = [
     ("max_tokens", [0, -3, "5", 1.5, True]),
     ("max_completion_tokens", [0, "7", False]),
     ("temperature", [-0.1, "1", True, [1]]),
