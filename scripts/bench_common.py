@@ -3,7 +3,7 @@
 Standard library only (matplotlib is imported lazily, and only by the parent process that
 plots), so a measurement child can import this module on a bare CPython.
 
-Conventions every script follows (shared/DESIGN.md, issue 5):
+Conventions every script follows (docs/benchmarks.md, issue 5):
 - every figure is a ratio of arms measured side by side in one run (this machine is shared and
   noisy, so absolute milliseconds are context, never the result);
 - ``--quick`` finishes in under a minute, the default is the full mode, ``--smoke`` is the

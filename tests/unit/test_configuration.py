@@ -175,7 +175,7 @@ def test_the_gc_options_are_one_declaration_under_two_names(gc_surface):
 
 
 def test_configargparse_is_imported_only_by_the_configuration_package():
-    # Importing it patches argparse process-wide (DESIGN.md, conventions).
+    # Importing it patches argparse process-wide: one package owns that.
     package = REPO / "components" / "src" / "dynamo"
     allowed = package / "common" / "configuration"
     offenders = [

@@ -1,6 +1,6 @@
 """Freeze the GC heap at quiescent points, and measure GC pauses without lengthening them.
 
-CPython facts this module relies on (checked on 3.10-3.13, see shared/DESIGN.md):
+CPython facts this module relies on (checked on 3.10-3.13, see docs/design.md):
 
 * ``gc.freeze()`` moves every tracked object into the permanent generation, which later
   collections never walk. Freezing without collecting first would keep today's garbage forever,
