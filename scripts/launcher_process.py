@@ -22,7 +22,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Generic, TypeVar, cast
 
 POLL_S = 0.01  # the polling interval of a condition wait, not a synchronisation sleep
 LOG_DEADLINE_S = 60.0
@@ -31,15 +31,34 @@ STOP_DEADLINE_S = 15.0
 T = TypeVar("T")
 
 
-def _timed_out(deadline_s: float, what: str | None, condition: Callable) -> TimeoutError:
-    if what is None:
-        code = getattr(condition, "__code__", None)
-        what = (
-            f"{condition.__qualname__} ({Path(code.co_filename).name}:{code.co_firstlineno})"
-            if code is not None
-            else repr(condition)
+class _Attempts(Generic[T]):
+    """The contract both waits share: try the condition, keep its first truthy value, and
+    raise ``TimeoutError`` once a falsy try comes after the deadline."""
+
+    def __init__(self, condition: Callable[[], T | None], deadline_s: float, what: str | None):
+        self.condition = condition
+        self.deadline_s = deadline_s
+        self.what = what
+        self.end = time.monotonic() + deadline_s
+        self.value: T | None = None
+
+    def succeeded(self) -> bool:
+        self.value = self.condition()
+        if self.value:
+            return True
+        if time.monotonic() > self.end:
+            raise TimeoutError(f"timed out after {self.deadline_s:g} s waiting for {self._what()}")
+        return False
+
+    def _what(self) -> str:
+        if self.what is not None:
+            return self.what
+        code = getattr(self.condition, "__code__", None)
+        if code is None:
+            return repr(self.condition)
+        return (
+            f"{self.condition.__qualname__} ({Path(code.co_filename).name}:{code.co_firstlineno})"
         )
-    return TimeoutError(f"timed out after {deadline_s:g} s waiting for {what}")
 
 
 def wait_until(
@@ -55,14 +74,10 @@ def wait_until(
     The condition is always tried once more after the deadline, so a slow poll never fails a
     condition that came true meanwhile; an exception it raises ends the wait at once.
     """
-    end = time.monotonic() + deadline_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > end:
-            raise _timed_out(deadline_s, what, condition)
+    attempts = _Attempts(condition, deadline_s, what)
+    while not attempts.succeeded():
         time.sleep(poll_s)  # the polling interval (see POLL_S)
+    return cast(T, attempts.value)  # truthy, so not None
 
 
 async def wait_until_async(
@@ -73,14 +88,10 @@ async def wait_until_async(
     poll_s: float = POLL_S,
 ) -> T:
     """:func:`wait_until` on the running event loop: the loop runs between two polls."""
-    end = time.monotonic() + deadline_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > end:
-            raise _timed_out(deadline_s, what, condition)
+    attempts = _Attempts(condition, deadline_s, what)
+    while not attempts.succeeded():
         await asyncio.sleep(poll_s)  # the polling interval (see POLL_S)
+    return cast(T, attempts.value)  # truthy, so not None
 
 
 def free_port() -> int:
