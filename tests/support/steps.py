@@ -12,16 +12,25 @@ import inspect
 from collections.abc import Callable
 
 from dynamo.common import lifecycle
+from dynamo.common.utils import gc_freeze
 
 Step = tuple[str, lifecycle.Phase, int]
 
 
 class StepRecorder:
-    """``recorded``: one ``(step, phase, frozen objects)`` per call of a wrapped function."""
+    """``recorded``: one ``(step, phase, frozen objects)`` per call of a wrapped function.
+
+    The steps every launcher takes are wrapped from the start: ``pause_logger`` (installing the
+    process's pause logger), ``mark_serving`` and ``mark_draining``; a test adds its launcher's
+    own with :meth:`wrap`.
+    """
 
     def __init__(self, mocker) -> None:
         self.recorded: list[Step] = []
         self._mocker = mocker
+        self.wrap(gc_freeze, "install_gc_pause_logger", "pause_logger")
+        self.wrap(lifecycle, "mark_serving", "mark_serving")
+        self.wrap(lifecycle, "mark_draining", "mark_draining")
 
     def note(self, step: str) -> None:
         self.recorded.append((step, lifecycle.current_phase(), gc.get_freeze_count()))

@@ -38,20 +38,16 @@ def restore_process_state(monkeypatch):
 @pytest.fixture
 def steps(mocker):
     """Record (step, phase, frozen objects) for each start-up step, in order."""
-    recorder = StepRecorder(mocker)
-    wrap = recorder.wrap
-    wrap(gc_freeze, "install_gc_pause_logger", "pause_logger")
-    wrap(frontend_main, "build_frontend", "build")
-    wrap(gc_freeze, "maybe_freeze_gc_heap", "freeze")
-    wrap(lifecycle, "mark_serving", "mark_serving")
-    wrap(web.TCPSite, "start", "listen")
-    wrap(
+    recorder = StepRecorder(mocker)  # with pause_logger, mark_serving and mark_draining
+    recorder.wrap(frontend_main, "build_frontend", "build")
+    recorder.wrap(gc_freeze, "maybe_freeze_gc_heap", "freeze")
+    recorder.wrap(web.TCPSite, "start", "listen")
+    recorder.wrap(
         DiscoveryWatcher,
         "start",
         "watcher",
         after=lambda: os.kill(os.getpid(), signal.SIGTERM),  # stop once start-up is done
     )
-    wrap(lifecycle, "mark_draining", "mark_draining")
     return recorder.recorded
 
 

@@ -49,17 +49,13 @@ def discovery_dir(tmp_path):
 @pytest.fixture
 def steps(mocker):
     """Wrap each lifecycle step to append (step, phase, freeze count) to a list, in order."""
-    recorder = StepRecorder(mocker)
-    wrap = recorder.wrap
-    wrap(gc_freeze, "install_gc_pause_logger", "pause_logger")
-    wrap(worker_main, "start_system_server", "system_port")
-    wrap(MockEngine, "start", "engine_init")
-    wrap(gc_freeze, "freeze_gc_heap", "freeze")
-    wrap(worker_main.RequestPlaneServer, "open", "listen")
-    wrap(worker_main.RequestPlaneServer, "close", "plane_close")
-    wrap(lifecycle, "mark_serving", "mark_serving")
-    wrap(lifecycle, "mark_draining", "mark_draining")
-    wrap(MockEngine, "shutdown", "engine_shutdown")
+    recorder = StepRecorder(mocker)  # with pause_logger, mark_serving and mark_draining
+    recorder.wrap(worker_main, "start_system_server", "system_port")
+    recorder.wrap(MockEngine, "start", "engine_init")
+    recorder.wrap(gc_freeze, "freeze_gc_heap", "freeze")
+    recorder.wrap(worker_main.RequestPlaneServer, "open", "listen")
+    recorder.wrap(worker_main.RequestPlaneServer, "close", "plane_close")
+    recorder.wrap(MockEngine, "shutdown", "engine_shutdown")
 
     real_register = DiscoveryStore.register
     real_unregister = DiscoveryStore.unregister
