@@ -52,9 +52,8 @@ async def echo_engine(request: GenerateRequest) -> AsyncIterator[dict]:
 
 
 @contextlib.asynccontextmanager
-async def worker(handler, is_healthy: Callable[[], bool] = lambda: True):
-    app = web.Application()
-    add_request_plane_routes(app, handler, is_healthy, served_model_name=MODEL)
+async def serving(app: web.Application):
+    """``app`` on a loopback test server, with a client session: ``(session, base URL)``."""
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
     try:
@@ -64,8 +63,13 @@ async def worker(handler, is_healthy: Callable[[], bool] = lambda: True):
         await server.close()
 
 
-@contextlib.asynccontextmanager
-async def raw_worker(body_lines: list[bytes]):
+def worker(handler, is_healthy: Callable[[], bool] = lambda: True):
+    app = web.Application()
+    add_request_plane_routes(app, handler, is_healthy, served_model_name=MODEL)
+    return serving(app)
+
+
+def raw_worker(body_lines: list[bytes]):
     """A worker that answers /generate with exactly these bytes (to test the client)."""
 
     async def handle(request: web.Request) -> web.StreamResponse:
@@ -78,13 +82,7 @@ async def raw_worker(body_lines: list[bytes]):
 
     app = web.Application()
     app.router.add_post(GENERATE_PATH, handle)
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    try:
-        async with aiohttp.ClientSession() as session:
-            yield session, str(server.make_url("")).rstrip("/")
-    finally:
-        await server.close()
+    return serving(app)
 
 
 def run(coro):
