@@ -24,7 +24,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -116,6 +116,37 @@ def exit_cleanly_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, _exit)
 
 
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """``--engine mock|vllm``, ``--vllm-python`` and ``--model-dir``: the A/B scripts' worker on
+    the mock engine (the default) or on the real one (see :func:`require_vllm_python`)."""
+    parser.add_argument(
+        "--engine",
+        choices=("mock", "vllm"),
+        default="mock",
+        help="the worker's engine (vllm: the real one, on the tiny model)",
+    )
+    parser.add_argument(
+        "--vllm-python",
+        default=str(DEFAULT_VLLM_PYTHON),
+        help="with --engine vllm: python of the vLLM environment "
+        "(scripts/setup_vllm_env.sh prints it)",
+    )
+    parser.add_argument(
+        "--model-dir",
+        help="with --engine vllm: the model (default: the tiny random model that "
+        "scripts/make_tiny_model.py builds)",
+    )
+
+
+def require_vllm_python(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """With ``--engine vllm``, exit 2 before anything starts if the vLLM environment is missing,
+    saying how to make it."""
+    if args.engine == "vllm" and not Path(args.vllm_python).exists():
+        parser.error(
+            f"--vllm-python {args.vllm_python} does not exist: run scripts/setup_vllm_env.sh"
+        )
+
+
 # --- interpreters -------------------------------------------------------------------------
 
 
@@ -189,8 +220,42 @@ def choose_interpreters(
     if prefer_venvs:
         found.update(project_venv_interpreters())
     if not found:
-        found = {tuple(sys.version_info[:2]): sys.executable}
+        found = {(sys.version_info[0], sys.version_info[1]): sys.executable}
     return [(f"{major}.{minor}", python) for (major, minor), python in sorted(found.items())]
+
+
+def add_interpreter_args(parser: argparse.ArgumentParser, default: str) -> None:
+    """``--python PATH`` (repeatable; ``default`` says which without it) and the hidden
+    ``--child`` of the scripts that measure in a child process per interpreter."""
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--python",
+        action="append",
+        help=f"interpreter to measure (repeatable); default: {default}",
+    )
+
+
+def interpreters_to_measure(
+    args: argparse.Namespace, *, prefer_venvs: bool = False
+) -> list[tuple[str, str]]:
+    """:func:`choose_interpreters` for ``--python``; a smoke run without it measures only the
+    interpreter running the script."""
+    if mode_name(args) == "smoke" and not args.python:
+        return [(f"{sys.version_info[0]}.{sys.version_info[1]}", sys.executable)]
+    return choose_interpreters(args.python, prefer_venvs=prefer_venvs)
+
+
+def measure_each(
+    interpreters: Sequence[tuple[str, str]], measure: Callable[[str], dict]
+) -> list[dict]:
+    """``measure(python)`` for each interpreter, in order, each result noting its executable."""
+    results = []
+    for label, python in interpreters:
+        print(f"measuring CPython {label} ({python}) ...", file=sys.stderr, flush=True)
+        measured = measure(python)
+        measured["executable"] = python
+        results.append(measured)
+    return results
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -242,6 +307,18 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 def ratio(numerator: float, denominator: float) -> float:
     return numerator / denominator if denominator else float("nan")
+
+
+def summarise(samples: Iterable[Sequence[float]]) -> dict:
+    """Latency samples in seconds, pooled: their count and p50, p99, p99.9 and max in ms."""
+    pooled = [value for sample in samples for value in sample]
+    return {
+        "n": len(pooled),
+        "p50_ms": 1000 * percentile(pooled, 50),
+        "p99_ms": 1000 * percentile(pooled, 99),
+        "p999_ms": 1000 * percentile(pooled, 99.9),
+        "max_ms": 1000 * max(pooled) if pooled else float("nan"),
+    }
 
 
 # --- the machine --------------------------------------------------------------------------
@@ -306,12 +383,15 @@ def format_table(headers: Sequence[str], rows: Iterable[Sequence]) -> str:
     cells = [[_cell(value) for value in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in cells:
-        widths = [max(width, len(cell)) for width, cell in zip(widths, row)]
+        widths = [max(width, len(cell)) for width, cell in zip(widths, row, strict=False)]
     lines = [
-        "| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths)) + " |",
+        "| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=False)) + " |",
         "|" + "|".join("-" * (w + 2) for w in widths) + "|",
     ]
-    lines += ["| " + " | ".join(c.rjust(w) for c, w in zip(row, widths)) + " |" for row in cells]
+    lines += [
+        "| " + " | ".join(c.rjust(w) for c, w in zip(row, widths, strict=False)) + " |"
+        for row in cells
+    ]
     return "\n".join(lines)
 
 
@@ -341,6 +421,27 @@ def publish_plot(args: argparse.Namespace, path: Path | None) -> None:
     if path is not None and getattr(args, "publish", False):
         DOCS_IMG.mkdir(parents=True, exist_ok=True)
         shutil.copy(path, DOCS_IMG / path.name)
+
+
+def save_plot(args: argparse.Namespace, fig, name: str) -> Path:
+    """Lay ``fig`` out, save it as ``<out>/<name>[-mode].png`` and close it: its path."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    path = plot_path(args, name)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def finish(args: argparse.Namespace, name: str, result: dict, plot: Path | None) -> int:
+    """Record the plot in ``result``, write the result (and publish both with --publish), say
+    where they went; the script's exit code."""
+    result["plot"] = str(plot) if plot else None
+    json_path = write_result(args, name, result)
+    publish_plot(args, plot)
+    print(f"wrote {json_path}" + (f" and {plot}" if plot else ""))
+    return 0
 
 
 def pyplot():
