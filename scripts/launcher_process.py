@@ -162,8 +162,11 @@ class LauncherProcess:
             tail = self.log_bytes()[-3000:].decode(errors="replace")
             raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{tail}")
 
-    def wait_for_log(self, pattern: str, *, deadline_s: float = LOG_DEADLINE_S) -> re.Match:
-        """The first match of ``pattern`` in the log; fails at once if the process exits first."""
+    def wait_for_log(
+        self, pattern: str, *, deadline_s: float = LOG_DEADLINE_S, poll_s: float = POLL_S
+    ) -> re.Match:
+        """The first match of ``pattern`` in the log; fails at once if the process exits first
+        (a long log is better read less often: ``poll_s``)."""
         regex = re.compile(pattern)
 
         def found() -> re.Match | None:
@@ -175,7 +178,9 @@ class LauncherProcess:
                 )
             return match
 
-        return wait_until(found, deadline_s=deadline_s, what=f"{self.name} to log {pattern!r}")
+        return wait_until(
+            found, deadline_s=deadline_s, what=f"{self.name} to log {pattern!r}", poll_s=poll_s
+        )
 
     def signal(self, signum: int = signal.SIGTERM) -> None:
         if self.proc.poll() is None:
