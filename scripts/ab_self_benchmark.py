@@ -40,15 +40,8 @@ from pathlib import Path
 from typing import Any
 
 import bench_common as bc
+import self_benchmark_sweep as sweep
 from ab_self_benchmark_vllm import main_vllm
-from self_benchmark_sweep import (
-    PAUSE_LINE,
-    POLICIES,
-    analyse,
-    done_summary,
-    run_until_sweep_done,
-    sweep_log,
-)
 
 NAME = "ab_self_benchmark"
 
@@ -70,7 +63,7 @@ def run_worker(
     deadline_s: float,
 ) -> dict:
     output = work_dir / f"points-{policy}-tp{ranks}.jsonl"
-    log_bytes = run_until_sweep_done(
+    log_bytes = sweep.run_until_sweep_done(
         f"worker-{policy}-tp{ranks}",
         [
             "--engine", "mock",
@@ -82,21 +75,19 @@ def run_worker(
             "--fpm-gc-policy", policy,
             "--tensor-parallel-size", str(ranks),
         ],
-        log_dir=work_dir,
-        env=bc.child_env(),
-        python=sys.executable,
+        work_dir,
         deadline_s=deadline_s,
         stop_s=60,
     )  # fmt: skip
-    sweep = sweep_log(log_bytes, with_done_line=False)
+    during = sweep.sweep_log(log_bytes, with_done_line=False)
     rows = [json.loads(line) for line in output.read_text().splitlines() if line.strip()]
     return {
         "policy": policy,
         "ranks": ranks,
         "rows": rows,
-        "worker_summary": done_summary(log_bytes),
+        "worker_summary": sweep.done_summary(log_bytes),
         "main_pauses": [
-            {"generation": int(g), "ms": float(ms)} for g, ms in PAUSE_LINE.findall(sweep)
+            {"generation": int(g), "ms": float(ms)} for g, ms in sweep.PAUSE_LINE.findall(during)
         ],
     }
 
@@ -127,8 +118,8 @@ def plot(args, runs: list[dict]):
         ax.set_title(f"tensor-parallel-size {tp} (pass 1)")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"ab_self_benchmark ({bc.mode_name(args)}), {bc.cpu_model()}", fontsize=9)
-    return bc.save_plot(args, fig, NAME)
+    title = f"ab_self_benchmark ({bc.mode_name(args)}), {bc.cpu_model()}"
+    return bc.save_plot(args, fig, NAME, title)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,10 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         default=5.0,
         help="the worker's --gc-pause-log-ms (with --engine vllm: every process's pauses)",
     )
-    bc.add_engine_args(parser)
-    bc.add_mode_args(parser)
-    args = parser.parse_args(argv)
-    bc.require_vllm_python(parser, args)
+    args = bc.parse_ab_args(parser, argv)
     bc.exit_cleanly_on_sigterm()
     if args.engine == "vllm":
         for name in ("heap_objects", "tensor_parallel_sizes"):
@@ -173,11 +161,10 @@ def main(argv: list[str] | None = None) -> int:
         else list(settings["ranks"])
     )
 
-    result: dict[str, Any] = {
-        "benchmark": NAME,
-        "mode": mode,
-        "machine": bc.machine_info(),
-        "settings": {
+    result = bc.new_result(
+        NAME,
+        mode,
+        settings={
             "points": points,
             "passes": passes,
             "heap_objects": heap,
@@ -185,23 +172,21 @@ def main(argv: list[str] | None = None) -> int:
             "tensor_parallel_sizes": tp_sizes,
             "pause_log_ms": args.pause_log_ms,
         },
-        "runs": [],
-    }
+        runs=[],
+    )
     runs = []
     with tempfile.TemporaryDirectory(prefix="ab_self_benchmark-") as tmp:
         step = 0
         for pass_index in range(passes):
             for tp in tp_sizes:
-                order = POLICIES if step % 2 == 0 else tuple(reversed(POLICIES))
+                order = sweep.policies_in_order(step)
                 step += 1
                 for policy in order:
-                    print(
+                    work_dir = bc.run_dir(
+                        Path(tmp),
+                        f"pass{pass_index}-tp{tp}-{policy}",
                         f"pass {pass_index + 1}/{passes}: tp={tp} policy={policy}",
-                        file=sys.stderr,
-                        flush=True,
                     )
-                    work_dir = Path(tmp) / f"pass{pass_index}-tp{tp}-{policy}"
-                    work_dir.mkdir(parents=True)
                     run = run_worker(
                         policy,
                         tp,
@@ -212,12 +197,12 @@ def main(argv: list[str] | None = None) -> int:
                         deadline_s=60 + points * 0.05,
                     )
                     run["pass"] = pass_index
-                    run["analysis"] = analyse(run["rows"], args.stall_ms)
+                    run["analysis"] = sweep.analyse(run["rows"], args.stall_ms)
                     runs.append(run)
 
     table, verdicts = [], []
     for tp in tp_sizes:
-        for policy in POLICIES:
+        for policy in sweep.POLICIES:
             for run in [r for r in runs if r["ranks"] == tp and r["policy"] == policy]:
                 a = run["analysis"]
                 main_pauses = run["main_pauses"]

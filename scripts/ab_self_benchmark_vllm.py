@@ -21,20 +21,13 @@ import bisect
 import datetime
 import json
 import re
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import bench_common as bc
-from self_benchmark_sweep import (
-    POLICIES,
-    analyse,
-    done_summary,
-    run_until_sweep_done,
-    sweep_log,
-)
+import self_benchmark_sweep as sweep
 
 VLLM_NAME = "ab_self_benchmark_vllm"
 VLLM_MODES: dict[str, dict[str, Any]] = {
@@ -58,7 +51,7 @@ ATTRIBUTION_SLACK_S = 0.002
 def run_vllm_worker(args, policy: str, points: int, work_dir: Path, deadline_s: float) -> dict:
     output = work_dir / f"points-{policy}.jsonl"
     name = f"worker-{policy}"
-    log_bytes = run_until_sweep_done(
+    log_bytes = sweep.run_until_sweep_done(
         name,
         [
             "--engine", "vllm",
@@ -68,15 +61,15 @@ def run_vllm_worker(args, policy: str, points: int, work_dir: Path, deadline_s: 
             "--self-benchmark-points", str(points), "--self-benchmark-output", str(output),
             "--fpm-gc-policy", policy, *bc.VLLM_ARGS,
         ],
-        log_dir=work_dir,
-        env=bc.child_env(bc.OFFLINE_ENV),
+        work_dir,
         python=args.vllm_python,
+        extra_env=bc.OFFLINE_ENV,
         deadline_s=deadline_s,
         stop_s=90,
     )  # fmt: skip
-    sweep = sweep_log(log_bytes, with_done_line=True)
+    during = sweep.sweep_log(log_bytes, with_done_line=True)
     rows = [json.loads(line) for line in output.read_text().splitlines() if line.strip()]
-    reports = [json.loads(m.group(1)) for m in REPORT_LINE.finditer(sweep)]
+    reports = [json.loads(m.group(1)) for m in REPORT_LINE.finditer(during)]
     pauses = []
     for stamp, pid, generation, ms in TIMED_PAUSE_LINE.findall(log_bytes):
         ended = datetime.datetime.strptime(stamp.decode(), "%Y-%m-%d %H:%M:%S,%f").timestamp()
@@ -88,7 +81,7 @@ def run_vllm_worker(args, policy: str, points: int, work_dir: Path, deadline_s: 
         "rows": rows,
         "reports": reports,
         "pauses": pauses,
-        "worker_summary": done_summary(log_bytes),
+        "worker_summary": sweep.done_summary(log_bytes),
         "log": str(work_dir / f"{name}.log"),
     }
 
@@ -203,8 +196,8 @@ def plot_vllm(args, runs: list[dict]):
     ax.set_title("real vLLM engine, tiny model: every point, both arms (pass 1)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    fig.suptitle(f"{VLLM_NAME} ({bc.mode_name(args)}), {bc.cpu_model()}", fontsize=9)
-    return bc.save_plot(args, fig, VLLM_NAME)
+    title = f"{VLLM_NAME} ({bc.mode_name(args)}), {bc.cpu_model()}"
+    return bc.save_plot(args, fig, VLLM_NAME, title)
 
 
 def main_vllm(args) -> int:
@@ -213,11 +206,10 @@ def main_vllm(args) -> int:
     points = args.points or settings["points"]
     passes = args.passes or settings["passes"]
     args.model_name = args.model_dir or bc.tiny_model_dir(args.vllm_python)
-    result: dict[str, Any] = {
-        "benchmark": VLLM_NAME,
-        "mode": mode,
-        "machine": bc.machine_info(),
-        "settings": {
+    result = bc.new_result(
+        VLLM_NAME,
+        mode,
+        settings={
             "points": points,
             "passes": passes,
             "stall_ms": args.stall_ms,
@@ -230,30 +222,27 @@ def main_vllm(args) -> int:
             "maintain_windows_freeze": max(0, (points - 1) // 1000),
             "heap": "vLLM's own in every process (no synthetic heap)",
         },
-    }
+    )
     runs = []
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="ab_self_benchmark_vllm-") as tmp:
         for pass_index in range(passes):
-            order = POLICIES if pass_index % 2 == 0 else tuple(reversed(POLICIES))
-            for policy in order:
-                print(
+            for policy in sweep.policies_in_order(pass_index):
+                work_dir = bc.run_dir(
+                    Path(tmp),
+                    f"pass{pass_index}-{policy}",
                     f"pass {pass_index + 1}/{passes}: policy={policy}, {points} points",
-                    file=sys.stderr,
-                    flush=True,
                 )
-                work_dir = Path(tmp) / f"pass{pass_index}-{policy}"
-                work_dir.mkdir(parents=True)
                 run_began = time.monotonic()
                 run = run_vllm_worker(args, policy, points, work_dir, deadline_s=300 + points * 0.5)
                 run["run_s"] = time.monotonic() - run_began
                 run["pass"] = pass_index
-                run["analysis"] = analyse(run["rows"], args.stall_ms)
+                run["analysis"] = sweep.analyse(run["rows"], args.stall_ms)
                 run["analysis"].update(analyse_processes(run, run["analysis"], args.stall_ms))
                 runs.append(run)
 
     table, process_table = [], []
-    for policy in POLICIES:
+    for policy in sweep.POLICIES:
         for run in [r for r in runs if r["policy"] == policy]:
             a = run["analysis"]
             table.append(
@@ -352,7 +341,7 @@ def main_vllm(args) -> int:
                 for r in runs
                 if r["policy"] == policy and label in r["analysis"]["processes"]
             ]
-            for policy in POLICIES
+            for policy in sweep.POLICIES
         }
         off_pauses = sum(p["pauses_ge_stall_ms"] for p in values["off"])
         on_pauses = sum(p["pauses_ge_stall_ms"] for p in values["freeze"])

@@ -159,9 +159,9 @@ def run_arms(args, mode: str, settings: dict, rungs: list[float], work_root: Pat
     for pass_index in range(passes):
         order = arms if pass_index % 2 == 0 else list(reversed(arms))
         for arm in order:
-            print(f"pass {pass_index + 1}/{passes}: arm {arm}", file=sys.stderr, flush=True)
-            work_dir = work_root / f"pass{pass_index}-{arm}"
-            work_dir.mkdir(parents=True)
+            work_dir = bc.run_dir(
+                work_root, f"pass{pass_index}-{arm}", f"pass {pass_index + 1}/{passes}: arm {arm}"
+            )
             pair = Pair(arm, heap, args, work_dir)
             try:
                 pair.wait_ready()
@@ -341,12 +341,11 @@ def plot(args, rows: list[dict]):
         ax.set_xlabel("offered load, RPS (open-loop Poisson)")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(
+    title = (
         f"ab_serving ({bc.mode_name(args)}): frontend + {args.engine} worker, "
-        f"{rows[0].get('heap', '')} {bc.cpu_model()}, {os.cpu_count()} cores",
-        fontsize=9,
+        f"{rows[0].get('heap', '')} {bc.cpu_model()}, {os.cpu_count()} cores"
     )
-    return bc.save_plot(args, fig, result_name(args))
+    return bc.save_plot(args, fig, result_name(args), title)
 
 
 def result_name(args: argparse.Namespace) -> str:
@@ -395,7 +394,6 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         help="seconds per calibration step (default 6, 4 with --engine vllm)",
     )
-    bc.add_engine_args(parser)
     parser.add_argument("--model-name", default=MODEL, help=argparse.SUPPRESS)
     parser.add_argument(
         "--keep-logs", action="store_true", help="copy the processes' logs to --out"
@@ -419,9 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         default=32,
         help="prompt tokens of vllm bench serve's random dataset",
     )
-    bc.add_mode_args(parser)
-    args = parser.parse_args(argv)
-    bc.require_vllm_python(parser, args)
+    args = bc.parse_ab_args(parser, argv)
     bc.exit_cleanly_on_sigterm()
     mode = bc.mode_name(args)
     settings = (VLLM_MODES if args.engine == "vllm" else MODES)[mode]
@@ -444,11 +440,10 @@ def main(argv: list[str] | None = None) -> int:
         args.max_tokens = settings.get("max_tokens", DEFAULT_MAX_TOKENS)
     heap = args.heap_objects if args.heap_objects is not None else settings["heap"]
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    result = {
-        "benchmark": NAME,
-        "mode": mode,
-        "machine": bc.machine_info(),
-        "settings": {
+    result = bc.new_result(
+        NAME,
+        mode,
+        settings={
             "heap_objects_per_process": None if real else heap,
             "token_ms": None if real else args.token_ms,
             "max_tokens": args.max_tokens,
@@ -465,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
             if real
             else heap,
         },
-    }
+    )
     if args.probe or args.cross_check:
         return run_probes(args, result)
     with tempfile.TemporaryDirectory(prefix="ab_serving-") as tmp:

@@ -138,13 +138,20 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def require_vllm_python(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """With ``--engine vllm``, exit 2 before anything starts if the vLLM environment is missing,
-    saying how to make it."""
+def parse_ab_args(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None
+) -> argparse.Namespace:
+    """The A/B scripts' command line: ``parser``'s own arguments, the engine's
+    (:func:`add_engine_args`) and the mode's; with ``--engine vllm`` it exits 2 before anything
+    starts if the vLLM environment is missing, saying how to make it."""
+    add_engine_args(parser)
+    add_mode_args(parser)
+    args = parser.parse_args(argv)
     if args.engine == "vllm" and not Path(args.vllm_python).exists():
         parser.error(
             f"--vllm-python {args.vllm_python} does not exist: run scripts/setup_vllm_env.sh"
         )
+    return args
 
 
 # --- interpreters -------------------------------------------------------------------------
@@ -361,6 +368,19 @@ def machine_info() -> dict:
     }
 
 
+def run_dir(root: Path, name: str, announce: str) -> Path:
+    """Say which run starts (``announce``, on stderr) and make its directory ``root/name``."""
+    print(announce, file=sys.stderr, flush=True)
+    path = root / name
+    path.mkdir(parents=True)
+    return path
+
+
+def new_result(name: str, mode: str, **fields) -> dict:
+    """A result document: the benchmark's name, its mode and the machine, then ``fields``."""
+    return {"benchmark": name, "mode": mode, "machine": machine_info(), **fields}
+
+
 # --- output -------------------------------------------------------------------------------
 
 
@@ -423,10 +443,11 @@ def publish_plot(args: argparse.Namespace, path: Path | None) -> None:
         shutil.copy(path, DOCS_IMG / path.name)
 
 
-def save_plot(args: argparse.Namespace, fig, name: str) -> Path:
-    """Lay ``fig`` out, save it as ``<out>/<name>[-mode].png`` and close it: its path."""
+def save_plot(args: argparse.Namespace, fig, name: str, title: str) -> Path:
+    """Title ``fig``, lay it out, save it as ``<out>/<name>[-mode].png`` and close it: its path."""
     import matplotlib.pyplot as plt
 
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     path = plot_path(args, name)
     fig.savefig(path, dpi=110)

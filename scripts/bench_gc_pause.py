@@ -231,12 +231,11 @@ def plot(args, results: list[dict]):
     cost_ax.set_title("One-off cost of the start-up freeze")
     cost_ax.grid(True, which="both", alpha=0.3)
     cost_ax.legend(fontsize=7)
-    fig.suptitle(
+    title = (
         f"bench_gc_pause ({bc.mode_name(args)}), {bc.cpu_model()}, "
-        f"{bc.machine_info()['nproc']} cores",
-        fontsize=9,
+        f"{bc.machine_info()['nproc']} cores"
     )
-    return bc.save_plot(args, fig, NAME)
+    return bc.save_plot(args, fig, NAME, title)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -258,16 +257,15 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(measure(sizes, reps, live_objects)))
         return 0
 
-    result: dict = {
-        "benchmark": NAME,
-        "mode": mode,
-        "machine": bc.machine_info(),
-        "sizes": sizes,
-        "reps": reps,
-        "live_objects": live_objects,
-        "interpreters": [],
-        "goal": {"objects": GOAL_SIZE, "frozen_over_stock_pct_below": GOAL_FROZEN_PCT},
-    }
+    result = bc.new_result(
+        NAME,
+        mode,
+        sizes=sizes,
+        reps=reps,
+        live_objects=live_objects,
+        interpreters=[],
+        goal={"objects": GOAL_SIZE, "frozen_over_stock_pct_below": GOAL_FROZEN_PCT},
+    )
     result["interpreters"] = bc.measure_each(
         bc.interpreters_to_measure(args),
         lambda python: run_interpreter(python, sizes, reps, live_objects, timeout_s=1800),

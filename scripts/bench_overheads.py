@@ -282,15 +282,14 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(measure(settings, START_UP_HEAP[mode])))
         return 0
 
-    result: dict = {
-        "benchmark": NAME,
-        "mode": mode,
-        "machine": bc.machine_info(),
-        "settings": settings,
-        "logger_threshold_ms": LOGGER_THRESHOLD_MS,
-        "interpreters": [],
-        "goal": {"logger_cost_pct_below": GOAL_LOGGER_PCT, "tick_ratio_below": GOAL_TICK_RATIO},
-    }
+    result = bc.new_result(
+        NAME,
+        mode,
+        settings=settings,
+        logger_threshold_ms=LOGGER_THRESHOLD_MS,
+        interpreters=[],
+        goal={"logger_cost_pct_below": GOAL_LOGGER_PCT, "tick_ratio_below": GOAL_TICK_RATIO},
+    )
     child_args = ["--child"] + ([f"--{mode}"] if mode != "full" else [])
     result["interpreters"] = bc.measure_each(
         bc.interpreters_to_measure(args, prefer_venvs=True),

@@ -9,6 +9,7 @@ one) share this.
 from __future__ import annotations
 
 import re
+import sys
 from itertools import pairwise
 from pathlib import Path
 
@@ -23,20 +24,32 @@ START_LINE = b"Self-benchmark:"
 SWEEP_POLL_S = 0.2  # the worker's log grows with the sweep: read it now and then
 
 
+def policies_in_order(step: int) -> tuple[str, ...]:
+    """Both policies for the ``step``-th pair of runs: ``off`` first, then last, alternately."""
+    return POLICIES if step % 2 == 0 else tuple(reversed(POLICIES))
+
+
 def run_until_sweep_done(
     name: str,
     args: list[str],
+    work_dir: Path,
     *,
-    log_dir: Path,
-    env: dict[str, str],
-    python: str,
     deadline_s: float,
     stop_s: float,
+    python: str = sys.executable,
+    extra_env: dict[str, str] | None = None,
 ) -> bytes:
-    """Run ``python -m dynamo.vllm ARGS`` until it logs ``Self-benchmark done``, then stop it
-    with SIGTERM; its log (``log_dir/<name>.log``), as bytes."""
+    """Run ``python -m dynamo.vllm ARGS`` (the project's sources first on its path, plus
+    ``extra_env``) until it logs ``Self-benchmark done``, then stop it with SIGTERM; its log
+    (``work_dir/<name>.log``), as bytes."""
     worker = LauncherProcess(
-        name, "dynamo.vllm", args, log_dir=log_dir, env=env, python=python, cwd=bc.REPO_ROOT
+        name,
+        "dynamo.vllm",
+        args,
+        log_dir=work_dir,
+        env=bc.child_env(extra_env),
+        python=python,
+        cwd=bc.REPO_ROOT,
     )
     try:
         worker.wait_for_log(DONE_LINE.pattern.decode(), deadline_s=deadline_s, poll_s=SWEEP_POLL_S)

@@ -399,12 +399,7 @@ def plot_probe(args, result: dict) -> Path | None:
     timed_ax.set_ylabel("ms (POST /debug/gc/collect, timed in the process)")
     timed_ax.set_title("one full collection of the real heap, under the same load")
     timed_ax.grid(True, axis="y", which="both", alpha=0.3)
-    fig.suptitle(
-        f"ab_serving --engine vllm --probe: real heaps, {bc.cpu_model()}, {os.cpu_count()} cores",
-        fontsize=9,
+    title = (
+        f"ab_serving --engine vllm --probe: real heaps, {bc.cpu_model()}, {os.cpu_count()} cores"
     )
-    fig.tight_layout()
-    path = bc.plot_path(args, "ab_serving_vllm-probe")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return bc.save_plot(args, fig, "ab_serving_vllm-probe", title)
