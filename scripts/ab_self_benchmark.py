@@ -150,6 +150,10 @@ def main(argv: list[str] | None = None) -> int:
                     "runs vLLM's own heaps, tensor-parallel-size 1)"
                 )
         return main_vllm(args)
+    return main_mock(args)
+
+
+def main_mock(args) -> int:
     mode = bc.mode_name(args)
     settings = MODES[mode]
     points = args.points or settings["points"]
@@ -200,6 +204,17 @@ def main(argv: list[str] | None = None) -> int:
                     run["analysis"] = sweep.analyse(run["rows"], args.stall_ms)
                     runs.append(run)
 
+    result["goal"] = {"verdicts": report(args, runs, tp_sizes)}
+    path = plot(args, runs)
+    for run in runs:
+        run["analysis"]["outlier_indices"] = run["analysis"]["outlier_indices"][:500]
+        del run["rows"]  # the points themselves stay in the run's temp dir; JSON stays small
+    result["runs"] = runs
+    return bc.finish(args, NAME, result, path)
+
+
+def report(args, runs: list[dict], tp_sizes: list[int]) -> list[dict]:
+    """Print one row per run and the goal per tensor-parallel size (issue 5); the verdicts."""
     table, verdicts = [], []
     for tp in tp_sizes:
         for policy in sweep.POLICIES:
@@ -277,13 +292,7 @@ def main(argv: list[str] | None = None) -> int:
             f"({'met' if verdict['met'] else 'MISSED'}, goal <= 1/10); stalls >= "
             f"{args.stall_ms:g} ms freeze/off = {verdict['stalls_freeze']}/{verdict['stalls_off']}"
         )
-    result["goal"] = {"verdicts": verdicts}
-    path = plot(args, runs)
-    for run in runs:
-        run["analysis"]["outlier_indices"] = run["analysis"]["outlier_indices"][:500]
-        del run["rows"]  # the points themselves stay in the run's temp dir; JSON stays small
-    result["runs"] = runs
-    return bc.finish(args, NAME, result, path)
+    return verdicts
 
 
 if __name__ == "__main__":

@@ -241,6 +241,22 @@ def main_vllm(args) -> int:
                 run["analysis"].update(analyse_processes(run, run["analysis"], args.stall_ms))
                 runs.append(run)
 
+    print_tables(args, runs)
+    result["goal"] = judge(args, runs)
+    result["elapsed_s"] = time.monotonic() - began
+    path = plot_vllm(args, runs)
+    for run in runs:
+        run["analysis"]["outlier_indices"] = run["analysis"]["outlier_indices"][:500]
+        run["analysis"]["attributed_stalls"] = run["analysis"]["attributed_stalls"][:500]
+        del run["rows"]  # the points stay in the run's temp dir; the JSON stays small
+        run["pauses"] = run["pauses"][:500]
+        del run["log"]
+    result["runs"] = runs
+    return bc.finish(args, VLLM_NAME, result, path)
+
+
+def print_tables(args, runs: list[dict]) -> None:
+    """One row per run, then one per run and process."""
     table, process_table = [], []
     for policy in sweep.POLICIES:
         for run in [r for r in runs if r["policy"] == policy]:
@@ -321,6 +337,10 @@ def main_vllm(args) -> int:
         )
     )
 
+
+def judge(args, runs: list[dict]) -> dict:
+    """The goals (issue 12) over all runs and per process; printed, and returned for the JSON."""
+
     def total(policy: str, key: str) -> float:
         return sum(r["analysis"][key] for r in runs if r["policy"] == policy)
 
@@ -383,14 +403,4 @@ def main_vllm(args) -> int:
             f"sweep freeze/off = {v['gen2_in_sweep_freeze']}/{v['gen2_in_sweep_off']}, max "
             f"pause freeze/off = {v['max_pause_ms_freeze']:.1f}/{v['max_pause_ms_off']:.1f} ms"
         )
-    result["goal"] = verdict
-    result["elapsed_s"] = time.monotonic() - began
-    path = plot_vllm(args, runs)
-    for run in runs:
-        run["analysis"]["outlier_indices"] = run["analysis"]["outlier_indices"][:500]
-        run["analysis"]["attributed_stalls"] = run["analysis"]["attributed_stalls"][:500]
-        del run["rows"]  # the points stay in the run's temp dir; the JSON stays small
-        run["pauses"] = run["pauses"][:500]
-        del run["log"]
-    result["runs"] = runs
-    return bc.finish(args, VLLM_NAME, result, path)
+    return verdict
