@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -20,7 +21,7 @@ from tests.support.processes import start_frontend, start_worker
 from tests.unit.test_metrics import STABLE_FAMILIES
 
 # The frontend's own: whether discovery is cut off from its store (0 with a readable directory).
-FRONTEND_FAMILIES = {"dynamo_discovery_degraded": ("gauge", set())}
+FRONTEND_FAMILIES: dict[str, tuple[str, set[str]]] = {"dynamo_discovery_degraded": ("gauge", set())}
 
 pytestmark = pytest.mark.integration
 
@@ -72,7 +73,7 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory) -> dict[str, Served]:
+def served(tmp_path_factory) -> Iterator[dict[str, Served]]:
     directory = tmp_path_factory.mktemp("metrics")
     discovery = directory / "discovery"
     worker = start_worker(

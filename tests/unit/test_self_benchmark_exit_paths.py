@@ -89,7 +89,9 @@ class Probe:
             if self.fail == "keyboard":
                 raise KeyboardInterrupt
             if self.fail == "cancel":
-                asyncio.current_task().cancel()  # delivered at the rank step's first await
+                task = asyncio.current_task()
+                assert task is not None  # a coroutine of a running task
+                task.cancel()  # delivered at the rank step's first await
         self.calls += 1
         await self.engine.forward_pass(batch_size, seq_len)
 

@@ -18,6 +18,7 @@ import re
 import signal
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,7 +56,7 @@ class RealVllm:
 
 
 @pytest.fixture(scope="module")
-def real_vllm(tiny_model, tmp_path_factory) -> RealVllm:
+def real_vllm(tiny_model, tmp_path_factory) -> Iterator[RealVllm]:
     directory = tmp_path_factory.mktemp("real-vllm")
     frozen_discovery = directory / "discovery-frozen"
     processes: list[LauncherProcess] = []
