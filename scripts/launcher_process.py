@@ -1,8 +1,8 @@
 """A launcher run as a child process, its output in a log file, and the wait with a deadline.
 
-The one copy of both, for the benchmark scripts (``ab_serving.py`` starts its pairs with it) and
-for the tests (tests/support imports it; pytest puts scripts/ on ``sys.path``, as the scripts do
-for each other).
+The one copy of both, for the benchmark scripts (serving_pair.py starts the serving A/B's pairs
+with it, self_benchmark_sweep.py its sweeping workers) and for the tests (tests/support imports
+it; pytest puts scripts/ on ``sys.path``, as the scripts do for each other).
 
 Synchronisation is always "wait for a condition, with a deadline": a log line appearing, a
 process exiting, an answer over HTTP. Never a fixed sleep: :func:`wait_until` (and its form for
