@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.harness import tiny_tokenizer_dir
+from tests.support.tiny_model import tiny_tokenizer_dir
 
 # CI sets this where it has just built .venv-sglang: a missing SGLang is then an error, not a skip.
 REQUIRE_SGLANG_ENV = "DYNAMO_REQUIRE_SGLANG"

@@ -14,20 +14,10 @@ import re
 
 import pytest
 
-from tests.integration import harness
-from tests.integration.pair_helpers import (
-    FROZEN_LINE,
-    LISTENING_LINE,
-    REFUSED_LINE,
-    frontend_url,
-    lines_with_pids,
-    request,
-    start_frontend,
-    start_worker,
-    stream_events,
-    streamed_text,
-)
 from tests.sglang.sglang_reference import sglang_decode, sglang_prompt_ids
+from tests.support.answers import streamed_text
+from tests.support.pair import FROZEN_LINE, REFUSED_LINE, lines_with_pids, request, stream_events
+from tests.support.processes import LISTENING_LINE, listening_url, start_frontend, start_worker
 
 MODEL = "sglang-mock"
 SECOND_MODEL = "sglang-mock-second"
@@ -57,7 +47,7 @@ UPSTREAM_ENV = {"DYN_NAMESPACE": "dynamo", "DYN_SYSTEM_PORT": "9090", "DYN_LOG":
 
 
 def sglang_frontend(directory, *args: str):
-    return harness.start_frontend(
+    return start_frontend(
         "frontend", directory, directory / "discovery",
         *UPSTREAM_ARGS, "--dyn-preprocess-workers", str(WORKERS), *args,
         env=UPSTREAM_ENV,
@@ -67,11 +57,11 @@ def sglang_frontend(directory, *args: str):
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     directory = tmp_path_factory.mktemp("sglang")
-    worker = start_worker("worker", directory, directory / "discovery", MODEL)
+    worker = start_worker("worker", directory, directory / "discovery", MODEL, mock_token_ms=1)
     frontend = sglang_frontend(directory)
     try:
         frontend.wait_for_log(LISTENING_LINE, deadline_s=START_DEADLINE_S)
-        url = frontend_url(frontend)
+        url = listening_url(frontend)
         frontend.wait_for_log(rf"Model added: model={MODEL} ")
         yield directory, frontend, url
     finally:
@@ -132,7 +122,9 @@ def test_each_pool_worker_and_the_frontend_freeze_sglangs_heap_before_the_listen
 def test_a_model_registered_while_serving_causes_no_freeze_in_the_frontend(pair):
     directory, frontend, url = pair
     before = frontend.count(FROZEN_LINE)
-    second = start_worker("second-worker", directory, directory / "discovery", SECOND_MODEL)
+    second = start_worker(
+        "second-worker", directory, directory / "discovery", SECOND_MODEL, mock_token_ms=1
+    )
     try:
         frontend.wait_for_log(rf"Model added: model={SECOND_MODEL} ")
         body = {"model": SECOND_MODEL, "messages": MESSAGES, "max_tokens": 8}

@@ -175,7 +175,7 @@ def test_the_gc_options_are_one_declaration_under_two_names(gc_surface):
 
 
 def test_configargparse_is_imported_only_by_the_configuration_package():
-    # Importing it patches argparse process-wide (DESIGN.md, conventions).
+    # Importing it patches argparse process-wide: one package owns that.
     package = REPO / "components" / "src" / "dynamo"
     allowed = package / "common" / "configuration"
     offenders = [
@@ -365,6 +365,7 @@ GENERIC_GOOD = ["some-value", "package.module.Class", "1", "2", "on", "localhost
 
 
 def _rejects(option: Option, text: str) -> bool:
+    assert option.kind is not None, option.flag
     try:
         option.kind.parse(text)
     except ValueError:
@@ -434,6 +435,7 @@ def bad_values(option: Option) -> list[str]:
 def good_value(option: Option) -> tuple[str, object]:
     """A valid value other than the default, and what it parses to."""
     kind = option.kind
+    assert kind is not None, option.flag
     if isinstance(kind, FiniteFloat):
         return f"{kind.minimum + 1.5:g}", kind.minimum + 1.5
     if isinstance(kind, IntRange):

@@ -40,6 +40,14 @@ class Recorder:
         asyncio.run(self.watcher.poll_once())
 
 
+def _watching(path: Path, text: str) -> Recorder:
+    """``text`` written to ``path``, and a Recorder on its directory that has polled once."""
+    path.write_text(text, encoding="utf-8")
+    seen = Recorder(path.parent)
+    seen.poll()
+    return seen
+
+
 def _warnings(caplog, path: Path) -> list[logging.LogRecord]:
     return [
         r
@@ -209,9 +217,7 @@ def test_malformed_records_are_ignored_with_one_warning_per_file_version(tmp_pat
 def test_a_record_completed_later_is_picked_up_without_another_warning(tmp_path, caplog):
     path = tmp_path / "late.json"
     whole = _valid("late")
-    path.write_text(whole[: len(whole) // 2], encoding="utf-8")  # a non-atomic writer, mid-write
-    seen = Recorder(tmp_path)
-    seen.poll()
+    seen = _watching(path, whole[: len(whole) // 2])  # a non-atomic writer, mid-write
     seen.poll()
     assert seen.added == []
     assert len(_warnings(caplog, path)) == 1
@@ -225,9 +231,7 @@ def test_a_record_completed_later_is_picked_up_without_another_warning(tmp_path,
 
 def test_a_new_bad_version_of_a_file_warns_again(tmp_path, caplog):
     path = tmp_path / "flaky.json"
-    path.write_text("{bad", encoding="utf-8")
-    seen = Recorder(tmp_path)
-    seen.poll()
+    seen = _watching(path, "{bad")
     path.write_text("{still bad, and longer", encoding="utf-8")
     seen.poll()
     seen.poll()
@@ -236,9 +240,7 @@ def test_a_new_bad_version_of_a_file_warns_again(tmp_path, caplog):
 
 def test_a_bad_file_that_goes_away_and_comes_back_warns_again(tmp_path, caplog):
     path = tmp_path / "again.json"
-    path.write_text("{bad", encoding="utf-8")
-    seen = Recorder(tmp_path)
-    seen.poll()
+    seen = _watching(path, "{bad")
     path.unlink()
     seen.poll()
     path.write_text("{bad", encoding="utf-8")

@@ -11,7 +11,7 @@ import pytest
 from dynamo.runtime.discovery import file_backend as discovery
 from dynamo.runtime.discovery.file_store import DiscoveryStore
 from dynamo.runtime.discovery.record import MAX_RECORD_BYTES, ModelRecord
-from tests.unit.watched_discovery import TTL_S, Watched
+from tests.support.watched import TTL_S, Watched
 
 
 def _warnings(caplog, text: str) -> list[str]:

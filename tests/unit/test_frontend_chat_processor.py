@@ -25,7 +25,7 @@ from dynamo.frontend.hf_processor import (
     token_text,
 )
 from dynamo.frontend.stop_strings import StopStringMatcher
-from tests.tiny_tokenizer import BOS, EOS, build_tiny_tokenizer, tiny_card
+from tests.support.tiny_model import BOS, EOS, build_tiny_tokenizer, tiny_card
 
 MULTI_BYTE = "Hello 🧊 世界! émoji 👩‍👩‍👧 and ǅ, done."
 

@@ -1,5 +1,6 @@
 """The frontend's HTTP service on aiohttp's test client, with the tiny model's real tokenizer and
-template, routing to request-plane servers that speak wire format v2 (tests/unit/frontend_support).
+template, routing to request-plane servers that speak wire format v2
+(tests/support/frontend_fakes.py).
 
 Only the mid-stream crash uses a hand-written generator, since a crash cannot be asked of an
 engine.
@@ -20,16 +21,10 @@ from aiohttp.test_utils import TestServer
 from dynamo.common import lifecycle
 from dynamo.frontend.chat_processor import build_chat_processor
 from dynamo.runtime.request_plane import BadGenerateRequest, add_request_plane_routes
-from tests.tiny_tokenizer import build_tiny_tokenizer, tiny_card
-from tests.unit.frontend_support import (
-    MODEL,
-    assert_openai_error,
-    echo_worker,
-    frontend,
-    request_plane_server,
-    sse_events,
-    streamed_text,
-)
+from tests.support import wait_until_async
+from tests.support.answers import assert_openai_error, sse_events, streamed_pieces, streamed_text
+from tests.support.frontend_fakes import MODEL, echo_worker, frontend, request_plane_server
+from tests.support.tiny_model import build_tiny_tokenizer, tiny_card
 
 HELLO = [{"role": "user", "content": "héllo"}]
 MULTI_BYTE = "Snow ❄ and ice 🧊 in 世界, done: 👩‍👩‍👧."
@@ -107,7 +102,7 @@ BAD_BODIES = [
      .encode(), "messages[0].content"),
 ]  # fmt: skip
 
-BAD_FIELDS = [
+BAD_FIELDS: list[tuple[str, list]] = [
     ("max_tokens", [0, -3, "5", 1.5, True]),
     ("max_completion_tokens", [0, "7", False]),
     ("temperature", [-0.1, "1", True, [1]]),
@@ -317,7 +312,7 @@ def test_multi_byte_text_streams_byte_exact_whatever_the_chunking(card, processo
             return await sse_events(streamed), await whole.json()
 
     events, whole = run(scenario)
-    pieces = streamed_text(events)
+    pieces = streamed_pieces(events)
     assert "".join(pieces) == MULTI_BYTE
     assert not any("\ufffd" in piece for piece in pieces)
     assert whole["choices"][0]["text"] == MULTI_BYTE
@@ -346,16 +341,15 @@ def test_a_stop_string_ends_the_completion_before_it_and_never_leaks(
             )  # fmt: skip
             body = await sse_events(response) if stream else await response.json()
 
-            async def aborted():  # the frontend closed the stream: the worker stopped
-                while engine.requests_aborted + engine.requests_finished == 0:
-                    await asyncio.sleep(0.01)
-
-            await asyncio.wait_for(aborted(), 30)
+            # The frontend closed the stream: the worker stopped.
+            await wait_until_async(
+                lambda: engine.requests_aborted + engine.requests_finished, deadline_s=30
+            )
             return body, engine.requests_aborted
 
     body, aborted = run(scenario)
     if stream:
-        pieces = streamed_text(body)
+        pieces = streamed_pieces(body)
         assert "".join(pieces) == "The quick brown "
         assert not any("f" in piece for piece in pieces)  # not even the start of "fox"
         finish = [e for e in body if isinstance(e, dict) and e["choices"]][-1]
@@ -392,7 +386,7 @@ def test_streaming_sends_chunks_then_usage_then_done(card, processor):
     assert all(c["object"] == "chat.completion.chunk" for c in chunks)
     assert len({c["id"] for c in chunks}) == 1
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
-    assert "".join(streamed_text(events)) == echoed(processor, HELLO, 30)
+    assert streamed_text(events) == echoed(processor, HELLO, 30)
     assert chunks[-2]["choices"][0]["finish_reason"] == "length"
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 30
 
@@ -429,7 +423,7 @@ def test_completions_take_text_or_token_ids(card, processor):
     assert bodies[2]["token_ids"] == processor.encode_completion("Hi")
     assert events[-1] == "[DONE]" and all(e["object"] == "text_completion" for e in events[:-1])
     hello = processor.encode_completion("Hello")
-    assert "".join(streamed_text(events)) == processor.tokenizer.decode(cycled(hello, 3))
+    assert streamed_text(events) == processor.tokenizer.decode(cycled(hello, 3))
 
 
 def test_a_token_id_outside_the_vocabulary_is_a_400_naming_the_prompt(card, processor):
@@ -620,11 +614,7 @@ def test_client_disconnect_mid_stream_aborts_the_request_in_the_worker(card):
             await response.content.readline()  # the stream has started
             response.close()  # the client hangs up
 
-            async def aborted():
-                while engine.requests_aborted == 0:
-                    await asyncio.sleep(0.01)
-
-            await asyncio.wait_for(aborted(), 30)
+            await wait_until_async(lambda: engine.requests_aborted, deadline_s=30)
             return engine.requests_aborted, engine.requests_finished
 
     assert run(scenario) == (1, 0)

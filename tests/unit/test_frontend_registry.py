@@ -10,7 +10,6 @@ import asyncio
 import gc
 import logging
 import threading
-import time
 import weakref
 
 import pytest
@@ -24,7 +23,8 @@ from dynamo.frontend.worker_router import WorkerRouter, create_worker_session
 from dynamo.runtime.discovery.file_store import DiscoveryStore
 from dynamo.runtime.discovery.file_watcher import DiscoveryWatcher
 from dynamo.runtime.discovery.record import ModelRecord
-from tests.tiny_tokenizer import tiny_card
+from tests.support import wait_until_async
+from tests.support.tiny_model import tiny_card
 
 
 @pytest.fixture
@@ -95,10 +95,7 @@ def test_last_instance_gone_drops_the_model_and_frees_its_processor(factory, mak
         # counting, with no collection. The builder thread's finished work item may hold the
         # result for an instant after the loop got it (concurrent.futures drops it on its next
         # line), so wait for that, with a deadline: never a collection.
-        deadline = time.monotonic() + 5.0
-        while processor() is not None and time.monotonic() < deadline:
-            await asyncio.sleep(0.001)  # polling a condition with a deadline
-        assert processor() is None
+        await wait_until_async(lambda: processor() is None, deadline_s=5.0, poll_s=0.001)
         registry.add_instance(a1)  # comes back: a fresh processor
         await registry.wait_idle()
         return registry

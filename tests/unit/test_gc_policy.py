@@ -12,11 +12,13 @@ import weakref
 import pytest
 
 from dynamo.vllm import gc_policy
-from tests.integration.harness import wait_until
+from tests.support import wait_until
 
 
 class Node:
     """A weakref-able object for building cycles."""
+
+    self: Node | None = None
 
 
 def make_cycle() -> weakref.ref:
@@ -34,6 +36,17 @@ class GenerationCounter:
     def __call__(self, phase: str, info: dict) -> None:
         if phase == "start":
             self.counts[info["generation"]] += 1
+
+
+def collections_during_churn(iterations: int) -> list[int]:
+    """Collections per generation while :func:`churn_with_survivors` runs (its survivors are
+    kept until the count is taken)."""
+    counter = GenerationCounter()
+    gc.callbacks.append(counter)
+    kept = churn_with_survivors(iterations)
+    gc.callbacks.remove(counter)
+    del kept
+    return counter.counts
 
 
 def policy_threads() -> list[threading.Thread]:
@@ -99,13 +112,8 @@ def test_stop_leaves_the_enabled_flag_as_it_was():
 
 
 def test_without_the_policy_the_workload_triggers_gen2():
-    iterations = churn_length()
-    counter = GenerationCounter()
-    gc.callbacks.append(counter)
-    kept = churn_with_survivors(iterations)
-    gc.callbacks.remove(counter)
-    assert counter.counts[2] >= 1, counter.counts
-    del kept
+    counts = collections_during_churn(churn_length())
+    assert counts[2] >= 1, counts
 
 
 def test_threshold2_of_zero_does_not_disable_gen2():
@@ -113,24 +121,16 @@ def test_threshold2_of_zero_does_not_disable_gen2():
     iterations = churn_length()
     t0, t1, _ = gc.get_threshold()
     gc.set_threshold(t0, t1, 0)
-    counter = GenerationCounter()
-    gc.callbacks.append(counter)
-    kept = churn_with_survivors(iterations)
-    gc.callbacks.remove(counter)
-    assert counter.counts[2] >= 1, counter.counts
-    del kept
+    counts = collections_during_churn(iterations)
+    assert counts[2] >= 1, counts
 
 
 def test_policy_stops_automatic_gen2_but_not_young_collections():
     iterations = churn_length()
     gc_policy.start_policy()
-    counter = GenerationCounter()
-    gc.callbacks.append(counter)
-    kept = churn_with_survivors(iterations)
-    gc.callbacks.remove(counter)
-    assert counter.counts[2] == 0, counter.counts
-    assert counter.counts[0] > 0 and counter.counts[1] > 0, counter.counts
-    del kept
+    counts = collections_during_churn(iterations)
+    assert counts[2] == 0, counts
+    assert counts[0] > 0 and counts[1] > 0, counts
 
 
 def test_stop_reclaims_a_cycle_that_died_in_the_frozen_heap():

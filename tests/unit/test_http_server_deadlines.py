@@ -9,6 +9,7 @@ machine, never a sleep standing in for a condition.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -41,14 +42,20 @@ async def _slow_stream(request: web.Request) -> web.StreamResponse:
     return response
 
 
-async def _serve(app: web.Application) -> tuple[GuardedRunner, int]:
-    runner = GuardedRunner(app, what="test service")
+@contextlib.asynccontextmanager
+async def _serving(app: web.Application | None = None):
+    """``app`` (by default :func:`_frontend_like_app`) behind a GuardedRunner with the small
+    deadlines, on a loopback port: ``(runner, port)``, cleaned up on exit."""
+    runner = GuardedRunner(app or _frontend_like_app(), what="test service")
     await runner.setup()
-    runner.deadlines.head_timeout_s = HEAD_S
-    runner.deadlines.body_timeout_s = BODY_S
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    return runner, runner.addresses[0][1]
+    try:
+        runner.deadlines.head_timeout_s = HEAD_S
+        runner.deadlines.body_timeout_s = BODY_S
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        yield runner, runner.addresses[0][1]
+    finally:
+        await runner.cleanup()
 
 
 def _frontend_like_app() -> web.Application:
@@ -94,8 +101,7 @@ def test_a_trickled_body_gets_408_in_the_openai_shape_and_the_connection_closes(
     caplog.set_level(logging.INFO, logger="dynamo.common.http_server")
 
     async def scenario():
-        runner, port = await _serve(_frontend_like_app())
-        try:
+        async with _serving() as (runner, port):
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             body = json.dumps({"prompt": "x" * 200}).encode()
             writer.write(_post_head(len(body)))
@@ -115,8 +121,6 @@ def test_a_trickled_body_gets_408_in_the_openai_shape_and_the_connection_closes(
                 trickler.cancel()
                 writer.close()
             return status, json.loads(answer), took, closed_after, runner.deadlines
-        finally:
-            await runner.cleanup()
 
     status, answer, took, closed_after, deadlines = asyncio.run(scenario())
     assert status == 408
@@ -136,8 +140,7 @@ def test_a_trickled_body_gets_408_in_the_openai_shape_and_the_connection_closes(
 
 def test_a_body_that_arrives_in_time_is_read_and_the_connection_kept():
     async def scenario():
-        runner, port = await _serve(_frontend_like_app())
-        try:
+        async with _serving() as (runner, port):
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             answers = []
             for number in range(3):  # three requests on one kept-alive connection
@@ -149,8 +152,6 @@ def test_a_body_that_arrives_in_time_is_read_and_the_connection_kept():
                 answers.append(await asyncio.wait_for(_read_response(reader), 10))
             writer.close()
             return answers
-        finally:
-            await runner.cleanup()
 
     answers = asyncio.run(scenario())
     assert [(status, json.loads(body)["got"]) for status, _, body in answers] == [
@@ -162,8 +163,7 @@ def test_a_later_head_sent_slowly_is_closed_but_an_idle_kept_alive_connection_is
     caplog.set_level(logging.INFO, logger="dynamo.common.http_server")
 
     async def scenario():
-        runner, port = await _serve(_frontend_like_app())
-        try:
+        async with _serving() as (runner, port):
             slow_r, slow_w = await asyncio.open_connection("127.0.0.1", port)
             idle_r, idle_w = await asyncio.open_connection("127.0.0.1", port)
             for writer in (slow_w, idle_w):
@@ -193,8 +193,6 @@ def test_a_later_head_sent_slowly_is_closed_but_an_idle_kept_alive_connection_is
             for writer in (slow_w, idle_w):
                 writer.close()
             return took, first + rest, runner.deadlines.closed
-        finally:
-            await runner.cleanup()
 
     took, idle_answer, closed = asyncio.run(scenario())
     assert HEAD_S - 0.1 <= took < HEAD_S + MARGIN_S, took
@@ -207,8 +205,7 @@ def test_a_later_head_sent_slowly_is_closed_but_an_idle_kept_alive_connection_is
 
 def test_a_pipelined_head_waiting_behind_a_long_stream_is_not_cut():
     async def scenario():
-        runner, port = await _serve(_frontend_like_app())
-        try:
+        async with _serving() as (runner, port):
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             # The second head is sent once the first response streams; it waits, complete,
             # while the first streams for 3x the head bound.
@@ -219,8 +216,6 @@ def test_a_pipelined_head_waiting_behind_a_long_stream_is_not_cut():
             second = await asyncio.wait_for(_read_response(reader), 10)
             writer.close()
             return head, stream, second
-        finally:
-            await runner.cleanup()
 
     head, stream, second = asyncio.run(scenario())
     assert head.startswith(b"HTTP/1.1 200")
@@ -235,16 +230,13 @@ def test_the_request_plane_answers_a_trickled_body_408():
     async def scenario():
         app = web.Application()
         add_request_plane_routes(app, generate, lambda: True, served_model_name="m")
-        runner, port = await _serve(app)
-        try:
+        async with _serving(app) as (runner, port):
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
             status, _, body = await asyncio.wait_for(_read_response(reader), 10)
             closed_after = await _closed(reader, 10)
             writer.close()
             return status, json.loads(body), closed_after
-        finally:
-            await runner.cleanup()
 
     status, body, closed_after = asyncio.run(scenario())
     assert status == 408

@@ -23,7 +23,7 @@ from dynamo.vllm import reachability
 MOUNTINFO = """\
 22 1 0:21 / / rw,relatime - overlay overlay rw,lowerdir=/l,upperdir=/u
 23 22 0:22 / /tmp rw,nosuid - tmpfs tmpfs rw
-24 22 0:23 /exports/dynamo /data-h13/dynamo rw,relatime shared:5 - nfs4 10.0.0.5:/exports rw,vers=4.1
+24 22 0:23 /exports/dynamo /data-h13/dynamo rw,relatime shared:5 - nfs4 10.0.0.5:/exports rw
 25 22 0:24 / /mnt/bucket rw - fuse.gcsfuse bucket rw,user_id=0
 26 22 0:25 / /mnt/my\\040share rw - cifs //srv/share rw
 27 24 0:26 / /data-h13/dynamo/local rw - tmpfs tmpfs rw

@@ -52,9 +52,8 @@ async def echo_engine(request: GenerateRequest) -> AsyncIterator[dict]:
 
 
 @contextlib.asynccontextmanager
-async def worker(handler, is_healthy: Callable[[], bool] = lambda: True):
-    app = web.Application()
-    add_request_plane_routes(app, handler, is_healthy, served_model_name=MODEL)
+async def serving(app: web.Application):
+    """``app`` on a loopback test server, with a client session: ``(session, base URL)``."""
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
     try:
@@ -64,8 +63,13 @@ async def worker(handler, is_healthy: Callable[[], bool] = lambda: True):
         await server.close()
 
 
-@contextlib.asynccontextmanager
-async def raw_worker(body_lines: list[bytes]):
+def worker(handler, is_healthy: Callable[[], bool] = lambda: True):
+    app = web.Application()
+    add_request_plane_routes(app, handler, is_healthy, served_model_name=MODEL)
+    return serving(app)
+
+
+def raw_worker(body_lines: list[bytes]):
     """A worker that answers /generate with exactly these bytes (to test the client)."""
 
     async def handle(request: web.Request) -> web.StreamResponse:
@@ -78,13 +82,7 @@ async def raw_worker(body_lines: list[bytes]):
 
     app = web.Application()
     app.router.add_post(GENERATE_PATH, handle)
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    try:
-        async with aiohttp.ClientSession() as session:
-            yield session, str(server.make_url("")).rstrip("/")
-    finally:
-        await server.close()
+    return serving(app)
 
 
 def run(coro):
@@ -103,15 +101,22 @@ REQUEST = {
 }
 
 
+def answer_from(server, request=REQUEST) -> list[dict]:
+    """The items ``server`` (``worker(engine)`` or ``raw_worker(lines)``) streams back for
+    ``request``."""
+
+    async def scenario():
+        async with server as (session, endpoint):
+            return await collect(session, endpoint, request)
+
+    return run(scenario())
+
+
 # --- the happy path -----------------------------------------------------------------------------
 
 
 def test_generate_streams_every_item_then_the_finish():
-    async def scenario():
-        async with worker(echo_engine) as (session, endpoint):
-            return await collect(session, endpoint, REQUEST)
-
-    assert run(scenario()) == [
+    assert answer_from(worker(echo_engine)) == [
         {"token_ids": [5]},
         {"token_ids": [6]},
         {"finish_reason": "length", "prompt_tokens": 3, "completion_tokens": 2},
@@ -297,12 +302,8 @@ def test_the_client_turns_a_400_about_the_request_into_request_refused():
     """A 400 naming a request field (the prompt, a sampling field) is the client's: another
     instance would refuse it too, so it is not WorkerUnavailable (which fails over)."""
 
-    async def scenario():
-        async with worker(echo_engine) as (session, endpoint):
-            await collect(session, endpoint, _with("sampling.max_tokens", 0))
-
     with pytest.raises(RequestRefused) as refused:
-        run(scenario())
+        answer_from(worker(echo_engine), _with("sampling.max_tokens", 0))
     assert refused.value.field == "sampling.max_tokens"
     assert "greater than or equal to 1" in str(refused.value)
 
@@ -331,7 +332,7 @@ def test_the_client_turns_any_other_400_into_worker_unavailable(model):
 
 
 def test_a_draining_worker_answers_503_and_the_client_raises():
-    called: list[dict] = []
+    called: list[GenerateRequest] = []
 
     async def engine(request: GenerateRequest) -> AsyncIterator[dict]:
         called.append(request)
@@ -384,12 +385,8 @@ def test_an_engine_failure_mid_stream_is_reported_in_band():
         yield {"token_ids": [1]}
         raise RuntimeError("engine died")
 
-    async def scenario():
-        async with worker(failing) as (session, endpoint):
-            await collect(session, endpoint, REQUEST)
-
     with pytest.raises(WorkerUnavailable, match="engine died"):
-        run(scenario())
+        answer_from(worker(failing))
 
 
 def test_a_connection_dropped_mid_stream_is_worker_unavailable():
@@ -397,12 +394,8 @@ def test_a_connection_dropped_mid_stream_is_worker_unavailable():
         yield {"token_ids": [1]}
         raise ConnectionResetError("peer gone")  # the handler lets this through and aborts
 
-    async def scenario():
-        async with worker(dropping) as (session, endpoint):
-            await collect(session, endpoint, REQUEST)
-
     with pytest.raises(WorkerUnavailable):
-        run(scenario())
+        answer_from(worker(dropping))
 
 
 @pytest.mark.parametrize(
@@ -415,23 +408,15 @@ def test_a_connection_dropped_mid_stream_is_worker_unavailable():
     ],
 )
 def test_a_garbled_stream_is_worker_unavailable(lines):
-    async def scenario():
-        async with raw_worker(lines) as (session, endpoint):
-            await collect(session, endpoint, REQUEST)
-
     with pytest.raises(WorkerUnavailable):
-        run(scenario())
+        answer_from(raw_worker(lines))
 
 
 def test_blank_lines_are_skipped():
     finish = {"finish_reason": "stop", "prompt_tokens": 1, "completion_tokens": 1}
     lines = [b"\n", b'{"token_ids": [1]}\n', b"\n", json.dumps(finish).encode() + b"\n"]
 
-    async def scenario():
-        async with raw_worker(lines) as (session, endpoint):
-            return await collect(session, endpoint, REQUEST)
-
-    assert run(scenario()) == [{"token_ids": [1]}, finish]
+    assert answer_from(raw_worker(lines)) == [{"token_ids": [1]}, finish]
 
 
 def test_closing_the_client_stream_aborts_the_request_in_the_worker():
@@ -463,12 +448,8 @@ def test_an_engine_failure_before_the_first_item_is_reported_in_band():
         raise RuntimeError("engine died at once")
         yield {}  # an async generator  # pragma: no cover
 
-    async def scenario():
-        async with worker(failing) as (session, endpoint):
-            await collect(session, endpoint, REQUEST)
-
     with pytest.raises(WorkerUnavailable, match="engine died at once"):
-        run(scenario())
+        answer_from(worker(failing))
 
 
 # --- validation as a function (shared by both ends) --------------------------------------------

@@ -19,7 +19,7 @@ from dynamo.vllm.self_benchmark import (
     summarize,
 )
 from dynamo.vllm.worker_extension import QUALNAME, FpmGcWorkerExtension
-from tests.integration.harness import mock_worker_env
+from tests.support.tiny_model import mock_worker_env
 
 
 class PolicyAwareExtension(FpmGcWorkerExtension):

@@ -25,27 +25,13 @@ from dynamo.runtime.discovery.file_store import DiscoveryStore
 from dynamo.vllm import backend_args
 from dynamo.vllm import main as worker_main
 from dynamo.vllm.mock_engine import MockEngine
-from tests.integration.harness import mock_worker_env
-
-
-async def until(condition, deadline_s: float = 30.0) -> None:
-    """Wait for ``condition()`` on the running loop, failing after the deadline."""
-
-    async def poll():
-        while not condition():
-            await asyncio.sleep(0.01)
-
-    await asyncio.wait_for(poll(), deadline_s)
+from tests.support import wait_until_async
+from tests.support.steps import StepRecorder
+from tests.support.tiny_model import mock_worker_env
 
 
 def sigterm_self() -> None:
     os.kill(os.getpid(), signal.SIGTERM)
-
-
-@pytest.fixture(autouse=True)
-def forget_this_modules_freezes(monkeypatch):
-    """The worker really freezes this process; its FreezeRecord must not outlive the test."""
-    monkeypatch.setattr(gc_freeze, "_last_freeze", gc_freeze.last_freeze())
 
 
 @pytest.fixture(autouse=True)
@@ -63,54 +49,31 @@ def discovery_dir(tmp_path):
 @pytest.fixture
 def steps(mocker):
     """Wrap each lifecycle step to append (step, phase, freeze count) to a list, in order."""
-    recorded: list[tuple[str, lifecycle.Phase, int]] = []
-
-    def note(step: str) -> None:
-        recorded.append((step, lifecycle.current_phase(), gc.get_freeze_count()))
-
-    def wrap(owner, name: str, step: str, *, is_async: bool = False):
-        real = getattr(owner, name)
-        if is_async:
-
-            async def wrapper(*args, **kwargs):
-                note(step)
-                return await real(*args, **kwargs)
-
-        else:
-
-            def wrapper(*args, **kwargs):
-                note(step)
-                return real(*args, **kwargs)
-
-        mocker.patch.object(owner, name, wrapper)
-
-    wrap(gc_freeze, "install_gc_pause_logger", "pause_logger")
-    wrap(worker_main, "start_system_server", "system_port", is_async=True)
-    wrap(MockEngine, "start", "engine_init", is_async=True)
-    wrap(gc_freeze, "freeze_gc_heap", "freeze")
-    wrap(worker_main.RequestPlaneServer, "open", "listen", is_async=True)
-    wrap(worker_main.RequestPlaneServer, "close", "plane_close", is_async=True)
-    wrap(lifecycle, "mark_serving", "mark_serving")
-    wrap(lifecycle, "mark_draining", "mark_draining")
-    wrap(MockEngine, "shutdown", "engine_shutdown", is_async=True)
+    recorder = StepRecorder(mocker)  # with pause_logger, mark_serving and mark_draining
+    recorder.wrap(worker_main, "start_system_server", "system_port")
+    recorder.wrap(MockEngine, "start", "engine_init")
+    recorder.wrap(gc_freeze, "freeze_gc_heap", "freeze")
+    recorder.wrap(worker_main.RequestPlaneServer, "open", "listen")
+    recorder.wrap(worker_main.RequestPlaneServer, "close", "plane_close")
+    recorder.wrap(MockEngine, "shutdown", "engine_shutdown")
 
     real_register = DiscoveryStore.register
     real_unregister = DiscoveryStore.unregister
 
     def register(store, record):
-        note("register")
+        recorder.note("register")
         path = real_register(store, record)
         assert path.exists()
         sigterm_self()  # handled by the worker's loop: the drain starts once this returns
         return path
 
     def unregister(store, instance_id):
-        note("unregister")
+        recorder.note("unregister")
         return real_unregister(store, instance_id)
 
     mocker.patch.object(DiscoveryStore, "register", register)
     mocker.patch.object(DiscoveryStore, "unregister", unregister)
-    return recorded
+    return recorder.recorded
 
 
 def plane_request(request_id: str, record_model: str | None, max_tokens: int = 1) -> dict:
@@ -129,7 +92,7 @@ def names(recorded) -> list[str]:
 
 def test_freeze_after_engine_init_and_before_register_model(steps, discovery_dir):
     frozen_before = gc.get_freeze_count()
-    observers_before = list(gc_freeze._freeze_observers)
+    observers_before = gc_freeze.snapshot_gc_state().freeze_observers
     argv = ["--discovery-dir", str(discovery_dir), "--system-host", "127.0.0.1"]
     assert worker_main.main([*argv, "--system-port", "0"]) == 0
 
@@ -164,7 +127,7 @@ def test_freeze_after_engine_init_and_before_register_model(steps, discovery_dir
     # Once the engine has shut down, the process's GC state is put back: no pause logger left
     # in gc.callbacks, no metrics observer, the heap unfrozen (so exit finalizes it).
     assert gc_freeze.installed_gc_pause_logger() is None
-    assert gc_freeze._freeze_observers == observers_before
+    assert gc_freeze.snapshot_gc_state().freeze_observers == observers_before
     assert gc.get_freeze_count() == frozen_before
 
 
@@ -412,7 +375,9 @@ def test_drain_aborts_requests_still_running_after_the_grace_period(discovery_di
                 session, record.endpoint, plane_request("slow", record.model, max_tokens=2)
             )
             first_item = asyncio.ensure_future(stream.__anext__())
-            await until(lambda: engine.requests_started == 1)  # in the engine, mid-step
+            await wait_until_async(
+                lambda: engine.requests_started == 1, deadline_s=30
+            )  # in the engine, mid-step
             sigterm_self()
             with pytest.raises(request_plane.WorkerUnavailable):
                 await first_item
@@ -450,7 +415,7 @@ def test_a_rank_that_dies_while_serving_returns_1_with_the_gc_state_put_back(
                 session, record.endpoint, plane_request("doomed", record.model, max_tokens=2)
             )
             first_item = asyncio.ensure_future(stream.__anext__())
-            await until(lambda: engine.requests_started == 1)
+            await wait_until_async(lambda: engine.requests_started == 1, deadline_s=30)
             os.kill(victim, signal.SIGKILL)
             with pytest.raises(request_plane.WorkerUnavailable, match="the engine died"):
                 await first_item

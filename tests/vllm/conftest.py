@@ -14,19 +14,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from bench_common import OFFLINE_ENV, VLLM_ARGS
+
+# OFFLINE_ENV (nothing may come from a hub: the model is built locally) and VLLM_ARGS (the real
+# engine's small footprint) are the benchmarks' own (scripts/bench_common.py), re-exported here.
+__all__ = ["OFFLINE_ENV", "VLLM_ARGS"]
 
 REPO = Path(__file__).resolve().parents[2]
 MAKE_TINY_MODEL = REPO / "scripts" / "make_tiny_model.py"
-# Nothing may come from a hub: the model is built locally (scripts/make_tiny_model.py).
-OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
-# A small KV cache in bytes (vLLM's start-up memory check would read a NUMA node's size
-# otherwise), eager mode (torch.compile would add ~25 s to each engine start), no stats lines.
-VLLM_ARGS = [
-    "--max-model-len", "256",
-    "--kv-cache-memory-bytes", "64M",
-    "--enforce-eager",
-    "--disable-log-stats",
-]  # fmt: skip
 # CI sets this where it has just built .venv-vllm: a missing vLLM is then an error, not a skip.
 REQUIRE_VLLM_ENV = "DYNAMO_REQUIRE_VLLM"
 VLLM_MISSING_REASON = (

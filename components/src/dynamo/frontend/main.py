@@ -59,7 +59,7 @@ from dynamo.runtime.discovery import (
     open_discovery,
 )
 
-from . import frontend_args, gc_collect_trace, sglang_options
+from . import frontend_args, sglang_options
 from .chat_processor import build_chat_processor, import_processor_libraries
 from .http_service import FrontendService
 from .model_registry import ModelRegistry
@@ -385,7 +385,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem is not None:
         print(f"{PROG}: error: {problem}", file=sys.stderr)
         return 2
-    gc_collect_trace.install_if_requested()
     metrics = DynamoMetrics(freeze_enabled=config.freeze_gc_heap).attach()
     gc_state = gc_freeze.ProcessGcState(metrics)
     # Always installed: every pause feeds dynamo_gc_pause_seconds, even with the log off (0).

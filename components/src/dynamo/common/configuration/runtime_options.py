@@ -39,8 +39,8 @@ DISCOVERY_DIR = Option(
     metavar="DIR",
     help=(
         "--discovery-backend file: directory where workers publish one JSON record per "
-        "registered model and the frontend watches for them (unset: $XDG_RUNTIME_DIR/dynamo/discovery, else "
-        "<tmpdir>/dynamo-<user>/discovery)"
+        "registered model and the frontend watches for them (unset: "
+        "$XDG_RUNTIME_DIR/dynamo/discovery, else <tmpdir>/dynamo-<user>/discovery)"
     ),
 )
 

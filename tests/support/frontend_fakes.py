@@ -1,5 +1,5 @@
 """An in-process frontend (the real HTTP service, registry and tiny-model processor) in front of
-request-plane servers speaking wire format v2 (this module holds no tests).
+request-plane servers speaking wire format v2. Its answers are read with tests/support/answers.py.
 
 The worker side here is a small v2 echo engine written for these tests: it answers
 ``POST /generate`` with ``{"request_id", "model", "token_ids", "sampling"}`` by streaming ids
@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
@@ -43,7 +43,7 @@ class EchoEngine:
         self.requests_finished = 0
         self.requests_aborted = 0
 
-    async def generate(self, body: dict) -> AsyncIterator[dict]:
+    async def generate(self, body: dict) -> AsyncGenerator[dict, None]:
         assert set(body) == {"request_id", "model", "token_ids", "sampling"}, body
         sampling = SamplingOptions.model_validate(body["sampling"])
         self.bodies.append(body)
@@ -54,7 +54,7 @@ class EchoEngine:
         finish = "length"
         try:
             while len(produced) < sampling.max_tokens and finish == "length":
-                step = []
+                step: list[int] = []
                 while len(step) < self.chunk and len(produced) < sampling.max_tokens:
                     token = source[len(produced) % len(source)]
                     produced.append(token)
@@ -77,7 +77,7 @@ class EchoEngine:
 
 
 @contextlib.asynccontextmanager
-async def request_plane_server(generate: Callable[[dict], AsyncIterator[dict]]):
+async def request_plane_server(generate: Callable[[dict], AsyncGenerator[dict, None]]):
     """``POST /generate`` streaming NDJSON from ``generate`` (errors in-band, as the worker)."""
 
     async def handle(request: web.Request) -> web.StreamResponse:
@@ -127,36 +127,3 @@ async def frontend(card: ModelCard, *endpoints: str, pool=None, registry=None):
     finally:
         await session.close()
         await registry.aclose()
-
-
-async def sse_events(response) -> list:
-    events = []
-    async for line in response.content:
-        line = line.decode().strip()
-        if not line:
-            continue
-        assert line.startswith("data: ")
-        payload = line[len("data: ") :]
-        events.append(payload if payload == "[DONE]" else json.loads(payload))
-    return events
-
-
-def streamed_text(events: list) -> list[str]:
-    """The text pieces of a streamed chat or text completion, in order."""
-    pieces = []
-    for event in events:
-        if isinstance(event, dict) and event.get("choices"):
-            choice = event["choices"][0]
-            piece = choice["delta"].get("content") if "delta" in choice else choice["text"]
-            if piece:
-                pieces.append(piece)
-    return pieces
-
-
-def assert_openai_error(body: dict, *, param=None) -> dict:
-    assert set(body) == {"error"}
-    error = body["error"]
-    assert set(error) == {"message", "type", "param", "code"} and error["message"]
-    if param is not None:
-        assert error["param"] == param, error
-    return error
