@@ -168,10 +168,11 @@ def test_malformed_and_oversized_records_get_one_warning_each_and_are_skipped(et
                 await wait_until_async(
                     lambda: seen.added, what="the good record", deadline_s=DEADLINE_S
                 )
-                # The same instance under a second key: ignored, with one WARNING.
+                # The same instance under a key that is not its id: a copy or a forgery,
+                # malformed (one WARNING); the record under its own key is the instance's.
                 await c.put(prefix + b"copy", good.to_json().encode())
                 await wait_until_async(
-                    lambda: warnings(caplog, "is already registered"), deadline_s=DEADLINE_S
+                    lambda: warnings(caplog, "whose key is another"), deadline_s=DEADLINE_S
                 )
                 # The watch stream breaks (etcd restarts): the re-list must not warn again
                 # about the same versions of the same keys.
@@ -187,10 +188,10 @@ def test_malformed_and_oversized_records_get_one_warning_each_and_are_skipped(et
     asyncio.run(scenario())
     assert [r.model for r in seen.added] == ["good"] and seen.removed == []
     malformed = warnings(caplog, "Ignoring malformed discovery record")
-    assert len(malformed) == 2, malformed
+    assert len(malformed) == 3, malformed
     assert any("garbage" in w for w in malformed)
     assert any("huge" in w and f"{MAX_RECORD_BYTES}-byte record limit" in w for w in malformed)
-    (duplicate,) = warnings(caplog, "is already registered")
+    (duplicate,) = warnings(caplog, "whose key is another")
     assert "copy" in duplicate and good.instance_id in duplicate
 
 

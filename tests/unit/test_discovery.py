@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 from pathlib import Path
 
 import pytest
@@ -65,8 +64,19 @@ def test_record_round_trips_through_json():
     record = _record()
     assert ModelRecord.from_json(record.to_json()) == record
     data = json.loads(record.to_json())
-    assert data["pid"] == os.getpid()
-    assert set(data) == {"model", "endpoint", "instance_id", "pid", "registered_at"}
+    # Only what a frontend needs to route: no pid, no wall-clock times (informative fields a
+    # peer could set to anything and nobody could check).
+    assert set(data) == {"model", "endpoint", "instance_id"}
+
+
+@pytest.mark.parametrize(
+    "legacy",
+    [{"pid": None}, {"pid": "abc"}, {"registered_at": {}}, {"heartbeat_at": [1]}, {"x": 1}],
+)
+def test_fields_a_frontend_does_not_need_are_ignored_whatever_they_hold(legacy):
+    """Older workers wrote pid, registered_at and heartbeat_at; a newer one may add fields."""
+    text = json.dumps({"model": "m", "endpoint": "http://x:1", "instance_id": "x", **legacy})
+    assert ModelRecord.from_json(text) == ModelRecord("m", "http://x:1", "x")
 
 
 def test_register_writes_one_whole_record_and_no_temp_file(tmp_path):
@@ -170,13 +180,6 @@ MALFORMED = {
     "missing-fields": json.dumps({"model": "m"}),
     "empty-model": json.dumps({"model": "", "endpoint": "http://x", "instance_id": "x"}),
     "wrong-type": json.dumps({"model": 1, "endpoint": "http://x", "instance_id": "x"}),
-    "pid-null": json.dumps({"model": "m", "endpoint": "http://x", "instance_id": "x", "pid": None}),
-    "pid-text": json.dumps(
-        {"model": "m", "endpoint": "http://x", "instance_id": "x", "pid": "abc"}
-    ),
-    "registered-at-object": json.dumps(
-        {"model": "m", "endpoint": "http://x", "instance_id": "x", "registered_at": {}}
-    ),
     # Endpoints no request can reach: each failed every request routed to it, the first with a
     # 500 and a traceback (the resolver's IDNA codec), the second by meaning port 5.
     "endpoint-long-label": json.dumps(
@@ -189,6 +192,15 @@ MALFORMED = {
         {"model": "m", "endpoint": "file:///etc/passwd", "instance_id": "x"}
     ),
     "endpoint-not-a-url": json.dumps({"model": "m", "endpoint": "not a url", "instance_id": "x"}),
+    # An instance id is the record's file name and etcd key: nothing that could name another.
+    "instance-id-path": json.dumps({"model": "m", "endpoint": "http://x", "instance_id": "../x"}),
+    "instance-id-newline": json.dumps(
+        {"model": "m", "endpoint": "http://x", "instance_id": "x\ny"}
+    ),
+    "model-too-long": json.dumps({"model": "m" * 600, "endpoint": "http://x", "instance_id": "x"}),
+    "heartbeat-text": json.dumps(
+        {"model": "m", "endpoint": "http://x", "instance_id": "x", "heartbeat": "3"}
+    ),
     "array": "[1, 2, 3]",
     "number": "42",
     "null": "null",

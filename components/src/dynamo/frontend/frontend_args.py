@@ -18,7 +18,6 @@ from dynamo.common.configuration import (
 from dynamo.common.configuration.drain_options import drain_option
 from dynamo.common.configuration.runtime_options import (
     DISCOVERY_OPTIONS,
-    default_discovery_dir,
 )
 
 from .sglang_options import SGLANG_OPTIONS
@@ -137,6 +136,4 @@ def parse_args(
     argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 ) -> argparse.Namespace:
     config = parse_surface(SURFACE, argv, env)
-    if config.discovery_dir is None:
-        config.discovery_dir = default_discovery_dir()
     return config

@@ -22,7 +22,6 @@ from dynamo.common.configuration import (
 from dynamo.common.configuration.drain_options import drain_option
 from dynamo.common.configuration.runtime_options import (
     DISCOVERY_OPTIONS,
-    default_discovery_dir,
 )
 from dynamo.vllm import self_benchmark_args
 
@@ -243,8 +242,6 @@ def parse_args(
             "directory or a Hugging Face id), with --engine mock a tokenizer directory"
         )
     config.vllm_args = list(rest)
-    if config.discovery_dir is None:
-        config.discovery_dir = default_discovery_dir()
     return config
 
 

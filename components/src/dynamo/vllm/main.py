@@ -522,7 +522,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         config.served_model_name or config.model,
         config.engine,
         config.discovery_backend,
-        config.discovery_dir,
+        settings.directory,
         config.discovery_ttl,
         config.request_plane_host,
         config.request_plane_port,

@@ -42,7 +42,7 @@ from dynamo.runtime.discovery.interface import (
     DiscoverySettings,
     RecordCallback,
 )
-from dynamo.runtime.discovery.record import DEFAULT_LEASE_TTL_S
+from dynamo.runtime.discovery.record import DEFAULT_LEASE_TTL_S, DEFAULT_MAX_RECORDS
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +53,7 @@ class EtcdDiscovery:
     namespace: str
     credentials: EtcdCredentials = field(default_factory=EtcdCredentials)
     ttl_s: float = DEFAULT_LEASE_TTL_S
+    max_records: int = DEFAULT_MAX_RECORDS
     backend: str = "etcd"
 
     @classmethod
@@ -61,7 +62,13 @@ class EtcdDiscovery:
     ) -> EtcdDiscovery:
         """Raises :class:`EtcdSettingsError` for credentials in ``env`` that cannot work."""
         credentials = EtcdCredentials.from_env(env)
-        return cls(settings.etcd_endpoints, settings.namespace, credentials, settings.ttl_s)
+        return cls(
+            settings.etcd_endpoints,
+            settings.namespace,
+            credentials,
+            settings.ttl_s,
+            settings.max_records,
+        )
 
     @property
     def prefix(self) -> str:
@@ -88,4 +95,10 @@ class EtcdDiscovery:
         return EtcdRegistration(self.connection(), self.prefix, self.ttl_s)
 
     def watcher(self, *, on_add: RecordCallback, on_remove: RecordCallback) -> EtcdWatcher:
-        return EtcdWatcher(self.connection(), self.prefix, on_add=on_add, on_remove=on_remove)
+        return EtcdWatcher(
+            self.connection(),
+            self.prefix,
+            on_add=on_add,
+            on_remove=on_remove,
+            max_records=self.max_records,
+        )

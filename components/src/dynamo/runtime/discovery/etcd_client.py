@@ -69,7 +69,6 @@ REREGISTERED_LINE = (
     "Discovery: lease expired; registered again in etcd at %s with lease %x (instance %s)"
 )
 QUIET_END_LINE = "Discovery: etcd watch stream ended before any event; listing again in %.2f s"
-DUPLICATE_LINE = "Ignoring discovery record %s (revision %d): instance %s is already registered"
 
 
 class EtcdSettingsError(DiscoverySetupError):

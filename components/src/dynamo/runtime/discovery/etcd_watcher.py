@@ -14,7 +14,6 @@ import grpc
 from dynamo.runtime.discovery.etcd_client import (
     CALL_BOUND_S,
     DEGRADED_LINE,
-    DUPLICATE_LINE,
     LIST_PAGE,
     QUIET_END_LINE,
     RPC_TIMEOUT_S,
@@ -29,9 +28,14 @@ from dynamo.runtime.discovery.interface import (
     RecordCallback,
 )
 from dynamo.runtime.discovery.periodic import notify
-from dynamo.runtime.discovery.record import MAX_RECORD_BYTES, ModelRecord
+from dynamo.runtime.discovery.record import DEFAULT_MAX_RECORDS, MAX_RECORD_BYTES, ModelRecord
+from dynamo.runtime.log_budget import LogBudget
+from dynamo.runtime.peer_text import escape
 
 logger = logging.getLogger(__name__)
+
+# Malformed records get one WARNING each (per key version), but no more than this many a minute.
+MALFORMED_LINES_PER_MINUTE = 50
 
 
 class EtcdWatcher:
@@ -48,6 +52,7 @@ class EtcdWatcher:
         *,
         on_add: RecordCallback,
         on_remove: RecordCallback,
+        max_records: int = DEFAULT_MAX_RECORDS,
     ) -> None:
         self.connection = connection
         self.prefix = prefix.encode()
@@ -56,8 +61,10 @@ class EtcdWatcher:
         self.known: dict[str, ModelRecord] = {}  # by instance id
         self._by_key: dict[bytes, ModelRecord] = {}
         self._rejected: dict[bytes, int] = {}  # key -> mod revision last warned about
-        # Keys holding an instance already known under another key -> the revision warned about.
-        self._duplicates: dict[bytes, int] = {}
+        self.max_records = max_records
+        # Peers trigger these lines (a key under the prefix is anyone's who can write it).
+        self._malformed_lines = LogBudget(logger, lines=MALFORMED_LINES_PER_MINUTE)
+        self._over_limit_lines = LogBudget(logger, lines=1)
         self.state = STATE_CONNECTING
         self.lists = 0  # full lists done (the first, and one per re-list)
         self._connect_warned = False
@@ -75,15 +82,19 @@ class EtcdWatcher:
             except Exception as exc:  # noqa: BLE001 - any content (deep nesting too) is data
                 error = str(exc) or type(exc).__name__
             else:
-                self._rejected.pop(key, None)
-                return record
+                if key == self.prefix + record.instance_id.encode():
+                    self._rejected.pop(key, None)
+                    return record
+                # A worker puts its record under its own instance id; a record under another
+                # key (a copy, a forgery) would make two records for one instance.
+                error = f"holds instance {record.instance_id}, whose key is another"
         if self._rejected.get(key) != mod_revision:
             self._rejected[key] = mod_revision
-            logger.warning(
+            self._malformed_lines.emit(
                 "Ignoring malformed discovery record %s (revision %d): %s",
-                key.decode(errors="replace"),
+                escape(key, 300),
                 mod_revision,
-                error,
+                escape(error),
             )
         return None
 
@@ -92,26 +103,24 @@ class EtcdWatcher:
         if old == record:
             return
         if old is not None:
+            # Gone, or put again to serve otherwise: the old one goes, the new one comes.
             del self._by_key[key]
-            if self.known.get(old.instance_id) is old:
-                del self.known[old.instance_id]
-                await notify(self.on_remove, old)
-        if record is not None:
-            if record.instance_id in self.known:  # the same instance under a second key
-                # One WARNING per version of the key, not one per re-list.
-                if self._duplicates.get(key) != mod_revision:
-                    self._duplicates[key] = mod_revision
-                    logger.warning(
-                        DUPLICATE_LINE,
-                        key.decode(errors="replace"),
-                        mod_revision,
-                        record.instance_id,
-                    )
-                return
-            self._duplicates.pop(key, None)
-            self._by_key[key] = record
-            self.known[record.instance_id] = record
-            await notify(self.on_add, record)
+            del self.known[old.instance_id]
+            await notify(self.on_remove, old)
+        if record is None:
+            return
+        if len(self._by_key) >= self.max_records:
+            self._over_limit_lines.emit(
+                "Ignoring discovery record %s: the frontend already holds %d records, the limit "
+                "of --discovery-max-records / DYN_DISCOVERY_MAX_RECORDS",
+                escape(key, 300),
+                self.max_records,
+            )
+            return
+        # The key is the instance id (see _decode): one record per instance, whatever the order.
+        self._by_key[key] = record
+        self.known[record.instance_id] = record
+        await notify(self.on_add, record)
 
     # --- etcd -----------------------------------------------------------------------------
 
@@ -141,8 +150,21 @@ class EtcdWatcher:
                 raise
             if revision == 0:
                 revision = response.header.revision  # later pages read the same snapshot
+            left_out = False
             for kv in response.kvs:
+                if len(found) >= self.max_records:
+                    left_out = True  # the first max_records keys, in key order, as all see
+                    break
                 found[kv.key] = (kv.value, kv.mod_revision)
+            if left_out or (len(found) >= self.max_records and response.more):
+                self._over_limit_lines.emit(
+                    "Discovery prefix %s holds more than %d records, the limit of "
+                    "--discovery-max-records / DYN_DISCOVERY_MAX_RECORDS: the last by key are "
+                    "ignored",
+                    escape(self.prefix),
+                    self.max_records,
+                )
+                return found, revision
             if not response.more or not response.kvs:
                 return found, revision
             start = response.kvs[-1].key + b"\0"
@@ -150,9 +172,8 @@ class EtcdWatcher:
     async def _reconcile(self, listing: dict[bytes, tuple[bytes, int]]) -> None:
         for key in [k for k in self._by_key if k not in listing]:
             await self._set(key, None)
-        for forgotten in (self._rejected, self._duplicates):
-            for key in [k for k in forgotten if k not in listing]:
-                del forgotten[key]
+        for key in [k for k in self._rejected if k not in listing]:
+            del self._rejected[key]
         for key, (value, mod_revision) in listing.items():
             await self._set(key, self._decode(key, value, mod_revision), mod_revision)
 
@@ -160,7 +181,6 @@ class EtcdWatcher:
         key = event.kv.key
         if event.kind == aetcd.rtypes.EventKind.DELETE:
             self._rejected.pop(key, None)
-            self._duplicates.pop(key, None)
             await self._set(key, None)
         else:
             revision = event.kv.mod_revision

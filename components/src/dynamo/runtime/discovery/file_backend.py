@@ -9,7 +9,13 @@ import dataclasses
 import logging
 import os
 
-from dynamo.runtime.discovery.file_store import DiscoveryStore, ensure_discovery_dir
+from dynamo.runtime.discovery.file_store import (
+    DiscoveryStore,
+    check_private_directory,
+    default_directory_base,
+    ensure_discovery_dir,
+    writable_by_others,
+)
 from dynamo.runtime.discovery.file_watcher import FileWatcher
 from dynamo.runtime.discovery.interface import (
     DiscoverySettings,
@@ -19,6 +25,7 @@ from dynamo.runtime.discovery.mounts import network_filesystem_of
 from dynamo.runtime.discovery.periodic import PeriodicTask, run_off_loop
 from dynamo.runtime.discovery.record import (
     DEFAULT_LEASE_TTL_S,
+    DEFAULT_MAX_RECORDS,
     ModelRecord,
 )
 
@@ -124,17 +131,30 @@ class FileDiscovery:
 
     directory: str
     ttl_s: float = DEFAULT_LEASE_TTL_S
+    max_records: int = DEFAULT_MAX_RECORDS
+    # The trusted place the default directory was made under (None: an operator chose it).
+    private_base: str | None = None
     backend: str = "file"
 
     @classmethod
     def from_settings(cls, settings: DiscoverySettings) -> FileDiscovery:
-        return cls(settings.directory, settings.ttl_s)
+        base = default_directory_base() if settings.directory_is_default else None
+        return cls(settings.directory, settings.ttl_s, settings.max_records, base)
 
     def describe(self) -> str:
         return f"directory {self.directory}"
 
     def check(self, *, writer: bool) -> None:
+        if self.private_base is not None:
+            check_private_directory(self.directory, self.private_base)
         ensure_discovery_dir(self.directory, writable=writer)
+        if self.private_base is None and writable_by_others(self.directory):
+            logger.warning(
+                "The discovery directory %s is writable by every user of this host: any of "
+                "them can publish records this process trusts as workers'. Use a directory "
+                "only the deployment's processes can write (mode 0750 or 0770)",
+                self.directory,
+            )
 
     def readable_beyond_host(self) -> str | None:
         mount = network_filesystem_of(self.directory)
@@ -149,4 +169,10 @@ class FileDiscovery:
         return FileRegistration(self.directory, self.ttl_s)
 
     def watcher(self, *, on_add: RecordCallback, on_remove: RecordCallback) -> FileWatcher:
-        return FileWatcher(self.directory, on_add=on_add, on_remove=on_remove, ttl_s=self.ttl_s)
+        return FileWatcher(
+            self.directory,
+            on_add=on_add,
+            on_remove=on_remove,
+            ttl_s=self.ttl_s,
+            max_records=self.max_records,
+        )

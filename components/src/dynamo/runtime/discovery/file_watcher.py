@@ -33,6 +33,9 @@ callbacks (``on_add`` / ``on_remove``) stay on the loop.
 from __future__ import annotations
 
 import asyncio
+import errno
+import hashlib
+import heapq
 import logging
 import os
 import stat as stat_module
@@ -50,9 +53,12 @@ from dynamo.runtime.discovery.interface import (
 from dynamo.runtime.discovery.periodic import PeriodicTask, notify, run_off_loop
 from dynamo.runtime.discovery.record import (
     DEFAULT_LEASE_TTL_S,
+    DEFAULT_MAX_RECORDS,
     MAX_RECORD_BYTES,
     ModelRecord,
 )
+from dynamo.runtime.log_budget import LogBudget
+from dynamo.runtime.peer_text import escape
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +75,11 @@ DELETE_AFTER_TTLS = 10.0
 # while opening a file revalidates it (close-to-open consistency): reading each record at least
 # this often lets a renewal be seen well within one TTL whatever stat() says.
 REREAD_EVERY_TTLS = 0.25
+# Malformed record files get one WARNING each (per file version), but no more than this many a
+# minute: a directory flooded with junk is a bounded log.
+MALFORMED_LINES_PER_MINUTE = 50
+# A poll stuck in the file system for longer than a TTL (and at least this) degrades the watcher.
+STUCK_POLL_FLOOR_S = 5.0
 
 
 def _too_large(size: int) -> str:
@@ -79,13 +90,59 @@ def _stat_key(result: os.stat_result) -> tuple[int, int, int]:
     return (result.st_ino, result.st_mtime_ns, result.st_size)
 
 
+# A record file is opened without following a symbolic link, without blocking (a FIFO opens at
+# once instead of waiting for a writer), and never as a controlling terminal.
+_OPEN_FLAGS = (
+    os.O_RDONLY
+    | os.O_NONBLOCK
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_NOCTTY", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+)
+
+
+def _read_regular_file(path: Path) -> tuple[tuple[int, int, int], bytes] | str:
+    """The stat key and content of a regular file of at most MAX_RECORD_BYTES, or why ``path``
+    is not one. What was checked with a stat can be swapped before the open (a FIFO or a device
+    behind a rename or a symlink): the open cannot block and the check is made again on what was
+    opened. Raises OSError for a file that cannot be read (unknown, not malformed)."""
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "a symbolic link (not followed)"
+        raise
+    try:
+        status = os.fstat(fd)
+        if not stat_module.S_ISREG(status.st_mode):
+            return "not a regular file"
+        chunks, size = [], 0
+        while size <= MAX_RECORD_BYTES:  # it may have grown since the stat
+            chunk = os.read(fd, MAX_RECORD_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(fd)
+    if size > MAX_RECORD_BYTES:
+        return _too_large(size)
+    return _stat_key(status), b"".join(chunks)
+
+
+def _digest(raw: bytes) -> bytes:
+    # What a watcher remembers of a file's content: enough to see it change, not the content
+    # (thousands of records held twice as text would be the frontend's memory, not theirs).
+    return hashlib.blake2b(raw, digest_size=16).digest()
+
+
 @dataclass
 class _FileVersion:
     """One read of one record file: what it held (a record, or why it is not one)."""
 
     key: tuple[int, int, int]  # (st_ino, st_mtime_ns, st_size) of the file that was read
     read_at: float  # the watcher's clock
-    text: str = ""
+    digest: bytes = b""
     record: ModelRecord | None = None
     error: str | None = None  # why the content is not a record (malformed)
 
@@ -94,7 +151,7 @@ class _FileVersion:
 class _Sighting:
     """What a watcher last read in one record file, and when it changed (its own clock)."""
 
-    text: str
+    digest: bytes
     changed_at: float
     expired: bool = False
 
@@ -123,6 +180,7 @@ class DiscoveryWatcher:
         ttl_s: float = DEFAULT_LEASE_TTL_S,
         clock: Callable[[], float] = time.monotonic,
         delete_after_ttls: float | None = DELETE_AFTER_TTLS,
+        max_records: int = DEFAULT_MAX_RECORDS,
     ) -> None:
         self.directory = Path(directory)
         self.on_add = on_add
@@ -138,6 +196,14 @@ class DiscoveryWatcher:
         self._unreadable: dict[Path, str] = {}  # file -> the read error last warned about
         self._directory_error: str | None = None  # the listing error last warned about
         self._delete_failed = False
+        self.max_records = max_records
+        self._over_limit = 0  # record files listed past max_records at the last poll
+        # Peers trigger these lines (a record file is anyone's who can write the directory):
+        # each cause gets a budget of lines a minute, whatever the number of files.
+        self._malformed_lines = LogBudget(logger, lines=MALFORMED_LINES_PER_MINUTE)
+        self._unreadable_lines = LogBudget(logger)
+        self._expired_lines = LogBudget(logger)
+        self._over_limit_lines = LogBudget(logger, lines=1)
         self._periodic = PeriodicTask("discovery-watcher", poll_interval_s, self.poll_once)
 
     # --- the scanning thread ----------------------------------------------------------------
@@ -146,13 +212,13 @@ class DiscoveryWatcher:
         """Record files in the directory; None when it cannot be listed (unknown, not empty)."""
         try:
             with os.scandir(self.directory) as entries:
-                names = [
+                listed = [
                     entry.name
                     for entry in entries
                     if entry.name.endswith(RECORD_SUFFIX) and not entry.name.startswith(".")
                 ]
         except FileNotFoundError:
-            names = []  # removed (or not created yet): no worker can have a record in it
+            listed = []  # removed (or not created yet): no worker can have a record in it
         except OSError as exc:
             error = f"{type(exc).__name__}: {exc}"
             if error != self._directory_error:
@@ -168,7 +234,21 @@ class DiscoveryWatcher:
         if self._directory_error is not None:
             self._directory_error = None
             self._restart_leases()
-        return [self.directory / name for name in sorted(names)]
+        # The first max_records names, in order: the same ones at every poll and in every
+        # frontend, so the limit never makes instances come and go.
+        names = heapq.nsmallest(self.max_records, listed)
+        self._over_limit = len(listed) - len(names)
+        if self._over_limit:
+            self._over_limit_lines.emit(
+                "Discovery directory %s holds %d record files, over the limit of %d "
+                "(--discovery-max-records / DYN_DISCOVERY_MAX_RECORDS): the %d last by name "
+                "are ignored",
+                self.directory,
+                len(listed),
+                self.max_records,
+                self._over_limit,
+            )
+        return [self.directory / name for name in names]
 
     def _restart_leases(self) -> None:
         # Renewals written while this watcher could not look were never seen: judging the
@@ -192,7 +272,7 @@ class DiscoveryWatcher:
         """
         previous = self._files.get(path)
         try:
-            status = os.stat(path)
+            status = os.lstat(path)
             key = _stat_key(status)
             if (
                 previous is not None
@@ -200,15 +280,16 @@ class DiscoveryWatcher:
                 and now - previous.read_at < REREAD_EVERY_TTLS * self.ttl_s
             ):
                 return previous
-            if not stat_module.S_ISREG(status.st_mode):  # a directory; a FIFO would block
-                return self._malformed(path, previous, key, now, "", "not a regular file")
+            if stat_module.S_ISLNK(status.st_mode):
+                return self._malformed(path, previous, key, now, "a symbolic link (not followed)")
+            if not stat_module.S_ISREG(status.st_mode):  # a directory, a FIFO, a device
+                return self._malformed(path, previous, key, now, "not a regular file")
             if status.st_size > MAX_RECORD_BYTES:
-                return self._malformed(path, previous, key, now, "", _too_large(status.st_size))
-            with open(path, "rb") as handle:
-                key = _stat_key(os.fstat(handle.fileno()))  # the key of what is read
-                raw = handle.read(MAX_RECORD_BYTES + 1)  # it may have grown since the stat
-            if len(raw) > MAX_RECORD_BYTES:
-                return self._malformed(path, previous, key, now, "", _too_large(len(raw)))
+                return self._malformed(path, previous, key, now, _too_large(status.st_size))
+            read = _read_regular_file(path)
+            if isinstance(read, str):  # what the file turned into between the stat and the open
+                return self._malformed(path, previous, key, now, read)
+            key, raw = read
         except FileNotFoundError:
             return None  # removed between listing and reading
         except OSError as exc:
@@ -217,19 +298,30 @@ class DiscoveryWatcher:
             error = f"{type(exc).__name__}: {exc}"
             if self._unreadable.get(path) != error:
                 self._unreadable[path] = error
-                logger.warning(
+                self._unreadable_lines.emit(
                     "Cannot read discovery record %s (%s): keeping its last known state",
-                    path,
-                    error,
+                    escape(path, 300),
+                    escape(error),
                 )
             return previous
         self._unreadable.pop(path, None)
         try:
-            text = raw.decode("utf-8")
-            record = ModelRecord.from_json(text)
+            record = ModelRecord.from_json(raw.decode("utf-8"))
         except Exception as exc:  # noqa: BLE001 - any content (deep nesting too) is data
-            return self._malformed(path, previous, key, now, raw.decode("latin-1"), str(exc))
-        return _FileVersion(key=key, read_at=now, text=text, record=record)
+            return self._malformed(path, previous, key, now, str(exc), digest=_digest(raw))
+        expected_name = record.instance_id + RECORD_SUFFIX
+        if path.name != expected_name:
+            # A worker writes its record under its own instance id; a record under another name
+            # (a copy, a forgery) would make two records for one instance.
+            return self._malformed(
+                path,
+                previous,
+                key,
+                now,
+                f"holds instance {record.instance_id}, whose record is {expected_name}",
+                digest=_digest(raw),
+            )
+        return _FileVersion(key=key, read_at=now, digest=_digest(raw), record=record)
 
     def _malformed(
         self,
@@ -237,13 +329,17 @@ class DiscoveryWatcher:
         previous: _FileVersion | None,
         key: tuple[int, int, int],
         now: float,
-        text: str,
         error: str,
+        *,
+        digest: bytes = b"",
     ) -> _FileVersion:
-        """A version that is not a record: one WARNING per file version, not per poll."""
+        """A version that is not a record: one WARNING per file version, not per poll, within
+        the malformed-record budget (a directory full of them is a few lines a minute)."""
         if previous is None or previous.error is None or previous.key != key:
-            logger.warning("Ignoring malformed discovery record %s: %s", path, error)
-        return _FileVersion(key=key, read_at=now, text=text, error=error)
+            self._malformed_lines.emit(
+                "Ignoring malformed discovery record %s: %s", escape(path, 300), escape(error)
+            )
+        return _FileVersion(key=key, read_at=now, digest=digest, error=error)
 
     def _scan(self) -> dict[Path, _FileVersion] | None:
         """The valid records on disk by path; None when the directory cannot be listed."""
@@ -279,10 +375,10 @@ class DiscoveryWatcher:
             record = version.record
             assert record is not None
             sighting = self._sightings.get(path)
-            if sighting is None or sighting.text != version.text:
+            if sighting is None or sighting.digest != version.digest:
                 if sighting is not None and sighting.expired:
                     logger.info("Discovery record %s renewed after it expired", path)
-                sighting = self._sightings[path] = _Sighting(version.text, changed_at=now)
+                sighting = self._sightings[path] = _Sighting(version.digest, changed_at=now)
             if record.has_lease and self._expired(path, record, sighting, now):
                 self._collect(path, version, record, sighting, now)
                 continue
@@ -295,9 +391,9 @@ class DiscoveryWatcher:
             return False
         if not sighting.expired:  # warn once per expiry, not at every poll
             sighting.expired = True
-            logger.warning(
+            self._expired_lines.emit(
                 "Discovery record %s expired: no heartbeat for %.1f s (worker %s at %s)",
-                path,
+                escape(path, 300),
                 silent_s,
                 record.instance_id,
                 record.endpoint,
@@ -360,9 +456,13 @@ class DiscoveryWatcher:
         current = await run_off_loop(self._poll_files)
         if current is None:
             return  # the directory cannot be listed: keep the last known records
-        for instance_id in [i for i in self.known if i not in current]:
-            record = self.known.pop(instance_id)
-            await notify(self.on_remove, record)
+        for instance_id, known in list(self.known.items()):
+            record = current.get(instance_id)
+            if record is None or not record.serves_like(known):
+                # Gone, or rewritten in place under the same instance id to serve otherwise
+                # (another endpoint, model or card): the old one goes, the new one comes below.
+                del self.known[instance_id]
+                await notify(self.on_remove, known)
         for instance_id, record in current.items():
             if instance_id not in self.known:
                 self.known[instance_id] = record
@@ -379,8 +479,11 @@ class DiscoveryWatcher:
 
 
 class FileWatcher(DiscoveryWatcher):
-    """The directory watcher, with the state every backend reports."""
+    """The directory watcher, with the state every backend reports: ``degraded`` while the
+    directory cannot be listed, or while a poll has been stuck in the file system for longer
+    than a TTL (no record can be seen, new or gone, until it returns)."""
 
     @property
     def state(self) -> str:
-        return STATE_DEGRADED if self._directory_error is not None else STATE_OK
+        stuck = self._periodic.stuck_for_s > max(STUCK_POLL_FLOOR_S, self.ttl_s)
+        return STATE_DEGRADED if self._directory_error is not None or stuck else STATE_OK
