@@ -30,6 +30,7 @@ from dynamo.common.configuration import (
     parse_bool_word,
 )
 from dynamo.common.configuration.gc_options import FREEZE_GC_HEAP, GC_PAUSE_LOG_MS
+from dynamo.common.configuration.typed import option_fields, typed_config
 from dynamo.frontend import frontend_args
 from dynamo.vllm import backend_args, self_benchmark_args
 
@@ -538,7 +539,7 @@ def test_abbreviated_flags_are_refused(parse, argv, capsys):
 def test_an_abbreviation_meant_for_vllm_goes_to_vllm():
     config = parse_worker(["--engine", "vllm", "--tensor-parallel", "2"], {})
     assert config.tensor_parallel_size == 1
-    assert config.vllm_args == ["--tensor-parallel", "2"]
+    assert config.vllm_args == ("--tensor-parallel", "2")
 
 
 def test_a_following_flag_is_not_taken_for_a_value(capsys):
@@ -737,3 +738,32 @@ def test_the_engine_is_vllm_unless_the_mock_is_chosen():
 def test_the_served_model_name_defaults_to_unset():
     assert parse_worker([], {}).served_model_name is None
     assert parse_worker(["--served-model-name", "tiny"], {}).served_model_name == "tiny"
+
+
+# --- the typed configurations ----------------------------------------------------------------
+
+
+def test_each_configuration_has_one_field_per_option_and_nothing_else():
+    """An option parsed but not carried into the configuration would be silently ignored; a
+    field no option fills would be a value nobody can set."""
+    frontend_dests = {option.dest for option in frontend_args.SURFACE.options}
+    worker_dests = {option.dest for option in backend_args.ALL_OPTIONS}
+    assert option_fields(frontend_args.FrontendConfig) == frontend_dests
+    assert option_fields(backend_args.WorkerConfig) == worker_dests | {"vllm_args"}
+
+
+def test_a_parse_and_a_configuration_that_disagree_are_refused():
+    parsed = argparse.Namespace(**dataclasses.asdict(frontend_args.parse_args([], {})))
+    extra = argparse.Namespace(**{**vars(parsed), "not_an_option": 1})
+    with pytest.raises(TypeError, match="not_an_option"):
+        typed_config(frontend_args.FrontendConfig, extra)
+    missing = argparse.Namespace(**{k: v for k, v in vars(parsed).items() if k != "http_port"})
+    with pytest.raises(TypeError, match="http_port"):
+        typed_config(frontend_args.FrontendConfig, missing)
+
+
+@pytest.mark.parametrize("parse", [frontend_args.parse_args, parse_worker])
+def test_a_parsed_configuration_is_a_value_nobody_can_change(parse):
+    config = parse([], {})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.freeze_gc_heap = False  # type: ignore[misc]

@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 
 from dynamo.runtime.discovery import file_backend as discovery
+from dynamo.runtime.discovery import open_discovery
 from dynamo.runtime.discovery.file_backend import RecordHeartbeat, heartbeat_interval_for
 from dynamo.runtime.discovery.file_store import DiscoveryStore
 from dynamo.runtime.discovery.record import ModelRecord
-from dynamo.vllm import backend_args
+from dynamo.vllm import backend_args, engine_factory
 from dynamo.vllm import main as worker_main
 from tests.support import wait_until_async
 from tests.support.tiny_model import mock_worker_env
@@ -315,7 +316,11 @@ def test_the_worker_renews_its_record_while_serving_and_stops_before_removing_it
         return None
 
     async def scenario() -> tuple[int, ModelRecord]:
-        worker = asyncio.ensure_future(worker_main.run_worker(config))
+        worker = asyncio.ensure_future(
+            worker_main.run_worker(
+                config, open_discovery(config.discovery), engine_factory.prepare_engine(config)
+            )
+        )
         record = await wait_until_async(lambda: beating(worker), deadline_s=30)
         os.kill(os.getpid(), signal.SIGTERM)  # handled by the worker's loop: the drain
         return await asyncio.wait_for(worker, 30), record

@@ -29,7 +29,7 @@ def test_an_oversized_record_is_skipped_unread_with_one_warning(tmp_path, caplog
     with open(huge, "wb") as handle:  # sparse: 200 MB on paper, nothing on disk
         handle.truncate(200 * 1024 * 1024)
     opened = mocker.patch.object(
-        file_watcher, "_read_regular_file", wraps=file_watcher._read_regular_file
+        file_watcher, "read_record_file", wraps=file_watcher.read_record_file
     )
     watched = Watched(tmp_path)
     for _ in range(4):

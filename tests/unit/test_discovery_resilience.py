@@ -123,14 +123,14 @@ def test_an_unreadable_record_keeps_its_last_known_state_and_warns_once(tmp_path
     seen.poll()
     assert seen.live() == {"i1"}
 
-    real_read = discovery._read_regular_file
+    real_read = discovery.read_record_file
 
     def flaky_read(file):
         if Path(file) == path:
             raise PermissionError(13, "Permission denied", str(file))
         return real_read(file)
 
-    mocker.patch.object(discovery, "_read_regular_file", flaky_read)
+    mocker.patch.object(discovery, "read_record_file", flaky_read)
     store.renew(leased())  # a new version, so the watcher must read it, and cannot
     for _ in range(3):
         seen.poll()
@@ -287,14 +287,14 @@ def test_an_unchanged_record_is_not_re_read_until_the_reread_interval(tmp_path, 
     record = leased()
     path = store.register(record)
     seen = Watched(tmp_path)
-    real_read = discovery._read_regular_file
+    real_read = discovery.read_record_file
     reads: list[Path] = []
 
     def counting_read(file):
         reads.append(Path(file))
         return real_read(file)
 
-    mocker.patch.object(discovery, "_read_regular_file", counting_read)
+    mocker.patch.object(discovery, "read_record_file", counting_read)
     seen.poll()
     for _ in range(5):
         seen.clock.advance(REREAD_EVERY_TTLS * TTL_S / 10)

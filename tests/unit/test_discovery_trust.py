@@ -117,13 +117,13 @@ def test_a_stuck_file_system_call_degrades_the_watcher_and_never_holds_its_stop(
     is a daemon, left behind."""
     DiscoveryStore(tmp_path).register(leased("i1"))
     release = threading.Event()
-    real_read = file_watcher._read_regular_file
+    real_read = file_watcher.read_record_file
 
     def stuck_read(path):
         release.wait(60)
         return real_read(path)
 
-    mocker.patch.object(file_watcher, "_read_regular_file", stuck_read)
+    mocker.patch.object(file_watcher, "read_record_file", stuck_read)
     mocker.patch.object(file_watcher, "STUCK_POLL_FLOOR_S", 0.2)
     mocker.patch.object(periodic, "STOP_BOUND_S", 0.5)
     discovery = FileDiscovery(str(tmp_path), ttl_s=0.2)

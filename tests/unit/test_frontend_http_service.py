@@ -20,7 +20,8 @@ from aiohttp.test_utils import TestServer
 
 from dynamo.common import lifecycle
 from dynamo.frontend.chat_processor import build_chat_processor
-from dynamo.runtime.request_plane import BadGenerateRequest, add_request_plane_routes
+from dynamo.runtime.request_plane import BadGenerateRequest
+from dynamo.vllm.request_plane_server import add_request_plane_routes
 from tests.support import wait_until_async
 from tests.support.answers import assert_openai_error, sse_events, streamed_pieces, streamed_text
 from tests.support.frontend_fakes import MODEL, echo_worker, frontend, request_plane_server

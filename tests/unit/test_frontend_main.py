@@ -19,6 +19,7 @@ from aiohttp import web
 from dynamo.common import lifecycle, logging_setup
 from dynamo.common.utils import gc_freeze
 from dynamo.frontend import main as frontend_main
+from dynamo.frontend.process import FrontendProcess
 from dynamo.runtime.discovery import file_backend as discovery
 from dynamo.runtime.discovery.file_watcher import DiscoveryWatcher
 from tests.support.steps import StepRecorder
@@ -39,9 +40,9 @@ def restore_process_state(monkeypatch):
 def steps(mocker):
     """Record (step, phase, frozen objects) for each start-up step, in order."""
     recorder = StepRecorder(mocker)  # with pause_logger, mark_serving and mark_draining
-    recorder.wrap(frontend_main, "build_frontend", "build")
+    recorder.wrap(FrontendProcess, "start", "build")
     recorder.wrap(gc_freeze, "maybe_freeze_gc_heap", "freeze")
-    recorder.wrap(web.TCPSite, "start", "listen")
+    recorder.wrap(web.SockSite, "start", "listen")
     recorder.wrap(
         DiscoveryWatcher,
         "start",

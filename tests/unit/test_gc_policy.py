@@ -11,7 +11,7 @@ import weakref
 
 import pytest
 
-from dynamo.vllm import gc_policy
+from dynamo.vllm import gc_policy, gc_policy_config
 from tests.support import wait_until
 
 
@@ -228,9 +228,9 @@ def test_good_env_values_are_read(caplog):
     config = gc_policy.policy_config_from_env(
         {"DYN_FPM_GC_POLICY": "freeze", "DYN_FPM_GC_FREEZE_INTERVAL_S": "2.5"}
     )
-    assert config == gc_policy.PolicyConfig("freeze", 2.5)
+    assert config == gc_policy_config.PolicyConfig("freeze", 2.5)
     assert config.enabled
-    assert gc_policy.policy_config_from_env(gc_policy.policy_env(config)) == config
+    assert gc_policy.policy_config_from_env(gc_policy_config.policy_env(config)) == config
     assert caplog.records == []
 
 

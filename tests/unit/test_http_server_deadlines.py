@@ -20,7 +20,7 @@ from aiohttp import web
 from dynamo.common.http_server import GuardedRunner, RequestBodyTimeout
 from dynamo.frontend.http_service import openai_error_middleware
 from dynamo.frontend.request_body import read_json_body
-from dynamo.runtime.request_plane import add_request_plane_routes
+from dynamo.vllm.request_plane_server import add_request_plane_routes
 
 HEAD_S = 0.6
 BODY_S = 0.6

@@ -24,11 +24,11 @@ from dynamo.runtime.request_plane import (
     RequestRefused,
     WorkerUnavailable,
     _refusal,
-    add_request_plane_routes,
     generate,
     validate_generate_request,
 )
 from dynamo.runtime.sampling import SamplingOptions
+from dynamo.vllm.request_plane_server import add_request_plane_routes
 
 DEADLINE_S = 30.0
 

@@ -14,7 +14,7 @@ import threading
 
 import pytest
 
-from dynamo.vllm import backend_args, gc_policy, self_benchmark
+from dynamo.vllm import backend_args, gc_policy, self_benchmark, self_benchmark_hooks
 from dynamo.vllm.mock_engine import MockEngine
 from dynamo.vllm.ranks import RankError
 from dynamo.vllm.self_benchmark import run_self_benchmark
@@ -117,9 +117,9 @@ def benchmark_config(tmp_path, *extra: str):
 
 def run_benchmark(config, monkeypatch, *, fail: str | None = None, at: int = FAIL_AT):
     """Run the benchmark on a fresh R=2 mock engine; GC state before/during/after and outcome."""
-    for name, value in self_benchmark.policy_env_for(config).items():
+    for name, value in self_benchmark_hooks.policy_env_for(config).items():
         monkeypatch.setenv(name, value)
-    extension = self_benchmark.resolve_worker_extension(config)
+    extension = self_benchmark_hooks.resolve_worker_extension(config)
 
     async def scenario():
         engine = MockEngine.from_config(config, worker_extension_cls=extension)

@@ -21,10 +21,12 @@ import pytest
 from dynamo.common import lifecycle
 from dynamo.common.utils import gc_freeze
 from dynamo.runtime import request_plane
+from dynamo.runtime.discovery import open_discovery
 from dynamo.runtime.discovery.file_store import DiscoveryStore
-from dynamo.vllm import backend_args
+from dynamo.vllm import backend_args, engine_factory, worker_process
 from dynamo.vllm import main as worker_main
 from dynamo.vllm.mock_engine import MockEngine
+from dynamo.vllm.request_plane_server import RequestPlaneServer
 from tests.support import wait_until_async
 from tests.support.steps import StepRecorder
 from tests.support.tiny_model import mock_worker_env
@@ -41,6 +43,12 @@ def the_mock_engine_on_the_tiny_tokenizer(monkeypatch):
         monkeypatch.setenv(name, value)
 
 
+def run_worker(config):
+    """The worker's event-loop part, as main() runs it after its checks."""
+    discovery = open_discovery(config.discovery)
+    return worker_main.run_worker(config, discovery, engine_factory.prepare_engine(config))
+
+
 @pytest.fixture
 def discovery_dir(tmp_path):
     return tmp_path / "discovery"
@@ -50,11 +58,11 @@ def discovery_dir(tmp_path):
 def steps(mocker):
     """Wrap each lifecycle step to append (step, phase, freeze count) to a list, in order."""
     recorder = StepRecorder(mocker)  # with pause_logger, mark_serving and mark_draining
-    recorder.wrap(worker_main, "start_system_server", "system_port")
+    recorder.wrap(worker_process, "start_system_server", "system_port")
     recorder.wrap(MockEngine, "start", "engine_init")
     recorder.wrap(gc_freeze, "freeze_gc_heap", "freeze")
-    recorder.wrap(worker_main.RequestPlaneServer, "open", "listen")
-    recorder.wrap(worker_main.RequestPlaneServer, "close", "plane_close")
+    recorder.wrap(RequestPlaneServer, "open", "listen")
+    recorder.wrap(RequestPlaneServer, "close", "plane_close")
     recorder.wrap(MockEngine, "shutdown", "engine_shutdown")
 
     real_register = DiscoveryStore.register
@@ -134,8 +142,8 @@ def test_freeze_after_engine_init_and_before_register_model(steps, discovery_dir
 def test_the_request_plane_refuses_requests_while_engine_init_runs(discovery_dir, mocker):
     """Bound early, the listener answers 503 (WorkerUnavailable) until the worker serves."""
     config = backend_args.parse_args(["--discovery-dir", str(discovery_dir)], env=mock_worker_env())
-    planes: list[worker_main.RequestPlaneServer] = []
-    real_open = worker_main.RequestPlaneServer.open
+    planes: list[RequestPlaneServer] = []
+    real_open = RequestPlaneServer.open
     answered = []
 
     async def record_open(self):
@@ -154,9 +162,9 @@ def test_the_request_plane_refuses_requests_while_engine_init_runs(discovery_dir
         sigterm_self()
         await asyncio.Event().wait()  # engine init that only the signal's cancellation ends
 
-    mocker.patch.object(worker_main.RequestPlaneServer, "open", record_open)
+    mocker.patch.object(RequestPlaneServer, "open", record_open)
     mocker.patch.object(MockEngine, "start", start)
-    assert asyncio.run(worker_main.run_worker(config)) == 0
+    assert asyncio.run(run_worker(config)) == 0
     assert answered == [lifecycle.Phase.STARTING]
 
 
@@ -220,7 +228,7 @@ def test_a_discovery_dir_that_is_a_file_exits_2_before_anything_runs(steps, tmp_
 def test_the_discovery_dir_is_created_before_anything_runs(steps, tmp_path, mocker):
     nested = tmp_path / "a" / "b" / "discovery"
     seen = []
-    mocker.patch.object(worker_main, "run_worker", lambda config: seen.append(nested.is_dir()))
+    mocker.patch.object(worker_main, "run_worker", lambda *_: seen.append(nested.is_dir()))
     mocker.patch.object(worker_main.asyncio, "run", lambda result: 0)
     assert worker_main.main(["--discovery-dir", str(nested)]) == 0
     assert seen == [True] and list(nested.iterdir()) == []  # the write probe left nothing
@@ -358,15 +366,21 @@ def spy_on_engine_and_registration(mocker) -> tuple[list[MockEngine], asyncio.Ev
 
 def test_drain_aborts_requests_still_running_after_the_grace_period(discovery_dir, mocker):
     """SIGTERM while a request streams: record removed at once, request aborted after grace."""
-    mocker.patch.object(worker_main, "DRAIN_GRACE_S", 0.2)
     config = backend_args.parse_args(
-        ["--discovery-dir", str(discovery_dir), "--mock-token-ms", "60000"],
+        [
+            "--discovery-dir",
+            str(discovery_dir),
+            "--mock-token-ms",
+            "60000",
+            "--drain-timeout",
+            "0.2",
+        ],  # fmt: skip
         env=mock_worker_env(),
     )
     engines, registered = spy_on_engine_and_registration(mocker)
 
     async def scenario():
-        worker = asyncio.ensure_future(worker_main.run_worker(config))
+        worker = asyncio.ensure_future(run_worker(config))
         await registered.wait()
         (record,) = DiscoveryStore(discovery_dir).read_all().values()
         (engine,) = engines
@@ -404,7 +418,7 @@ def test_a_rank_that_dies_while_serving_returns_1_with_the_gc_state_put_back(
     callbacks_before = list(gc.callbacks)
 
     async def scenario():
-        worker = asyncio.ensure_future(worker_main.run_worker(config))
+        worker = asyncio.ensure_future(run_worker(config))
         await registered.wait()
         frozen_while_serving = gc.get_freeze_count()
         (record,) = DiscoveryStore(discovery_dir).read_all().values()

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from dynamo.common.bind_errors import is_host_error
 from dynamo.common.configuration import (
@@ -16,9 +16,11 @@ from dynamo.common.configuration import (
     parse_surface,
 )
 from dynamo.common.configuration.drain_options import drain_option
-from dynamo.common.configuration.runtime_options import (
-    DISCOVERY_OPTIONS,
-)
+from dynamo.common.configuration.gc_options import GcSettings
+from dynamo.common.configuration.runtime_options import DISCOVERY_OPTIONS, discovery_settings
+from dynamo.common.configuration.typed import typed_config
+from dynamo.runtime.discovery import DiscoverySettings
+from dynamo.runtime.discovery.etcd_endpoints import EtcdEndpoint
 
 from .sglang_options import SGLANG_OPTIONS
 
@@ -132,8 +134,48 @@ def listen_option_at_fault(exc: OSError) -> Option:
     return HTTP_PORT
 
 
+@dataclass(frozen=True)
+class FrontendConfig:
+    """``python -m dynamo.frontend``'s options, parsed: one field per option of :data:`OPTIONS`
+    (held to them by :func:`~dynamo.common.configuration.typed.typed_config`)."""
+
+    http_host: str
+    http_port: int
+    discovery_backend: str
+    discovery_dir: str | None
+    discovery_ttl: float
+    etcd_endpoints: tuple[EtcdEndpoint, ...]
+    namespace: str
+    discovery_max_records: int
+    dyn_preprocess_workers: int
+    dyn_chat_processor: str
+    tool_call_parser: str | None
+    reasoning_parser: str | None
+    chat_template: str | None
+    dyn_max_models: int
+    router_mode: str
+    freeze_gc_heap: bool
+    gc_pause_log_ms: float
+    drain_timeout: float
+    debug_gc_endpoint: bool
+
+    @property
+    def gc(self) -> GcSettings:
+        return GcSettings(self.freeze_gc_heap, self.gc_pause_log_ms)
+
+    @property
+    def discovery(self) -> DiscoverySettings:
+        return discovery_settings(self)
+
+    @property
+    def url(self) -> str:
+        """Where the HTTP service listens, as a URL (for log lines)."""
+        host = f"[{self.http_host}]" if ":" in self.http_host else self.http_host
+        return f"http://{host}:{self.http_port}"
+
+
 def parse_args(
     argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
-) -> argparse.Namespace:
-    config = parse_surface(SURFACE, argv, env)
-    return config
+) -> FrontendConfig:
+    """The frontend's configuration; bad input exits 2 (the parser says why), --help exits 0."""
+    return typed_config(FrontendConfig, parse_surface(SURFACE, argv, env))

@@ -21,6 +21,7 @@ from dynamo.common.http_server import (
     FRONTEND_MAX_BODY_BYTES,
 )
 from dynamo.common.request_drain import mark_stream
+from dynamo.runtime.discovery import RecordWatcher
 from dynamo.runtime.model_card import ModelCard
 from dynamo.runtime.request_plane import RequestRefused, WorkerUnavailable
 
@@ -68,7 +69,7 @@ class FrontendService:
         self.in_flight = 0  # completion requests admitted and not finished (logged when draining)
         # The discovery watcher (set by main): /health reports its state, and is not ready
         # before its first look at the store.
-        self.discovery_watcher = None
+        self.discovery_watcher: RecordWatcher | None = None
 
     def build_app(self) -> web.Application:
         app = web.Application(

@@ -16,11 +16,7 @@ override it, as upstream's do.
 
 from __future__ import annotations
 
-import argparse
-
 from dynamo.common.configuration import Option, Text
-
-from . import sglang_processor
 
 TOOL_CALL_PARSER = Option(
     name="tool-call-parser",
@@ -62,43 +58,3 @@ CHAT_TEMPLATE = Option(
 )
 
 SGLANG_OPTIONS = [TOOL_CALL_PARSER, REASONING_PARSER, CHAT_TEMPLATE]
-
-
-def given(config: argparse.Namespace) -> list[Option]:
-    return [option for option in SGLANG_OPTIONS if getattr(config, option.dest) is not None]
-
-
-def problem_before_import(config: argparse.Namespace, processor_option: Option) -> str | None:
-    """The sglang options with another processor (checked before anything is imported)."""
-    if config.dyn_chat_processor == "sglang":
-        return None
-    for option in given(config):
-        return (
-            f"{option.source_label()} applies only with "
-            f"{processor_option.source_label()} sglang (it is "
-            f"{config.dyn_chat_processor!r} here)"
-        )
-    return None
-
-
-def settings_or_problem(
-    config: argparse.Namespace,
-) -> tuple[sglang_processor.SglangSettings | None, str | None]:
-    """The checked settings, or why not (call after SGLang is imported)."""
-    tool = config.tool_call_parser
-    if tool is not None:
-        problem = sglang_processor.tool_call_parser_problem(tool)
-        if problem is not None:
-            return None, f"{TOOL_CALL_PARSER.source_label()}: {problem}"
-    reasoning = config.reasoning_parser
-    if reasoning is not None:
-        problem = sglang_processor.reasoning_parser_problem(reasoning)
-        if problem is not None:
-            return None, f"{REASONING_PARSER.source_label()}: {problem}"
-    template = None
-    if config.chat_template is not None:
-        try:
-            template = sglang_processor.read_chat_template(config.chat_template)
-        except ValueError as exc:
-            return None, f"{CHAT_TEMPLATE.source_label()}: {exc}"
-    return sglang_processor.SglangSettings(tool, reasoning, template), None

@@ -30,18 +30,14 @@ that is how the frontend ends a completion at a stop string it matched.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 import aiohttp
-from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
-from dynamo.common.http_server import RequestBodyTimeout, is_malformed_http
-from dynamo.common.request_drain import mark_stream
 from dynamo.runtime.sampling import SamplingOptions
 
 logger = logging.getLogger(__name__)
@@ -60,9 +56,6 @@ class GenerateRequest(BaseModel):
     model: Annotated[StrictStr, Field(min_length=1)]
     token_ids: Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)]
     sampling: SamplingOptions
-
-
-GenerateHandler = Callable[[GenerateRequest], AsyncIterator[dict]]
 
 
 class WorkerUnavailable(Exception):
@@ -108,119 +101,6 @@ def validate_generate_request(body: Any) -> GenerateRequest:
         error = exc.errors(include_url=False)[0]
         field = ".".join(str(part) for part in error["loc"])
         raise BadGenerateRequest(f"{field}: {error['msg']}", field=field) from None
-
-
-async def _read_json(request: web.Request) -> Any:
-    """The decoded body; :class:`BadGenerateRequest` for anything that is not one JSON value
-    (bad JSON or UTF-8, nesting deeper than the decoder's recursion limit, a body aiohttp cannot
-    read: a broken chunked body, a Content-Encoding it cannot undo)."""
-    try:
-        raw = await request.read()
-    except RequestBodyTimeout:
-        raise
-    except Exception as exc:
-        if not is_malformed_http(exc):
-            raise
-        cause = exc.__cause__ or exc
-        raise BadGenerateRequest(f"body could not be read: {cause}") from None
-    try:
-        return json.loads(raw)
-    except RecursionError:
-        raise BadGenerateRequest("body is nested too deeply to decode") from None
-    except ValueError as exc:  # bad JSON, bad UTF-8 (UnicodeDecodeError), huge integers
-        raise BadGenerateRequest(f"body is not valid JSON: {exc}") from None
-
-
-def _bad_request(exc: BadGenerateRequest) -> web.Response:
-    body = {"error": str(exc)}
-    if exc.field is not None:
-        body["field"] = exc.field
-    return web.json_response(body, status=400)
-
-
-def add_request_plane_routes(
-    app: web.Application,
-    generate: GenerateHandler,
-    is_healthy: Callable[[], bool],
-    *,
-    served_model_name: str | Callable[[], str],
-) -> None:
-    """Mount the worker side of the request plane on an aiohttp app.
-
-    ``served_model_name`` is the name this worker serves (or a callable returning it, for a
-    name known only once the engine has started); a request for any other model is a 400.
-    ``generate`` may raise :class:`BadGenerateRequest` before its first item (a prompt the
-    engine refuses): that is a 400 too, since nothing was streamed yet.
-    """
-
-    def served_name() -> str:
-        return served_model_name() if callable(served_model_name) else served_model_name
-
-    async def handle_generate(request: web.Request) -> web.StreamResponse:
-        try:
-            body = validate_generate_request(await _read_json(request))
-        except BadGenerateRequest as exc:
-            return _bad_request(exc)
-        except RequestBodyTimeout as exc:  # the listener's body deadline (logged there, once)
-            return web.json_response({"error": str(exc)}, status=408)
-        if not is_healthy():
-            return web.json_response({"error": "worker is draining"}, status=503)
-        if body.model != served_name():
-            return _bad_request(
-                BadGenerateRequest(
-                    f"model {body.model!r} is not served here (this worker serves "
-                    f"{served_name()!r})",
-                    field="model",
-                )
-            )
-        # aclosing: an abort closes the engine's stream now, not when the GC finds it.
-        async with contextlib.aclosing(generate(body)) as stream:
-            first: dict | None = None
-            failure: Exception | None = None
-            try:
-                # The first item before the response starts: a prompt the engine refuses is a
-                # 400, not a 200 with an error line.
-                first = await stream.__anext__()
-            except BadGenerateRequest as exc:
-                return _bad_request(exc)
-            except StopAsyncIteration:
-                pass
-            except Exception as exc:  # noqa: BLE001 - reported to the caller in-band, below
-                failure = exc
-            response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
-            await response.prepare(request)
-            mark_stream(request, response)  # a drain that cuts it short ends it with an error line
-            try:
-                if failure is not None:
-                    raise failure
-                if first is not None:
-                    await response.write(json.dumps(first).encode() + b"\n")
-                    async for item in stream:
-                        await response.write(json.dumps(item).encode() + b"\n")
-            except asyncio.CancelledError:
-                raise  # the caller hung up and aiohttp cancelled the handler: stream closed
-            except StreamFailed as exc:
-                await response.write(json.dumps({"error": str(exc)}).encode() + b"\n")
-            except ConnectionResetError:
-                # The caller hung up between two writes: the request is aborted (the stream is
-                # closed on leaving this block). An expected event, not a server error worth a
-                # traceback.
-                logger.info("Request %s aborted: the caller closed the connection", body.request_id)
-                return response
-            except Exception as exc:  # reported to the caller in-band
-                logger.exception("generate failed for request %s", body.request_id)
-                await response.write(json.dumps({"error": str(exc)}).encode() + b"\n")
-        await response.write_eof()
-        return response
-
-    async def handle_health(request: web.Request) -> web.Response:
-        healthy = is_healthy()
-        return web.json_response(
-            {"status": "ok" if healthy else "draining"}, status=200 if healthy else 503
-        )
-
-    app.router.add_post(GENERATE_PATH, handle_generate)
-    app.router.add_get(HEALTH_PATH, handle_health)
 
 
 def _parse_line(line: bytes) -> dict:

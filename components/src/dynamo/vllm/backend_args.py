@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from dynamo.common.configuration import (
     Choice,
@@ -20,9 +20,11 @@ from dynamo.common.configuration import (
     parse_surface,
 )
 from dynamo.common.configuration.drain_options import drain_option
-from dynamo.common.configuration.runtime_options import (
-    DISCOVERY_OPTIONS,
-)
+from dynamo.common.configuration.gc_options import GcSettings
+from dynamo.common.configuration.runtime_options import DISCOVERY_OPTIONS, discovery_settings
+from dynamo.common.configuration.typed import typed_config
+from dynamo.runtime.discovery import DiscoverySettings
+from dynamo.runtime.discovery.etcd_endpoints import EtcdEndpoint
 from dynamo.vllm import self_benchmark_args
 
 REQUEST_PLANE_HOST = Option(
@@ -218,31 +220,106 @@ _PARSED = dataclasses.replace(SURFACE, options=ALL_OPTIONS)
 HELP_FLAGS = ("-h", "--help")
 
 
+@dataclass(frozen=True)
+class SelfBenchmarkSettings:
+    """The self-benchmark's options (see :mod:`dynamo.vllm.self_benchmark_args`)."""
+
+    points: int
+    output: str | None
+    policy: str
+    freeze_interval_s: float
+    worker_extension_cls: str | None
+
+    @property
+    def enabled(self) -> bool:
+        return self.points > 0
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """``python -m dynamo.vllm``'s options, parsed: one field per option of
+    :data:`ALL_OPTIONS` (held to them by
+    :func:`~dynamo.common.configuration.typed.typed_config`), and ``vllm_args``: the arguments
+    the worker does not know, in order, for vLLM's own parser (``--engine vllm``)."""
+
+    model: str
+    served_model_name: str | None
+    engine: str
+    chat_template: str | None
+    tensor_parallel_size: int
+    discovery_backend: str
+    discovery_dir: str | None
+    discovery_ttl: float
+    etcd_endpoints: tuple[EtcdEndpoint, ...]
+    namespace: str
+    discovery_max_records: int
+    request_plane_host: str
+    request_plane_port: int
+    mock_token_ms: float
+    mock_max_model_len: int | None
+    mock_init_ms: float
+    mock_heap_objects: int
+    freeze_gc_heap: bool
+    gc_pause_log_ms: float
+    drain_timeout: float
+    system_host: str
+    system_port: int | None
+    debug_gc_endpoint: bool
+    self_benchmark_points: int
+    self_benchmark_output: str | None
+    fpm_gc_policy: str
+    fpm_gc_freeze_interval_s: float
+    worker_extension_cls: str | None
+    vllm_args: tuple[str, ...]
+
+    @property
+    def gc(self) -> GcSettings:
+        return GcSettings(self.freeze_gc_heap, self.gc_pause_log_ms)
+
+    @property
+    def discovery(self) -> DiscoverySettings:
+        return discovery_settings(self)
+
+    @property
+    def self_benchmark(self) -> SelfBenchmarkSettings:
+        return SelfBenchmarkSettings(
+            self.self_benchmark_points,
+            self.self_benchmark_output,
+            self.fpm_gc_policy,
+            self.fpm_gc_freeze_interval_s,
+            self.worker_extension_cls,
+        )
+
+    @property
+    def served_name(self) -> str:
+        """The name the worker registers: --served-model-name, else --model."""
+        return self.served_model_name or self.model
+
+
 def parse_args(
     argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
-) -> argparse.Namespace:
+) -> WorkerConfig:
     """The worker's options; with ``--engine vllm`` the rest goes to vLLM.
 
     The worker's own options are parsed first. With ``--engine vllm`` every argument the worker
-    does not know is kept, in order, in ``config.vllm_args`` for vLLM's own parser (see
-    ``dynamo.vllm.vllm_engine.parse_vllm_args``), so vLLM's flags work as they are; with the mock
-    engine an unknown argument exits 2 as usual. ``--help`` prints the worker's options, then,
-    with ``--engine vllm``, vLLM's engine arguments (exit 0).
+    does not know is kept, in order, in ``vllm_args`` for vLLM's own parser (see
+    ``dynamo.vllm.vllm_args``), so vLLM's flags work as they are; with the mock engine an
+    unknown argument exits 2 as usual. ``--help`` prints the worker's options, then, with
+    ``--engine vllm``, vLLM's engine arguments (exit 0).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     words = argv[: argv.index("--")] if "--" in argv else argv
     if any(word in HELP_FLAGS for word in words):
         _print_help([word for word in argv if word not in HELP_FLAGS], env)
-    config, rest = parse_surface(_PARSED, argv, env, allow_unknown=True)
-    if rest and config.engine != "vllm":
+    parsed, rest = parse_surface(_PARSED, argv, env, allow_unknown=True)
+    if rest and parsed.engine != "vllm":
         parse_surface(_PARSED, argv, env)  # exits 2, naming the unrecognized arguments
-    if config.model is None:
+    if parsed.model is None:
         build_parser(_PARSED).error(
             f"{MODEL.source_label()} is required: with --engine vllm the model to load (a "
             "directory or a Hugging Face id), with --engine mock a tokenizer directory"
         )
-    config.vllm_args = list(rest)
-    return config
+    return typed_config(WorkerConfig, parsed, vllm_args=tuple(rest))
 
 
 def _print_help(argv: list[str], env: Mapping[str, str] | None) -> None:
@@ -250,7 +327,7 @@ def _print_help(argv: list[str], env: Mapping[str, str] | None) -> None:
     config, _ = parse_surface(_PARSED, argv, env, allow_unknown=True)
     build_parser(_PARSED).print_help()
     if config.engine == "vllm":
-        from dynamo.vllm.engine_factory import print_vllm_help
+        from dynamo.vllm.vllm_help import print_vllm_help
 
         sys.stdout.flush()
         print_vllm_help()

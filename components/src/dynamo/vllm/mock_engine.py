@@ -30,7 +30,6 @@ tokenizes with DIR's own tokenizer and detokenizes what the mock streams.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import time
@@ -43,6 +42,7 @@ from dynamo.common.utils.synthetic_heap import TRACKED_PER_UNIT, build_synthetic
 from dynamo.runtime.model_card import ModelCard, out_of_vocabulary
 from dynamo.runtime.request_plane import BadGenerateRequest, GenerateRequest
 from dynamo.runtime.sampling import SamplingOptions
+from dynamo.vllm.backend_args import WorkerConfig
 from dynamo.vllm.mock_model import MockModel, load_mock_model
 
 logger = logging.getLogger(__name__)
@@ -159,16 +159,21 @@ class MockEngine:
 
     @classmethod
     def from_config(
-        cls, config: argparse.Namespace, *, worker_extension_cls: str | None = None
+        cls,
+        config: WorkerConfig,
+        *,
+        model: MockModel | None = None,
+        worker_extension_cls: str | None = None,
     ) -> MockEngine:
-        model = getattr(config, "mock_model", None) or load_mock_config_model(config)
+        """The mock engine the worker's options describe; ``model`` when start-up has loaded
+        it already (else it is loaded from ``--model`` now)."""
         return cls(
-            model,
+            model if model is not None else load_mock_config_model(config),
             token_ms=config.mock_token_ms,
             heap_objects=config.mock_heap_objects,
-            init_ms=getattr(config, "mock_init_ms", 0.0),
-            tensor_parallel_size=getattr(config, "tensor_parallel_size", 1),
-            use_ranks=getattr(config, "self_benchmark_points", 0) > 0,
+            init_ms=config.mock_init_ms,
+            tensor_parallel_size=config.tensor_parallel_size,
+            use_ranks=config.self_benchmark.enabled,
             worker_extension_cls=worker_extension_cls,
         )
 
@@ -264,7 +269,7 @@ class MockEngine:
         self.started = False
 
 
-def load_mock_config_model(config: argparse.Namespace) -> MockModel:
+def load_mock_config_model(config: WorkerConfig) -> MockModel:
     """The mock engine's model from the worker's options (``--model`` is the directory);
     raises :class:`dynamo.vllm.mock_model.BadModelDirectory`."""
     return load_mock_model(

@@ -33,8 +33,6 @@ callbacks (``on_add`` / ``on_remove``) stay on the loop.
 from __future__ import annotations
 
 import asyncio
-import errno
-import hashlib
 import heapq
 import logging
 import os
@@ -56,6 +54,13 @@ from dynamo.runtime.discovery.record import (
     DEFAULT_MAX_RECORDS,
     MAX_RECORD_BYTES,
     ModelRecord,
+)
+from dynamo.runtime.discovery.record_files import (
+    StatKey,
+    content_digest,
+    read_record_file,
+    stat_key,
+    too_large,
 )
 from dynamo.runtime.log_budget import LogBudget
 from dynamo.runtime.peer_text import escape
@@ -82,65 +87,11 @@ MALFORMED_LINES_PER_MINUTE = 50
 STUCK_POLL_FLOOR_S = 5.0
 
 
-def _too_large(size: int) -> str:
-    return f"{size} bytes or more, over the {MAX_RECORD_BYTES}-byte record limit (not read)"
-
-
-def _stat_key(result: os.stat_result) -> tuple[int, int, int]:
-    return (result.st_ino, result.st_mtime_ns, result.st_size)
-
-
-# A record file is opened without following a symbolic link, without blocking (a FIFO opens at
-# once instead of waiting for a writer), and never as a controlling terminal.
-_OPEN_FLAGS = (
-    os.O_RDONLY
-    | os.O_NONBLOCK
-    | getattr(os, "O_NOFOLLOW", 0)
-    | getattr(os, "O_NOCTTY", 0)
-    | getattr(os, "O_CLOEXEC", 0)
-)
-
-
-def _read_regular_file(path: Path) -> tuple[tuple[int, int, int], bytes] | str:
-    """The stat key and content of a regular file of at most MAX_RECORD_BYTES, or why ``path``
-    is not one. What was checked with a stat can be swapped before the open (a FIFO or a device
-    behind a rename or a symlink): the open cannot block and the check is made again on what was
-    opened. Raises OSError for a file that cannot be read (unknown, not malformed)."""
-    try:
-        fd = os.open(path, _OPEN_FLAGS)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            return "a symbolic link (not followed)"
-        raise
-    try:
-        status = os.fstat(fd)
-        if not stat_module.S_ISREG(status.st_mode):
-            return "not a regular file"
-        chunks, size = [], 0
-        while size <= MAX_RECORD_BYTES:  # it may have grown since the stat
-            chunk = os.read(fd, MAX_RECORD_BYTES + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    finally:
-        os.close(fd)
-    if size > MAX_RECORD_BYTES:
-        return _too_large(size)
-    return _stat_key(status), b"".join(chunks)
-
-
-def _digest(raw: bytes) -> bytes:
-    # What a watcher remembers of a file's content: enough to see it change, not the content
-    # (thousands of records held twice as text would be the frontend's memory, not theirs).
-    return hashlib.blake2b(raw, digest_size=16).digest()
-
-
 @dataclass
 class _FileVersion:
     """One read of one record file: what it held (a record, or why it is not one)."""
 
-    key: tuple[int, int, int]  # (st_ino, st_mtime_ns, st_size) of the file that was read
+    key: StatKey  # (st_ino, st_mtime_ns, st_size) of the file that was read
     read_at: float  # the watcher's clock
     digest: bytes = b""
     record: ModelRecord | None = None
@@ -273,7 +224,7 @@ class DiscoveryWatcher:
         previous = self._files.get(path)
         try:
             status = os.lstat(path)
-            key = _stat_key(status)
+            key = stat_key(status)
             if (
                 previous is not None
                 and previous.key == key
@@ -285,8 +236,8 @@ class DiscoveryWatcher:
             if not stat_module.S_ISREG(status.st_mode):  # a directory, a FIFO, a device
                 return self._malformed(path, previous, key, now, "not a regular file")
             if status.st_size > MAX_RECORD_BYTES:
-                return self._malformed(path, previous, key, now, _too_large(status.st_size))
-            read = _read_regular_file(path)
+                return self._malformed(path, previous, key, now, too_large(status.st_size))
+            read = read_record_file(path)
             if isinstance(read, str):  # what the file turned into between the stat and the open
                 return self._malformed(path, previous, key, now, read)
             key, raw = read
@@ -308,7 +259,7 @@ class DiscoveryWatcher:
         try:
             record = ModelRecord.from_json(raw.decode("utf-8"))
         except Exception as exc:  # noqa: BLE001 - any content (deep nesting too) is data
-            return self._malformed(path, previous, key, now, str(exc), digest=_digest(raw))
+            return self._malformed(path, previous, key, now, str(exc), digest=content_digest(raw))
         expected_name = record.instance_id + RECORD_SUFFIX
         if path.name != expected_name:
             # A worker writes its record under its own instance id; a record under another name
@@ -319,15 +270,15 @@ class DiscoveryWatcher:
                 key,
                 now,
                 f"holds instance {record.instance_id}, whose record is {expected_name}",
-                digest=_digest(raw),
+                digest=content_digest(raw),
             )
-        return _FileVersion(key=key, read_at=now, digest=_digest(raw), record=record)
+        return _FileVersion(key=key, read_at=now, digest=content_digest(raw), record=record)
 
     def _malformed(
         self,
         path: Path,
         previous: _FileVersion | None,
-        key: tuple[int, int, int],
+        key: StatKey,
         now: float,
         error: str,
         *,
@@ -423,7 +374,7 @@ class DiscoveryWatcher:
         if silent_s <= self.delete_after_ttls * self._ttl_for(record):
             return
         try:
-            if _stat_key(os.stat(path)) != version.key:
+            if stat_key(os.stat(path)) != version.key:
                 return  # changed since it was read: the next poll will see the new content
             os.unlink(path)
         except FileNotFoundError:
