@@ -61,37 +61,11 @@ CHECKOUT=$(pwd -P)
 
 log() { echo "setup_sglang_env: $*" >&2; }
 
-find_python311() {
-  if [ -n "${SGLANG_PYTHON:-}" ]; then
-    echo "$SGLANG_PYTHON"
-    return
-  fi
-  if command -v pyenv >/dev/null 2>&1; then
-    local version
-    version=$(pyenv versions --bare 2>/dev/null | grep -E '^3\.11\.[0-9]+$' | sort -V | tail -n 1 || true)
-    if [ -n "$version" ]; then
-      echo "$(pyenv root)/versions/$version/bin/python"
-      return
-    fi
-  fi
-  if command -v python3.11 >/dev/null 2>&1; then
-    command -v python3.11
-    return
-  fi
-  log "no Python 3.11 found (pyenv or python3.11 on PATH); set SGLANG_PYTHON"
-  exit 2
-}
+# shellcheck source=scripts/python311.sh
+. scripts/python311.sh
 
 started_all=$SECONDS
-if [ ! -x "$VENV/bin/python" ]; then
-  python=$(find_python311)
-  if ! "$python" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
-    log "$python is not Python 3.11 (the torch $TORCH_VERSION wheels on this disk are for 3.11)"
-    exit 2
-  fi
-  log "creating $VENV with $python"
-  "$python" -m venv "$VENV"
-fi
+create_venv311 "$VENV" SGLANG_PYTHON "the torch $TORCH_VERSION wheels on this disk are for 3.11"
 pip=("$VENV/bin/python" -m pip --quiet --disable-pip-version-check)
 
 # Step 1: SGLang, torch and the frontend modules' imports, keyed by the pinned set.

@@ -25,10 +25,7 @@ def test_a_default_directory_writable_by_others_exits_2_naming_it_and_the_flag(t
     process = LauncherProcess(
         "launcher", module, args, log_dir=tmp_path, env={"XDG_RUNTIME_DIR": str(tmp_path)}
     )
-    try:
-        assert process.wait_exit(60) == 2
-    finally:
-        process.stop()
+    assert process.exit_code(60) == 2
     log = process.log()
     assert "--discovery-dir / DYN_DISCOVERY_DIR" in log
     assert f"{shared} is writable by other users" in log

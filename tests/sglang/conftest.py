@@ -8,13 +8,11 @@ frontend does where SGLang is missing) run everywhere.
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support.environments import package_gate
 from tests.support.tiny_model import tiny_tokenizer_dir
 
 # CI sets this where it has just built .venv-sglang: a missing SGLang is then an error, not a skip.
@@ -26,22 +24,9 @@ SGLANG_MISSING_REASON = (
 )
 
 
-def sglang_installed() -> bool:
-    return importlib.util.find_spec("sglang") is not None
-
-
-def pytest_collection_modifyitems(config, items):
-    if sglang_installed():
-        return
-    if os.environ.get(REQUIRE_SGLANG_ENV) == "1":
-        raise pytest.UsageError(
-            f"{REQUIRE_SGLANG_ENV}=1 but " + SGLANG_MISSING_REASON.format(python=sys.executable)
-        )
-    here = Path(__file__).parent
-    skip = pytest.mark.skip(reason=SGLANG_MISSING_REASON.format(python=sys.executable))
-    for item in items:
-        if item.get_closest_marker("sglang") is not None and here in Path(item.path).parents:
-            item.add_marker(skip)
+pytest_collection_modifyitems = package_gate(
+    "sglang", Path(__file__).parent, REQUIRE_SGLANG_ENV, SGLANG_MISSING_REASON
+)
 
 
 @pytest.fixture(scope="session")

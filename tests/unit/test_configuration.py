@@ -15,6 +15,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,7 +38,7 @@ from dynamo.vllm import backend_args, self_benchmark_args
 REPO = Path(__file__).resolve().parents[2]
 
 
-def parse_worker(argv=None, env=None) -> argparse.Namespace:
+def parse_worker(argv=None, env=None) -> backend_args.WorkerConfig:
     """The worker's parse_args with its one required option (--model) given through its env
     var, so each test can leave it out."""
     env = dict(os.environ if env is None else env)
@@ -46,7 +47,7 @@ def parse_worker(argv=None, env=None) -> argparse.Namespace:
 
 
 # Each program and the parse_args that reads its command line and env.
-PARSERS: dict[str, Callable[..., argparse.Namespace]] = {
+PARSERS: dict[str, Callable[..., Any]] = {
     "python -m dynamo.frontend": frontend_args.parse_args,
     "python -m dynamo.vllm": parse_worker,
 }
@@ -76,7 +77,7 @@ class GcSurface:
     pause_env: str
 
     @property
-    def parse(self) -> Callable[..., argparse.Namespace]:
+    def parse(self) -> Callable[..., Any]:
         return PARSERS[self.program]
 
     @property

@@ -7,24 +7,12 @@ import logging
 import sys
 import sysconfig
 import threading
-import weakref
 
 import pytest
 
 from dynamo.vllm import gc_policy, gc_policy_config
 from tests.support import wait_until
-
-
-class Node:
-    """A weakref-able object for building cycles."""
-
-    self: Node | None = None
-
-
-def make_cycle() -> weakref.ref:
-    node = Node()
-    node.self = node
-    return weakref.ref(node)
+from tests.support.cycles import dead_cycle
 
 
 class GenerationCounter:
@@ -135,7 +123,7 @@ def test_policy_stops_automatic_gen2_but_not_young_collections():
 
 def test_stop_reclaims_a_cycle_that_died_in_the_frozen_heap():
     gc_policy.start_policy()
-    ref = make_cycle()
+    ref = dead_cycle()
     gc.freeze()  # what the background thread does each interval
     gc.collect()
     assert ref() is not None  # frozen: no collection reaches it while the policy runs
@@ -145,7 +133,7 @@ def test_stop_reclaims_a_cycle_that_died_in_the_frozen_heap():
 
 def test_gc_maintain_reclaims_deferred_cycles_and_keeps_the_policy():
     gc_policy.start_policy()
-    ref = make_cycle()
+    ref = dead_cycle()
     gc.freeze()
     gc.collect()
     assert ref() is not None
@@ -158,7 +146,7 @@ def test_gc_maintain_reclaims_deferred_cycles_and_keeps_the_policy():
 
 
 def test_gc_maintain_outside_the_policy_touches_nothing():
-    ref = make_cycle()
+    ref = dead_cycle()
     gc.freeze()
     assert gc_policy.maintain() == 0
     assert ref() is not None

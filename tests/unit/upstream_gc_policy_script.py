@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import gc
 import os
-import weakref
 
 from dynamo.vllm.gc_policy import (
     FpmGcWorkerExtension,
@@ -17,16 +16,7 @@ from dynamo.vllm.gc_policy import (
     start_gc_policy,
     stop_gc_policy,
 )
-
-
-class Node:
-    self: Node | None = None
-
-
-def dead_cycle() -> weakref.ref:
-    node = Node()
-    node.self = node
-    return weakref.ref(node)
+from tests.support.cycles import dead_cycle
 
 
 def run() -> None:

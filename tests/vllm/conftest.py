@@ -7,7 +7,6 @@ Tests in this folder without the marker (argument handling that needs no vLLM) r
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -15,6 +14,8 @@ from pathlib import Path
 
 import pytest
 from bench_common import OFFLINE_ENV, VLLM_ARGS
+
+from tests.support.environments import package_gate
 
 # OFFLINE_ENV (nothing may come from a hub: the model is built locally) and VLLM_ARGS (the real
 # engine's small footprint) are the benchmarks' own (scripts/bench_common.py), re-exported here.
@@ -30,22 +31,9 @@ VLLM_MISSING_REASON = (
 )
 
 
-def vllm_installed() -> bool:
-    return importlib.util.find_spec("vllm") is not None
-
-
-def pytest_collection_modifyitems(config, items):
-    if vllm_installed():
-        return
-    if os.environ.get(REQUIRE_VLLM_ENV) == "1":
-        raise pytest.UsageError(
-            f"{REQUIRE_VLLM_ENV}=1 but " + VLLM_MISSING_REASON.format(python=sys.executable)
-        )
-    here = Path(__file__).parent
-    skip = pytest.mark.skip(reason=VLLM_MISSING_REASON.format(python=sys.executable))
-    for item in items:
-        if item.get_closest_marker("vllm") is not None and here in Path(item.path).parents:
-            item.add_marker(skip)
+pytest_collection_modifyitems = package_gate(
+    "vllm", Path(__file__).parent, REQUIRE_VLLM_ENV, VLLM_MISSING_REASON
+)
 
 
 @pytest.fixture(scope="session")

@@ -227,8 +227,10 @@ class RequestDeadlines:
                 self._watch_body(loop, protocol, connection, payload)
             return factory(message, payload, protocol, *args, **kwargs)
 
-        server.connection_made = connection_made
-        server.connection_lost = connection_lost
+        # Wrapping aiohttp's per-connection hooks on this one server object (see the class
+        # docstring): instance attributes, so nothing else aiohttp runs is touched.
+        server.connection_made = connection_made  # type: ignore[method-assign]
+        server.connection_lost = connection_lost  # type: ignore[method-assign]
         server.request_factory = request_factory
 
     def _data(self, handler, data: bytes) -> None:
@@ -317,4 +319,5 @@ class GuardedRunner(web.AppRunner):
 
     async def setup(self) -> None:
         await super().setup()
+        assert self.server is not None, "setup() built the server"
         self.deadlines.install(self.server)

@@ -23,14 +23,13 @@ from __future__ import annotations
 import importlib
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from dynamo.runtime.model_card import ModelCard, out_of_vocabulary
 
 if TYPE_CHECKING:
     from .openai_protocol import ChatCompletionRequest
-    from .output_parser import OutputParser
 
 from . import sglang_processor
 from .hf_processor import (
@@ -44,6 +43,7 @@ from .hf_processor import (
     rendering_errors,
     special_tokens,
 )
+from .output_parser import OutputParserFactory, no_output_parser
 
 logger = logging.getLogger(__name__)
 
@@ -109,15 +109,16 @@ class ChatProcessor:
         kind: str,
         tokenizer: Tokenizer,
         template: Template | None,
-        output_parsers: Callable[..., OutputParser | None] | None = None,
+        output_parsers: OutputParserFactory | None = None,
     ) -> None:
         self.card = card
         self.kind = kind
         self.tokenizer = tokenizer
         self.template = template
-        # (tools, tool_choice, messages) -> one request's OutputParser, or None; only the
-        # processors that parse tool calls and reasoning have one.
-        self._output_parsers = output_parsers
+        # One request's tool-call / reasoning parser (output_parser(tools, tool_choice,
+        # messages, stream)), or None when this processor, or the request, has nothing to
+        # parse: only the processors that parse tool calls and reasoning have a factory.
+        self.output_parser: OutputParserFactory = output_parsers or no_output_parser
 
     @property
     def model(self) -> str:
@@ -139,19 +140,6 @@ class ChatProcessor:
         if getattr(self.template, "takes_content_parts", False):
             return self.render(chat.messages_as_sent())
         return self.render(chat.template_messages())
-
-    def output_parser(
-        self,
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        tool_choice: Any = "auto",
-        messages: Sequence[Mapping[str, Any]] = (),
-        stream: bool = True,
-    ) -> OutputParser | None:
-        """A new tool-call / reasoning parser for one request, or None when this processor (or
-        this request) has nothing to parse."""
-        if self._output_parsers is None:
-            return None
-        return self._output_parsers(tools, tool_choice, messages, stream)
 
     def encode_chat(self, prompt: str) -> list[int]:
         # The template already wrote BOS and the like: transformers' apply_chat_template

@@ -8,38 +8,33 @@ from dataclasses import dataclass
 from dynamo.common.bind_errors import is_host_error
 from dynamo.common.configuration import (
     Choice,
-    Host,
     IntRange,
     Option,
     Surface,
     gc_options,
+    host_option,
     parse_surface,
+    port_option,
 )
 from dynamo.common.configuration.drain_options import drain_option
-from dynamo.common.configuration.gc_options import GcSettings
-from dynamo.common.configuration.runtime_options import DISCOVERY_OPTIONS, discovery_settings
+from dynamo.common.configuration.launcher_config import LauncherConfig
+from dynamo.common.configuration.runtime_options import DISCOVERY_OPTIONS
 from dynamo.common.configuration.typed import typed_config
-from dynamo.runtime.discovery import DiscoverySettings
-from dynamo.runtime.discovery.etcd_endpoints import EtcdEndpoint
 
 from .sglang_options import SGLANG_OPTIONS
 
-HTTP_HOST = Option(
-    name="http-host",
-    env_var="DYN_HTTP_HOST",
-    default="0.0.0.0",
-    kind=Host(),
-    metavar="HOST",
-    help="Address the OpenAI-compatible HTTP service listens on",
+HTTP_HOST = host_option(
+    "http-host",
+    "DYN_HTTP_HOST",
+    "0.0.0.0",
+    "Address the OpenAI-compatible HTTP service listens on",
 )
 
-HTTP_PORT = Option(
-    name="http-port",
-    env_var="DYN_HTTP_PORT",
-    default=8000,
-    kind=IntRange(0, 65535),
-    metavar="PORT",
-    help="Port of the HTTP service (0 picks a free port and logs it)",
+HTTP_PORT = port_option(
+    "http-port",
+    "DYN_HTTP_PORT",
+    8000,
+    "Port of the HTTP service (0 picks a free port and logs it)",
 )
 
 CHAT_PROCESSOR = Option(
@@ -135,18 +130,12 @@ def listen_option_at_fault(exc: OSError) -> Option:
 
 
 @dataclass(frozen=True)
-class FrontendConfig:
+class FrontendConfig(LauncherConfig):
     """``python -m dynamo.frontend``'s options, parsed: one field per option of :data:`OPTIONS`
     (held to them by :func:`~dynamo.common.configuration.typed.typed_config`)."""
 
     http_host: str
     http_port: int
-    discovery_backend: str
-    discovery_dir: str | None
-    discovery_ttl: float
-    etcd_endpoints: tuple[EtcdEndpoint, ...]
-    namespace: str
-    discovery_max_records: int
     dyn_preprocess_workers: int
     dyn_chat_processor: str
     tool_call_parser: str | None
@@ -154,18 +143,6 @@ class FrontendConfig:
     chat_template: str | None
     dyn_max_models: int
     router_mode: str
-    freeze_gc_heap: bool
-    gc_pause_log_ms: float
-    drain_timeout: float
-    debug_gc_endpoint: bool
-
-    @property
-    def gc(self) -> GcSettings:
-        return GcSettings(self.freeze_gc_heap, self.gc_pause_log_ms)
-
-    @property
-    def discovery(self) -> DiscoverySettings:
-        return discovery_settings(self)
 
     @property
     def url(self) -> str:

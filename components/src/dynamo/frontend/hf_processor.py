@@ -33,6 +33,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
+from dynamo.runtime.tokenizer_config import token_text
+
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
@@ -84,15 +86,6 @@ def read_tokenizer_config(tokenizer_dir: str | Path) -> dict:
     """``tokenizer_config.json`` of the directory, or ``{}`` when the model has none."""
     path = Path(tokenizer_dir) / TOKENIZER_CONFIG_FILE
     return _read_json(path) if path.exists() else {}
-
-
-def token_text(value: Any) -> str | None:
-    """A special token as tokenizer_config.json writes it: a string or an AddedToken dict."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, Mapping) and isinstance(value.get("content"), str):
-        return value["content"]
-    return None
 
 
 def special_tokens(config: Mapping[str, Any]) -> dict[str, str]:

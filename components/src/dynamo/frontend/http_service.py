@@ -171,7 +171,7 @@ class FrontendService:
         if isinstance(completion.prompt, str):
             prompt_ids = await self._encode(entry, completion.prompt, chat=False)
         else:
-            prompt_ids = list(completion.prompt)
+            prompt_ids = [int(token_id) for token_id in completion.prompt]  # ids, as validated
             try:
                 entry.processor.check_token_ids(prompt_ids)
             except OutOfVocabulary as exc:
@@ -230,7 +230,7 @@ class FrontendService:
                 f"the worker failed during request {responder.completion_id}: {exc}"
             ) from exc
         return web.json_response(
-            responder.whole(text, generation.finish_reason, generation.usage())
+            responder.whole(text, generation.finish_reason or "stop", generation.usage())
         )
 
     async def _stream(
@@ -253,7 +253,7 @@ class FrontendService:
                 async for piece in generation.pieces():
                     if piece:
                         await send_event(response, responder.piece(piece))
-                await send_event(response, responder.finish(generation.finish_reason))
+                await send_event(response, responder.finish(generation.finish_reason or "stop"))
                 if include_usage:
                     await send_event(response, responder.usage(generation.usage()))
             except (WorkerUnavailable, StopAsyncIteration) as exc:

@@ -26,16 +26,8 @@ import sys
 import time
 from collections.abc import Sequence
 
-from dynamo.common import logging_setup
+from dynamo.common import launcher, logging_setup
 from dynamo.common.configuration.runtime_options import DISCOVERY_DIR
-from dynamo.common.launcher import (
-    StartupFailed,
-    configure_process_logging,
-    exit_code,
-    run_lifecycle,
-    start_process_gc,
-    usage_error,
-)
 from dynamo.runtime.discovery import (
     Discovery,
     DiscoveryDirError,
@@ -59,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = frontend_args.parse_args(argv)
         log_levels = logging_setup.log_levels_or_exit(PROG)  # DYN_LOG, as upstream
     except SystemExit as exc:  # bad input (2, the parser printed why) or --help (0)
-        return exit_code(exc)
+        return launcher.exit_code(exc)
     try:
         # The etcd client is imported here, before the start-up freeze covers it.
         discovery = open_discovery(config.discovery)
@@ -70,16 +62,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem is not None:
         # Before anything runs: a watcher on a file or an unreadable directory would see no
         # worker, ever, while /health said ready.
-        return usage_error(PROG, problem)
-    configure_process_logging(PROG, log_levels, frontend_args.SURFACE.options)
+        return launcher.usage_error(PROG, problem)
+    launcher.configure_process_logging(PROG, log_levels, frontend_args.SURFACE.options)
     problem = import_chat_processor(config.dyn_chat_processor)
     sglang = None
     if problem is None and config.dyn_chat_processor == "sglang":
         # SGLang's registries are the source of its parser names: checked now it is imported.
         sglang, problem = sglang_checks.settings_or_problem(config)
     if problem is not None:
-        return usage_error(PROG, problem)
-    process_gc = start_process_gc(config.gc)
+        return launcher.usage_error(PROG, problem)
+    process_gc = launcher.start_process_gc(config.gc)
     logger.info(
         "Frontend starting: http=%s discovery=%s chat_processor=%s max_models=%d "
         "preprocess_workers=%d freeze_gc_heap=%s",
@@ -93,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     frontend = FrontendProcess(config, discovery, process_gc.metrics, sglang)
     try:
         code = asyncio.run(
-            run_lifecycle(
+            launcher.run_lifecycle(
                 frontend,
                 gc=config.gc,
                 context=FREEZE_CONTEXT,
@@ -101,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 process_gc=process_gc,
             )
         )
-    except StartupFailed as exc:
+    except launcher.StartupFailed as exc:
         logger.error("%s", exc)
         code = 1
     finally:

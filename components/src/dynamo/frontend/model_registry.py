@@ -209,8 +209,8 @@ class ModelRegistry:
             record.instance_id,
             record.endpoint,
             record.model,
-            record.card.tokenizer_path,
-            record.card.context_length,
+            record.card.tokenizer_path if record.card else None,
+            record.card.context_length if record.card else 0,
             card.tokenizer_path,
             card.context_length,
         )

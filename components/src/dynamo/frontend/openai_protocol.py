@@ -28,17 +28,11 @@ from pydantic import (
 )
 
 from dynamo.runtime.sampling import (
-    MinP,
     MinTokens,
-    Penalty,
-    RepetitionPenalty,
+    SamplerFields,
     SamplingOptions,
-    Seed,
     StopText,
-    Temperature,
     TokenCount,
-    TopK,
-    TopP,
 )
 
 # The roles a chat message may have (vLLM's, plus OpenAI's "developer", passed to the template).
@@ -108,21 +102,13 @@ class StreamOptions(BaseModel):
     include_usage: StrictBool = False
 
 
-class _SamplingRequest(BaseModel):
+class _SamplingRequest(SamplerFields):
     """Fields /v1/chat/completions and /v1/completions share."""
 
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     model: Annotated[StrictStr, Field(min_length=1)]
     max_tokens: TokenCount | None = None
-    temperature: Temperature | None = None
-    top_p: TopP | None = None
-    top_k: TopK | None = None
-    min_p: MinP | None = None
-    seed: Seed | None = None
-    presence_penalty: Penalty | None = None
-    frequency_penalty: Penalty | None = None
-    repetition_penalty: RepetitionPenalty | None = None
     stop: StopText | Annotated[list[StopText], Field(max_length=64)] | None = None
     n: Literal[1] | None = 1
     ignore_eos: StrictBool | None = False
@@ -149,16 +135,9 @@ class _SamplingRequest(BaseModel):
         """What the worker gets; ``max_tokens`` already fits the model's context."""
         ignore_eos = bool(self.ignore_eos)
         return SamplingOptions(
+            **self.sampler_settings(),
             max_tokens=max_tokens,
             min_tokens=self.min_tokens or 0,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            min_p=self.min_p,
-            seed=self.seed,
-            presence_penalty=self.presence_penalty,
-            frequency_penalty=self.frequency_penalty,
-            repetition_penalty=self.repetition_penalty,
             stop=self.stop_strings,
             stop_token_ids=() if ignore_eos else tuple(eos_token_ids),
             ignore_eos=ignore_eos,

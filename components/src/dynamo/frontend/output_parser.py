@@ -16,8 +16,13 @@ then :meth:`OutputParser.finish`), so both modes go through the same parser stat
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+# A request's "tools" and "messages", in OpenAI's shapes.
+Tools = Sequence[Mapping[str, Any]] | None
+Messages = Sequence[Mapping[str, Any]]
 
 
 @dataclass
@@ -39,3 +44,15 @@ class OutputParser(Protocol):
     def finish(self) -> ParsedDelta:
         """The end of the completion: what the parsers held back, and the tool calls."""
         ...
+
+
+# One request's parser from its ``tools``, ``tool_choice`` and ``messages``, and whether it
+# streams (a non-streamed completion is parsed whole at the end); None: nothing to parse.
+OutputParserFactory = Callable[..., OutputParser | None]
+
+
+def no_output_parser(
+    tools: Tools = None, tool_choice: Any = "auto", messages: Messages = (), stream: bool = True
+) -> OutputParser | None:
+    """The factory of a processor that parses nothing (its output is all content)."""
+    return None

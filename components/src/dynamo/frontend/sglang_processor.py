@@ -44,7 +44,7 @@ tokens) until the next id completes it.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,7 +52,7 @@ from typing import Any
 from dynamo.runtime.model_card import ModelCard
 
 from .hf_processor import ModelFilesError, rendering_errors
-from .output_parser import OutputParser
+from .output_parser import Messages, OutputParser, OutputParserFactory, Tools
 
 # What --dyn-chat-processor sglang imports at start-up, before the freeze (keep in step with
 # the packages of scripts/setup_sglang_env.sh).
@@ -347,9 +347,9 @@ class SglangOutputParsers:
 
     def __call__(
         self,
-        tools: Sequence[Mapping[str, Any]] | None = None,
+        tools: Tools = None,
         tool_choice: Any = "auto",
-        messages: Sequence[Mapping[str, Any]] = (),
+        messages: Messages = (),
         stream: bool = True,
     ) -> OutputParser | None:
         """The request's parser, or None when it has nothing to parse (no reasoning parser, and
@@ -411,7 +411,7 @@ def _earlier_tool_calls(messages: Sequence[Mapping[str, Any]]) -> int:
 class SglangModel:
     tokenizer: SglangTokenizer
     template: SglangTemplate | None
-    output_parsers: Callable[..., OutputParser | None] | None
+    output_parsers: OutputParserFactory | None
 
 
 def build_sglang(card: ModelCard, settings: SglangSettings) -> SglangModel:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Annotated, Any
 
 import aiohttp
@@ -136,7 +136,7 @@ def _refusal(status: int, text: str) -> RequestRefused | None:
 
 async def generate(
     session: aiohttp.ClientSession, endpoint: str, request: GenerateRequest | dict
-) -> AsyncIterator[dict]:
+) -> AsyncGenerator[dict, None]:
     """Stream one request's items from a worker. Raises :class:`WorkerUnavailable`, or
     :class:`RequestRefused` before the first item for a 400 about the request itself.
 

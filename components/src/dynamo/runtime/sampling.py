@@ -10,7 +10,7 @@ frontend accepts is one vLLM accepts.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import (
     BaseModel,
@@ -40,12 +40,10 @@ MinTokens = Annotated[StrictInt, Field(ge=0)]
 StopText = Annotated[StrictStr, Field(min_length=1)]
 
 
-class SamplingOptions(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+class SamplerFields(BaseModel):
+    """The sampler's settings that a client's request and the request plane carry alike, with
+    vLLM's types and ranges; None leaves the model's default (its generation config)."""
 
-    # Already capped by the frontend so that prompt + completion fits the model's context.
-    max_tokens: TokenCount
-    min_tokens: MinTokens = 0
     temperature: Temperature | None = None
     top_p: TopP | None = None
     top_k: TopK | None = None
@@ -54,6 +52,18 @@ class SamplingOptions(BaseModel):
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     repetition_penalty: RepetitionPenalty | None = None
+
+    def sampler_settings(self) -> dict[str, Any]:
+        """These fields' values, by name (to build another model that has them)."""
+        return {name: getattr(self, name) for name in SamplerFields.model_fields}
+
+
+class SamplingOptions(SamplerFields):
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    # Already capped by the frontend so that prompt + completion fits the model's context.
+    max_tokens: TokenCount
+    min_tokens: MinTokens = 0
     # Stop strings, matched on the detokenized text. The frontend is authoritative (it hides
     # them from the output and ends the stream); engines that can match them too stop sooner.
     stop: tuple[StopText, ...] = ()

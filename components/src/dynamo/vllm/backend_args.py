@@ -10,39 +10,34 @@ from dataclasses import dataclass
 from dynamo.common.configuration import (
     Choice,
     FiniteFloat,
-    Host,
     IntRange,
     Option,
     Surface,
     Text,
     build_parser,
     gc_options,
+    host_option,
     parse_surface,
+    port_option,
 )
 from dynamo.common.configuration.drain_options import drain_option
-from dynamo.common.configuration.gc_options import GcSettings
-from dynamo.common.configuration.runtime_options import DISCOVERY_OPTIONS, discovery_settings
+from dynamo.common.configuration.launcher_config import LauncherConfig
+from dynamo.common.configuration.runtime_options import DISCOVERY_OPTIONS
 from dynamo.common.configuration.typed import typed_config
-from dynamo.runtime.discovery import DiscoverySettings
-from dynamo.runtime.discovery.etcd_endpoints import EtcdEndpoint
 from dynamo.vllm import self_benchmark_args
 
-REQUEST_PLANE_HOST = Option(
-    name="request-plane-host",
-    env_var="DYN_VLLM_REQUEST_PLANE_HOST",
-    default="127.0.0.1",
-    kind=Host(),
-    metavar="HOST",
-    help="Address the worker's request plane listens on (the frontend connects to it)",
+REQUEST_PLANE_HOST = host_option(
+    "request-plane-host",
+    "DYN_VLLM_REQUEST_PLANE_HOST",
+    "127.0.0.1",
+    "Address the worker's request plane listens on (the frontend connects to it)",
 )
 
-REQUEST_PLANE_PORT = Option(
-    name="request-plane-port",
-    env_var="DYN_VLLM_REQUEST_PLANE_PORT",
-    default=0,
-    kind=IntRange(0, 65535),
-    metavar="PORT",
-    help="Port of the worker's request plane (0 picks a free port)",
+REQUEST_PLANE_PORT = port_option(
+    "request-plane-port",
+    "DYN_VLLM_REQUEST_PLANE_PORT",
+    0,
+    "Port of the worker's request plane (0 picks a free port)",
 )
 
 TENSOR_PARALLEL_SIZE = Option(
@@ -58,22 +53,18 @@ TENSOR_PARALLEL_SIZE = Option(
     ),
 )
 
-SYSTEM_HOST = Option(
-    name="system-host",
-    env_var="DYN_SYSTEM_HOST",
-    default="0.0.0.0",
-    kind=Host(),
-    metavar="HOST",
-    help="Address the system server (/live, /health, /metrics) listens on, with --system-port",
+SYSTEM_HOST = host_option(
+    "system-host",
+    "DYN_SYSTEM_HOST",
+    "0.0.0.0",
+    "Address the system server (/live, /health, /metrics) listens on, with --system-port",
 )
 
-SYSTEM_PORT = Option(
-    name="system-port",
-    env_var="DYN_SYSTEM_PORT",
-    default=None,
-    kind=IntRange(0, 65535),
-    metavar="PORT",
-    help=(
+SYSTEM_PORT = port_option(
+    "system-port",
+    "DYN_SYSTEM_PORT",
+    None,
+    (
         "Serve GET /live (liveness: 200 while the process answers, in every phase), GET "
         "/health (readiness: 200 once serving, 503 while starting or draining) and GET "
         "/metrics on this port (unset: no system server; 0 picks a free port and logs it)"
@@ -236,7 +227,7 @@ class SelfBenchmarkSettings:
 
 
 @dataclass(frozen=True)
-class WorkerConfig:
+class WorkerConfig(LauncherConfig):
     """``python -m dynamo.vllm``'s options, parsed: one field per option of
     :data:`ALL_OPTIONS` (held to them by
     :func:`~dynamo.common.configuration.typed.typed_config`), and ``vllm_args``: the arguments
@@ -247,38 +238,20 @@ class WorkerConfig:
     engine: str
     chat_template: str | None
     tensor_parallel_size: int
-    discovery_backend: str
-    discovery_dir: str | None
-    discovery_ttl: float
-    etcd_endpoints: tuple[EtcdEndpoint, ...]
-    namespace: str
-    discovery_max_records: int
     request_plane_host: str
     request_plane_port: int
     mock_token_ms: float
     mock_max_model_len: int | None
     mock_init_ms: float
     mock_heap_objects: int
-    freeze_gc_heap: bool
-    gc_pause_log_ms: float
-    drain_timeout: float
     system_host: str
     system_port: int | None
-    debug_gc_endpoint: bool
     self_benchmark_points: int
     self_benchmark_output: str | None
     fpm_gc_policy: str
     fpm_gc_freeze_interval_s: float
     worker_extension_cls: str | None
     vllm_args: tuple[str, ...]
-
-    @property
-    def gc(self) -> GcSettings:
-        return GcSettings(self.freeze_gc_heap, self.gc_pause_log_ms)
-
-    @property
-    def discovery(self) -> DiscoverySettings:
-        return discovery_settings(self)
 
     @property
     def self_benchmark(self) -> SelfBenchmarkSettings:

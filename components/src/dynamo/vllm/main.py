@@ -27,15 +27,7 @@ import asyncio
 import logging
 from collections.abc import Sequence
 
-from dynamo.common import logging_setup
-from dynamo.common.launcher import (
-    StartupFailed,
-    configure_process_logging,
-    exit_code,
-    run_lifecycle,
-    start_process_gc,
-    usage_error,
-)
+from dynamo.common import launcher, logging_setup
 from dynamo.runtime.discovery import Discovery, DiscoverySetupError, open_discovery
 from dynamo.vllm import backend_args, engine_factory, startup_checks
 from dynamo.vllm.backend_args import WorkerConfig
@@ -59,10 +51,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         discovery = open_discovery(config.discovery)
         startup_checks.check_paths(config, discovery, config.discovery.directory)
     except SystemExit as exc:  # bad input (exit 2) or --help (exit 0): nothing else has run
-        return exit_code(exc)
+        return launcher.exit_code(exc)
     except DiscoverySetupError as exc:  # etcd credentials that cannot work
-        return usage_error(PROG, str(exc))
-    configure_process_logging(PROG, log_levels, backend_args.ALL_OPTIONS)
+        return launcher.usage_error(PROG, str(exc))
+    launcher.configure_process_logging(PROG, log_levels, backend_args.ALL_OPTIONS)
     log_options(config)
     try:
         # With --engine vllm: import vLLM and parse its arguments now, before the event loop
@@ -72,11 +64,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return asyncio.run(run_worker(config, discovery, engine_builder))
     except SystemExit as exc:  # vLLM's --help
-        return exit_code(exc)
+        return launcher.exit_code(exc)
     except EngineUnavailable as exc:
         logger.error("Cannot start the worker: %s", exc)
         return 2
-    except (StartupFailed, EngineInitFailed) as exc:
+    except (launcher.StartupFailed, EngineInitFailed) as exc:
         logger.error("Cannot start the worker: %s", exc)
         return 1
     except RankError as exc:
@@ -90,10 +82,10 @@ async def run_worker(
     config: WorkerConfig, discovery: Discovery, engine_builder: EngineBuilder
 ) -> int:
     """Everything after the checks, on the event loop; the exit code (0 after a signal)."""
-    process_gc = start_process_gc(config.gc)
+    process_gc = launcher.start_process_gc(config.gc)
     try:
         worker = WorkerProcess(config, discovery, engine_builder, process_gc.metrics)
-        code = await run_lifecycle(
+        code = await launcher.run_lifecycle(
             worker,
             gc=config.gc,
             context=FREEZE_CONTEXT,

@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncGenerator, Iterator, Sequence
 from typing import Any
 
 from tokenizers.decoders import DecodeStream
@@ -70,7 +70,9 @@ class MockCompletion:
     def check_prompt(self) -> None:
         """Raise :class:`BadGenerateRequest` for what vLLM refuses too: an id outside the
         model's vocabulary, a prompt that leaves no room in the context."""
-        found = out_of_vocabulary(self.prompt, self.model.card.max_token_id)
+        max_token_id = self.model.card.max_token_id
+        assert max_token_id is not None, "the mock's card always has its vocabulary's bound"
+        found = out_of_vocabulary(self.prompt, max_token_id)
         if found is not None:
             index, message = found
             raise BadGenerateRequest(message, field=f"token_ids.{index}")
@@ -217,7 +219,7 @@ class MockEngine:
             )
         self.started = True
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[dict]:
+    async def generate(self, request: GenerateRequest) -> AsyncGenerator[dict, None]:
         completion = MockCompletion(self.model, request.token_ids, request.sampling)
         completion.check_prompt()  # before the first item: the request plane answers 400
         self.requests_started += 1

@@ -14,7 +14,7 @@ import contextlib
 import json
 import logging
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from aiohttp import web
@@ -41,7 +41,7 @@ logger = logging.getLogger(__name__)
 
 CUT_SHORT_MESSAGE = "worker draining: the request was cut short at the end of its drain"
 
-GenerateHandler = Callable[[GenerateRequest], AsyncIterator[dict]]
+GenerateHandler = Callable[[GenerateRequest], AsyncGenerator[dict, None]]
 
 
 async def _read_json(request: web.Request) -> Any:
@@ -189,7 +189,7 @@ class RequestPlaneServer:
         # Nothing is admitted before the phase is `serving` (see run_worker) nor while draining.
         return lifecycle.current_phase() is lifecycle.Phase.SERVING
 
-    async def _generate(self, request: GenerateRequest) -> AsyncIterator[dict]:
+    async def _generate(self, request: GenerateRequest) -> AsyncGenerator[dict, None]:
         self.in_flight += 1
         finished = False
         try:

@@ -262,8 +262,8 @@ async def _stop_policy(
             errors.append(exc)
     if errors and raise_errors:
         raise errors[0]
-    for exc in errors:
-        logger.error("Stopping the GC policy failed: %s", exc)
+    for error in errors:
+        logger.error("Stopping the GC policy failed: %s", error)
 
 
 async def run_self_benchmark(engine: Any, config: WorkerConfig) -> BenchmarkSummary:

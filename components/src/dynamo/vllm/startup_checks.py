@@ -42,14 +42,24 @@ def _reason(exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
+def unusable(option: Option, value: str, problem: str, exc: BaseException) -> UnusablePath:
+    """The error naming the option, its value, what the worker cannot do with it, and why."""
+    if isinstance(exc, OSError):
+        reason = _reason(exc)
+    elif isinstance(exc, UnicodeDecodeError):
+        reason = f"not UTF-8 text: {exc}"
+    else:
+        reason = str(exc)
+    return UnusablePath(f"{option.source_label()} is {value!r}: the worker {problem} ({reason})")
+
+
 def check_discovery(discovery: Discovery, directory: str) -> None:
     """The store must be usable by a writer (file: the directory created, a record writable)."""
     try:
         discovery.check(writer=True)
     except DiscoveryDirError as exc:
-        raise UnusablePath(
-            f"{DISCOVERY_DIR.source_label()} is {directory!r}: the worker cannot write its "
-            f"discovery record there ({exc})"
+        raise unusable(
+            DISCOVERY_DIR, directory, "cannot write its discovery record there", exc
         ) from None
 
 
@@ -59,10 +69,7 @@ def create_benchmark_output(path: str) -> None:
         with open(path, "w", encoding="utf-8"):
             pass
     except OSError as exc:
-        raise UnusablePath(
-            f"{SELF_BENCHMARK_OUTPUT.source_label()} is {path!r}: the worker cannot create the "
-            f"file ({_reason(exc)})"
-        ) from None
+        raise unusable(SELF_BENCHMARK_OUTPUT, path, "cannot create the file", exc) from None
 
 
 def check_chat_template(path: str) -> None:
@@ -71,10 +78,7 @@ def check_chat_template(path: str) -> None:
         with open(path, encoding="utf-8") as template:
             template.read()
     except (OSError, UnicodeDecodeError) as exc:
-        reason = _reason(exc) if isinstance(exc, OSError) else f"not UTF-8 text: {exc}"
-        raise UnusablePath(
-            f"{CHAT_TEMPLATE.source_label()} is {path!r}: the worker cannot read it ({reason})"
-        ) from None
+        raise unusable(CHAT_TEMPLATE, path, "cannot read it", exc) from None
 
 
 def check_paths(config: WorkerConfig, discovery: Discovery, directory: str) -> None:

@@ -27,7 +27,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 from vllm import SamplingParams
@@ -255,7 +255,7 @@ class VllmEngine:
     def _next_request_id(self, label: str) -> str:
         return f"{label or 'req'}-{self._id_prefix}-{next(self._request_ids)}"
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[dict]:
+    async def generate(self, request: GenerateRequest) -> AsyncGenerator[dict, None]:
         engine = self.engine
         prompt = list(request.token_ids)  # the model's own ids: sent to vLLM unchanged
         self._check_prompt(prompt)
@@ -323,7 +323,7 @@ class VllmEngine:
         watches its own workers and exits when one dies, so a dead worker ends up here too."""
         engine = self.engine
         processes = engine_core_processes(engine)
-        watches = [asyncio.ensure_future(self._reported_dead.wait())]
+        watches: list[asyncio.Future[Any]] = [asyncio.ensure_future(self._reported_dead.wait())]
         if processes:
             watches.append(asyncio.ensure_future(first_exit(processes)))
         try:

@@ -4,7 +4,6 @@ record (:class:`RecordHeartbeat`), a frontend's :class:`~.file_watcher.FileWatch
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import os
@@ -22,7 +21,7 @@ from dynamo.runtime.discovery.interface import (
     RecordCallback,
 )
 from dynamo.runtime.discovery.mounts import network_filesystem_of
-from dynamo.runtime.discovery.periodic import PeriodicTask, run_off_loop
+from dynamo.runtime.discovery.periodic import PeriodicDuty, PeriodicTask, run_off_loop
 from dynamo.runtime.discovery.record import (
     DEFAULT_LEASE_TTL_S,
     DEFAULT_MAX_RECORDS,
@@ -41,7 +40,7 @@ def heartbeat_interval_for(ttl_s: float) -> float:
     return ttl_s / HEARTBEATS_PER_TTL
 
 
-class RecordHeartbeat:
+class RecordHeartbeat(PeriodicDuty):
     """The worker's side of the lease: renews its record every ``interval_s`` until stopped.
 
     Stop it before removing the record: a renewal after the removal would write it back
@@ -80,15 +79,6 @@ class RecordHeartbeat:
     async def _beat_off_loop(self) -> None:
         # A write to a network volume can block for tens of milliseconds: not on the loop.
         await run_off_loop(self.beat)
-
-    async def run(self) -> None:
-        await self._periodic.run()
-
-    def start(self) -> asyncio.Task:
-        return self._periodic.start()
-
-    async def stop(self) -> None:
-        await self._periodic.stop()
 
 
 class FileRegistration:

@@ -32,7 +32,6 @@ callbacks (``on_add`` / ``on_remove``) stay on the loop.
 
 from __future__ import annotations
 
-import asyncio
 import heapq
 import logging
 import os
@@ -48,7 +47,7 @@ from dynamo.runtime.discovery.interface import (
     STATE_OK,
     RecordCallback,
 )
-from dynamo.runtime.discovery.periodic import PeriodicTask, notify, run_off_loop
+from dynamo.runtime.discovery.periodic import PeriodicDuty, PeriodicTask, notify, run_off_loop
 from dynamo.runtime.discovery.record import (
     DEFAULT_LEASE_TTL_S,
     DEFAULT_MAX_RECORDS,
@@ -107,7 +106,7 @@ class _Sighting:
     expired: bool = False
 
 
-class DiscoveryWatcher:
+class DiscoveryWatcher(PeriodicDuty):
     """Polls the discovery directory and reports added and removed records.
 
     ``on_add`` / ``on_remove`` may be plain functions or coroutines; an exception in one is
@@ -418,15 +417,6 @@ class DiscoveryWatcher:
             if instance_id not in self.known:
                 self.known[instance_id] = record
                 await notify(self.on_add, record)
-
-    async def run(self) -> None:
-        await self._periodic.run()
-
-    def start(self) -> asyncio.Task:
-        return self._periodic.start()
-
-    async def stop(self) -> None:
-        await self._periodic.stop()
 
 
 class FileWatcher(DiscoveryWatcher):

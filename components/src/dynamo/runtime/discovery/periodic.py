@@ -173,6 +173,22 @@ class PeriodicTask:
             logger.error("%s ended with an error", self.name, exc_info=task.exception())
 
 
+class PeriodicDuty:
+    """Something that runs as a :class:`PeriodicTask` (``self._periodic``): the worker's
+    heartbeat, the file watcher. Running, starting and stopping are the task's."""
+
+    _periodic: PeriodicTask
+
+    async def run(self) -> None:
+        await self._periodic.run()
+
+    def start(self) -> asyncio.Task:
+        return self._periodic.start()
+
+    async def stop(self) -> None:
+        await self._periodic.stop()
+
+
 async def notify(callback: RecordCallback, record: ModelRecord) -> None:
     """``callback(record)``, awaited if it is a coroutine; an exception is logged, not raised:
     one bad model must not blind the frontend to the rest."""
