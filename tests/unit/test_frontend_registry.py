@@ -233,7 +233,10 @@ def test_health_and_requests_are_answered_while_a_processor_builds(make_record):
             await session.close()
 
     during, models = run(scenario)
-    assert during == (200, {"status": "ready", "phase": "serving", "models": 0}, 404)
+    # Answered at once, and not ready yet: the one model is still being built.
+    status, health, chat_status = during
+    assert (status, health["status"], health["models"], chat_status) == (503, "notready", 0, 404)
+    assert "fewer than the 1" in health["reason"]
     assert models == ["a"]
 
 

@@ -21,12 +21,14 @@ def process_metrics():
     m.detach()
 
 
-def run_against_server(m: DynamoMetrics, scenario, *, debug_gc_endpoint: bool = False):
+def run_against_server(
+    m: DynamoMetrics, scenario, *, debug_gc_endpoint: bool = False, not_ready=None
+):
     """Start the server on a free loopback port, run ``scenario(session, base_url)``, stop."""
 
     async def main():
         server = await start_system_server(
-            m, host="127.0.0.1", port=0, debug_gc_endpoint=debug_gc_endpoint
+            m, host="127.0.0.1", port=0, debug_gc_endpoint=debug_gc_endpoint, not_ready=not_ready
         )
         try:
             async with aiohttp.ClientSession() as session:
@@ -60,6 +62,48 @@ def test_health_follows_the_serving_phase(process_metrics):
         (200, "serving"),
         (503, "draining"),
     ]
+
+
+def test_health_waits_for_the_services_own_condition_and_says_why(process_metrics):
+    """The worker's: serving, but its model not registered yet, is not ready; the 503's body
+    names the reason (the phase's, or the service's)."""
+    registered = False
+
+    def not_ready():
+        return None if registered else "the model is not registered in discovery yet"
+
+    async def scenario(session, base):
+        async def health():
+            async with session.get(base + "/health") as response:
+                return response.status, await response.json()
+
+        starting = await health()
+        lifecycle.mark_serving("test")
+        unregistered = await health()
+        nonlocal registered
+        registered = True
+        return starting, unregistered, await health()
+
+    starting, unregistered, ready = run_against_server(
+        process_metrics, scenario, not_ready=not_ready
+    )
+    assert starting == (
+        503,
+        {
+            "status": "notready",
+            "phase": "starting",
+            "reason": "the process is starting, not serving",
+        },
+    )
+    assert unregistered == (
+        503,
+        {
+            "status": "notready",
+            "phase": "serving",
+            "reason": "the model is not registered in discovery yet",
+        },
+    )
+    assert ready == (200, {"status": "ready", "phase": "serving"})
 
 
 def test_live_answers_200_in_every_phase_beside_health(process_metrics):

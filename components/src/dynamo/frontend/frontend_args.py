@@ -37,6 +37,19 @@ HTTP_PORT = port_option(
     "Port of the HTTP service (0 picks a free port and logs it)",
 )
 
+READY_MIN_MODELS = Option(
+    name="dyn-ready-min-models",
+    env_var="DYN_READY_MIN_MODELS",
+    default=1,
+    kind=IntRange(0, 100_000),
+    metavar="N",
+    help=(
+        "GET /health (readiness) answers 503 until at least N models are served (found "
+        "through discovery, their chat processor built); 0: ready as soon as the HTTP "
+        "listener opens. GET /live (liveness) answers 200 regardless"
+    ),
+)
+
 CHAT_PROCESSOR = Option(
     name="dyn-chat-processor",
     env_var="DYN_CHAT_PROCESSOR",
@@ -71,6 +84,7 @@ OPTIONS = [
     ),
     CHAT_PROCESSOR,
     *SGLANG_OPTIONS,
+    READY_MIN_MODELS,
     Option(
         name="dyn-max-models",
         env_var="DYN_MAX_MODELS",
@@ -142,6 +156,7 @@ class FrontendConfig(LauncherConfig):
     reasoning_parser: str | None
     chat_template: str | None
     dyn_max_models: int
+    dyn_ready_min_models: int
     router_mode: str
 
     @property
@@ -149,6 +164,17 @@ class FrontendConfig(LauncherConfig):
         """Where the HTTP service listens, as a URL (for log lines)."""
         host = f"[{self.http_host}]" if ":" in self.http_host else self.http_host
         return f"http://{host}:{self.http_port}"
+
+
+def readiness_problem(config: FrontendConfig) -> str | None:
+    """Why the readiness threshold can never be met (more models than the frontend serves)."""
+    if config.dyn_ready_min_models > config.dyn_max_models:
+        return (
+            f"{READY_MIN_MODELS.source_label()} is {config.dyn_ready_min_models}, more than the "
+            f"{config.dyn_max_models} models --dyn-max-models / DYN_MAX_MODELS lets the frontend "
+            "serve: /health would never be ready"
+        )
+    return None
 
 
 def parse_args(

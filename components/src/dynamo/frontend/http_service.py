@@ -62,10 +62,13 @@ class FrontendService:
         registry: ModelRegistry,
         router: WorkerRouter,
         preprocess_pool: PreprocessPool | None = None,
+        *,
+        ready_min_models: int = 1,
     ) -> None:
         self.registry = registry
         self.router = router
         self.preprocess_pool = preprocess_pool
+        self.ready_min_models = ready_min_models  # /health: ready from this many models on
         self.in_flight = 0  # completion requests admitted and not finished (logged when draining)
         # The discovery watcher (set by main): /health reports its state, and is not ready
         # before its first look at the store.
@@ -89,30 +92,45 @@ class FrontendService:
         return web.json_response({"status": "live", "phase": lifecycle.current_phase().value})
 
     async def handle_health(self, request: web.Request) -> web.Response:
-        phase = lifecycle.current_phase()
-        # A preprocess pool whose rebuild failed will never tokenise again: the pod must leave
-        # the load balancer (readiness) rather than answer 503 to every request. A pool being
-        # rebuilt is still ready: it is back in seconds, and its requests fail fast meanwhile.
-        pool = self.preprocess_pool
-        ready = phase is lifecycle.Phase.SERVING and (pool is None or pool.healthy)
+        """Readiness: 200 once the process serves at least ``--dyn-ready-min-models`` models,
+        else 503 with ``reason`` saying why (a probe's log shows the body)."""
+        served = len(self.registry.entries())
         # The same shape as the worker's system server, plus the number of servable models
-        # (and the pool's state when there is one).
-        body = {
-            "status": "ready" if ready else "notready",
-            "phase": phase.value,
-            "models": len(self.registry.entries()),
-        }
+        # (and the pool's and discovery's states when they matter).
+        body: dict[str, object] = {"phase": lifecycle.current_phase().value, "models": served}
+        pool = self.preprocess_pool
         if pool is not None:
             body["preprocess_pool"] = pool.state
         watcher = self.discovery_watcher
         if watcher is not None and watcher.state != "ok":
-            # Said only when it matters. "degraded" stays ready: the instances known are still
-            # served; "connecting" (never reached the store yet) is not ready.
+            # "degraded" stays ready: the instances known are still served; "connecting"
+            # (never reached the store yet) is not ready.
             body["discovery"] = watcher.state
-            if watcher.state == "connecting":
-                ready = False
-                body["status"] = "notready"
+        reason = self._not_ready_reason(served, watcher)
+        ready = reason is None
+        body = {"status": "ready" if ready else "notready", **body}
+        if reason is not None:
+            body["reason"] = reason
         return web.json_response(body, status=200 if ready else 503)
+
+    def _not_ready_reason(self, served: int, watcher: RecordWatcher | None) -> str | None:
+        phase = lifecycle.current_phase()
+        if phase is not lifecycle.Phase.SERVING:
+            return f"the frontend is {phase.value}, not serving"
+        # A preprocess pool whose rebuild failed will never tokenise again: the pod must leave
+        # the load balancer (readiness) rather than answer 503 to every request. A pool being
+        # rebuilt is still ready: it is back in seconds, and its requests fail fast meanwhile.
+        pool = self.preprocess_pool
+        if pool is not None and not pool.healthy:
+            return "the preprocess pool failed and could not be rebuilt"
+        if watcher is not None and watcher.state == "connecting":
+            return "discovery has not reached its store yet"
+        if served < self.ready_min_models:
+            return (
+                f"{served} model(s) served, fewer than the {self.ready_min_models} that "
+                "--dyn-ready-min-models / DYN_READY_MIN_MODELS asks for"
+            )
+        return None
 
     async def handle_models(self, request: web.Request) -> web.Response:
         return web.json_response(

@@ -52,6 +52,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         log_levels = logging_setup.log_levels_or_exit(PROG)  # DYN_LOG, as upstream
     except SystemExit as exc:  # bad input (2, the parser printed why) or --help (0)
         return launcher.exit_code(exc)
+    problem = frontend_args.readiness_problem(config)
+    if problem is not None:  # before the discovery directory is made: nothing half-applied
+        return launcher.usage_error(PROG, problem)
     try:
         # The etcd client is imported here, before the start-up freeze covers it.
         discovery = open_discovery(config.discovery)
@@ -74,11 +77,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     process_gc = launcher.start_process_gc(config.gc)
     logger.info(
         "Frontend starting: http=%s discovery=%s chat_processor=%s max_models=%d "
-        "preprocess_workers=%d freeze_gc_heap=%s",
+        "ready_min_models=%d preprocess_workers=%d freeze_gc_heap=%s",
         config.url,
         discovery.describe(),
         config.dyn_chat_processor,
         config.dyn_max_models,
+        config.dyn_ready_min_models,
         config.dyn_preprocess_workers,
         "on" if config.freeze_gc_heap else "off",
     )

@@ -96,7 +96,9 @@ class FrontendProcess:
             max_models=config.dyn_max_models,
         )
         closer.push("chat processor builds", registry.aclose)
-        service = self.service = FrontendService(registry, WorkerRouter(session), pool)
+        service = self.service = FrontendService(
+            registry, WorkerRouter(session), pool, ready_min_models=config.dyn_ready_min_models
+        )
         app = service.build_app()
         if self.metrics is not None:
             metrics_route(app, self.metrics)  # GET /metrics on the HTTP port

@@ -30,7 +30,7 @@ import time
 from dynamo.common import lifecycle
 from dynamo.common.launcher import Closer, StopSignals
 from dynamo.common.metrics import DynamoMetrics
-from dynamo.common.system_server import start_system_server
+from dynamo.common.system_server import NotReadyCheck, start_system_server
 from dynamo.runtime.discovery import Discovery, ModelRecord, Registration
 from dynamo.runtime.model_card import ModelCard
 from dynamo.vllm import backend_args, reachability, startup_checks
@@ -57,12 +57,13 @@ class WorkerProcess:
         self.engine: Engine | None = None
         self.plane: RequestPlaneServer | None = None
         self.registration: Registration | None = None
+        self.registered = False  # the model's record is published: /health may say ready
         self._closer: Closer | None = None
 
     async def start(self, closer: Closer) -> None:
         self._closer = closer
         config = self.config
-        await start_system_port(config, self.metrics, closer)
+        await start_system_port(config, self.metrics, closer, not_ready=self.not_ready_reason)
         # Building the vLLM adapter's engine is quick (main() imported vLLM), but off the loop
         # all the same: the loop answers health probes and signals meanwhile.
         engine = self.engine = await asyncio.to_thread(self.engine_builder)
@@ -116,7 +117,13 @@ class WorkerProcess:
         # Closes first: the record goes (file: heartbeat stopped, then the file; etcd: the lease
         # revoked) before the request plane drains.
         self._closer.push("model registration", lambda: unregister_model(registration, record))
+        self.registered = True
         logger.info("Worker serving model %s; stop it with SIGTERM or SIGINT", record.model)
+
+    def not_ready_reason(self) -> str | None:
+        """Why /health is not ready once the phase is ``serving``: the frontend routes to this
+        worker only once its record is published, so readiness waits for it too."""
+        return None if self.registered else "the model is not registered in discovery yet"
 
     async def serve(self, signals: StopSignals) -> int:
         assert self.plane is not None and self.engine is not None, "start() has run"
@@ -138,8 +145,14 @@ class WorkerProcess:
         return 0
 
 
-async def start_system_port(config: WorkerConfig, metrics: DynamoMetrics, closer: Closer) -> None:
-    """/health and /metrics on --system-port, from the start so probes see `starting`.
+async def start_system_port(
+    config: WorkerConfig,
+    metrics: DynamoMetrics,
+    closer: Closer,
+    *,
+    not_ready: NotReadyCheck | None = None,
+) -> None:
+    """/live, /health and /metrics on --system-port, from the start so probes see `starting`.
 
     A port that cannot be bound raises :class:`StartupFailed` naming --system-port.
     """
@@ -154,6 +167,7 @@ async def start_system_port(config: WorkerConfig, metrics: DynamoMetrics, closer
             host=config.system_host,
             port=port,
             debug_gc_endpoint=config.debug_gc_endpoint,
+            not_ready=not_ready,
         ),
         host=config.system_host,
         port=port,
