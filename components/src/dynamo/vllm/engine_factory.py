@@ -19,6 +19,7 @@ from collections.abc import Callable
 from types import ModuleType
 
 from dynamo.vllm.backend_args import ENGINE, MODEL, WorkerConfig
+from dynamo.vllm.cpu_kv_cache import apply_cpu_default
 from dynamo.vllm.engine import Engine, EngineUnavailable
 from dynamo.vllm.mock_engine import MockEngine, load_mock_config_model
 from dynamo.vllm.mock_model import BadModelDirectory
@@ -57,6 +58,8 @@ def prepare_engine(
         engine_args = vllm_args.engine_args_from_config(
             config, worker_extension_cls=worker_extension_cls
         )
+        # On CPU, a KV cache that fits when the operator gives no size (one INFO line says so).
+        apply_cpu_default(engine_args)
         return functools.partial(
             vllm_engine.VllmEngine, engine_args, chat_template=config.chat_template
         )
