@@ -193,21 +193,6 @@ def test_bodies_the_decoder_cannot_take_are_400_naming_the_problem(
     assert message in assert_openai_error(body)["message"]
 
 
-@pytest.mark.parametrize("endpoint_path", ["/v1/chat/completions", "/v1/completions"])
-def test_a_body_aiohttp_cannot_read_is_a_400_not_a_500(card, endpoint_path):
-    async def scenario():
-        async with echo_worker() as (_, endpoint), frontend(card, endpoint) as client:
-            response = await client.post(
-                endpoint_path, data=b"this is not gzip", headers={"Content-Encoding": "gzip"}
-            )
-            return response.status, await response.json()
-
-    status, body = run(scenario)
-    assert status == 400, body
-    error = assert_openai_error(body)
-    assert error["code"] == "invalid_body" and "could not be read" in error["message"], error
-
-
 def test_unknown_fields_are_ignored_and_the_sampling_fields_reach_the_worker(card, processor):
     fields = dict(
         temperature=0.7,

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 from aiohttp import web
 
 from dynamo.common import lifecycle
-from dynamo.common.http_server import (
-    FRONTEND_MAX_BODY_BYTES,
-)
+from dynamo.common.http_server import FRONTEND_MAX_BODY_BYTES, GuardedRunner
 from dynamo.common.request_drain import mark_stream
 from dynamo.runtime.discovery import RecordWatcher
 from dynamo.runtime.model_card import ModelCard
@@ -35,7 +34,7 @@ from .chat_processor import (
 from .generation import Generation
 from .model_registry import ModelEntry, ModelRegistry
 from .preprocess_pool import PreprocessPool, PreprocessPoolError
-from .request_body import read_json_body
+from .request_body import expect_handler, read_json_body
 from .responses import ChatResponder, CompletionResponder, Responder, send_event
 from .worker_router import NoWorkerAvailable, WorkerRouter
 
@@ -48,10 +47,31 @@ HEALTH_PATH = "/health"
 LIVE_PATH = "/live"
 
 _HTTP_ERROR_CODES = {
+    400: "malformed_request",
     404: "not_found",
     405: "method_not_allowed",
     413: "request_too_large",
 }
+
+
+def http_runner(app: web.Application, **kwargs: Any) -> GuardedRunner:
+    """The HTTP service's listener: the bounds every listener has, aiohttp's own errors (a
+    request it cannot parse) in the OpenAI shape too, and no decompression of request bodies (a
+    compressed one is refused, 415: it can cost no more memory than its own bytes)."""
+    return GuardedRunner(
+        app,
+        what="HTTP service",
+        error_body=protocol_error_body,
+        auto_decompress=False,
+        **kwargs,
+    )
+
+
+def protocol_error_body(status: int, message: str) -> dict:
+    """An error aiohttp answers before any route runs (a request it cannot parse), in the
+    OpenAI shape (the listener's ``error_body``)."""
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return oai.error_body(message, type=kind, code=_HTTP_ERROR_CODES.get(status))
 
 
 class FrontendService:
@@ -76,8 +96,12 @@ class FrontendService:
             middlewares=[openai_error_middleware], client_max_size=FRONTEND_MAX_BODY_BYTES
         )
         app.router.add_get(MODELS_PATH, self.handle_models)
-        app.router.add_post(CHAT_COMPLETIONS_PATH, self.handle_chat_completions)
-        app.router.add_post(COMPLETIONS_PATH, self.handle_completions)
+        app.router.add_post(
+            CHAT_COMPLETIONS_PATH, self.handle_chat_completions, expect_handler=expect_handler
+        )
+        app.router.add_post(
+            COMPLETIONS_PATH, self.handle_completions, expect_handler=expect_handler
+        )
         app.router.add_get(HEALTH_PATH, self.handle_health)
         app.router.add_get(LIVE_PATH, self.handle_live)
         return app
