@@ -21,7 +21,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from aiohttp.web_runner import BaseRunner
 
 from dynamo.frontend.chat_processor import build_chat_processor
-from dynamo.frontend.http_service import FrontendService, http_runner
+from dynamo.frontend.http_service import FrontendService
+from dynamo.frontend.http_surface import http_runner
 from dynamo.frontend.model_registry import ModelRegistry
 from dynamo.frontend.worker_router import WorkerRouter, create_worker_session
 from dynamo.runtime.discovery import ModelRecord

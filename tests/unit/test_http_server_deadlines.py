@@ -18,7 +18,7 @@ import pytest
 from aiohttp import web
 
 from dynamo.common.http_server import GuardedRunner, RequestBodyTimeout
-from dynamo.frontend.http_service import openai_error_middleware
+from dynamo.frontend.http_surface import openai_errors
 from dynamo.frontend.request_body import read_json_body
 from dynamo.vllm.request_plane_server import add_request_plane_routes
 
@@ -59,7 +59,7 @@ async def _serving(app: web.Application | None = None):
 
 
 def _frontend_like_app() -> web.Application:
-    app = web.Application(middlewares=[openai_error_middleware])
+    app = web.Application(middlewares=[openai_errors()])
     app.router.add_post("/echo", _echo)
     app.router.add_get("/slow", _slow_stream)
     app.router.add_get("/ok", _ok)

@@ -39,7 +39,8 @@ from dynamo.runtime.discovery import STATE_DEGRADED, Discovery, RecordWatcher
 from . import frontend_args
 from .chat_processor import build_chat_processor
 from .frontend_args import FrontendConfig
-from .http_service import FrontendService, http_runner
+from .http_service import FrontendService
+from .http_surface import http_runner
 from .model_registry import ModelRegistry
 from .preprocess_pool import PreprocessPool, PreprocessPoolError
 from .sglang_processor import SglangSettings
