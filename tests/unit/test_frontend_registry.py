@@ -233,9 +233,10 @@ def test_health_and_requests_are_answered_while_a_processor_builds(make_record):
             await session.close()
 
     during, models = run(scenario)
-    # Answered at once, and not ready yet: the one model is still being built.
+    # Answered at once, and not ready yet: the one model is still being built. A model being
+    # loaded is known: its requests get 503 (retry), not 404 (no such model).
     status, health, chat_status = during
-    assert (status, health["status"], health["models"], chat_status) == (503, "notready", 0, 404)
+    assert (status, health["status"], health["models"], chat_status) == (503, "notready", 0, 503)
     assert "fewer than the 1" in health["reason"]
     assert models == ["a"]
 

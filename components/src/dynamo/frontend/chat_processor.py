@@ -149,14 +149,18 @@ class ChatProcessor:
     def encode_completion(self, prompt: str) -> list[int]:
         return self.tokenizer.encode(prompt, add_special_tokens=True)
 
-    def check_token_ids(self, ids: Sequence[int]) -> None:
-        """A prompt given as token ids must be in the model's vocabulary, as its worker's engine
-        bounds it (the card's ``max_token_id``; from an older worker, the tokenizer's); raises
-        OutOfVocabulary, with vLLM's words, naming the first id that is not."""
+    @property
+    def max_token_id(self) -> int:
+        """The largest id of the model's vocabulary, as its worker's engine bounds it (the
+        card's ``max_token_id``; from an older worker, the tokenizer's): the bound of a prompt
+        of ids, and of every id a worker streams back."""
         limit = self.card.max_token_id
-        if limit is None:
-            limit = self.tokenizer.max_token_id
-        found = out_of_vocabulary(ids, limit)
+        return self.tokenizer.max_token_id if limit is None else limit
+
+    def check_token_ids(self, ids: Sequence[int]) -> None:
+        """A prompt given as token ids must be in the model's vocabulary (:attr:`max_token_id`);
+        raises OutOfVocabulary, with vLLM's words, naming the first id that is not."""
+        found = out_of_vocabulary(ids, self.max_token_id)
         if found is not None:
             raise OutOfVocabulary(found[1])
 

@@ -40,6 +40,7 @@ from . import frontend_args
 from .chat_processor import build_chat_processor
 from .frontend_args import FrontendConfig
 from .http_service import FrontendService
+from .http_surface import http_runner
 from .model_registry import ModelRegistry
 from .preprocess_pool import PreprocessPool, PreprocessPoolError
 from .sglang_processor import SglangSettings
@@ -105,9 +106,8 @@ class FrontendProcess:
         if config.debug_gc_endpoint:
             debug_gc_route(app)  # POST /debug/gc/collect: off unless the operator asks
         self.drain.install(app)
-        self.runner = GuardedRunner(
+        self.runner = http_runner(
             app,
-            what="HTTP service",
             handler_cancellation=True,  # a client that hangs up aborts its request in the worker
             # Our drain has finished every request by the time aiohttp's cleanup runs: this only
             # bounds closing the connections left (aiohttp waits up to twice this long).
