@@ -56,7 +56,8 @@ async def hostile_worker(answer: Answer):
     app = web.Application()
     app.router.add_post("/generate", worker._generate)
     app.router.add_get("/health", worker._health)
-    async with TestServer(app, host="127.0.0.1") as server:
+    # handler_cancellation: an answer that waits (``hold``) ends when the frontend hangs up.
+    async with TestServer(app, host="127.0.0.1", handler_cancellation=True) as server:
         worker.endpoint = f"http://127.0.0.1:{server.port}"
         yield worker
 
