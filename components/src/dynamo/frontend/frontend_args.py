@@ -11,6 +11,7 @@ from dynamo.common.configuration import (
     IntRange,
     Option,
     Surface,
+    Text,
     gc_options,
     host_option,
     parse_surface,
@@ -84,6 +85,19 @@ OPTIONS = [
         ),
     ),
     Option(
+        name="dyn-model-dirs",
+        env_var="DYN_MODEL_DIRS",
+        default=None,
+        kind=Text("directory list"),
+        metavar="DIR[:DIR...]",
+        help=(
+            "Directories the frontend may load models from: a discovered model card whose "
+            "tokenizer directory, tokenizer files or chat template resolve outside them is "
+            "refused with one WARNING. Unset (the default): any directory, each card's files "
+            "still confined to its own model directory (see docs/operator-guide.md, security)"
+        ),
+    ),
+    Option(
         name="router-mode",
         env_var="DYN_ROUTER_MODE",
         default="round-robin",
@@ -142,6 +156,7 @@ class FrontendConfig(LauncherConfig):
     reasoning_parser: str | None
     chat_template: str | None
     dyn_max_models: int
+    dyn_model_dirs: str | None
     router_mode: str
 
     @property
