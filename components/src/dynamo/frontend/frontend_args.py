@@ -67,7 +67,8 @@ OPTIONS = [
         metavar="N",
         help=(
             "Tokenise in a pool of N processes (each freezes its own heap at the end of its "
-            "initializer); 0 tokenises in the frontend process"
+            "initializer); 0 tokenises in the frontend process, on a few threads, never on its "
+            "event loop (chat templates are rendered on those threads in either case)"
         ),
     ),
     CHAT_PROCESSOR,

@@ -203,7 +203,10 @@ class HfTokenizer:
         self.max_token_id = max(self._tokenizer.get_vocab(with_added_tokens=True).values())
 
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
-        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        # encode_batch, not encode: the same ids, but it releases the GIL while it works, so
+        # the event loop keeps running while a preprocessing thread tokenises a long prompt
+        # (encode holds it for the whole prompt: seconds for a megabyte).
+        return self._tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def decode(self, ids: Iterable[int]) -> str:
         return self._tokenizer.decode(list(ids), skip_special_tokens=True)

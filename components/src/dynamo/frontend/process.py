@@ -102,6 +102,7 @@ class FrontendProcess:
         )
         closer.push("chat processor builds", registry.aclose)
         service = self.service = FrontendService(registry, WorkerRouter(session), pool)
+        closer.push("preprocessing threads", service.close)
         app = service.build_app()
         if self.metrics is not None:
             metrics_route(app, self.metrics)  # GET /metrics on the HTTP port
