@@ -40,13 +40,14 @@ LINE_LIMIT = 4096  # "no log line over a few KB"
 
 
 @pytest.fixture
-def card(tiny_tokenizer_dir):
-    return tiny_card(tiny_tokenizer_dir, MODEL)
+def processor(tiny_tokenizer_dir):
+    """The tiny model's processor; its card is the one the frontend serves."""
+    return build_chat_processor(tiny_card(tiny_tokenizer_dir, MODEL))
 
 
 @pytest.fixture
-def processor(card):
-    return build_chat_processor(card)
+def card(processor):
+    return processor.card
 
 
 @contextlib.asynccontextmanager
