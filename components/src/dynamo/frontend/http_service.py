@@ -16,7 +16,10 @@ next counting those held back), so an outage costs a few lines a minute, not one
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
+from collections.abc import Callable
+from typing import TypeVar
 
 from aiohttp import web
 
@@ -56,6 +59,12 @@ CHAT_COMPLETIONS_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
 HEALTH_PATH = "/health"
 LIVE_PATH = "/live"
+# Threads that render chat templates and tokenise in this process (tokenising goes to the
+# preprocess pool instead when there is one): never the event loop, so /health and the streams
+# in flight are served while a 1 MB prompt is processed. Bounded: more requests wait their turn.
+PREPROCESS_THREADS = 4
+
+T = TypeVar("T")
 
 
 class FrontendService:
@@ -77,6 +86,17 @@ class FrontendService:
         # The discovery watcher (set by main): /health reports its state, and is not ready
         # before its first look at the store.
         self.discovery_watcher: RecordWatcher | None = None
+        self._threads = concurrent.futures.ThreadPoolExecutor(
+            max_workers=PREPROCESS_THREADS, thread_name_prefix="preprocess"
+        )
+
+    def close(self) -> None:
+        """Stop the preprocessing threads (work queued and not started is dropped)."""
+        self._threads.shutdown(wait=False, cancel_futures=True)
+
+    async def _off_loop(self, work: Callable[..., T], *args) -> T:
+        """``work(*args)`` on a preprocessing thread (see :data:`PREPROCESS_THREADS`)."""
+        return await asyncio.get_running_loop().run_in_executor(self._threads, work, *args)
 
     def build_app(self) -> web.Application:
         app = web.Application(
@@ -133,9 +153,8 @@ class FrontendService:
     async def _encode(self, entry: ModelEntry, prompt: str, *, chat: bool) -> list[int]:
         processor = entry.processor
         if self.preprocess_pool is None:
-            if chat:
-                return processor.encode_chat(prompt)
-            return processor.encode_completion(prompt)
+            encode = processor.encode_chat if chat else processor.encode_completion
+            return await self._off_loop(encode, prompt)
         try:
             return await self.preprocess_pool.encode(
                 processor.card, prompt, add_special_tokens=not chat
@@ -167,7 +186,7 @@ class FrontendService:
         chat = oai.parse_chat_request(await read_json_body(request))
         entry = self._entry(chat.model)
         try:
-            prompt = entry.processor.render_chat(chat)
+            prompt = await self._off_loop(entry.processor.render_chat, chat)
         except NoChatTemplate as exc:
             raise oai.invalid_request(str(exc), param="messages", code="no_chat_template") from None
         except ChatTemplateError as exc:
