@@ -84,6 +84,16 @@ OPTIONS = [
         ),
     ),
     Option(
+        name="dyn-strict-request-fields",
+        env_var="DYN_STRICT_REQUEST_FIELDS",
+        default=False,
+        help=(
+            "Refuse a request field that neither this server nor vLLM's OpenAI server knows "
+            "(400 naming it, code unknown_parameter) instead of accepting it with one WARNING "
+            "per field name per minute, as vLLM does (docs/openai-fields.md)"
+        ),
+    ),
+    Option(
         name="router-mode",
         env_var="DYN_ROUTER_MODE",
         default="round-robin",
@@ -142,6 +152,7 @@ class FrontendConfig(LauncherConfig):
     reasoning_parser: str | None
     chat_template: str | None
     dyn_max_models: int
+    dyn_strict_request_fields: bool
     router_mode: str
 
     @property

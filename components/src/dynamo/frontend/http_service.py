@@ -43,6 +43,7 @@ from .chat_processor import (
 from .generation import Generation
 from .http_surface import bad_worker_response, failure_log, openai_errors, worker_failure
 from .model_registry import ModelEntry, ModelRegistry
+from .openai_fields import UnknownFieldLog
 from .preprocess_pool import PreprocessPool, PreprocessPoolError
 from .request_body import expect_handler, read_json_body
 from .responses import ChatResponder, CompletionResponder, Responder, send_event
@@ -66,8 +67,13 @@ class FrontendService:
         registry: ModelRegistry,
         router: WorkerRouter,
         preprocess_pool: PreprocessPool | None = None,
+        *,
+        strict_request_fields: bool = False,
     ) -> None:
         self.registry = registry
+        # Unknown request fields: a 400 naming them, or accepted with a budgeted WARNING.
+        self.strict_request_fields = strict_request_fields
+        self.unknown_fields = UnknownFieldLog()
         self.router = router
         self.preprocess_pool = preprocess_pool
         self.in_flight = 0  # completion requests admitted and not finished (logged when draining)
@@ -164,7 +170,10 @@ class FrontendService:
 
     async def handle_chat_completions(self, request: web.Request) -> web.StreamResponse:
         self._admit()
-        chat = oai.parse_chat_request(await read_json_body(request))
+        chat = oai.parse_chat_request(
+            await read_json_body(request), strict_fields=self.strict_request_fields
+        )
+        self.unknown_fields.seen("chat", chat.unknown_fields)
         entry = self._entry(chat.model)
         try:
             prompt = entry.processor.render_chat(chat)
@@ -181,7 +190,10 @@ class FrontendService:
 
     async def handle_completions(self, request: web.Request) -> web.StreamResponse:
         self._admit()
-        completion = oai.parse_completion_request(await read_json_body(request))
+        completion = oai.parse_completion_request(
+            await read_json_body(request), strict_fields=self.strict_request_fields
+        )
+        self.unknown_fields.seen("completion", completion.unknown_fields)
         entry = self._entry(completion.model)
         if isinstance(completion.prompt, str):
             prompt_ids = await self._encode(entry, completion.prompt, chat=False)

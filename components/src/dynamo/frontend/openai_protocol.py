@@ -5,16 +5,18 @@ What the frontend serves: ``/v1/models``, ``/v1/chat/completions`` and ``/v1/com
 
 The request models take the sampling fields vLLM's OpenAI server takes, with vLLM's ranges (they
 are :class:`~dynamo.runtime.sampling.SamplingOptions`' own, so a request accepted here is one the
-worker and vLLM accept). A bad value is a 400 naming the field in ``param``; unknown fields are
-ignored, as vLLM and OpenAI's servers do. Numbers are strict: ``"5"`` is not 5, ``true`` is not
-1, and ``NaN``/``Infinity`` are refused.
+worker and vLLM accept). A bad value is a 400 naming the field in ``param``. Every other field
+of vLLM's request models is classified in :mod:`.openai_fields` (refused by name, or accepted
+without effect), which the models read before they validate; a field vLLM does not know either
+is accepted and logged (:attr:`_SamplingRequest.unknown_fields`), or refused in strict mode.
+Numbers are strict: ``"5"`` is not 5, ``true`` is not 1, and ``NaN``/``Infinity`` are refused.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -24,6 +26,8 @@ from pydantic import (
     StrictInt,
     StrictStr,
     ValidationError,
+    ValidationInfo,
+    field_validator,
     model_validator,
 )
 
@@ -34,6 +38,8 @@ from dynamo.runtime.sampling import (
     StopText,
     TokenCount,
 )
+
+from . import openai_fields
 
 # The roles a chat message may have (vLLM's, plus OpenAI's "developer", passed to the template).
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -97,15 +103,27 @@ def service_unavailable(
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    # vLLM's two fields; anything else is a 400 naming it (never dropped quietly).
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     include_usage: StrictBool = False
+    continuous_usage_stats: StrictBool | None = None
+
+    @field_validator("continuous_usage_stats")
+    @classmethod
+    def _no_continuous_usage(cls, value: bool | None) -> bool | None:
+        if value:
+            raise ValueError("usage in every chunk is not supported by this server")
+        return value
 
 
 class _SamplingRequest(SamplerFields):
-    """Fields /v1/chat/completions and /v1/completions share."""
+    """Fields /v1/chat/completions and /v1/completions share. Only the fields
+    :mod:`.openai_fields` says are applied are declared here; the rest are screened by that
+    table before validation, and unknown ones kept (their names only) as extras."""
 
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+    ENDPOINT: ClassVar[str]
 
     model: Annotated[StrictStr, Field(min_length=1)]
     max_tokens: TokenCount | None = None
@@ -116,6 +134,21 @@ class _SamplingRequest(SamplerFields):
     min_tokens: MinTokens | None = 0
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _screen_fields(cls, data: Any, info: ValidationInfo) -> Any:
+        """Refused fields that ask for something raise :class:`openai_fields.FieldRefused`
+        (not a ValueError: it passes through pydantic to :func:`parse_request`)."""
+        if not isinstance(data, dict):
+            return data
+        strict = bool(info.context and info.context.get("strict_fields"))
+        return openai_fields.screen(cls.ENDPOINT, data, strict=strict)
+
+    @property
+    def unknown_fields(self) -> tuple[str, ...]:
+        """The names of the fields neither this server nor vLLM knows (accepted, not read)."""
+        return tuple(self.model_extra or ())
 
     @property
     def requested_max_tokens(self) -> tuple[str, int] | None:
@@ -182,6 +215,8 @@ class ChatMessage(BaseModel):
 
 
 class ChatCompletionRequest(_SamplingRequest):
+    ENDPOINT = openai_fields.CHAT
+
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: TokenCount | None = None
 
@@ -200,6 +235,8 @@ class ChatCompletionRequest(_SamplingRequest):
 
 
 class CompletionRequest(_SamplingRequest):
+    ENDPOINT = openai_fields.COMPLETION
+
     # A text, or the prompt's token ids (as vLLM takes them); a list of one text is that text.
     prompt: (
         StrictStr
@@ -256,12 +293,15 @@ def _first_error(exc: ValidationError) -> tuple[str | None, str]:
     return param, f"`{param}`: {message}" if param else message
 
 
-def parse_request(model: type[_SamplingRequest], body: Any) -> Any:
-    """Validate a decoded JSON body; raises :class:`ApiError` (400) naming the bad field."""
+def parse_request(model: type[_SamplingRequest], body: Any, *, strict_fields: bool = False) -> Any:
+    """Validate a decoded JSON body; raises :class:`ApiError` (400) naming the bad field (or
+    the refused one, or with ``strict_fields`` the unknown one)."""
     if not isinstance(body, dict):
         raise invalid_request("request body must be a JSON object")
     try:
-        return model.model_validate(body)
+        return model.model_validate(body, context={"strict_fields": strict_fields})
+    except openai_fields.FieldRefused as exc:
+        raise invalid_request(exc.message, param=exc.param, code=exc.code) from None
     except ValidationError as exc:
         param, message = _first_error(exc)
         code = "missing_field" if exc.errors()[0]["type"] == "missing" else "invalid_value"
@@ -270,12 +310,12 @@ def parse_request(model: type[_SamplingRequest], body: Any) -> Any:
         raise invalid_request(message, param=param, code=code) from None
 
 
-def parse_chat_request(body: Any) -> ChatCompletionRequest:
-    return parse_request(ChatCompletionRequest, body)
+def parse_chat_request(body: Any, *, strict_fields: bool = False) -> ChatCompletionRequest:
+    return parse_request(ChatCompletionRequest, body, strict_fields=strict_fields)
 
 
-def parse_completion_request(body: Any) -> CompletionRequest:
-    return parse_request(CompletionRequest, body)
+def parse_completion_request(body: Any, *, strict_fields: bool = False) -> CompletionRequest:
+    return parse_request(CompletionRequest, body, strict_fields=strict_fields)
 
 
 def context_length_exceeded(*, context_length: int, prompt_tokens: int, param: str) -> ApiError:

@@ -97,7 +97,12 @@ class FrontendProcess:
             max_models=config.dyn_max_models,
         )
         closer.push("chat processor builds", registry.aclose)
-        service = self.service = FrontendService(registry, WorkerRouter(session), pool)
+        service = self.service = FrontendService(
+            registry,
+            WorkerRouter(session),
+            pool,
+            strict_request_fields=config.dyn_strict_request_fields,
+        )
         app = service.build_app()
         if self.metrics is not None:
             metrics_route(app, self.metrics)  # GET /metrics on the HTTP port
