@@ -251,6 +251,45 @@ def test_ignore_eos_sends_no_stop_token_ids_and_runs_to_the_limit(card, processo
     assert ignoring["usage"]["completion_tokens"] == 10
 
 
+@pytest.mark.parametrize("ignore_eos", [False, True])
+def test_client_stop_token_ids_end_the_completion_without_their_text(card, processor, ignore_eos):
+    ids = processor.tokenizer.encode("one two three four", add_special_tokens=False)
+    stop = ids[2]
+
+    async def scenario():
+        async with (
+            echo_worker(output=ids) as (engine, endpoint),
+            frontend(card, endpoint) as client,
+        ):
+            body = chat(10, stop_token_ids=[stop, stop], ignore_eos=ignore_eos)
+            answer = await (await client.post("/v1/chat/completions", json=body)).json()
+            return answer, engine.bodies
+
+    answer, (body,) = run(scenario)
+    eos = [] if ignore_eos else list(card.eos_token_ids)
+    assert body["sampling"]["stop_token_ids"] == [*eos, stop]  # once, after the EOS ids
+    assert answer["choices"][0]["finish_reason"] == "stop"
+    assert answer["choices"][0]["message"]["content"] == processor.tokenizer.decode(ids[:2])
+    assert answer["usage"]["completion_tokens"] == 3  # the stop token counts, as in vLLM
+
+
+@pytest.mark.parametrize(
+    "value, param",
+    [(["1"], "stop_token_ids[0]"), ([-1], "stop_token_ids[0]"), (5, "stop_token_ids"),
+     ([1] * 65, "stop_token_ids"), ([1, 10**9], "stop_token_ids[1]")],
+)  # fmt: skip
+def test_bad_stop_token_ids_are_400_naming_them(card, value, param):
+    async def scenario():
+        async with echo_worker() as (engine, endpoint), frontend(card, endpoint) as client:
+            response = await client.post("/v1/completions", json={
+                "model": MODEL, "prompt": "hi", "stop_token_ids": value})  # fmt: skip
+            return response.status, await response.json(), engine.bodies
+
+    status, body, bodies = run(scenario)
+    assert_openai_error(body, status, 400, param=param)
+    assert bodies == []
+
+
 def test_chat_completion_returns_the_engines_tokens_decoded_by_the_models_tokenizer(
     card, processor
 ):

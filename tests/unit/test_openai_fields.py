@@ -113,7 +113,7 @@ def test_a_refused_field_at_null_or_vllms_default_asks_for_nothing_and_is_accept
         (CHAT, "tool_choice", "required"),
         (CHAT, "skip_special_tokens", False),
         (COMPLETION, "echo", True),
-        (COMPLETION, "stop_token_ids", [2]),
+        (COMPLETION, "skip_special_tokens", False),
         (CHAT, "response_format", {"type": "json_object"}),
         (COMPLETION, "add_special_tokens", False),
     ],

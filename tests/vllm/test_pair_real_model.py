@@ -81,3 +81,18 @@ def test_seed_and_temperature_give_the_same_output_twice_and_a_stop_string_ends_
     stopped = post(url + "/v1/completions", {**body, "stop": [stop]})
     assert stopped["choices"][0]["finish_reason"] == "stop"
     assert stopped["choices"][0]["text"] == text[: text.index(stop)]
+
+
+def test_client_stop_token_ids_end_vllms_completion_without_the_tokens_text(pair):
+    url, model = pair
+    greedy = {"model": SERVED, "prompt": "The quick brown fox", "max_tokens": 16,
+              "temperature": 0, "ignore_eos": True}  # fmt: skip
+    text = post(url + "/v1/completions", greedy)["choices"][0]["text"]
+    card = ModelCard(served_model_name=SERVED, model_path=model, tokenizer_path=model,
+                     context_length=256, eos_token_ids=(1,))  # fmt: skip
+    ids = build_chat_processor(card).tokenizer.encode(text, add_special_tokens=False)
+    stopped = post(url + "/v1/completions", {**greedy, "stop_token_ids": [ids[len(ids) // 2]]})
+    choice = stopped["choices"][0]
+    assert choice["finish_reason"] == "stop", (text, choice)
+    assert text.startswith(choice["text"]) and len(choice["text"]) < len(text)
+    assert stopped["usage"]["completion_tokens"] < 16

@@ -57,12 +57,17 @@ class Generation:
             pieces = []
             for token_id in item.token_ids:
                 self.completion_tokens += 1
+                if self._stop_token(token_id):  # its text is not part of the output (vLLM's)
+                    pieces.append(self._end())
+                    self.finish_reason = "stop"
+                    yield "".join(pieces)
+                    return
                 pieces.append(self._stops.feed(self._detokenizer.add((token_id,))))
                 if self._stops.stopped:
                     self.finish_reason = "stop"
                     yield "".join(pieces)
                     return
-                reason = self._limit(token_id)
+                reason = self._limit()
                 if reason is not None:
                     pieces.append(self._end())
                     self.finish_reason = "stop" if self._stops.stopped else reason
@@ -76,12 +81,14 @@ class Generation:
             yield "".join(pieces)
             item = await self._stream.__anext__()
 
-    def _limit(self, token_id: int) -> str | None:
+    def _stop_token(self, token_id: int) -> bool:
+        """Whether the token just counted is a stop token that ends the completion, as vLLM
+        checks it (``check_stop``): one of the stop ids, once ``min_tokens`` are out."""
+        return token_id in self._stop_ids and self.completion_tokens >= self._sampling.min_tokens
+
+    def _limit(self) -> str | None:
         """The finish reason when the token just counted ends the completion by the request's
-        limits, as vLLM checks them (``check_stop``): a stop token once ``min_tokens`` are out
-        (``stop``), else ``max_tokens`` reached (``length``); None to go on."""
-        if token_id in self._stop_ids and self.completion_tokens >= self._sampling.min_tokens:
-            return "stop"
+        limits: ``max_tokens`` reached (``length``); None to go on."""
         if self.completion_tokens >= self._sampling.max_tokens:
             return "length"
         return None

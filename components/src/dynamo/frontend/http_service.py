@@ -26,7 +26,7 @@ from dynamo.common.request_drain import mark_stream
 from dynamo.runtime import peer_text
 from dynamo.runtime.discovery import RecordWatcher
 from dynamo.runtime.log_budget import CauseBudgets
-from dynamo.runtime.model_card import ModelCard
+from dynamo.runtime.model_card import ModelCard, out_of_vocabulary
 from dynamo.runtime.request_plane import (
     GenerateRequest,
     RequestRefused,
@@ -217,6 +217,9 @@ class FrontendService:
         responder_class: type[Responder],
     ) -> web.StreamResponse:
         max_tokens = completion_budget(req, entry.card, len(prompt_ids), prompt_param)
+        found = out_of_vocabulary(req.stop_token_ids or (), entry.processor.max_token_id)
+        if found is not None:
+            raise oai.invalid_request(found[1], param=f"stop_token_ids[{found[0]}]")
         responder = responder_class(req.model, oai.new_completion_id(responder_class.ID_PREFIX))
         sampling = req.sampling(max_tokens, entry.card.eos_token_ids)
         # Built, not validated again: the ids are the tokenizer's (or checked against the

@@ -100,6 +100,11 @@ RULES: tuple[FieldRule, ...] = (
         "include_usage; continuous_usage_stats: true is refused by name",
     ),
     applied("ignore_eos", "the model's EOS ids are then not sent as stop ids"),
+    applied(
+        "stop_token_ids",
+        "end the completion as the EOS ids do (finish_reason stop, the id's text not in the "
+        "output), as in vLLM; at most 64, each within the model's vocabulary",
+    ),
     applied("min_tokens", "the engine suppresses stop tokens until then"),
     *(
         applied(name, _SAMPLER)
@@ -126,7 +131,6 @@ RULES: tuple[FieldRule, ...] = (
     refused("logit_bias", "biasing token logits is " + _NOT_YET, {}),
     refused("allowed_token_ids", "restricting the vocabulary is " + _NOT_YET, []),
     refused("bad_words", "banned word lists are " + _NOT_YET, []),
-    refused("stop_token_ids", "client stop token ids are " + _NOT_YET, []),
     refused("include_stop_str_in_output", "stop strings are never in the output here", False),
     refused(
         "skip_special_tokens",

@@ -101,6 +101,9 @@ def service_unavailable(
 # Numbers are strict (a JSON number, an integer too; never a string or a boolean), with vLLM's
 # ranges: the field types are the request plane's own (dynamo.runtime.sampling).
 
+TokenId = Annotated[StrictInt, Field(ge=0)]
+MAX_STOP_TOKEN_IDS = 64
+
 
 class StreamOptions(BaseModel):
     # vLLM's two fields; anything else is a 400 naming it (never dropped quietly).
@@ -131,6 +134,9 @@ class _SamplingRequest(SamplerFields):
     # Strict like every number here (a Literal[1] would take 1.0 and true); 1 only, for now.
     n: Annotated[StrictInt, Field(ge=1, le=1)] | None = 1
     ignore_eos: StrictBool | None = False
+    # Ids that end the completion too (finish_reason "stop", the id's text not in the output),
+    # as in vLLM; with the model's EOS ids unless ignore_eos. Checked against the vocabulary.
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     min_tokens: MinTokens | None = 0
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
@@ -168,12 +174,13 @@ class _SamplingRequest(SamplerFields):
     def sampling(self, max_tokens: int, eos_token_ids: Iterable[int]) -> SamplingOptions:
         """What the worker gets; ``max_tokens`` already fits the model's context."""
         ignore_eos = bool(self.ignore_eos)
+        stop_ids = (() if ignore_eos else tuple(eos_token_ids)) + tuple(self.stop_token_ids or ())
         return SamplingOptions(
             **self.sampler_settings(),
             max_tokens=max_tokens,
             min_tokens=self.min_tokens or 0,
             stop=self.stop_strings,
-            stop_token_ids=() if ignore_eos else tuple(eos_token_ids),
+            stop_token_ids=tuple(dict.fromkeys(stop_ids)),
             ignore_eos=ignore_eos,
         )
 
