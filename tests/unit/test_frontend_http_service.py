@@ -273,6 +273,39 @@ def test_client_stop_token_ids_end_the_completion_without_their_text(card, proce
     assert answer["usage"]["completion_tokens"] == 3  # the stop token counts, as in vLLM
 
 
+def test_skip_special_tokens_false_shows_them_in_the_text_as_vllm_does(card, processor):
+    from pathlib import Path
+
+    from tokenizers import Tokenizer
+
+    eos = card.eos_token_ids[0]
+    ok, go = (processor.tokenizer.encode(t, add_special_tokens=False) for t in ("ok", " go"))
+    output = [*ok, eos, *go]
+    reference = Tokenizer.from_file(str(Path(card.tokenizer_path) / "tokenizer.json"))
+
+    async def scenario():
+        async with (
+            echo_worker(output=output) as (_, endpoint),
+            frontend(card, endpoint) as client,
+        ):
+            answers = []
+            for extra in ({}, {"skip_special_tokens": False}):
+                for stream in (False, True):
+                    body = chat(len(output), stream=stream, ignore_eos=True, **extra)
+                    response = await client.post("/v1/chat/completions", json=body)
+                    answers.append(
+                        streamed_text(await sse_events(response))
+                        if stream
+                        else (await response.json())["choices"][0]["message"]["content"]
+                    )
+            return answers
+
+    skipped, skipped_streamed, shown, shown_streamed = run(scenario)
+    assert skipped == skipped_streamed == reference.decode(output, skip_special_tokens=True)
+    assert shown == shown_streamed == reference.decode(output, skip_special_tokens=False)
+    assert shown != skipped
+
+
 @pytest.mark.parametrize(
     "value, param",
     [(["1"], "stop_token_ids[0]"), ([-1], "stop_token_ids[0]"), (5, "stop_token_ids"),

@@ -91,7 +91,7 @@ class Tokenizer(Protocol):
 
     def decode(self, ids: Sequence[int]) -> str: ...
 
-    def detokenizer(self) -> Detokenizer: ...
+    def detokenizer(self, *, skip_special_tokens: bool = True) -> Detokenizer: ...
 
 
 class Template(Protocol):
@@ -164,8 +164,8 @@ class ChatProcessor:
         if found is not None:
             raise OutOfVocabulary(found[1])
 
-    def detokenizer(self) -> Detokenizer:
-        return self.tokenizer.detokenizer()
+    def detokenizer(self, *, skip_special_tokens: bool = True) -> Detokenizer:
+        return self.tokenizer.detokenizer(skip_special_tokens=skip_special_tokens)
 
 
 def import_processor_libraries(kind: str) -> str:
@@ -222,8 +222,8 @@ class _VllmTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return self._tokenizer.decode(list(ids), skip_special_tokens=True)
 
-    def detokenizer(self) -> Detokenizer:
-        return StreamDetokenizer(self._backend)
+    def detokenizer(self, *, skip_special_tokens: bool = True) -> Detokenizer:
+        return StreamDetokenizer(self._backend, skip_special_tokens=skip_special_tokens)
 
 
 class _VllmTemplate:

@@ -39,8 +39,10 @@ class Generation:
         prompt_tokens: int,
         first: StreamItem,
         stream: AsyncGenerator[StreamItem, None],
+        *,
+        skip_special_tokens: bool = True,
     ) -> None:
-        self._detokenizer = processor.detokenizer()
+        self._detokenizer = processor.detokenizer(skip_special_tokens=skip_special_tokens)
         self._stops = StopStringMatcher(sampling.stop)
         self._sampling = sampling
         self._stop_ids = frozenset(sampling.stop_token_ids)

@@ -199,21 +199,23 @@ class HfTokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         return self._tokenizer.decode(list(ids), skip_special_tokens=True)
 
-    def detokenizer(self) -> StreamDetokenizer:
-        return StreamDetokenizer(self._tokenizer)
+    def detokenizer(self, *, skip_special_tokens: bool = True) -> StreamDetokenizer:
+        return StreamDetokenizer(self._tokenizer, skip_special_tokens=skip_special_tokens)
 
 
 class StreamDetokenizer:
-    """Incremental decoding of one completion; special tokens (EOS, ...) are not shown.
+    """Incremental decoding of one completion; special tokens (EOS, ...) are not shown unless
+    ``skip_special_tokens`` is false (the request's field, as vLLM's detokenizer takes it).
 
     ``add`` returns the text the new ids complete; a partial character stays inside the
     ``DecodeStream`` until the id that completes it arrives. An id the vocabulary does not know
     (a worker bug) is dropped rather than failing the whole stream.
     """
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer, *, skip_special_tokens: bool = True) -> None:
         self._tokenizer = tokenizer
-        self._stream = DecodeStream(skip_special_tokens=True)
+        self._skip_special_tokens = skip_special_tokens
+        self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
         self._vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
         self._held: list[int] = []  # ids since the last text: an incomplete character
 
@@ -234,4 +236,6 @@ class StreamDetokenizer:
         """The end of the stream: a character left incomplete decodes as a full decode would
         (U+FFFD), so the streamed text equals ``decode`` of every id."""
         held, self._held = self._held, []
-        return self._tokenizer.decode(held, skip_special_tokens=True) if held else ""
+        if not held:
+            return ""
+        return self._tokenizer.decode(held, skip_special_tokens=self._skip_special_tokens)

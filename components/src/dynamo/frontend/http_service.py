@@ -256,7 +256,10 @@ class FrontendService:
                     else "the model's engine refused the request's sampling fields",
                     param=param,
                 ) from None
-            generation = Generation(entry.processor, sampling, len(prompt_ids), first, stream)
+            generation = Generation(
+                entry.processor, sampling, len(prompt_ids), first, stream,
+                skip_special_tokens=req.skip_special_tokens is not False,
+            )  # fmt: skip
             try:
                 if req.stream:
                     return await self._stream(request, responder, generation, req.include_usage)

@@ -105,6 +105,11 @@ RULES: tuple[FieldRule, ...] = (
         "end the completion as the EOS ids do (finish_reason stop, the id's text not in the "
         "output), as in vLLM; at most 64, each within the model's vocabulary",
     ),
+    applied(
+        "skip_special_tokens",
+        "the frontend decodes the completion: false shows special tokens, as in vLLM (a stop "
+        "token's text is never shown)",
+    ),
     applied("min_tokens", "the engine suppresses stop tokens until then"),
     *(
         applied(name, _SAMPLER)
@@ -132,11 +137,6 @@ RULES: tuple[FieldRule, ...] = (
     refused("allowed_token_ids", "restricting the vocabulary is " + _NOT_YET, []),
     refused("bad_words", "banned word lists are " + _NOT_YET, []),
     refused("include_stop_str_in_output", "stop strings are never in the output here", False),
-    refused(
-        "skip_special_tokens",
-        "special tokens are always skipped when decoding here",
-        True,
-    ),
     refused(
         "spaces_between_special_tokens",
         "special tokens are always skipped when decoding here",

@@ -138,6 +138,8 @@ class _SamplingRequest(SamplerFields):
     # as in vLLM; with the model's EOS ids unless ignore_eos. Checked against the vocabulary.
     stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     min_tokens: MinTokens | None = 0
+    # Decoding is the frontend's: false shows special tokens in the text, as vLLM does.
+    skip_special_tokens: StrictBool | None = None
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
 
