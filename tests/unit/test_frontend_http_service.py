@@ -25,7 +25,7 @@ from dynamo.vllm.request_plane_server import add_request_plane_routes
 from tests.support import wait_until_async
 from tests.support.answers import assert_openai_error, sse_events, streamed_pieces, streamed_text
 from tests.support.frontend_fakes import MODEL, echo_worker, frontend, request_plane_server
-from tests.support.tiny_model import build_tiny_tokenizer, tiny_card
+from tests.support.tiny_model import BOS, build_tiny_tokenizer, tiny_card
 
 HELLO = [{"role": "user", "content": "héllo"}]
 MULTI_BYTE = "Snow ❄ and ice 🧊 in 世界, done: 👩‍👩‍👧."
@@ -592,6 +592,42 @@ def test_a_template_that_raises_is_a_400_with_its_message(tiny_tokenizer_dir, tm
     assert status == 400 and started == 0
     error = assert_openai_error(body, param="messages")
     assert "a system message comes first" in error["message"]
+
+
+def test_add_generation_prompt_and_chat_template_kwargs_reach_the_template(
+    tiny_tokenizer_dir, tmp_path
+):
+    template = tmp_path / "variables.jinja"
+    template.write_text(
+        "{{ messages[0].content }}|{{ greeting | default('none') }}|{{ bos_token }}"
+        "{% if add_generation_prompt %}|GEN{% endif %}",
+        encoding="utf-8",
+    )
+    card = tiny_card(tiny_tokenizer_dir, MODEL, chat_template_path=str(template))
+    processor = build_chat_processor(card)
+    cases = [
+        ({}, "héllo|none|<s>|GEN"),
+        ({"add_generation_prompt": False}, "héllo|none|<s>"),
+        ({"chat_template_kwargs": {"greeting": "hi", "bos_token": "B"}}, "héllo|hi|B|GEN"),
+        ({"chat_template_kwargs": {}, "add_generation_prompt": True}, "héllo|none|<s>|GEN"),
+    ]
+
+    async def scenario():
+        async with echo_worker() as (engine, endpoint), frontend(card, endpoint) as client:
+            for extra, _ in cases:
+                response = await client.post("/v1/chat/completions", json=chat(2, **extra))
+                assert response.status == 200, await response.text()
+            bad = await client.post(
+                "/v1/chat/completions",
+                json=chat(2, chat_template_kwargs={"greeting": "x", "tools": [{"a": 1}]}),
+            )
+            return engine.bodies, bad.status, await bad.json()
+
+    bodies, status, bad = run(scenario)
+    for body, (_, prompt) in zip(bodies, cases, strict=True):
+        assert body["token_ids"] == processor.encode_chat(prompt.replace("<s>", BOS))
+    error = assert_openai_error(bad, status, 400, param="chat_template_kwargs")
+    assert "`tools`" in error["message"]
 
 
 def test_unknown_model_is_404_model_not_found(card):

@@ -159,3 +159,29 @@ def test_both_processors_bound_prompt_ids_by_the_vocabulary_vllm_checks(referenc
         processor.check_token_ids([0, largest])
         with pytest.raises(ValueError, match=f"Token id {largest + 1} is out of vocabulary"):
             processor.check_token_ids([3, largest + 1])
+
+
+@pytest.mark.parametrize("kind", ["hf", "vllm"])
+@pytest.mark.parametrize("add_generation_prompt", [True, False])
+def test_request_template_variables_render_as_transformers_renders_them(
+    reference, tiny_model, tmp_path, kind, add_generation_prompt
+):
+    """``add_generation_prompt`` and ``chat_template_kwargs`` (a new variable, and one that
+    overrides the model's ``bos_token``) reach the template as apply_chat_template's kwargs."""
+    path = tmp_path / "variables.jinja"
+    path.write_text(
+        "{{ bos_token }}{{ greeting | default('none') }}|{{ messages[0].content }}"
+        "{% if add_generation_prompt %}|GEN{% endif %}",
+        encoding="utf-8",
+    )
+    messages = CONVERSATIONS[0]
+    variables = {"greeting": "hi", "bos_token": "B:"}
+    want = reference.apply_chat_template(
+        messages, chat_template=path.read_text(encoding="utf-8"), tokenize=False,
+        add_generation_prompt=add_generation_prompt, **variables,
+    )  # fmt: skip
+    processor = build_chat_processor(card(tiny_model, str(path)), kind)
+    got = processor.render(
+        messages, add_generation_prompt=add_generation_prompt, variables=variables
+    )
+    assert got == want and got.startswith("B:hi|")

@@ -96,8 +96,14 @@ class Tokenizer(Protocol):
 
 class Template(Protocol):
     def render(
-        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True
-    ) -> str: ...
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        variables: Mapping[str, Any] | None = None,
+    ) -> str:
+        """``variables``: the request's ``chat_template_kwargs``, as template variables."""
+        ...
 
 
 class ChatProcessor:
@@ -124,7 +130,13 @@ class ChatProcessor:
     def model(self) -> str:
         return self.card.served_model_name
 
-    def render(self, messages: Sequence[Mapping[str, Any]]) -> str:
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        variables: Mapping[str, Any] | None = None,
+    ) -> str:
         """The chat prompt; raises NoChatTemplate or ChatTemplateError (the client's 400)."""
         if self.template is None:
             raise NoChatTemplate(
@@ -132,14 +144,23 @@ class ChatProcessor:
                 "completions (use /v1/completions, or give the worker a template with "
                 "vLLM's --chat-template)"
             )
-        return self.template.render(messages, add_generation_prompt=True)
+        return self.template.render(
+            messages, add_generation_prompt=add_generation_prompt, variables=variables
+        )
 
     def render_chat(self, chat: ChatCompletionRequest) -> str:
-        """The prompt of a chat request. A template that joins content parts its own way
-        (SGLang's) takes the messages as sent; the others take them joined."""
+        """The prompt of a chat request, with its ``add_generation_prompt`` and
+        ``chat_template_kwargs``. A template that joins content parts its own way (SGLang's)
+        takes the messages as sent; the others take them joined."""
         if getattr(self.template, "takes_content_parts", False):
-            return self.render(chat.messages_as_sent())
-        return self.render(chat.template_messages())
+            messages = chat.messages_as_sent()
+        else:
+            messages = chat.template_messages()
+        return self.render(
+            messages,
+            add_generation_prompt=chat.add_generation_prompt is not False,
+            variables=chat.chat_template_kwargs,
+        )
 
     def encode_chat(self, prompt: str) -> list[int]:
         # The template already wrote BOS and the like: transformers' apply_chat_template
@@ -232,7 +253,11 @@ class _VllmTemplate:
         self._source = source
 
     def render(
-        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        variables: Mapping[str, Any] | None = None,
     ) -> str:
         with rendering_errors():
             return self._tokenizer.apply_chat_template(
@@ -240,6 +265,7 @@ class _VllmTemplate:
                 chat_template=self._source,
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
+                **(variables or {}),
             )
 
 

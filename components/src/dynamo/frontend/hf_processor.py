@@ -166,15 +166,21 @@ class HfChatTemplate:
         self._variables = dict(variables)
 
     def render(
-        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        variables: Mapping[str, Any] | None = None,
     ) -> str:
         with rendering_errors():
+            # The request's variables after the model's (bos_token, ...), as transformers
+            # passes apply_chat_template's kwargs.
             return self._template.render(
                 messages=list(messages),
                 tools=None,
                 documents=None,
                 add_generation_prompt=add_generation_prompt,
-                **self._variables,
+                **{**self._variables, **(variables or {})},
             )
 
 

@@ -92,6 +92,14 @@ RULES: tuple[FieldRule, ...] = (
         "default to 16)",
     ),
     applied("max_completion_tokens", "wins over max_tokens, as in vLLM", (CHAT,)),
+    applied("add_generation_prompt", "the chat template's variable (default true)", (CHAT,)),
+    applied(
+        "chat_template_kwargs",
+        "extra variables of the chat template (at most 64), as in vLLM; those that would "
+        "bypass a request field (messages, tools, documents, add_generation_prompt, "
+        "continue_final_message, chat_template, tokenize) are refused by name",
+        (CHAT,),
+    ),
     applied("n", "1 only: n > 1 is refused by name (multiple choices not implemented yet)"),
     applied("stop", "matched on the detokenized text by the frontend; never in the output"),
     applied("stream", "server-sent events, as vLLM sends them"),
@@ -151,49 +159,42 @@ RULES: tuple[FieldRule, ...] = (
         "none",
         "auto",
         endpoints=(CHAT,),
-    ),  # fmt: skip
+    ),
     refused("parallel_tool_calls", _TOOLS, True, endpoints=(CHAT,)),
     refused("reasoning_effort", "reasoning controls are " + _NOT_YET, endpoints=(CHAT,)),
     refused(
         "include_reasoning", "reasoning is not parsed out of the text here", True, endpoints=(CHAT,)
-    ),  # fmt: skip
+    ),
     refused("thinking_token_budget", "reasoning controls are " + _NOT_YET),
     refused("use_beam_search", "beam search is " + _NOT_YET, False),
     refused("length_penalty", "a beam-search setting; beam search is " + _NOT_YET, 1.0, 1),
     refused("echo", "echoing the prompt is " + _NOT_YET, False),
     refused("suffix", "suffixes are not supported (nor by vLLM)", endpoints=(COMPLETION,)),
     refused(
-        "add_generation_prompt",
-        "the template always adds the generation prompt here",
-        True,
-        endpoints=(CHAT,),
-    ),  # fmt: skip
-    refused(
         "continue_final_message",
         "continuing the final message is " + _NOT_YET,
         False,
         endpoints=(CHAT,),
-    ),  # fmt: skip
+    ),
     refused(
         "add_special_tokens",
         "chat prompts get no special tokens beyond the template's",
         False,
         endpoints=(CHAT,),
-    ),  # fmt: skip
+    ),
     refused(
         "add_special_tokens",
         "text prompts always get the tokenizer's special tokens",
         True,
         endpoints=(COMPLETION,),
-    ),  # fmt: skip
+    ),
     refused("documents", "template documents (RAG) are " + _NOT_YET, endpoints=(CHAT,)),
     refused(
         "chat_template",
         "a client's own chat template is not accepted (vLLM refuses it "
         "too unless --trust-request-chat-template)",
         endpoints=(CHAT,),
-    ),  # fmt: skip
-    refused("chat_template_kwargs", "template arguments are " + _NOT_YET, {}, endpoints=(CHAT,)),
+    ),
     refused("media_io_kwargs", _MULTIMODAL, {}, endpoints=(CHAT,)),
     refused("mm_processor_kwargs", _MULTIMODAL, {}, endpoints=(CHAT,)),
     refused("mm_payload", _MULTIMODAL, "tensors"),
@@ -202,7 +203,7 @@ RULES: tuple[FieldRule, ...] = (
     refused(
         "truncate_prompt_tokens",
         "prompt truncation is " + _NOT_YET + "; a prompt that does not fit is a 400",
-    ),  # fmt: skip
+    ),
     refused("truncation_side", "prompt truncation is " + _NOT_YET),
     refused("priority", "priority scheduling is " + _NOT_YET, 0),
     refused("request_id", "the frontend names every request itself (chatcmpl-/cmpl-<uuid>)"),
@@ -212,7 +213,7 @@ RULES: tuple[FieldRule, ...] = (
     refused("return_token_offsets", "token offsets are not returned by this server", False),
     refused(
         "return_prompt_text", "the prompt is not returned by this server", False, endpoints=(CHAT,)
-    ),  # fmt: skip
+    ),
     refused("routed_experts_prompt_start", _VLLM_ONLY, 0),
     refused("watermarking", _VLLM_ONLY, False),
     refused("repetition_detection", _VLLM_ONLY),
@@ -273,9 +274,10 @@ def screen(endpoint: str, body: dict[str, Any], *, strict: bool) -> dict[str, An
             kept[name] = value
         elif rule.treatment is Treatment.REFUSED and rule.asks_for_something(value):
             raise FieldRefused(
-                name, f"`{name}` is not supported by this server: {rule.reason}",
+                name,
+                f"`{name}` is not supported by this server: {rule.reason}",
                 "unsupported_parameter",
-            )  # fmt: skip
+            )
     return kept
 
 

@@ -223,11 +223,32 @@ class ChatMessage(BaseModel):
         return message
 
 
+# chat_template_kwargs that would bypass a request field (or the server's own template).
+RESERVED_TEMPLATE_VARIABLES = frozenset(
+    ("messages", "tools", "documents", "add_generation_prompt", "continue_final_message",
+     "chat_template", "tokenize")
+)  # fmt: skip
+
+
 class ChatCompletionRequest(_SamplingRequest):
     ENDPOINT = openai_fields.CHAT
 
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: TokenCount | None = None
+    add_generation_prompt: StrictBool | None = None
+    # Extra variables of the chat template (e.g. enable_thinking), as vLLM passes them.
+    chat_template_kwargs: Annotated[dict[StrictStr, Any], Field(max_length=64)] | None = None
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _no_reserved_variables(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        reserved = sorted(RESERVED_TEMPLATE_VARIABLES & set(value or ()))
+        if reserved:
+            raise ValueError(
+                f"`{reserved[0]}` cannot be set through chat_template_kwargs (use the request "
+                "field, where there is one)"
+            )
+        return value
 
     @property
     def requested_max_tokens(self) -> tuple[str, int] | None:

@@ -259,6 +259,7 @@ class SglangTemplate:
         messages: Sequence[Mapping[str, Any]],
         *,
         add_generation_prompt: bool = True,
+        variables: Mapping[str, Any] | None = None,
         tools: list[dict[str, Any]] | None = None,
     ) -> str:
         from sglang.srt.parser.jinja_template_utils import process_content_for_template_format
@@ -274,6 +275,7 @@ class SglangTemplate:
                 tools=tools or None,
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
+                **(variables or {}),
             )
 
 
