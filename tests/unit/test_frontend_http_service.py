@@ -594,13 +594,14 @@ def test_a_template_that_raises_is_a_400_with_its_message(tiny_tokenizer_dir, tm
     assert "a system message comes first" in error["message"]
 
 
-def test_add_generation_prompt_and_chat_template_kwargs_reach_the_template(
+def test_add_generation_prompt_chat_template_kwargs_and_tools_reach_the_template(
     tiny_tokenizer_dir, tmp_path
 ):
     template = tmp_path / "variables.jinja"
     template.write_text(
-        "{{ messages[0].content }}|{{ greeting | default('none') }}|{{ bos_token }}"
-        "{% if add_generation_prompt %}|GEN{% endif %}",
+        "{% for tool in tools or [] %}{{ tool.function.name }}:{{ tool.function.parameters "
+        "| tojson }};{% endfor %}{{ messages[0].content }}|{{ greeting | default('none') }}|"
+        "{{ bos_token }}{% if add_generation_prompt %}|GEN{% endif %}",
         encoding="utf-8",
     )
     card = tiny_card(tiny_tokenizer_dir, MODEL, chat_template_path=str(template))
@@ -610,7 +611,12 @@ def test_add_generation_prompt_and_chat_template_kwargs_reach_the_template(
         ({"add_generation_prompt": False}, "héllo|none|<s>"),
         ({"chat_template_kwargs": {"greeting": "hi", "bos_token": "B"}}, "héllo|hi|B|GEN"),
         ({"chat_template_kwargs": {}, "add_generation_prompt": True}, "héllo|none|<s>|GEN"),
-    ]
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"a": 1}}}],
+             "tool_choice": "none"},
+            'f:{"a": 1};héllo|none|<s>|GEN',
+        ),
+    ]  # fmt: skip
 
     async def scenario():
         async with echo_worker() as (engine, endpoint), frontend(card, endpoint) as client:

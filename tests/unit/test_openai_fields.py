@@ -109,8 +109,7 @@ def test_a_refused_field_at_null_or_vllms_default_asks_for_nothing_and_is_accept
         (CHAT, "logprobs", True),
         (COMPLETION, "logprobs", 0),  # 0 asks for the sampled token's logprob: not false
         (CHAT, "top_logprobs", 0.0),
-        (CHAT, "tools", [{"type": "function", "function": {"name": "f"}}]),
-        (CHAT, "tool_choice", "required"),
+        (CHAT, "parallel_tool_calls", False),
         (CHAT, "spaces_between_special_tokens", False),
         (COMPLETION, "echo", True),
         (COMPLETION, "include_stop_str_in_output", True),
@@ -199,7 +198,7 @@ def _post(card, endpoint: str, body: dict, *, strict: bool = False) -> tuple[int
     "endpoint, name, value",
     [
         (CHAT, "logprobs", True),
-        (CHAT, "tools", [{"type": "function", "function": {"name": "f"}}]),
+        (CHAT, "top_logprobs", 3),
         (COMPLETION, "echo", True),
         (COMPLETION, "logit_bias", {"5": 10}),
     ],
@@ -242,3 +241,31 @@ def test_the_fields_page_lists_every_field_with_its_treatment():
     for endpoint in ENDPOINTS:
         for name, rule in FIELDS[endpoint].items():
             assert f"| `{name}` | {rule.treatment.value} |" in page
+
+
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+
+
+@pytest.mark.parametrize(
+    "extra, code",
+    [
+        ({"tools": TOOLS}, "unsupported_parameter"),  # auto, the default with tools
+        ({"tools": TOOLS, "tool_choice": "auto"}, "unsupported_parameter"),
+        ({"tools": TOOLS, "tool_choice": "required"}, "unsupported_parameter"),
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "f"}}},
+         "unsupported_parameter"),
+        ({"tool_choice": "required"}, "invalid_value"),  # a choice without tools
+    ],
+)  # fmt: skip
+def test_tool_choices_that_need_a_parser_are_refused_naming_tool_choice(extra, code):
+    with pytest.raises(oai.ApiError) as raised:
+        oai.parse_chat_request({**BASE[CHAT], **extra})
+    assert raised.value.param == "tool_choice" and raised.value.code == code
+
+
+def test_tools_with_tool_choice_none_are_kept_as_sent_for_the_template():
+    sent = [{**TOOLS[0], "function": {**TOOLS[0]["function"], "description": "d", "x": 1}}]
+    request = oai.parse_chat_request({**BASE[CHAT], "tools": sent, "tool_choice": "none"})
+    assert request.template_tools() == sent
+    for choice in (None, "none", "auto"):
+        assert oai.parse_chat_request({**BASE[CHAT], "tool_choice": choice}).tools is None

@@ -171,17 +171,19 @@ def test_request_template_variables_render_as_transformers_renders_them(
     path = tmp_path / "variables.jinja"
     path.write_text(
         "{{ bos_token }}{{ greeting | default('none') }}|{{ messages[0].content }}"
-        "{% if add_generation_prompt %}|GEN{% endif %}",
+        "{% for tool in tools or [] %}|{{ tool.function.name }}={{ tool.function.parameters "
+        "| tojson }}{% endfor %}{% if add_generation_prompt %}|GEN{% endif %}",
         encoding="utf-8",
     )
     messages = CONVERSATIONS[0]
     variables = {"greeting": "hi", "bos_token": "B:"}
+    tools = [{"type": "function", "function": {"name": "get", "parameters": {"b": [1, "é"]}}}]
     want = reference.apply_chat_template(
         messages, chat_template=path.read_text(encoding="utf-8"), tokenize=False,
-        add_generation_prompt=add_generation_prompt, **variables,
+        add_generation_prompt=add_generation_prompt, tools=tools, **variables,
     )  # fmt: skip
     processor = build_chat_processor(card(tiny_model, str(path)), kind)
     got = processor.render(
-        messages, add_generation_prompt=add_generation_prompt, variables=variables
+        messages, add_generation_prompt=add_generation_prompt, variables=variables, tools=tools
     )
-    assert got == want and got.startswith("B:hi|")
+    assert got == want and got.startswith("B:hi|") and "|get=" in got

@@ -101,8 +101,10 @@ class Template(Protocol):
         *,
         add_generation_prompt: bool = True,
         variables: Mapping[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
-        """``variables``: the request's ``chat_template_kwargs``, as template variables."""
+        """``variables``: the request's ``chat_template_kwargs``, as template variables;
+        ``tools``: the request's tools, in OpenAI's shape."""
         ...
 
 
@@ -136,6 +138,7 @@ class ChatProcessor:
         *,
         add_generation_prompt: bool = True,
         variables: Mapping[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
         """The chat prompt; raises NoChatTemplate or ChatTemplateError (the client's 400)."""
         if self.template is None:
@@ -145,7 +148,10 @@ class ChatProcessor:
                 "vLLM's --chat-template)"
             )
         return self.template.render(
-            messages, add_generation_prompt=add_generation_prompt, variables=variables
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            variables=variables,
+            tools=tools,
         )
 
     def render_chat(self, chat: ChatCompletionRequest) -> str:
@@ -160,6 +166,7 @@ class ChatProcessor:
             messages,
             add_generation_prompt=chat.add_generation_prompt is not False,
             variables=chat.chat_template_kwargs,
+            tools=chat.template_tools(),
         )
 
     def encode_chat(self, prompt: str) -> list[int]:
@@ -258,11 +265,13 @@ class _VllmTemplate:
         *,
         add_generation_prompt: bool = True,
         variables: Mapping[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
         with rendering_errors():
             return self._tokenizer.apply_chat_template(
                 list(messages),
                 chat_template=self._source,
+                tools=tools or None,
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
                 **(variables or {}),

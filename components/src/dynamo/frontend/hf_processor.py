@@ -171,13 +171,14 @@ class HfChatTemplate:
         *,
         add_generation_prompt: bool = True,
         variables: Mapping[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
         with rendering_errors():
             # The request's variables after the model's (bos_token, ...), as transformers
             # passes apply_chat_template's kwargs.
             return self._template.render(
                 messages=list(messages),
-                tools=None,
+                tools=tools or None,
                 documents=None,
                 add_generation_prompt=add_generation_prompt,
                 **{**self._variables, **(variables or {})},

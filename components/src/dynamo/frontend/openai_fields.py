@@ -92,6 +92,19 @@ RULES: tuple[FieldRule, ...] = (
         "default to 16)",
     ),
     applied("max_completion_tokens", "wins over max_tokens, as in vLLM", (CHAT,)),
+    applied(
+        "tools",
+        "rendered into the chat template, as vLLM does (at most 128); tool calls are not "
+        "parsed out of the output yet, so tool_choice must then be none",
+        (CHAT,),
+    ),
+    applied(
+        "tool_choice",
+        "none renders the tools without calls being parsed; auto (the default when tools are "
+        "given), required and a named function need a tool-call parser or structured output, "
+        "which this server does not run yet: refused by name when tools are given",
+        (CHAT,),
+    ),
     applied("add_generation_prompt", "the chat template's variable (default true)", (CHAT,)),
     applied(
         "chat_template_kwargs",
@@ -152,14 +165,6 @@ RULES: tuple[FieldRule, ...] = (
     ),
     refused("response_format", _STRUCTURED, {"type": "text"}),
     refused("structured_outputs", _STRUCTURED),
-    refused("tools", _TOOLS, [], endpoints=(CHAT,)),
-    refused(
-        "tool_choice",
-        _TOOLS + " (`none` and `auto` ask for nothing)",
-        "none",
-        "auto",
-        endpoints=(CHAT,),
-    ),
     refused("parallel_tool_calls", _TOOLS, True, endpoints=(CHAT,)),
     refused("reasoning_effort", "reasoning controls are " + _NOT_YET, endpoints=(CHAT,)),
     refused(

@@ -40,6 +40,7 @@ from dynamo.runtime.sampling import (
 )
 
 from . import openai_fields
+from .openai_tools import NamedToolChoice, Tool, check_tool_choice
 
 # The roles a chat message may have (vLLM's, plus OpenAI's "developer", passed to the template).
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -236,6 +237,8 @@ class ChatCompletionRequest(_SamplingRequest):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: TokenCount | None = None
     add_generation_prompt: StrictBool | None = None
+    tools: Annotated[list[Tool], Field(max_length=128)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     # Extra variables of the chat template (e.g. enable_thinking), as vLLM passes them.
     chat_template_kwargs: Annotated[dict[StrictStr, Any], Field(max_length=64)] | None = None
 
@@ -256,6 +259,17 @@ class ChatCompletionRequest(_SamplingRequest):
         if self.max_completion_tokens is not None:
             return "max_completion_tokens", self.max_completion_tokens
         return super().requested_max_tokens
+
+    @model_validator(mode="after")
+    def _tool_choice_honoured(self) -> ChatCompletionRequest:
+        """Tools reach the template; their calls are not parsed yet, so only ``none`` is
+        honoured with tools (``auto`` is the default then, as in vLLM)."""
+        check_tool_choice(self.tools, self.tool_choice)
+        return self
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        """The tools as the client sent them (what the template renders), or None."""
+        return [tool.model_dump() for tool in self.tools] if self.tools else None
 
     def template_messages(self) -> list[dict[str, Any]]:
         return [message.for_template() for message in self.messages]

@@ -1,0 +1,56 @@
+"""The tools of a chat request (OpenAI's and vLLM's shapes) and what this server honours of
+``tool_choice``: the tools reach the chat template; their calls are not parsed out of the output
+yet (a tool-call parser), so with tools only ``none`` is honoured, and ``auto`` (the default
+when tools are given, as in vLLM), ``required`` and a named function are refused by name."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictStr
+
+from .openai_fields import FieldRefused
+
+
+class FunctionSpec(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    name: Annotated[StrictStr, Field(min_length=1)]
+
+
+class Tool(BaseModel):
+    """A tool as OpenAI and vLLM take it; the template gets it as the client sent it."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+def check_tool_choice(tools: list[Tool] | None, tool_choice: str | NamedToolChoice | None) -> None:
+    """Raises :class:`FieldRefused` naming ``tool_choice`` when it asks for what is not
+    honoured (see the module docstring), or names a choice without tools."""
+    choice = tool_choice
+    if not tools:
+        if choice is None or choice in ("none", "auto"):
+            return
+        raise FieldRefused("tool_choice", "`tool_choice` needs `tools` to be set", "invalid_value")
+    if choice != "none":
+        if choice is None:
+            shown = "auto (the default with tools)"
+        else:
+            shown = choice if isinstance(choice, str) else "a named function"
+        raise FieldRefused(
+            "tool_choice",
+            f"`tool_choice` {shown} "
+            "needs a tool-call parser, which this server does not run yet; `tool_choice` "
+            '"none" renders the tools into the prompt without parsing calls',
+            "unsupported_parameter",
+        )
