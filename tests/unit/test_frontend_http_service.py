@@ -306,6 +306,38 @@ def test_skip_special_tokens_false_shows_them_in_the_text_as_vllm_does(card, pro
     assert shown != skipped
 
 
+def test_logit_bias_reaches_the_worker_as_pairs_clamped_as_vllm_clamps(card, processor):
+    async def scenario():
+        async with echo_worker() as (engine, endpoint), frontend(card, endpoint) as client:
+            plain = await client.post("/v1/completions", json={"model": MODEL, "prompt": "hi"})
+            biased = await client.post("/v1/completions", json={
+                "model": MODEL, "prompt": "hi", "logit_bias": {"5": 250, "7": -3.5, "9": 0}})  # fmt: skip
+            return plain.status, biased.status, engine.bodies
+
+    plain, biased, (plain_body, biased_body) = run(scenario)
+    assert plain == biased == 200
+    assert "logit_bias" not in plain_body["sampling"]  # unset: not sent (older workers)
+    assert biased_body["sampling"]["logit_bias"] == [[5, 100.0], [7, -3.5], [9, 0.0]]
+
+
+@pytest.mark.parametrize(
+    "value, param",
+    [({"x": 1}, "logit_bias.x"), ({"5": "1"}, "logit_bias"), ({"-1": 1}, "logit_bias"),
+     ({"5": True}, "logit_bias"), ({"1000000000": 1}, "logit_bias"),
+     ({str(i): 1 for i in range(1025)}, "logit_bias")],
+)  # fmt: skip
+def test_bad_logit_bias_is_400_naming_it(card, value, param):
+    async def scenario():
+        async with echo_worker() as (engine, endpoint), frontend(card, endpoint) as client:
+            response = await client.post("/v1/completions", json={
+                "model": MODEL, "prompt": "hi", "logit_bias": value})  # fmt: skip
+            return response.status, await response.json(), engine.bodies
+
+    status, body, bodies = run(scenario)
+    assert_openai_error(body, status, 400, param=param)
+    assert bodies == []
+
+
 @pytest.mark.parametrize(
     "value, param",
     [(["1"], "stop_token_ids[0]"), ([-1], "stop_token_ids[0]"), (5, "stop_token_ids"),

@@ -200,7 +200,7 @@ def _post(card, endpoint: str, body: dict, *, strict: bool = False) -> tuple[int
         (CHAT, "logprobs", True),
         (CHAT, "top_logprobs", 3),
         (COMPLETION, "echo", True),
-        (COMPLETION, "logit_bias", {"5": 10}),
+        (COMPLETION, "prompt_logprobs", 1),
     ],
 )
 def test_over_http_a_refusal_is_a_400_in_the_openai_shape_and_reaches_no_worker(

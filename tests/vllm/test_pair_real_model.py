@@ -96,3 +96,15 @@ def test_client_stop_token_ids_end_vllms_completion_without_the_tokens_text(pair
     assert choice["finish_reason"] == "stop", (text, choice)
     assert text.startswith(choice["text"]) and len(choice["text"]) < len(text)
     assert stopped["usage"]["completion_tokens"] < 16
+
+
+def test_logit_bias_reaches_vllms_sampler(pair):
+    url, model = pair
+    card = ModelCard(served_model_name=SERVED, model_path=model, tokenizer_path=model,
+                     context_length=256, eos_token_ids=(1,))  # fmt: skip
+    tokenizer = build_chat_processor(card).tokenizer
+    (favoured, *_) = tokenizer.encode(" fox", add_special_tokens=False)
+    body = {"model": SERVED, "prompt": "The quick brown", "max_tokens": 8, "temperature": 0,
+            "ignore_eos": True, "logit_bias": {str(favoured): 100}}  # fmt: skip
+    completion = post(url + "/v1/completions", body)
+    assert completion["choices"][0]["text"] == tokenizer.decode([favoured] * 8)

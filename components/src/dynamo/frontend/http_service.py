@@ -217,9 +217,13 @@ class FrontendService:
         responder_class: type[Responder],
     ) -> web.StreamResponse:
         max_tokens = completion_budget(req, entry.card, len(prompt_ids), prompt_param)
-        found = out_of_vocabulary(req.stop_token_ids or (), entry.processor.max_token_id)
+        max_token_id = entry.processor.max_token_id
+        found = out_of_vocabulary(req.stop_token_ids or (), max_token_id)
         if found is not None:
             raise oai.invalid_request(found[1], param=f"stop_token_ids[{found[0]}]")
+        found = out_of_vocabulary([t for t, _ in req.logit_bias_pairs()], max_token_id)
+        if found is not None:
+            raise oai.invalid_request(found[1], param="logit_bias")
         responder = responder_class(req.model, oai.new_completion_id(responder_class.ID_PREFIX))
         sampling = req.sampling(max_tokens, entry.card.eos_token_ids)
         # Built, not validated again: the ids are the tokenizer's (or checked against the

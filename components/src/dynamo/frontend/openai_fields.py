@@ -131,6 +131,11 @@ RULES: tuple[FieldRule, ...] = (
         "the frontend decodes the completion: false shows special tokens, as in vLLM (a stop "
         "token's text is never shown)",
     ),
+    applied(
+        "logit_bias",
+        "added to the logits by vLLM (biases clamped to [-100, 100] as vLLM does; at most "
+        "1024 ids, each within the vocabulary); the mock engine refuses it by name",
+    ),
     applied("min_tokens", "the engine suppresses stop tokens until then"),
     *(
         applied(name, _SAMPLER)
@@ -154,7 +159,6 @@ RULES: tuple[FieldRule, ...] = (
     refused("prompt_logprobs", _LOGPROBS),
     refused("logprob_token_ids", _LOGPROBS),
     refused("return_tokens_as_token_ids", _LOGPROBS, False),
-    refused("logit_bias", "biasing token logits is " + _NOT_YET, {}),
     refused("allowed_token_ids", "restricting the vocabulary is " + _NOT_YET, []),
     refused("bad_words", "banned word lists are " + _NOT_YET, []),
     refused("include_stop_str_in_output", "stop strings are never in the output here", False),

@@ -23,6 +23,7 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictBool,
+    StrictFloat,
     StrictInt,
     StrictStr,
     ValidationError,
@@ -32,6 +33,7 @@ from pydantic import (
 )
 
 from dynamo.runtime.sampling import (
+    MAX_LOGIT_BIAS_TOKENS,
     MinTokens,
     SamplerFields,
     SamplingOptions,
@@ -139,6 +141,11 @@ class _SamplingRequest(SamplerFields):
     # as in vLLM; with the model's EOS ids unless ignore_eos. Checked against the vocabulary.
     stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     min_tokens: MinTokens | None = 0
+    # {"token id": bias}, as OpenAI and vLLM take it; biases clamped to [-100, 100] as vLLM does.
+    logit_bias: (
+        Annotated[dict[Annotated[StrictStr, Field(pattern=r"^[0-9]{1,10}$")], StrictFloat],
+                  Field(max_length=MAX_LOGIT_BIAS_TOKENS)] | None
+    ) = None  # fmt: skip
     # Decoding is the frontend's: false shows special tokens in the text, as vLLM does.
     skip_special_tokens: StrictBool | None = None
     stream: StrictBool | None = False
@@ -185,6 +192,13 @@ class _SamplingRequest(SamplerFields):
             stop=self.stop_strings,
             stop_token_ids=tuple(dict.fromkeys(stop_ids)),
             ignore_eos=ignore_eos,
+            logit_bias=self.logit_bias_pairs(),
+        )
+
+    def logit_bias_pairs(self) -> tuple[tuple[int, float], ...]:
+        return tuple(
+            (int(token), min(100.0, max(-100.0, float(bias))))
+            for token, bias in (self.logit_bias or {}).items()
         )
 
 

@@ -76,6 +76,10 @@ class MockCompletion:
         if found is not None:
             index, message = found
             raise BadGenerateRequest(message, field=f"token_ids.{index}")
+        if self.sampling.logit_bias:  # the mock echoes; it cannot bias what it does not sample
+            raise BadGenerateRequest(
+                "the mock engine does not apply logit_bias", field="sampling.logit_bias"
+            )
         context_length = self.model.card.context_length
         if len(self.prompt) >= context_length:
             raise BadGenerateRequest(

@@ -38,6 +38,7 @@ def sampling_params(options: SamplingOptions, model_defaults: dict[str, Any]) ->
         stop=list(options.stop),
         stop_token_ids=list(options.stop_token_ids),
         ignore_eos=options.ignore_eos,
+        logit_bias=dict(options.logit_bias) or None,
         output_kind=RequestOutputKind.DELTA,
         **chosen,
     )
