@@ -310,8 +310,10 @@ def test_logit_bias_reaches_the_worker_as_pairs_clamped_as_vllm_clamps(card, pro
     async def scenario():
         async with echo_worker() as (engine, endpoint), frontend(card, endpoint) as client:
             plain = await client.post("/v1/completions", json={"model": MODEL, "prompt": "hi"})
-            biased = await client.post("/v1/completions", json={
-                "model": MODEL, "prompt": "hi", "logit_bias": {"5": 250, "7": -3.5, "9": 0}})  # fmt: skip
+            bias = {"5": 250, "7": -3.5, "9": 0}
+            biased = await client.post(
+                "/v1/completions", json={"model": MODEL, "prompt": "hi", "logit_bias": bias}
+            )
             return plain.status, biased.status, engine.bodies
 
     plain, biased, (plain_body, biased_body) = run(scenario)
