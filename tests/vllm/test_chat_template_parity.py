@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from dynamo.frontend.chat_processor import ChatTemplateError, build_chat_processor
+from dynamo.frontend.hf_processor import RenderOptions
 from dynamo.runtime.model_card import ModelCard
 
 pytestmark = pytest.mark.vllm
@@ -183,7 +184,6 @@ def test_request_template_variables_render_as_transformers_renders_them(
         add_generation_prompt=add_generation_prompt, tools=tools, **variables,
     )  # fmt: skip
     processor = build_chat_processor(card(tiny_model, str(path)), kind)
-    got = processor.render(
-        messages, add_generation_prompt=add_generation_prompt, variables=variables, tools=tools
-    )
+    options = RenderOptions(add_generation_prompt, variables, tools)
+    got = processor.render(messages, options)
     assert got == want and got.startswith("B:hi|") and "|get=" in got

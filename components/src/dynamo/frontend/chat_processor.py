@@ -33,10 +33,12 @@ if TYPE_CHECKING:
 
 from . import sglang_processor
 from .hf_processor import (
+    PLAIN,
     ChatTemplateError,
     HfChatTemplate,
     HfTokenizer,
     ModelFilesError,
+    RenderOptions,
     StreamDetokenizer,
     find_chat_template,
     read_tokenizer_config,
@@ -96,16 +98,8 @@ class Tokenizer(Protocol):
 
 class Template(Protocol):
     def render(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        *,
-        add_generation_prompt: bool = True,
-        variables: Mapping[str, Any] | None = None,
-        tools: list[dict[str, Any]] | None = None,
-    ) -> str:
-        """``variables``: the request's ``chat_template_kwargs``, as template variables;
-        ``tools``: the request's tools, in OpenAI's shape."""
-        ...
+        self, messages: Sequence[Mapping[str, Any]], options: RenderOptions = ...
+    ) -> str: ...
 
 
 class ChatProcessor:
@@ -132,14 +126,7 @@ class ChatProcessor:
     def model(self) -> str:
         return self.card.served_model_name
 
-    def render(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        *,
-        add_generation_prompt: bool = True,
-        variables: Mapping[str, Any] | None = None,
-        tools: list[dict[str, Any]] | None = None,
-    ) -> str:
+    def render(self, messages: Sequence[Mapping[str, Any]], options: RenderOptions = PLAIN) -> str:
         """The chat prompt; raises NoChatTemplate or ChatTemplateError (the client's 400)."""
         if self.template is None:
             raise NoChatTemplate(
@@ -147,12 +134,7 @@ class ChatProcessor:
                 "completions (use /v1/completions, or give the worker a template with "
                 "vLLM's --chat-template)"
             )
-        return self.template.render(
-            messages,
-            add_generation_prompt=add_generation_prompt,
-            variables=variables,
-            tools=tools,
-        )
+        return self.template.render(messages, options)
 
     def render_chat(self, chat: ChatCompletionRequest) -> str:
         """The prompt of a chat request, with its ``add_generation_prompt`` and
@@ -162,12 +144,12 @@ class ChatProcessor:
             messages = chat.messages_as_sent()
         else:
             messages = chat.template_messages()
-        return self.render(
-            messages,
+        options = RenderOptions(
             add_generation_prompt=chat.add_generation_prompt is not False,
-            variables=chat.chat_template_kwargs,
+            variables=chat.chat_template_kwargs or {},
             tools=chat.template_tools(),
         )
+        return self.render(messages, options)
 
     def encode_chat(self, prompt: str) -> list[int]:
         # The template already wrote BOS and the like: transformers' apply_chat_template
@@ -259,22 +241,13 @@ class _VllmTemplate:
         self._tokenizer = tokenizer
         self._source = source
 
-    def render(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        *,
-        add_generation_prompt: bool = True,
-        variables: Mapping[str, Any] | None = None,
-        tools: list[dict[str, Any]] | None = None,
-    ) -> str:
+    def render(self, messages: Sequence[Mapping[str, Any]], options: RenderOptions = PLAIN) -> str:
         with rendering_errors():
             return self._tokenizer.apply_chat_template(
                 list(messages),
                 chat_template=self._source,
-                tools=tools or None,
                 tokenize=False,
-                add_generation_prompt=add_generation_prompt,
-                **(variables or {}),
+                **options.template_kwargs(),
             )
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,27 @@ class ModelFilesError(ValueError):
 
 class ChatTemplateError(ValueError):
     """The template rejected the conversation (its ``raise_exception``) or failed to render."""
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    """What a chat request adds to its messages when the template renders them, as
+    transformers' ``apply_chat_template`` takes them (every processor renders with these)."""
+
+    add_generation_prompt: bool = True
+    # The request's chat_template_kwargs (names that would bypass a field are refused before).
+    variables: Mapping[str, Any] = field(default_factory=dict)
+    tools: list[dict[str, Any]] | None = None  # OpenAI's shape, as the client sent them
+
+    def template_kwargs(self) -> dict[str, Any]:
+        return {
+            **self.variables,
+            "add_generation_prompt": self.add_generation_prompt,
+            "tools": self.tools or None,
+        }
+
+
+PLAIN = RenderOptions()
 
 
 @contextmanager
@@ -165,23 +187,14 @@ class HfChatTemplate:
             raise ModelFilesError(f"the chat template does not compile: {exc}") from None
         self._variables = dict(variables)
 
-    def render(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        *,
-        add_generation_prompt: bool = True,
-        variables: Mapping[str, Any] | None = None,
-        tools: list[dict[str, Any]] | None = None,
-    ) -> str:
+    def render(self, messages: Sequence[Mapping[str, Any]], options: RenderOptions = PLAIN) -> str:
         with rendering_errors():
             # The request's variables after the model's (bos_token, ...), as transformers
             # passes apply_chat_template's kwargs.
             return self._template.render(
                 messages=list(messages),
-                tools=tools or None,
                 documents=None,
-                add_generation_prompt=add_generation_prompt,
-                **{**self._variables, **(variables or {})},
+                **{**self._variables, **options.template_kwargs()},
             )
 
 

@@ -27,11 +27,8 @@ class Tool(BaseModel):
     function: FunctionSpec
 
 
-class NamedToolChoice(BaseModel):
+class NamedToolChoice(Tool):
     model_config = ConfigDict(extra="forbid", strict=True)
-
-    type: Literal["function"]
-    function: FunctionSpec
 
 
 def check_tool_choice(tools: list[Tool] | None, tool_choice: str | NamedToolChoice | None) -> None:
