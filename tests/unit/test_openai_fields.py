@@ -269,3 +269,21 @@ def test_tools_with_tool_choice_none_are_kept_as_sent_for_the_template():
     assert request.template_tools() == sent
     for choice in (None, "none", "auto"):
         assert oai.parse_chat_request({**BASE[CHAT], "tool_choice": choice}).tools is None
+
+
+@pytest.mark.parametrize(
+    "extra, param",
+    [
+        ({"tools": TOOLS * 129, "tool_choice": "none"}, "tools"),
+        ({"tools": [{"type": "function", "function": {}}], "tool_choice": "none"},
+         "tools[0].function.name"),
+        ({"chat_template_kwargs": {f"v{i}": i for i in range(65)}}, "chat_template_kwargs"),
+        ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
+        ({"add_generation_prompt": 1}, "add_generation_prompt"),
+        ({"skip_special_tokens": "no"}, "skip_special_tokens"),
+    ],
+)  # fmt: skip
+def test_bounds_and_types_of_the_applied_chat_fields_are_400s_naming_them(extra, param):
+    with pytest.raises(oai.ApiError) as raised:
+        oai.parse_chat_request({**BASE[CHAT], **extra})
+    assert raised.value.status == 400 and raised.value.param == param

@@ -326,7 +326,8 @@ def _param(loc: tuple) -> str | None:
     return path or None
 
 
-_UNION_TAGS = ("str", "int", "float", "bool", "list", "literal", "function", "constrained")
+# ("function" is not one: a tool's `function` is a field; validator tags are "function-after[...]".)
+_UNION_TAGS = ("str", "int", "float", "bool", "list", "literal", "constrained")
 
 
 def _first_error(exc: ValidationError) -> tuple[str | None, str]:
