@@ -323,6 +323,43 @@ def test_logit_bias_reaches_the_worker_as_pairs_clamped_as_vllm_clamps(card, pro
 
 
 @pytest.mark.parametrize(
+    "fields, expected",
+    [
+        ({"stop": ["thr"]}, "one two "),
+        ({"stop": ["thr"], "include_stop_str_in_output": True}, "one two thr"),
+        ({"stop": ["two", "two thr"], "include_stop_str_in_output": True}, "one two"),
+        ({"stop_token_ids": "third"}, "one two"),
+        ({"stop_token_ids": "third", "include_stop_str_in_output": True}, "one two three"),
+    ],
+)
+def test_include_stop_str_in_output_keeps_the_stop_as_vllm_does(card, processor, fields, expected):
+    ids = processor.tokenizer.encode("one two three four", add_special_tokens=False)
+    if fields.get("stop_token_ids") == "third":  # the id whose text ends "three"
+        third = next(k for k in range(len(ids)) if processor.tokenizer.decode(ids[: k + 1])
+                     .endswith("three"))  # fmt: skip
+        fields = {**fields, "stop_token_ids": [ids[third]]}
+        expected = processor.tokenizer.decode(ids[: third + (expected.endswith("three"))])
+
+    async def scenario():
+        async with (
+            echo_worker(output=ids) as (_, endpoint),
+            frontend(card, endpoint) as client,
+        ):
+            answers = []
+            for stream in (False, True):
+                body = chat(len(ids), stream=stream, ignore_eos=True, **fields)
+                response = await client.post("/v1/chat/completions", json=body)
+                answers.append(
+                    streamed_text(await sse_events(response))
+                    if stream
+                    else (await response.json())["choices"][0]["message"]["content"]
+                )
+            return answers
+
+    assert run(scenario) == [expected, expected]
+
+
+@pytest.mark.parametrize(
     "name, value, param",
     [("logit_bias", {"x": 1}, "logit_bias.x"), ("logit_bias", {"5": "1"}, "logit_bias"),
      ("logit_bias", {"-1": 1}, "logit_bias"), ("logit_bias", {"5": True}, "logit_bias"),

@@ -42,9 +42,11 @@ class Generation:
         stream: AsyncGenerator[StreamItem, None],
         *,
         skip_special_tokens: bool = True,
+        include_stop_str_in_output: bool = False,
     ) -> None:
         self._detokenizer = processor.detokenizer(skip_special_tokens=skip_special_tokens)
-        self._stops = StopStringMatcher(sampling.stop)
+        self._stops = StopStringMatcher(sampling.stop, include=include_stop_str_in_output)
+        self._include_stop = include_stop_str_in_output
         self._sampling = sampling
         self._stop_ids = frozenset(sampling.stop_token_ids)
         self.prompt_tokens = prompt_tokens
@@ -60,7 +62,10 @@ class Generation:
             pieces = []
             for token_id in item.token_ids:
                 self.completion_tokens += 1
-                if self._stop_token(token_id):  # its text is not part of the output (vLLM's)
+                if self._stop_token(token_id):  # its text is in the output only if asked
+                    if self._include_stop:
+                        text = self._detokenizer.add((token_id,))
+                        pieces.append(self._stops.feed(text, check=False))
                     pieces.append(self._end())
                     self.finish_reason = "stop"
                     yield "".join(pieces)

@@ -263,6 +263,7 @@ class FrontendService:
             generation = Generation(
                 entry.processor, sampling, len(prompt_ids), first, stream,
                 skip_special_tokens=req.skip_special_tokens is not False,
+                include_stop_str_in_output=req.include_stop_str_in_output is True,
             )  # fmt: skip
             try:
                 if req.stream:

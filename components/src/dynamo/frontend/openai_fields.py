@@ -136,6 +136,11 @@ RULES: tuple[FieldRule, ...] = (
         "added to the logits by vLLM (biases clamped to [-100, 100] as vLLM does; at most "
         "1024 ids, each within the vocabulary); the mock engine refuses it by name",
     ),
+    applied(
+        "include_stop_str_in_output",
+        "the frontend matches stop strings and tokens: true ends the output just after the "
+        "stop string (or the stop token's text), as in vLLM",
+    ),
     applied("min_tokens", "the engine suppresses stop tokens until then"),
     *(
         applied(name, _SAMPLER)
@@ -161,7 +166,6 @@ RULES: tuple[FieldRule, ...] = (
     refused("return_tokens_as_token_ids", _LOGPROBS, False),
     refused("allowed_token_ids", "restricting the vocabulary is " + _NOT_YET, []),
     refused("bad_words", "banned word lists are " + _NOT_YET, []),
-    refused("include_stop_str_in_output", "stop strings are never in the output here", False),
     refused(
         "spaces_between_special_tokens",
         "special tokens are always skipped when decoding here",

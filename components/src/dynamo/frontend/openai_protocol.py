@@ -146,6 +146,8 @@ class _SamplingRequest(SamplerFields):
         Annotated[dict[Annotated[StrictStr, Field(pattern=r"^[0-9]{1,10}$")], StrictFloat],
                   Field(max_length=MAX_LOGIT_BIAS_TOKENS)] | None
     ) = None  # fmt: skip
+    # Stop strings and tokens are the frontend's to match: true keeps them in the output.
+    include_stop_str_in_output: StrictBool | None = None
     # Decoding is the frontend's: false shows special tokens in the text, as vLLM does.
     skip_special_tokens: StrictBool | None = None
     stream: StrictBool | None = False
