@@ -359,6 +359,33 @@ def test_include_stop_str_in_output_keeps_the_stop_as_vllm_does(card, processor,
     assert run(scenario) == [expected, expected]
 
 
+def test_truncate_prompt_tokens_keeps_the_side_asked_as_vllm_does(card):
+    ids = list(range(10, 30))
+    context = card.context_length
+    long_ids = [5] * (context + 10)
+    cases = [
+        ({"truncate_prompt_tokens": 5}, ids, ids[-5:]),
+        ({"truncate_prompt_tokens": 5, "truncation_side": "left"}, ids, ids[-5:]),
+        ({"truncate_prompt_tokens": 5, "truncation_side": "right"}, ids, ids[:5]),
+        ({"truncate_prompt_tokens": 50}, ids, ids),
+        ({"truncate_prompt_tokens": -1}, long_ids, long_ids[: context - 1]),
+    ]
+
+    async def scenario():
+        async with echo_worker() as (engine, endpoint), frontend(card, endpoint) as client:
+            for extra, prompt, _ in cases:
+                body = {"model": MODEL, "prompt": prompt, "max_tokens": 1, **extra}
+                response = await client.post("/v1/completions", json=body)
+                assert response.status == 200, await response.text()
+            over = await client.post("/v1/completions", json={
+                "model": MODEL, "prompt": ids, "truncate_prompt_tokens": context})  # fmt: skip
+            return engine.bodies, over.status, await over.json()
+
+    bodies, status, over = run(scenario)
+    assert [body["token_ids"] for body in bodies] == [kept for _, _, kept in cases]
+    assert_openai_error(over, status, 400, param="truncate_prompt_tokens")
+
+
 @pytest.mark.parametrize(
     "name, value, param",
     [("logit_bias", {"x": 1}, "logit_bias.x"), ("logit_bias", {"5": "1"}, "logit_bias"),

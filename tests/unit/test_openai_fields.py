@@ -112,7 +112,7 @@ def test_a_refused_field_at_null_or_vllms_default_asks_for_nothing_and_is_accept
         (CHAT, "parallel_tool_calls", False),
         (CHAT, "spaces_between_special_tokens", False),
         (COMPLETION, "echo", True),
-        (COMPLETION, "truncate_prompt_tokens", 5),
+        (COMPLETION, "priority", 5),
         (CHAT, "response_format", {"type": "json_object"}),
         (COMPLETION, "add_special_tokens", False),
     ],

@@ -216,6 +216,7 @@ class FrontendService:
         prompt_param: str,
         responder_class: type[Responder],
     ) -> web.StreamResponse:
+        prompt_ids = truncated_prompt(req, prompt_ids, entry.card.context_length)
         max_tokens = completion_budget(req, entry.card, len(prompt_ids), prompt_param)
         max_token_id = entry.processor.max_token_id
         found = out_of_vocabulary(req.stop_token_ids or (), max_token_id)
@@ -340,6 +341,25 @@ def refused_param(field: str, prompt_param: str) -> str | None:
     if head == "token_ids":
         return prompt_param
     return rest.split(".", 1)[0] or None
+
+
+def truncated_prompt(req: oai._SamplingRequest, ids: list[int], context: int) -> list[int]:
+    """The prompt cut to ``truncate_prompt_tokens`` (vLLM's rule: -1 is as many as leave room
+    for one completion token; more than that is a 400), from the ``truncation_side``: left
+    (the default, vLLM's tokenizers') keeps the last tokens, right the first."""
+    keep = req.truncate_prompt_tokens
+    if keep is None:
+        return ids
+    room = context - 1
+    if keep > room:
+        raise oai.invalid_request(
+            f"`truncate_prompt_tokens` ({keep}) must be at most {room} for this model",
+            param="truncate_prompt_tokens",
+        )
+    keep = room if keep == -1 else keep
+    if len(ids) <= keep:
+        return ids
+    return ids[:keep] if req.truncation_side == "right" else ids[len(ids) - keep :]
 
 
 def completion_budget(

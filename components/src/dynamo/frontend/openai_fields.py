@@ -141,6 +141,12 @@ RULES: tuple[FieldRule, ...] = (
         "the frontend matches stop strings and tokens: true ends the output just after the "
         "stop string (or the stop token's text), as in vLLM",
     ),
+    applied(
+        "truncate_prompt_tokens",
+        "keeps that many prompt tokens (-1: as many as the context leaves room for with one "
+        "completion token), as in vLLM; more than that is a 400",
+    ),
+    applied("truncation_side", "left (the default) keeps the last tokens, right the first"),
     applied("min_tokens", "the engine suppresses stop tokens until then"),
     *(
         applied(name, _SAMPLER)
@@ -213,11 +219,6 @@ RULES: tuple[FieldRule, ...] = (
     refused("mm_payload", _MULTIMODAL, "tensors"),
     refused("return_mm_kwargs", _MULTIMODAL, False),
     refused("prompt_embeds", "prompt embeddings are " + _NOT_YET, endpoints=(COMPLETION,)),
-    refused(
-        "truncate_prompt_tokens",
-        "prompt truncation is " + _NOT_YET + "; a prompt that does not fit is a 400",
-    ),
-    refused("truncation_side", "prompt truncation is " + _NOT_YET),
     refused("priority", "priority scheduling is " + _NOT_YET, 0),
     refused("request_id", "the frontend names every request itself (chatcmpl-/cmpl-<uuid>)"),
     refused("session_id", "sessions are " + _NOT_YET),

@@ -146,6 +146,9 @@ class _SamplingRequest(SamplerFields):
         Annotated[dict[Annotated[StrictStr, Field(pattern=r"^[0-9]{1,10}$")], StrictFloat],
                   Field(max_length=MAX_LOGIT_BIAS_TOKENS)] | None
     ) = None  # fmt: skip
+    # Keep this many prompt tokens (-1: all the context allows), from the truncation_side.
+    truncate_prompt_tokens: Annotated[StrictInt, Field(ge=-1)] | None = None
+    truncation_side: Literal["left", "right"] | None = None
     # Stop strings and tokens are the frontend's to match: true keeps them in the output.
     include_stop_str_in_output: StrictBool | None = None
     # Decoding is the frontend's: false shows special tokens in the text, as vLLM does.
