@@ -359,6 +359,39 @@ def test_include_stop_str_in_output_keeps_the_stop_as_vllm_does(card, processor,
     assert run(scenario) == [expected, expected]
 
 
+def test_echo_puts_the_prompt_first_whole_and_streamed(card, processor):
+    output = processor.tokenizer.encode(" and more", add_special_tokens=False)
+    ids = processor.tokenizer.encode("Once upon", add_special_tokens=False)
+    generated = processor.tokenizer.decode(output)
+    cases = [
+        ({"prompt": "Once upon ❄"}, "Once upon ❄" + generated),
+        ({"prompt": ids}, processor.tokenizer.decode(ids) + generated),
+        ({"prompt": "Once upon ❄", "truncate_prompt_tokens": 1},
+         processor.tokenizer.decode(processor.encode_completion("Once upon ❄")[-1:]) + generated),
+    ]  # fmt: skip
+
+    async def scenario():
+        async with (
+            echo_worker(output=output) as (_, endpoint),
+            frontend(card, endpoint) as client,
+        ):
+            answers = []
+            for extra, _ in cases:
+                for stream in (False, True):
+                    body = {"model": MODEL, "max_tokens": len(output), "echo": True,
+                            "stream": stream, **extra}  # fmt: skip
+                    response = await client.post("/v1/completions", json=body)
+                    if stream:
+                        events = await sse_events(response)
+                        answers.append("".join(e["choices"][0]["text"] for e in events
+                                               if isinstance(e, dict) and e["choices"]))  # fmt: skip
+                    else:
+                        answers.append((await response.json())["choices"][0]["text"])
+            return answers
+
+    assert run(scenario) == [text for _, text in cases for _ in (False, True)]
+
+
 def test_truncate_prompt_tokens_keeps_the_side_asked_as_vllm_does(card):
     ids = list(range(10, 30))
     context = card.context_length

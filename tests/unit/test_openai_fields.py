@@ -111,7 +111,7 @@ def test_a_refused_field_at_null_or_vllms_default_asks_for_nothing_and_is_accept
         (CHAT, "top_logprobs", 0.0),
         (CHAT, "parallel_tool_calls", False),
         (CHAT, "spaces_between_special_tokens", False),
-        (COMPLETION, "echo", True),
+        (CHAT, "echo", True),
         (COMPLETION, "priority", 5),
         (CHAT, "response_format", {"type": "json_object"}),
         (COMPLETION, "add_special_tokens", False),
@@ -199,7 +199,7 @@ def _post(card, endpoint: str, body: dict, *, strict: bool = False) -> tuple[int
     [
         (CHAT, "logprobs", True),
         (CHAT, "top_logprobs", 3),
-        (COMPLETION, "echo", True),
+        (CHAT, "echo", True),
         (COMPLETION, "prompt_logprobs", 1),
     ],
 )

@@ -43,7 +43,9 @@ class Generation:
         *,
         skip_special_tokens: bool = True,
         include_stop_str_in_output: bool = False,
+        echo: str = "",
     ) -> None:
+        self._echo = echo  # the prompt's text, first in the output (a completion's ``echo``)
         self._detokenizer = processor.detokenizer(skip_special_tokens=skip_special_tokens)
         self._stops = StopStringMatcher(sampling.stop, include=include_stop_str_in_output)
         self._include_stop = include_stop_str_in_output
@@ -56,7 +58,14 @@ class Generation:
         self.finish_reason: str | None = None
 
     async def pieces(self) -> AsyncIterator[str]:
-        """The completion's text, piece by piece (an empty piece carries nothing)."""
+        """The completion's text, piece by piece (an empty piece carries nothing), after the
+        echoed prompt if the request asked for it."""
+        if self._echo:
+            yield self._echo
+        async for piece in self._generated():
+            yield piece
+
+    async def _generated(self) -> AsyncIterator[str]:
         item = self._first
         while True:
             pieces = []

@@ -216,7 +216,15 @@ class FrontendService:
         prompt_param: str,
         responder_class: type[Responder],
     ) -> web.StreamResponse:
+        sent = prompt_ids
         prompt_ids = truncated_prompt(req, prompt_ids, entry.card.context_length)
+        echo = ""
+        if getattr(req, "echo", None):  # a completion's: the prompt as sent, if it was text
+            text = getattr(req, "prompt", None)
+            if isinstance(text, str) and prompt_ids is sent:
+                echo = text
+            else:
+                echo = entry.processor.tokenizer.decode(prompt_ids)
         max_tokens = completion_budget(req, entry.card, len(prompt_ids), prompt_param)
         max_token_id = entry.processor.max_token_id
         found = out_of_vocabulary(req.stop_token_ids or (), max_token_id)
@@ -265,6 +273,7 @@ class FrontendService:
                 entry.processor, sampling, len(prompt_ids), first, stream,
                 skip_special_tokens=req.skip_special_tokens is not False,
                 include_stop_str_in_output=req.include_stop_str_in_output is True,
+                echo=echo,
             )  # fmt: skip
             try:
                 if req.stream:

@@ -187,7 +187,13 @@ RULES: tuple[FieldRule, ...] = (
     refused("thinking_token_budget", "reasoning controls are " + _NOT_YET),
     refused("use_beam_search", "beam search is " + _NOT_YET, False),
     refused("length_penalty", "a beam-search setting; beam search is " + _NOT_YET, 1.0, 1),
-    refused("echo", "echoing the prompt is " + _NOT_YET, False),
+    refused("echo", "echoing the last message is " + _NOT_YET, False, endpoints=(CHAT,)),
+    applied(
+        "echo",
+        "the prompt comes first in the text (as sent, or decoded from its ids when they were "
+        "given or truncated), whole and in the first streamed chunk, as in vLLM",
+        (COMPLETION,),
+    ),
     refused("suffix", "suffixes are not supported (nor by vLLM)", endpoints=(COMPLETION,)),
     refused(
         "continue_final_message",

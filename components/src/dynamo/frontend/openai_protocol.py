@@ -306,6 +306,7 @@ class CompletionRequest(_SamplingRequest):
         | Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)]
         | Annotated[list[StrictStr], Field(min_length=1, max_length=1)]
     )
+    echo: StrictBool | None = None
 
     @model_validator(mode="after")
     def _one_prompt(self) -> CompletionRequest:
