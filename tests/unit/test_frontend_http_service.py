@@ -383,8 +383,8 @@ def test_echo_puts_the_prompt_first_whole_and_streamed(card, processor):
                     response = await client.post("/v1/completions", json=body)
                     if stream:
                         events = await sse_events(response)
-                        answers.append("".join(e["choices"][0]["text"] for e in events
-                                               if isinstance(e, dict) and e["choices"]))  # fmt: skip
+                        chunks = [e for e in events if isinstance(e, dict) and e["choices"]]
+                        answers.append("".join(e["choices"][0]["text"] for e in chunks))
                     else:
                         answers.append((await response.json())["choices"][0]["text"])
             return answers
