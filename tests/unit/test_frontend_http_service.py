@@ -20,6 +20,7 @@ from aiohttp.test_utils import TestServer
 
 from dynamo.common import lifecycle
 from dynamo.frontend.chat_processor import build_chat_processor
+from dynamo.frontend.hf_processor import RenderOptions
 from dynamo.runtime.request_plane import BadGenerateRequest
 from dynamo.vllm.request_plane_server import add_request_plane_routes
 from tests.support import wait_until_async
@@ -390,6 +391,27 @@ def test_echo_puts_the_prompt_first_whole_and_streamed(card, processor):
             return answers
 
     assert run(scenario) == [text for _, text in cases for _ in (False, True)]
+
+
+def test_continue_final_message_ends_the_prompt_inside_it(card, processor):
+    messages = [*HELLO, {"role": "assistant", "content": "Once upon"}]
+
+    async def scenario():
+        async with echo_worker() as (engine, endpoint), frontend(card, endpoint) as client:
+            body = {"model": MODEL, "messages": messages, "max_tokens": 1,
+                    "continue_final_message": True}  # fmt: skip
+            refused = await client.post("/v1/chat/completions", json=body)
+            body["add_generation_prompt"] = False
+            served = await client.post("/v1/chat/completions", json=body)
+            return refused.status, await refused.json(), served.status, engine.bodies
+
+    status, refused, served, (body,) = run(scenario)
+    assert_openai_error(refused, status, 400, param="continue_final_message")
+    assert served == 200
+    options = RenderOptions(add_generation_prompt=False, continue_final_message=True)
+    prompt = processor.render(messages, options)
+    assert prompt.endswith("<|assistant|>\nOnce upon")
+    assert body["token_ids"] == processor.encode_chat(prompt)
 
 
 def test_truncate_prompt_tokens_keeps_the_side_asked_as_vllm_does(card):

@@ -187,3 +187,22 @@ def test_request_template_variables_render_as_transformers_renders_them(
     options = RenderOptions(add_generation_prompt, variables, tools)
     got = processor.render(messages, options)
     assert got == want and got.startswith("B:hi|") and "|get=" in got
+
+
+@pytest.mark.parametrize("kind", ["hf", "vllm"])
+def test_continue_final_message_renders_as_transformers_renders_it(
+    reference, tiny_model, template_path, kind
+):
+    messages = [
+        {"role": "user", "content": "Write a haiku"},
+        {"role": "assistant", "content": "Snow on the frozen  "},
+    ]
+    source = None if template_path is None else open(template_path, encoding="utf-8").read()
+    want = reference.apply_chat_template(
+        messages, chat_template=source, tokenize=False, add_generation_prompt=False,
+        continue_final_message=True,
+    )  # fmt: skip
+    processor = build_chat_processor(card(tiny_model, template_path), kind)
+    options = RenderOptions(add_generation_prompt=False, continue_final_message=True)
+    got = processor.render(messages, options)
+    assert got == want and got.rstrip().endswith("Snow on the frozen")

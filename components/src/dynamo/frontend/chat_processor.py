@@ -148,6 +148,7 @@ class ChatProcessor:
             add_generation_prompt=chat.add_generation_prompt is not False,
             variables=chat.chat_template_kwargs or {},
             tools=chat.template_tools(),
+            continue_final_message=chat.continue_final_message is True,
         )
         return self.render(messages, options)
 
@@ -247,6 +248,7 @@ class _VllmTemplate:
                 list(messages),
                 chat_template=self._source,
                 tokenize=False,
+                continue_final_message=options.continue_final_message,
                 **options.template_kwargs(),
             )
 

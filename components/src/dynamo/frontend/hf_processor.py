@@ -69,6 +69,9 @@ class RenderOptions:
     # The request's chat_template_kwargs (names that would bypass a field are refused before).
     variables: Mapping[str, Any] = field(default_factory=dict)
     tools: list[dict[str, Any]] | None = None  # OpenAI's shape, as the client sent them
+    # End the prompt inside the final message (transformers' apply_chat_template argument, not
+    # a template variable).
+    continue_final_message: bool = False
 
     def template_kwargs(self) -> dict[str, Any]:
         return {
@@ -186,16 +189,42 @@ class HfChatTemplate:
         except jinja2.exceptions.TemplateError as exc:
             raise ModelFilesError(f"the chat template does not compile: {exc}") from None
         self._variables = dict(variables)
+        self._source = source
 
     def render(self, messages: Sequence[Mapping[str, Any]], options: RenderOptions = PLAIN) -> str:
+        messages = list(messages)
+        if options.continue_final_message:
+            return self._continued(messages, options)
         with rendering_errors():
             # The request's variables after the model's (bos_token, ...), as transformers
             # passes apply_chat_template's kwargs.
             return self._template.render(
-                messages=list(messages),
+                messages=messages,
                 documents=None,
                 **{**self._variables, **options.template_kwargs()},
             )
+
+    def _continued(self, messages: list[Mapping[str, Any]], options: RenderOptions) -> str:
+        """transformers' ``continue_final_message``: the final message's content rendered with
+        a tag after it, the prompt cut at the tag (and its trimmed spacing)."""
+        final = messages[-1].get("content") if messages else None
+        if not isinstance(final, str) or "content" not in self._source:
+            raise ChatTemplateError("continue_final_message: the final message has no content")
+        tagged = [*messages[:-1], {**messages[-1], "content": final + _CONTINUE_TAG}]
+        plain = RenderOptions(options.add_generation_prompt, options.variables, options.tools)
+        rendered = self.render(tagged, plain)
+        if final.strip() not in rendered or _CONTINUE_TAG.strip() not in rendered:
+            raise ChatTemplateError(
+                "continue_final_message is set but the final message does not appear in the "
+                "chat after applying the chat template"
+            )
+        at = rendered.rindex(_CONTINUE_TAG.strip())
+        if rendered[at : at + len(_CONTINUE_TAG)] == _CONTINUE_TAG:
+            return rendered[:at]
+        return rendered[:at].rstrip()
+
+
+_CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "  # transformers' own
 
 
 class HfTokenizer:

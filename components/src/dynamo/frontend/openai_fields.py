@@ -105,6 +105,12 @@ RULES: tuple[FieldRule, ...] = (
         "which this server does not run yet: refused by name when tools are given",
         (CHAT,),
     ),
+    applied(
+        "continue_final_message",
+        "the prompt ends inside the final message, for the model to continue it, as "
+        "transformers renders it (with add_generation_prompt false, as vLLM requires)",
+        (CHAT,),
+    ),
     applied("add_generation_prompt", "the chat template's variable (default true)", (CHAT,)),
     applied(
         "chat_template_kwargs",
@@ -195,12 +201,6 @@ RULES: tuple[FieldRule, ...] = (
         (COMPLETION,),
     ),
     refused("suffix", "suffixes are not supported (nor by vLLM)", endpoints=(COMPLETION,)),
-    refused(
-        "continue_final_message",
-        "continuing the final message is " + _NOT_YET,
-        False,
-        endpoints=(CHAT,),
-    ),
     refused(
         "add_special_tokens",
         "chat prompts get no special tokens beyond the template's",

@@ -256,6 +256,7 @@ class ChatCompletionRequest(_SamplingRequest):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: TokenCount | None = None
     add_generation_prompt: StrictBool | None = None
+    continue_final_message: StrictBool | None = None
     tools: Annotated[list[Tool], Field(max_length=128)] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     # Extra variables of the chat template (e.g. enable_thinking), as vLLM passes them.
@@ -280,10 +281,17 @@ class ChatCompletionRequest(_SamplingRequest):
         return super().requested_max_tokens
 
     @model_validator(mode="after")
-    def _tool_choice_honoured(self) -> ChatCompletionRequest:
+    def _choices_honoured(self) -> ChatCompletionRequest:
         """Tools reach the template; their calls are not parsed yet, so only ``none`` is
-        honoured with tools (``auto`` is the default then, as in vLLM)."""
+        honoured with tools (``auto`` is the default then, as in vLLM). A final message is
+        continued only without a generation prompt (vLLM's rule)."""
         check_tool_choice(self.tools, self.tool_choice)
+        if self.continue_final_message and self.add_generation_prompt is not False:
+            raise openai_fields.FieldRefused(
+                "continue_final_message",
+                "`continue_final_message` needs `add_generation_prompt` false",
+                "invalid_value",
+            )
         return self
 
     def template_tools(self) -> list[dict[str, Any]] | None:

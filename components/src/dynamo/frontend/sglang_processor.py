@@ -266,6 +266,7 @@ class SglangTemplate:
                 normalised,
                 chat_template=self._source,
                 tokenize=False,
+                continue_final_message=options.continue_final_message,
                 **options.template_kwargs(),
             )
 
