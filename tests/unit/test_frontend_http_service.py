@@ -414,6 +414,27 @@ def test_continue_final_message_ends_the_prompt_inside_it(card, processor):
     assert body["token_ids"] == processor.encode_chat(prompt)
 
 
+def test_add_special_tokens_follows_the_request_with_vllms_defaults(card, mocker):
+    from dynamo.frontend.hf_processor import HfTokenizer
+
+    # The tiny tokenizer adds no special tokens either way: the flag the tokenizer got is the
+    # observable (a spy: the real tokenizer still encodes).
+    encode = mocker.spy(HfTokenizer, "encode")
+
+    async def scenario():
+        async with echo_worker() as (engine, endpoint), frontend(card, endpoint) as client:
+            for extra in ({}, {"add_special_tokens": True}):
+                await client.post("/v1/chat/completions", json=chat(1, **extra))
+            for extra in ({}, {"add_special_tokens": False}):
+                body = {"model": MODEL, "prompt": "hi", "max_tokens": 1, **extra}
+                await client.post("/v1/completions", json=body)
+            return len(engine.bodies)
+
+    assert run(scenario) == 4
+    flags = [call.kwargs["add_special_tokens"] for call in encode.call_args_list]
+    assert flags == [False, True, True, False]
+
+
 def test_truncate_prompt_tokens_keeps_the_side_asked_as_vllm_does(card):
     ids = list(range(10, 30))
     context = card.context_length

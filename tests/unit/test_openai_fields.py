@@ -114,7 +114,7 @@ def test_a_refused_field_at_null_or_vllms_default_asks_for_nothing_and_is_accept
         (CHAT, "echo", True),
         (COMPLETION, "priority", 5),
         (CHAT, "response_format", {"type": "json_object"}),
-        (COMPLETION, "add_special_tokens", False),
+        (COMPLETION, "suffix", "x"),
     ],
 )
 def test_values_that_ask_for_something_are_refused_whatever_their_type(endpoint, name, value):

@@ -136,15 +136,18 @@ class FrontendService:
             oai.model_list((entry.name, entry.created) for entry in self.registry.entries())
         )
 
-    async def _encode(self, entry: ModelEntry, prompt: str, *, chat: bool) -> list[int]:
+    async def _encode(
+        self, entry: ModelEntry, prompt: str, req: oai._SamplingRequest, *, chat: bool
+    ) -> list[int]:
+        """The prompt's ids; special tokens added as the request says (vLLM's defaults: not
+        for a chat, whose template wrote them, but for a completion's text)."""
         processor = entry.processor
+        special = req.add_special_tokens if req.add_special_tokens is not None else not chat
         if self.preprocess_pool is None:
-            if chat:
-                return processor.encode_chat(prompt)
-            return processor.encode_completion(prompt)
+            return processor.tokenizer.encode(prompt, add_special_tokens=special)
         try:
             return await self.preprocess_pool.encode(
-                processor.card, prompt, add_special_tokens=not chat
+                processor.card, prompt, add_special_tokens=special
             )
         except PreprocessPoolError as exc:  # the pool logs its own breakage, once
             raise oai.service_unavailable(str(exc), code="preprocess_unavailable") from exc
@@ -185,7 +188,7 @@ class FrontendService:
                 param="messages",
                 code="chat_template_error",
             ) from None
-        prompt_ids = await self._encode(entry, prompt, chat=True)
+        prompt_ids = await self._encode(entry, prompt, chat, chat=True)
         return await self._serve(request, entry, chat, prompt_ids, "messages", ChatResponder)
 
     async def handle_completions(self, request: web.Request) -> web.StreamResponse:
@@ -196,7 +199,7 @@ class FrontendService:
         self.unknown_fields.seen("completion", completion.unknown_fields)
         entry = self._entry(completion.model)
         if isinstance(completion.prompt, str):
-            prompt_ids = await self._encode(entry, completion.prompt, chat=False)
+            prompt_ids = await self._encode(entry, completion.prompt, completion, chat=False)
         else:
             prompt_ids = [int(token_id) for token_id in completion.prompt]  # ids, as validated
             try:

@@ -153,6 +153,11 @@ RULES: tuple[FieldRule, ...] = (
         "completion token), as in vLLM; more than that is a 400",
     ),
     applied("truncation_side", "left (the default) keeps the last tokens, right the first"),
+    applied(
+        "add_special_tokens",
+        "whether the tokenizer adds its special tokens (BOS, ...) to a text prompt: vLLM's "
+        "defaults, false for chat (the template wrote them), true for completions",
+    ),
     applied("min_tokens", "the engine suppresses stop tokens until then"),
     *(
         applied(name, _SAMPLER)
@@ -201,18 +206,6 @@ RULES: tuple[FieldRule, ...] = (
         (COMPLETION,),
     ),
     refused("suffix", "suffixes are not supported (nor by vLLM)", endpoints=(COMPLETION,)),
-    refused(
-        "add_special_tokens",
-        "chat prompts get no special tokens beyond the template's",
-        False,
-        endpoints=(CHAT,),
-    ),
-    refused(
-        "add_special_tokens",
-        "text prompts always get the tokenizer's special tokens",
-        True,
-        endpoints=(COMPLETION,),
-    ),
     refused("documents", "template documents (RAG) are " + _NOT_YET, endpoints=(CHAT,)),
     refused(
         "chat_template",

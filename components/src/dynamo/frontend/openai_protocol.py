@@ -149,6 +149,8 @@ class _SamplingRequest(SamplerFields):
     # Keep this many prompt tokens (-1: all the context allows), from the truncation_side.
     truncate_prompt_tokens: Annotated[StrictInt, Field(ge=-1)] | None = None
     truncation_side: Literal["left", "right"] | None = None
+    # Whether the tokenizer adds its special tokens (None: false for chat, true for completions).
+    add_special_tokens: StrictBool | None = None
     # Stop strings and tokens are the frontend's to match: true keeps them in the output.
     include_stop_str_in_output: StrictBool | None = None
     # Decoding is the frontend's: false shows special tokens in the text, as vLLM does.
