@@ -761,6 +761,7 @@ def test_add_generation_prompt_chat_template_kwargs_and_tools_reach_the_template
 ):
     template = tmp_path / "variables.jinja"
     template.write_text(
+        "{% for doc in documents or [] %}[{{ doc.title }}]{% endfor %}"
         "{% for tool in tools or [] %}{{ tool.function.name }}:{{ tool.function.parameters "
         "| tojson }};{% endfor %}{{ messages[0].content }}|{{ greeting | default('none') }}|"
         "{{ bos_token }}{% if add_generation_prompt %}|GEN{% endif %}",
@@ -778,6 +779,8 @@ def test_add_generation_prompt_chat_template_kwargs_and_tools_reach_the_template
              "tool_choice": "none"},
             'f:{"a": 1};héllo|none|<s>|GEN',
         ),
+        ({"documents": [{"title": "T1", "text": "x"}, {"title": "T2"}]},
+         "[T1][T2]héllo|none|<s>|GEN"),
     ]  # fmt: skip
 
     async def scenario():

@@ -172,6 +172,7 @@ def test_request_template_variables_render_as_transformers_renders_them(
     path = tmp_path / "variables.jinja"
     path.write_text(
         "{{ bos_token }}{{ greeting | default('none') }}|{{ messages[0].content }}"
+        "{% for doc in documents or [] %}|{{ doc.title }}:{{ doc.text }}{% endfor %}"
         "{% for tool in tools or [] %}|{{ tool.function.name }}={{ tool.function.parameters "
         "| tojson }}{% endfor %}{% if add_generation_prompt %}|GEN{% endif %}",
         encoding="utf-8",
@@ -179,14 +180,16 @@ def test_request_template_variables_render_as_transformers_renders_them(
     messages = CONVERSATIONS[0]
     variables = {"greeting": "hi", "bos_token": "B:"}
     tools = [{"type": "function", "function": {"name": "get", "parameters": {"b": [1, "é"]}}}]
+    documents = [{"title": "T", "text": "snow"}]
     want = reference.apply_chat_template(
         messages, chat_template=path.read_text(encoding="utf-8"), tokenize=False,
-        add_generation_prompt=add_generation_prompt, tools=tools, **variables,
+        add_generation_prompt=add_generation_prompt, tools=tools, documents=documents,
+        **variables,
     )  # fmt: skip
     processor = build_chat_processor(card(tiny_model, str(path)), kind)
-    options = RenderOptions(add_generation_prompt, variables, tools)
+    options = RenderOptions(add_generation_prompt, variables, tools, documents)
     got = processor.render(messages, options)
-    assert got == want and got.startswith("B:hi|") and "|get=" in got
+    assert got == want and got.startswith("B:hi|") and "|get=" in got and "|T:snow" in got
 
 
 @pytest.mark.parametrize("kind", ["hf", "vllm"])

@@ -148,6 +148,7 @@ class ChatProcessor:
             add_generation_prompt=chat.add_generation_prompt is not False,
             variables=chat.chat_template_kwargs or {},
             tools=chat.template_tools(),
+            documents=chat.documents,
             continue_final_message=chat.continue_final_message is True,
         )
         return self.render(messages, options)

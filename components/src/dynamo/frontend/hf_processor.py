@@ -69,6 +69,7 @@ class RenderOptions:
     # The request's chat_template_kwargs (names that would bypass a field are refused before).
     variables: Mapping[str, Any] = field(default_factory=dict)
     tools: list[dict[str, Any]] | None = None  # OpenAI's shape, as the client sent them
+    documents: list[dict[str, str]] | None = None  # for a RAG template, as vLLM passes them
     # End the prompt inside the final message (transformers' apply_chat_template argument, not
     # a template variable).
     continue_final_message: bool = False
@@ -78,6 +79,7 @@ class RenderOptions:
             **self.variables,
             "add_generation_prompt": self.add_generation_prompt,
             "tools": self.tools or None,
+            "documents": self.documents or None,
         }
 
 
@@ -199,9 +201,7 @@ class HfChatTemplate:
             # The request's variables after the model's (bos_token, ...), as transformers
             # passes apply_chat_template's kwargs.
             return self._template.render(
-                messages=messages,
-                documents=None,
-                **{**self._variables, **options.template_kwargs()},
+                messages=messages, **{**self._variables, **options.template_kwargs()}
             )
 
     def _continued(self, messages: list[Mapping[str, Any]], options: RenderOptions) -> str:
@@ -211,7 +211,9 @@ class HfChatTemplate:
         if not isinstance(final, str) or "content" not in self._source:
             raise ChatTemplateError("continue_final_message: the final message has no content")
         tagged = [*messages[:-1], {**messages[-1], "content": final + _CONTINUE_TAG}]
-        plain = RenderOptions(options.add_generation_prompt, options.variables, options.tools)
+        plain = RenderOptions(
+            options.add_generation_prompt, options.variables, options.tools, options.documents
+        )
         rendered = self.render(tagged, plain)
         if final.strip() not in rendered or _CONTINUE_TAG.strip() not in rendered:
             raise ChatTemplateError(

@@ -111,6 +111,11 @@ RULES: tuple[FieldRule, ...] = (
         "transformers renders it (with add_generation_prompt false, as vLLM requires)",
         (CHAT,),
     ),
+    applied(
+        "documents",
+        "the chat template's documents (RAG templates), as vLLM passes them; at most 64",
+        (CHAT,),
+    ),
     applied("add_generation_prompt", "the chat template's variable (default true)", (CHAT,)),
     applied(
         "chat_template_kwargs",
@@ -206,7 +211,6 @@ RULES: tuple[FieldRule, ...] = (
         (COMPLETION,),
     ),
     refused("suffix", "suffixes are not supported (nor by vLLM)", endpoints=(COMPLETION,)),
-    refused("documents", "template documents (RAG) are " + _NOT_YET, endpoints=(CHAT,)),
     refused(
         "chat_template",
         "a client's own chat template is not accepted (vLLM refuses it "

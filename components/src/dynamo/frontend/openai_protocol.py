@@ -259,6 +259,7 @@ class ChatCompletionRequest(_SamplingRequest):
     max_completion_tokens: TokenCount | None = None
     add_generation_prompt: StrictBool | None = None
     continue_final_message: StrictBool | None = None
+    documents: Annotated[list[dict[StrictStr, StrictStr]], Field(max_length=64)] | None = None
     tools: Annotated[list[Tool], Field(max_length=128)] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     # Extra variables of the chat template (e.g. enable_thinking), as vLLM passes them.
