@@ -462,9 +462,27 @@ def test_truncate_prompt_tokens_keeps_the_side_asked_as_vllm_does(card):
     assert_openai_error(over, status, 400, param="truncate_prompt_tokens")
 
 
+def test_allowed_token_ids_and_bad_words_reach_the_worker_only_when_set(card):
+    async def scenario():
+        async with echo_worker() as (engine, endpoint), frontend(card, endpoint) as client:
+            for extra in ({}, {"allowed_token_ids": [], "bad_words": []},
+                          {"allowed_token_ids": [5, 7], "bad_words": ["snow", "ice"]}):  # fmt: skip
+                body = {"model": MODEL, "prompt": "hi", "max_tokens": 1, **extra}
+                response = await client.post("/v1/completions", json=body)
+                assert response.status == 200, await response.text()
+            return [body["sampling"] for body in engine.bodies]
+
+    plain, empty, steered = run(scenario)
+    assert not {"allowed_token_ids", "bad_words"} & (set(plain) | set(empty))
+    assert steered["allowed_token_ids"] == [5, 7] and steered["bad_words"] == ["snow", "ice"]
+
+
 @pytest.mark.parametrize(
     "name, value, param",
-    [("logit_bias", {"x": 1}, "logit_bias.x"), ("logit_bias", {"5": "1"}, "logit_bias"),
+    [("allowed_token_ids", [1, 10**9], "allowed_token_ids[1]"),
+     ("allowed_token_ids", ["1"], "allowed_token_ids[0]"),
+     ("bad_words", [""], "bad_words[0]"), ("bad_words", "snow", "bad_words"),
+     ("logit_bias", {"x": 1}, "logit_bias.x"), ("logit_bias", {"5": "1"}, "logit_bias"),
      ("logit_bias", {"-1": 1}, "logit_bias"), ("logit_bias", {"5": True}, "logit_bias"),
      ("logit_bias", {"1000000000": 1}, "logit_bias"),
      ("logit_bias", {str(i): 1 for i in range(1025)}, "logit_bias"),

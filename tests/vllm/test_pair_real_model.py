@@ -108,3 +108,19 @@ def test_logit_bias_reaches_vllms_sampler(pair):
             "ignore_eos": True, "logit_bias": {str(favoured): 100}}  # fmt: skip
     completion = post(url + "/v1/completions", body)
     assert completion["choices"][0]["text"] == tokenizer.decode([favoured] * 8)
+
+
+def test_allowed_token_ids_and_bad_words_reach_vllms_sampler(pair):
+    url, model = pair
+    card = ModelCard(served_model_name=SERVED, model_path=model, tokenizer_path=model,
+                     context_length=256, eos_token_ids=(1,))  # fmt: skip
+    tokenizer = build_chat_processor(card).tokenizer
+    (only, *_) = tokenizer.encode(" ice", add_special_tokens=False)
+    body = {"model": SERVED, "prompt": "The quick brown", "max_tokens": 6, "temperature": 0,
+            "ignore_eos": True}  # fmt: skip
+    allowed = post(url + "/v1/completions", {**body, "allowed_token_ids": [only]})
+    assert allowed["choices"][0]["text"] == tokenizer.decode([only] * 6)
+    free = post(url + "/v1/completions", body)["choices"][0]["text"]
+    first = tokenizer.decode(tokenizer.encode(free, add_special_tokens=False)[:1])
+    banned = post(url + "/v1/completions", {**body, "bad_words": [first.strip() or first]})
+    assert not banned["choices"][0]["text"].startswith(first), (free, banned)

@@ -236,6 +236,9 @@ class FrontendService:
         found = out_of_vocabulary([t for t, _ in req.logit_bias_pairs()], max_token_id)
         if found is not None:
             raise oai.invalid_request(found[1], param="logit_bias")
+        found = out_of_vocabulary(req.allowed_token_ids or (), max_token_id)
+        if found is not None:
+            raise oai.invalid_request(found[1], param=f"allowed_token_ids[{found[0]}]")
         responder = responder_class(req.model, oai.new_completion_id(responder_class.ID_PREFIX))
         sampling = req.sampling(max_tokens, entry.card.eos_token_ids)
         # Built, not validated again: the ids are the tokenizer's (or checked against the

@@ -163,6 +163,15 @@ RULES: tuple[FieldRule, ...] = (
         "whether the tokenizer adds its special tokens (BOS, ...) to a text prompt: vLLM's "
         "defaults, false for chat (the template wrote them), true for completions",
     ),
+    applied(
+        "allowed_token_ids",
+        "the only ids vLLM may sample (at most 1024, each within the vocabulary); the mock "
+        "engine refuses it by name",
+    ),
+    applied(
+        "bad_words",
+        "words vLLM must not generate (at most 64); the mock engine refuses it by name",
+    ),
     applied("min_tokens", "the engine suppresses stop tokens until then"),
     *(
         applied(name, _SAMPLER)
@@ -186,8 +195,6 @@ RULES: tuple[FieldRule, ...] = (
     refused("prompt_logprobs", _LOGPROBS),
     refused("logprob_token_ids", _LOGPROBS),
     refused("return_tokens_as_token_ids", _LOGPROBS, False),
-    refused("allowed_token_ids", "restricting the vocabulary is " + _NOT_YET, []),
-    refused("bad_words", "banned word lists are " + _NOT_YET, []),
     refused(
         "spaces_between_special_tokens",
         "special tokens are always skipped when decoding here",

@@ -33,12 +33,15 @@ from pydantic import (
 )
 
 from dynamo.runtime.sampling import (
+    MAX_ALLOWED_TOKEN_IDS,
+    MAX_BAD_WORDS,
     MAX_LOGIT_BIAS_TOKENS,
     MinTokens,
     SamplerFields,
     SamplingOptions,
     StopText,
     TokenCount,
+    TokenId,
 )
 
 from . import openai_fields
@@ -104,7 +107,6 @@ def service_unavailable(
 # Numbers are strict (a JSON number, an integer too; never a string or a boolean), with vLLM's
 # ranges: the field types are the request plane's own (dynamo.runtime.sampling).
 
-TokenId = Annotated[StrictInt, Field(ge=0)]
 MAX_STOP_TOKEN_IDS = 64
 
 
@@ -146,6 +148,10 @@ class _SamplingRequest(SamplerFields):
         Annotated[dict[Annotated[StrictStr, Field(pattern=r"^[0-9]{1,10}$")], StrictFloat],
                   Field(max_length=MAX_LOGIT_BIAS_TOKENS)] | None
     ) = None  # fmt: skip
+    allowed_token_ids: Annotated[list[TokenId], Field(max_length=MAX_ALLOWED_TOKEN_IDS)] | None = (
+        None
+    )
+    bad_words: Annotated[list[StopText], Field(max_length=MAX_BAD_WORDS)] | None = None
     # Keep this many prompt tokens (-1: all the context allows), from the truncation_side.
     truncate_prompt_tokens: Annotated[StrictInt, Field(ge=-1)] | None = None
     truncation_side: Literal["left", "right"] | None = None
@@ -200,6 +206,8 @@ class _SamplingRequest(SamplerFields):
             stop_token_ids=tuple(dict.fromkeys(stop_ids)),
             ignore_eos=ignore_eos,
             logit_bias=self.logit_bias_pairs(),
+            allowed_token_ids=tuple(self.allowed_token_ids or ()),
+            bad_words=tuple(self.bad_words or ()),
         )
 
     def logit_bias_pairs(self) -> tuple[tuple[int, float], ...]:

@@ -43,6 +43,11 @@ TokenId = Annotated[StrictInt, Field(ge=0)]
 # vLLM clamps a logit bias to this range (SamplingParams.from_optional); so does the frontend.
 LogitBias = Annotated[StrictFloat, Field(ge=-100.0, le=100.0)]
 MAX_LOGIT_BIAS_TOKENS = 1024
+MAX_ALLOWED_TOKEN_IDS = 1024
+MAX_BAD_WORDS = 64
+# Fields added to the wire format after its first release: sent only when set, so a worker that
+# predates them still takes every request that does not use them.
+ADDED_FIELDS = ("logit_bias", "allowed_token_ids", "bad_words")
 
 
 class SamplerFields(BaseModel):
@@ -76,17 +81,21 @@ class SamplingOptions(SamplerFields):
     # ignore_eos) and are not part of the returned text.
     stop_token_ids: tuple[TokenId, ...] = ()
     ignore_eos: StrictBool = False
-    # (token id, bias) pairs added to the logits before sampling, as vLLM's logit_bias. Sent
-    # only when set, so a worker that predates it still takes every request without one.
+    # (token id, bias) pairs added to the logits before sampling, as vLLM's logit_bias.
     logit_bias: Annotated[
         tuple[tuple[TokenId, LogitBias], ...], Field(max_length=MAX_LOGIT_BIAS_TOKENS)
     ] = ()
+    # The only ids the sampler may pick (empty: any), as vLLM's allowed_token_ids.
+    allowed_token_ids: Annotated[tuple[TokenId, ...], Field(max_length=MAX_ALLOWED_TOKEN_IDS)] = ()
+    # Words the sampler must not produce, as vLLM's bad_words.
+    bad_words: Annotated[tuple[StopText, ...], Field(max_length=MAX_BAD_WORDS)] = ()
 
     @model_serializer(mode="wrap")
     def _without_unset_additions(self, handler: Any) -> Any:
         data = handler(self)
-        if not self.logit_bias:
-            data.pop("logit_bias", None)
+        for name in ADDED_FIELDS:  # see ADDED_FIELDS
+            if not getattr(self, name):
+                data.pop(name, None)
         return data
 
     @field_validator("min_tokens")
