@@ -45,7 +45,7 @@ from dynamo.runtime.sampling import (
 )
 
 from . import openai_fields
-from .openai_tools import NamedToolChoice, Tool, check_tool_choice
+from .openai_tools import NamedToolChoice, TemplateVariables, Tool, check_tool_choice
 
 # The roles a chat message may have (vLLM's, plus OpenAI's "developer", passed to the template).
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -253,13 +253,6 @@ class ChatMessage(BaseModel):
         return message
 
 
-# chat_template_kwargs that would bypass a request field (or the server's own template).
-RESERVED_TEMPLATE_VARIABLES = frozenset(
-    ("messages", "tools", "documents", "add_generation_prompt", "continue_final_message",
-     "chat_template", "tokenize")
-)  # fmt: skip
-
-
 class ChatCompletionRequest(_SamplingRequest):
     ENDPOINT = openai_fields.CHAT
 
@@ -271,18 +264,7 @@ class ChatCompletionRequest(_SamplingRequest):
     tools: Annotated[list[Tool], Field(max_length=128)] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     # Extra variables of the chat template (e.g. enable_thinking), as vLLM passes them.
-    chat_template_kwargs: Annotated[dict[StrictStr, Any], Field(max_length=64)] | None = None
-
-    @field_validator("chat_template_kwargs")
-    @classmethod
-    def _no_reserved_variables(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        reserved = sorted(RESERVED_TEMPLATE_VARIABLES & set(value or ()))
-        if reserved:
-            raise ValueError(
-                f"`{reserved[0]}` cannot be set through chat_template_kwargs (use the request "
-                "field, where there is one)"
-            )
-        return value
+    chat_template_kwargs: TemplateVariables | None = None
 
     @property
     def requested_max_tokens(self) -> tuple[str, int] | None:

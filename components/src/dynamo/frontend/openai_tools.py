@@ -1,15 +1,40 @@
-"""The tools of a chat request (OpenAI's and vLLM's shapes) and what this server honours of
-``tool_choice``: the tools reach the chat template; their calls are not parsed out of the output
-yet (a tool-call parser), so with tools only ``none`` is honoured, and ``auto`` (the default
-when tools are given, as in vLLM), ``required`` and a named function are refused by name."""
+"""What a chat request gives its template beyond the messages: its tools (OpenAI's and vLLM's
+shapes) and its ``chat_template_kwargs``.
+
+What this server honours of ``tool_choice``: the tools reach the chat template; their calls are
+not parsed out of the output yet (a tool-call parser), so with tools only ``none`` is honoured,
+and ``auto`` (the default when tools are given, as in vLLM), ``required`` and a named function
+are refused by name. Template variables that would bypass a request field are refused too."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictStr
 
 from .openai_fields import FieldRefused
+
+# chat_template_kwargs that would bypass a request field (or the server's own template).
+RESERVED_TEMPLATE_VARIABLES = frozenset(
+    ("messages", "tools", "documents", "add_generation_prompt", "continue_final_message",
+     "chat_template", "tokenize")
+)  # fmt: skip
+
+
+def _no_reserved_variables(value: dict[str, Any]) -> dict[str, Any]:
+    reserved = sorted(RESERVED_TEMPLATE_VARIABLES & set(value))
+    if reserved:
+        raise ValueError(
+            f"`{reserved[0]}` cannot be set through chat_template_kwargs (use the request "
+            "field, where there is one)"
+        )
+    return value
+
+
+# Extra variables of the chat template (e.g. enable_thinking), as vLLM passes them.
+TemplateVariables = Annotated[
+    dict[StrictStr, Any], Field(max_length=64), AfterValidator(_no_reserved_variables)
+]
 
 
 class FunctionSpec(BaseModel):
