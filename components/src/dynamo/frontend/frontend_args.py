@@ -11,6 +11,7 @@ from dynamo.common.configuration import (
     IntRange,
     Option,
     Surface,
+    Text,
     gc_options,
     host_option,
     parse_surface,
@@ -66,7 +67,8 @@ OPTIONS = [
         metavar="N",
         help=(
             "Tokenise in a pool of N processes (each freezes its own heap at the end of its "
-            "initializer); 0 tokenises in the frontend process"
+            "initializer); 0 tokenises in the frontend process, on a few threads, never on its "
+            "event loop (chat templates are rendered on those threads in either case)"
         ),
     ),
     CHAT_PROCESSOR,
@@ -91,6 +93,19 @@ OPTIONS = [
             "Refuse a request field that neither this server nor vLLM's OpenAI server knows "
             "(400 naming it, code unknown_parameter) instead of accepting it with one WARNING "
             "per field name per minute, as vLLM does (docs/openai-fields.md)"
+        ),
+    ),
+    Option(
+        name="dyn-model-dirs",
+        env_var="DYN_MODEL_DIRS",
+        default=None,
+        kind=Text("directory list"),
+        metavar="DIR[:DIR...]",
+        help=(
+            "Directories the frontend may load models from: a discovered model card whose "
+            "tokenizer directory, tokenizer files or chat template resolve outside them is "
+            "refused with one WARNING. Unset (the default): any directory, each card's files "
+            "still confined to its own model directory (see docs/operator-guide.md, security)"
         ),
     ),
     Option(
@@ -153,6 +168,7 @@ class FrontendConfig(LauncherConfig):
     chat_template: str | None
     dyn_max_models: int
     dyn_strict_request_fields: bool
+    dyn_model_dirs: str | None
     router_mode: str
 
     @property
