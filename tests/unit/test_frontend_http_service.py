@@ -84,6 +84,19 @@ def run(scenario):
     return asyncio.run(scenario())
 
 
+async def whole_and_streamed(client, max_tokens: int, **fields) -> list[str]:
+    """The content of one chat request (ignore_eos) answered whole, then streamed."""
+    answers = []
+    for stream in (False, True):
+        body = chat(max_tokens, stream=stream, ignore_eos=True, **fields)
+        response = await client.post("/v1/chat/completions", json=body)
+        if stream:
+            answers.append(streamed_text(await sse_events(response)))
+        else:
+            answers.append((await response.json())["choices"][0]["message"]["content"])
+    return answers
+
+
 BAD_BODIES = [
     (b"{not json", None),
     (b"\xff\xfe", None),
@@ -291,14 +304,7 @@ def test_skip_special_tokens_false_shows_them_in_the_text_as_vllm_does(card, pro
         ):
             answers = []
             for extra in ({}, {"skip_special_tokens": False}):
-                for stream in (False, True):
-                    body = chat(len(output), stream=stream, ignore_eos=True, **extra)
-                    response = await client.post("/v1/chat/completions", json=body)
-                    answers.append(
-                        streamed_text(await sse_events(response))
-                        if stream
-                        else (await response.json())["choices"][0]["message"]["content"]
-                    )
+                answers += await whole_and_streamed(client, len(output), **extra)
             return answers
 
     skipped, skipped_streamed, shown, shown_streamed = run(scenario)
@@ -346,16 +352,7 @@ def test_include_stop_str_in_output_keeps_the_stop_as_vllm_does(card, processor,
             echo_worker(output=ids) as (_, endpoint),
             frontend(card, endpoint) as client,
         ):
-            answers = []
-            for stream in (False, True):
-                body = chat(len(ids), stream=stream, ignore_eos=True, **fields)
-                response = await client.post("/v1/chat/completions", json=body)
-                answers.append(
-                    streamed_text(await sse_events(response))
-                    if stream
-                    else (await response.json())["choices"][0]["message"]["content"]
-                )
-            return answers
+            return await whole_and_streamed(client, len(ids), **fields)
 
     assert run(scenario) == [expected, expected]
 

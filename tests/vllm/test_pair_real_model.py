@@ -32,6 +32,13 @@ def post(url: str, body: dict) -> dict:
         return json.load(response)
 
 
+def tiny_processor(model: str):
+    """The frontend's processor of the tiny model (its tokenizer, its template)."""
+    card = ModelCard(served_model_name=SERVED, model_path=model, tokenizer_path=model,
+                     context_length=256, eos_token_ids=(1,))  # fmt: skip
+    return build_chat_processor(card)
+
+
 @pytest.fixture(scope="module")
 def pair(tiny_model, tmp_path_factory):
     directory = tmp_path_factory.mktemp("real-pair")
@@ -58,9 +65,7 @@ def test_the_served_name_is_the_one_in_v1_models(pair):
 def test_vllm_gets_the_tiny_tokenizers_ids_of_the_rendered_template(pair):
     url, model = pair
     messages = [{"role": "user", "content": "Hello 🧊, how are you?"}]
-    card = ModelCard(served_model_name=SERVED, model_path=model, tokenizer_path=model,
-                     context_length=256, eos_token_ids=(1,))  # fmt: skip
-    processor = build_chat_processor(card)
+    processor = tiny_processor(model)
     ids = processor.encode_chat(processor.render(messages))
     greedy = {"max_tokens": 12, "temperature": 0, "ignore_eos": True}
     chat = post(url + "/v1/chat/completions", {"model": SERVED, "messages": messages, **greedy})
@@ -88,9 +93,7 @@ def test_client_stop_token_ids_end_vllms_completion_without_the_tokens_text(pair
     greedy = {"model": SERVED, "prompt": "The quick brown fox", "max_tokens": 16,
               "temperature": 0, "ignore_eos": True}  # fmt: skip
     text = post(url + "/v1/completions", greedy)["choices"][0]["text"]
-    card = ModelCard(served_model_name=SERVED, model_path=model, tokenizer_path=model,
-                     context_length=256, eos_token_ids=(1,))  # fmt: skip
-    ids = build_chat_processor(card).tokenizer.encode(text, add_special_tokens=False)
+    ids = tiny_processor(model).tokenizer.encode(text, add_special_tokens=False)
     stopped = post(url + "/v1/completions", {**greedy, "stop_token_ids": [ids[len(ids) // 2]]})
     choice = stopped["choices"][0]
     assert choice["finish_reason"] == "stop", (text, choice)
@@ -100,9 +103,7 @@ def test_client_stop_token_ids_end_vllms_completion_without_the_tokens_text(pair
 
 def test_logit_bias_reaches_vllms_sampler(pair):
     url, model = pair
-    card = ModelCard(served_model_name=SERVED, model_path=model, tokenizer_path=model,
-                     context_length=256, eos_token_ids=(1,))  # fmt: skip
-    tokenizer = build_chat_processor(card).tokenizer
+    tokenizer = tiny_processor(model).tokenizer
     (favoured, *_) = tokenizer.encode(" fox", add_special_tokens=False)
     body = {"model": SERVED, "prompt": "The quick brown", "max_tokens": 8, "temperature": 0,
             "ignore_eos": True, "logit_bias": {str(favoured): 100}}  # fmt: skip
@@ -112,9 +113,7 @@ def test_logit_bias_reaches_vllms_sampler(pair):
 
 def test_allowed_token_ids_and_bad_words_reach_vllms_sampler(pair):
     url, model = pair
-    card = ModelCard(served_model_name=SERVED, model_path=model, tokenizer_path=model,
-                     context_length=256, eos_token_ids=(1,))  # fmt: skip
-    tokenizer = build_chat_processor(card).tokenizer
+    tokenizer = tiny_processor(model).tokenizer
     (only, *_) = tokenizer.encode(" ice", add_special_tokens=False)
     body = {"model": SERVED, "prompt": "The quick brown", "max_tokens": 6, "temperature": 0,
             "ignore_eos": True}  # fmt: skip
