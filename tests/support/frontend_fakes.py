@@ -124,7 +124,9 @@ class FrontendTestServer(TestServer):
 
 
 @contextlib.asynccontextmanager
-async def frontend(card: ModelCard, *endpoints: str, pool=None, registry=None):
+async def frontend(
+    card: ModelCard, *endpoints: str, pool=None, registry=None, strict_request_fields=False
+):
     """The real service with ``card``'s model served by ``endpoints`` (processor built)."""
     registry = registry or ModelRegistry(build_chat_processor)
     for endpoint in endpoints:
@@ -132,7 +134,9 @@ async def frontend(card: ModelCard, *endpoints: str, pool=None, registry=None):
     await registry.wait_idle()
     session = create_worker_session()
     try:
-        app = FrontendService(registry, WorkerRouter(session), pool).build_app()
+        app = FrontendService(
+            registry, WorkerRouter(session), pool, strict_request_fields=strict_request_fields
+        ).build_app()
         async with TestClient(FrontendTestServer(app, host="127.0.0.1")) as client:
             yield client
     finally:

@@ -20,12 +20,13 @@ from aiohttp.test_utils import TestServer
 
 from dynamo.common import lifecycle
 from dynamo.frontend.chat_processor import build_chat_processor
+from dynamo.frontend.hf_processor import RenderOptions
 from dynamo.runtime.request_plane import BadGenerateRequest
 from dynamo.vllm.request_plane_server import add_request_plane_routes
 from tests.support import wait_until_async
 from tests.support.answers import assert_openai_error, sse_events, streamed_pieces, streamed_text
 from tests.support.frontend_fakes import MODEL, echo_worker, frontend, request_plane_server
-from tests.support.tiny_model import build_tiny_tokenizer, tiny_card
+from tests.support.tiny_model import BOS, build_tiny_tokenizer, tiny_card
 
 HELLO = [{"role": "user", "content": "héllo"}]
 MULTI_BYTE = "Snow ❄ and ice 🧊 in 世界, done: 👩‍👩‍👧."
@@ -81,6 +82,19 @@ def echoed(processor, messages, max_tokens) -> str:
 
 def run(scenario):
     return asyncio.run(scenario())
+
+
+async def whole_and_streamed(client, max_tokens: int, **fields) -> list[str]:
+    """The content of one chat request (ignore_eos) answered whole, then streamed."""
+    answers = []
+    for stream in (False, True):
+        body = chat(max_tokens, stream=stream, ignore_eos=True, **fields)
+        response = await client.post("/v1/chat/completions", json=body)
+        if stream:
+            answers.append(streamed_text(await sse_events(response)))
+        else:
+            answers.append((await response.json())["choices"][0]["message"]["content"])
+    return answers
 
 
 BAD_BODIES = [
@@ -193,7 +207,7 @@ def test_bodies_the_decoder_cannot_take_are_400_naming_the_problem(
     assert message in assert_openai_error(body)["message"]
 
 
-def test_unknown_fields_are_ignored_and_the_sampling_fields_reach_the_worker(card, processor):
+def test_unknown_fields_are_accepted_and_the_sampling_fields_reach_the_worker(card, processor):
     fields = dict(
         temperature=0.7,
         top_p=0.9,
@@ -205,8 +219,9 @@ def test_unknown_fields_are_ignored_and_the_sampling_fields_reach_the_worker(car
         repetition_penalty=1.1,
         stop=["zzz", "qqq"],
         min_tokens=2,
-        logit_bias={"1": 5},  # unknown here: ignored, as vLLM ignores what it does not know
-        user="someone",
+        metadata={"k": "v"},  # unknown to vLLM too: accepted and logged, as vLLM does
+        logit_bias={},  # refused by name only when it asks for something (openai_fields)
+        user="someone",  # accepted without effect
     )
 
     async def scenario():
@@ -248,6 +263,241 @@ def test_ignore_eos_sends_no_stop_token_ids_and_runs_to_the_limit(card, processo
     assert bodies[1]["sampling"]["stop_token_ids"] == [] and bodies[1]["sampling"]["ignore_eos"]
     assert ignoring["choices"][0]["finish_reason"] == "length"
     assert ignoring["usage"]["completion_tokens"] == 10
+
+
+@pytest.mark.parametrize("ignore_eos", [False, True])
+def test_client_stop_token_ids_end_the_completion_without_their_text(card, processor, ignore_eos):
+    ids = processor.tokenizer.encode("one two three four", add_special_tokens=False)
+    stop = ids[2]
+
+    async def scenario():
+        async with (
+            echo_worker(output=ids) as (engine, endpoint),
+            frontend(card, endpoint) as client,
+        ):
+            body = chat(10, stop_token_ids=[stop, stop], ignore_eos=ignore_eos)
+            answer = await (await client.post("/v1/chat/completions", json=body)).json()
+            return answer, engine.bodies
+
+    answer, (body,) = run(scenario)
+    eos = [] if ignore_eos else list(card.eos_token_ids)
+    assert body["sampling"]["stop_token_ids"] == [*eos, stop]  # once, after the EOS ids
+    assert answer["choices"][0]["finish_reason"] == "stop"
+    assert answer["choices"][0]["message"]["content"] == processor.tokenizer.decode(ids[:2])
+    assert answer["usage"]["completion_tokens"] == 3  # the stop token counts, as in vLLM
+
+
+def test_skip_special_tokens_false_shows_them_in_the_text_as_vllm_does(card, processor):
+    from pathlib import Path
+
+    from tokenizers import Tokenizer
+
+    eos = card.eos_token_ids[0]
+    ok, go = (processor.tokenizer.encode(t, add_special_tokens=False) for t in ("ok", " go"))
+    output = [*ok, eos, *go]
+    reference = Tokenizer.from_file(str(Path(card.tokenizer_path) / "tokenizer.json"))
+
+    async def scenario():
+        async with (
+            echo_worker(output=output) as (_, endpoint),
+            frontend(card, endpoint) as client,
+        ):
+            answers = []
+            for extra in ({}, {"skip_special_tokens": False}):
+                answers += await whole_and_streamed(client, len(output), **extra)
+            return answers
+
+    skipped, skipped_streamed, shown, shown_streamed = run(scenario)
+    assert skipped == skipped_streamed == reference.decode(output, skip_special_tokens=True)
+    assert shown == shown_streamed == reference.decode(output, skip_special_tokens=False)
+    assert shown != skipped
+
+
+def test_logit_bias_reaches_the_worker_as_pairs_clamped_as_vllm_clamps(card, processor):
+    async def scenario():
+        async with echo_worker() as (engine, endpoint), frontend(card, endpoint) as client:
+            plain = await client.post("/v1/completions", json={"model": MODEL, "prompt": "hi"})
+            bias = {"5": 250, "7": -3.5, "9": 0}
+            biased = await client.post(
+                "/v1/completions", json={"model": MODEL, "prompt": "hi", "logit_bias": bias}
+            )
+            return plain.status, biased.status, engine.bodies
+
+    plain, biased, (plain_body, biased_body) = run(scenario)
+    assert plain == biased == 200
+    assert "logit_bias" not in plain_body["sampling"]  # unset: not sent (older workers)
+    assert biased_body["sampling"]["logit_bias"] == [[5, 100.0], [7, -3.5], [9, 0.0]]
+
+
+@pytest.mark.parametrize(
+    "fields, expected",
+    [
+        ({"stop": ["thr"]}, "one two "),
+        ({"stop": ["thr"], "include_stop_str_in_output": True}, "one two thr"),
+        ({"stop": ["two", "two thr"], "include_stop_str_in_output": True}, "one two"),
+        ({"stop_token_ids": "third"}, "one two"),
+        ({"stop_token_ids": "third", "include_stop_str_in_output": True}, "one two three"),
+    ],
+)
+def test_include_stop_str_in_output_keeps_the_stop_as_vllm_does(card, processor, fields, expected):
+    ids = processor.tokenizer.encode("one two three four", add_special_tokens=False)
+    if fields.get("stop_token_ids") == "third":  # the id whose text ends "three"
+        third = next(k for k in range(len(ids)) if processor.tokenizer.decode(ids[: k + 1])
+                     .endswith("three"))  # fmt: skip
+        fields = {**fields, "stop_token_ids": [ids[third]]}
+        expected = processor.tokenizer.decode(ids[: third + (expected.endswith("three"))])
+
+    async def scenario():
+        async with (
+            echo_worker(output=ids) as (_, endpoint),
+            frontend(card, endpoint) as client,
+        ):
+            return await whole_and_streamed(client, len(ids), **fields)
+
+    assert run(scenario) == [expected, expected]
+
+
+def test_echo_puts_the_prompt_first_whole_and_streamed(card, processor):
+    output = processor.tokenizer.encode(" and more", add_special_tokens=False)
+    ids = processor.tokenizer.encode("Once upon", add_special_tokens=False)
+    generated = processor.tokenizer.decode(output)
+    cases = [
+        ({"prompt": "Once upon ❄"}, "Once upon ❄" + generated),
+        ({"prompt": ids}, processor.tokenizer.decode(ids) + generated),
+        ({"prompt": "Once upon ❄", "truncate_prompt_tokens": 1},
+         processor.tokenizer.decode(processor.encode_completion("Once upon ❄")[-1:]) + generated),
+    ]  # fmt: skip
+
+    async def scenario():
+        async with (
+            echo_worker(output=output) as (_, endpoint),
+            frontend(card, endpoint) as client,
+        ):
+            answers = []
+            for extra, _ in cases:
+                for stream in (False, True):
+                    body = {"model": MODEL, "max_tokens": len(output), "echo": True,
+                            "stream": stream, **extra}  # fmt: skip
+                    response = await client.post("/v1/completions", json=body)
+                    if stream:
+                        events = await sse_events(response)
+                        chunks = [e for e in events if isinstance(e, dict) and e["choices"]]
+                        answers.append("".join(e["choices"][0]["text"] for e in chunks))
+                    else:
+                        answers.append((await response.json())["choices"][0]["text"])
+            return answers
+
+    assert run(scenario) == [text for _, text in cases for _ in (False, True)]
+
+
+def test_continue_final_message_ends_the_prompt_inside_it(card, processor):
+    messages = [*HELLO, {"role": "assistant", "content": "Once upon"}]
+
+    async def scenario():
+        async with echo_worker() as (engine, endpoint), frontend(card, endpoint) as client:
+            body = {"model": MODEL, "messages": messages, "max_tokens": 1,
+                    "continue_final_message": True}  # fmt: skip
+            refused = await client.post("/v1/chat/completions", json=body)
+            body["add_generation_prompt"] = False
+            served = await client.post("/v1/chat/completions", json=body)
+            return refused.status, await refused.json(), served.status, engine.bodies
+
+    status, refused, served, (body,) = run(scenario)
+    assert_openai_error(refused, status, 400, param="continue_final_message")
+    assert served == 200
+    options = RenderOptions(add_generation_prompt=False, continue_final_message=True)
+    prompt = processor.render(messages, options)
+    assert prompt.endswith("<|assistant|>\nOnce upon")
+    assert body["token_ids"] == processor.encode_chat(prompt)
+
+
+def test_add_special_tokens_follows_the_request_with_vllms_defaults(card, mocker):
+    from dynamo.frontend.hf_processor import HfTokenizer
+
+    # The tiny tokenizer adds no special tokens either way: the flag the tokenizer got is the
+    # observable (a spy: the real tokenizer still encodes).
+    encode = mocker.spy(HfTokenizer, "encode")
+
+    async def scenario():
+        async with echo_worker() as (engine, endpoint), frontend(card, endpoint) as client:
+            for extra in ({}, {"add_special_tokens": True}):
+                await client.post("/v1/chat/completions", json=chat(1, **extra))
+            for extra in ({}, {"add_special_tokens": False}):
+                body = {"model": MODEL, "prompt": "hi", "max_tokens": 1, **extra}
+                await client.post("/v1/completions", json=body)
+            return len(engine.bodies)
+
+    assert run(scenario) == 4
+    flags = [call.kwargs["add_special_tokens"] for call in encode.call_args_list]
+    assert flags == [False, True, True, False]
+
+
+def test_truncate_prompt_tokens_keeps_the_side_asked_as_vllm_does(card):
+    ids = list(range(10, 30))
+    context = card.context_length
+    long_ids = [5] * (context + 10)
+    cases = [
+        ({"truncate_prompt_tokens": 5}, ids, ids[-5:]),
+        ({"truncate_prompt_tokens": 5, "truncation_side": "left"}, ids, ids[-5:]),
+        ({"truncate_prompt_tokens": 5, "truncation_side": "right"}, ids, ids[:5]),
+        ({"truncate_prompt_tokens": 50}, ids, ids),
+        ({"truncate_prompt_tokens": -1}, long_ids, long_ids[: context - 1]),
+    ]
+
+    async def scenario():
+        async with echo_worker() as (engine, endpoint), frontend(card, endpoint) as client:
+            for extra, prompt, _ in cases:
+                body = {"model": MODEL, "prompt": prompt, "max_tokens": 1, **extra}
+                response = await client.post("/v1/completions", json=body)
+                assert response.status == 200, await response.text()
+            over = await client.post("/v1/completions", json={
+                "model": MODEL, "prompt": ids, "truncate_prompt_tokens": context})  # fmt: skip
+            return engine.bodies, over.status, await over.json()
+
+    bodies, status, over = run(scenario)
+    assert [body["token_ids"] for body in bodies] == [kept for _, _, kept in cases]
+    assert_openai_error(over, status, 400, param="truncate_prompt_tokens")
+
+
+def test_allowed_token_ids_and_bad_words_reach_the_worker_only_when_set(card):
+    async def scenario():
+        async with echo_worker() as (engine, endpoint), frontend(card, endpoint) as client:
+            for extra in ({}, {"allowed_token_ids": [], "bad_words": []},
+                          {"allowed_token_ids": [5, 7], "bad_words": ["snow", "ice"]}):  # fmt: skip
+                body = {"model": MODEL, "prompt": "hi", "max_tokens": 1, **extra}
+                response = await client.post("/v1/completions", json=body)
+                assert response.status == 200, await response.text()
+            return [body["sampling"] for body in engine.bodies]
+
+    plain, empty, steered = run(scenario)
+    assert not {"allowed_token_ids", "bad_words"} & (set(plain) | set(empty))
+    assert steered["allowed_token_ids"] == [5, 7] and steered["bad_words"] == ["snow", "ice"]
+
+
+@pytest.mark.parametrize(
+    "name, value, param",
+    [("allowed_token_ids", [1, 10**9], "allowed_token_ids[1]"),
+     ("allowed_token_ids", ["1"], "allowed_token_ids[0]"),
+     ("bad_words", [""], "bad_words[0]"), ("bad_words", "snow", "bad_words"),
+     ("logit_bias", {"x": 1}, "logit_bias.x"), ("logit_bias", {"5": "1"}, "logit_bias"),
+     ("logit_bias", {"-1": 1}, "logit_bias"), ("logit_bias", {"5": True}, "logit_bias"),
+     ("logit_bias", {"1000000000": 1}, "logit_bias"),
+     ("logit_bias", {str(i): 1 for i in range(1025)}, "logit_bias"),
+     ("stop_token_ids", ["1"], "stop_token_ids[0]"), ("stop_token_ids", [-1], "stop_token_ids[0]"),
+     ("stop_token_ids", 5, "stop_token_ids"), ("stop_token_ids", [1] * 65, "stop_token_ids"),
+     ("stop_token_ids", [1, 10**9], "stop_token_ids[1]")],
+)  # fmt: skip
+def test_bad_token_id_fields_are_400_naming_them(card, name, value, param):
+    async def scenario():
+        async with echo_worker() as (engine, endpoint), frontend(card, endpoint) as client:
+            response = await client.post(
+                "/v1/completions", json={"model": MODEL, "prompt": "hi", name: value}
+            )
+            return response.status, await response.json(), engine.bodies
+
+    status, body, bodies = run(scenario)
+    assert_openai_error(body, status, 400, param=param)
+    assert bodies == []
 
 
 def test_chat_completion_returns_the_engines_tokens_decoded_by_the_models_tokenizer(
@@ -519,6 +769,51 @@ def test_a_template_that_raises_is_a_400_with_its_message(tiny_tokenizer_dir, tm
     assert status == 400 and started == 0
     error = assert_openai_error(body, param="messages")
     assert "a system message comes first" in error["message"]
+
+
+def test_add_generation_prompt_chat_template_kwargs_and_tools_reach_the_template(
+    tiny_tokenizer_dir, tmp_path
+):
+    template = tmp_path / "variables.jinja"
+    template.write_text(
+        "{% for doc in documents or [] %}[{{ doc.title }}]{% endfor %}"
+        "{% for tool in tools or [] %}{{ tool.function.name }}:{{ tool.function.parameters "
+        "| tojson }};{% endfor %}{{ messages[0].content }}|{{ greeting | default('none') }}|"
+        "{{ bos_token }}{% if add_generation_prompt %}|GEN{% endif %}",
+        encoding="utf-8",
+    )
+    card = tiny_card(tiny_tokenizer_dir, MODEL, chat_template_path=str(template))
+    processor = build_chat_processor(card)
+    cases = [
+        ({}, "héllo|none|<s>|GEN"),
+        ({"add_generation_prompt": False}, "héllo|none|<s>"),
+        ({"chat_template_kwargs": {"greeting": "hi", "bos_token": "B"}}, "héllo|hi|B|GEN"),
+        ({"chat_template_kwargs": {}, "add_generation_prompt": True}, "héllo|none|<s>|GEN"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"a": 1}}}],
+             "tool_choice": "none"},
+            'f:{"a": 1};héllo|none|<s>|GEN',
+        ),
+        ({"documents": [{"title": "T1", "text": "x"}, {"title": "T2"}]},
+         "[T1][T2]héllo|none|<s>|GEN"),
+    ]  # fmt: skip
+
+    async def scenario():
+        async with echo_worker() as (engine, endpoint), frontend(card, endpoint) as client:
+            for extra, _ in cases:
+                response = await client.post("/v1/chat/completions", json=chat(2, **extra))
+                assert response.status == 200, await response.text()
+            bad = await client.post(
+                "/v1/chat/completions",
+                json=chat(2, chat_template_kwargs={"greeting": "x", "tools": [{"a": 1}]}),
+            )
+            return engine.bodies, bad.status, await bad.json()
+
+    bodies, status, bad = run(scenario)
+    for body, (_, prompt) in zip(bodies, cases, strict=True):
+        assert body["token_ids"] == processor.encode_chat(prompt.replace("<s>", BOS))
+    error = assert_openai_error(bad, status, 400, param="chat_template_kwargs")
+    assert "`tools`" in error["message"]
 
 
 def test_unknown_model_is_404_model_not_found(card):

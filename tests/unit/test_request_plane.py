@@ -239,6 +239,12 @@ BAD_FIELDS = [
     ("sampling.stop_token_ids", [-1]), ("sampling.stop_token_ids", ["1"]),
     ("sampling.stop_token_ids", 5),
     ("sampling.ignore_eos", "yes"), ("sampling.ignore_eos", 1), ("sampling.ignore_eos", None),
+    ("sampling.logit_bias", {"5": 1.0}), ("sampling.logit_bias", [[5, 101.0]]),
+    ("sampling.logit_bias", [[-1, 1.0]]), ("sampling.logit_bias", [[5, "1"]]),
+    ("sampling.logit_bias", [[5, 1.0]] * 1025),
+    ("sampling.allowed_token_ids", [-1]), ("sampling.allowed_token_ids", ["1"]),
+    ("sampling.allowed_token_ids", [1] * 1025),
+    ("sampling.bad_words", [""]), ("sampling.bad_words", [5]), ("sampling.bad_words", ["a"] * 65),
     ("sampling.best_of", 2),  # not a sampling option of the wire format
 ]  # fmt: skip
 

@@ -383,3 +383,20 @@ def test_without_ranks_nothing_can_die_and_the_wait_is_cancellable():
         return wait.cancelled()
 
     assert asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [("logit_bias", ((5, 1.0),)), ("allowed_token_ids", (5,)), ("bad_words", ("snow",))],
+)
+def test_the_mock_refuses_what_it_cannot_apply_naming_the_field(name, value):
+    from dynamo.runtime.request_plane import BadGenerateRequest
+    from dynamo.vllm.mock_engine import MockCompletion
+    from dynamo.vllm.mock_model import load_mock_model
+    from tests.support.tiny_model import tiny_tokenizer_dir
+
+    model = load_mock_model(tiny_tokenizer_dir(), served_model_name="m")
+    sampling = SamplingOptions(max_tokens=4, **{name: value})
+    with pytest.raises(BadGenerateRequest) as raised:
+        MockCompletion(model, [5, 6], sampling).check_prompt()
+    assert raised.value.field == f"sampling.{name}"

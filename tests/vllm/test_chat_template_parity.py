@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from dynamo.frontend.chat_processor import ChatTemplateError, build_chat_processor
+from dynamo.frontend.hf_processor import RenderOptions
 from dynamo.runtime.model_card import ModelCard
 
 pytestmark = pytest.mark.vllm
@@ -159,3 +160,52 @@ def test_both_processors_bound_prompt_ids_by_the_vocabulary_vllm_checks(referenc
         processor.check_token_ids([0, largest])
         with pytest.raises(ValueError, match=f"Token id {largest + 1} is out of vocabulary"):
             processor.check_token_ids([3, largest + 1])
+
+
+@pytest.mark.parametrize("kind", ["hf", "vllm"])
+@pytest.mark.parametrize("add_generation_prompt", [True, False])
+def test_request_template_variables_render_as_transformers_renders_them(
+    reference, tiny_model, tmp_path, kind, add_generation_prompt
+):
+    """``add_generation_prompt`` and ``chat_template_kwargs`` (a new variable, and one that
+    overrides the model's ``bos_token``) reach the template as apply_chat_template's kwargs."""
+    path = tmp_path / "variables.jinja"
+    path.write_text(
+        "{{ bos_token }}{{ greeting | default('none') }}|{{ messages[0].content }}"
+        "{% for doc in documents or [] %}|{{ doc.title }}:{{ doc.text }}{% endfor %}"
+        "{% for tool in tools or [] %}|{{ tool.function.name }}={{ tool.function.parameters "
+        "| tojson }}{% endfor %}{% if add_generation_prompt %}|GEN{% endif %}",
+        encoding="utf-8",
+    )
+    messages = CONVERSATIONS[0]
+    variables = {"greeting": "hi", "bos_token": "B:"}
+    tools = [{"type": "function", "function": {"name": "get", "parameters": {"b": [1, "é"]}}}]
+    documents = [{"title": "T", "text": "snow"}]
+    want = reference.apply_chat_template(
+        messages, chat_template=path.read_text(encoding="utf-8"), tokenize=False,
+        add_generation_prompt=add_generation_prompt, tools=tools, documents=documents,
+        **variables,
+    )  # fmt: skip
+    processor = build_chat_processor(card(tiny_model, str(path)), kind)
+    options = RenderOptions(add_generation_prompt, variables, tools, documents)
+    got = processor.render(messages, options)
+    assert got == want and got.startswith("B:hi|") and "|get=" in got and "|T:snow" in got
+
+
+@pytest.mark.parametrize("kind", ["hf", "vllm"])
+def test_continue_final_message_renders_as_transformers_renders_it(
+    reference, tiny_model, template_path, kind
+):
+    messages = [
+        {"role": "user", "content": "Write a haiku"},
+        {"role": "assistant", "content": "Snow on the frozen  "},
+    ]
+    source = None if template_path is None else open(template_path, encoding="utf-8").read()
+    want = reference.apply_chat_template(
+        messages, chat_template=source, tokenize=False, add_generation_prompt=False,
+        continue_final_message=True,
+    )  # fmt: skip
+    processor = build_chat_processor(card(tiny_model, template_path), kind)
+    options = RenderOptions(add_generation_prompt=False, continue_final_message=True)
+    got = processor.render(messages, options)
+    assert got == want and got.rstrip().endswith("Snow on the frozen")

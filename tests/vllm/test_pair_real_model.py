@@ -32,6 +32,13 @@ def post(url: str, body: dict) -> dict:
         return json.load(response)
 
 
+def tiny_processor(model: str):
+    """The frontend's processor of the tiny model (its tokenizer, its template)."""
+    card = ModelCard(served_model_name=SERVED, model_path=model, tokenizer_path=model,
+                     context_length=256, eos_token_ids=(1,))  # fmt: skip
+    return build_chat_processor(card)
+
+
 @pytest.fixture(scope="module")
 def pair(tiny_model, tmp_path_factory):
     directory = tmp_path_factory.mktemp("real-pair")
@@ -58,9 +65,7 @@ def test_the_served_name_is_the_one_in_v1_models(pair):
 def test_vllm_gets_the_tiny_tokenizers_ids_of_the_rendered_template(pair):
     url, model = pair
     messages = [{"role": "user", "content": "Hello 🧊, how are you?"}]
-    card = ModelCard(served_model_name=SERVED, model_path=model, tokenizer_path=model,
-                     context_length=256, eos_token_ids=(1,))  # fmt: skip
-    processor = build_chat_processor(card)
+    processor = tiny_processor(model)
     ids = processor.encode_chat(processor.render(messages))
     greedy = {"max_tokens": 12, "temperature": 0, "ignore_eos": True}
     chat = post(url + "/v1/chat/completions", {"model": SERVED, "messages": messages, **greedy})
@@ -81,3 +86,40 @@ def test_seed_and_temperature_give_the_same_output_twice_and_a_stop_string_ends_
     stopped = post(url + "/v1/completions", {**body, "stop": [stop]})
     assert stopped["choices"][0]["finish_reason"] == "stop"
     assert stopped["choices"][0]["text"] == text[: text.index(stop)]
+
+
+def test_client_stop_token_ids_end_vllms_completion_without_the_tokens_text(pair):
+    url, model = pair
+    greedy = {"model": SERVED, "prompt": "The quick brown fox", "max_tokens": 16,
+              "temperature": 0, "ignore_eos": True}  # fmt: skip
+    text = post(url + "/v1/completions", greedy)["choices"][0]["text"]
+    ids = tiny_processor(model).tokenizer.encode(text, add_special_tokens=False)
+    stopped = post(url + "/v1/completions", {**greedy, "stop_token_ids": [ids[len(ids) // 2]]})
+    choice = stopped["choices"][0]
+    assert choice["finish_reason"] == "stop", (text, choice)
+    assert text.startswith(choice["text"]) and len(choice["text"]) < len(text)
+    assert stopped["usage"]["completion_tokens"] < 16
+
+
+def test_logit_bias_reaches_vllms_sampler(pair):
+    url, model = pair
+    tokenizer = tiny_processor(model).tokenizer
+    (favoured, *_) = tokenizer.encode(" fox", add_special_tokens=False)
+    body = {"model": SERVED, "prompt": "The quick brown", "max_tokens": 8, "temperature": 0,
+            "ignore_eos": True, "logit_bias": {str(favoured): 100}}  # fmt: skip
+    completion = post(url + "/v1/completions", body)
+    assert completion["choices"][0]["text"] == tokenizer.decode([favoured] * 8)
+
+
+def test_allowed_token_ids_and_bad_words_reach_vllms_sampler(pair):
+    url, model = pair
+    tokenizer = tiny_processor(model).tokenizer
+    (only, *_) = tokenizer.encode(" ice", add_special_tokens=False)
+    body = {"model": SERVED, "prompt": "The quick brown", "max_tokens": 6, "temperature": 0,
+            "ignore_eos": True}  # fmt: skip
+    allowed = post(url + "/v1/completions", {**body, "allowed_token_ids": [only]})
+    assert allowed["choices"][0]["text"] == tokenizer.decode([only] * 6)
+    free = post(url + "/v1/completions", body)["choices"][0]["text"]
+    first = tokenizer.decode(tokenizer.encode(free, add_special_tokens=False)[:1])
+    banned = post(url + "/v1/completions", {**body, "bad_words": [first.strip() or first]})
+    assert not banned["choices"][0]["text"].startswith(first), (free, banned)

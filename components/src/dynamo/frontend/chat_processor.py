@@ -34,10 +34,12 @@ if TYPE_CHECKING:
 
 from . import sglang_processor
 from .hf_processor import (
+    PLAIN,
     ChatTemplateError,
     HfChatTemplate,
     HfTokenizer,
     ModelFilesError,
+    RenderOptions,
     StreamDetokenizer,
     find_chat_template,
     read_tokenizer_config,
@@ -93,12 +95,12 @@ class Tokenizer(Protocol):
 
     def decode(self, ids: Sequence[int]) -> str: ...
 
-    def detokenizer(self) -> Detokenizer: ...
+    def detokenizer(self, *, skip_special_tokens: bool = True) -> Detokenizer: ...
 
 
 class Template(Protocol):
     def render(
-        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True
+        self, messages: Sequence[Mapping[str, Any]], options: RenderOptions = ...
     ) -> str: ...
 
 
@@ -126,7 +128,7 @@ class ChatProcessor:
     def model(self) -> str:
         return self.card.served_model_name
 
-    def render(self, messages: Sequence[Mapping[str, Any]]) -> str:
+    def render(self, messages: Sequence[Mapping[str, Any]], options: RenderOptions = PLAIN) -> str:
         """The chat prompt; raises NoChatTemplate or ChatTemplateError (the client's 400)."""
         if self.template is None:
             raise NoChatTemplate(
@@ -134,14 +136,24 @@ class ChatProcessor:
                 "completions (use /v1/completions, or give the worker a template with "
                 "vLLM's --chat-template)"
             )
-        return self.template.render(messages, add_generation_prompt=True)
+        return self.template.render(messages, options)
 
     def render_chat(self, chat: ChatCompletionRequest) -> str:
-        """The prompt of a chat request. A template that joins content parts its own way
-        (SGLang's) takes the messages as sent; the others take them joined."""
+        """The prompt of a chat request, with its ``add_generation_prompt`` and
+        ``chat_template_kwargs``. A template that joins content parts its own way (SGLang's)
+        takes the messages as sent; the others take them joined."""
         if getattr(self.template, "takes_content_parts", False):
-            return self.render(chat.messages_as_sent())
-        return self.render(chat.template_messages())
+            messages = chat.messages_as_sent()
+        else:
+            messages = chat.template_messages()
+        options = RenderOptions(
+            add_generation_prompt=chat.add_generation_prompt is not False,
+            variables=chat.chat_template_kwargs or {},
+            tools=chat.template_tools(),
+            documents=chat.documents,
+            continue_final_message=chat.continue_final_message is True,
+        )
+        return self.render(messages, options)
 
     def encode_chat(self, prompt: str) -> list[int]:
         # The template already wrote BOS and the like: transformers' apply_chat_template
@@ -166,8 +178,8 @@ class ChatProcessor:
         if found is not None:
             raise OutOfVocabulary(found[1])
 
-    def detokenizer(self) -> Detokenizer:
-        return self.tokenizer.detokenizer()
+    def detokenizer(self, *, skip_special_tokens: bool = True) -> Detokenizer:
+        return self.tokenizer.detokenizer(skip_special_tokens=skip_special_tokens)
 
 
 def import_processor_libraries(kind: str) -> str:
@@ -224,8 +236,8 @@ class _VllmTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return self._tokenizer.decode(list(ids), skip_special_tokens=True)
 
-    def detokenizer(self) -> Detokenizer:
-        return StreamDetokenizer(self._backend)
+    def detokenizer(self, *, skip_special_tokens: bool = True) -> Detokenizer:
+        return StreamDetokenizer(self._backend, skip_special_tokens=skip_special_tokens)
 
 
 class _VllmTemplate:
@@ -233,15 +245,14 @@ class _VllmTemplate:
         self._tokenizer = tokenizer
         self._source = source
 
-    def render(
-        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True
-    ) -> str:
+    def render(self, messages: Sequence[Mapping[str, Any]], options: RenderOptions = PLAIN) -> str:
         with rendering_errors():
             return self._tokenizer.apply_chat_template(
                 list(messages),
                 chat_template=self._source,
                 tokenize=False,
-                add_generation_prompt=add_generation_prompt,
+                continue_final_message=options.continue_final_message,
+                **options.template_kwargs(),
             )
 
 

@@ -100,6 +100,16 @@ OPTIONS = [
         ),
     ),
     Option(
+        name="dyn-strict-request-fields",
+        env_var="DYN_STRICT_REQUEST_FIELDS",
+        default=False,
+        help=(
+            "Refuse a request field that neither this server nor vLLM's OpenAI server knows "
+            "(400 naming it, code unknown_parameter) instead of accepting it with one WARNING "
+            "per field name per minute, as vLLM does (docs/openai-fields.md)"
+        ),
+    ),
+    Option(
         name="dyn-model-dirs",
         env_var="DYN_MODEL_DIRS",
         default=None,
@@ -172,6 +182,7 @@ class FrontendConfig(LauncherConfig):
     chat_template: str | None
     dyn_max_models: int
     dyn_ready_min_models: int
+    dyn_strict_request_fields: bool
     dyn_model_dirs: str | None
     router_mode: str
 

@@ -40,9 +40,15 @@ class Generation:
         prompt_tokens: int,
         first: StreamItem,
         stream: AsyncGenerator[StreamItem, None],
+        *,
+        skip_special_tokens: bool = True,
+        include_stop_str_in_output: bool = False,
+        echo: str = "",
     ) -> None:
-        self._detokenizer = processor.detokenizer()
-        self._stops = StopStringMatcher(sampling.stop)
+        self._echo = echo  # the prompt's text, first in the output (a completion's ``echo``)
+        self._detokenizer = processor.detokenizer(skip_special_tokens=skip_special_tokens)
+        self._stops = StopStringMatcher(sampling.stop, include=include_stop_str_in_output)
+        self._include_stop = include_stop_str_in_output
         self._sampling = sampling
         self._stop_ids = frozenset(sampling.stop_token_ids)
         self.prompt_tokens = prompt_tokens
@@ -52,12 +58,27 @@ class Generation:
         self.finish_reason: str | None = None
 
     async def pieces(self) -> AsyncIterator[str]:
-        """The completion's text, piece by piece (an empty piece carries nothing)."""
+        """The completion's text, piece by piece (an empty piece carries nothing), after the
+        echoed prompt if the request asked for it."""
+        if self._echo:
+            yield self._echo
+        async for piece in self._generated():
+            yield piece
+
+    async def _generated(self) -> AsyncIterator[str]:
         item = self._first
         while True:
             pieces = []
             for token_id in item.token_ids:
                 self.completion_tokens += 1
+                if self._stop_token(token_id):  # its text is in the output only if asked
+                    if self._include_stop:
+                        text = self._detokenizer.add((token_id,))
+                        pieces.append(self._stops.feed(text, check=False))
+                    pieces.append(self._end())
+                    self.finish_reason = "stop"
+                    yield "".join(pieces)
+                    return
                 text = self._detokenizer.add((token_id,))
                 # vLLM matches stop strings only in text of tokens past min_tokens.
                 check = self.completion_tokens > self._sampling.min_tokens
@@ -66,7 +87,7 @@ class Generation:
                     self.finish_reason = "stop"
                     yield "".join(pieces)
                     return
-                reason = self._limit(token_id)
+                reason = self._limit()
                 if reason is not None:
                     pieces.append(self._end())
                     self.finish_reason = "stop" if self._stops.stopped else reason
@@ -80,12 +101,14 @@ class Generation:
             yield "".join(pieces)
             item = await self._stream.__anext__()
 
-    def _limit(self, token_id: int) -> str | None:
+    def _stop_token(self, token_id: int) -> bool:
+        """Whether the token just counted is a stop token that ends the completion, as vLLM
+        checks it (``check_stop``): one of the stop ids, once ``min_tokens`` are out."""
+        return token_id in self._stop_ids and self.completion_tokens >= self._sampling.min_tokens
+
+    def _limit(self) -> str | None:
         """The finish reason when the token just counted ends the completion by the request's
-        limits, as vLLM checks them (``check_stop``): a stop token once ``min_tokens`` are out
-        (``stop``), else ``max_tokens`` reached (``length``); None to go on."""
-        if token_id in self._stop_ids and self.completion_tokens >= self._sampling.min_tokens:
-            return "stop"
+        limits: ``max_tokens`` reached (``length``); None to go on."""
         if self.completion_tokens >= self._sampling.max_tokens:
             return "length"
         return None

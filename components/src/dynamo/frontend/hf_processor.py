@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,32 @@ SPECIAL_TOKEN_NAMES = (
 
 class ChatTemplateError(ValueError):
     """The template rejected the conversation (its ``raise_exception``) or failed to render."""
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    """What a chat request adds to its messages when the template renders them, as
+    transformers' ``apply_chat_template`` takes them (every processor renders with these)."""
+
+    add_generation_prompt: bool = True
+    # The request's chat_template_kwargs (names that would bypass a field are refused before).
+    variables: Mapping[str, Any] = field(default_factory=dict)
+    tools: list[dict[str, Any]] | None = None  # OpenAI's shape, as the client sent them
+    documents: list[dict[str, str]] | None = None  # for a RAG template, as vLLM passes them
+    # End the prompt inside the final message (transformers' apply_chat_template argument, not
+    # a template variable).
+    continue_final_message: bool = False
+
+    def template_kwargs(self) -> dict[str, Any]:
+        return {
+            **self.variables,
+            "add_generation_prompt": self.add_generation_prompt,
+            "tools": self.tools or None,
+            "documents": self.documents or None,
+        }
+
+
+PLAIN = RenderOptions()
 
 
 @contextmanager
@@ -167,18 +194,42 @@ class HfChatTemplate:
         except jinja2.exceptions.TemplateError as exc:
             raise ModelFilesError(f"the chat template does not compile: {exc}") from None
         self._variables = dict(variables)
+        self._source = source
 
-    def render(
-        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True
-    ) -> str:
+    def render(self, messages: Sequence[Mapping[str, Any]], options: RenderOptions = PLAIN) -> str:
+        messages = list(messages)
+        if options.continue_final_message:
+            return self._continued(messages, options)
         with rendering_errors():
+            # The request's variables after the model's (bos_token, ...), as transformers
+            # passes apply_chat_template's kwargs.
             return self._template.render(
-                messages=list(messages),
-                tools=None,
-                documents=None,
-                add_generation_prompt=add_generation_prompt,
-                **self._variables,
+                messages=messages, **{**self._variables, **options.template_kwargs()}
             )
+
+    def _continued(self, messages: list[Mapping[str, Any]], options: RenderOptions) -> str:
+        """transformers' ``continue_final_message``: the final message's content rendered with
+        a tag after it, the prompt cut at the tag (and its trimmed spacing)."""
+        final = messages[-1].get("content") if messages else None
+        if not isinstance(final, str) or "content" not in self._source:
+            raise ChatTemplateError("continue_final_message: the final message has no content")
+        tagged = [*messages[:-1], {**messages[-1], "content": final + _CONTINUE_TAG}]
+        plain = RenderOptions(
+            options.add_generation_prompt, options.variables, options.tools, options.documents
+        )
+        rendered = self.render(tagged, plain)
+        if final.strip() not in rendered or _CONTINUE_TAG.strip() not in rendered:
+            raise ChatTemplateError(
+                "continue_final_message is set but the final message does not appear in the "
+                "chat after applying the chat template"
+            )
+        at = rendered.rindex(_CONTINUE_TAG.strip())
+        if rendered[at : at + len(_CONTINUE_TAG)] == _CONTINUE_TAG:
+            return rendered[:at]
+        return rendered[:at].rstrip()
+
+
+_CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "  # transformers' own
 
 
 class HfTokenizer:
@@ -211,21 +262,23 @@ class HfTokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         return self._tokenizer.decode(list(ids), skip_special_tokens=True)
 
-    def detokenizer(self) -> StreamDetokenizer:
-        return StreamDetokenizer(self._tokenizer)
+    def detokenizer(self, *, skip_special_tokens: bool = True) -> StreamDetokenizer:
+        return StreamDetokenizer(self._tokenizer, skip_special_tokens=skip_special_tokens)
 
 
 class StreamDetokenizer:
-    """Incremental decoding of one completion; special tokens (EOS, ...) are not shown.
+    """Incremental decoding of one completion; special tokens (EOS, ...) are not shown unless
+    ``skip_special_tokens`` is false (the request's field, as vLLM's detokenizer takes it).
 
     ``add`` returns the text the new ids complete; a partial character stays inside the
     ``DecodeStream`` until the id that completes it arrives. An id the vocabulary does not know
     (a worker bug) is dropped rather than failing the whole stream.
     """
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer, *, skip_special_tokens: bool = True) -> None:
         self._tokenizer = tokenizer
-        self._stream = DecodeStream(skip_special_tokens=True)
+        self._skip_special_tokens = skip_special_tokens
+        self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
         self._vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
         self._held: list[int] = []  # ids since the last text: an incomplete character
 
@@ -246,4 +299,6 @@ class StreamDetokenizer:
         """The end of the stream: a character left incomplete decodes as a full decode would
         (U+FFFD), so the streamed text equals ``decode`` of every id."""
         held, self._held = self._held, []
-        return self._tokenizer.decode(held, skip_special_tokens=True) if held else ""
+        if not held:
+            return ""
+        return self._tokenizer.decode(held, skip_special_tokens=self._skip_special_tokens)

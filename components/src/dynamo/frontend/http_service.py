@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 from collections.abc import Callable
 from typing import TypeVar
@@ -29,7 +30,7 @@ from dynamo.common.request_drain import mark_stream
 from dynamo.runtime import peer_text
 from dynamo.runtime.discovery import RecordWatcher
 from dynamo.runtime.log_budget import CauseBudgets
-from dynamo.runtime.model_card import ModelCard
+from dynamo.runtime.model_card import out_of_vocabulary
 from dynamo.runtime.request_plane import (
     GenerateRequest,
     RequestRefused,
@@ -46,7 +47,9 @@ from .chat_processor import (
 from .generation import Generation
 from .http_surface import bad_worker_response, failure_log, openai_errors, worker_failure
 from .model_registry import ModelEntry, ModelRegistry
+from .openai_fields import UnknownFieldLog
 from .preprocess_pool import PreprocessPool, PreprocessPoolError
+from .prompt_budget import completion_budget, refused_param, truncated_prompt
 from .request_body import expect_handler, read_json_body
 from .responses import ChatResponder, CompletionResponder, Responder, send_event
 from .worker_router import LOG_INTERVAL_S, NoWorkerAvailable, WorkerRouter
@@ -84,8 +87,12 @@ class FrontendService:
         preprocess_pool: PreprocessPool | None = None,
         *,
         ready_min_models: int = 1,
+        strict_request_fields: bool = False,
     ) -> None:
         self.registry = registry
+        # Unknown request fields: a 400 naming them, or accepted with a budgeted WARNING.
+        self.strict_request_fields = strict_request_fields
+        self.unknown_fields = UnknownFieldLog()
         self.router = router
         self.preprocess_pool = preprocess_pool
         self.ready_min_models = ready_min_models  # /health: ready from this many models on
@@ -177,14 +184,19 @@ class FrontendService:
             oai.model_list((entry.name, entry.created) for entry in self.registry.entries())
         )
 
-    async def _encode(self, entry: ModelEntry, prompt: str, *, chat: bool) -> list[int]:
+    async def _encode(
+        self, entry: ModelEntry, prompt: str, req: oai._SamplingRequest, *, chat: bool
+    ) -> list[int]:
+        """The prompt's ids; special tokens added as the request says (vLLM's defaults: not
+        for a chat, whose template wrote them, but for a completion's text)."""
         processor = entry.processor
+        special = req.add_special_tokens if req.add_special_tokens is not None else not chat
         if self.preprocess_pool is None:
-            encode = processor.encode_chat if chat else processor.encode_completion
+            encode = functools.partial(processor.tokenizer.encode, add_special_tokens=special)
             return await self._off_loop(encode, prompt)
         try:
             return await self.preprocess_pool.encode(
-                processor.card, prompt, add_special_tokens=not chat
+                processor.card, prompt, add_special_tokens=special
             )
         except PreprocessPoolError as exc:  # the pool logs its own breakage, once
             message = PREPROCESS_UNAVAILABLE.get(
@@ -219,7 +231,10 @@ class FrontendService:
 
     async def handle_chat_completions(self, request: web.Request) -> web.StreamResponse:
         self._admit()
-        chat = oai.parse_chat_request(await read_json_body(request))
+        chat = oai.parse_chat_request(
+            await read_json_body(request), strict_fields=self.strict_request_fields
+        )
+        self.unknown_fields.seen("chat", chat.unknown_fields)
         entry = self._entry(chat.model)
         try:
             prompt = await self._off_loop(entry.processor.render_chat, chat)
@@ -231,15 +246,18 @@ class FrontendService:
                 param="messages",
                 code="chat_template_error",
             ) from None
-        prompt_ids = await self._encode(entry, prompt, chat=True)
+        prompt_ids = await self._encode(entry, prompt, chat, chat=True)
         return await self._serve(request, entry, chat, prompt_ids, "messages", ChatResponder)
 
     async def handle_completions(self, request: web.Request) -> web.StreamResponse:
         self._admit()
-        completion = oai.parse_completion_request(await read_json_body(request))
+        completion = oai.parse_completion_request(
+            await read_json_body(request), strict_fields=self.strict_request_fields
+        )
+        self.unknown_fields.seen("completion", completion.unknown_fields)
         entry = self._entry(completion.model)
         if isinstance(completion.prompt, str):
-            prompt_ids = await self._encode(entry, completion.prompt, chat=False)
+            prompt_ids = await self._encode(entry, completion.prompt, completion, chat=False)
         else:
             prompt_ids = [int(token_id) for token_id in completion.prompt]  # ids, as validated
             try:
@@ -259,7 +277,26 @@ class FrontendService:
         prompt_param: str,
         responder_class: type[Responder],
     ) -> web.StreamResponse:
+        sent = prompt_ids
+        prompt_ids = truncated_prompt(req, prompt_ids, entry.card.context_length)
+        echo = ""
+        if getattr(req, "echo", None):  # a completion's: the prompt as sent, if it was text
+            text = getattr(req, "prompt", None)
+            if isinstance(text, str) and prompt_ids is sent:
+                echo = text
+            else:
+                echo = entry.processor.tokenizer.decode(prompt_ids)
         max_tokens = completion_budget(req, entry.card, len(prompt_ids), prompt_param)
+        max_token_id = entry.processor.max_token_id
+        found = out_of_vocabulary(req.stop_token_ids or (), max_token_id)
+        if found is not None:
+            raise oai.invalid_request(found[1], param=f"stop_token_ids[{found[0]}]")
+        found = out_of_vocabulary([t for t, _ in req.logit_bias_pairs()], max_token_id)
+        if found is not None:
+            raise oai.invalid_request(found[1], param="logit_bias")
+        found = out_of_vocabulary(req.allowed_token_ids or (), max_token_id)
+        if found is not None:
+            raise oai.invalid_request(found[1], param=f"allowed_token_ids[{found[0]}]")
         responder = responder_class(req.model, oai.new_completion_id(responder_class.ID_PREFIX))
         sampling = req.sampling(max_tokens, entry.card.eos_token_ids)
         # Built, not validated again: the ids are the tokenizer's (or checked against the
@@ -296,7 +333,12 @@ class FrontendService:
                     else "the model's engine refused the request's sampling fields",
                     param=param,
                 ) from None
-            generation = Generation(entry.processor, sampling, len(prompt_ids), first, stream)
+            generation = Generation(
+                entry.processor, sampling, len(prompt_ids), first, stream,
+                skip_special_tokens=req.skip_special_tokens is not False,
+                include_stop_str_in_output=req.include_stop_str_in_output is True,
+                echo=echo,
+            )  # fmt: skip
             try:
                 if req.stream:
                     return await self._stream(request, responder, generation, req.include_usage)
@@ -368,48 +410,3 @@ class FrontendService:
             )
             raise
         return response
-
-
-def refused_param(field: str, prompt_param: str) -> str | None:
-    """The OpenAI field a worker's refusal is about: ``token_ids...`` is the prompt (or the
-    messages it was rendered from), ``sampling.top_k`` is ``top_k`` (the request plane uses
-    the OpenAI names), bare ``sampling`` is the sampling fields together (no one field)."""
-    head, _, rest = field.partition(".")
-    if head == "token_ids":
-        return prompt_param
-    return rest.split(".", 1)[0] or None
-
-
-def completion_budget(
-    req: oai._SamplingRequest, card: ModelCard, prompt_tokens: int, prompt_param: str
-) -> int:
-    """The ``max_tokens`` the worker gets: what the client asked for, or what is left of the
-    model's context; a 400 (vLLM's wording) when the prompt, or prompt + max_tokens, does not
-    fit."""
-    context = card.context_length
-    if prompt_tokens == 0:
-        raise oai.invalid_request("the prompt is empty", param=prompt_param)
-    if prompt_tokens >= context:
-        raise oai.context_length_exceeded(
-            context_length=context, prompt_tokens=prompt_tokens, param=prompt_param
-        )
-    room = context - prompt_tokens
-    requested = req.requested_max_tokens
-    if requested is None:
-        max_tokens = room
-    else:
-        name, max_tokens = requested
-        if max_tokens > room:
-            raise oai.completion_too_long(
-                context_length=context,
-                prompt_tokens=prompt_tokens,
-                max_tokens=max_tokens,
-                param=name,
-            )
-    min_tokens = req.min_tokens or 0
-    if min_tokens > max_tokens:
-        raise oai.invalid_request(
-            f"`min_tokens` ({min_tokens}) must be at most `max_tokens` ({max_tokens})",
-            param="min_tokens",
-        )
-    return max_tokens

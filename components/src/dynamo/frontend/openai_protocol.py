@@ -5,35 +5,47 @@ What the frontend serves: ``/v1/models``, ``/v1/chat/completions`` and ``/v1/com
 
 The request models take the sampling fields vLLM's OpenAI server takes, with vLLM's ranges (they
 are :class:`~dynamo.runtime.sampling.SamplingOptions`' own, so a request accepted here is one the
-worker and vLLM accept). A bad value is a 400 naming the field in ``param``; unknown fields are
-ignored, as vLLM and OpenAI's servers do. Numbers are strict: ``"5"`` is not 5, ``true`` is not
-1, and ``NaN``/``Infinity`` are refused.
+worker and vLLM accept). A bad value is a 400 naming the field in ``param``. Every other field
+of vLLM's request models is classified in :mod:`.openai_fields` (refused by name, or accepted
+without effect), which the models read before they validate; a field vLLM does not know either
+is accepted and logged (:attr:`_SamplingRequest.unknown_fields`), or refused in strict mode.
+Numbers are strict: ``"5"`` is not 5, ``true`` is not 1, and ``NaN``/``Infinity`` are refused.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
     StrictBool,
+    StrictFloat,
     StrictInt,
     StrictStr,
     ValidationError,
+    ValidationInfo,
+    field_validator,
     model_validator,
 )
 
 from dynamo.runtime.sampling import (
+    MAX_ALLOWED_TOKEN_IDS,
+    MAX_BAD_WORDS,
+    MAX_LOGIT_BIAS_TOKENS,
     MinTokens,
     SamplerFields,
     SamplingOptions,
     StopText,
     TokenCount,
+    TokenId,
 )
+
+from . import openai_fields
+from .openai_tools import NamedToolChoice, TemplateVariables, Tool, check_tool_choice
 
 # The roles a chat message may have (vLLM's, plus OpenAI's "developer", passed to the template).
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -95,17 +107,31 @@ def service_unavailable(
 # Numbers are strict (a JSON number, an integer too; never a string or a boolean), with vLLM's
 # ranges: the field types are the request plane's own (dynamo.runtime.sampling).
 
+MAX_STOP_TOKEN_IDS = 64
+
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    # vLLM's two fields; anything else is a 400 naming it (never dropped quietly).
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     include_usage: StrictBool = False
+    continuous_usage_stats: StrictBool | None = None
+
+    @field_validator("continuous_usage_stats")
+    @classmethod
+    def _no_continuous_usage(cls, value: bool | None) -> bool | None:
+        if value:
+            raise ValueError("usage in every chunk is not supported by this server")
+        return value
 
 
 class _SamplingRequest(SamplerFields):
-    """Fields /v1/chat/completions and /v1/completions share."""
+    """Fields /v1/chat/completions and /v1/completions share. Only the fields
+    :mod:`.openai_fields` says are applied are declared here; the rest are screened by that
+    table before validation, and unknown ones kept (their names only) as extras."""
 
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+    ENDPOINT: ClassVar[str]
 
     model: Annotated[StrictStr, Field(min_length=1)]
     max_tokens: TokenCount | None = None
@@ -113,9 +139,45 @@ class _SamplingRequest(SamplerFields):
     # Strict like every number here (a Literal[1] would take 1.0 and true); 1 only, for now.
     n: Annotated[StrictInt, Field(ge=1, le=1)] | None = 1
     ignore_eos: StrictBool | None = False
+    # Ids that end the completion too (finish_reason "stop", the id's text not in the output),
+    # as in vLLM; with the model's EOS ids unless ignore_eos. Checked against the vocabulary.
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     min_tokens: MinTokens | None = 0
+    # {"token id": bias}, as OpenAI and vLLM take it; biases clamped to [-100, 100] as vLLM does.
+    logit_bias: (
+        Annotated[dict[Annotated[StrictStr, Field(pattern=r"^[0-9]{1,10}$")], StrictFloat],
+                  Field(max_length=MAX_LOGIT_BIAS_TOKENS)] | None
+    ) = None  # fmt: skip
+    allowed_token_ids: Annotated[list[TokenId], Field(max_length=MAX_ALLOWED_TOKEN_IDS)] | None = (
+        None
+    )
+    bad_words: Annotated[list[StopText], Field(max_length=MAX_BAD_WORDS)] | None = None
+    # Keep this many prompt tokens (-1: all the context allows), from the truncation_side.
+    truncate_prompt_tokens: Annotated[StrictInt, Field(ge=-1)] | None = None
+    truncation_side: Literal["left", "right"] | None = None
+    # Whether the tokenizer adds its special tokens (None: false for chat, true for completions).
+    add_special_tokens: StrictBool | None = None
+    # Stop strings and tokens are the frontend's to match: true keeps them in the output.
+    include_stop_str_in_output: StrictBool | None = None
+    # Decoding is the frontend's: false shows special tokens in the text, as vLLM does.
+    skip_special_tokens: StrictBool | None = None
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _screen_fields(cls, data: Any, info: ValidationInfo) -> Any:
+        """Refused fields that ask for something raise :class:`openai_fields.FieldRefused`
+        (not a ValueError: it passes through pydantic to :func:`parse_request`)."""
+        if not isinstance(data, dict):
+            return data
+        strict = bool(info.context and info.context.get("strict_fields"))
+        return openai_fields.screen(cls.ENDPOINT, data, strict=strict)
+
+    @property
+    def unknown_fields(self) -> tuple[str, ...]:
+        """The names of the fields neither this server nor vLLM knows (accepted, not read)."""
+        return tuple(self.model_extra or ())
 
     @property
     def requested_max_tokens(self) -> tuple[str, int] | None:
@@ -135,13 +197,23 @@ class _SamplingRequest(SamplerFields):
     def sampling(self, max_tokens: int, eos_token_ids: Iterable[int]) -> SamplingOptions:
         """What the worker gets; ``max_tokens`` already fits the model's context."""
         ignore_eos = bool(self.ignore_eos)
+        stop_ids = (() if ignore_eos else tuple(eos_token_ids)) + tuple(self.stop_token_ids or ())
         return SamplingOptions(
             **self.sampler_settings(),
             max_tokens=max_tokens,
             min_tokens=self.min_tokens or 0,
             stop=self.stop_strings,
-            stop_token_ids=() if ignore_eos else tuple(eos_token_ids),
+            stop_token_ids=tuple(dict.fromkeys(stop_ids)),
             ignore_eos=ignore_eos,
+            logit_bias=self.logit_bias_pairs(),
+            allowed_token_ids=tuple(self.allowed_token_ids or ()),
+            bad_words=tuple(self.bad_words or ()),
+        )
+
+    def logit_bias_pairs(self) -> tuple[tuple[int, float], ...]:
+        return tuple(
+            (int(token), min(100.0, max(-100.0, float(bias))))
+            for token, bias in (self.logit_bias or {}).items()
         )
 
 
@@ -182,8 +254,17 @@ class ChatMessage(BaseModel):
 
 
 class ChatCompletionRequest(_SamplingRequest):
+    ENDPOINT = openai_fields.CHAT
+
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: TokenCount | None = None
+    add_generation_prompt: StrictBool | None = None
+    continue_final_message: StrictBool | None = None
+    documents: Annotated[list[dict[StrictStr, StrictStr]], Field(max_length=64)] | None = None
+    tools: Annotated[list[Tool], Field(max_length=128)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    # Extra variables of the chat template (e.g. enable_thinking), as vLLM passes them.
+    chat_template_kwargs: TemplateVariables | None = None
 
     @property
     def requested_max_tokens(self) -> tuple[str, int] | None:
@@ -191,6 +272,24 @@ class ChatCompletionRequest(_SamplingRequest):
         if self.max_completion_tokens is not None:
             return "max_completion_tokens", self.max_completion_tokens
         return super().requested_max_tokens
+
+    @model_validator(mode="after")
+    def _choices_honoured(self) -> ChatCompletionRequest:
+        """Tools reach the template; their calls are not parsed yet, so only ``none`` is
+        honoured with tools (``auto`` is the default then, as in vLLM). A final message is
+        continued only without a generation prompt (vLLM's rule)."""
+        check_tool_choice(self.tools, self.tool_choice)
+        if self.continue_final_message and self.add_generation_prompt is not False:
+            raise openai_fields.FieldRefused(
+                "continue_final_message",
+                "`continue_final_message` needs `add_generation_prompt` false",
+                "invalid_value",
+            )
+        return self
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        """The tools as the client sent them (what the template renders), or None."""
+        return [tool.model_dump() for tool in self.tools] if self.tools else None
 
     def template_messages(self) -> list[dict[str, Any]]:
         return [message.for_template() for message in self.messages]
@@ -200,12 +299,15 @@ class ChatCompletionRequest(_SamplingRequest):
 
 
 class CompletionRequest(_SamplingRequest):
+    ENDPOINT = openai_fields.COMPLETION
+
     # A text, or the prompt's token ids (as vLLM takes them); a list of one text is that text.
     prompt: (
         StrictStr
         | Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)]
         | Annotated[list[StrictStr], Field(min_length=1, max_length=1)]
     )
+    echo: StrictBool | None = None
 
     @model_validator(mode="after")
     def _one_prompt(self) -> CompletionRequest:
@@ -231,7 +333,8 @@ def _param(loc: tuple) -> str | None:
     return path or None
 
 
-_UNION_TAGS = ("str", "int", "float", "bool", "list", "literal", "function", "constrained")
+# ("function" is not one: a tool's `function` is a field; validator tags are "function-after[...]".)
+_UNION_TAGS = ("str", "int", "float", "bool", "list", "literal", "constrained")
 
 
 def _first_error(exc: ValidationError) -> tuple[str | None, str]:
@@ -256,12 +359,15 @@ def _first_error(exc: ValidationError) -> tuple[str | None, str]:
     return param, f"`{param}`: {message}" if param else message
 
 
-def parse_request(model: type[_SamplingRequest], body: Any) -> Any:
-    """Validate a decoded JSON body; raises :class:`ApiError` (400) naming the bad field."""
+def parse_request(model: type[_SamplingRequest], body: Any, *, strict_fields: bool = False) -> Any:
+    """Validate a decoded JSON body; raises :class:`ApiError` (400) naming the bad field (or
+    the refused one, or with ``strict_fields`` the unknown one)."""
     if not isinstance(body, dict):
         raise invalid_request("request body must be a JSON object")
     try:
-        return model.model_validate(body)
+        return model.model_validate(body, context={"strict_fields": strict_fields})
+    except openai_fields.FieldRefused as exc:
+        raise invalid_request(exc.message, param=exc.param, code=exc.code) from None
     except ValidationError as exc:
         param, message = _first_error(exc)
         code = "missing_field" if exc.errors()[0]["type"] == "missing" else "invalid_value"
@@ -270,12 +376,12 @@ def parse_request(model: type[_SamplingRequest], body: Any) -> Any:
         raise invalid_request(message, param=param, code=code) from None
 
 
-def parse_chat_request(body: Any) -> ChatCompletionRequest:
-    return parse_request(ChatCompletionRequest, body)
+def parse_chat_request(body: Any, *, strict_fields: bool = False) -> ChatCompletionRequest:
+    return parse_request(ChatCompletionRequest, body, strict_fields=strict_fields)
 
 
-def parse_completion_request(body: Any) -> CompletionRequest:
-    return parse_request(CompletionRequest, body)
+def parse_completion_request(body: Any, *, strict_fields: bool = False) -> CompletionRequest:
+    return parse_request(CompletionRequest, body, strict_fields=strict_fields)
 
 
 def context_length_exceeded(*, context_length: int, prompt_tokens: int, param: str) -> ApiError:

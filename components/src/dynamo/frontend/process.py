@@ -102,7 +102,11 @@ class FrontendProcess:
         )
         closer.push("chat processor builds", registry.aclose)
         service = self.service = FrontendService(
-            registry, WorkerRouter(session), pool, ready_min_models=config.dyn_ready_min_models
+            registry,
+            WorkerRouter(session),
+            pool,
+            ready_min_models=config.dyn_ready_min_models,
+            strict_request_fields=config.dyn_strict_request_fields,
         )
         closer.push("preprocessing threads", service.close)
         app = service.build_app()

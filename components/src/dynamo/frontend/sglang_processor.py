@@ -51,7 +51,7 @@ from typing import Any
 
 from dynamo.runtime.model_card import ModelCard
 
-from .hf_processor import ModelFilesError, rendering_errors
+from .hf_processor import PLAIN, ModelFilesError, RenderOptions, rendering_errors
 from .output_parser import Messages, OutputParser, OutputParserFactory, Tools
 
 # What --dyn-chat-processor sglang imports at start-up, before the freeze (keep in step with
@@ -254,13 +254,7 @@ class SglangTemplate:
         self.text = source if source is not None else _template_text(tokenizer.chat_template)
         self._content_format = detect_jinja_template_content_format(self.text)
 
-    def render(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        *,
-        add_generation_prompt: bool = True,
-        tools: list[dict[str, Any]] | None = None,
-    ) -> str:
+    def render(self, messages: Sequence[Mapping[str, Any]], options: RenderOptions = PLAIN) -> str:
         from sglang.srt.parser.jinja_template_utils import process_content_for_template_format
 
         normalised = [
@@ -271,9 +265,9 @@ class SglangTemplate:
             return self._tokenizer.apply_chat_template(
                 normalised,
                 chat_template=self._source,
-                tools=tools or None,
                 tokenize=False,
-                add_generation_prompt=add_generation_prompt,
+                continue_final_message=options.continue_final_message,
+                **options.template_kwargs(),
             )
 
 

@@ -5,7 +5,8 @@ can span tokens, chunks and characters, so it is matched on the detokenized text
 streaming, the tail that could still become a stop string (a prefix of one) is held back until
 the next text decides: either it completes the stop string (the output ends there, the tail is
 dropped) or it does not (the tail is sent). So neither a stop string nor a partial match of one
-ever reaches the client.
+ever reaches the client, unless the request asked for it (``include_stop_str_in_output``: the
+output then ends just after the stop string, as in vLLM).
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from collections.abc import Sequence
 
 
 class StopStringMatcher:
-    def __init__(self, stops: Sequence[str]) -> None:
+    def __init__(self, stops: Sequence[str], *, include: bool = False) -> None:
         self._stops = tuple(s for s in stops if s)
+        self._include = include
         self._longest = max((len(s) for s in self._stops), default=0)
         self._pending = ""  # text not yet sent: it may be the start of a stop string
         self.stopped = False
@@ -36,11 +38,12 @@ class StopStringMatcher:
             window, self._pending = self._pending + text, ""
             return window
         window = self._pending + text
-        cut = min((i for i in (window.find(s) for s in self._stops) if i >= 0), default=-1)
-        if cut >= 0:
+        found = [(i, -len(s)) for i, s in ((window.find(s), s) for s in self._stops) if i >= 0]
+        if found:
+            cut, minus_length = min(found)  # the earliest; at one place, the longest
             self.stopped = True
             self._pending = ""
-            return window[:cut]
+            return window[: cut - minus_length if self._include else cut]
         hold = self._partial_match_length(window)
         self._pending = window[len(window) - hold :] if hold else ""
         return window[: len(window) - hold]

@@ -22,6 +22,7 @@ from pydantic import (
     StrictStr,
     ValidationInfo,
     field_validator,
+    model_serializer,
 )
 
 # Strict: a JSON number (an integer is fine), never a string or a boolean ("0.5" and true are
@@ -38,6 +39,15 @@ Seed = Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)]
 TokenCount = Annotated[StrictInt, Field(ge=1)]
 MinTokens = Annotated[StrictInt, Field(ge=0)]
 StopText = Annotated[StrictStr, Field(min_length=1)]
+TokenId = Annotated[StrictInt, Field(ge=0)]
+# vLLM clamps a logit bias to this range (SamplingParams.from_optional); so does the frontend.
+LogitBias = Annotated[StrictFloat, Field(ge=-100.0, le=100.0)]
+MAX_LOGIT_BIAS_TOKENS = 1024
+MAX_ALLOWED_TOKEN_IDS = 1024
+MAX_BAD_WORDS = 64
+# Fields added to the wire format after its first release: sent only when set, so a worker that
+# predates them still takes every request that does not use them.
+ADDED_FIELDS = ("logit_bias", "allowed_token_ids", "bad_words")
 
 
 class SamplerFields(BaseModel):
@@ -69,8 +79,24 @@ class SamplingOptions(SamplerFields):
     stop: tuple[StopText, ...] = ()
     # Token ids that end the completion with finish_reason "stop" (the card's EOS ids, unless
     # ignore_eos) and are not part of the returned text.
-    stop_token_ids: tuple[Annotated[StrictInt, Field(ge=0)], ...] = ()
+    stop_token_ids: tuple[TokenId, ...] = ()
     ignore_eos: StrictBool = False
+    # (token id, bias) pairs added to the logits before sampling, as vLLM's logit_bias.
+    logit_bias: Annotated[
+        tuple[tuple[TokenId, LogitBias], ...], Field(max_length=MAX_LOGIT_BIAS_TOKENS)
+    ] = ()
+    # The only ids the sampler may pick (empty: any), as vLLM's allowed_token_ids.
+    allowed_token_ids: Annotated[tuple[TokenId, ...], Field(max_length=MAX_ALLOWED_TOKEN_IDS)] = ()
+    # Words the sampler must not produce, as vLLM's bad_words.
+    bad_words: Annotated[tuple[StopText, ...], Field(max_length=MAX_BAD_WORDS)] = ()
+
+    @model_serializer(mode="wrap")
+    def _without_unset_additions(self, handler: Any) -> Any:
+        data = handler(self)
+        for name in ADDED_FIELDS:  # see ADDED_FIELDS
+            if not getattr(self, name):
+                data.pop(name, None)
+        return data
 
     @field_validator("min_tokens")
     @classmethod

@@ -38,6 +38,9 @@ def sampling_params(options: SamplingOptions, model_defaults: dict[str, Any]) ->
         stop=list(options.stop),
         stop_token_ids=list(options.stop_token_ids),
         ignore_eos=options.ignore_eos,
+        logit_bias=dict(options.logit_bias) or None,
+        allowed_token_ids=list(options.allowed_token_ids) or None,
+        bad_words=list(options.bad_words) or None,
         output_kind=RequestOutputKind.DELTA,
         **chosen,
     )

@@ -1,0 +1,343 @@
+"""What the frontend does with each field of an OpenAI request: one declaration per field.
+
+The reference is vLLM's OpenAI server (its ``ChatCompletionRequest`` and ``CompletionRequest``):
+every field those models declare is classified here, for each endpoint, as
+
+* **applied**: the request models (:mod:`.openai_protocol`) declare it and it has its effect;
+* **refused**: this server does not honour it, so a value that asks for something (anything but
+  vLLM's default, listed in ``neutral``, or ``null``) is a 400 in the OpenAI error shape whose
+  ``param`` and message name the field, with the reason: never dropped quietly;
+* **accepted without effect**: a field whose absence of effect is its meaning here (vLLM ignores
+  it too, or it is a hint with no observable result).
+
+A field vLLM does not declare is *unknown*: accepted with one WARNING per field name and
+interval (vLLM's behaviour: its models allow extra fields and log them), or a 400 naming it
+under ``--dyn-strict-request-fields``. The request models, the tests (against a checked-in
+snapshot of vLLM's field names, and against the installed vLLM in the vllm-marked suite) and the
+generated page docs/openai-fields.md all read :data:`FIELDS`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from dynamo.runtime import peer_text
+from dynamo.runtime.log_budget import LogBudget
+
+logger = logging.getLogger(__name__)
+
+CHAT = "chat"
+COMPLETION = "completion"
+ENDPOINTS = (CHAT, COMPLETION)
+_BOTH = ENDPOINTS
+
+
+class Treatment(str, Enum):
+    APPLIED = "applied"
+    REFUSED = "refused"
+    NO_EFFECT = "accepted without effect"
+
+
+@dataclass(frozen=True)
+class FieldRule:
+    name: str
+    treatment: Treatment
+    reason: str
+    # REFUSED only: the values that ask for nothing (vLLM's default), accepted; null always is.
+    neutral: tuple[Any, ...] = ()
+    endpoints: tuple[str, ...] = _BOTH
+
+    def asks_for_something(self, value: Any) -> bool:
+        """Whether ``value`` asks this refused field for an effect (not null, not neutral).
+        Types must match too: ``0`` is not ``false`` (``logprobs: 0`` asks for logprobs)."""
+        if value is None:
+            return False
+        return not any(type(value) is type(n) and value == n for n in self.neutral)
+
+
+def applied(name: str, reason: str, endpoints: tuple[str, ...] = _BOTH) -> FieldRule:
+    return FieldRule(name, Treatment.APPLIED, reason, endpoints=endpoints)
+
+
+def refused(name: str, reason: str, *neutral: Any, endpoints: tuple[str, ...] = _BOTH) -> FieldRule:
+    return FieldRule(name, Treatment.REFUSED, reason, neutral, endpoints)
+
+
+def no_effect(name: str, reason: str, endpoints: tuple[str, ...] = _BOTH) -> FieldRule:
+    return FieldRule(name, Treatment.NO_EFFECT, reason, endpoints=endpoints)
+
+
+_SAMPLER = "passed to the engine's sampler with vLLM's range (the mock engine does not sample)"
+_NOT_YET = "not implemented by this server yet"
+_LOGPROBS = "log probabilities are not returned by this server yet"
+_TOOLS = "tool calling is not implemented by this server yet"
+_STRUCTURED = "structured output (guided decoding) is not implemented by this server yet"
+_MULTIMODAL = "this server serves text-only models"
+_DISAGG = "disaggregated serving (KV / encoder cache transfer) is not part of this server"
+_VLLM_ONLY = "a vLLM server extension this server does not implement"
+
+RULES: tuple[FieldRule, ...] = (
+    # -- applied ---------------------------------------------------------------------------
+    applied("model", "selects the model among those the workers registered"),
+    applied("messages", "rendered with the model's own chat template", (CHAT,)),
+    applied("prompt", "a text, a list of one text, or token ids", (COMPLETION,)),
+    applied(
+        "max_tokens",
+        "capped by the model's context; unset: the rest of the context (vLLM's completions "
+        "default to 16)",
+    ),
+    applied("max_completion_tokens", "wins over max_tokens, as in vLLM", (CHAT,)),
+    applied(
+        "tools",
+        "rendered into the chat template, as vLLM does (at most 128); tool calls are not "
+        "parsed out of the output yet, so tool_choice must then be none",
+        (CHAT,),
+    ),
+    applied(
+        "tool_choice",
+        "none renders the tools without calls being parsed; auto (the default when tools are "
+        "given), required and a named function need a tool-call parser or structured output, "
+        "which this server does not run yet: refused by name when tools are given",
+        (CHAT,),
+    ),
+    applied(
+        "continue_final_message",
+        "the prompt ends inside the final message, for the model to continue it, as "
+        "transformers renders it (with add_generation_prompt false, as vLLM requires)",
+        (CHAT,),
+    ),
+    applied(
+        "documents",
+        "the chat template's documents (RAG templates), as vLLM passes them; at most 64",
+        (CHAT,),
+    ),
+    applied("add_generation_prompt", "the chat template's variable (default true)", (CHAT,)),
+    applied(
+        "chat_template_kwargs",
+        "extra variables of the chat template (at most 64), as in vLLM; those that would "
+        "bypass a request field (messages, tools, documents, add_generation_prompt, "
+        "continue_final_message, chat_template, tokenize) are refused by name",
+        (CHAT,),
+    ),
+    applied("n", "1 only: n > 1 is refused by name (multiple choices not implemented yet)"),
+    applied("stop", "matched on the detokenized text by the frontend; never in the output"),
+    applied("stream", "server-sent events, as vLLM sends them"),
+    applied(
+        "stream_options",
+        "include_usage; continuous_usage_stats: true is refused by name",
+    ),
+    applied("ignore_eos", "the model's EOS ids are then not sent as stop ids"),
+    applied(
+        "stop_token_ids",
+        "end the completion as the EOS ids do (finish_reason stop, the id's text not in the "
+        "output), as in vLLM; at most 64, each within the model's vocabulary",
+    ),
+    applied(
+        "skip_special_tokens",
+        "the frontend decodes the completion: false shows special tokens, as in vLLM (a stop "
+        "token's text is never shown)",
+    ),
+    applied(
+        "logit_bias",
+        "added to the logits by vLLM (biases clamped to [-100, 100] as vLLM does; at most "
+        "1024 ids, each within the vocabulary); the mock engine refuses it by name",
+    ),
+    applied(
+        "include_stop_str_in_output",
+        "the frontend matches stop strings and tokens: true ends the output just after the "
+        "stop string (or the stop token's text), as in vLLM",
+    ),
+    applied(
+        "truncate_prompt_tokens",
+        "keeps that many prompt tokens (-1: as many as the context leaves room for with one "
+        "completion token), as in vLLM; more than that is a 400",
+    ),
+    applied("truncation_side", "left (the default) keeps the last tokens, right the first"),
+    applied(
+        "add_special_tokens",
+        "whether the tokenizer adds its special tokens (BOS, ...) to a text prompt: vLLM's "
+        "defaults, false for chat (the template wrote them), true for completions",
+    ),
+    applied(
+        "allowed_token_ids",
+        "the only ids vLLM may sample (at most 1024, each within the vocabulary); the mock "
+        "engine refuses it by name",
+    ),
+    applied(
+        "bad_words",
+        "words vLLM must not generate (at most 64); the mock engine refuses it by name",
+    ),
+    applied("min_tokens", "the engine suppresses stop tokens until then"),
+    *(
+        applied(name, _SAMPLER)
+        for name in (
+            "temperature",
+            "top_p",
+            "top_k",
+            "min_p",
+            "seed",
+            "presence_penalty",
+            "frequency_penalty",
+            "repetition_penalty",
+        )
+    ),
+    # -- accepted without effect -----------------------------------------------------------
+    no_effect("user", "OpenAI's end-user id for abuse monitoring; vLLM ignores it too"),
+    # -- refused: what this server does not honour (yet) -----------------------------------
+    refused("logprobs", _LOGPROBS, False, endpoints=(CHAT,)),
+    refused("logprobs", _LOGPROBS, endpoints=(COMPLETION,)),
+    refused("top_logprobs", _LOGPROBS, 0, endpoints=(CHAT,)),
+    refused("prompt_logprobs", _LOGPROBS),
+    refused("logprob_token_ids", _LOGPROBS),
+    refused("return_tokens_as_token_ids", _LOGPROBS, False),
+    refused(
+        "spaces_between_special_tokens",
+        "special tokens are always skipped when decoding here",
+        True,
+    ),
+    refused("response_format", _STRUCTURED, {"type": "text"}),
+    refused("structured_outputs", _STRUCTURED),
+    refused("parallel_tool_calls", _TOOLS, True, endpoints=(CHAT,)),
+    refused("reasoning_effort", "reasoning controls are " + _NOT_YET, endpoints=(CHAT,)),
+    refused(
+        "include_reasoning", "reasoning is not parsed out of the text here", True, endpoints=(CHAT,)
+    ),
+    refused("thinking_token_budget", "reasoning controls are " + _NOT_YET),
+    refused("use_beam_search", "beam search is " + _NOT_YET, False),
+    refused("length_penalty", "a beam-search setting; beam search is " + _NOT_YET, 1.0, 1),
+    refused("echo", "echoing the last message is " + _NOT_YET, False, endpoints=(CHAT,)),
+    applied(
+        "echo",
+        "the prompt comes first in the text (as sent, or decoded from its ids when they were "
+        "given or truncated), whole and in the first streamed chunk, as in vLLM",
+        (COMPLETION,),
+    ),
+    refused("suffix", "suffixes are not supported (nor by vLLM)", endpoints=(COMPLETION,)),
+    refused(
+        "chat_template",
+        "a client's own chat template is not accepted (vLLM refuses it "
+        "too unless --trust-request-chat-template)",
+        endpoints=(CHAT,),
+    ),
+    refused("media_io_kwargs", _MULTIMODAL, {}, endpoints=(CHAT,)),
+    refused("mm_processor_kwargs", _MULTIMODAL, {}, endpoints=(CHAT,)),
+    refused("mm_payload", _MULTIMODAL, "tensors"),
+    refused("return_mm_kwargs", _MULTIMODAL, False),
+    refused("prompt_embeds", "prompt embeddings are " + _NOT_YET, endpoints=(COMPLETION,)),
+    refused("priority", "priority scheduling is " + _NOT_YET, 0),
+    refused("request_id", "the frontend names every request itself (chatcmpl-/cmpl-<uuid>)"),
+    refused("session_id", "sessions are " + _NOT_YET),
+    refused("cache_salt", "prefix-cache salting is " + _NOT_YET),
+    refused("return_token_ids", "token ids are not returned by this server", False),
+    refused("return_token_offsets", "token offsets are not returned by this server", False),
+    refused(
+        "return_prompt_text", "the prompt is not returned by this server", False, endpoints=(CHAT,)
+    ),
+    refused("routed_experts_prompt_start", _VLLM_ONLY, 0),
+    refused("watermarking", _VLLM_ONLY, False),
+    refused("repetition_detection", _VLLM_ONLY),
+    refused("vllm_xargs", _VLLM_ONLY, {}),
+    refused("stream_interval", "tokens are streamed as the worker sends them"),
+    refused("kv_transfer_params", _DISAGG),
+    refused("ec_transfer_params", _DISAGG),
+)
+
+
+def _by_endpoint() -> dict[str, dict[str, FieldRule]]:
+    table: dict[str, dict[str, FieldRule]] = {endpoint: {} for endpoint in ENDPOINTS}
+    for rule in RULES:
+        for endpoint in rule.endpoints:
+            if rule.name in table[endpoint]:
+                raise ValueError(f"{rule.name} declared twice for {endpoint}")
+            table[endpoint][rule.name] = rule
+    return table
+
+
+# endpoint -> field name -> its rule.
+FIELDS: Mapping[str, Mapping[str, FieldRule]] = _by_endpoint()
+
+
+def applied_names(endpoint: str) -> frozenset[str]:
+    return frozenset(n for n, r in FIELDS[endpoint].items() if r.treatment is Treatment.APPLIED)
+
+
+class FieldRefused(Exception):
+    """A request field this server refuses (see the module docstring): the client's 400."""
+
+    def __init__(self, param: str, message: str, code: str) -> None:
+        super().__init__(message)
+        self.param = param
+        self.message = message
+        self.code = code
+
+
+def screen(endpoint: str, body: dict[str, Any], *, strict: bool) -> dict[str, Any]:
+    """The body the request model validates: its applied fields, and its unknown fields'
+    names (with ``None``: their values are never read). Raises :class:`FieldRefused` for a
+    refused field that asks for something, and for an unknown field when ``strict``."""
+    rules = FIELDS[endpoint]
+    kept: dict[str, Any] = {}
+    for name, value in body.items():
+        rule = rules.get(name)
+        if rule is None:
+            if strict:
+                shown = peer_text.escape(name)  # the client's text, bounded
+                raise FieldRefused(
+                    shown,
+                    f"Unrecognized request argument supplied: {shown} (this server refuses "
+                    "fields it does not know: --dyn-strict-request-fields)",
+                    "unknown_parameter",
+                )
+            kept[name] = None
+        elif rule.treatment is Treatment.APPLIED:
+            kept[name] = value
+        elif rule.treatment is Treatment.REFUSED and rule.asks_for_something(value):
+            raise FieldRefused(
+                name,
+                f"`{name}` is not supported by this server: {rule.reason}",
+                "unsupported_parameter",
+            )
+    return kept
+
+
+class UnknownFieldLog:
+    """The WARNING of an unknown request field: one per field name per ``interval_s``, and at
+    most ``lines`` per interval in all (a client inventing a new name per request must not
+    become a line per request); the name escaped (it is the client's text)."""
+
+    def __init__(
+        self,
+        *,
+        lines: int = 10,
+        interval_s: float = 60.0,
+        names: int = 256,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._budget = LogBudget(logger, lines=lines, interval_s=interval_s, clock=clock)
+        self._interval_s = interval_s
+        self._clock = clock
+        self._names = names
+        self._logged: dict[str, float] = {}  # name -> when it was last logged, oldest first
+
+    def seen(self, endpoint: str, names: tuple[str, ...]) -> None:
+        now = self._clock()
+        for name in names:
+            last = self._logged.get(name)
+            if last is not None and now - last < self._interval_s:
+                continue
+            if not self._budget.emit(
+                "Request field %s is not one this server or vLLM knows: ignored, as vLLM "
+                "ignores it (--dyn-strict-request-fields refuses it) [%s]",
+                peer_text.escape(name),
+                endpoint,
+            ):
+                continue
+            self._logged.pop(name, None)
+            self._logged[name] = now
+            while len(self._logged) > self._names:
+                del self._logged[next(iter(self._logged))]

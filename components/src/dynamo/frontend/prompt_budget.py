@@ -1,0 +1,73 @@
+"""What a request may cost its worker, decided before it is sent: the prompt cut as the client
+asked (``truncate_prompt_tokens``), the completion's ``max_tokens`` within the model's context
+(vLLM's rules and wording for the 400s), and which OpenAI field a worker's refusal is about."""
+
+from __future__ import annotations
+
+from dynamo.runtime.model_card import ModelCard
+
+from . import openai_protocol as oai
+
+
+def refused_param(field: str, prompt_param: str) -> str | None:
+    """The OpenAI field a worker's refusal is about: ``token_ids...`` is the prompt (or the
+    messages it was rendered from), ``sampling.top_k`` is ``top_k`` (the request plane uses
+    the OpenAI names), bare ``sampling`` is the sampling fields together (no one field)."""
+    head, _, rest = field.partition(".")
+    if head == "token_ids":
+        return prompt_param
+    return rest.split(".", 1)[0] or None
+
+
+def truncated_prompt(req: oai._SamplingRequest, ids: list[int], context: int) -> list[int]:
+    """The prompt cut to ``truncate_prompt_tokens`` (vLLM's rule: -1 is as many as leave room
+    for one completion token; more than that is a 400), from the ``truncation_side``: left
+    (the default, vLLM's tokenizers') keeps the last tokens, right the first."""
+    keep = req.truncate_prompt_tokens
+    if keep is None:
+        return ids
+    room = context - 1
+    if keep > room:
+        raise oai.invalid_request(
+            f"`truncate_prompt_tokens` ({keep}) must be at most {room} for this model",
+            param="truncate_prompt_tokens",
+        )
+    keep = room if keep == -1 else keep
+    if len(ids) <= keep:
+        return ids
+    return ids[:keep] if req.truncation_side == "right" else ids[len(ids) - keep :]
+
+
+def completion_budget(
+    req: oai._SamplingRequest, card: ModelCard, prompt_tokens: int, prompt_param: str
+) -> int:
+    """The ``max_tokens`` the worker gets: what the client asked for, or what is left of the
+    model's context; a 400 (vLLM's wording) when the prompt, or prompt + max_tokens, does not
+    fit."""
+    context = card.context_length
+    if prompt_tokens == 0:
+        raise oai.invalid_request("the prompt is empty", param=prompt_param)
+    if prompt_tokens >= context:
+        raise oai.context_length_exceeded(
+            context_length=context, prompt_tokens=prompt_tokens, param=prompt_param
+        )
+    room = context - prompt_tokens
+    requested = req.requested_max_tokens
+    if requested is None:
+        max_tokens = room
+    else:
+        name, max_tokens = requested
+        if max_tokens > room:
+            raise oai.completion_too_long(
+                context_length=context,
+                prompt_tokens=prompt_tokens,
+                max_tokens=max_tokens,
+                param=name,
+            )
+    min_tokens = req.min_tokens or 0
+    if min_tokens > max_tokens:
+        raise oai.invalid_request(
+            f"`min_tokens` ({min_tokens}) must be at most `max_tokens` ({max_tokens})",
+            param="min_tokens",
+        )
+    return max_tokens
