@@ -124,15 +124,18 @@ class FrontendTestServer(TestServer):
 
 
 @contextlib.asynccontextmanager
-async def frontend(card: ModelCard, *endpoints: str, pool=None, registry=None):
-    """The real service with ``card``'s model served by ``endpoints`` (processor built)."""
+async def frontend(
+    card: ModelCard, *endpoints: str, pool=None, registry=None, request_metrics=None
+):
+    """The real service with ``card``'s model served by ``endpoints`` (processor built);
+    ``request_metrics``: the service's dynamo_frontend_* metrics, for a test to read."""
     registry = registry or ModelRegistry(build_chat_processor)
     for endpoint in endpoints:
         registry.add_instance(record(card, endpoint, card.served_model_name))
     await registry.wait_idle()
     session = create_worker_session()
     try:
-        app = FrontendService(registry, WorkerRouter(session), pool).build_app()
+        app = FrontendService(registry, WorkerRouter(session), pool, request_metrics).build_app()
         async with TestClient(FrontendTestServer(app, host="127.0.0.1")) as client:
             yield client
     finally:

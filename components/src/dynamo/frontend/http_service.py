@@ -45,6 +45,14 @@ from .http_surface import bad_worker_response, failure_log, openai_errors, worke
 from .model_registry import ModelEntry, ModelRegistry
 from .preprocess_pool import PreprocessPool, PreprocessPoolError
 from .request_body import expect_handler, read_json_body
+from .request_metrics import (
+    CANCELLED,
+    ENDPOINT_CHAT,
+    ENDPOINT_COMPLETIONS,
+    RequestMetrics,
+    RequestTrack,
+    error_type,
+)
 from .responses import ChatResponder, CompletionResponder, Responder, send_event
 from .worker_router import LOG_INTERVAL_S, NoWorkerAvailable, WorkerRouter
 
@@ -66,8 +74,11 @@ class FrontendService:
         registry: ModelRegistry,
         router: WorkerRouter,
         preprocess_pool: PreprocessPool | None = None,
+        request_metrics: RequestMetrics | None = None,
     ) -> None:
         self.registry = registry
+        # dynamo_frontend_*: on the process's registry when given (served on /metrics).
+        self.request_metrics = request_metrics or RequestMetrics()
         self.router = router
         self.preprocess_pool = preprocess_pool
         self.in_flight = 0  # completion requests admitted and not finished (logged when draining)
@@ -152,9 +163,11 @@ class FrontendService:
         if lifecycle.current_phase() is lifecycle.Phase.DRAINING:
             raise oai.service_unavailable("the frontend is shutting down", code="draining")
 
-    def _entry(self, model: str) -> ModelEntry:
+    def _entry(self, model: str, track: RequestTrack) -> ModelEntry:
         entry = self.registry.get(model)
-        if entry is None:
+        if entry is not None:
+            track.served(entry.name)  # the registry's name, never the client's string
+        else:
             if self.registry.known(model):  # being loaded, or its last instance just went
                 raise oai.service_unavailable(
                     f"the model `{model}` has no live worker instance right now"
@@ -163,37 +176,45 @@ class FrontendService:
         return entry
 
     async def handle_chat_completions(self, request: web.Request) -> web.StreamResponse:
-        self._admit()
-        chat = oai.parse_chat_request(await read_json_body(request))
-        entry = self._entry(chat.model)
-        try:
-            prompt = entry.processor.render_chat(chat)
-        except NoChatTemplate as exc:
-            raise oai.invalid_request(str(exc), param="messages", code="no_chat_template") from None
-        except ChatTemplateError as exc:
-            raise oai.invalid_request(
-                f"the model's chat template rejected the messages: {exc}",
-                param="messages",
-                code="chat_template_error",
-            ) from None
-        prompt_ids = await self._encode(entry, prompt, chat=True)
-        return await self._serve(request, entry, chat, prompt_ids, "messages", ChatResponder)
+        with self.request_metrics.request(ENDPOINT_CHAT) as track:
+            self._admit()
+            chat = oai.parse_chat_request(await read_json_body(request))
+            track.stream = bool(chat.stream)
+            entry = self._entry(chat.model, track)
+            try:
+                prompt = entry.processor.render_chat(chat)
+            except NoChatTemplate as exc:
+                raise oai.invalid_request(
+                    str(exc), param="messages", code="no_chat_template"
+                ) from None
+            except ChatTemplateError as exc:
+                raise oai.invalid_request(
+                    f"the model's chat template rejected the messages: {exc}",
+                    param="messages",
+                    code="chat_template_error",
+                ) from None
+            prompt_ids = await self._encode(entry, prompt, chat=True)
+            return await self._serve(
+                request, entry, chat, prompt_ids, "messages", ChatResponder, track
+            )
 
     async def handle_completions(self, request: web.Request) -> web.StreamResponse:
-        self._admit()
-        completion = oai.parse_completion_request(await read_json_body(request))
-        entry = self._entry(completion.model)
-        if isinstance(completion.prompt, str):
-            prompt_ids = await self._encode(entry, completion.prompt, chat=False)
-        else:
-            prompt_ids = [int(token_id) for token_id in completion.prompt]  # ids, as validated
-            try:
-                entry.processor.check_token_ids(prompt_ids)
-            except OutOfVocabulary as exc:
-                raise oai.invalid_request(str(exc), param="prompt") from None
-        return await self._serve(
-            request, entry, completion, prompt_ids, "prompt", CompletionResponder
-        )
+        with self.request_metrics.request(ENDPOINT_COMPLETIONS) as track:
+            self._admit()
+            completion = oai.parse_completion_request(await read_json_body(request))
+            track.stream = bool(completion.stream)
+            entry = self._entry(completion.model, track)
+            if isinstance(completion.prompt, str):
+                prompt_ids = await self._encode(entry, completion.prompt, chat=False)
+            else:
+                prompt_ids = [int(token_id) for token_id in completion.prompt]  # as validated
+                try:
+                    entry.processor.check_token_ids(prompt_ids)
+                except OutOfVocabulary as exc:
+                    raise oai.invalid_request(str(exc), param="prompt") from None
+            return await self._serve(
+                request, entry, completion, prompt_ids, "prompt", CompletionResponder, track
+            )
 
     async def _serve(
         self,
@@ -203,6 +224,7 @@ class FrontendService:
         prompt_ids: list[int],
         prompt_param: str,
         responder_class: type[Responder],
+        track: RequestTrack,
     ) -> web.StreamResponse:
         max_tokens = completion_budget(req, entry.card, len(prompt_ids), prompt_param)
         responder = responder_class(req.model, oai.new_completion_id(responder_class.ID_PREFIX))
@@ -216,6 +238,7 @@ class FrontendService:
             sampling=sampling,
         )
         self.in_flight += 1
+        track.sent(len(prompt_ids))
         try:
             try:
                 first, stream = await self.router.open_stream(
@@ -244,8 +267,10 @@ class FrontendService:
             generation = Generation(entry.processor, sampling, len(prompt_ids), first, stream)
             try:
                 if req.stream:
-                    return await self._stream(request, responder, generation, req.include_usage)
-                return await self._complete(responder, generation)
+                    return await self._stream(
+                        request, responder, generation, req.include_usage, track
+                    )
+                return await self._complete(responder, generation, track)
             finally:
                 # Whatever ended the handler (done, a stop string, the request's limits, client
                 # gone, cancelled), the worker's stream is closed, which closes its connection
@@ -254,9 +279,15 @@ class FrontendService:
         finally:
             self.in_flight -= 1
 
-    async def _complete(self, responder: Responder, generation: Generation) -> web.Response:
+    async def _complete(
+        self, responder: Responder, generation: Generation, track: RequestTrack
+    ) -> web.Response:
+        pieces = []
         try:
-            text = "".join([piece async for piece in generation.pieces()])
+            async for piece in generation.pieces():
+                track.tokens(generation.completion_tokens)
+                pieces.append(piece)
+            text = "".join(pieces)
         except (WorkerUnavailable, StopAsyncIteration) as exc:  # logged by the middleware
             raise worker_failure(exc, responder.completion_id) from exc
         return web.json_response(
@@ -269,6 +300,7 @@ class FrontendService:
         responder: Responder,
         generation: Generation,
         include_usage: bool,
+        track: RequestTrack,
     ) -> web.StreamResponse:
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -281,6 +313,7 @@ class FrontendService:
                 await send_event(response, opening)
             try:
                 async for piece in generation.pieces():
+                    track.tokens(generation.completion_tokens)
                     if piece:
                         await send_event(response, responder.piece(piece))
                 await send_event(response, responder.finish(generation.finish_reason or "stop"))
@@ -289,6 +322,7 @@ class FrontendService:
             except (WorkerUnavailable, StopAsyncIteration) as exc:
                 # Headers are gone: the failure travels in-band, then the stream ends.
                 error = worker_failure(exc, responder.completion_id)
+                track.fail(error_type(error.status))
                 self.failures.emit(
                     ("mid-stream", error.status),
                     "Worker failed mid-stream %s (ended in-band as %d %s): %s",
@@ -302,6 +336,7 @@ class FrontendService:
             await response.write_eof()
         except ConnectionResetError:
             # The client closed its connection; the caller's finally aborts the worker's side.
+            track.fail(CANCELLED)
             logger.info("Client went away mid-stream: request %s aborted", responder.completion_id)
         except asyncio.CancelledError:
             logger.info("Request %s cancelled mid-stream: aborted", responder.completion_id)

@@ -43,6 +43,7 @@ from .http_service import FrontendService
 from .http_surface import http_runner
 from .model_registry import ModelRegistry
 from .preprocess_pool import PreprocessPool, PreprocessPoolError
+from .request_metrics import RequestMetrics
 from .sglang_processor import SglangSettings
 from .stream_drain import frontend_drain
 from .worker_router import WorkerRouter, create_worker_session
@@ -97,7 +98,11 @@ class FrontendProcess:
             max_models=config.dyn_max_models,
         )
         closer.push("chat processor builds", registry.aclose)
-        service = self.service = FrontendService(registry, WorkerRouter(session), pool)
+        # dynamo_frontend_* (upstream's request metrics) next to the GC metrics on /metrics
+        request_metrics = None if self.metrics is None else RequestMetrics(self.metrics.registry)
+        service = self.service = FrontendService(
+            registry, WorkerRouter(session), pool, request_metrics
+        )
         app = service.build_app()
         if self.metrics is not None:
             metrics_route(app, self.metrics)  # GET /metrics on the HTTP port
