@@ -147,9 +147,7 @@ def test_failures_are_counted_by_kind_and_never_under_the_clients_model_string(c
     assert requests(metrics, rm.UNKNOWN_MODEL, "unary", "error", "validation") == 1
     assert requests(metrics, MODEL, "stream", "error", "overload") == 1
     assert requests(metrics, MODEL, "unary", "error", "overload") == 1
-    assert (
-        requests(metrics, rm.UNKNOWN_MODEL, "unary", "error", "validation", "completions") == 1
-    )
+    assert requests(metrics, rm.UNKNOWN_MODEL, "unary", "error", "validation", "completions") == 1
     models = {
         sample.labels.get("model")
         for family in metrics.registry.collect()

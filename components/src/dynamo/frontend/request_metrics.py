@@ -17,12 +17,12 @@ or an alert written for upstream's frontend reads ours unchanged:
   ``dynamo_frontend_time_to_first_token_seconds``, ``dynamo_frontend_inter_token_latency_seconds``,
   ``dynamo_frontend_input_sequence_tokens``, ``dynamo_frontend_output_sequence_tokens``.
 
-What is measured where (as upstream's ``InflightGuard`` / ``ResponseMetricCollector`` do): every
-request to the two completion endpoints is counted, from the handler's start to its last byte; time to
-first token is from the handler's start to the first item of the worker's answer that carries
-tokens; each later item of ``n`` tokens observes ``n`` inter-token latencies of (time since the
-previous item) / ``n``; the input length is observed with the first token, the output length
-when the request ends (if a worker was asked).
+What is measured where (as upstream's ``InflightGuard`` / ``ResponseMetricCollector`` do):
+every request to the two completion endpoints is counted, from the handler's start to its last
+byte; time to first token is from the handler's start to the first item of the worker's answer
+that carries tokens; each later item of ``n`` tokens observes ``n`` inter-token latencies of
+(time since the previous item) / ``n``; the input length is observed with the first token, the
+output length when the request ends (if a worker was asked).
 
 **Label cardinality is bounded.** ``model`` is never the client's raw string: it is the name
 of a model the registry serves (a discovery record's word, so bounded too: at most
