@@ -43,6 +43,8 @@ from .chat_processor import (
 from .generation import Generation
 from .http_surface import bad_worker_response, failure_log, openai_errors, worker_failure
 from .model_registry import ModelEntry, ModelRegistry
+from .output_parser import OutputParser
+from .parsed_output import ParsedOutput, output_parser
 from .preprocess_pool import PreprocessPool, PreprocessPoolError
 from .request_body import expect_handler, read_json_body
 from .request_metrics import (
@@ -193,9 +195,10 @@ class FrontendService:
                     param="messages",
                     code="chat_template_error",
                 ) from None
+            parser = output_parser(entry.processor.output_parser, chat)
             prompt_ids = await self._encode(entry, prompt, chat=True)
             return await self._serve(
-                request, entry, chat, prompt_ids, "messages", ChatResponder, track
+                request, entry, chat, prompt_ids, "messages", ChatResponder, track, parser
             )
 
     async def handle_completions(self, request: web.Request) -> web.StreamResponse:
@@ -225,9 +228,14 @@ class FrontendService:
         prompt_param: str,
         responder_class: type[Responder],
         track: RequestTrack,
+        parser: OutputParser | None = None,
     ) -> web.StreamResponse:
         max_tokens = completion_budget(req, entry.card, len(prompt_ids), prompt_param)
         responder = responder_class(req.model, oai.new_completion_id(responder_class.ID_PREFIX))
+        # Tool calls and reasoning parsed out of a chat completion's text (ChatResponder only).
+        parsed = None
+        if parser is not None and isinstance(responder, ChatResponder):
+            parsed = ParsedOutput(parser, responder)
         sampling = req.sampling(max_tokens, entry.card.eos_token_ids)
         # Built, not validated again: the ids are the tokenizer's (or checked against the
         # vocabulary), the sampling options a validated model.
@@ -268,9 +276,9 @@ class FrontendService:
             try:
                 if req.stream:
                     return await self._stream(
-                        request, responder, generation, req.include_usage, track
+                        request, responder, generation, req.include_usage, track, parsed
                     )
-                return await self._complete(responder, generation, track)
+                return await self._complete(responder, generation, track, parsed)
             finally:
                 # Whatever ended the handler (done, a stop string, the request's limits, client
                 # gone, cancelled), the worker's stream is closed, which closes its connection
@@ -280,7 +288,11 @@ class FrontendService:
             self.in_flight -= 1
 
     async def _complete(
-        self, responder: Responder, generation: Generation, track: RequestTrack
+        self,
+        responder: Responder,
+        generation: Generation,
+        track: RequestTrack,
+        parsed: ParsedOutput | None,
     ) -> web.Response:
         pieces = []
         try:
@@ -290,9 +302,10 @@ class FrontendService:
             text = "".join(pieces)
         except (WorkerUnavailable, StopAsyncIteration) as exc:  # logged by the middleware
             raise worker_failure(exc, responder.completion_id) from exc
-        return web.json_response(
-            responder.whole(text, generation.finish_reason or "stop", generation.usage())
-        )
+        finish_reason = generation.finish_reason or "stop"
+        if parsed is not None:
+            return web.json_response(parsed.whole(text, finish_reason, generation.usage()))
+        return web.json_response(responder.whole(text, finish_reason, generation.usage()))
 
     async def _stream(
         self,
@@ -301,6 +314,7 @@ class FrontendService:
         generation: Generation,
         include_usage: bool,
         track: RequestTrack,
+        parsed: ParsedOutput | None,
     ) -> web.StreamResponse:
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -314,9 +328,17 @@ class FrontendService:
             try:
                 async for piece in generation.pieces():
                     track.tokens(generation.completion_tokens)
-                    if piece:
-                        await send_event(response, responder.piece(piece))
-                await send_event(response, responder.finish(generation.finish_reason or "stop"))
+                    if not piece:
+                        continue
+                    chunk = responder.piece(piece) if parsed is None else parsed.chunk(piece)
+                    if chunk is not None:
+                        await send_event(response, chunk)
+                finish_reason = generation.finish_reason or "stop"
+                if parsed is not None:
+                    for chunk in parsed.closing_chunks():
+                        await send_event(response, chunk)
+                    finish_reason = parsed.finish_reason(finish_reason)
+                await send_event(response, responder.finish(finish_reason))
                 if include_usage:
                     await send_event(response, responder.usage(generation.usage()))
             except (WorkerUnavailable, StopAsyncIteration) as exc:

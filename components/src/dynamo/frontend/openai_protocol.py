@@ -184,6 +184,10 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(_SamplingRequest):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: TokenCount | None = None
+    # The tools the model may call, and how (OpenAI's shapes): what the model's output parser
+    # looks for (dynamo.frontend.parsed_output); the parser's library validates each tool.
+    tools: Annotated[list[dict[str, Any]], Field(max_length=128)] | None = None
+    tool_choice: StrictStr | dict[str, Any] | None = None
 
     @property
     def requested_max_tokens(self) -> tuple[str, int] | None:
