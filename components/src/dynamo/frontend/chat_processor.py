@@ -31,7 +31,7 @@ from dynamo.runtime.model_card import ModelCard, out_of_vocabulary
 if TYPE_CHECKING:
     from .openai_protocol import ChatCompletionRequest
 
-from . import sglang_processor
+from . import card_parsers, sglang_processor
 from .hf_processor import (
     ChatTemplateError,
     HfChatTemplate,
@@ -284,9 +284,12 @@ def build_chat_processor(
     template: Template | None
     parsers = None
     if kind == "sglang":
-        model = sglang_processor.build_sglang(card, sglang or sglang_processor.SglangSettings())
+        # The frontend's parser names, else the card's (the worker's) that SGLang has.
+        settings = card_parsers.sglang_settings(card, sglang or sglang_processor.SglangSettings())
+        model = sglang_processor.build_sglang(card, settings)
         tokenizer, template, parsers = model.tokenizer, model.template, model.output_parsers
     else:
+        card_parsers.warn_unparsed(card, kind)
         tokenizer, template = _BUILDERS[kind](card)
     processor = ChatProcessor(card, kind, tokenizer, template, parsers)
     logger.info(

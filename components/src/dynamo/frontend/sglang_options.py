@@ -10,8 +10,9 @@ row), and checked at start-up, after SGLang is imported, against SGLang's own re
 * a ``--chat-template`` that is one of SGLang's built-in names, not a file, or not ``.jinja``:
   exit 2, as upstream refuses it.
 
-The model card does not carry the worker's parser names yet; when it does, the flags here
-override it, as upstream's do.
+The model card carries the worker's parser names (``--dyn-tool-call-parser`` /
+``--dyn-reasoning-parser``); the flags here override them, as upstream's do
+(:mod:`dynamo.frontend.card_parsers`).
 """
 
 from __future__ import annotations
