@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import uuid
 
 import pytest
 
@@ -49,7 +51,10 @@ def sglang_registry(tool_call_parser="qwen25", reasoning_parser="deepseek-r1") -
 
 
 def output_ids(card, text: str) -> list[int]:
-    processor = build_chat_processor(card)
+    # The model's tokenizer only (hf, no parser names: it would say it parses nothing).
+    processor = build_chat_processor(
+        card.model_copy(update={"tool_call_parser": None, "reasoning_parser": None})
+    )
     ids = processor.tokenizer.encode(text, add_special_tokens=False)
     assert processor.tokenizer.decode(ids) == text
     return ids
@@ -174,3 +179,63 @@ def test_the_openai_client_reads_the_parsed_answer(card):
     deltas = [chunk.choices[0].delta for chunk in chunks if chunk.choices]
     streamed_calls = [call for delta in deltas for call in delta.tool_calls or []]
     assert [c.function.name for c in streamed_calls] == ["get_weather"]
+
+
+def card_registry(settings_args=()) -> ModelRegistry:
+    """The sglang processor as the frontend builds it; ``settings_args``: its own flags."""
+    from dynamo.frontend.sglang_processor import SglangSettings
+
+    settings = SglangSettings(*settings_args)
+    return ModelRegistry(lambda card: build_chat_processor(card, "sglang", settings))
+
+
+def unique_model() -> str:
+    # A model of its own: the card-name WARNING is budgeted per model and name, process-wide.
+    return f"tiny-{uuid.uuid4().hex[:8]}"
+
+
+def test_the_workers_parser_names_in_the_card_apply_without_frontend_flags(tiny_tokenizer):
+    card = tiny_card(
+        tiny_tokenizer, MODEL, tool_call_parser="qwen25", reasoning_parser="deepseek-r1"
+    )
+    n = len(output_ids(card, OUTPUT))
+    status, body = ask(
+        card,
+        chat(False, tools=[WEATHER], max_tokens=n, ignore_eos=True),
+        registry=card_registry(),
+    )
+    assert status == 200, body
+    message = body["choices"][0]["message"]
+    assert message["reasoning_content"] == THINKING
+    assert_weather_call(message["tool_calls"])
+
+
+def test_a_card_name_sglang_lacks_is_logged_and_the_model_served_without_it(tiny_tokenizer, caplog):
+    model = unique_model()
+    card = tiny_card(
+        tiny_tokenizer, model, tool_call_parser="qwen99", reasoning_parser="deepseek-r1"
+    )
+    n = len(output_ids(card, OUTPUT))
+    body = {"model": model, "messages": MESSAGES, "tools": [WEATHER], "max_tokens": n}
+    with caplog.at_level(logging.WARNING, logger="dynamo.frontend.card_parsers"):
+        status, answer = ask(card, {**body, "ignore_eos": True}, registry=card_registry())
+    assert status == 200, answer
+    message = answer["choices"][0]["message"]
+    assert message["reasoning_content"] == THINKING  # the name SGLang has still applies
+    assert "tool_calls" not in message and message["content"] == SAID + TOOL_CALL
+    warned = [r.getMessage() for r in caplog.records if r.name == "dynamo.frontend.card_parsers"]
+    assert len(warned) == 1 and "qwen99" in warned[0] and model in warned[0], warned
+
+
+def test_the_frontends_flags_override_the_card(tiny_tokenizer, caplog):
+    model = unique_model()
+    card = tiny_card(tiny_tokenizer, model, tool_call_parser="qwen99", reasoning_parser="qwen99")
+    n = len(output_ids(card, OUTPUT))
+    body = {"model": model, "messages": MESSAGES, "tools": [WEATHER], "max_tokens": n}
+    with caplog.at_level(logging.WARNING, logger="dynamo.frontend.card_parsers"):
+        status, answer = ask(
+            card, {**body, "ignore_eos": True}, registry=card_registry(("qwen25", "deepseek-r1"))
+        )
+    assert status == 200, answer
+    assert_weather_call(answer["choices"][0]["message"]["tool_calls"])
+    assert not [r for r in caplog.records if r.name == "dynamo.frontend.card_parsers"]

@@ -5,7 +5,7 @@ frontend falls back to the card.
 
 A card's names are a peer's words (docs/design.md, trust model): the card's schema holds them
 to a name's shape, and here the processor's own registry decides. A name it does not know is
-logged (escaped, one line per name and interval) and the model is **served without that
+logged (escaped, one line per model, name and interval) and the model is **served without that
 parser**, not refused: a parser is an optional part of the answer, and refusing the model would
 take it out of service for every client over one worker's typo, while an operator who needs the
 parser gives the frontend the right name (its flag wins). With a processor that parses nothing
@@ -40,7 +40,7 @@ def _from_card(
     if found is None:
         return name
     _unknown.emit(
-        (what, name),
+        (card.served_model_name, what, name),
         "Model %s: its worker names %s parser %s, which this frontend cannot use (%s); the "
         "model is served without it (give the frontend its own --%s-parser to override)",
         peer_text.escape(card.served_model_name),
@@ -71,7 +71,7 @@ def warn_unparsed(card: ModelCard, kind: str) -> None:
     for what, name in (("tool-call", card.tool_call_parser), ("reasoning", card.reasoning_parser)):
         if name is not None:
             _unknown.emit(
-                (kind, what, name),
+                (card.served_model_name, kind, what, name),
                 "Model %s: its worker names %s parser %s, but --dyn-chat-processor %s parses "
                 "no output; the model is served without it",
                 peer_text.escape(card.served_model_name),
