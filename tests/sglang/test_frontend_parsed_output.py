@@ -16,23 +16,15 @@ import pytest
 
 from dynamo.frontend.chat_processor import build_chat_processor, import_processor_libraries
 from dynamo.frontend.model_registry import ModelRegistry
+from tests.sglang.test_sglang_output_parser import TOOL_CALL, WEATHER
 from tests.support.answers import sse_events
 from tests.support.frontend_fakes import MODEL, echo_worker, frontend
 from tests.support.tiny_model import tiny_card
 
 pytestmark = pytest.mark.sglang
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-    },
-}
 THINKING = "The user wants the weather. "
 SAID = "Let me look."
-TOOL_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 OUTPUT = f"<think>{THINKING}</think>{SAID}{TOOL_CALL}"
 MESSAGES = [{"role": "user", "content": "Weather in Paris?"}]
 
