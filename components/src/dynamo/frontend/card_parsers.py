@@ -9,7 +9,7 @@ logged (escaped, one line per model, name and interval) and the model is **serve
 parser**, not refused: a parser is an optional part of the answer, and refusing the model would
 take it out of service for every client over one worker's typo, while an operator who needs the
 parser gives the frontend the right name (its flag wins). With a processor that parses nothing
-(``hf``, ``vllm``) a card that names parsers gets the same WARNING: its output is served as
+(``hf``) a card that names parsers gets the same WARNING: its output is served as
 the model wrote it.
 """
 
@@ -23,7 +23,7 @@ from dynamo.runtime import peer_text
 from dynamo.runtime.log_budget import CauseBudgets
 from dynamo.runtime.model_card import ModelCard
 
-from . import sglang_processor
+from . import sglang_processor, vllm_output_parser
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +62,19 @@ def sglang_settings(
     )
     reasoning = settings.reasoning_parser or _from_card(
         card, "reasoning", card.reasoning_parser, sglang_processor.reasoning_parser_problem
+    )
+    return dataclasses.replace(settings, tool_call_parser=tool, reasoning_parser=reasoning)
+
+
+def vllm_settings(
+    card: ModelCard, settings: sglang_processor.SglangSettings
+) -> sglang_processor.SglangSettings:
+    """The same for ``--dyn-chat-processor vllm``, against vLLM's registries."""
+    tool = settings.tool_call_parser or _from_card(
+        card, "tool-call", card.tool_call_parser, vllm_output_parser.tool_call_parser_problem
+    )
+    reasoning = settings.reasoning_parser or _from_card(
+        card, "reasoning", card.reasoning_parser, vllm_output_parser.reasoning_parser_problem
     )
     return dataclasses.replace(settings, tool_call_parser=tool, reasoning_parser=reasoning)
 

@@ -31,7 +31,7 @@ from dynamo.runtime.model_card import ModelCard, out_of_vocabulary
 if TYPE_CHECKING:
     from .openai_protocol import ChatCompletionRequest
 
-from . import card_parsers, sglang_processor
+from . import card_parsers, sglang_processor, vllm_output_parser
 from .hf_processor import (
     ChatTemplateError,
     HfChatTemplate,
@@ -216,6 +216,11 @@ class _VllmTokenizer:
             max_token_id = max(tokenizer.get_vocab().values())
         self.max_token_id = int(max_token_id)
 
+    @property
+    def vllm_tokenizer(self) -> Any:
+        """vLLM's own tokenizer object (its output parsers take it)."""
+        return self._tokenizer
+
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
         return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
@@ -278,7 +283,8 @@ def build_chat_processor(
     sglang: sglang_processor.SglangSettings | None = None,
 ) -> ChatProcessor:
     """The chat engine factory: one model's processor. Raises ModelFilesError. ``sglang``:
-    the frontend's sglang options (parser names, --chat-template), for ``kind="sglang"``."""
+    the frontend's parser options (and, for ``kind="sglang"``, its --chat-template), for the
+    processors that parse output (``sglang``, ``vllm``)."""
     started = time.perf_counter()
     tokenizer: Tokenizer
     template: Template | None
@@ -288,6 +294,17 @@ def build_chat_processor(
         settings = card_parsers.sglang_settings(card, sglang or sglang_processor.SglangSettings())
         model = sglang_processor.build_sglang(card, settings)
         tokenizer, template, parsers = model.tokenizer, model.template, model.output_parsers
+    elif kind == "vllm":
+        tokenizer, template = _build_vllm(card)
+        # The frontend's parser names, else the card's (the worker's) that vLLM has.
+        settings = card_parsers.vllm_settings(card, sglang or sglang_processor.SglangSettings())
+        assert isinstance(tokenizer, _VllmTokenizer)
+        parsers = vllm_output_parser.vllm_output_parsers(
+            card.served_model_name,
+            tokenizer.vllm_tokenizer,
+            settings.tool_call_parser,
+            settings.reasoning_parser,
+        )
     else:
         card_parsers.warn_unparsed(card, kind)
         tokenizer, template = _BUILDERS[kind](card)
