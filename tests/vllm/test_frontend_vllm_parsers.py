@@ -120,3 +120,36 @@ def test_the_cards_names_apply_and_a_name_vllm_lacks_is_served_without(tiny_toke
     message = answer["choices"][0]["message"]
     assert "tool_calls" not in message and message["content"] == OUTPUT
     assert any("qwen99" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.integration
+def test_the_workers_names_reach_a_real_frontend_through_the_card(tmp_path):
+    """The real processes: a mock worker started with upstream's --dyn-tool-call-parser /
+    --dyn-reasoning-parser, a frontend with --dyn-chat-processor vllm and no parser flags. The
+    mock engine answers with its prompt, so a user message that carries a hermes tool call
+    comes back as the completion (the tiny model never writes one itself), and vLLM's parser,
+    named by the worker's card, turns it into tool_calls."""
+    from tests.support.pair import request
+    from tests.support.processes import listening_url, start_frontend, start_worker
+
+    discovery = tmp_path / "discovery"
+    worker = start_worker(
+        "worker", tmp_path, discovery, MODEL,
+        "--dyn-tool-call-parser", "hermes", "--dyn-reasoning-parser", "qwen3",
+    )  # fmt: skip
+    frontend_process = start_frontend(
+        "frontend", tmp_path, discovery, "--dyn-chat-processor", "vllm"
+    )
+    try:
+        url = listening_url(frontend_process, deadline_s=240.0)
+        frontend_process.wait_for_log(rf"Model added: model={MODEL} ", deadline_s=120.0)
+        messages = [{"role": "user", "content": SAID + CALL}]
+        chat = {"model": MODEL, "messages": messages, "tools": [WEATHER], "max_tokens": 256}
+        status, answer = request("POST", url + "/v1/chat/completions", chat)
+        assert status == 200, answer
+        message = answer["choices"][0]["message"]
+        assert_weather_call(message["tool_calls"])
+        assert "<tool_call>" not in (message["content"] or "")
+    finally:
+        frontend_process.stop()
+        worker.stop()
