@@ -14,7 +14,11 @@ SGLang do.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
+
+from dynamo.runtime import peer_text
+from dynamo.runtime.log_budget import CauseBudgets
 
 from . import openai_protocol as oai
 from .output_parser import OutputParser, ParsedDelta
@@ -36,21 +40,57 @@ def output_parser(processor_factory: Any, chat: oai.ChatCompletionRequest) -> Ou
         raise oai.invalid_request(f"`tools` is not valid: {first}", param="tools") from None
 
 
+logger = logging.getLogger(__name__)
+_failures = CauseBudgets(logger, lines=1, interval_s=60.0)
+
+
 class ParsedOutput:
-    """One chat request's parsed output, in OpenAI's shapes (see the module docstring)."""
+    """One chat request's parsed output, in OpenAI's shapes (see the module docstring).
+
+    The text parsed is the model's (a worker's answer: a peer's words), and a parser library
+    can fail on text it did not expect: then the request goes on unparsed (what is fed from
+    there on is content; what the parser held back is lost) with one WARNING per interval,
+    never a 500 or a stream cut short.
+    """
 
     def __init__(self, parser: OutputParser, responder: ChatResponder) -> None:
-        self._parser = parser
+        self._parser: OutputParser | None = parser
         self._responder = responder
         self._tool_calls = False
 
+    def _failed(self, exc: Exception) -> None:
+        self._parser = None
+        _failures.emit(
+            type(exc).__name__,
+            "Output parser failed on request %s (%s: %s); the rest of its answer is unparsed",
+            self._responder.completion_id,
+            type(exc).__name__,
+            peer_text.escape(exc),
+        )
+
+    def _feed(self, text: str) -> ParsedDelta:
+        if self._parser is not None:
+            try:
+                return self._parser.feed(text)
+            except Exception as exc:  # noqa: BLE001 - any library error: see the class docstring
+                self._failed(exc)
+        return ParsedDelta(content=text)
+
+    def _finish(self) -> ParsedDelta:
+        if self._parser is not None:
+            try:
+                return self._parser.finish()
+            except Exception as exc:  # noqa: BLE001 - any library error: see the class docstring
+                self._failed(exc)
+        return ParsedDelta()
+
     def chunk(self, text: str) -> dict | None:
         """The chunk for a piece of text, or None when the parser held it all back."""
-        return self._chunk(self._parser.feed(text))
+        return self._chunk(self._feed(text))
 
     def closing_chunks(self) -> list[dict]:
         """What the parser held back, then the tool calls: the chunks before the finish."""
-        end = self._parser.finish()
+        end = self._finish()
         chunks = []
         held = ParsedDelta(content=end.content, reasoning_content=end.reasoning_content)
         held_chunk = self._chunk(held)
@@ -66,7 +106,10 @@ class ParsedOutput:
 
     def whole(self, text: str, finish_reason: str, usage: dict) -> dict:
         """The non-streamed response: the whole text through the parser."""
-        fed, end = self._parser.feed(text), self._parser.finish()
+        fed = self._feed(text)
+        end = self._finish()
+        if self._parser is None:  # failed: the whole text, unparsed
+            fed, end = ParsedDelta(content=text), ParsedDelta()
         content = fed.content + end.content
         reasoning = fed.reasoning_content + end.reasoning_content
         calls = fed.tool_calls + end.tool_calls
