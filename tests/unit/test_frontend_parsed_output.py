@@ -124,3 +124,17 @@ def test_a_parser_that_fails_leaves_the_answer_unparsed_not_broken(card, stream,
     else:
         assert answer["choices"][0]["message"] == {"role": "assistant", "content": TEXT}
     assert all("\x1b" not in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("tool_choice", ["bogus", 3, ["auto"]])
+def test_a_tool_choice_that_is_none_of_openais_is_a_400_naming_it(card, tool_choice):
+    async def scenario():
+        async with echo_worker() as (_, endpoint), frontend(card, endpoint) as client:
+            body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+            response = await client.post(
+                "/v1/chat/completions", json={**body, "tool_choice": tool_choice}
+            )
+            return response.status, await response.json()
+
+    status, body = asyncio.run(scenario())
+    assert status == 400 and body["error"]["param"] == "tool_choice", body

@@ -187,7 +187,7 @@ class ChatCompletionRequest(_SamplingRequest):
     # The tools the model may call, and how (OpenAI's shapes): what the model's output parser
     # looks for (dynamo.frontend.parsed_output); the parser's library validates each tool.
     tools: Annotated[list[dict[str, Any]], Field(max_length=128)] | None = None
-    tool_choice: StrictStr | dict[str, Any] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
 
     @property
     def requested_max_tokens(self) -> tuple[str, int] | None:
