@@ -19,7 +19,7 @@ import asyncio
 import concurrent.futures
 import logging
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from aiohttp import web
 
@@ -192,10 +192,6 @@ class FrontendService:
                 f"{peer_text.escape(processor.model)}: {exc}",
             ) from exc
 
-    def _admit(self) -> None:
-        if lifecycle.current_phase() is lifecycle.Phase.DRAINING:
-            raise oai.service_unavailable("the frontend is shutting down", code="draining")
-
     def _entry(self, model: str, track: RequestTrack) -> ModelEntry:
         entry = self.registry.get(model)
         if entry is not None:
@@ -208,12 +204,19 @@ class FrontendService:
             raise oai.model_not_found(model)
         return entry
 
+    async def _admitted(
+        self, request: web.Request, parse: Callable[[Any], Any], track: RequestTrack
+    ) -> tuple[Any, ModelEntry]:
+        """The request, parsed, and its model's entry (not while draining)."""
+        if lifecycle.current_phase() is lifecycle.Phase.DRAINING:
+            raise oai.service_unavailable("the frontend is shutting down", code="draining")
+        parsed = parse(await read_json_body(request))
+        track.stream = bool(parsed.stream)
+        return parsed, self._entry(parsed.model, track)
+
     async def handle_chat_completions(self, request: web.Request) -> web.StreamResponse:
         with self.request_metrics.request(rm.ENDPOINT_CHAT) as track:
-            self._admit()
-            chat = oai.parse_chat_request(await read_json_body(request))
-            track.stream = bool(chat.stream)
-            entry = self._entry(chat.model, track)
+            chat, entry = await self._admitted(request, oai.parse_chat_request, track)
             try:
                 prompt = await self._off_loop(entry.processor.render_chat, chat)
             except NoChatTemplate as exc:
@@ -234,10 +237,7 @@ class FrontendService:
 
     async def handle_completions(self, request: web.Request) -> web.StreamResponse:
         with self.request_metrics.request(rm.ENDPOINT_COMPLETIONS) as track:
-            self._admit()
-            completion = oai.parse_completion_request(await read_json_body(request))
-            track.stream = bool(completion.stream)
-            entry = self._entry(completion.model, track)
+            completion, entry = await self._admitted(request, oai.parse_completion_request, track)
             if isinstance(completion.prompt, str):
                 prompt_ids = await self._encode(entry, completion.prompt, chat=False)
             else:
