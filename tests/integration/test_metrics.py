@@ -16,12 +16,30 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dynamo.common.metrics import PAUSE_BUCKETS_S
-from tests.support import LauncherProcess
+from dynamo.frontend import request_metrics as rm
+from tests.support import LauncherProcess, dashboard
+from tests.support.pair import chat_body, expected_completion_tokens, stream_events
+from tests.support.pair import request as http_request
 from tests.support.processes import start_frontend, start_worker
 from tests.unit.test_metrics import STABLE_FAMILIES
 
 # The frontend's own: whether discovery is cut off from its store (0 with a readable directory).
-FRONTEND_FAMILIES: dict[str, tuple[str, set[str]]] = {"dynamo_discovery_degraded": ("gauge", set())}
+# And upstream's request metrics (dynamo.frontend.request_metrics); the parser names a counter's
+# family without its "_total".
+FRONTEND_FAMILIES: dict[str, tuple[str, set[str]]] = {
+    "dynamo_discovery_degraded": ("gauge", set()),
+    "dynamo_frontend_requests": (
+        "counter",
+        {"model", "endpoint", "request_type", "status", "error_type"},
+    ),
+    "dynamo_frontend_inflight_requests": ("gauge", {"model"}),
+    "dynamo_frontend_request_duration_seconds": ("histogram", {"model"}),
+    "dynamo_frontend_time_to_first_token_seconds": ("histogram", {"model"}),
+    "dynamo_frontend_inter_token_latency_seconds": ("histogram", {"model"}),
+    "dynamo_frontend_input_sequence_tokens": ("histogram", {"model"}),
+    "dynamo_frontend_output_sequence_tokens": ("histogram", {"model"}),
+    "dynamo_frontend_output_tokens": ("counter", {"model"}),
+}
 
 pytestmark = pytest.mark.integration
 
@@ -172,3 +190,62 @@ def test_metric_names_and_labels_are_stable(one):
 def test_worker_health_is_ready_while_serving(served):
     status, body = served["worker"].request("/health")
     assert (status, json.loads(body)["phase"]) == (200, "serving")
+
+
+def sample(families: dict, name: str, **labels) -> float:
+    """One sample's value, 0 when the series does not exist yet (a labelled family's series
+    appears with its first request)."""
+    for family in families.values():
+        for s in family.samples:
+            if s.name == name and s.labels == labels:
+                return s.value
+    return 0.0
+
+
+def test_request_metrics_move_as_known_traffic_says(served):
+    """Two whole and one streamed chat completion on the mock engine (whose answer the test
+    computes: tests/support/pair.py) and one request for a model nobody serves: each family
+    moves by exactly what that traffic means. Only this test sends completions to this
+    frontend, so the deltas are its own."""
+    frontend = served["frontend"]
+    before = frontend.scrape()
+    whole = chat_body(MODEL, max_tokens=8, ignore_eos=True)
+    streamed = chat_body(MODEL, max_tokens=5, stream=True, ignore_eos=True)
+    tokens = 2 * expected_completion_tokens(whole) + expected_completion_tokens(streamed)
+    for _ in range(2):
+        status, body = http_request("POST", frontend.base_url + "/v1/chat/completions", whole)
+        assert status == 200, body
+    events = list(stream_events(frontend.base_url, streamed))
+    assert events[-1] == "[DONE]"
+    status, _ = http_request(
+        "POST", frontend.base_url + "/v1/chat/completions", chat_body("no-such-model")
+    )
+    assert status == 404
+    after = frontend.scrape()
+
+    def moved(name: str, **labels) -> float:
+        return sample(after, name, **labels) - sample(before, name, **labels)
+
+    ok = {"model": MODEL, "endpoint": "chat_completions", "status": "success", "error_type": ""}
+    assert moved(rm.REQUESTS_TOTAL, request_type="unary", **ok) == 2
+    assert moved(rm.REQUESTS_TOTAL, request_type="stream", **ok) == 1
+    not_found = {"status": "error", "error_type": "not_found", "request_type": "unary"}
+    assert moved(
+        rm.REQUESTS_TOTAL, model=rm.UNKNOWN_MODEL, endpoint="chat_completions", **not_found
+    ) == 1  # fmt: skip
+    assert moved(rm.OUTPUT_TOKENS_TOTAL, model=MODEL) == tokens
+    assert moved(rm.OUTPUT_SEQUENCE_TOKENS + "_sum", model=MODEL) == tokens
+    for family in (rm.TIME_TO_FIRST_TOKEN_SECONDS, rm.INPUT_SEQUENCE_TOKENS,
+                   rm.OUTPUT_SEQUENCE_TOKENS, rm.REQUEST_DURATION_SECONDS):  # fmt: skip
+        assert moved(family + "_count", model=MODEL) == 3, family
+    # One inter-token latency per token after the first item of each answer: at most
+    # tokens - 3, at least one per request that had more than one item.
+    itl = moved(rm.INTER_TOKEN_LATENCY_SECONDS + "_count", model=MODEL)
+    assert 3 <= itl <= tokens - 3
+    assert sample(after, rm.INFLIGHT_REQUESTS, model=MODEL) == 0
+    ttft_inf = sample(after, rm.TIME_TO_FIRST_TOKEN_SECONDS + "_bucket", model=MODEL, le="+Inf")
+    assert ttft_inf == sample(after, rm.TIME_TO_FIRST_TOKEN_SECONDS + "_count", model=MODEL)
+    # Every series the Grafana dashboard reads is one this live frontend exports.
+    exported = {s.name for family in after.values() for s in family.samples}
+    for expr in dashboard.queries():
+        assert dashboard.metric_names(expr) <= exported, expr

@@ -15,7 +15,6 @@ import re
 import pytest
 
 from tests.sglang.sglang_reference import sglang_decode, sglang_prompt_ids
-from tests.support.answers import streamed_text
 from tests.support.pair import FROZEN_LINE, REFUSED_LINE, lines_with_pids, request, stream_events
 from tests.support.processes import LISTENING_LINE, listening_url, start_frontend, start_worker
 
@@ -79,11 +78,16 @@ def test_the_prompt_is_sglangs_own_template_and_tokenizer(pair, tiny_tokenizer):
     ids = sglang_prompt_ids(tiny_tokenizer, MESSAGES)
     assert answer["usage"]["prompt_tokens"] == len(ids)
     # The mock echoes the prompt up to its end-of-sequence token, decoded by SGLang's tokenizer.
-    content = answer["choices"][0]["message"]["content"]
-    assert content == sglang_decode(tiny_tokenizer, ids[: answer["usage"]["completion_tokens"]])
-    assert "Hello, SGLang! ❄" in content  # SGLang joins content parts with a space
+    # The frontend runs upstream's deepseek-r1 reasoning parser (UPSTREAM_ARGS), which reads a
+    # completion without `</think>` as reasoning: the echo comes back as reasoning_content.
+    message = answer["choices"][0]["message"]
+    text = (message.get("reasoning_content") or "") + (message["content"] or "")
+    assert text == sglang_decode(tiny_tokenizer, ids[: answer["usage"]["completion_tokens"]])
+    assert "Hello, SGLang! ❄" in text  # SGLang joins content parts with a space
     events = list(stream_events(url, {**body, "stream": True}))
-    assert streamed_text(events) == content
+    deltas = [e["choices"][0]["delta"] for e in events if isinstance(e, dict) and e["choices"]]
+    streamed = "".join(d.get("reasoning_content", "") + (d.get("content") or "") for d in deltas)
+    assert streamed == text
 
 
 @pytest.mark.sglang

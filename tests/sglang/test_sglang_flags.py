@@ -37,7 +37,7 @@ def run_main(tmp_path, *extra: str, env: dict[str, str] | None = None, monkeypat
     ("processor", "flag", "value", "label"),
     [
         ("hf", "--tool-call-parser", "qwen25", "--tool-call-parser / DYN_TOOL_CALL_PARSER"),
-        ("vllm", "--reasoning-parser", "qwen3", "--reasoning-parser / DYN_REASONING_PARSER"),
+        ("vllm", "--chat-template", "x.jinja", "--chat-template / DYN_CHAT_TEMPLATE"),
         ("hf", "--chat-template", "x.jinja", "--chat-template / DYN_CHAT_TEMPLATE"),
     ],
 )

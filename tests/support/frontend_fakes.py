@@ -125,9 +125,15 @@ class FrontendTestServer(TestServer):
 
 @contextlib.asynccontextmanager
 async def frontend(
-    card: ModelCard, *endpoints: str, pool=None, registry=None, strict_request_fields=False
+    card: ModelCard,
+    *endpoints: str,
+    pool=None,
+    registry=None,
+    request_metrics=None,
+    strict_request_fields=False,
 ):
-    """The real service with ``card``'s model served by ``endpoints`` (processor built)."""
+    """The real service with ``card``'s model served by ``endpoints`` (processor built);
+    ``request_metrics``: the service's dynamo_frontend_* metrics, for a test to read."""
     registry = registry or ModelRegistry(build_chat_processor)
     for endpoint in endpoints:
         registry.add_instance(record(card, endpoint, card.served_model_name))
@@ -135,7 +141,11 @@ async def frontend(
     session = create_worker_session()
     try:
         app = FrontendService(
-            registry, WorkerRouter(session), pool, strict_request_fields=strict_request_fields
+            registry,
+            WorkerRouter(session),
+            pool,
+            request_metrics,
+            strict_request_fields=strict_request_fields,
         ).build_app()
         async with TestClient(FrontendTestServer(app, host="127.0.0.1")) as client:
             yield client

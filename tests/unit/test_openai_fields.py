@@ -26,10 +26,12 @@ from dynamo.frontend.openai_fields import (
     COMPLETION,
     ENDPOINTS,
     FIELDS,
+    FieldRefused,
     Treatment,
     UnknownFieldLog,
     applied_names,
 )
+from dynamo.frontend.openai_tools import check_tool_choice
 from tests.support.answers import assert_openai_error
 from tests.support.clock import FakeClock
 from tests.support.frontend_fakes import MODEL, echo_worker, frontend
@@ -246,21 +248,39 @@ def test_the_fields_page_lists_every_field_with_its_treatment():
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
 
 
+NAMED = {"type": "function", "function": {"name": "f"}}
+
+
 @pytest.mark.parametrize(
-    "extra, code",
+    "extra, honoured_with_a_tool_parser",
     [
-        ({"tools": TOOLS}, "unsupported_parameter"),  # auto, the default with tools
-        ({"tools": TOOLS, "tool_choice": "auto"}, "unsupported_parameter"),
-        ({"tools": TOOLS, "tool_choice": "required"}, "unsupported_parameter"),
-        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "f"}}},
-         "unsupported_parameter"),
-        ({"tool_choice": "required"}, "invalid_value"),  # a choice without tools
+        ({"tools": TOOLS}, True),  # auto, the default with tools
+        ({"tools": TOOLS, "tool_choice": "auto"}, True),
+        ({"tools": TOOLS, "tool_choice": "required"}, False),  # needs structured outputs
+        ({"tools": TOOLS, "tool_choice": NAMED}, False),
     ],
 )  # fmt: skip
-def test_tool_choices_that_need_a_parser_are_refused_naming_tool_choice(extra, code):
-    with pytest.raises(oai.ApiError) as raised:
-        oai.parse_chat_request({**BASE[CHAT], **extra})
-    assert raised.value.param == "tool_choice" and raised.value.code == code
+def test_tool_choices_the_model_cannot_honour_are_refused_naming_tool_choice(
+    extra, honoured_with_a_tool_parser
+):
+    request = oai.parse_chat_request({**BASE[CHAT], **extra})
+    with pytest.raises(FieldRefused) as raised:
+        check_tool_choice(request.tools, request.tool_choice, parses_tool_calls=False)
+    assert raised.value.param == "tool_choice" and raised.value.code == "unsupported_parameter"
+    if honoured_with_a_tool_parser:
+        check_tool_choice(request.tools, request.tool_choice, parses_tool_calls=True)
+    else:
+        with pytest.raises(FieldRefused):
+            check_tool_choice(request.tools, request.tool_choice, parses_tool_calls=True)
+
+
+def test_tool_choice_none_is_always_honoured_and_a_choice_needs_tools():
+    request = oai.parse_chat_request({**BASE[CHAT], "tools": TOOLS, "tool_choice": "none"})
+    check_tool_choice(request.tools, request.tool_choice, parses_tool_calls=False)
+    for choice in ("required", NAMED):
+        with pytest.raises(oai.ApiError) as raised:
+            oai.parse_chat_request({**BASE[CHAT], "tool_choice": choice})
+        assert raised.value.param == "tool_choice" and raised.value.code == "invalid_value"
 
 
 def test_tools_with_tool_choice_none_are_kept_as_sent_for_the_template():

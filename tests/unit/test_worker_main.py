@@ -445,3 +445,25 @@ def test_a_rank_that_dies_while_serving_returns_1_with_the_gc_state_put_back(
         f"Worker stopped: the engine died: rank 1 (pid {victim}) was killed by signal "
         "SIGKILL (9) while serving"
     ]
+
+
+def test_parser_names_go_into_the_model_card(steps, discovery_dir, mocker):
+    """Upstream's --dyn-tool-call-parser / --dyn-reasoning-parser: published in the card for
+    the frontend (the mock engine has no registry of its own to check them against)."""
+    spy = mocker.spy(DiscoveryStore, "register")
+    argv = ["--discovery-dir", str(discovery_dir), "--dyn-tool-call-parser", "hermes"]
+    env_argv = [*argv, "--dyn-reasoning-parser", "deepseek_r1"]
+    assert worker_main.main(env_argv) == 0
+    card = spy.call_args.args[1].card
+    assert (card.tool_call_parser, card.reasoning_parser) == ("hermes", "deepseek_r1")
+
+
+@pytest.mark.parametrize("flag", ["--dyn-tool-call-parser", "--dyn-reasoning-parser"])
+def test_a_parser_name_that_is_not_a_name_exits_2_naming_the_option(
+    steps, discovery_dir, capsys, flag
+):
+    argv = ["--discovery-dir", str(discovery_dir), flag, "qwen 2.5; rm"]
+    assert worker_main.main(argv) == 2
+    env = "DYN_TOOL_CALL_PARSER" if "tool" in flag else "DYN_REASONING_PARSER"
+    assert f"{flag} / {env}" in capsys.readouterr().err
+    assert steps == []

@@ -32,7 +32,7 @@ from dynamo.runtime.model_card import ModelCard, out_of_vocabulary
 if TYPE_CHECKING:
     from .openai_protocol import ChatCompletionRequest
 
-from . import sglang_processor
+from . import card_parsers, sglang_processor, vllm_output_parser
 from .hf_processor import (
     PLAIN,
     ChatTemplateError,
@@ -114,6 +114,8 @@ class ChatProcessor:
         tokenizer: Tokenizer,
         template: Template | None,
         output_parsers: OutputParserFactory | None = None,
+        *,
+        parses_tool_calls: bool = False,
     ) -> None:
         self.card = card
         self.kind = kind
@@ -123,6 +125,8 @@ class ChatProcessor:
         # messages, stream)), or None when this processor, or the request, has nothing to
         # parse: only the processors that parse tool calls and reasoning have a factory.
         self.output_parser: OutputParserFactory = output_parsers or no_output_parser
+        # Whether that parser turns tool calls in the output into tool_calls (tool_choice auto).
+        self.parses_tool_calls = parses_tool_calls
 
     @property
     def model(self) -> str:
@@ -230,6 +234,11 @@ class _VllmTokenizer:
             max_token_id = max(tokenizer.get_vocab().values())
         self.max_token_id = int(max_token_id)
 
+    @property
+    def vllm_tokenizer(self) -> Any:
+        """vLLM's own tokenizer object (its output parsers take it)."""
+        return self._tokenizer
+
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
         return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
@@ -306,20 +315,39 @@ def build_chat_processor(
     model_dirs: Sequence[str] = (),
 ) -> ChatProcessor:
     """The chat engine factory: one model's processor. Raises ModelFilesError (also for a card
-    naming files it may not: :func:`model_files`). ``sglang``: the frontend's sglang options
-    (parser names, --chat-template), for ``kind="sglang"``; ``model_dirs``: the operator's
-    ``--dyn-model-dirs``."""
+    naming files it may not: :func:`model_files`). ``sglang``: the frontend's parser options
+    (and, for ``kind="sglang"``, its --chat-template), for the processors that parse output
+    (``sglang``, ``vllm``); ``model_dirs``: the operator's ``--dyn-model-dirs``."""
     started = time.perf_counter()
     files = model_files(card, model_dirs)
     tokenizer: Tokenizer
     template: Template | None
     parsers = None
+    parses_tool_calls = False
     if kind == "sglang":
-        model = sglang_processor.build_sglang(card, sglang or sglang_processor.SglangSettings())
+        # The frontend's parser names, else the card's (the worker's) that SGLang has.
+        settings = card_parsers.sglang_settings(card, sglang or sglang_processor.SglangSettings())
+        model = sglang_processor.build_sglang(card, settings)
         tokenizer, template, parsers = model.tokenizer, model.template, model.output_parsers
+        parses_tool_calls = parsers is not None and bool(settings.tool_call_parser)
+    elif kind == "vllm":
+        tokenizer, template = _build_vllm(card, files)
+        # The frontend's parser names, else the card's (the worker's) that vLLM has.
+        settings = card_parsers.vllm_settings(card, sglang or sglang_processor.SglangSettings())
+        assert isinstance(tokenizer, _VllmTokenizer)
+        parsers = vllm_output_parser.vllm_output_parsers(
+            card.served_model_name,
+            tokenizer.vllm_tokenizer,
+            settings.tool_call_parser,
+            settings.reasoning_parser,
+        )
+        parses_tool_calls = parsers is not None and parsers.parses_tool_calls
     else:
+        card_parsers.warn_unparsed(card, kind)
         tokenizer, template = _BUILDERS[kind](card, files)
-    processor = ChatProcessor(card, kind, tokenizer, template, parsers)
+    processor = ChatProcessor(
+        card, kind, tokenizer, template, parsers, parses_tool_calls=parses_tool_calls
+    )
     logger.info(
         "Chat processor built: model=%s processor=%s tokenizer=%s chat_template=%s took_ms=%.1f",
         peer_text.escape(card.served_model_name),

@@ -16,11 +16,9 @@ next counting those held back), so an outage costs a few lines a minute, not one
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import functools
 import logging
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any
 
 from aiohttp import web
 
@@ -38,19 +36,24 @@ from dynamo.runtime.request_plane import (
 )
 
 from . import openai_protocol as oai
+from . import request_metrics as rm
 from .chat_processor import (
     ChatTemplateError,
-    ModelFilesError,
     NoChatTemplate,
     OutOfVocabulary,
 )
 from .generation import Generation
 from .http_surface import bad_worker_response, failure_log, openai_errors, worker_failure
 from .model_registry import ModelEntry, ModelRegistry
-from .openai_fields import UnknownFieldLog
-from .preprocess_pool import PreprocessPool, PreprocessPoolError
+from .openai_fields import FieldRefused, UnknownFieldLog
+from .openai_tools import check_tool_choice
+from .output_parser import OutputParser
+from .parsed_output import ParsedOutput, output_parser
+from .preprocess_pool import PreprocessPool
+from .preprocessing import Preprocessing
 from .prompt_budget import completion_budget, refused_param, truncated_prompt
 from .request_body import expect_handler, read_json_body
+from .request_metrics import RequestMetrics, RequestTrack
 from .responses import ChatResponder, CompletionResponder, Responder, send_event
 from .worker_router import LOG_INTERVAL_S, NoWorkerAvailable, WorkerRouter
 
@@ -62,19 +65,6 @@ CHAT_COMPLETIONS_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
 HEALTH_PATH = "/health"
 LIVE_PATH = "/live"
-# Threads that render chat templates and tokenise in this process (tokenising goes to the
-# preprocess pool instead when there is one): never the event loop, so /health and the streams
-# in flight are served while a 1 MB prompt is processed. Bounded: more requests wait their turn.
-PREPROCESS_THREADS = 4
-# What a client is told when the model's preprocessing cannot run, by the pool's state (the
-# detail, which may name a path on this host or a library's words, goes to the log).
-PREPROCESS_UNAVAILABLE = {
-    "rebuilding": "the model's preprocessing is being rebuilt after a process died; retry shortly",
-    "failed": "the model's preprocessing is down",
-}
-PREPROCESS_UNAVAILABLE_OTHERWISE = "the model's preprocessing is unavailable right now; retry later"
-
-T = TypeVar("T")
 
 
 class FrontendService:
@@ -85,11 +75,14 @@ class FrontendService:
         registry: ModelRegistry,
         router: WorkerRouter,
         preprocess_pool: PreprocessPool | None = None,
+        request_metrics: RequestMetrics | None = None,
         *,
         ready_min_models: int = 1,
         strict_request_fields: bool = False,
     ) -> None:
         self.registry = registry
+        # dynamo_frontend_*: on the process's registry when given (served on /metrics).
+        self.request_metrics = request_metrics or RequestMetrics()
         # Unknown request fields: a 400 naming them, or accepted with a budgeted WARNING.
         self.strict_request_fields = strict_request_fields
         self.unknown_fields = UnknownFieldLog()
@@ -105,17 +98,12 @@ class FrontendService:
         # The discovery watcher (set by main): /health reports its state, and is not ready
         # before its first look at the store.
         self.discovery_watcher: RecordWatcher | None = None
-        self._threads = concurrent.futures.ThreadPoolExecutor(
-            max_workers=PREPROCESS_THREADS, thread_name_prefix="preprocess"
-        )
+        # Rendering and tokenising, never on the event loop.
+        self.preprocessing = Preprocessing(preprocess_pool)
+        self._off_loop = self.preprocessing.run
 
     def close(self) -> None:
-        """Stop the preprocessing threads (work queued and not started is dropped)."""
-        self._threads.shutdown(wait=False, cancel_futures=True)
-
-    async def _off_loop(self, work: Callable[..., T], *args) -> T:
-        """``work(*args)`` on a preprocessing thread (see :data:`PREPROCESS_THREADS`)."""
-        return await asyncio.get_running_loop().run_in_executor(self._threads, work, *args)
+        self.preprocessing.close()
 
     def build_app(self) -> web.Application:
         app = web.Application(
@@ -189,39 +177,14 @@ class FrontendService:
     ) -> list[int]:
         """The prompt's ids; special tokens added as the request says (vLLM's defaults: not
         for a chat, whose template wrote them, but for a completion's text)."""
-        processor = entry.processor
         special = req.add_special_tokens if req.add_special_tokens is not None else not chat
-        if self.preprocess_pool is None:
-            encode = functools.partial(processor.tokenizer.encode, add_special_tokens=special)
-            return await self._off_loop(encode, prompt)
-        try:
-            return await self.preprocess_pool.encode(
-                processor.card, prompt, add_special_tokens=special
-            )
-        except PreprocessPoolError as exc:  # the pool logs its own breakage, once
-            message = PREPROCESS_UNAVAILABLE.get(
-                self.preprocess_pool.state, PREPROCESS_UNAVAILABLE_OTHERWISE
-            )
-            raise oai.service_unavailable(
-                message, code="preprocess_unavailable", detail=str(exc)
-            ) from exc
-        except ModelFilesError as exc:  # the frontend loaded them: this host's files changed?
-            # The detail names a path on this host and a library's words: the log's, not the
-            # client's (docs/security.md).
-            raise oai.service_unavailable(
-                PREPROCESS_UNAVAILABLE_OTHERWISE,
-                code="preprocess_unavailable",
-                detail=f"a preprocess worker cannot load the tokenizer of "
-                f"{peer_text.escape(processor.model)}: {exc}",
-            ) from exc
+        return await self.preprocessing.encode(entry.processor, prompt, add_special_tokens=special)
 
-    def _admit(self) -> None:
-        if lifecycle.current_phase() is lifecycle.Phase.DRAINING:
-            raise oai.service_unavailable("the frontend is shutting down", code="draining")
-
-    def _entry(self, model: str) -> ModelEntry:
+    def _entry(self, model: str, track: RequestTrack) -> ModelEntry:
         entry = self.registry.get(model)
-        if entry is None:
+        if entry is not None:
+            track.served(entry.name)  # the registry's name, never the client's string
+        else:
             if self.registry.known(model):  # being loaded, or its last instance just went
                 raise oai.service_unavailable(
                     f"the model `{model}` has no live worker instance right now"
@@ -229,44 +192,63 @@ class FrontendService:
             raise oai.model_not_found(model)
         return entry
 
+    async def _admitted(
+        self, request: web.Request, parse: Callable[..., Any], endpoint: str, track: RequestTrack
+    ) -> tuple[Any, ModelEntry]:
+        """The request, parsed (its unknown fields refused or logged), and its model's entry
+        (not while draining)."""
+        if lifecycle.current_phase() is lifecycle.Phase.DRAINING:
+            raise oai.service_unavailable("the frontend is shutting down", code="draining")
+        parsed = parse(await read_json_body(request), strict_fields=self.strict_request_fields)
+        self.unknown_fields.seen(endpoint, parsed.unknown_fields)
+        track.stream = bool(parsed.stream)
+        return parsed, self._entry(parsed.model, track)
+
     async def handle_chat_completions(self, request: web.Request) -> web.StreamResponse:
-        self._admit()
-        chat = oai.parse_chat_request(
-            await read_json_body(request), strict_fields=self.strict_request_fields
-        )
-        self.unknown_fields.seen("chat", chat.unknown_fields)
-        entry = self._entry(chat.model)
-        try:
-            prompt = await self._off_loop(entry.processor.render_chat, chat)
-        except NoChatTemplate as exc:
-            raise oai.invalid_request(str(exc), param="messages", code="no_chat_template") from None
-        except ChatTemplateError as exc:
-            raise oai.invalid_request(
-                f"the model's chat template rejected the messages: {exc}",
-                param="messages",
-                code="chat_template_error",
-            ) from None
-        prompt_ids = await self._encode(entry, prompt, chat, chat=True)
-        return await self._serve(request, entry, chat, prompt_ids, "messages", ChatResponder)
+        with self.request_metrics.request(rm.ENDPOINT_CHAT) as track:
+            chat, entry = await self._admitted(request, oai.parse_chat_request, "chat", track)
+            try:
+                check_tool_choice(
+                    chat.tools,
+                    chat.tool_choice,
+                    parses_tool_calls=entry.processor.parses_tool_calls,
+                )
+            except FieldRefused as exc:
+                raise oai.invalid_request(exc.message, param=exc.param, code=exc.code) from None
+            try:
+                prompt = await self._off_loop(entry.processor.render_chat, chat)
+            except NoChatTemplate as exc:
+                raise oai.invalid_request(
+                    str(exc), param="messages", code="no_chat_template"
+                ) from None
+            except ChatTemplateError as exc:
+                raise oai.invalid_request(
+                    f"the model's chat template rejected the messages: {exc}",
+                    param="messages",
+                    code="chat_template_error",
+                ) from None
+            parser = output_parser(entry.processor.output_parser, chat)
+            prompt_ids = await self._encode(entry, prompt, chat, chat=True)
+            return await self._serve(
+                request, entry, chat, prompt_ids, "messages", ChatResponder, track, parser
+            )
 
     async def handle_completions(self, request: web.Request) -> web.StreamResponse:
-        self._admit()
-        completion = oai.parse_completion_request(
-            await read_json_body(request), strict_fields=self.strict_request_fields
-        )
-        self.unknown_fields.seen("completion", completion.unknown_fields)
-        entry = self._entry(completion.model)
-        if isinstance(completion.prompt, str):
-            prompt_ids = await self._encode(entry, completion.prompt, completion, chat=False)
-        else:
-            prompt_ids = [int(token_id) for token_id in completion.prompt]  # ids, as validated
-            try:
-                entry.processor.check_token_ids(prompt_ids)
-            except OutOfVocabulary as exc:
-                raise oai.invalid_request(str(exc), param="prompt") from None
-        return await self._serve(
-            request, entry, completion, prompt_ids, "prompt", CompletionResponder
-        )
+        with self.request_metrics.request(rm.ENDPOINT_COMPLETIONS) as track:
+            completion, entry = await self._admitted(
+                request, oai.parse_completion_request, "completion", track
+            )
+            if isinstance(completion.prompt, str):
+                prompt_ids = await self._encode(entry, completion.prompt, completion, chat=False)
+            else:
+                prompt_ids = [int(token_id) for token_id in completion.prompt]  # as validated
+                try:
+                    entry.processor.check_token_ids(prompt_ids)
+                except OutOfVocabulary as exc:
+                    raise oai.invalid_request(str(exc), param="prompt") from None
+            return await self._serve(
+                request, entry, completion, prompt_ids, "prompt", CompletionResponder, track
+            )
 
     async def _serve(
         self,
@@ -276,6 +258,8 @@ class FrontendService:
         prompt_ids: list[int],
         prompt_param: str,
         responder_class: type[Responder],
+        track: RequestTrack,
+        parser: OutputParser | None = None,
     ) -> web.StreamResponse:
         sent = prompt_ids
         prompt_ids = truncated_prompt(req, prompt_ids, entry.card.context_length)
@@ -298,6 +282,10 @@ class FrontendService:
         if found is not None:
             raise oai.invalid_request(found[1], param=f"allowed_token_ids[{found[0]}]")
         responder = responder_class(req.model, oai.new_completion_id(responder_class.ID_PREFIX))
+        # Tool calls and reasoning parsed out of a chat completion's text (ChatResponder only).
+        parsed = None
+        if parser is not None and isinstance(responder, ChatResponder):
+            parsed = ParsedOutput(parser, responder)
         sampling = req.sampling(max_tokens, entry.card.eos_token_ids)
         # Built, not validated again: the ids are the tokenizer's (or checked against the
         # vocabulary), the sampling options a validated model.
@@ -308,6 +296,7 @@ class FrontendService:
             sampling=sampling,
         )
         self.in_flight += 1
+        track.sent(len(prompt_ids))
         try:
             try:
                 first, stream = await self.router.open_stream(
@@ -341,8 +330,10 @@ class FrontendService:
             )  # fmt: skip
             try:
                 if req.stream:
-                    return await self._stream(request, responder, generation, req.include_usage)
-                return await self._complete(responder, generation)
+                    return await self._stream(
+                        request, responder, generation, req.include_usage, track, parsed
+                    )
+                return await self._complete(responder, generation, track, parsed)
             finally:
                 # Whatever ended the handler (done, a stop string, the request's limits, client
                 # gone, cancelled), the worker's stream is closed, which closes its connection
@@ -351,14 +342,25 @@ class FrontendService:
         finally:
             self.in_flight -= 1
 
-    async def _complete(self, responder: Responder, generation: Generation) -> web.Response:
+    async def _complete(
+        self,
+        responder: Responder,
+        generation: Generation,
+        track: RequestTrack,
+        parsed: ParsedOutput | None,
+    ) -> web.Response:
+        pieces = []
         try:
-            text = "".join([piece async for piece in generation.pieces()])
+            async for piece in generation.pieces():
+                track.tokens(generation.completion_tokens)
+                pieces.append(piece)
+            text = "".join(pieces)
         except (WorkerUnavailable, StopAsyncIteration) as exc:  # logged by the middleware
             raise worker_failure(exc, responder.completion_id) from exc
-        return web.json_response(
-            responder.whole(text, generation.finish_reason or "stop", generation.usage())
-        )
+        finish_reason = generation.finish_reason or "stop"
+        if parsed is not None:
+            return web.json_response(parsed.whole(text, finish_reason, generation.usage()))
+        return web.json_response(responder.whole(text, finish_reason, generation.usage()))
 
     async def _stream(
         self,
@@ -366,6 +368,8 @@ class FrontendService:
         responder: Responder,
         generation: Generation,
         include_usage: bool,
+        track: RequestTrack,
+        parsed: ParsedOutput | None,
     ) -> web.StreamResponse:
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -378,14 +382,24 @@ class FrontendService:
                 await send_event(response, opening)
             try:
                 async for piece in generation.pieces():
-                    if piece:
-                        await send_event(response, responder.piece(piece))
-                await send_event(response, responder.finish(generation.finish_reason or "stop"))
+                    track.tokens(generation.completion_tokens)
+                    if not piece:
+                        continue
+                    chunk = responder.piece(piece) if parsed is None else parsed.chunk(piece)
+                    if chunk is not None:
+                        await send_event(response, chunk)
+                finish_reason = generation.finish_reason or "stop"
+                if parsed is not None:
+                    for chunk in parsed.closing_chunks():
+                        await send_event(response, chunk)
+                    finish_reason = parsed.finish_reason(finish_reason)
+                await send_event(response, responder.finish(finish_reason))
                 if include_usage:
                     await send_event(response, responder.usage(generation.usage()))
             except (WorkerUnavailable, StopAsyncIteration) as exc:
                 # Headers are gone: the failure travels in-band, then the stream ends.
                 error = worker_failure(exc, responder.completion_id)
+                track.fail(rm.error_type(error.status))
                 self.failures.emit(
                     ("mid-stream", error.status),
                     "Worker failed mid-stream %s (ended in-band as %d %s): %s",
@@ -399,6 +413,7 @@ class FrontendService:
             await response.write_eof()
         except ConnectionResetError:
             # The client closed its connection; the caller's finally aborts the worker's side.
+            track.fail(rm.CANCELLED)
             self.hangups.emit(
                 "went away",
                 "Client went away mid-stream: request %s aborted",

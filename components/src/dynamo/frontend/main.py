@@ -69,8 +69,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     launcher.configure_process_logging(PROG, log_levels, frontend_args.SURFACE.options)
     problem = import_chat_processor(config.dyn_chat_processor)
     sglang = None
-    if problem is None and config.dyn_chat_processor == "sglang":
-        # SGLang's registries are the source of its parser names: checked now it is imported.
+    if problem is None and config.dyn_chat_processor in ("sglang", "vllm"):
+        # SGLang's (vLLM's) registries are the source of the parser names: checked now.
         sglang, problem = sglang_checks.settings_or_problem(config)
     if problem is not None:
         return launcher.usage_error(PROG, problem)

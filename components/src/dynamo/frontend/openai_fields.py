@@ -75,7 +75,7 @@ def no_effect(name: str, reason: str, endpoints: tuple[str, ...] = _BOTH) -> Fie
 _SAMPLER = "passed to the engine's sampler with vLLM's range (the mock engine does not sample)"
 _NOT_YET = "not implemented by this server yet"
 _LOGPROBS = "log probabilities are not returned by this server yet"
-_TOOLS = "tool calling is not implemented by this server yet"
+_TOOLS = "limiting the model to one tool call is not implemented by this server yet"
 _STRUCTURED = "structured output (guided decoding) is not implemented by this server yet"
 _MULTIMODAL = "this server serves text-only models"
 _DISAGG = "disaggregated serving (KV / encoder cache transfer) is not part of this server"
@@ -94,15 +94,16 @@ RULES: tuple[FieldRule, ...] = (
     applied("max_completion_tokens", "wins over max_tokens, as in vLLM", (CHAT,)),
     applied(
         "tools",
-        "rendered into the chat template, as vLLM does (at most 128); tool calls are not "
-        "parsed out of the output yet, so tool_choice must then be none",
+        "rendered into the chat template, as vLLM does (at most 128); the model's tool calls "
+        "come back as tool_calls when its processor has a tool-call parser (see tool_choice)",
         (CHAT,),
     ),
     applied(
         "tool_choice",
         "none renders the tools without calls being parsed; auto (the default when tools are "
-        "given), required and a named function need a tool-call parser or structured output, "
-        "which this server does not run yet: refused by name when tools are given",
+        "given) needs the model served with a tool-call parser (--tool-call-parser, or the "
+        "worker's --dyn-tool-call-parser), else it is refused by name; required and a named "
+        "function need structured output, which this server does not do: refused by name",
         (CHAT,),
     ),
     applied(
@@ -205,7 +206,11 @@ RULES: tuple[FieldRule, ...] = (
     refused("parallel_tool_calls", _TOOLS, True, endpoints=(CHAT,)),
     refused("reasoning_effort", "reasoning controls are " + _NOT_YET, endpoints=(CHAT,)),
     refused(
-        "include_reasoning", "reasoning is not parsed out of the text here", True, endpoints=(CHAT,)
+        "include_reasoning",
+        "leaving reasoning out is not implemented (a reasoning parser puts it in "
+        "reasoning_content)",
+        True,
+        endpoints=(CHAT,),
     ),
     refused("thinking_token_budget", "reasoning controls are " + _NOT_YET),
     refused("use_beam_search", "beam search is " + _NOT_YET, False),

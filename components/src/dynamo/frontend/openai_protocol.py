@@ -45,7 +45,7 @@ from dynamo.runtime.sampling import (
 )
 
 from . import openai_fields
-from .openai_tools import NamedToolChoice, TemplateVariables, Tool, check_tool_choice
+from .openai_tools import NamedToolChoice, TemplateVariables, Tool, check_tool_choice_shape
 
 # The roles a chat message may have (vLLM's, plus OpenAI's "developer", passed to the template).
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -275,10 +275,10 @@ class ChatCompletionRequest(_SamplingRequest):
 
     @model_validator(mode="after")
     def _choices_honoured(self) -> ChatCompletionRequest:
-        """Tools reach the template; their calls are not parsed yet, so only ``none`` is
-        honoured with tools (``auto`` is the default then, as in vLLM). A final message is
-        continued only without a generation prompt (vLLM's rule)."""
-        check_tool_choice(self.tools, self.tool_choice)
+        """A ``tool_choice`` needs tools (whether the model's processor can honour it is
+        known once the model is: :func:`~dynamo.frontend.openai_tools.check_tool_choice`). A
+        final message is continued only without a generation prompt (vLLM's rule)."""
+        check_tool_choice_shape(self.tools, self.tool_choice)
         if self.continue_final_message and self.add_generation_prompt is not False:
             raise openai_fields.FieldRefused(
                 "continue_final_message",

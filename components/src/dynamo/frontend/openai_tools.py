@@ -1,10 +1,13 @@
 """What a chat request gives its template beyond the messages: its tools (OpenAI's and vLLM's
 shapes) and its ``chat_template_kwargs``.
 
-What this server honours of ``tool_choice``: the tools reach the chat template; their calls are
-not parsed out of the output yet (a tool-call parser), so with tools only ``none`` is honoured,
-and ``auto`` (the default when tools are given, as in vLLM), ``required`` and a named function
-are refused by name. Template variables that would bypass a request field are refused too."""
+What this server honours of ``tool_choice``: the tools always reach the chat template; ``none``
+stops there; ``auto`` (the default when tools are given, as in vLLM) needs the model's processor
+to parse tool calls out of the output (a tool-call parser: ``--tool-call-parser`` or the
+worker's ``--dyn-tool-call-parser``); ``required`` and a named function need the output to be
+forced into a call (vLLM's structured outputs), which this server does not do, so they are
+refused by name rather than answered with a call the model may not make. Template variables
+that would bypass a request field are refused too."""
 
 from __future__ import annotations
 
@@ -56,23 +59,40 @@ class NamedToolChoice(Tool):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
-def check_tool_choice(tools: list[Tool] | None, tool_choice: str | NamedToolChoice | None) -> None:
-    """Raises :class:`FieldRefused` naming ``tool_choice`` when it asks for what is not
-    honoured (see the module docstring), or names a choice without tools."""
-    choice = tool_choice
-    if not tools:
-        if choice is None or choice in ("none", "auto"):
-            return
+def check_tool_choice_shape(
+    tools: list[Tool] | None, tool_choice: str | NamedToolChoice | None
+) -> None:
+    """Raises :class:`FieldRefused` naming ``tool_choice`` when it names a choice without
+    tools (what can be known from the request alone)."""
+    if not tools and tool_choice not in (None, "none", "auto"):
         raise FieldRefused("tool_choice", "`tool_choice` needs `tools` to be set", "invalid_value")
-    if choice != "none":
-        if choice is None:
-            shown = "auto (the default with tools)"
-        else:
-            shown = choice if isinstance(choice, str) else "a named function"
+
+
+def check_tool_choice(
+    tools: list[Tool] | None,
+    tool_choice: str | NamedToolChoice | None,
+    *,
+    parses_tool_calls: bool,
+) -> None:
+    """Raises :class:`FieldRefused` naming ``tool_choice`` when the model's processor cannot
+    honour it (see the module docstring)."""
+    if not tools or tool_choice == "none":
+        return
+    if tool_choice in (None, "auto"):
+        if parses_tool_calls:
+            return
+        shown = "auto (the default with tools)" if tool_choice is None else "auto"
         raise FieldRefused(
             "tool_choice",
-            f"`tool_choice` {shown} "
-            "needs a tool-call parser, which this server does not run yet; `tool_choice` "
-            '"none" renders the tools into the prompt without parsing calls',
+            f"`tool_choice` {shown} needs a tool-call parser, which this model is served "
+            "without (--tool-call-parser, or the worker's --dyn-tool-call-parser); "
+            '`tool_choice` "none" renders the tools into the prompt without parsing calls',
             "unsupported_parameter",
         )
+    shown = tool_choice if isinstance(tool_choice, str) else "a named function"
+    raise FieldRefused(
+        "tool_choice",
+        f"`tool_choice` {shown} needs the output forced into a call (structured outputs), "
+        'which this server does not do; use "auto" with a tool-call parser, or "none"',
+        "unsupported_parameter",
+    )

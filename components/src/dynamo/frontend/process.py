@@ -44,6 +44,7 @@ from .http_surface import http_runner
 from .model_files import parse_model_dirs
 from .model_registry import ModelRegistry
 from .preprocess_pool import PreprocessPool, PreprocessPoolError
+from .request_metrics import RequestMetrics
 from .sglang_processor import SglangSettings
 from .stream_drain import frontend_drain
 from .worker_router import WorkerRouter, create_worker_session
@@ -101,10 +102,13 @@ class FrontendProcess:
             max_models=config.dyn_max_models,
         )
         closer.push("chat processor builds", registry.aclose)
+        # dynamo_frontend_* (upstream's request metrics) next to the GC metrics on /metrics
+        request_metrics = None if self.metrics is None else RequestMetrics(self.metrics.registry)
         service = self.service = FrontendService(
             registry,
             WorkerRouter(session),
             pool,
+            request_metrics,
             ready_min_models=config.dyn_ready_min_models,
             strict_request_fields=config.dyn_strict_request_fields,
         )

@@ -43,6 +43,10 @@ class Responder:
             body["usage"] = usage
         return body
 
+    def envelope(self, object_type: str, choices: list[dict], usage: dict | None = None) -> dict:
+        """A body in this request's envelope, for choices shaped elsewhere (parsed output)."""
+        return self._body(object_type, choices, usage)
+
     def whole_choice(self, text: str, finish_reason: str) -> dict:
         raise NotImplementedError
 

@@ -4,14 +4,16 @@ Upstream's frontend takes ``--tool-call-parser``, ``--reasoning-parser`` and ``-
 in sglang mode; here they are declared once like every other option (with env mirrors, a docs
 row), and checked at start-up, after SGLang is imported, against SGLang's own registries:
 
-* given with another processor: exit 2 (only the sglang processor applies them here; silently
-  ignoring a parser would hand a client plain text where it expects parsed calls);
+* given with another processor: exit 2 (the parser names apply with ``sglang`` and ``vllm``,
+  ``--chat-template`` with ``sglang`` only; silently ignoring a parser would hand a client
+  plain text where it expects parsed calls);
 * a parser name SGLang does not have: exit 2 naming the flag and env var, listing SGLang's names;
 * a ``--chat-template`` that is one of SGLang's built-in names, not a file, or not ``.jinja``:
   exit 2, as upstream refuses it.
 
-The model card does not carry the worker's parser names yet; when it does, the flags here
-override it, as upstream's do.
+The model card carries the worker's parser names (``--dyn-tool-call-parser`` /
+``--dyn-reasoning-parser``); the flags here override them, as upstream's do
+(:mod:`dynamo.frontend.card_parsers`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ TOOL_CALL_PARSER = Option(
     help=(
         "With --dyn-chat-processor sglang: SGLang's tool-call parser, which finds the tool "
         "calls in the model's output (qwen25, hermes, llama3, ...: any name of SGLang's "
-        "FunctionCallParser registry). Unset: no tool-call parsing"
+        "FunctionCallParser registry); with vllm: vLLM's (hermes, llama3_json, ...: its "
+        "ToolParserManager). Overrides the worker's --dyn-tool-call-parser in the model card. "
+        "Unset: the card's, else none"
     ),
 )
 
@@ -40,7 +44,9 @@ REASONING_PARSER = Option(
     help=(
         "With --dyn-chat-processor sglang: SGLang's reasoning parser, which splits the "
         "model's reasoning from its answer (deepseek-r1, qwen3, ...: any name of SGLang's "
-        "ReasoningParser registry). Unset: no reasoning parsing"
+        "ReasoningParser registry); with vllm: vLLM's (deepseek_r1, qwen3, ...: its "
+        "ReasoningParserManager). Overrides the worker's --dyn-reasoning-parser in the model "
+        "card. Unset: the card's, else none"
     ),
 )
 

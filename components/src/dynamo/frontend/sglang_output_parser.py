@@ -81,6 +81,20 @@ def _json_array_calls(text: str) -> list[ToolCallItem]:
     ]
 
 
+def _start_of_call(parser: Any, text: str) -> int:
+    """Where in ``text`` (after its first character) a tool call's start token, or the start
+    of one, begins; 0 for nowhere. SGLang's streaming detectors drop the normal text in front
+    of a start token when both come in one piece (an item of several tokens: ``"k.<"`` then
+    ``"tool_call>"``), so the two are fed apart; with one token per piece they never meet."""
+    start = getattr(getattr(parser, "detector", None), "bot_token", None)
+    if not isinstance(start, str) or not start:
+        return 0
+    for index in range(1, len(text)):
+        if start.startswith(text[index : index + len(start)]):
+            return index
+    return 0
+
+
 class SglangOutputParser:
     """One request's parsers (see the module docstring); feed it text, then finish it once."""
 
@@ -157,6 +171,9 @@ class SglangOutputParser:
         """``text`` less what belongs to a tool call (collected for :meth:`finish`)."""
         if self._tool_parser is None or not text:
             return text
+        cut = _start_of_call(self._tool_parser, text)
+        if cut:  # normal text, then (perhaps) a call: feed them apart
+            return self._parse_tools(text[:cut]) + self._parse_tools(text[cut:])
         self._tool_text.append(text)
         if isinstance(self._tool_parser, JsonArrayParser):
             result = self._tool_parser.parse_streaming_increment(text, self._tools)

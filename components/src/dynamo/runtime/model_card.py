@@ -20,6 +20,9 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 NonEmptyStr = Annotated[StrictStr, Field(min_length=1)]
+# A parser's name as the registries spell them (qwen25, deepseek-r1, deepseek_r1, llama3_json):
+# a peer's word, so held to that shape; whether the frontend knows it is the frontend's call.
+ParserName = Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
 
 
 class ModelCard(BaseModel):
@@ -46,6 +49,11 @@ class ModelCard(BaseModel):
     # have rows its tokenizer has no token for, Qwen3's for one). The frontend refuses a prompt
     # of ids above it with vLLM's words; absent (an older worker), it uses its tokenizer's.
     max_token_id: Annotated[StrictInt, Field(ge=0)] | None = None
+    # The worker's --dyn-tool-call-parser / --dyn-reasoning-parser (upstream's names): the
+    # parsers the frontend runs over this model's output unless its own --tool-call-parser /
+    # --reasoning-parser override them. None: the worker named none.
+    tool_call_parser: ParserName | None = None
+    reasoning_parser: ParserName | None = None
 
 
 def out_of_vocabulary(token_ids: Sequence[int], max_token_id: int) -> tuple[int, str] | None:

@@ -109,6 +109,34 @@ CHAT_TEMPLATE = Option(
     ),
 )
 
+# Upstream's runtime args (ai-dynamo 1.6.1, common/configuration/groups/runtime_args.py), with
+# its env names: the worker names the parsers, the model card carries them to the frontend.
+TOOL_CALL_PARSER = Option(
+    name="dyn-tool-call-parser",
+    env_var="DYN_TOOL_CALL_PARSER",
+    default=None,
+    kind=Text("parser name"),
+    metavar="NAME",
+    help=(
+        "The tool-call parser the frontend runs over this model's output, published in the "
+        "model card (upstream's name); the frontend's --tool-call-parser overrides it. With "
+        "--engine vllm a name vLLM's ToolParserManager does not have exits 2. Unset: none"
+    ),
+)
+
+REASONING_PARSER = Option(
+    name="dyn-reasoning-parser",
+    env_var="DYN_REASONING_PARSER",
+    default=None,
+    kind=Text("parser name"),
+    metavar="NAME",
+    help=(
+        "The reasoning parser the frontend runs over this model's output, published in the "
+        "model card (upstream's name); the frontend's --reasoning-parser overrides it. With "
+        "--engine vllm a name vLLM's ReasoningParserManager does not have exits 2. Unset: none"
+    ),
+)
+
 MOCK_MAX_MODEL_LEN = Option(
     name="mock-max-model-len",
     env_var="DYN_VLLM_MOCK_MAX_MODEL_LEN",
@@ -139,6 +167,8 @@ OPTIONS = [
     SERVED_MODEL_NAME,
     ENGINE,
     CHAT_TEMPLATE,
+    TOOL_CALL_PARSER,
+    REASONING_PARSER,
     TENSOR_PARALLEL_SIZE,
     *DISCOVERY_OPTIONS,
     REQUEST_PLANE_HOST,
@@ -237,6 +267,8 @@ class WorkerConfig(LauncherConfig):
     served_model_name: str | None
     engine: str
     chat_template: str | None
+    dyn_tool_call_parser: str | None
+    dyn_reasoning_parser: str | None
     tensor_parallel_size: int
     request_plane_host: str
     request_plane_port: int

@@ -18,7 +18,13 @@ import importlib
 from collections.abc import Callable
 from types import ModuleType
 
-from dynamo.vllm.backend_args import ENGINE, MODEL, WorkerConfig
+from dynamo.vllm.backend_args import (
+    ENGINE,
+    MODEL,
+    REASONING_PARSER,
+    TOOL_CALL_PARSER,
+    WorkerConfig,
+)
 from dynamo.vllm.cpu_kv_cache import apply_cpu_default
 from dynamo.vllm.engine import Engine, EngineUnavailable
 from dynamo.vllm.mock_engine import MockEngine, load_mock_config_model
@@ -53,6 +59,7 @@ def prepare_engine(
         )
     if config.engine == "vllm":
         _import_vllm()
+        _check_vllm_parsers(config)
         vllm_args = importlib.import_module("dynamo.vllm.vllm_args")
         vllm_engine = importlib.import_module("dynamo.vllm.vllm_engine")
         engine_args = vllm_args.engine_args_from_config(
@@ -64,6 +71,26 @@ def prepare_engine(
             vllm_engine.VllmEngine, engine_args, chat_template=config.chat_template
         )
     raise EngineUnavailable(f"unknown engine {config.engine!r} (choose mock or vllm)")
+
+
+def _check_vllm_parsers(config: WorkerConfig) -> None:
+    """With vLLM importable, a parser name its registries (ToolParserManager,
+    ReasoningParserManager) do not have is the operator's mistake: exit 2 listing its names."""
+    if config.dyn_tool_call_parser is None and config.dyn_reasoning_parser is None:
+        return
+    from vllm.reasoning import ReasoningParserManager
+    from vllm.tool_parsers import ToolParserManager
+
+    for option, value, manager, what in (
+        (TOOL_CALL_PARSER, config.dyn_tool_call_parser, ToolParserManager, "tool-call"),
+        (REASONING_PARSER, config.dyn_reasoning_parser, ReasoningParserManager, "reasoning"),
+    ):
+        names = sorted(manager.list_registered())
+        if value is not None and value not in names:
+            raise EngineUnavailable(
+                f"{option.source_label()}: vLLM has no {what} parser {value!r}; its parsers "
+                f"are: {', '.join(names)}"
+            )
 
 
 def build_engine(config: WorkerConfig, *, worker_extension_cls: str | None = None) -> Engine:

@@ -50,6 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The etcd client is imported here, before the event loop and the freeze.
         discovery = open_discovery(config.discovery)
         startup_checks.check_paths(config, discovery, config.discovery.directory)
+        startup_checks.check_parser_names(config)
     except SystemExit as exc:  # bad input (exit 2) or --help (exit 0): nothing else has run
         return launcher.exit_code(exc)
     except DiscoverySetupError as exc:  # etcd credentials that cannot work

@@ -15,6 +15,7 @@ change, and none is a traceback:
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -24,10 +25,17 @@ from dynamo.common.configuration import Option
 from dynamo.common.configuration.runtime_options import DISCOVERY_DIR
 from dynamo.common.launcher import StartupFailed
 from dynamo.runtime.discovery import Discovery, DiscoveryDirError
-from dynamo.vllm.backend_args import CHAT_TEMPLATE, WorkerConfig
+from dynamo.runtime.model_card import ModelCard
+from dynamo.vllm.backend_args import (
+    CHAT_TEMPLATE,
+    REASONING_PARSER,
+    TOOL_CALL_PARSER,
+    WorkerConfig,
+)
 from dynamo.vllm.self_benchmark_args import SELF_BENCHMARK_OUTPUT
 
 PROG = "python -m dynamo.vllm"
+PARSER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 T = TypeVar("T")
 
@@ -92,6 +100,34 @@ def check_paths(config: WorkerConfig, discovery: Discovery, directory: str) -> N
     except UnusablePath as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def card_with_parsers(card: ModelCard, config: WorkerConfig) -> ModelCard:
+    """``card`` with the parser names the worker was given (validated as the frontend will)."""
+    return ModelCard.model_validate(
+        {
+            **card.model_dump(),
+            "tool_call_parser": config.dyn_tool_call_parser,
+            "reasoning_parser": config.dyn_reasoning_parser,
+        }
+    )
+
+
+def check_parser_names(config: WorkerConfig) -> None:
+    """The parser names must be names (letters, digits, ``_.-``; the model card's rule): exit 2
+    naming the option. Whether the frontend knows them is the frontend's check; with
+    ``--engine vllm`` vLLM's registries are checked too (engine_factory)."""
+    for option, value in (
+        (TOOL_CALL_PARSER, config.dyn_tool_call_parser),
+        (REASONING_PARSER, config.dyn_reasoning_parser),
+    ):
+        if value is not None and not PARSER_NAME.fullmatch(value):
+            print(
+                f"{PROG}: error: {option.source_label()} is {value!r}: a parser name is letters, "
+                "digits, '_', '.' and '-' (at most 64, starting with a letter or digit)",
+                file=sys.stderr,
+            )
+            raise SystemExit(2)
 
 
 async def listening(

@@ -113,7 +113,9 @@ class WorkerProcess:
         assert self.plane is not None and self.plane.endpoint is not None, "start() has run"
         assert self.engine is not None and self.registration is not None and self._closer
         registration = self.registration
-        record = await register_model(registration, self.engine.model_card, self.plane.endpoint)
+        # The card carries the parser names the frontend runs over this model's output.
+        card = startup_checks.card_with_parsers(self.engine.model_card, self.config)
+        record = await register_model(registration, card, self.plane.endpoint)
         # Closes first: the record goes (file: heartbeat stopped, then the file; etcd: the lease
         # revoked) before the request plane drains.
         self._closer.push("model registration", lambda: unregister_model(registration, record))

@@ -163,17 +163,6 @@ REJECTED: list[UpstreamName] = [
         "published in the model card and the frontend renders it instead of the model's own",
     ),
     *_names(
-        [
-            "--dyn-tool-call-parser",
-            "DYN_TOOL_CALL_PARSER",
-            "--dyn-reasoning-parser",
-            "DYN_REASONING_PARSER",
-        ],
-        [WORKER],
-        "there is no tool-call or reasoning parsing here: the completion's text comes back as "
-        "the model wrote it, without tool_calls or reasoning_content",
-    ),  # fmt: skip
-    *_names(
         ["--fpm-trace"],
         [WORKER],
         "there are no forward-pass metrics here; GC pauses are in dynamo_gc_pause_seconds",

@@ -1,0 +1,140 @@
+"""The chat response path with an output parser, in the default environment: parsers written
+for the test stand in for SGLang's and vLLM's (tests/sglang and tests/vllm run those), so what
+is checked here is the path itself: the OpenAI shapes whole and streamed, the finish reason,
+and a parser that fails on the model's text (a worker's words) costing no 500 and no cut
+stream."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from dynamo.frontend.chat_processor import build_chat_processor
+from dynamo.frontend.model_registry import ModelRegistry
+from dynamo.frontend.output_parser import ParsedDelta
+from tests.support.answers import sse_events
+from tests.support.frontend_fakes import MODEL, echo_worker, frontend
+from tests.support.tiny_model import tiny_card
+
+TEXT = "abcdefgh"
+FUNCTION = {"name": "f", "arguments": "{}"}
+CALL = {"index": 0, "id": "call_1", "type": "function", "function": FUNCTION}
+
+
+class HoldsItAll:
+    """Holds every piece; at the end says the text was reasoning and called ``f``."""
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+
+    def feed(self, text: str) -> ParsedDelta:
+        self.text.append(text)
+        return ParsedDelta()
+
+    def finish(self) -> ParsedDelta:
+        return ParsedDelta(reasoning_content="".join(self.text), tool_calls=[dict(CALL)])
+
+
+class Breaks:
+    def feed(self, text: str) -> ParsedDelta:
+        raise RuntimeError("parser\x1b broke")
+
+    def finish(self) -> ParsedDelta:
+        raise AssertionError("never reached once feed failed")
+
+
+def registry(parser_class) -> ModelRegistry:
+    def build(card):
+        processor = build_chat_processor(card)
+        processor.output_parser = lambda tools=None, tool_choice="auto", messages=(), stream=True: (
+            parser_class()
+        )
+        return processor
+
+    return ModelRegistry(build)
+
+
+def ask(card, parser_class, stream: bool, *, eos: bool = True):
+    ids = build_chat_processor(card).tokenizer.encode(TEXT, add_special_tokens=False)
+    output = [*ids, *card.eos_token_ids] if eos else ids
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": stream,
+        "max_tokens": 64 if eos else len(ids),
+    }
+
+    async def scenario():
+        async with (
+            echo_worker(output=output, chunk=2) as (_, endpoint),
+            frontend(card, endpoint, registry=registry(parser_class)) as client,
+        ):
+            response = await client.post("/v1/chat/completions", json=body)
+            if stream:
+                return response.status, await sse_events(response)
+            return response.status, await response.json()
+
+    return asyncio.run(scenario())
+
+
+@pytest.fixture
+def card(tiny_tokenizer_dir):
+    return tiny_card(tiny_tokenizer_dir, MODEL)
+
+
+def test_a_whole_answer_carries_reasoning_and_calls_and_finishes_tool_calls(card):
+    status, body = ask(card, HoldsItAll, stream=False)
+    assert status == 200, body
+    choice = body["choices"][0]
+    assert choice["message"] == {
+        "role": "assistant",
+        "content": None,
+        "reasoning_content": TEXT,
+        "tool_calls": [CALL],
+    }
+    assert choice["finish_reason"] == "tool_calls"
+
+
+def test_a_stream_sends_what_was_held_then_the_calls_then_the_finish(card):
+    status, events = ask(card, HoldsItAll, stream=True)
+    assert status == 200 and events[-1] == "[DONE]"
+    deltas = [e["choices"][0]["delta"] for e in events[:-1] if e["choices"]]
+    assert deltas[0] == {"role": "assistant", "content": ""}
+    assert deltas[1:3] == [{"reasoning_content": TEXT}, {"tool_calls": [CALL]}]
+    assert events[-2]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_length_stays_length_with_calls(card):
+    status, body = ask(card, HoldsItAll, stream=False, eos=False)
+    assert status == 200 and body["choices"][0]["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_parser_that_fails_leaves_the_answer_unparsed_not_broken(card, stream, caplog):
+    with caplog.at_level(logging.WARNING, logger="dynamo.frontend.parsed_output"):
+        status, answer = ask(card, Breaks, stream=stream)
+    assert status == 200, answer
+    if stream:
+        assert answer[-1] == "[DONE]"
+        deltas = [e["choices"][0]["delta"] for e in answer[:-1] if e["choices"]]
+        assert "".join(d.get("content") or "" for d in deltas) == TEXT
+        assert answer[-2]["choices"][0]["finish_reason"] == "stop"
+    else:
+        assert answer["choices"][0]["message"] == {"role": "assistant", "content": TEXT}
+    assert all("\x1b" not in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("tool_choice", ["bogus", 3, ["auto"]])
+def test_a_tool_choice_that_is_none_of_openais_is_a_400_naming_it(card, tool_choice):
+    async def scenario():
+        async with echo_worker() as (_, endpoint), frontend(card, endpoint) as client:
+            body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+            response = await client.post(
+                "/v1/chat/completions", json={**body, "tool_choice": tool_choice}
+            )
+            return response.status, await response.json()
+
+    status, body = asyncio.run(scenario())
+    assert status == 400 and body["error"]["param"] == "tool_choice", body

@@ -1,0 +1,59 @@
+"""docs/deploy/grafana-dashboard.json reads only what a frontend exports: every series name in
+every query is one of the frontend's registry's (GC metrics and dynamo_frontend_* alike), every
+label it selects or groups by is one of that series' labels (or one the scrape adds). The
+integration suite checks the same names against a live frontend after traffic
+(tests/integration/test_metrics.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dynamo.common.metrics import DynamoMetrics
+from dynamo.frontend.request_metrics import RequestMetrics
+from tests.support import dashboard
+
+
+@pytest.fixture(scope="module")
+def exported() -> dict[str, set[str]]:
+    """Series name -> its label names, for every series a frontend's registry exports once one
+    request has been served (a labelled family has no series before its first one)."""
+    metrics = DynamoMetrics(freeze_enabled=True)
+    requests = RequestMetrics(metrics.registry)
+    with requests.request("chat_completions") as track:
+        track.served("a-model")
+        track.sent(3)
+        track.tokens(1)
+        track.tokens(2)
+    series: dict[str, set[str]] = {}
+    for family in metrics.registry.collect():
+        for sample in family.samples:
+            series.setdefault(sample.name, set()).update(set(sample.labels) - {"le"})
+    return series
+
+
+def test_the_dashboard_is_grafana_json_with_panels():
+    board = json.loads(dashboard.DASHBOARD.read_text())
+    assert board["title"] and board["panels"]
+    assert all(panel["targets"] for panel in board["panels"])
+    names = set().union(*(dashboard.metric_names(q) for q in dashboard.queries()))
+    # Latency and GC pauses on one screen.
+    assert {
+        "dynamo_frontend_time_to_first_token_seconds_bucket",
+        "dynamo_frontend_inter_token_latency_seconds_bucket",
+        "dynamo_gc_pause_seconds_bucket",
+        "dynamo_gc_frozen_objects",
+    } <= names
+
+
+@pytest.mark.parametrize("expr", dashboard.queries())
+def test_every_query_names_series_we_export_with_their_labels(expr, exported):
+    names = dashboard.metric_names(expr)
+    assert names, expr
+    for name in names:
+        assert name in exported, f"{name} (in {expr!r}) is not exported"
+    for name, labels in dashboard.selected_labels(expr).items():
+        assert labels <= exported[name] | dashboard.ADDED_LABELS, (name, labels)
+    available = set().union(*(exported[name] for name in names)) | dashboard.ADDED_LABELS
+    assert dashboard.grouping_labels(expr) <= available, expr

@@ -1,0 +1,155 @@
+"""``--dyn-chat-processor vllm`` parses a model's output with vLLM's own parsers (hermes
+tool calls, qwen3 reasoning: two that work with the tiny model's tokenizer), through the real
+response path in front of a request-plane worker that streams a known output
+(tests/support/frontend_fakes.py: the tiny model cannot be relied on to write a tool call, so
+the output is fixed and only the parsing is under test). Whole and streamed; the parser names
+from the frontend's settings or from the worker's model card."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+
+import pytest
+
+from dynamo.frontend.chat_processor import build_chat_processor, import_processor_libraries
+from dynamo.frontend.model_registry import ModelRegistry
+from dynamo.frontend.sglang_processor import SglangSettings
+from tests.support.answers import sse_events
+from tests.support.frontend_fakes import MODEL, echo_worker, frontend
+from tests.support.tiny_model import tiny_card
+
+pytestmark = pytest.mark.vllm
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+THINKING = "The user wants the weather. "
+SAID = "Let me look."
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+OUTPUT = f"<think>{THINKING}</think>{SAID}{CALL}"
+MESSAGES = [{"role": "user", "content": "Weather in Paris?"}]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def vllm_imported():
+    import_processor_libraries("vllm")
+
+
+def registry(tool=None, reasoning=None) -> ModelRegistry:
+    settings = SglangSettings(tool, reasoning)
+    return ModelRegistry(lambda card: build_chat_processor(card, "vllm", settings))
+
+
+def output_ids(card) -> list[int]:
+    processor = build_chat_processor(card.model_copy(update={"tool_call_parser": None}))
+    ids = processor.tokenizer.encode(OUTPUT, add_special_tokens=False)
+    assert processor.tokenizer.decode(ids) == OUTPUT
+    return ids
+
+
+def ask(card, body: dict, models: ModelRegistry):
+    ids = output_ids(card)
+
+    async def scenario():
+        async with (
+            echo_worker(output=[*ids, *card.eos_token_ids], chunk=3) as (_, endpoint),
+            frontend(card, endpoint, registry=models) as client,
+        ):
+            response = await client.post("/v1/chat/completions", json=body)
+            if body.get("stream"):
+                return response.status, await sse_events(response)
+            return response.status, await response.json()
+
+    return asyncio.run(scenario())
+
+
+def body(model: str = MODEL, *, stream: bool = False, tools=(WEATHER,)) -> dict:
+    request = {"model": model, "messages": MESSAGES, "stream": stream, "max_tokens": 200}
+    if tools:
+        request["tools"] = list(tools)
+    return request
+
+
+def assert_weather_call(calls) -> None:
+    assert len(calls) == 1, calls
+    assert calls[0]["type"] == "function" and calls[0]["id"]
+    assert calls[0]["function"]["name"] == "get_weather"
+    assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris"}
+
+
+def test_a_whole_answer_is_split_by_vllms_parsers(tiny_tokenizer_dir):
+    card = tiny_card(tiny_tokenizer_dir, MODEL)
+    status, answer = ask(card, body(), registry("hermes", "qwen3"))
+    assert status == 200, answer
+    choice = answer["choices"][0]
+    assert choice["message"]["reasoning_content"] == THINKING
+    assert choice["message"]["content"] == SAID
+    assert_weather_call(choice["message"]["tool_calls"])
+    assert choice["finish_reason"] == "tool_calls"
+
+
+def test_a_stream_carries_the_parsed_answer_before_its_finish(tiny_tokenizer_dir):
+    card = tiny_card(tiny_tokenizer_dir, MODEL)
+    status, events = ask(card, body(stream=True), registry("hermes", "qwen3"))
+    assert status == 200 and events[-1] == "[DONE]"
+    deltas = [e["choices"][0]["delta"] for e in events[:-1] if e["choices"]]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == THINKING
+    assert "".join(d.get("content") or "" for d in deltas) == SAID
+    assert_weather_call([c for d in deltas for c in d.get("tool_calls", [])])
+    assert events[-2]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_the_cards_names_apply_and_a_name_vllm_lacks_is_served_without(tiny_tokenizer_dir, caplog):
+    card = tiny_card(tiny_tokenizer_dir, MODEL, tool_call_parser="hermes", reasoning_parser="qwen3")
+    status, answer = ask(card, body(), registry())
+    assert status == 200, answer
+    assert_weather_call(answer["choices"][0]["message"]["tool_calls"])
+
+    model = f"tiny-{uuid.uuid4().hex[:8]}"  # the WARNING is budgeted per model and name
+    card = tiny_card(tiny_tokenizer_dir, model, tool_call_parser="qwen99")
+    with caplog.at_level(logging.WARNING, logger="dynamo.frontend.card_parsers"):
+        status, answer = ask(card, body(model), registry())
+    assert status == 200, answer
+    message = answer["choices"][0]["message"]
+    assert "tool_calls" not in message and message["content"] == OUTPUT
+    assert any("qwen99" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.integration
+def test_the_workers_names_reach_a_real_frontend_through_the_card(tmp_path):
+    """The real processes: a mock worker started with upstream's --dyn-tool-call-parser /
+    --dyn-reasoning-parser, a frontend with --dyn-chat-processor vllm and no parser flags. The
+    mock engine answers with its prompt, so a user message that carries a hermes tool call
+    comes back as the completion (the tiny model never writes one itself), and vLLM's parser,
+    named by the worker's card, turns it into tool_calls."""
+    from tests.support.pair import request
+    from tests.support.processes import listening_url, start_frontend, start_worker
+
+    discovery = tmp_path / "discovery"
+    worker = start_worker(
+        "worker", tmp_path, discovery, MODEL,
+        "--dyn-tool-call-parser", "hermes", "--dyn-reasoning-parser", "qwen3",
+    )  # fmt: skip
+    frontend_process = start_frontend(
+        "frontend", tmp_path, discovery, "--dyn-chat-processor", "vllm"
+    )
+    try:
+        url = listening_url(frontend_process, deadline_s=240.0)
+        frontend_process.wait_for_log(rf"Model added: model={MODEL} ", deadline_s=120.0)
+        messages = [{"role": "user", "content": SAID + CALL}]
+        chat = {"model": MODEL, "messages": messages, "tools": [WEATHER], "max_tokens": 256}
+        status, answer = request("POST", url + "/v1/chat/completions", chat)
+        assert status == 200, answer
+        message = answer["choices"][0]["message"]
+        assert_weather_call(message["tool_calls"])
+        assert "<tool_call>" not in (message["content"] or "")
+    finally:
+        frontend_process.stop()
+        worker.stop()
