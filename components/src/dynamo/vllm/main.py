@@ -55,6 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DiscoverySetupError as exc:  # etcd credentials that cannot work
         return launcher.usage_error(PROG, str(exc))
     launcher.configure_process_logging(PROG, log_levels, backend_args.ALL_OPTIONS)
+    launcher.warn_unmet_prerequisites(backend_args.REQUIREMENTS, config, argv)
     log_options(config)
     try:
         # With --engine vllm: import vLLM and parse its arguments now, before the event loop

@@ -13,7 +13,7 @@ import configargparse
 
 from . import upstream
 from .options import Option, Surface
-from .values import FiniteFloat, IntRange, parse_bool_word
+from .values import FiniteFloat, IntRange, parse_bool_word, undecodable_problem
 
 # Value kinds whose bad input often starts with '-' (``-inf``, ``-1``): see _glue_dash_values.
 NUMERIC_KINDS = (FiniteFloat, IntRange)
@@ -39,14 +39,36 @@ class DynamoArgParser(configargparse.ArgParser):
             flag: option for option in options if option.is_bool for flag in option.flags()
         }
         self._numeric_flags = {o.flag for o in options if isinstance(o.kind, NUMERIC_KINDS)}
+        self._options = list(options)
+        self._by_flag = {flag: option for option in options for flag in option.flags()}
 
     def parse_known_args(self, args=None, namespace=None, **kwargs):
         if args is None:
             args = sys.argv[1:]
         if not isinstance(args, str):  # configargparse also takes one string; leave that alone
+            self._refuse_undecodable_args(list(args))
             args = self._glue_dash_values(list(args))
             self._refuse_valued_booleans(args)
         return super().parse_known_args(args, namespace, **kwargs)
+
+    def _refuse_undecodable_args(self, args: list[str]) -> None:
+        """A command-line word that is not UTF-8: exit 2 naming the option it belongs to (ours:
+        flag and env var), whoever would read it, us or vLLM."""
+        previous: str | None = None
+        for word in args:
+            problem = undecodable_problem(word)
+            if problem is not None:
+                flag, glued, value = word.partition("=")
+                if not word.startswith("-"):
+                    flag, value = previous or "", word
+                option = self._by_flag.get(flag)
+                if option is not None:
+                    shown = value if glued or not word.startswith("-") else word
+                    problem = undecodable_problem(shown) or problem
+                    self.error(f"invalid value {shown!r} for {option.source_label()}: {problem}")
+                named = f" (for {flag})" if flag and flag != word else ""
+                self.error(f"invalid argument {word!r}{named}: {problem}")
+            previous = word if word.startswith("-") else None
 
     def _glue_dash_values(self, args: list[str]) -> list[str]:
         """``--x -inf`` -> ``--x=-inf`` for our numeric options.
@@ -108,6 +130,9 @@ class DynamoArgParser(configargparse.ArgParser):
         if option is None or not isinstance(value, str):
             return super().convert_item_to_command_line_arg(action, key, value)
         try:
+            problem = undecodable_problem(value)
+            if problem is not None:
+                raise ValueError(problem)
             enabled = parse_bool_word(value)
         except ValueError as exc:
             self.error(f"invalid value {value!r} for {option.flag} / {option.env_var}: {exc}")
