@@ -5,6 +5,7 @@ and is ignored with one WARNING naming both when it comes from the environment."
 
 from __future__ import annotations
 
+import socket
 import threading
 
 import pytest
@@ -174,3 +175,37 @@ def test_an_env_var_whose_prerequisite_is_missing_is_one_warning_naming_both(tmp
             assert len(named) == 1, output
     finally:
         assert process.stop() == 0
+
+
+# --- a listener that cannot bind: before the freeze and before "serving" --------------------
+
+
+@pytest.mark.parametrize(
+    "program, flag, label",
+    [
+        ("frontend", "--http-port", "--http-port / DYN_HTTP_PORT"),
+        ("worker", "--request-plane-port", "--request-plane-port / DYN_VLLM_REQUEST_PLANE_PORT"),
+        ("worker", "--system-port", "--system-port / DYN_SYSTEM_PORT"),
+    ],
+)
+def test_a_taken_port_fails_before_the_freeze_and_before_serving_is_logged(
+    tmp_path, program, flag, label
+):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        if program == "frontend":
+            # start_frontend's own --http-port 0 comes first: the later one wins
+            process = start_frontend("frontend", tmp_path, tmp_path / "discovery", flag, port)
+        else:
+            extra = ["--system-host", "127.0.0.1"] if flag == "--system-port" else []
+            process = worker(tmp_path, *extra, flag, port)
+        # A taken port is the machine's state, not a wrong value (the same flag can work a
+        # moment later): exit 1, as for any start-up step that fails, with the option named.
+        assert process.exit_code(deadline_s=60) == 1
+    output = process.log()
+    errors = [line for line in output.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and label in errors[0] and port in errors[0], output
+    for line in ("GC heap frozen", "Serving phase", "serving model", "listening on", "Traceback"):
+        assert line not in output, output
