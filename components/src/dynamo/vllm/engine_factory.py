@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+from pathlib import Path
 from collections.abc import Callable
 from types import ModuleType
 
@@ -51,6 +52,9 @@ def prepare_engine(
             MockEngine.from_config, config, model=model, worker_extension_cls=worker_extension_cls
         )
     if config.engine == "vllm":
+        problem = vllm_model_problem(config.model)
+        if problem is not None:
+            raise EngineUnavailable(f"{MODEL.source_label()} is {config.model!r}: {problem}")
         _import_vllm()
         vllm_args = importlib.import_module("dynamo.vllm.vllm_args")
         vllm_engine = importlib.import_module("dynamo.vllm.vllm_engine")
@@ -61,6 +65,26 @@ def prepare_engine(
             vllm_engine.VllmEngine, engine_args, chat_template=config.chat_template
         )
     raise EngineUnavailable(f"unknown engine {config.engine!r} (choose mock or vllm)")
+
+
+def vllm_model_problem(model: str) -> str | None:
+    """Why vLLM cannot load ``model``, when that is plain before importing it: not a path that
+    exists here, and not a Hugging Face model id either (vLLM would try it as one and fail with
+    Hugging Face's "Repo id must be in the form ..." after seconds of imports), or None."""
+    if Path(model).expanduser().exists():
+        return None  # a model directory (or a GGUF file): vLLM checks what is in it
+    try:
+        from huggingface_hub.utils import HFValidationError, validate_repo_id
+    except ImportError:  # vLLM brings huggingface_hub; without it vLLM's import says why
+        return None
+    try:
+        validate_repo_id(model)
+    except HFValidationError:
+        return (
+            "no such file or directory, and not a Hugging Face model id (namespace/name) either: "
+            "give the directory of a downloaded model (config.json, weights, tokenizer)"
+        )
+    return None
 
 
 def build_engine(config: WorkerConfig, *, worker_extension_cls: str | None = None) -> Engine:
