@@ -121,7 +121,7 @@ class Child:
             # Own session: Ctrl-C reaches only this script, which stops the pair in order
             # (frontend first, so no request is routed to a worker that is already gone).
             start_new_session=True,
-            preexec_fn=die_with_parent,  # noqa: PLW1509 - only prctl, no lock, before exec
+            preexec_fn=die_with_parent,  # only prctl: safe between fork and exec
         )
         self._pump = threading.Thread(target=self._pump_output, name=f"{name}-log", daemon=True)
         self._pump.start()

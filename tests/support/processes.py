@@ -36,8 +36,9 @@ def start_worker(
     vllm_model: str | None = None,
 ) -> LauncherProcess:
     """A worker serving ``model`` (``--served-model-name``; ``None``: the engine's default
-    name), publishing in ``discovery_dir`` (``None``: no ``--discovery-dir``, as with etcd), its output in ``log_dir/<name>.log``; ``args`` come
-    after the starter's own, so they may override them.
+    name), publishing in ``discovery_dir`` (``None``: no ``--discovery-dir``, as with etcd), its
+    output in ``log_dir/<name>.log``; ``args`` come after the starter's own, so they may
+    override them.
 
     By default the mock engine on the tiny tokenizer (``mock_token_ms`` sets its pace). With
     ``vllm_model`` (a model directory) the real vLLM engine, with the small-footprint arguments

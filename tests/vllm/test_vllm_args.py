@@ -233,3 +233,30 @@ def test_a_control_request_writes_its_report_only_where_call_engine_core_would(t
         gc_scheduler._run_control({"command": "report", "report_path": path})
         with open(path, encoding="utf-8") as report:
             assert json.load(report)["command"] == "report"
+
+
+@pytest.mark.vllm
+def test_help_piped_to_head_prints_the_workers_options_fast_and_without_a_traceback(tmp_path):
+    """``python -m dynamo.vllm --help | head``: the worker's options come first, flushed; once
+    the reader has hung up, vLLM is not imported for a list nobody reads (it was 9 s of imports,
+    then a BrokenPipeError traceback)."""
+    import subprocess
+    import sys
+
+    errors = tmp_path / "help.err"
+    with open(errors, "wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-X", "importtime", "-m", "dynamo.vllm", "--help"],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+        )
+    assert proc.stdout is not None
+    first = proc.stdout.readline()  # like head -1
+    proc.stdout.close()
+    assert proc.wait(timeout=120) == 0
+    assert first.startswith(b"usage: python -m dynamo.vllm")
+    stderr = errors.read_text(encoding="utf-8", errors="replace")
+    assert "Traceback" not in stderr and "BrokenPipeError" not in stderr, stderr
+    imported = [line.rsplit("|", 1)[-1].strip() for line in stderr.splitlines() if "|" in line]
+    assert "vllm" not in imported, "vLLM was imported for a help nobody reads"

@@ -269,8 +269,6 @@ def assert_a_clean_stop(log: str) -> None:
     stopping = log[log.index("Received SIGTERM") :]
     assert "force killing" not in stopping, stopping
     assert "WARNING" not in stopping, stopping
-    shutdown_ms = int(re.search(r"Engine shut down in (\d+) ms", stopping).group(1))
-    assert shutdown_ms < 4000, stopping  # well within vLLM's 5 s bound, not at it
 
 
 def test_self_benchmark_lengths_stop_at_what_the_model_takes(real_vllm):
@@ -343,4 +341,3 @@ def test_a_model_that_is_neither_a_directory_nor_a_hub_id_exits_2_naming_model(t
     log = worker.log()
     assert f"--model / DYN_VLLM_MODEL is {model!r}: no such file or directory" in log, log
     assert "Repo id" not in log and "Traceback" not in log, log
-

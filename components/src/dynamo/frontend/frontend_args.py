@@ -12,14 +12,15 @@ from dynamo.common.configuration import (
     IntRange,
     Option,
     Surface,
+    build_parser,
     gc_options,
     host_option,
     parse_surface,
     port_option,
+    prerequisites,
 )
 from dynamo.common.configuration.drain_options import drain_option
 from dynamo.common.configuration.launcher_config import LauncherConfig
-from dynamo.common.configuration import build_parser, prerequisites
 from dynamo.common.configuration.runtime_options import DISCOVERY_OPTIONS, DISCOVERY_REQUIREMENTS
 from dynamo.common.configuration.typed import typed_config
 

@@ -19,14 +19,14 @@ from dynamo.common.configuration import (
     host_option,
     parse_surface,
     port_option,
+    prerequisites,
 )
 from dynamo.common.configuration.drain_options import drain_option
-from dynamo.common.configuration.values import MAX_WAIT_MS
 from dynamo.common.configuration.launcher_config import LauncherConfig
-from dynamo.common.configuration import prerequisites
 from dynamo.common.configuration.prerequisites import Requires
 from dynamo.common.configuration.runtime_options import DISCOVERY_OPTIONS, DISCOVERY_REQUIREMENTS
 from dynamo.common.configuration.typed import typed_config
+from dynamo.common.configuration.values import MAX_WAIT_MS
 from dynamo.vllm import self_benchmark_args
 
 REQUEST_PLANE_HOST = host_option(
@@ -334,10 +334,11 @@ def parse_args(
 def _print_help(argv: list[str], env: Mapping[str, str] | None) -> None:
     """The worker's help, then vLLM's engine arguments when the engine is vLLM; exits 0."""
     config, _ = parse_surface(_PARSED, argv, env, allow_unknown=True)
-    build_parser(_PARSED).print_help()
-    if config.engine == "vllm":
-        from dynamo.vllm.vllm_help import print_vllm_help
+    from dynamo.vllm.vllm_help import print_vllm_help, quiet_when_output_closed
 
-        sys.stdout.flush()
-        print_vllm_help()
+    with quiet_when_output_closed() as output:
+        build_parser(_PARSED).print_help()
+        sys.stdout.flush()  # the worker's options now: vLLM's import takes seconds
+        if config.engine == "vllm" and output.open():  # `| head` may have all it wants
+            print_vllm_help()
     raise SystemExit(0)

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import functools
 import importlib
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from types import ModuleType
 
 from dynamo.vllm.backend_args import ENGINE, MODEL, WorkerConfig

@@ -97,9 +97,7 @@ def check_worker_extension(qualname: str | None) -> None:
     try:
         found = resolve_qualname(qualname)
     except Exception as exc:  # noqa: BLE001 - whatever the import raises is the same mistake
-        raise unusable(
-            WORKER_EXTENSION_CLS, qualname, "cannot import it", exc
-        ) from None
+        raise unusable(WORKER_EXTENSION_CLS, qualname, "cannot import it", exc) from None
     if not isinstance(found, type):
         raise UnusablePath(
             f"{WORKER_EXTENSION_CLS.source_label()} is {qualname!r}: not a class "

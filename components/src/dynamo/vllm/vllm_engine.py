@@ -52,7 +52,7 @@ from dynamo.runtime.model_card import ModelCard, out_of_vocabulary
 from dynamo.runtime.request_plane import BadGenerateRequest, GenerateRequest
 from dynamo.vllm.backend_args import WorkerConfig
 from dynamo.vllm.engine import EngineDied, EngineInitFailed
-from dynamo.vllm.process_watch import first_exit
+from dynamo.vllm.process_watch import first_exit, terminate_process_trees
 from dynamo.vllm.vllm_args import engine_args_from_config, served_name_of
 from dynamo.vllm.vllm_sampling import sampling_params
 
@@ -80,29 +80,6 @@ def engine_core_processes(engine: Any) -> list[tuple[str, Any]]:
     manager = getattr(resources, "engine_manager", None)
     processes = getattr(manager, "processes", None) or []
     return [(f"{process.name} process", process) for process in processes]
-
-
-def terminate_engine_processes(engine: Any) -> None:
-    """SIGTERM to every EngineCore process and each of its workers at once, as a terminal's
-    Ctrl-C (a signal to the whole process group) delivers it.
-
-    ``AsyncLLM.shutdown`` signals EngineCore alone. EngineCore's executor then waits
-    ``VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS`` (5 s) for its workers, which do not exit on their
-    own (they block on their message queue), before it signals them; and the process manager in
-    this process waits the same 5 s for EngineCore before it SIGKILLs it and its workers, with
-    three "force killing" WARNINGs, on every clean stop. Signalled together, the workers and
-    EngineCore exit at once and the manager's wait ends well within its bound.
-    """
-    import psutil  # vLLM's dependency, as this module is
-
-    for _, process in engine_core_processes(engine):
-        try:
-            workers = psutil.Process(process.pid).children(recursive=True)
-        except (psutil.NoSuchProcess, ValueError, TypeError):  # gone, or never started
-            continue
-        for child in [*workers, psutil.Process(process.pid)]:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                child.terminate()
 
 
 def resolve_tokenizer_dir(tokenizer: str, revision: str | None) -> str:
@@ -423,7 +400,9 @@ class VllmEngine:
         if engine is None:
             return
         began = time.perf_counter()
-        terminate_engine_processes(engine)
+        # vLLM signals EngineCore alone, then force-kills it with WARNINGs 5 s later: see
+        # terminate_process_trees for why and what is done instead.
+        terminate_process_trees([process for _, process in engine_core_processes(engine)])
         # Stops EngineCore and its workers (SIGTERM, then a bounded wait) and the output
         # handler; by now the request plane is closed.
         engine.shutdown()
