@@ -209,3 +209,20 @@ def test_a_taken_port_fails_before_the_freeze_and_before_serving_is_logged(
     assert len(errors) == 1 and label in errors[0] and port in errors[0], output
     for line in ("GC heap frozen", "Serving phase", "serving model", "listening on", "Traceback"):
         assert line not in output, output
+
+
+# --- usage errors: the error line first and alone ------------------------------------------
+
+
+@pytest.mark.parametrize("program", ["frontend", "worker"])
+def test_a_usage_error_is_not_hidden_below_the_usage_text(tmp_path, program):
+    """argparse printed 30 lines of usage before the one line that says what is wrong."""
+    if program == "frontend":
+        process = start_frontend("frontend", tmp_path, tmp_path / "discovery", "--no-such-flag")
+    else:
+        process = worker(tmp_path, "--no-such-flag")
+    output = assert_exit_2_naming(process, "--no-such-flag")
+    lines = output.splitlines()
+    prog = f"python -m dynamo.{'frontend' if program == 'frontend' else 'vllm'}"
+    assert lines[0] == f"{prog}: error: unrecognized arguments: --no-such-flag", output
+    assert lines[1:] == [f"(run {prog} --help for the options)"], output

@@ -93,10 +93,16 @@ def test_a_bad_vllm_argument_exits_2_before_anything_starts(tmp_path, mocker, ca
     from dynamo.vllm import main as worker_main
 
     run_worker = mocker.patch.object(worker_main, "run_worker")
-    argv = ["--engine", "vllm", "--model", "/m", "--discovery-dir", str(tmp_path / "d")]
+    model = str(tmp_path)  # a directory that exists: vLLM's own parser is what refuses
+    argv = ["--engine", "vllm", "--model", model, "--discovery-dir", str(tmp_path / "d")]
     assert worker_main.main([*argv, "--no-such-vllm-flag"]) == 2
     run_worker.assert_not_called()  # no listener, no engine init, no event loop
-    assert "--no-such-vllm-flag" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--no-such-vllm-flag" in err
+    # vLLM's usage is hundreds of lines: its error comes first and alone, not below them.
+    refused = [line for line in err.splitlines() if "error:" in line]
+    assert refused[0].startswith("python -m dynamo.vllm --engine vllm: error:"), err
+    assert "usage:" not in err and len(err.splitlines()) < 10, err
 
 
 def test_vllm_is_the_default_engine_and_the_served_name_is_the_workers_option():

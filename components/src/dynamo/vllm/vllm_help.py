@@ -4,6 +4,7 @@ after the worker's (vLLM is imported only for that)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import os
 import select
@@ -29,10 +30,14 @@ def vllm_arg_parser() -> Any:
     except ImportError:  # vLLM releases before the utils split
         from vllm.utils import FlexibleArgumentParser  # type: ignore[no-redef]
 
+    from dynamo.common.configuration.parser import short_usage_error
+
     parser = FlexibleArgumentParser(
         prog=VLLM_PROG,
         description="vLLM engine arguments (everything python -m dynamo.vllm does not know)",
     )
+    # vLLM's usage is hundreds of lines: its error line first and alone, as the worker's own.
+    parser.error = functools.partial(short_usage_error, parser)
     return AsyncEngineArgs.add_cli_args(parser)
 
 

@@ -7,7 +7,7 @@ import os
 import sys
 import textwrap
 from collections.abc import Mapping, Sequence
-from typing import Literal, overload
+from typing import Literal, NoReturn, overload
 
 import configargparse
 
@@ -41,6 +41,10 @@ class DynamoArgParser(configargparse.ArgParser):
         self._numeric_flags = {o.flag for o in options if isinstance(o.kind, NUMERIC_KINDS)}
         self._options = list(options)
         self._by_flag = {flag: option for option in options for flag in option.flags()}
+
+    def error(self, message: str):  # type: ignore[override]  # argparse's: NoReturn
+        """Bad input: exit 2 with the error first and alone (see :func:`short_usage_error`)."""
+        short_usage_error(self, message)
 
     def parse_known_args(self, args=None, namespace=None, **kwargs):
         if args is None:
@@ -137,6 +141,17 @@ class DynamoArgParser(configargparse.ArgParser):
         except ValueError as exc:
             self.error(f"invalid value {value!r} for {option.flag} / {option.env_var}: {exc}")
         return [option.flag if enabled else "--no-" + option.name]
+
+
+def short_usage_error(parser: argparse.ArgumentParser, message: str) -> NoReturn:
+    """Exit 2 with ``prog: error: message`` and a pointer to ``--help``, without the usage text.
+
+    argparse prints its usage first, then the error: the worker's usage is 30 lines and vLLM's
+    several hundred, so the one line that says what is wrong ended up below a screenful nobody
+    reads (or cut off by ``| head`` and log viewers that show the first lines). The error comes
+    first and alone; ``--help`` lists every option.
+    """
+    parser.exit(2, f"{parser.prog}: error: {message}\n(run {parser.prog} --help for the options)\n")
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
