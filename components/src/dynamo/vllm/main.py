@@ -17,7 +17,8 @@ the worker's parts :mod:`dynamo.vllm.worker_process`'s):
 
 A signal during start-up cancels it, shuts the engine down and exits 0 without registering.
 Exit codes: 0 after a signal (or --help), 2 for bad input (flags, env vars, paths, vLLM's
-arguments, an engine that cannot run here, a bad mock model directory), 1 when a start-up step
+arguments, a --model that is neither a path nor a Hugging Face id, an engine that cannot run
+here, a bad mock model directory), 1 when a start-up step
 fails (a taken port, engine init) or the engine dies.
 """
 
