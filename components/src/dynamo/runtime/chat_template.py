@@ -54,6 +54,7 @@ def compile_problem(source: str) -> str | None:
     try:
         chat_template_environment().from_string(source)
     except jinja2.exceptions.TemplateError as exc:
-        where = f" (line {exc.lineno})" if getattr(exc, "lineno", None) else ""
+        line = exc.lineno if isinstance(exc, jinja2.exceptions.TemplateSyntaxError) else None
+        where = f" (line {line})" if line else ""
         return f"does not compile as a Jinja template{where}: {exc.message or exc}"
     return None
