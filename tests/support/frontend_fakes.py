@@ -14,12 +14,15 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncGenerator, Callable, Sequence
+from typing import Any
 
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.web_runner import BaseRunner
 
 from dynamo.frontend.chat_processor import build_chat_processor
 from dynamo.frontend.http_service import FrontendService
+from dynamo.frontend.http_surface import http_runner
 from dynamo.frontend.model_registry import ModelRegistry
 from dynamo.frontend.worker_router import WorkerRouter, create_worker_session
 from dynamo.runtime.discovery import ModelRecord
@@ -112,6 +115,14 @@ def record(card: ModelCard | None, endpoint: str, model: str = MODEL) -> ModelRe
     return ModelRecord(model=model, endpoint=endpoint, card=card)
 
 
+class FrontendTestServer(TestServer):
+    """aiohttp's test server behind the frontend's own listener (its bounds, its error shapes,
+    no request decompression), as the process runs it."""
+
+    async def _make_runner(self, **kwargs: Any) -> BaseRunner:
+        return http_runner(self.app, **kwargs)
+
+
 @contextlib.asynccontextmanager
 async def frontend(card: ModelCard, *endpoints: str, pool=None, registry=None):
     """The real service with ``card``'s model served by ``endpoints`` (processor built)."""
@@ -122,7 +133,7 @@ async def frontend(card: ModelCard, *endpoints: str, pool=None, registry=None):
     session = create_worker_session()
     try:
         app = FrontendService(registry, WorkerRouter(session), pool).build_app()
-        async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        async with TestClient(FrontendTestServer(app, host="127.0.0.1")) as client:
             yield client
     finally:
         await session.close()

@@ -233,7 +233,8 @@ def test_health_and_requests_are_answered_while_a_processor_builds(make_record):
             await session.close()
 
     during, models = run(scenario)
-    assert during == (200, {"status": "ready", "phase": "serving", "models": 0}, 404)
+    # A model being loaded is known: 503 (retry), not 404 (no such model).
+    assert during == (200, {"status": "ready", "phase": "serving", "models": 0}, 503)
     assert models == ["a"]
 
 

@@ -18,7 +18,7 @@ import pytest
 from aiohttp import web
 
 from dynamo.common.http_server import GuardedRunner, RequestBodyTimeout
-from dynamo.frontend.http_service import openai_error_middleware
+from dynamo.frontend.http_surface import openai_errors
 from dynamo.frontend.request_body import read_json_body
 from dynamo.vllm.request_plane_server import add_request_plane_routes
 
@@ -59,7 +59,7 @@ async def _serving(app: web.Application | None = None):
 
 
 def _frontend_like_app() -> web.Application:
-    app = web.Application(middlewares=[openai_error_middleware])
+    app = web.Application(middlewares=[openai_errors()])
     app.router.add_post("/echo", _echo)
     app.router.add_get("/slow", _slow_stream)
     app.router.add_get("/ok", _ok)
@@ -261,3 +261,57 @@ def test_a_client_gone_while_aiohttp_writes_is_no_traceback(caplog):
     )  # fmt: skip
     assert not any(r.levelno >= logging.WARNING or r.exc_info for r in caplog.records)
     assert any("went away" in r.getMessage() for r in caplog.records)
+
+
+DRIBBLED_HEAD = b"GET /ok HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"y" * 100
+
+
+@pytest.mark.parametrize(
+    "leading, dribble",
+    [
+        (b"\r\n\r\n", DRIBBLED_HEAD),  # a blank line that looks like a head's end
+        (b"\r\n\r\n\r\n\r\n", DRIBBLED_HEAD),
+        (b"\n\n", DRIBBLED_HEAD),
+        (b"\r\n", b"\r\n" * 100),  # blank lines only, forever
+        (b"", b"\r\n\r\n" + DRIBBLED_HEAD),  # the blank lines dribbled too
+    ],
+)
+@pytest.mark.parametrize("kept_alive", [False, True])
+def test_leading_blank_lines_do_not_stop_the_head_clock(leading, dribble, kept_alive):
+    async def scenario():
+        async with _serving() as (runner, port):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            if kept_alive:  # a later request: its clock starts at its first byte
+                writer.write(b"GET /ok HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert (await asyncio.wait_for(_read_response(reader), 10))[0] == 200
+            writer.write(leading)
+            began = time.monotonic()
+
+            async def trickle():
+                for byte in dribble:
+                    writer.write(bytes([byte]))
+                    await asyncio.sleep(TRICKLE_EVERY_S)  # the slow client's pace
+
+            trickler = asyncio.ensure_future(trickle())
+            try:
+                await _closed(reader, 10)
+            finally:
+                trickler.cancel()
+                writer.close()
+            return time.monotonic() - began, runner.deadlines.closed
+
+    took, closed = asyncio.run(scenario())
+    assert took < HEAD_S + MARGIN_S, took
+    assert closed == 1
+
+
+def test_a_request_after_blank_lines_is_served():
+    async def scenario():
+        async with _serving() as (runner, port):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"\r\n\r\n\r\nGET /ok HTTP/1.1\r\nHost: x\r\n\r\n")
+            answer = await asyncio.wait_for(_read_response(reader), 10)
+            writer.close()
+            return answer[0]
+
+    assert asyncio.run(scenario()) == 200

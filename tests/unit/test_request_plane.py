@@ -89,8 +89,13 @@ def run(coro):
     return asyncio.run(asyncio.wait_for(coro, DEADLINE_S))
 
 
-async def collect(session, endpoint, request) -> list[dict]:
-    return [item async for item in generate(session, endpoint, request)]
+def as_dict(item) -> dict:
+    """A stream item as the JSON line the worker wrote (defaults left out)."""
+    return item.model_dump(mode="json", exclude_defaults=True)
+
+
+async def collect(session, endpoint, request, **kwargs) -> list[dict]:
+    return [as_dict(item) async for item in generate(session, endpoint, request, **kwargs)]
 
 
 REQUEST = {
@@ -138,7 +143,7 @@ def test_items_reach_the_client_before_the_stream_ends():
         items = []
         async with worker(lockstep) as (session, endpoint):
             async for item in generate(session, endpoint, REQUEST):
-                items.append(item)
+                items.append(as_dict(item))
                 first_seen.set()
         return items
 
@@ -373,7 +378,7 @@ def test_a_stream_that_ends_without_finish_reason_is_worker_unavailable():
     async def scenario():
         async with worker(unfinished) as (session, endpoint):
             async for item in generate(session, endpoint, REQUEST):
-                received.append(item)
+                received.append(as_dict(item))
 
     with pytest.raises(WorkerUnavailable, match="before finishing"):
         run(scenario())
@@ -435,7 +440,7 @@ def test_closing_the_client_stream_aborts_the_request_in_the_worker():
 
         async with worker(endless) as (session, endpoint):
             stream = generate(session, endpoint, REQUEST)
-            first = await stream.__anext__()
+            first = as_dict(await stream.__anext__())
             await stream.aclose()  # the frontend's client went away
             await asyncio.wait_for(aborted.wait(), DEADLINE_S / 2)
         return first

@@ -1,16 +1,22 @@
 """One admitted request's output: the worker's token ids turned into the completion's text.
 
-This is where the frontend reads what a worker streams, one request-plane item at a time: the
-ids are detokenized with the model's own tokenizer, the text is cut at the first stop string
-(the frontend is authoritative for those), and the finish reason and token counts are settled.
-What a worker sends is a peer's data: checking each item, and what the frontend does about one
-that breaks the request's limits, belongs here, as does a per-request output parser (tool calls,
-reasoning) fed with the text pieces this yields.
+This is where the frontend reads what a worker streams, one request-plane item at a time. Each
+item was validated by the request plane's client (:func:`dynamo.runtime.request_plane.generate`:
+a typed item, its ids within the model's vocabulary); here the ids are detokenized with the
+model's own tokenizer, and the request's own limits are enforced, whatever the worker does:
+the completion ends at the first stop string or stop token id generated once ``min_tokens`` are
+out (the frontend is authoritative for stop strings), and at ``max_tokens``
+(:meth:`Generation._limit`).
+The finish reason and token counts are the frontend's own: a worker's counts are not trusted.
+A per-request output parser (tool calls, reasoning) is fed with the text pieces this yields.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator
+
+from dynamo.runtime.request_plane import Finish, StreamItem
+from dynamo.runtime.sampling import SamplingOptions
 
 from . import openai_protocol as oai
 from .chat_processor import ChatProcessor
@@ -18,22 +24,27 @@ from .stop_strings import StopStringMatcher
 
 
 class Generation:
-    """One admitted request's output: the worker's ids, detokenized, cut at a stop string.
+    """One admitted request's output: the worker's ids, detokenized, within the request's
+    limits (``sampling``: what the worker was asked for).
 
     Ids are decoded one at a time, so the completion's token count stops at the token that
-    completed a stop string even when the worker sent several in one item.
+    ended it (a stop string, a stop token, ``max_tokens``) even when the worker sent several in
+    one item; whatever the worker sends after that is never read (the caller closes the stream,
+    which aborts the request in the worker).
     """
 
     def __init__(
         self,
         processor: ChatProcessor,
-        stops: tuple[str, ...],
+        sampling: SamplingOptions,
         prompt_tokens: int,
-        first: dict,
-        stream: AsyncGenerator[dict, None],
+        first: StreamItem,
+        stream: AsyncGenerator[StreamItem, None],
     ) -> None:
         self._detokenizer = processor.detokenizer()
-        self._stops = StopStringMatcher(stops)
+        self._stops = StopStringMatcher(sampling.stop)
+        self._sampling = sampling
+        self._stop_ids = frozenset(sampling.stop_token_ids)
         self.prompt_tokens = prompt_tokens
         self._first = first
         self._stream = stream
@@ -45,23 +56,45 @@ class Generation:
         item = self._first
         while True:
             pieces = []
-            for token_id in item.get("token_ids", ()):
+            for token_id in item.token_ids:
                 self.completion_tokens += 1
-                pieces.append(self._stops.feed(self._detokenizer.add((token_id,))))
+                text = self._detokenizer.add((token_id,))
+                # vLLM matches stop strings only in text of tokens past min_tokens.
+                check = self.completion_tokens > self._sampling.min_tokens
+                pieces.append(self._stops.feed(text, check=check))
                 if self._stops.stopped:
                     self.finish_reason = "stop"
                     yield "".join(pieces)
                     return
-            if "finish_reason" in item:
-                pieces.append(self._stops.feed(self._detokenizer.finish()))
-                pieces.append(self._stops.flush())
-                self.finish_reason = "stop" if self._stops.stopped else item["finish_reason"]
-                # The worker's count when it sends one (it counts what it generated).
-                self.completion_tokens = item.get("completion_tokens", self.completion_tokens)
+                reason = self._limit(token_id)
+                if reason is not None:
+                    pieces.append(self._end())
+                    self.finish_reason = "stop" if self._stops.stopped else reason
+                    yield "".join(pieces)
+                    return
+            if isinstance(item, Finish):
+                pieces.append(self._end())
+                self.finish_reason = "stop" if self._stops.stopped else item.finish_reason
                 yield "".join(pieces)
                 return
             yield "".join(pieces)
             item = await self._stream.__anext__()
+
+    def _limit(self, token_id: int) -> str | None:
+        """The finish reason when the token just counted ends the completion by the request's
+        limits, as vLLM checks them (``check_stop``): a stop token once ``min_tokens`` are out
+        (``stop``), else ``max_tokens`` reached (``length``); None to go on."""
+        if token_id in self._stop_ids and self.completion_tokens >= self._sampling.min_tokens:
+            return "stop"
+        if self.completion_tokens >= self._sampling.max_tokens:
+            return "length"
+        return None
+
+    def _end(self) -> str:
+        """The text still held: a character left incomplete, a partial stop string that was not
+        one after all."""
+        text = self._stops.feed(self._detokenizer.finish())
+        return text + self._stops.flush()
 
     def usage(self) -> dict:
         return oai.usage(self.prompt_tokens, self.completion_tokens)

@@ -1,29 +1,40 @@
 """The OpenAI-compatible HTTP service: routes, request handling, streaming, error shapes.
 
 Every failure a client can see is answered in OpenAI's error shape with a status that says whose
-fault it is: 400 bad request, 404 unknown model, 503 no worker (or draining). A worker that dies
-mid-stream ends the stream with an error event, never with silence.
+fault it is: 400 bad request, 404 unknown model, 503 no worker (or draining; also a model that
+is known but has no live instance right now), 502 a worker whose answer broke the request
+plane's wire format. A worker that dies mid-stream ends the stream with an error event, never
+with silence. What a client is told about a worker's failure is generic: it names no instance
+or address and quotes no worker text (docs/security.md); the log line has the detail.
 
-A failed request logs one line, at WARNING: the error middleware's for a 5xx answered before the
-stream started, the stream's own once the headers are gone. The code below raises, it does not
-log too, so an outage does not double (or triple) the log volume per request.
+A failed request logs at most one line, at WARNING: the error middleware's for a 5xx answered
+before the stream started, the stream's own once the headers are gone. The code below raises, it
+does not log too; and those lines are budgeted per cause (one per :data:`LOG_INTERVAL_S`, the
+next counting those held back), so an outage costs a few lines a minute, not one per request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
+from collections.abc import Callable
+from typing import TypeVar
 
 from aiohttp import web
 
 from dynamo.common import lifecycle
-from dynamo.common.http_server import (
-    FRONTEND_MAX_BODY_BYTES,
-)
+from dynamo.common.http_server import FRONTEND_MAX_BODY_BYTES
 from dynamo.common.request_drain import mark_stream
+from dynamo.runtime import peer_text
 from dynamo.runtime.discovery import RecordWatcher
+from dynamo.runtime.log_budget import CauseBudgets
 from dynamo.runtime.model_card import ModelCard
-from dynamo.runtime.request_plane import RequestRefused, WorkerUnavailable
+from dynamo.runtime.request_plane import (
+    GenerateRequest,
+    RequestRefused,
+    WorkerUnavailable,
+)
 
 from . import openai_protocol as oai
 from .chat_processor import (
@@ -33,25 +44,27 @@ from .chat_processor import (
     OutOfVocabulary,
 )
 from .generation import Generation
+from .http_surface import bad_worker_response, failure_log, openai_errors, worker_failure
 from .model_registry import ModelEntry, ModelRegistry
 from .preprocess_pool import PreprocessPool, PreprocessPoolError
-from .request_body import read_json_body
+from .request_body import expect_handler, read_json_body
 from .responses import ChatResponder, CompletionResponder, Responder, send_event
-from .worker_router import NoWorkerAvailable, WorkerRouter
+from .worker_router import LOG_INTERVAL_S, NoWorkerAvailable, WorkerRouter
 
 logger = logging.getLogger(__name__)
+
 
 MODELS_PATH = "/v1/models"
 CHAT_COMPLETIONS_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
 HEALTH_PATH = "/health"
 LIVE_PATH = "/live"
+# Threads that render chat templates and tokenise in this process (tokenising goes to the
+# preprocess pool instead when there is one): never the event loop, so /health and the streams
+# in flight are served while a 1 MB prompt is processed. Bounded: more requests wait their turn.
+PREPROCESS_THREADS = 4
 
-_HTTP_ERROR_CODES = {
-    404: "not_found",
-    405: "method_not_allowed",
-    413: "request_too_large",
-}
+T = TypeVar("T")
 
 
 class FrontendService:
@@ -67,17 +80,35 @@ class FrontendService:
         self.router = router
         self.preprocess_pool = preprocess_pool
         self.in_flight = 0  # completion requests admitted and not finished (logged when draining)
+        self.failures = failure_log()
+        # A request a worker refused (the client's 400): the worker's words go to the log only.
+        self.refusals = CauseBudgets(logger, logging.INFO, lines=1, interval_s=LOG_INTERVAL_S)
         # The discovery watcher (set by main): /health reports its state, and is not ready
         # before its first look at the store.
         self.discovery_watcher: RecordWatcher | None = None
+        self._threads = concurrent.futures.ThreadPoolExecutor(
+            max_workers=PREPROCESS_THREADS, thread_name_prefix="preprocess"
+        )
+
+    def close(self) -> None:
+        """Stop the preprocessing threads (work queued and not started is dropped)."""
+        self._threads.shutdown(wait=False, cancel_futures=True)
+
+    async def _off_loop(self, work: Callable[..., T], *args) -> T:
+        """``work(*args)`` on a preprocessing thread (see :data:`PREPROCESS_THREADS`)."""
+        return await asyncio.get_running_loop().run_in_executor(self._threads, work, *args)
 
     def build_app(self) -> web.Application:
         app = web.Application(
-            middlewares=[openai_error_middleware], client_max_size=FRONTEND_MAX_BODY_BYTES
+            middlewares=[openai_errors(self.failures)], client_max_size=FRONTEND_MAX_BODY_BYTES
         )
         app.router.add_get(MODELS_PATH, self.handle_models)
-        app.router.add_post(CHAT_COMPLETIONS_PATH, self.handle_chat_completions)
-        app.router.add_post(COMPLETIONS_PATH, self.handle_completions)
+        app.router.add_post(
+            CHAT_COMPLETIONS_PATH, self.handle_chat_completions, expect_handler=expect_handler
+        )
+        app.router.add_post(
+            COMPLETIONS_PATH, self.handle_completions, expect_handler=expect_handler
+        )
         app.router.add_get(HEALTH_PATH, self.handle_health)
         app.router.add_get(LIVE_PATH, self.handle_live)
         return app
@@ -122,9 +153,8 @@ class FrontendService:
     async def _encode(self, entry: ModelEntry, prompt: str, *, chat: bool) -> list[int]:
         processor = entry.processor
         if self.preprocess_pool is None:
-            if chat:
-                return processor.encode_chat(prompt)
-            return processor.encode_completion(prompt)
+            encode = processor.encode_chat if chat else processor.encode_completion
+            return await self._off_loop(encode, prompt)
         try:
             return await self.preprocess_pool.encode(
                 processor.card, prompt, add_special_tokens=not chat
@@ -144,6 +174,10 @@ class FrontendService:
     def _entry(self, model: str) -> ModelEntry:
         entry = self.registry.get(model)
         if entry is None:
+            if self.registry.known(model):  # being loaded, or its last instance just went
+                raise oai.service_unavailable(
+                    f"the model `{model}` has no live worker instance right now"
+                )
             raise oai.model_not_found(model)
         return entry
 
@@ -152,7 +186,7 @@ class FrontendService:
         chat = oai.parse_chat_request(await read_json_body(request))
         entry = self._entry(chat.model)
         try:
-            prompt = entry.processor.render_chat(chat)
+            prompt = await self._off_loop(entry.processor.render_chat, chat)
         except NoChatTemplate as exc:
             raise oai.invalid_request(str(exc), param="messages", code="no_chat_template") from None
         except ChatTemplateError as exc:
@@ -191,33 +225,50 @@ class FrontendService:
     ) -> web.StreamResponse:
         max_tokens = completion_budget(req, entry.card, len(prompt_ids), prompt_param)
         responder = responder_class(req.model, oai.new_completion_id(responder_class.ID_PREFIX))
-        plane_request = {
-            "request_id": responder.completion_id,
-            "model": entry.card.served_model_name,
-            "token_ids": prompt_ids,
-            "sampling": req.sampling(max_tokens, entry.card.eos_token_ids).model_dump(mode="json"),
-        }
+        sampling = req.sampling(max_tokens, entry.card.eos_token_ids)
+        # Built, not validated again: the ids are the tokenizer's (or checked against the
+        # vocabulary), the sampling options a validated model.
+        plane_request = GenerateRequest.model_construct(
+            request_id=responder.completion_id,
+            model=entry.card.served_model_name,
+            token_ids=prompt_ids,
+            sampling=sampling,
+        )
         self.in_flight += 1
         try:
             try:
-                first, stream = await self.router.open_stream(entry, plane_request)
+                first, stream = await self.router.open_stream(
+                    entry, plane_request, max_token_id=entry.processor.max_token_id
+                )
             except NoWorkerAvailable as exc:
+                if exc.bad_answers:
+                    raise bad_worker_response(str(exc), exc.detail) from exc
                 raise oai.service_unavailable(str(exc), detail=exc.detail) from exc
             except RequestRefused as exc:  # the engine's own check: the client's 400
+                param = refused_param(exc.field, prompt_param)
+                self.refusals.emit(
+                    "refused",
+                    "Request %s refused by a worker of model %s (field %s): %s",
+                    responder.completion_id,
+                    peer_text.escape(entry.name),
+                    peer_text.escape(exc.field),
+                    exc,
+                )
                 raise oai.invalid_request(
-                    str(exc), param=refused_param(exc.field, prompt_param)
+                    f"the model's engine refused the request's `{param}`"
+                    if param
+                    else "the model's engine refused the request's sampling fields",
+                    param=param,
                 ) from None
-            generation = Generation(
-                entry.processor, req.stop_strings, len(prompt_ids), first, stream
-            )
+            generation = Generation(entry.processor, sampling, len(prompt_ids), first, stream)
             try:
                 if req.stream:
                     return await self._stream(request, responder, generation, req.include_usage)
                 return await self._complete(responder, generation)
             finally:
-                # Whatever ended the handler (done, a stop string, client gone, cancelled),
-                # the worker's stream is closed, which closes its connection and aborts the
-                # request in the worker.
+                # Whatever ended the handler (done, a stop string, the request's limits, client
+                # gone, cancelled), the worker's stream is closed, which closes its connection
+                # and aborts the request in the worker.
                 await stream.aclose()
         finally:
             self.in_flight -= 1
@@ -226,9 +277,7 @@ class FrontendService:
         try:
             text = "".join([piece async for piece in generation.pieces()])
         except (WorkerUnavailable, StopAsyncIteration) as exc:  # logged by the middleware
-            raise oai.service_unavailable(
-                f"the worker failed during request {responder.completion_id}: {exc}"
-            ) from exc
+            raise worker_failure(exc, responder.completion_id) from exc
         return web.json_response(
             responder.whole(text, generation.finish_reason or "stop", generation.usage())
         )
@@ -258,8 +307,15 @@ class FrontendService:
                     await send_event(response, responder.usage(generation.usage()))
             except (WorkerUnavailable, StopAsyncIteration) as exc:
                 # Headers are gone: the failure travels in-band, then the stream ends.
-                logger.warning("Worker failed mid-stream %s: %s", responder.completion_id, exc)
-                error = oai.service_unavailable(f"the worker failed during the stream: {exc}")
+                error = worker_failure(exc, responder.completion_id)
+                self.failures.emit(
+                    ("mid-stream", error.status),
+                    "Worker failed mid-stream %s (ended in-band as %d %s): %s",
+                    responder.completion_id,
+                    error.status,
+                    error.code,
+                    error.detail,
+                )
                 await send_event(response, error.body())
             await send_event(response, "[DONE]")
             await response.write_eof()
@@ -315,41 +371,3 @@ def completion_budget(
             param="min_tokens",
         )
     return max_tokens
-
-
-@web.middleware
-async def openai_error_middleware(request: web.Request, handler) -> web.StreamResponse:
-    """Answer every error in the OpenAI shape, including aiohttp's own 404/405/413."""
-    try:
-        return await handler(request)
-    except oai.ApiError as exc:
-        if exc.status >= 500:  # the one line a failed request logs (see the module docstring)
-            logger.warning(
-                "%s %s -> %d %s: %s",
-                request.method,
-                request.path,
-                exc.status,
-                exc.code,
-                exc.detail or exc.message,
-            )
-        return web.json_response(exc.body(), status=exc.status)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
-        return web.json_response(
-            oai.error_body(
-                exc.text if exc.text and not exc.text.startswith(f"{exc.status}:") else exc.reason,
-                type="invalid_request_error",
-                code=_HTTP_ERROR_CODES.get(exc.status),
-            ),
-            status=exc.status,
-            headers=headers,
-        )
-    except (asyncio.CancelledError, ConnectionResetError):
-        raise
-    except Exception:
-        logger.exception("%s %s failed", request.method, request.path)
-        return web.json_response(
-            oai.error_body("internal error in the frontend", type="server_error"), status=500
-        )

@@ -110,7 +110,8 @@ class _SamplingRequest(SamplerFields):
     model: Annotated[StrictStr, Field(min_length=1)]
     max_tokens: TokenCount | None = None
     stop: StopText | Annotated[list[StopText], Field(max_length=64)] | None = None
-    n: Literal[1] | None = 1
+    # Strict like every number here (a Literal[1] would take 1.0 and true); 1 only, for now.
+    n: Annotated[StrictInt, Field(ge=1, le=1)] | None = 1
     ignore_eos: StrictBool | None = False
     min_tokens: MinTokens | None = 0
     stream: StrictBool | None = False

@@ -40,6 +40,8 @@ from . import frontend_args
 from .chat_processor import build_chat_processor
 from .frontend_args import FrontendConfig
 from .http_service import FrontendService
+from .http_surface import http_runner
+from .model_files import parse_model_dirs
 from .model_registry import ModelRegistry
 from .preprocess_pool import PreprocessPool, PreprocessPoolError
 from .sglang_processor import SglangSettings
@@ -91,21 +93,24 @@ class FrontendProcess:
         closer.push("worker client session", session.close)
         registry = ModelRegistry(
             functools.partial(
-                build_chat_processor, kind=config.dyn_chat_processor, sglang=self.sglang
+                build_chat_processor,
+                kind=config.dyn_chat_processor,
+                sglang=self.sglang,
+                model_dirs=parse_model_dirs(config.dyn_model_dirs),
             ),
             max_models=config.dyn_max_models,
         )
         closer.push("chat processor builds", registry.aclose)
         service = self.service = FrontendService(registry, WorkerRouter(session), pool)
+        closer.push("preprocessing threads", service.close)
         app = service.build_app()
         if self.metrics is not None:
             metrics_route(app, self.metrics)  # GET /metrics on the HTTP port
         if config.debug_gc_endpoint:
             debug_gc_route(app)  # POST /debug/gc/collect: off unless the operator asks
         self.drain.install(app)
-        self.runner = GuardedRunner(
+        self.runner = http_runner(
             app,
-            what="HTTP service",
             handler_cancellation=True,  # a client that hangs up aborts its request in the worker
             # Our drain has finished every request by the time aiohttp's cleanup runs: this only
             # bounds closing the connections left (aiohttp waits up to twice this long).

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 DEFAULT_LINES = 10
@@ -51,3 +51,31 @@ class LogBudget:
             self.held_back = 0
         self._log.log(self._level, message, *args)
         return True
+
+
+class CauseBudgets:
+    """One :class:`LogBudget` per cause (any hashable key: an error code, a status and a
+    model), so a flood of one cause cannot hide another; at most ``causes`` of them are kept,
+    the least recently used forgotten first."""
+
+    def __init__(
+        self,
+        log: logging.Logger,
+        level: int = logging.WARNING,
+        *,
+        lines: int = 1,
+        interval_s: float = DEFAULT_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+        causes: int = 256,
+    ) -> None:
+        self._make = lambda: LogBudget(log, level, lines=lines, interval_s=interval_s, clock=clock)
+        self._budgets: dict[Hashable, LogBudget] = {}
+        self._causes = causes
+
+    def emit(self, cause: Hashable, message: str, *args: Any) -> bool:
+        """Log ``message % args`` if ``cause``'s budget allows; True when it was logged."""
+        budget = self._budgets.pop(cause, None) or self._make()
+        self._budgets[cause] = budget  # most recently used last
+        while len(self._budgets) > self._causes:
+            del self._budgets[next(iter(self._budgets))]
+        return budget.emit(message, *args)
