@@ -148,10 +148,11 @@ BENCH = ["--model", "/m", "--self-benchmark-points", "10", *VLLM_REST]
 POLICY_SCHEDULER = "dynamo.vllm.gc_scheduler.FpmGcScheduler"
 
 
-def _engine_args(*argv: str):
+def _engine_args(*argv: str, env: dict[str, str] | None = None):
     from dynamo.vllm import vllm_args
 
-    return vllm_args.engine_args_from_config(backend_args.parse_args(list(argv), env={}))
+    config = backend_args.parse_args(list(argv), env=env or {})
+    return vllm_args.engine_args_from_config(config)
 
 
 @pytest.mark.vllm
@@ -164,7 +165,9 @@ def test_the_self_benchmark_gives_engine_core_the_policy_scheduler(policy):
 
 @pytest.mark.vllm
 def test_serving_alone_keeps_vllms_scheduler():
-    assert _engine_args("--model", "/m", "--fpm-gc-policy", "freeze").scheduler_cls is None
+    # The policy without the self-benchmark: from the environment (as a flag it exits 2).
+    alone = _engine_args("--model", "/m", env={"DYN_FPM_GC_POLICY": "freeze"})
+    assert alone.scheduler_cls is None
     user = "vllm.v1.core.sched.scheduler.Scheduler"
     assert _engine_args("--model", "/m", "--scheduler-cls", user).scheduler_cls == user
 

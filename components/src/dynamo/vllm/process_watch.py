@@ -6,8 +6,8 @@ a pipe whose only write end the child holds. The event loop watches it with ``ad
 death is noticed within one loop iteration, with no thread and no polling. The worker uses it
 for the mock engine's rank processes and for vLLM's EngineCore process while serving.
 
-:func:`terminate_process_trees` ends vLLM's EngineCore processes and their workers on a clean
-stop, without vLLM's force-kill WARNINGs.
+:func:`ending_stuck_children` ends vLLM's EngineCore workers that a clean stop leaves blocked,
+so vLLM has nothing to force-kill (and no WARNING to log).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,46 +82,53 @@ async def first_exit(processes: Sequence[tuple[str, Any]]) -> ProcessExit:
     return ProcessExit(label, process.pid, process.exitcode)
 
 
-# How long EngineCore and its workers get to exit on SIGTERM before the worker ends them itself,
-# within vLLM's own bound (VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS, 5 s by default).
-ENGINE_EXIT_GRACE_S = 3.0
+# How long EngineCore's workers get to exit on their own once vLLM's shutdown has begun, within
+# vLLM's own bound (VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS, 5 s by default).
+WORKER_EXIT_GRACE_S = 1.0
 
 
-def terminate_process_trees(processes: Sequence[Any], grace_s: float = ENGINE_EXIT_GRACE_S) -> None:
-    """SIGTERM to each process (vLLM's EngineCore processes) and each of its children at once
-    (as a terminal's Ctrl-C signals the whole process group), then SIGKILL to any still running
-    after ``grace_s`` (one INFO line each).
+@contextlib.contextmanager
+def ending_stuck_children(
+    processes: Sequence[Any], grace_s: float = WORKER_EXIT_GRACE_S
+) -> Iterator[None]:
+    """While the body stops ``processes`` (vLLM's ``AsyncLLM.shutdown`` stopping its EngineCore
+    processes), their children (EngineCore's workers) still running ``grace_s`` after it began
+    are killed, with one INFO line each.
 
-    Why: ``AsyncLLM.shutdown`` signals EngineCore alone. EngineCore's executor then waits
-    ``VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS`` (5 s) for its workers, which block on their message
-    queue and do not exit on their own; and the process manager in this process waits the same
-    5 s for EngineCore, then SIGKILLs it and its workers with three "force killing" WARNINGs, on
-    every clean stop. A worker signalled directly usually exits at once; but its main thread
-    can sit in a blocking wait that a signal delivered to another of its threads does not
-    interrupt, and once EngineCore closes its death pipe it ignores SIGTERM altogether. What is
-    left after the grace period has nothing to finish (no request is in flight by now), so it is
-    ended here and vLLM's manager finds nothing to force.
+    Why: ``AsyncLLM.shutdown`` sends SIGTERM to EngineCore, whose executor closes its workers'
+    queues and waits ``VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS`` (5 s) for them to exit. On this
+    vLLM a worker does not: its main thread stays blocked on the closed queue, and from then on
+    it ignores SIGTERM (its handler acts once, and the closed queue counts as that once). The
+    process manager in this process waits the same 5 s for EngineCore, then SIGKILLs it and its
+    workers with three "force killing" WARNINGs, on every clean stop. A worker has nothing left
+    to do by then (no request is in flight), so ending it here lets EngineCore's executor see it
+    gone, EngineCore exit, and vLLM's shutdown finish within its bound, with nothing to force.
+    Killing EngineCore itself would not do: vLLM's client would warn that it "exited
+    unexpectedly".
     """
-    import psutil  # vLLM's dependency, as this module is
+    import psutil  # vLLM's dependency; only the vLLM engine calls this
 
-    tree: list[Any] = []
+    children: list[Any] = []
     for process in processes:
-        try:
-            core = psutil.Process(process.pid)
-            tree += [*core.children(recursive=True), core]
-        except (psutil.NoSuchProcess, ValueError, TypeError):  # gone, or never started
-            continue
-    for member in tree:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            member.terminate()
-    _, alive = psutil.wait_procs(tree, timeout=grace_s)
-    for member in alive:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            logger.info(
-                "vLLM process %s (pid %d) did not exit within %g s of SIGTERM: ending it",
-                member.name(),
-                member.pid,
-                grace_s,
-            )
-            member.kill()
-    psutil.wait_procs(alive, timeout=grace_s)
+        with contextlib.suppress(psutil.NoSuchProcess, ValueError, TypeError):
+            children += psutil.Process(process.pid).children(recursive=True)
+
+    def end_the_stuck() -> None:
+        _, alive = psutil.wait_procs(children, timeout=grace_s)
+        for child in alive:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                logger.info(
+                    "vLLM process %s (pid %d) still running %g s into the engine's shutdown: "
+                    "ending it",
+                    child.name(),
+                    child.pid,
+                    grace_s,
+                )
+                child.kill()
+
+    reaper = threading.Thread(target=end_the_stuck, name="engine-shutdown-reaper", daemon=True)
+    reaper.start()
+    try:
+        yield
+    finally:
+        reaper.join()
