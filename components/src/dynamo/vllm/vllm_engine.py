@@ -60,7 +60,7 @@ logger = logging.getLogger(__name__)
 
 
 # How long vLLM's process manager waits for EngineCore to exit before it force-kills it.
-ENGINE_SHUTDOWN_TIMEOUT_S = 10.0
+ENGINE_SHUTDOWN_TIMEOUT_S = 20.0
 
 
 def build_vllm_engine(
@@ -409,8 +409,9 @@ class VllmEngine:
         # are ended meanwhile, else vLLM force-kills them with WARNINGs (see the function).
         with ending_stuck_children([process for _, process in engine_core_processes(engine)]):
             try:
-                # EngineCore's own teardown takes seconds after its workers are gone: a longer
-                # bound than vLLM's 5 s default, which a loaded machine overran (a force kill).
+                # EngineCore's own teardown (gc.unfreeze, then a full collection of its heap)
+                # takes seconds on a CPU after its workers are gone, over 5 s on a loaded
+                # machine: a longer bound than vLLM's 5 s default, which it overran.
                 engine.shutdown(timeout=ENGINE_SHUTDOWN_TIMEOUT_S)
             except TypeError:  # a vLLM whose shutdown takes no timeout
                 engine.shutdown()
