@@ -71,6 +71,14 @@ def test_a_non_utf8_argument_for_vllm_exits_2_before_vllm_is_imported(tmp_path):
     assert_exit_2_naming(process, "--tokenizer", "not valid UTF-8")
 
 
+@pytest.mark.parametrize("name", ["ETCD_AUTH_USERNAME", "ETCD_AUTH_PASSWORD"])
+def test_non_utf8_etcd_credentials_exit_2_without_echoing_them(tmp_path, name):
+    env = {"ETCD_AUTH_USERNAME": "user", "ETCD_AUTH_PASSWORD": "secret-pw", name: "x\udcff"}
+    process = start_frontend("frontend", tmp_path, None, "--discovery-backend", "etcd", env=env)
+    output = assert_exit_2_naming(process, f"{name} is not valid UTF-8")
+    assert "secret-pw" not in output and "x\\udcff" not in output
+
+
 # --- durations beyond what threading can wait ----------------------------------------------
 
 
