@@ -63,6 +63,13 @@ LIVE_PATH = "/live"
 # preprocess pool instead when there is one): never the event loop, so /health and the streams
 # in flight are served while a 1 MB prompt is processed. Bounded: more requests wait their turn.
 PREPROCESS_THREADS = 4
+# What a client is told when the model's preprocessing cannot run, by the pool's state (the
+# detail, which may name a path on this host or a library's words, goes to the log).
+PREPROCESS_UNAVAILABLE = {
+    "rebuilding": "the model's preprocessing is being rebuilt after a process died; retry shortly",
+    "failed": "the model's preprocessing is down",
+}
+PREPROCESS_UNAVAILABLE_OTHERWISE = "the model's preprocessing is unavailable right now; retry later"
 
 T = TypeVar("T")
 
@@ -83,6 +90,8 @@ class FrontendService:
         self.failures = failure_log()
         # A request a worker refused (the client's 400): the worker's words go to the log only.
         self.refusals = CauseBudgets(logger, logging.INFO, lines=1, interval_s=LOG_INTERVAL_S)
+        # Clients hanging up mid-stream: normal one at a time, and a flood must not flood the log.
+        self.hangups = CauseBudgets(logger, logging.INFO, lines=1, interval_s=LOG_INTERVAL_S)
         # The discovery watcher (set by main): /health reports its state, and is not ready
         # before its first look at the store.
         self.discovery_watcher: RecordWatcher | None = None
@@ -160,11 +169,20 @@ class FrontendService:
                 processor.card, prompt, add_special_tokens=not chat
             )
         except PreprocessPoolError as exc:  # the pool logs its own breakage, once
-            raise oai.service_unavailable(str(exc), code="preprocess_unavailable") from exc
-        except ModelFilesError as exc:  # the frontend loaded them: this host's files changed?
+            message = PREPROCESS_UNAVAILABLE.get(
+                self.preprocess_pool.state, PREPROCESS_UNAVAILABLE_OTHERWISE
+            )
             raise oai.service_unavailable(
-                f"a preprocess worker cannot load the tokenizer of `{processor.model}`: {exc}",
+                message, code="preprocess_unavailable", detail=str(exc)
+            ) from exc
+        except ModelFilesError as exc:  # the frontend loaded them: this host's files changed?
+            # The detail names a path on this host and a library's words: the log's, not the
+            # client's (docs/security.md).
+            raise oai.service_unavailable(
+                PREPROCESS_UNAVAILABLE_OTHERWISE,
                 code="preprocess_unavailable",
+                detail=f"a preprocess worker cannot load the tokenizer of "
+                f"{peer_text.escape(processor.model)}: {exc}",
             ) from exc
 
     def _admit(self) -> None:
@@ -321,9 +339,15 @@ class FrontendService:
             await response.write_eof()
         except ConnectionResetError:
             # The client closed its connection; the caller's finally aborts the worker's side.
-            logger.info("Client went away mid-stream: request %s aborted", responder.completion_id)
+            self.hangups.emit(
+                "went away",
+                "Client went away mid-stream: request %s aborted",
+                responder.completion_id,
+            )
         except asyncio.CancelledError:
-            logger.info("Request %s cancelled mid-stream: aborted", responder.completion_id)
+            self.hangups.emit(
+                "cancelled", "Request %s cancelled mid-stream: aborted", responder.completion_id
+            )
             raise
         return response
 
