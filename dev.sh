@@ -69,7 +69,11 @@ case "$command" in
     exit "$rc"
     ;;
   *)
-    sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//' >&2
+    if [ -n "$command" ]; then
+      echo "dev.sh: unknown command '$command'" >&2
+    fi
+    # The comment block at the top of this file, without its '#' (and nothing after it).
+    awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0" >&2
     exit 2
     ;;
 esac

@@ -15,8 +15,10 @@ They share a private discovery directory under a fresh temp dir, so no other wor
 machine joins the pair.
 
 Once the frontend lists the model, this prints a ready-to-paste curl command and where the logs
-are, then streams both logs prefixed ``[frontend]`` / ``[worker]``. Ctrl-C (or SIGTERM) stops the
-frontend, then the worker, and exits 0. If either dies on its own, the other is stopped and this
+are, then streams both logs prefixed ``[frontend]`` / ``[worker]``. Ctrl-C (or SIGTERM, or SIGHUP
+when the terminal closes, or our output closing: ``| head``) stops the frontend, then the
+worker, and exits 0, without a traceback; if this script is killed outright, its children get
+SIGTERM from the kernel (Linux). If either dies on its own, the other is stopped and this
 exits 1 with the dead one's last log lines.
 """
 
@@ -27,6 +29,7 @@ import collections
 import json
 import os
 import re
+import select
 import shlex
 import signal
 import subprocess
@@ -51,11 +54,51 @@ LISTENING = re.compile(r"HTTP service listening on (http://\S+)")
 FROZEN = re.compile(r"GC heap frozen \(([^)]*)\): .*")
 
 _print_lock = threading.Lock()
+# Set when our output was closed (``./dev.sh icebox | head``, a terminal gone): the pair stops.
+output_closed = threading.Event()
 
 
 def say(text: str, stream=sys.stdout) -> None:
+    """One line to our output; a closed output stops the echo (and, via the main loop, the
+    pair) instead of a BrokenPipeError traceback from each thread that writes."""
     with _print_lock:
-        print(text, file=stream, flush=True)
+        if output_closed.is_set():
+            return
+        try:
+            print(text, file=stream, flush=True)
+        except (BrokenPipeError, OSError):
+            output_closed.set()
+            # Anything still buffered, and the interpreter's flush at exit, go nowhere.
+            for target in (sys.stdout, sys.stderr):
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, target.fileno())
+                os.close(devnull)
+
+
+def notice_closed_output() -> bool:
+    """Whether our output was closed (a pipe's reader gone reports POLLERR on its write end),
+    even while no line is being written."""
+    if not output_closed.is_set():
+        try:
+            poller = select.poll()
+            poller.register(sys.stdout.fileno(), 0)  # errors and hang-ups are always reported
+            if poller.poll(0):
+                output_closed.set()
+        except (OSError, ValueError, AttributeError):  # no poll here, or no stdout at all
+            pass
+    return output_closed.is_set()
+
+
+def die_with_parent() -> None:
+    """In the child, before exec (Linux): SIGTERM when this script dies, even by SIGKILL, so
+    no way of ending it leaves the pair running and holding its port."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
 
 
 class Child:
@@ -78,6 +121,7 @@ class Child:
             # Own session: Ctrl-C reaches only this script, which stops the pair in order
             # (frontend first, so no request is routed to a worker that is already gone).
             start_new_session=True,
+            preexec_fn=die_with_parent,  # only prctl: safe between fork and exec
         )
         self._pump = threading.Thread(target=self._pump_output, name=f"{name}-log", daemon=True)
         self._pump.start()
@@ -182,8 +226,12 @@ def main(argv: list[str] | None = None) -> int:
         nonlocal stop_requested
         stop_requested = True
 
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    # SIGHUP: the terminal was closed. Each stops the pair in order, as Ctrl-C does.
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, on_signal)
+
+    def stopping() -> bool:
+        return stop_requested or notice_closed_output()
 
     tokenizer_dir = make_tiny_model.build(
         make_tiny_model.DEFAULT_TOKENIZER_OUT, tokenizer_only=True
@@ -239,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     base_url = None
     deadline = time.monotonic() + READY_DEADLINE_S
     while True:
-        if stop_requested:
+        if stopping():
             say("[icebox] stopped before the pair was ready")
             stop_all()
             return 0
@@ -278,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     say("\n".join(banner))
 
-    while not stop_requested:
+    while not stopping():
         dead = died()
         if dead is not None:
             return report_death(dead)

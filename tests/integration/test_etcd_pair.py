@@ -15,6 +15,7 @@ import aetcd
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from dynamo.common.configuration.runtime_options import DISCOVERY_DIR
 from dynamo.runtime.discovery import ModelRecord
 from tests.support import LauncherProcess, wait_until
 from tests.support.pair import EXPLICIT_COLLECT_LINE, chat_body, request
@@ -44,15 +45,17 @@ def pair_on_etcd(
     server, log_dir, discovery_dir, *models: str
 ) -> tuple[list[LauncherProcess], LauncherProcess]:
     """A mock worker per model (``worker-<model>.log``) and a frontend (with the explicit-collect
-    trace), all on ``server``; ``discovery_dir`` is passed and must go unused."""
+    trace), all on ``server``; ``discovery_dir`` is set (in the environment: on the command
+    line it would exit 2, as it means nothing on etcd) and must go unused."""
+    env = {DISCOVERY_DIR.env_var: str(discovery_dir)}
     workers = [
         start_worker(
-            f"worker-{model}", log_dir, discovery_dir, model, *etcd_args(server), mock_token_ms=1
+            f"worker-{model}", log_dir, None, model, *etcd_args(server), env=env, mock_token_ms=1
         )
         for model in models
     ]
     frontend = start_frontend(
-        "frontend", log_dir, discovery_dir, *etcd_args(server), trace_gc_collect=True
+        "frontend", log_dir, None, *etcd_args(server), env=env, trace_gc_collect=True
     )
     return workers, frontend
 

@@ -125,3 +125,52 @@ def test_icebox_exits_nonzero_with_the_last_lines_when_a_child_dies(icebox):
     assert f"the worker exited on its own with code {-signal.SIGKILL}" in output
     assert re.search(r"last lines of \S+worker\.log:\n(  .*\n)*  .*Model registered", output)
     assert not pid_alive(int(frontend_pid))
+
+
+def test_a_closed_terminal_sighup_stops_the_pair(icebox):
+    _, frontend_pid, _, worker_pid = icebox.wait_ready().groups()
+    icebox.proc.send_signal(signal.SIGHUP)
+    assert icebox.wait_exit() == 0
+    output = icebox.output()
+    assert "exit codes: {'frontend': 0, 'worker': 0}" in output and "Traceback" not in output
+    assert not pid_alive(int(frontend_pid)) and not pid_alive(int(worker_pid))
+
+
+def test_a_killed_icebox_takes_its_children_with_it(icebox):
+    _, frontend_pid, _, worker_pid = icebox.wait_ready().groups()
+    icebox.proc.kill()  # no handler runs: the kernel signals the children (PR_SET_PDEATHSIG)
+    icebox.wait_exit()
+    for pid in (frontend_pid, worker_pid):
+        wait_until(lambda pid=pid: not pid_alive(int(pid)), deadline_s=60, what=f"pid {pid} gone")
+
+
+def test_an_output_pipe_closed_by_its_reader_stops_the_pair_without_a_traceback(tmp_path):
+    """``./dev.sh icebox | head``: once head has its lines and exits, the pair stops (it held
+    the port before) and no BrokenPipeError traceback is printed."""
+    errors = tmp_path / "icebox.err"
+    with open(errors, "wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, str(ICEBOX), "--port", "0"],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        )
+    try:
+        assert proc.stdout is not None
+        seen = []
+        for raw in proc.stdout:  # like head: read up to the banner's pids, then hang up
+            seen.append(raw.decode("utf-8", errors="replace"))
+            banner = BANNER.search(seen[-1])
+            if banner is not None:
+                break
+        assert banner is not None, "".join(seen)
+        _, frontend_pid, _, worker_pid = banner.groups()
+        proc.stdout.close()
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "Traceback" not in errors.read_text(encoding="utf-8", errors="replace")
+    assert not pid_alive(int(frontend_pid)) and not pid_alive(int(worker_pid))

@@ -28,7 +28,7 @@ GC_TRACE_DIR = Path(__file__).resolve().parent / "gc_trace"
 def start_worker(
     name: str,
     log_dir: Path,
-    discovery_dir: Path,
+    discovery_dir: Path | None,
     model: str | None,
     *args: str,
     env: Mapping[str, str] | None = None,
@@ -36,21 +36,23 @@ def start_worker(
     vllm_model: str | None = None,
 ) -> LauncherProcess:
     """A worker serving ``model`` (``--served-model-name``; ``None``: the engine's default
-    name), publishing in ``discovery_dir``, its output in ``log_dir/<name>.log``; ``args`` come
-    after the starter's own, so they may override them.
+    name), publishing in ``discovery_dir`` (``None``: no ``--discovery-dir``, as with etcd), its
+    output in ``log_dir/<name>.log``; ``args`` come after the starter's own, so they may
+    override them.
 
     By default the mock engine on the tiny tokenizer (``mock_token_ms`` sets its pace). With
     ``vllm_model`` (a model directory) the real vLLM engine, with the small-footprint arguments
     and offline environment of the benchmarks (bench_common.VLLM_ARGS, OFFLINE_ENV).
     """
     named = [] if model is None else ["--served-model-name", model]
+    directory = [] if discovery_dir is None else ["--discovery-dir", str(discovery_dir)]
     if vllm_model is None:
         pace = [] if mock_token_ms is None else ["--mock-token-ms", f"{mock_token_ms:g}"]
-        argv = ["--engine", "mock", "--model", tiny_tokenizer_dir(), *named,
-                "--discovery-dir", str(discovery_dir), *pace, *args]  # fmt: skip
+        argv = ["--engine", "mock", "--model", tiny_tokenizer_dir(), *named, *directory,
+                *pace, *args]  # fmt: skip
         return LauncherProcess(name, "dynamo.vllm", argv, log_dir=log_dir, env=env)
-    argv = ["--engine", "vllm", "--model", vllm_model, *named, "--discovery-dir",
-            str(discovery_dir), "--request-plane-host", "127.0.0.1", *args, *VLLM_ARGS]  # fmt: skip
+    argv = ["--engine", "vllm", "--model", vllm_model, *named, *directory,
+            "--request-plane-host", "127.0.0.1", *args, *VLLM_ARGS]  # fmt: skip
     return LauncherProcess(
         name, "dynamo.vllm", argv, log_dir=log_dir, env={**OFFLINE_ENV, **(env or {})}
     )
@@ -59,7 +61,7 @@ def start_worker(
 def start_frontend(
     name: str,
     log_dir: Path,
-    discovery_dir: Path,
+    discovery_dir: Path | None,
     *args: str,
     env: Mapping[str, str] | None = None,
     trace_gc_collect: bool = False,
@@ -69,8 +71,8 @@ def start_frontend(
     ``trace_gc_collect``: the process logs ``explicit gc.collect() called from FILE:LINE`` for
     every explicit collection (tests/support/gc_trace, put first on its ``PYTHONPATH``).
     """
-    argv = ["--http-host", "127.0.0.1", "--http-port", "0", "--discovery-dir",
-            str(discovery_dir), *args]  # fmt: skip
+    directory = [] if discovery_dir is None else ["--discovery-dir", str(discovery_dir)]
+    argv = ["--http-host", "127.0.0.1", "--http-port", "0", *directory, *args]
     child_env = dict(env or {})
     if trace_gc_collect:
         child_env.update(gc_trace_env(child_env))

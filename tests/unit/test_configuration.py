@@ -390,13 +390,22 @@ UNICODE_DIGITS = [
 CONTROL_JUNK = ["\t", "\n", "a\nb", "a\x00b", "\x1b[31mred", "a\x7fb", "a\u0085b"]
 
 
+# Bytes that are not UTF-8, as Python hands them over from argv and the environment (lone
+# surrogates): every kind refuses them, naming the option, instead of a traceback later.
+NOT_UTF8 = ["\udcff", "a\udcffb", "\udcc3\udca9"]
+
+
 def bad_values(option: Option) -> list[str]:
     """About twenty values each kind must refuse (exit 2 naming flag, env var and value)."""
+    return _bad_values(option) + NOT_UTF8
+
+
+def _bad_values(option: Option) -> list[str]:
     kind = option.kind
     if isinstance(kind, FiniteFloat):
         below = [f"{kind.minimum - 1:g}"] + ([f"{kind.minimum / 2:g}"] if kind.minimum > 0 else [])
         if kind.maximum is not None:
-            below += [f"{kind.maximum + 0.5:g}", f"{kind.maximum * 1e6:g}", "1e300"]
+            below += [f"{kind.maximum + 0.5:.17g}", f"{kind.maximum * 1e6:g}", "1e300"]
         return [
             "nan", "NaN", "inf", "-inf", "+Infinity", "1e309", "-1e309", "", "  ", "abc",
             "1,5", "1_0", "0x10", "1.5.2", "1e", "e5", "..5", "\uff11.\uff15",
@@ -493,15 +502,45 @@ def test_bad_cli_value_as_separate_word_exits_2_naming_flag_env_and_value(
     assert_names_flag_env_and_value(err, option.flag, option.env_var, value)
 
 
+# What each option that acts only with another one needs, as env vars (see
+# dynamo.common.configuration.prerequisites; the test below holds this table to its REQUIREMENTS).
+_ETCD = {"DYN_DISCOVERY_BACKEND": "etcd"}
+_MOCK = {"DYN_VLLM_ENGINE": "mock"}
+_SYSTEM_PORT = {"DYN_SYSTEM_PORT": "0"}
+_BENCH = {"DYN_VLLM_SELF_BENCHMARK_POINTS": "1"}
+ENABLERS: dict[str, dict[str, str]] = {
+    "etcd_endpoints": _ETCD,
+    "namespace": _ETCD,
+    "discovery_dir": {},  # the default backend (file)
+    "mock_token_ms": _MOCK,
+    "mock_max_model_len": _MOCK,
+    "mock_init_ms": _MOCK,
+    "mock_heap_objects": _MOCK,
+    "system_host": _SYSTEM_PORT,
+    "debug_gc_endpoint": _SYSTEM_PORT,
+    "self_benchmark_output": _BENCH,
+    "fpm_gc_policy": _BENCH,
+    "fpm_gc_freeze_interval_s": {**_BENCH, "DYN_FPM_GC_POLICY": "freeze"},
+}
+
+
+def test_every_option_with_a_prerequisite_has_its_enabler_here():
+    for requirements in (backend_args.REQUIREMENTS, frontend_args.REQUIREMENTS):
+        for requirement in requirements:
+            assert requirement.option.dest in ENABLERS, requirement.option.flag
+
+
 @pytest.mark.parametrize("program,option", [pytest.param(p, o, id=o.flag) for p, o in VALUED])
 def test_every_option_takes_a_good_value_and_cli_beats_env(program, option):
     parse = PARSERS[program]
     text, value = good_value(option)
-    assert getattr(parse([], {option.env_var: text}), option.dest) == value
-    assert getattr(parse([option.flag, text], {}), option.dest) == value
+    enabler = ENABLERS.get(option.dest, {}) if option.env_var not in _ETCD else {}
+    assert getattr(parse([], {**enabler, option.env_var: text}), option.dest) == value
+    assert getattr(parse([option.flag, text], enabler), option.dest) == value
     # the command line wins over a different, even invalid, env value
     other = bad_values(option)[-1]
-    assert getattr(parse([f"{option.flag}={text}"], {option.env_var: other}), option.dest) == value
+    env = {**enabler, option.env_var: other}
+    assert getattr(parse([f"{option.flag}={text}"], env), option.dest) == value
 
 
 def test_a_dash_word_after_a_text_option_is_not_taken_for_its_value(capsys):

@@ -109,6 +109,7 @@ def test_a_namespace_with_a_trailing_newline_is_the_same_namespace(program):
 
     parse = frontend_args.parse_args if program == "dynamo.frontend" else backend_args.parse_args
     extra = ["--engine", "mock", "--model", "/tmp"] if program == "dynamo.vllm" else []
+    extra += ["--discovery-backend", "etcd"]  # --namespace acts only there
     assert parse(extra, {"DYN_NAMESPACE": "dyn\n"}).namespace == "dyn"
     assert parse([*extra, "--namespace= dyn\t"], {}).namespace == "dyn"
 

@@ -166,7 +166,8 @@ def test_a_bad_policy_exits_2_naming_flag_and_env(capsys):
 
 @pytest.mark.parametrize("text", ["1", "2.5", "60"])
 def test_good_intervals_parse(text):
-    assert config_for("--fpm-gc-freeze-interval-s", text).fpm_gc_freeze_interval_s == float(text)
+    config = config_for(*BENCH_FREEZE, "--fpm-gc-freeze-interval-s", text)
+    assert config.fpm_gc_freeze_interval_s == float(text)
 
 
 @pytest.mark.parametrize("text", ["Extension", "pkg..Ext", "pkg.1Ext", " "])
@@ -209,13 +210,15 @@ def test_a_conflicting_extension_exits_2_naming_both_options(capsys, name):
     "argv",
     [
         ("--self-benchmark-points", "10", "--fpm-gc-policy", "off"),
-        ("--self-benchmark-points", "0", "--fpm-gc-policy", "freeze"),
+        ("--self-benchmark-points", "0"),
         (),
     ],
 )
 def test_without_the_policy_the_users_extension_is_left_alone(argv):
     name = f"{__name__}.UnrelatedExtension"
-    assert resolve_worker_extension(config_for(*argv, "--worker-extension-cls", name)) == name
+    # The policy set without the self-benchmark: through its env var (a flag would exit 2).
+    config = config_for(*argv, "--worker-extension-cls", name, env={"DYN_FPM_GC_POLICY": "freeze"})
+    assert resolve_worker_extension(config) == name
 
 
 def test_the_extension_is_injected_in_both_arms_of_the_benchmark_and_never_outside_it():
@@ -223,7 +226,8 @@ def test_the_extension_is_injected_in_both_arms_of_the_benchmark_and_never_outsi
     # arms differ in the policy alone.
     off = config_for("--self-benchmark-points", "10", "--fpm-gc-policy", "off")
     assert resolve_worker_extension(off) == QUALNAME
-    assert resolve_worker_extension(config_for("--fpm-gc-policy", "freeze")) is None
+    outside = config_for(env={"DYN_FPM_GC_POLICY": "freeze"})  # a flag would exit 2
+    assert resolve_worker_extension(outside) is None
     assert resolve_worker_extension(config_for()) is None
 
 
@@ -231,7 +235,8 @@ def test_policy_env_is_given_to_the_ranks_in_benchmark_mode_only(monkeypatch):
     config = config_for(*BENCH_FREEZE, "--fpm-gc-freeze-interval-s", "2.5")
     expected = {"DYN_FPM_GC_POLICY": "freeze", "DYN_FPM_GC_FREEZE_INTERVAL_S": "2.5"}
     assert self_benchmark_hooks.policy_env_for(config) == expected
-    assert self_benchmark_hooks.policy_env_for(config_for("--fpm-gc-policy", "freeze")) == {}
+    outside = config_for(env={"DYN_FPM_GC_POLICY": "freeze"})
+    assert self_benchmark_hooks.policy_env_for(outside) == {}
     for name in expected:
         monkeypatch.delenv(name, raising=False)
     self_benchmark_hooks.export_policy_env(config)

@@ -93,10 +93,16 @@ def test_a_bad_vllm_argument_exits_2_before_anything_starts(tmp_path, mocker, ca
     from dynamo.vllm import main as worker_main
 
     run_worker = mocker.patch.object(worker_main, "run_worker")
-    argv = ["--engine", "vllm", "--model", "/m", "--discovery-dir", str(tmp_path / "d")]
+    model = str(tmp_path)  # a directory that exists: vLLM's own parser is what refuses
+    argv = ["--engine", "vllm", "--model", model, "--discovery-dir", str(tmp_path / "d")]
     assert worker_main.main([*argv, "--no-such-vllm-flag"]) == 2
     run_worker.assert_not_called()  # no listener, no engine init, no event loop
-    assert "--no-such-vllm-flag" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--no-such-vllm-flag" in err
+    # vLLM's usage is hundreds of lines: its error comes first and alone, not below them.
+    refused = [line for line in err.splitlines() if "error:" in line]
+    assert refused[0].startswith("python -m dynamo.vllm --engine vllm: error:"), err
+    assert "usage:" not in err and len(err.splitlines()) < 10, err
 
 
 def test_vllm_is_the_default_engine_and_the_served_name_is_the_workers_option():
@@ -142,10 +148,11 @@ BENCH = ["--model", "/m", "--self-benchmark-points", "10", *VLLM_REST]
 POLICY_SCHEDULER = "dynamo.vllm.gc_scheduler.FpmGcScheduler"
 
 
-def _engine_args(*argv: str):
+def _engine_args(*argv: str, env: dict[str, str] | None = None):
     from dynamo.vllm import vllm_args
 
-    return vllm_args.engine_args_from_config(backend_args.parse_args(list(argv), env={}))
+    config = backend_args.parse_args(list(argv), env=env or {})
+    return vllm_args.engine_args_from_config(config)
 
 
 @pytest.mark.vllm
@@ -158,7 +165,9 @@ def test_the_self_benchmark_gives_engine_core_the_policy_scheduler(policy):
 
 @pytest.mark.vllm
 def test_serving_alone_keeps_vllms_scheduler():
-    assert _engine_args("--model", "/m", "--fpm-gc-policy", "freeze").scheduler_cls is None
+    # The policy without the self-benchmark: from the environment (as a flag it exits 2).
+    alone = _engine_args("--model", "/m", env={"DYN_FPM_GC_POLICY": "freeze"})
+    assert alone.scheduler_cls is None
     user = "vllm.v1.core.sched.scheduler.Scheduler"
     assert _engine_args("--model", "/m", "--scheduler-cls", user).scheduler_cls == user
 
@@ -233,3 +242,30 @@ def test_a_control_request_writes_its_report_only_where_call_engine_core_would(t
         gc_scheduler._run_control({"command": "report", "report_path": path})
         with open(path, encoding="utf-8") as report:
             assert json.load(report)["command"] == "report"
+
+
+@pytest.mark.vllm
+def test_help_piped_to_head_prints_the_workers_options_fast_and_without_a_traceback(tmp_path):
+    """``python -m dynamo.vllm --help | head``: the worker's options come first, flushed; once
+    the reader has hung up, vLLM is not imported for a list nobody reads (it was 9 s of imports,
+    then a BrokenPipeError traceback)."""
+    import subprocess
+    import sys
+
+    errors = tmp_path / "help.err"
+    with open(errors, "wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-X", "importtime", "-m", "dynamo.vllm", "--help"],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+        )
+    assert proc.stdout is not None
+    first = proc.stdout.readline()  # like head -1
+    proc.stdout.close()
+    assert proc.wait(timeout=120) == 0
+    assert first.startswith(b"usage: python -m dynamo.vllm")
+    stderr = errors.read_text(encoding="utf-8", errors="replace")
+    assert "Traceback" not in stderr and "BrokenPipeError" not in stderr, stderr
+    imported = [line.rsplit("|", 1)[-1].strip() for line in stderr.splitlines() if "|" in line]
+    assert "vllm" not in imported, "vLLM was imported for a help nobody reads"

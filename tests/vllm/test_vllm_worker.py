@@ -259,6 +259,16 @@ def test_sigterm_stops_the_real_worker_and_its_engine(real_vllm):
     log = worker.log()
     assert len(re.findall(r"Engine shut down in \d+ ms", log)) == 1, log
     assert "Worker stopped" in log
+    assert_a_clean_stop(log)
+
+
+def assert_a_clean_stop(log: str) -> None:
+    """No WARNING from the signal on: vLLM's process manager used to SIGKILL EngineCore and its
+    worker ("force killing") on every clean stop, 5 s after SIGTERM (the signal goes to the
+    worker's pid alone, as Kubernetes sends it)."""
+    stopping = log[log.index("Received SIGTERM") :]
+    assert "force killing" not in stopping, stopping
+    assert "WARNING" not in stopping, stopping
 
 
 def test_self_benchmark_lengths_stop_at_what_the_model_takes(real_vllm):
@@ -277,6 +287,7 @@ def test_the_frozen_worker_exits_without_leak_reports(real_vllm):
     assert worker.wait_exit(EXIT_DEADLINE_S) == 0, worker.log()
     log = worker.log()
     assert "nanobind: leaked" not in log, log
+    assert_a_clean_stop(log)
     stopped = log.index("Worker stopped")
     assert re.search(r"GC gen\d pause", log[stopped:]) is None, log[stopped:]
 
@@ -313,3 +324,20 @@ def test_an_engine_that_fails_to_initialise_ends_the_worker_with_one_error_line(
     assert 'File "' + str(Path(__file__).parents[2] / "components") not in log, log
     assert "Model registered" not in log
     assert DiscoveryStore(tmp_path / "discovery").read_all() == {}
+
+
+@pytest.mark.parametrize("model", ["/no/such/model/dir", "./no-such-dir", "a/b/c"])
+def test_a_model_that_is_neither_a_directory_nor_a_hub_id_exits_2_naming_model(tmp_path, model):
+    """vLLM took it for a Hugging Face id and failed with "Repo id must be in the form ...",
+    exit 1, after seconds of imports; now as with the mock engine: exit 2 naming --model."""
+    worker = LauncherProcess(
+        "worker-no-model",
+        "dynamo.vllm",
+        ["--model", model, "--discovery-dir", str(tmp_path / "discovery")],
+        log_dir=tmp_path,
+        env=OFFLINE_ENV,
+    )
+    assert worker.exit_code(EXIT_DEADLINE_S) == 2, worker.log()
+    log = worker.log()
+    assert f"--model / DYN_VLLM_MODEL is {model!r}: no such file or directory" in log, log
+    assert "Repo id" not in log and "Traceback" not in log, log

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from dynamo.common import lifecycle, logging_setup
-from dynamo.common.configuration import Option, upstream
+from dynamo.common.configuration import Option, prerequisites, upstream
 from dynamo.common.configuration.gc_options import GcSettings
 from dynamo.common.metrics import DynamoMetrics
 from dynamo.common.utils import gc_freeze
@@ -72,6 +73,17 @@ def configure_process_logging(
     logging_setup.configure_logging(levels)
     logging_setup.warn_unmatched_targets(levels)
     upstream.warn_ignored_env(prog, upstream.declared_names(options))
+
+
+def warn_unmet_prerequisites(
+    requirements: Sequence[prerequisites.Requires], config: object, argv: Sequence[str] | None
+) -> None:
+    """One WARNING per option set through its env var whose prerequisite is missing (on the
+    command line the parse has exited 2 already; see
+    :mod:`dynamo.common.configuration.prerequisites`)."""
+    given = sys.argv[1:] if argv is None else argv
+    for line in prerequisites.env_warnings(requirements, config, given, os.environ):
+        logger.warning("%s", line)
 
 
 @dataclass

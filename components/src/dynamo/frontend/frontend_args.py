@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -12,14 +13,16 @@ from dynamo.common.configuration import (
     Option,
     Surface,
     Text,
+    build_parser,
     gc_options,
     host_option,
     parse_surface,
     port_option,
+    prerequisites,
 )
 from dynamo.common.configuration.drain_options import drain_option
 from dynamo.common.configuration.launcher_config import LauncherConfig
-from dynamo.common.configuration.runtime_options import DISCOVERY_OPTIONS
+from dynamo.common.configuration.runtime_options import DISCOVERY_OPTIONS, DISCOVERY_REQUIREMENTS
 from dynamo.common.configuration.typed import typed_config
 
 from .sglang_options import SGLANG_OPTIONS
@@ -160,6 +163,11 @@ SURFACE = Surface(
 )
 
 
+# Options that act only with another one (see dynamo.common.configuration.prerequisites); the
+# sglang processor's options are refused outright with another processor (see sglang_checks).
+REQUIREMENTS = [*DISCOVERY_REQUIREMENTS]
+
+
 def listen_option_at_fault(exc: OSError) -> Option:
     """The option to change when the HTTP listener cannot bind: the host when it is no address
     of this machine (or does not resolve), else the port (taken, or privileged)."""
@@ -208,4 +216,9 @@ def parse_args(
     argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 ) -> FrontendConfig:
     """The frontend's configuration; bad input exits 2 (the parser says why), --help exits 0."""
-    return typed_config(FrontendConfig, parse_surface(SURFACE, argv, env))
+    config = typed_config(FrontendConfig, parse_surface(SURFACE, argv, env))
+    given = sys.argv[1:] if argv is None else argv
+    problem = prerequisites.command_line_problem(REQUIREMENTS, config, given)
+    if problem is not None:
+        build_parser(SURFACE).error(problem)
+    return config

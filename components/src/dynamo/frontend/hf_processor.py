@@ -24,16 +24,14 @@ import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import jinja2
-import jinja2.ext
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
+from dynamo.runtime.chat_template import chat_template_environment
 from dynamo.runtime.tokenizer_config import token_text
 
 from .model_files import (
@@ -155,36 +153,6 @@ def find_chat_template(
         }
         return named.get("default")
     return None
-
-
-def _raise_exception(message: str):
-    raise jinja2.exceptions.TemplateError(message)
-
-
-def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-    # Jinja's own tojson escapes <, >, & for HTML; chat templates need the text as it is.
-    return json.dumps(
-        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-    )
-
-
-def _strftime_now(format: str) -> str:
-    return datetime.now().strftime(format)
-
-
-def chat_template_environment() -> ImmutableSandboxedEnvironment:
-    """The Jinja environment transformers renders chat templates in (see the module docstring).
-
-    transformers' ``{% generation %}`` tag (assistant-token masks for training) is not
-    supported: a template that uses it fails to compile with a clear message.
-    """
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
-    )
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    return env
 
 
 class HfChatTemplate:

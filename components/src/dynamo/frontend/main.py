@@ -67,6 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # worker, ever, while /health said ready.
         return launcher.usage_error(PROG, problem)
     launcher.configure_process_logging(PROG, log_levels, frontend_args.SURFACE.options)
+    launcher.warn_unmet_prerequisites(frontend_args.REQUIREMENTS, config, argv)
     problem = import_chat_processor(config.dyn_chat_processor)
     sglang = None
     if problem is None and config.dyn_chat_processor in ("sglang", "vllm"):

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from dynamo.common.configuration import Option
+from dynamo.runtime.chat_template import compile_problem
 
 from . import sglang_processor, vllm_output_parser
 from .frontend_args import FrontendConfig
@@ -62,4 +63,10 @@ def settings_or_problem(
             template = sglang_processor.read_chat_template(config.chat_template)
         except ValueError as exc:
             return None, f"{CHAT_TEMPLATE.source_label()}: {exc}"
+        problem = compile_problem(template)
+        if problem is not None:
+            return None, (
+                f"{CHAT_TEMPLATE.source_label()} is {config.chat_template!r}: the template "
+                f"{problem}"
+            )
     return sglang_processor.SglangSettings(tool, reasoning, template), None

@@ -19,11 +19,14 @@ from dynamo.common.configuration import (
     host_option,
     parse_surface,
     port_option,
+    prerequisites,
 )
 from dynamo.common.configuration.drain_options import drain_option
 from dynamo.common.configuration.launcher_config import LauncherConfig
-from dynamo.common.configuration.runtime_options import DISCOVERY_OPTIONS
+from dynamo.common.configuration.prerequisites import Requires
+from dynamo.common.configuration.runtime_options import DISCOVERY_OPTIONS, DISCOVERY_REQUIREMENTS
 from dynamo.common.configuration.typed import typed_config
+from dynamo.common.configuration.values import MAX_WAIT_MS
 from dynamo.vllm import self_benchmark_args
 
 REQUEST_PLANE_HOST = host_option(
@@ -173,27 +176,27 @@ OPTIONS = [
     *DISCOVERY_OPTIONS,
     REQUEST_PLANE_HOST,
     REQUEST_PLANE_PORT,
-    Option(
+    MOCK_TOKEN_MS := Option(
         name="mock-token-ms",
         env_var="DYN_VLLM_MOCK_TOKEN_MS",
         default=5.0,
-        kind=FiniteFloat(minimum=0.0),
+        kind=FiniteFloat(minimum=0.0, maximum=MAX_WAIT_MS),
         metavar="MS",
         help="Mock engine: time per generated token, in milliseconds",
     ),
     MOCK_MAX_MODEL_LEN,
-    Option(
+    MOCK_INIT_MS := Option(
         name="mock-init-ms",
         env_var="DYN_VLLM_MOCK_INIT_MS",
         default=0.0,
-        kind=FiniteFloat(minimum=0.0),
+        kind=FiniteFloat(minimum=0.0, maximum=MAX_WAIT_MS),
         metavar="MS",
         help=(
             "Mock engine: how long engine init takes, in milliseconds, like a real engine "
             "loading its weights (to rehearse start-up probes: /live answers, /health is 503)"
         ),
     ),
-    Option(
+    MOCK_HEAP_OBJECTS := Option(
         name="mock-heap-objects",
         env_var="DYN_VLLM_MOCK_HEAP_OBJECTS",
         default=0,
@@ -208,7 +211,7 @@ OPTIONS = [
     drain_option(flag_prefix="", env_prefix="DYN_VLLM_"),
     SYSTEM_HOST,
     SYSTEM_PORT,
-    Option(
+    DEBUG_GC_ENDPOINT := Option(
         name="debug-gc-endpoint",
         env_var="DYN_VLLM_DEBUG_GC_ENDPOINT",
         default=False,
@@ -235,6 +238,35 @@ SURFACE = Surface(
 # What the command line accepts: the worker's options plus the self-benchmark's (documented on a
 # page of their own, see self_benchmark_args).
 ALL_OPTIONS = [*OPTIONS, *self_benchmark_args.OPTIONS]
+
+_SYSTEM_PORT_SET = f"{SYSTEM_PORT.source_label()} set"
+_MOCK_ENGINE = f"{ENGINE.source_label()} mock"
+_SELF_BENCHMARK = f"{self_benchmark_args.SELF_BENCHMARK_POINTS.source_label()} above 0"
+_FREEZE_POLICY = f"{self_benchmark_args.FPM_GC_POLICY.source_label()} freeze"
+
+# Options that act only with another one (see dynamo.common.configuration.prerequisites).
+REQUIREMENTS = [
+    *DISCOVERY_REQUIREMENTS,
+    Requires(DEBUG_GC_ENDPOINT, _SYSTEM_PORT_SET, lambda c: c.system_port is not None),
+    Requires(SYSTEM_HOST, _SYSTEM_PORT_SET, lambda c: c.system_port is not None),
+    *(
+        Requires(option, _MOCK_ENGINE, lambda c: c.engine == "mock")
+        for option in (MOCK_TOKEN_MS, MOCK_MAX_MODEL_LEN, MOCK_INIT_MS, MOCK_HEAP_OBJECTS)
+    ),
+    *(
+        Requires(option, _SELF_BENCHMARK, lambda c: c.self_benchmark_points > 0)
+        for option in (
+            self_benchmark_args.SELF_BENCHMARK_OUTPUT,
+            self_benchmark_args.FPM_GC_POLICY,
+            self_benchmark_args.FPM_GC_FREEZE_INTERVAL_S,
+        )
+    ),
+    Requires(
+        self_benchmark_args.FPM_GC_FREEZE_INTERVAL_S,
+        _FREEZE_POLICY,
+        lambda c: c.fpm_gc_policy == self_benchmark_args.POLICY_FREEZE,
+    ),
+]
 _PARSED = dataclasses.replace(SURFACE, options=ALL_OPTIONS)
 
 
@@ -324,16 +356,21 @@ def parse_args(
             f"{MODEL.source_label()} is required: with --engine vllm the model to load (a "
             "directory or a Hugging Face id), with --engine mock a tokenizer directory"
         )
-    return typed_config(WorkerConfig, parsed, vllm_args=tuple(rest))
+    config = typed_config(WorkerConfig, parsed, vllm_args=tuple(rest))
+    problem = prerequisites.command_line_problem(REQUIREMENTS, config, argv)
+    if problem is not None:
+        build_parser(_PARSED).error(problem)
+    return config
 
 
 def _print_help(argv: list[str], env: Mapping[str, str] | None) -> None:
     """The worker's help, then vLLM's engine arguments when the engine is vLLM; exits 0."""
     config, _ = parse_surface(_PARSED, argv, env, allow_unknown=True)
-    build_parser(_PARSED).print_help()
-    if config.engine == "vllm":
-        from dynamo.vllm.vllm_help import print_vllm_help
+    from dynamo.vllm.vllm_help import print_vllm_help, quiet_when_output_closed
 
-        sys.stdout.flush()
-        print_vllm_help()
+    with quiet_when_output_closed() as output:
+        build_parser(_PARSED).print_help()
+        sys.stdout.flush()  # the worker's options now: vLLM's import takes seconds
+        if config.engine == "vllm" and output.open():  # `| head` may have all it wants
+            print_vllm_help()
     raise SystemExit(0)

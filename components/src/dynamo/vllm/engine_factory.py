@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import importlib
 from collections.abc import Callable
+from pathlib import Path
 from types import ModuleType
 
 from dynamo.vllm.backend_args import (
@@ -58,6 +59,9 @@ def prepare_engine(
             MockEngine.from_config, config, model=model, worker_extension_cls=worker_extension_cls
         )
     if config.engine == "vllm":
+        problem = vllm_model_problem(config.model)
+        if problem is not None:
+            raise EngineUnavailable(f"{MODEL.source_label()} is {config.model!r}: {problem}")
         _import_vllm()
         _check_vllm_parsers(config)
         vllm_args = importlib.import_module("dynamo.vllm.vllm_args")
@@ -91,6 +95,26 @@ def _check_vllm_parsers(config: WorkerConfig) -> None:
                 f"{option.source_label()}: vLLM has no {what} parser {value!r}; its parsers "
                 f"are: {', '.join(names)}"
             )
+
+
+def vllm_model_problem(model: str) -> str | None:
+    """Why vLLM cannot load ``model``, when that is plain before importing it: not a path that
+    exists here, and not a Hugging Face model id either (vLLM would try it as one and fail with
+    Hugging Face's "Repo id must be in the form ..." after seconds of imports), or None."""
+    if Path(model).expanduser().exists():
+        return None  # a model directory (or a GGUF file): vLLM checks what is in it
+    try:
+        from huggingface_hub.utils import HFValidationError, validate_repo_id
+    except ImportError:  # vLLM brings huggingface_hub; without it vLLM's import says why
+        return None
+    try:
+        validate_repo_id(model)
+    except HFValidationError:
+        return (
+            "no such file or directory, and not a Hugging Face model id (namespace/name) either: "
+            "give the directory of a downloaded model (config.json, weights, tokenizer)"
+        )
+    return None
 
 
 def build_engine(config: WorkerConfig, *, worker_extension_cls: str | None = None) -> Engine:

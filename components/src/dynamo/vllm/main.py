@@ -17,7 +17,8 @@ the worker's parts :mod:`dynamo.vllm.worker_process`'s):
 
 A signal during start-up cancels it, shuts the engine down and exits 0 without registering.
 Exit codes: 0 after a signal (or --help), 2 for bad input (flags, env vars, paths, vLLM's
-arguments, an engine that cannot run here, a bad mock model directory), 1 when a start-up step
+arguments, a --model that is neither a path nor a Hugging Face id, an engine that cannot run
+here, a bad mock model directory), 1 when a start-up step
 fails (a taken port, engine init) or the engine dies.
 """
 
@@ -56,6 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DiscoverySetupError as exc:  # etcd credentials that cannot work
         return launcher.usage_error(PROG, str(exc))
     launcher.configure_process_logging(PROG, log_levels, backend_args.ALL_OPTIONS)
+    launcher.warn_unmet_prerequisites(backend_args.REQUIREMENTS, config, argv)
     log_options(config)
     try:
         # With --engine vllm: import vLLM and parse its arguments now, before the event loop

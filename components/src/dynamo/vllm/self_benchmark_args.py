@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dynamo.common.configuration import Choice, FiniteFloat, IntRange, Option, Surface, Text
+from dynamo.common.configuration.values import MAX_WAIT_S
 
 POLICY_OFF = "off"
 POLICY_FREEZE = "freeze"
@@ -47,7 +48,7 @@ FPM_GC_FREEZE_INTERVAL_S = Option(
     name="fpm-gc-freeze-interval-s",
     env_var="DYN_FPM_GC_FREEZE_INTERVAL_S",
     default=60.0,
-    kind=FiniteFloat(minimum=1.0),
+    kind=FiniteFloat(minimum=1.0, maximum=MAX_WAIT_S),
     metavar="SECONDS",
     help=(
         "With the 'freeze' policy: how often a background thread moves survivors into the "
@@ -97,7 +98,7 @@ SELF_BENCHMARK_OUTPUT = Option(
 )
 
 OPTIONS = [
-    Option(
+    SELF_BENCHMARK_POINTS := Option(
         name="self-benchmark-points",
         env_var="DYN_VLLM_SELF_BENCHMARK_POINTS",
         default=0,

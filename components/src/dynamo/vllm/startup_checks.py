@@ -6,8 +6,8 @@ change, and none is a traceback:
 
 * :func:`check_paths` runs in ``main()`` before the event loop: the discovery directory must be
   creatable and writable, the self-benchmark output file creatable, the chat template file
-  readable. A bad path exits 2, like a
-  bad flag, before engine init and the self-benchmark have spent a minute.
+  readable and compiling, the worker extension class importable. A bad one exits 2, like a bad
+  flag, before engine init and the self-benchmark have spent a minute.
 * :func:`listening` wraps the bind of a listener: a taken port (or an unknown host) becomes a
   :class:`StartupFailed`, which ``main()`` logs as one ERROR line before exiting 1.
 """
@@ -24,6 +24,7 @@ from dynamo.common.bind_errors import is_host_error
 from dynamo.common.configuration import Option
 from dynamo.common.configuration.runtime_options import DISCOVERY_DIR
 from dynamo.common.launcher import StartupFailed
+from dynamo.runtime.chat_template import compile_problem
 from dynamo.runtime.discovery import Discovery, DiscoveryDirError
 from dynamo.runtime.model_card import ModelCard
 from dynamo.vllm.backend_args import (
@@ -32,7 +33,7 @@ from dynamo.vllm.backend_args import (
     TOOL_CALL_PARSER,
     WorkerConfig,
 )
-from dynamo.vllm.self_benchmark_args import SELF_BENCHMARK_OUTPUT
+from dynamo.vllm.self_benchmark_args import SELF_BENCHMARK_OUTPUT, WORKER_EXTENSION_CLS
 
 PROG = "python -m dynamo.vllm"
 PARSER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -81,12 +82,35 @@ def create_benchmark_output(path: str) -> None:
 
 
 def check_chat_template(path: str) -> None:
-    """The chat template must be a readable UTF-8 file (the frontend renders it)."""
+    """The chat template must be a readable UTF-8 file that compiles (the frontend renders it
+    for every request: a broken one would fail them all, after the worker said it serves)."""
     try:
         with open(path, encoding="utf-8") as template:
-            template.read()
+            source = template.read()
     except (OSError, UnicodeDecodeError) as exc:
         raise unusable(CHAT_TEMPLATE, path, "cannot read it", exc) from None
+    problem = compile_problem(source)
+    if problem is not None:
+        raise UnusablePath(f"{CHAT_TEMPLATE.source_label()} is {path!r}: the template {problem}")
+
+
+def check_worker_extension(qualname: str | None) -> None:
+    """The worker extension must be a class this Python can import: every rank imports it after
+    engine init has begun (vLLM's ``worker_extension_cls``), where a typo ended in a traceback
+    and exit 1. Imported here, in the worker before anything starts (as each rank will)."""
+    if qualname is None:
+        return
+    from dynamo.vllm.ranks import resolve_qualname
+
+    try:
+        found = resolve_qualname(qualname)
+    except Exception as exc:  # noqa: BLE001 - whatever the import raises is the same mistake
+        raise unusable(WORKER_EXTENSION_CLS, qualname, "cannot import it", exc) from None
+    if not isinstance(found, type):
+        raise UnusablePath(
+            f"{WORKER_EXTENSION_CLS.source_label()} is {qualname!r}: not a class "
+            f"({type(found).__name__})"
+        )
 
 
 def check_paths(config: WorkerConfig, discovery: Discovery, directory: str) -> None:
@@ -94,6 +118,7 @@ def check_paths(config: WorkerConfig, discovery: Discovery, directory: str) -> N
     try:
         if config.chat_template is not None:
             check_chat_template(config.chat_template)
+        check_worker_extension(config.worker_extension_cls)
         check_discovery(discovery, directory)
         if config.self_benchmark_points > 0 and config.self_benchmark_output is not None:
             create_benchmark_output(config.self_benchmark_output)

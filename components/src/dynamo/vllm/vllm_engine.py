@@ -52,11 +52,15 @@ from dynamo.runtime.model_card import ModelCard, out_of_vocabulary
 from dynamo.runtime.request_plane import BadGenerateRequest, GenerateRequest
 from dynamo.vllm.backend_args import WorkerConfig
 from dynamo.vllm.engine import EngineDied, EngineInitFailed
-from dynamo.vllm.process_watch import first_exit
+from dynamo.vllm.process_watch import ending_stuck_children, first_exit
 from dynamo.vllm.vllm_args import engine_args_from_config, served_name_of
 from dynamo.vllm.vllm_sampling import sampling_params
 
 logger = logging.getLogger(__name__)
+
+
+# How long vLLM's process manager waits for EngineCore to exit before it force-kills it.
+ENGINE_SHUTDOWN_TIMEOUT_S = 20.0
 
 
 def build_vllm_engine(
@@ -401,7 +405,15 @@ class VllmEngine:
             return
         began = time.perf_counter()
         # Stops EngineCore and its workers (SIGTERM, then a bounded wait) and the output
-        # handler. It blocks for a few seconds; by now the request plane is closed.
-        engine.shutdown()
+        # handler; by now the request plane is closed. EngineCore's workers that stay blocked
+        # are ended meanwhile, else vLLM force-kills them with WARNINGs (see the function).
+        with ending_stuck_children([process for _, process in engine_core_processes(engine)]):
+            try:
+                # EngineCore's own teardown (gc.unfreeze, then a full collection of its heap)
+                # takes seconds on a CPU after its workers are gone, over 5 s on a loaded
+                # machine: a longer bound than vLLM's 5 s default, which it overran.
+                engine.shutdown(timeout=ENGINE_SHUTDOWN_TIMEOUT_S)
+            except TypeError:  # a vLLM whose shutdown takes no timeout
+                engine.shutdown()
         # DEBUG: the worker logs the engine's shutdown with its duration (one line per event).
         logger.debug("vLLM AsyncLLM shut down in %.1f s", time.perf_counter() - began)

@@ -3,7 +3,13 @@ after the worker's (vLLM is imported only for that)."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib
+import os
+import select
+import sys
+from collections.abc import Iterator
 from typing import Any
 
 VLLM_MISSING_HINT = (
@@ -24,10 +30,14 @@ def vllm_arg_parser() -> Any:
     except ImportError:  # vLLM releases before the utils split
         from vllm.utils import FlexibleArgumentParser  # type: ignore[no-redef]
 
+    from dynamo.common.configuration.parser import short_usage_error
+
     parser = FlexibleArgumentParser(
         prog=VLLM_PROG,
         description="vLLM engine arguments (everything python -m dynamo.vllm does not know)",
     )
+    # vLLM's usage is hundreds of lines: its error line first and alone, as the worker's own.
+    parser.error = functools.partial(short_usage_error, parser)
     return AsyncEngineArgs.add_cli_args(parser)
 
 
@@ -43,3 +53,32 @@ def print_vllm_help() -> None:
         return
     print("\nEvery other argument goes to vLLM (--engine vllm):\n")
     vllm_arg_parser().print_help()
+
+
+# How long to give a reader such as ``head`` to hang up once it has what it asked for.
+READER_GRACE_MS = 100
+
+
+class _Output:
+    """Whether standard output still has a reader."""
+
+    def open(self) -> bool:
+        try:
+            poller = select.poll()
+            poller.register(sys.stdout.fileno(), 0)  # errors and hang-ups are always reported
+            return not poller.poll(READER_GRACE_MS)
+        except (OSError, ValueError, AttributeError):  # no poll, or stdout is not a file
+            return True
+
+
+@contextlib.contextmanager
+def quiet_when_output_closed() -> Iterator[_Output]:
+    """``--help | head``: once the reader has gone, stop writing, without a BrokenPipeError
+    traceback (at the write, or at the interpreter's flush at exit)."""
+    try:
+        yield _Output()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # what is still buffered goes nowhere
+        os.close(devnull)

@@ -159,9 +159,7 @@ async def start_system_port(
     A port that cannot be bound raises :class:`StartupFailed` naming --system-port.
     """
     port = config.system_port
-    if port is None:
-        if config.debug_gc_endpoint:
-            logger.warning("--debug-gc-endpoint needs --system-port: no debug endpoint served")
+    if port is None:  # --debug-gc-endpoint without it was refused or warned about at start-up
         return
     server = await startup_checks.listening(
         lambda: start_system_server(

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from .options import Option, Surface
+from .prerequisites import Requires
 
 # Every surface an operator can configure. Add a module here when it declares a SURFACE.
 SURFACE_MODULES = (
@@ -30,6 +31,19 @@ GENERATED_NOTE = (
 
 def surfaces() -> list[Surface]:
     return [importlib.import_module(name).SURFACE for name in SURFACE_MODULES]
+
+
+def requirements(surface: Surface) -> list[Requires]:
+    """The prerequisites of this surface's options, from the modules of its program."""
+    found: list[Requires] = []
+    for name in SURFACE_MODULES:
+        module = importlib.import_module(name)
+        if module.SURFACE.program != surface.program:
+            continue
+        for requirement in getattr(module, "REQUIREMENTS", ()):
+            if requirement.option in surface.options and requirement not in found:
+                found.append(requirement)
+    return found
 
 
 def all_options() -> list[Option]:
@@ -51,7 +65,9 @@ def render(surface: Surface) -> str:
         "Every option can be given as a flag or as an env var. The command line beats the env "
         "var, which beats the default. Booleans are negatable (`--x` / `--no-x`); their env var "
         "takes `1/0`, `true/false`, `yes/no`, `on/off` in any case. A bad value stops the "
-        "program with exit code 2 and a message naming the flag, the env var and the value.",
+        "program with exit code 2 and a message naming the flag, the env var and the value; so "
+        "does a value that is not valid UTF-8 (in a flag or an env var), and a duration beyond "
+        "what Python's `threading` can wait (about 292 years).",
         "",
         "| flag | env var | default | value | meaning |",
         "|---|---|---|---|---|",
@@ -71,6 +87,27 @@ def render(surface: Surface) -> str:
             )
             + " |"
         )
+    needs = requirements(surface)
+    if needs:
+        lines += [
+            "",
+            "## Options that act only with another",
+            "",
+            "Given on the command line without what it needs, each of these stops the program "
+            "with exit code 2 naming both (a flag is written for this one run: one that would do "
+            "nothing is a mistake). Set only through its env var, it is ignored with one WARNING "
+            "naming both, and the program starts: env vars are often shared by many processes "
+            "(a ConfigMap for workers of both engines, the GC policy's variables that the ranks "
+            "read too), where exiting would turn a harmless leftover into an outage.",
+            "",
+            "| option | acts only with |",
+            "|---|---|",
+        ]
+        for requirement in needs:
+            lines.append(
+                f"| `{requirement.option.flag}` / `{requirement.option.env_var}` | "
+                f"{_cell(requirement.prerequisite)} |"
+            )
     return "\n".join(lines) + "\n"
 
 

@@ -7,7 +7,7 @@ The frontend reads it as ``--dyn-drain-timeout`` / ``DYN_DRAIN_TIMEOUT``, the wo
 from __future__ import annotations
 
 from .options import Option
-from .values import FiniteFloat
+from .values import MAX_WAIT_S, FiniteFloat
 
 # The default fits the Kubernetes examples under docs/deploy: terminationGracePeriodSeconds 45
 # = the frontend's 5 s preStop pause + this + a margin for the endings and the exit.
@@ -18,7 +18,7 @@ DRAIN_TIMEOUT = Option(
     env_var="DRAIN_TIMEOUT",
     default=DEFAULT_DRAIN_TIMEOUT_S,
     dest="drain_timeout",
-    kind=FiniteFloat(minimum=0.0),
+    kind=FiniteFloat(minimum=0.0, maximum=MAX_WAIT_S),
     metavar="SECONDS",
     help=(
         "After SIGTERM, how long requests in flight may run before they are cut short: a "

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .options import Option
-from .values import FiniteFloat
+from .values import MAX_WAIT_MS, FiniteFloat
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ GC_PAUSE_LOG_MS = Option(
     env_var="GC_PAUSE_LOG_MS",
     default=0.0,
     dest="gc_pause_log_ms",
-    kind=FiniteFloat(minimum=0.0),
+    kind=FiniteFloat(minimum=0.0, maximum=MAX_WAIT_MS),
     metavar="MS",
     help=(
         "Log a WARNING for every GC pause at least this many milliseconds long; 0 turns the "

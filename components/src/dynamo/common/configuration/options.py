@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from .values import Host, IntRange
+from .values import Host, IntRange, undecodable_problem
 
 
 class ValueKind(Protocol):
@@ -80,6 +80,9 @@ class Option:
 
         def convert(text: str) -> Any:
             try:
+                problem = undecodable_problem(text)
+                if problem is not None:
+                    raise ValueError(problem)
                 return kind.parse(text)
             except ValueError as exc:
                 raise argparse.ArgumentTypeError(

@@ -7,13 +7,13 @@ import os
 import sys
 import textwrap
 from collections.abc import Mapping, Sequence
-from typing import Literal, overload
+from typing import Literal, NoReturn, overload
 
 import configargparse
 
 from . import upstream
 from .options import Option, Surface
-from .values import FiniteFloat, IntRange, parse_bool_word
+from .values import FiniteFloat, IntRange, parse_bool_word, undecodable_problem
 
 # Value kinds whose bad input often starts with '-' (``-inf``, ``-1``): see _glue_dash_values.
 NUMERIC_KINDS = (FiniteFloat, IntRange)
@@ -39,14 +39,40 @@ class DynamoArgParser(configargparse.ArgParser):
             flag: option for option in options if option.is_bool for flag in option.flags()
         }
         self._numeric_flags = {o.flag for o in options if isinstance(o.kind, NUMERIC_KINDS)}
+        self._options = list(options)
+        self._by_flag = {flag: option for option in options for flag in option.flags()}
+
+    def error(self, message: str):  # type: ignore[override]  # argparse's: NoReturn
+        """Bad input: exit 2 with the error first and alone (see :func:`short_usage_error`)."""
+        short_usage_error(self, message)
 
     def parse_known_args(self, args=None, namespace=None, **kwargs):
         if args is None:
             args = sys.argv[1:]
         if not isinstance(args, str):  # configargparse also takes one string; leave that alone
+            self._refuse_undecodable_args(list(args))
             args = self._glue_dash_values(list(args))
             self._refuse_valued_booleans(args)
         return super().parse_known_args(args, namespace, **kwargs)
+
+    def _refuse_undecodable_args(self, args: list[str]) -> None:
+        """A command-line word that is not UTF-8: exit 2 naming the option it belongs to (ours:
+        flag and env var), whoever would read it, us or vLLM."""
+        previous: str | None = None
+        for word in args:
+            problem = undecodable_problem(word)
+            if problem is not None:
+                flag, glued, value = word.partition("=")
+                if not word.startswith("-"):
+                    flag, value = previous or "", word
+                option = self._by_flag.get(flag)
+                if option is not None:
+                    shown = value if glued or not word.startswith("-") else word
+                    problem = undecodable_problem(shown) or problem
+                    self.error(f"invalid value {shown!r} for {option.source_label()}: {problem}")
+                named = f" (for {flag})" if flag and flag != word else ""
+                self.error(f"invalid argument {word!r}{named}: {problem}")
+            previous = word if word.startswith("-") else None
 
     def _glue_dash_values(self, args: list[str]) -> list[str]:
         """``--x -inf`` -> ``--x=-inf`` for our numeric options.
@@ -108,10 +134,24 @@ class DynamoArgParser(configargparse.ArgParser):
         if option is None or not isinstance(value, str):
             return super().convert_item_to_command_line_arg(action, key, value)
         try:
+            problem = undecodable_problem(value)
+            if problem is not None:
+                raise ValueError(problem)
             enabled = parse_bool_word(value)
         except ValueError as exc:
             self.error(f"invalid value {value!r} for {option.flag} / {option.env_var}: {exc}")
         return [option.flag if enabled else "--no-" + option.name]
+
+
+def short_usage_error(parser: argparse.ArgumentParser, message: str) -> NoReturn:
+    """Exit 2 with ``prog: error: message`` and a pointer to ``--help``, without the usage text.
+
+    argparse prints its usage first, then the error: the worker's usage is 30 lines and vLLM's
+    several hundred, so the one line that says what is wrong ended up below a screenful nobody
+    reads (or cut off by ``| head`` and log viewers that show the first lines). The error comes
+    first and alone; ``--help`` lists every option.
+    """
+    parser.exit(2, f"{parser.prog}: error: {message}\n(run {parser.prog} --help for the options)\n")
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter):

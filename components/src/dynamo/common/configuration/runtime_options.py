@@ -15,6 +15,7 @@ from dynamo.runtime.discovery.file_store import default_discovery_dir
 from dynamo.runtime.discovery.record import DEFAULT_MAX_RECORDS
 
 from .options import Option
+from .prerequisites import Requires
 from .values import Choice, FiniteFloat, IntRange, Text
 
 DISCOVERY_DIR = Option(
@@ -157,6 +158,23 @@ DISCOVERY_OPTIONS = [
     ETCD_ENDPOINTS,
     NAMESPACE,
     DISCOVERY_MAX_RECORDS,
+]
+
+# Each backend's own options: ignored (a WARNING, or exit 2 on the command line) with the other.
+DISCOVERY_REQUIREMENTS = [
+    Requires(
+        DISCOVERY_DIR,
+        f"{DISCOVERY_BACKEND.source_label()} file",
+        lambda config: config.discovery_backend == "file",
+    ),
+    *(
+        Requires(
+            option,
+            f"{DISCOVERY_BACKEND.source_label()} etcd",
+            lambda config: config.discovery_backend == "etcd",
+        )
+        for option in (ETCD_ENDPOINTS, NAMESPACE)
+    ),
 ]
 
 

@@ -19,6 +19,7 @@ import ipaddress
 import math
 import re
 import socket
+import threading
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -37,6 +38,28 @@ def _control_character_problem(text: str) -> str | None:
     return (
         f"must not contain control characters (found {match.group()!r} at position {match.start()})"
     )
+
+
+def undecodable_problem(text: str) -> str | None:
+    """Why ``text`` is not valid UTF-8, or None.
+
+    Python hands over the bytes of an argument or env var that are not UTF-8 as lone surrogates
+    (``\\udcff`` for the byte 0xff). Such a value cannot be logged as it is, nor written into a
+    record or a model card (JSON is UTF-8): refused at parse time, where the option is known.
+    """
+    for position, char in enumerate(text):
+        if "\ud800" <= char <= "\udfff":
+            byte = ord(char) - 0xDC00 if "\udc80" <= char <= "\udcff" else None
+            found = f"byte 0x{byte:02x}" if byte is not None else repr(char)
+            return f"not valid UTF-8 ({found} at position {position})"
+    return None
+
+
+# The longest wait any duration option may ask for, in seconds: what ``threading`` accepts
+# (``threading.TIMEOUT_MAX``, about 292 years on Linux). A longer one is a typo, and a thread
+# given it would die with an OverflowError long after start-up, silently.
+MAX_WAIT_S = float(threading.TIMEOUT_MAX)
+MAX_WAIT_MS = MAX_WAIT_S * 1000.0
 
 
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})

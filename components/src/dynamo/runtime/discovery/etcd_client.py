@@ -91,6 +91,11 @@ class EtcdCredentials:
                 "proxy next to each process)"
             )
         username, password = env.get(USERNAME_ENV) or None, env.get(PASSWORD_ENV) or None
+        for name, value in ((USERNAME_ENV, username), (PASSWORD_ENV, password)):
+            try:
+                (value or "").encode("utf-8")
+            except UnicodeEncodeError:  # bytes that are not UTF-8 (never echoed: a secret)
+                raise EtcdSettingsError(f"{name} is not valid UTF-8") from None
         if (username is None) != (password is None):
             missing = PASSWORD_ENV if password is None else USERNAME_ENV
             raise EtcdSettingsError(
