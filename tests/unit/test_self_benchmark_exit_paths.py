@@ -97,6 +97,8 @@ class Probe:
 
 
 def benchmark_config(tmp_path, *extra: str):
+    # A 1 s freeze interval for the policy, unless it is off (the interval needs the policy on).
+    interval = [] if "off" in extra else ["--fpm-gc-freeze-interval-s", "1"]
     return backend_args.parse_args(
         [
             "--discovery-dir",
@@ -107,8 +109,7 @@ def benchmark_config(tmp_path, *extra: str):
             str(tmp_path / "points.jsonl"),
             "--tensor-parallel-size",
             str(RANKS),
-            "--fpm-gc-freeze-interval-s",
-            "1",
+            *interval,
             *extra,
         ],
         env=mock_worker_env(),
