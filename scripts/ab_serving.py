@@ -11,10 +11,11 @@ Arms (each a fresh pair of real processes, ``python -m dynamo.frontend`` and
   scripts/bench_launch.py): the limit.
 
 The arms run in alternating order (``ctl worker all nogc``, then reversed), ``--passes`` times.
-Per arm, the offered load climbs through the rungs. The load comes from a client in its own
-process (asyncio + aiohttp) that sends at Poisson-scheduled times whatever the server does
-(open loop) and counts latency from the *scheduled* send time, so a stalled server is charged
-for the requests it delayed (no coordinated omission). Per arm and rung: p50/p99/max of the
+Per arm (a pair of processes: scripts/serving_pair.py), the offered load climbs through the
+rungs. The load comes from a client in its own process (scripts/serving_load.py: asyncio +
+aiohttp) that sends at Poisson-scheduled times whatever the server does (open loop) and counts
+latency from the *scheduled* send time, so a stalled server is charged for the requests it
+delayed (no coordinated omission). Per arm and rung: p50/p99/max of the
 end-to-end latency and of the time to first token, errors, achieved RPS, and the pauses of 50 ms
 or more that each process's pause logger reported (``GC gen<g> pause <x> ms`` WARNING lines).
 
@@ -44,28 +45,20 @@ the worker's child processes (EngineCore), so the freeze's memory cost is in the
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
-import random
-import re
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
+from typing import Any
 
 import bench_common as bc
+from serving_load import run_client
+from serving_pair import MODEL, PAUSE_LOG_MS, Pair, run_rung
 
 NAME = "ab_serving"
 ARMS = ("ctl", "worker", "all", "nogc")
-PAUSE_LINE = re.compile(rb"GC gen(\d) pause ([0-9.]+) ms")
-PAUSE_LOG_MS = 50.0
-MODEL = "bench"
 # Requests live ~0.65 s (16 tokens x 40 ms): long enough that their objects survive young
 # collections and get promoted, which is what makes the stock GC run full collections at all.
 DEFAULT_TOKEN_MS = 40.0
@@ -73,7 +66,7 @@ DEFAULT_MAX_TOKENS = 16
 
 # Rungs are fractions of the capacity a calibration run measures (unless --rungs is given), so
 # the ladder reaches past saturation on whatever machine runs it.
-MODES = {
+MODES: dict[str, dict[str, Any]] = {
     "full": {
         "heap": 800_000,
         "duration_s": 30.0,
@@ -95,7 +88,7 @@ MODES = {
 }
 # --engine vllm: every heap is the process's own ("heap" is unused). The full mode's rungs are
 # minutes long: docs/benchmarks.md section 3c says why (the probe's time to a first gen2).
-VLLM_MODES = {
+VLLM_MODES: dict[str, dict[str, Any]] = {
     # Fixed rungs: at 120 RPS a stock pair on this machine runs a full collection every ~30 s
     # in the frontend and every ~50 s in the worker (the probe); 60 RPS is below that regime,
     # 180 RPS past the stock pair's comfort. Three arms: `worker` is left out to fit the run.
@@ -119,424 +112,6 @@ VLLM_MODES = {
 }
 
 
-# --- the load client (its own process) -----------------------------------------------------------
-
-
-def poisson_schedule(rate: float, duration_s: float, seed: int) -> list[float]:
-    """Send times (seconds from the start) of a Poisson process of ``rate`` per second."""
-    rng = random.Random(seed)
-    times, now = [], 0.0
-    while True:
-        now += rng.expovariate(rate)
-        if now >= duration_s:
-            return times
-        times.append(now)
-
-
-def request_body(
-    messages: int, max_tokens: int, stream: bool, index: int, model: str = MODEL
-) -> dict:
-    """A chat request: a few turns of conversation (the frontend parses and renders them)."""
-    turns = []
-    for turn in range(messages):
-        role = "user" if turn % 2 == 0 else "assistant"
-        turns.append({"role": role, "content": f"turn {turn} of request {index}: tell me more"})
-    return {"model": model, "messages": turns, "max_tokens": max_tokens, "stream": stream}
-
-
-async def _one_request(session, url: str, body: dict, scheduled: float, stream: bool, loop):
-    sent = loop.time()
-    first = None
-    try:
-        async with session.post(url, json=body) as response:
-            if response.status != 200:
-                await response.read()
-                return {"ok": False, "error": f"http {response.status}", "lag": sent - scheduled}
-            if stream:
-                done = False
-                async for line in response.content:
-                    if not line.startswith(b"data: "):
-                        continue
-                    if first is None:
-                        first = loop.time()
-                    if line.startswith(b"data: [DONE]"):
-                        done = True
-                    elif b'"error"' in line:
-                        return {"ok": False, "error": "in-band error", "lag": sent - scheduled}
-                if not done:
-                    return {"ok": False, "error": "stream ended early", "lag": sent - scheduled}
-            else:
-                payload = await response.json()
-                if not payload.get("choices"):
-                    return {"ok": False, "error": "no choices", "lag": sent - scheduled}
-        end = loop.time()
-        return {
-            "ok": True,
-            "latency": end - scheduled,
-            "ttft": (first if first is not None else end) - scheduled,
-            "lag": sent - scheduled,
-            "end": end,
-        }
-    except asyncio.TimeoutError:
-        return {"ok": False, "error": "timeout", "lag": sent - scheduled}
-    except Exception as exc:  # noqa: BLE001 - every failure is an error of this request
-        return {"ok": False, "error": type(exc).__name__, "lag": sent - scheduled}
-
-
-async def run_load(args: argparse.Namespace) -> dict:
-    import aiohttp
-
-    schedule = poisson_schedule(args.rate, args.duration, args.seed)
-    connector = aiohttp.TCPConnector(limit=0)  # open loop: never queue in the client
-    timeout = aiohttp.ClientTimeout(total=args.timeout)
-    loop = asyncio.get_running_loop()
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        start = loop.time() + 0.05
-        tasks = []
-        for index, offset in enumerate(schedule):
-            delay = start + offset - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            body = request_body(args.messages, args.max_tokens, args.stream, index, args.model_name)
-            tasks.append(
-                asyncio.ensure_future(
-                    _one_request(session, args.url, body, start + offset, args.stream, loop)
-                )
-            )
-        results = await asyncio.gather(*tasks)
-    ok = [r for r in results if r["ok"]]
-    errors: dict[str, int] = {}
-    for r in results:
-        if not r["ok"]:
-            errors[r["error"]] = errors.get(r["error"], 0) + 1
-    # Completion rate between the first and the last OK response: in steady state that span is
-    # the sending window shifted by one latency, past saturation it stretches with the backlog.
-    ends = sorted(r["end"] for r in ok)
-    achieved = (
-        (len(ends) - 1) / (ends[-1] - ends[0]) if len(ends) > 1 and ends[-1] > ends[0] else 0.0
-    )
-    return {
-        "offered_rps": args.rate,
-        "duration_s": args.duration,
-        "sent": len(results),
-        "ok": len(ok),
-        "errors": sum(errors.values()),
-        "errors_by_kind": errors,
-        "achieved_rps": achieved,
-        "latency_s": [r["latency"] for r in ok],
-        "ttft_s": [r["ttft"] for r in ok],
-        "send_lag_s": [r["lag"] for r in results],
-    }
-
-
-def client_main(args: argparse.Namespace) -> int:
-    import gc
-
-    # The client's own collections would add to the latencies it measures, in every arm alike:
-    # its start-up heap is frozen and automatic GC is off while it sends (a rung is short).
-    gc.collect()
-    gc.freeze()
-    gc.disable()
-    result = asyncio.run(run_load(args))
-    print(json.dumps(result))
-    return 0
-
-
-# --- the processes under test --------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class Process:
-    """One launcher started through scripts/bench_launch.py, its output in a log file."""
-
-    def __init__(
-        self,
-        name: str,
-        module: str,
-        argv: list[str],
-        log_dir: Path,
-        env: dict,
-        python: str = sys.executable,
-    ) -> None:
-        self.name = name
-        self.log_path = log_dir / f"{name}.log"
-        self._log = open(self.log_path, "wb")
-        launch = Path(__file__).resolve().parent / "bench_launch.py"
-        self.proc = subprocess.Popen(
-            [python, str(launch), module, *argv],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=bc.child_env(env),
-            cwd=bc.REPO_ROOT,
-        )
-
-    def log_size(self) -> int:
-        return self.log_path.stat().st_size
-
-    def log_bytes(self, start: int = 0, end: int | None = None) -> bytes:
-        with open(self.log_path, "rb") as handle:
-            handle.seek(start)
-            return handle.read() if end is None else handle.read(end - start)
-
-    def check_alive(self) -> None:
-        if self.proc.poll() is not None:
-            tail = self.log_bytes()[-3000:].decode(errors="replace")
-            raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{tail}")
-
-    def stop(self, deadline_s: float = 40.0) -> None:
-        try:
-            if self.proc.poll() is None:
-                self.proc.send_signal(signal.SIGTERM)
-                try:
-                    self.proc.wait(timeout=deadline_s)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    self.proc.wait(timeout=deadline_s)
-        finally:
-            self._log.close()
-
-
-def wait_until(condition, *, deadline_s: float, what: str, poll_s: float = 0.1):
-    end = time.monotonic() + deadline_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > end:
-            raise TimeoutError(f"timed out after {deadline_s:.0f}s waiting for {what}")
-        time.sleep(poll_s)  # polling interval of a condition wait
-
-
-def http_get(url: str, timeout_s: float = 5.0) -> bytes | None:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
-            return response.read()
-    except OSError:
-        return None
-
-
-def gc_counters(metrics_url: str) -> dict:
-    """Collections per generation (all of them, timed or not) from a process's /metrics."""
-    text = (http_get(metrics_url) or b"").decode(errors="replace")
-    counters = {}
-    for generation in range(3):
-        match = re.search(
-            rf'^python_gc_collections_total{{generation="{generation}"}} ([0-9.e+]+)$',
-            text,
-            re.MULTILINE,
-        )
-        counters[f"gen{generation}"] = float(match.group(1)) if match else None
-    # Seconds spent in gen2 collections, all of them (the pause logger logs only those >= 50 ms).
-    # The series may carry more labels (the serving phase): sum every gen2 series.
-    sums = re.findall(
-        r'^dynamo_gc_pause_seconds_sum{[^}]*generation="2"[^}]*} ([0-9.e+-]+)$', text, re.MULTILINE
-    )
-    counters["gen2_pause_s"] = sum(float(value) for value in sums) if sums else None
-    return counters
-
-
-def rss_mb(pid: int, *, children: bool = False) -> float | None:
-    """RSS of ``pid`` (or the sum over its descendants) in MiB; None once it is gone."""
-    import psutil
-
-    try:
-        process = psutil.Process(pid)
-        targets = process.children(recursive=True) if children else [process]
-        return sum(target.memory_info().rss for target in targets) / 2**20
-    except psutil.Error:
-        return None
-
-
-def pauses_in(log: bytes) -> list[dict]:
-    return [{"generation": int(g), "ms": float(ms)} for g, ms in PAUSE_LINE.findall(log)]
-
-
-class Pair:
-    """A frontend and a worker for one arm, up and serving MODEL."""
-
-    def __init__(
-        self, arm: str, heap: int, args: argparse.Namespace, work_dir: Path, debug_gc: bool = False
-    ) -> None:
-        self.arm = arm
-        discovery = work_dir / "discovery"
-        discovery.mkdir(parents=True, exist_ok=True)
-        worker_frozen = arm in ("worker", "all", "nogc")
-        frontend_frozen = arm in ("all", "nogc")
-        bench_env = {"BENCH_GC_DISABLE": "1" if arm == "nogc" else "0"}
-        self.worker_metrics_port = free_port()
-        self.http_port = free_port()
-        self.model = args.model_name
-        common = [
-            "--discovery-dir",
-            str(discovery),
-            "--request-plane-host",
-            "127.0.0.1",
-            "--gc-pause-log-ms",
-            str(PAUSE_LOG_MS),
-            "--system-host",
-            "127.0.0.1",
-            "--system-port",
-            str(self.worker_metrics_port),
-            "--freeze-gc-heap" if worker_frozen else "--no-freeze-gc-heap",
-            *(["--debug-gc-endpoint"] if debug_gc else []),
-        ]
-        if args.engine == "vllm":
-            # The real heap: vLLM's imports and AsyncLLM, no synthetic one.
-            engine_argv = ["--engine", "vllm", "--model", args.model_name, *common, *bc.VLLM_ARGS]
-            worker_env, worker_python = {**bench_env, **bc.OFFLINE_ENV}, args.vllm_python
-        else:
-            engine_argv = [
-                "--engine",
-                "mock",
-                "--model",
-                bc.tiny_tokenizer_dir(),
-                "--served-model-name",
-                MODEL,
-                *common,
-                "--mock-heap-objects",
-                str(heap),
-                "--mock-token-ms",
-                str(args.token_ms),
-            ]
-            worker_env, worker_python = bench_env, sys.executable
-        self.worker = Process(
-            "worker", "dynamo.vllm", engine_argv, work_dir, worker_env, worker_python
-        )
-        frontend_argv = [
-            "--http-host",
-            "127.0.0.1",
-            "--http-port",
-            str(self.http_port),
-            "--discovery-dir",
-            str(discovery),
-            "--dyn-gc-pause-log-ms",
-            str(PAUSE_LOG_MS),
-            "--dyn-freeze-gc-heap" if frontend_frozen else "--no-dyn-freeze-gc-heap",
-            *(["--dyn-debug-gc-endpoint"] if debug_gc else []),
-        ]
-        if args.engine == "vllm":
-            # The real heap: vLLM's tokenizer and chat-template rendering, imported at start-up.
-            frontend_argv += ["--dyn-chat-processor", "vllm"]
-            frontend_env, frontend_python = {**bench_env, **bc.OFFLINE_ENV}, args.vllm_python
-        else:
-            frontend_env = {**bench_env, "BENCH_START_UP_HEAP_OBJECTS": str(heap)}
-            frontend_python = sys.executable
-        self.frontend = Process(
-            "frontend", "dynamo.frontend", frontend_argv, work_dir, frontend_env, frontend_python
-        )
-        self.base_url = f"http://127.0.0.1:{self.http_port}"
-
-    def wait_ready(self, deadline_s: float = 300.0) -> None:
-        def ready():
-            self.worker.check_alive()
-            self.frontend.check_alive()
-            body = http_get(self.base_url + "/v1/models", timeout_s=2.0)
-            return body is not None and json.dumps(self.model).encode() in body
-
-        wait_until(ready, deadline_s=deadline_s, what=f"the {self.arm} pair to serve {self.model}")
-
-    def processes(self) -> dict[str, tuple[Process, str]]:
-        return {
-            "frontend": (self.frontend, self.base_url + "/metrics"),
-            "worker": (self.worker, f"http://127.0.0.1:{self.worker_metrics_port}/metrics"),
-        }
-
-    def debug_urls(self) -> dict[str, str]:
-        """Each process's /debug/gc base URL (served with ``debug_gc=True`` only)."""
-        return {
-            "frontend": self.base_url + "/debug/gc",
-            "worker": f"http://127.0.0.1:{self.worker_metrics_port}/debug/gc",
-        }
-
-    def rss_mb(self) -> dict[str, float | None]:
-        """Resident memory now: frontend, worker main process, the worker's children (vLLM's
-        EngineCore with --engine vllm; none with the mock)."""
-        return {
-            "frontend": rss_mb(self.frontend.proc.pid),
-            "worker": rss_mb(self.worker.proc.pid),
-            "worker_children": rss_mb(self.worker.proc.pid, children=True),
-        }
-
-    def stop(self) -> None:
-        self.frontend.stop()
-        self.worker.stop()
-
-
-def client_argv(url: str, rate: float, duration_s: float, seed: int, args) -> list[str]:
-    """The load client's command line (it runs in its own process)."""
-    return [
-        sys.executable,
-        __file__,
-        "--client",
-        "--url",
-        url,
-        "--rate",
-        str(rate),
-        "--duration",
-        str(duration_s),
-        "--seed",
-        str(seed),
-        "--timeout",
-        str(args.timeout),
-        "--messages",
-        str(args.messages),
-        "--max-tokens",
-        str(args.max_tokens),
-        "--model-name",
-        args.model_name,
-        "--stream" if args.stream else "--no-stream",
-    ]
-
-
-def run_client(url: str, rate: float, duration_s: float, seed: int, args) -> dict:
-    return bc.run_json_child(
-        client_argv(url, rate, duration_s, seed, args), timeout_s=duration_s + args.timeout + 120
-    )
-
-
-def run_rung(pair: Pair, rate: float, duration_s: float, seed: int, args) -> dict:
-    processes = pair.processes()
-    before = {name: (proc.log_size(), gc_counters(url)) for name, (proc, url) in processes.items()}
-    load = run_client(pair.base_url + "/v1/chat/completions", rate, duration_s, seed, args)
-    per_process = {}
-    for name, (proc, url) in processes.items():
-        proc.check_alive()
-        offset, counters_before = before[name]
-        counters_after = gc_counters(url)
-        pauses = pauses_in(proc.log_bytes(offset, proc.log_size()))
-        per_process[name] = {
-            "pauses_ge_50ms": len(pauses),
-            "max_pause_ms": max((p["ms"] for p in pauses), default=0.0),
-            "pauses": pauses,
-            "collections": {
-                gen: (counters_after[gen] - counters_before[gen])
-                if counters_after[gen] is not None and counters_before[gen] is not None
-                else None
-                for gen in counters_after
-            },
-        }
-    load["processes"] = per_process
-    load["rss_mb"] = pair.rss_mb()  # at the end of the rung: what the arm's heap costs
-    return load
-
-
-def summarise(samples: list[list[float]]) -> dict:
-    pooled = [value for sample in samples for value in sample]
-    return {
-        "n": len(pooled),
-        "p50_ms": 1000 * bc.percentile(pooled, 50),
-        "p99_ms": 1000 * bc.percentile(pooled, 99),
-        "p999_ms": 1000 * bc.percentile(pooled, 99.9),
-        "max_ms": 1000 * max(pooled) if pooled else float("nan"),
-    }
-
-
 def calibrate(args, heap: int, work_root: Path) -> dict:
     """Capacity in RPS of the `all` pair: double the offered load until it stops keeping up.
 
@@ -547,7 +122,7 @@ def calibrate(args, heap: int, work_root: Path) -> dict:
     work_dir.mkdir(parents=True)
     pair = Pair("all", heap, args, work_dir)
     url = pair.base_url + "/v1/chat/completions"
-    steps = []
+    steps: list[dict] = []
     try:
         pair.wait_ready()
         run_client(url, min(20.0, args.calibration_start_rps), 1.0, 0, args)  # warm-up
@@ -584,9 +159,9 @@ def run_arms(args, mode: str, settings: dict, rungs: list[float], work_root: Pat
     for pass_index in range(passes):
         order = arms if pass_index % 2 == 0 else list(reversed(arms))
         for arm in order:
-            print(f"pass {pass_index + 1}/{passes}: arm {arm}", file=sys.stderr, flush=True)
-            work_dir = work_root / f"pass{pass_index}-{arm}"
-            work_dir.mkdir(parents=True)
+            work_dir = bc.run_dir(
+                work_root, f"pass{pass_index}-{arm}", f"pass {pass_index + 1}/{passes}: arm {arm}"
+            )
             pair = Pair(arm, heap, args, work_dir)
             try:
                 pair.wait_ready()
@@ -625,8 +200,8 @@ def aggregate(runs: list[dict], rungs: list[float]) -> list[dict]:
             same = [r for r in runs if r["arm"] == arm and r["rung"] == rung_index]
             if not same:
                 continue
-            latency = summarise([r["latency_s"] for r in same])
-            ttft = summarise([r["ttft_s"] for r in same])
+            latency = bc.summarise([r["latency_s"] for r in same])
+            ttft = bc.summarise([r["ttft_s"] for r in same])
             row = {
                 "arm": arm,
                 "offered_rps": rate,
@@ -766,16 +341,11 @@ def plot(args, rows: list[dict]):
         ax.set_xlabel("offered load, RPS (open-loop Poisson)")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(
+    title = (
         f"ab_serving ({bc.mode_name(args)}): frontend + {args.engine} worker, "
-        f"{rows[0].get('heap', '')} {bc.cpu_model()}, {os.cpu_count()} cores",
-        fontsize=9,
+        f"{rows[0].get('heap', '')} {bc.cpu_model()}, {os.cpu_count()} cores"
     )
-    fig.tight_layout()
-    path = bc.plot_path(args, result_name(args))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return bc.save_plot(args, fig, result_name(args), title)
 
 
 def result_name(args: argparse.Namespace) -> str:
@@ -785,12 +355,7 @@ def result_name(args: argparse.Namespace) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--url", help=argparse.SUPPRESS)
-    parser.add_argument(
-        "--rate", type=float, help="offered RPS of --probe and --cross-check (and of the client)"
-    )
-    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--rate", type=float, help="offered RPS of --probe and --cross-check")
     parser.add_argument("--duration", type=float, help="seconds of load per rung")
     parser.add_argument(
         "--rungs",
@@ -829,22 +394,6 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         help="seconds per calibration step (default 6, 4 with --engine vllm)",
     )
-    parser.add_argument(
-        "--engine",
-        choices=("mock", "vllm"),
-        default="mock",
-        help="the worker's engine (vllm: the real one, on the tiny model)",
-    )
-    parser.add_argument(
-        "--vllm-python",
-        default=str(bc.DEFAULT_VLLM_PYTHON),
-        help="python of the vLLM environment (scripts/setup_vllm_env.sh prints it)",
-    )
-    parser.add_argument(
-        "--model-dir",
-        help="with --engine vllm: the model (default: the tiny "
-        "model scripts/make_tiny_model.py builds)",
-    )
     parser.add_argument("--model-name", default=MODEL, help=argparse.SUPPRESS)
     parser.add_argument(
         "--keep-logs", action="store_true", help="copy the processes' logs to --out"
@@ -868,11 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         default=32,
         help="prompt tokens of vllm bench serve's random dataset",
     )
-    bc.add_mode_args(parser)
-    args = parser.parse_args(argv)
-    if args.client:
-        return client_main(args)
-
+    args = bc.parse_ab_args(parser, argv)
     bc.exit_cleanly_on_sigterm()
     mode = bc.mode_name(args)
     settings = (VLLM_MODES if args.engine == "vllm" else MODES)[mode]
@@ -887,8 +432,6 @@ def main(argv: list[str] | None = None) -> int:
     if (args.probe or args.cross_check) and (args.engine != "vllm" or args.rate is None):
         parser.error("--probe and --cross-check need --engine vllm and --rate")
     if args.engine == "vllm":
-        if not Path(args.vllm_python).exists():
-            parser.error(f"{args.vllm_python} does not exist: run scripts/setup_vllm_env.sh")
         # The worker registers the model under its path; requests name it so.
         args.model_name = args.model_dir or bc.tiny_model_dir(args.vllm_python)
     if args.token_ms is None:
@@ -897,11 +440,10 @@ def main(argv: list[str] | None = None) -> int:
         args.max_tokens = settings.get("max_tokens", DEFAULT_MAX_TOKENS)
     heap = args.heap_objects if args.heap_objects is not None else settings["heap"]
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    result = {
-        "benchmark": NAME,
-        "mode": mode,
-        "machine": bc.machine_info(),
-        "settings": {
+    result = bc.new_result(
+        NAME,
+        mode,
+        settings={
             "heap_objects_per_process": None if real else heap,
             "token_ms": None if real else args.token_ms,
             "max_tokens": args.max_tokens,
@@ -918,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
             if real
             else heap,
         },
-    }
+    )
     if args.probe or args.cross_check:
         return run_probes(args, result)
     with tempfile.TemporaryDirectory(prefix="ab_serving-") as tmp:
@@ -942,7 +484,13 @@ def main(argv: list[str] | None = None) -> int:
         for run in runs
     ]
     result["goal"] = judge(rows)
+    print(results_table(rows))
+    print(json.dumps(result["goal"], indent=1))
+    return bc.finish(args, result_name(args), result, plot(args, rows))
 
+
+def results_table(rows: list[dict]) -> str:
+    """One Markdown row per arm and rung (docs/benchmarks.md quotes it)."""
     table = []
     for row in rows:
         table.append(
@@ -971,36 +519,27 @@ def main(argv: list[str] | None = None) -> int:
                 ),
             ]
         )
-    print(
-        bc.format_table(
-            [
-                "arm",
-                "offered",
-                "achieved",
-                "ok",
-                "errors",
-                "p50 ms",
-                "p99 ms",
-                "p99.9 ms",
-                "max ms",
-                "ttft p99 ms",
-                "ttft p99.9 ms",
-                "pauses>=50 fe/wk",
-                "max pause ms",
-                "gen2 fe/wk",
-                "gen2 mean ms fe/wk",
-                "RSS MiB fe/wk/engine",
-            ],
-            table,
-        )
+    return bc.format_table(
+        [
+            "arm",
+            "offered",
+            "achieved",
+            "ok",
+            "errors",
+            "p50 ms",
+            "p99 ms",
+            "p99.9 ms",
+            "max ms",
+            "ttft p99 ms",
+            "ttft p99.9 ms",
+            "pauses>=50 fe/wk",
+            "max pause ms",
+            "gen2 fe/wk",
+            "gen2 mean ms fe/wk",
+            "RSS MiB fe/wk/engine",
+        ],
+        table,
     )
-    print(json.dumps(result["goal"], indent=1))
-    path = plot(args, rows)
-    result["plot"] = str(path) if path else None
-    json_path = bc.write_result(args, result_name(args), result)
-    bc.publish_plot(args, path)
-    print(f"wrote {json_path}" + (f" and {path}" if path else ""))
-    return 0
 
 
 def run_probes(args: argparse.Namespace, result: dict) -> int:
@@ -1020,11 +559,7 @@ def run_probes(args: argparse.Namespace, result: dict) -> int:
                     log, Path(args.out) / f"{result_name(args)}-{kind}-{log.parent.name}-{log.name}"
                 )
     path = serving_probes.plot_probe(args, result["probe"]) if args.probe else None
-    result["plot"] = str(path) if path else None
-    json_path = bc.write_result(args, f"{result_name(args)}-{kind.replace('_', '-')}", result)
-    bc.publish_plot(args, path)
-    print(f"wrote {json_path}" + (f" and {path}" if path else ""))
-    return 0
+    return bc.finish(args, f"{result_name(args)}-{kind.replace('_', '-')}", result, path)
 
 
 if __name__ == "__main__":

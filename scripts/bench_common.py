@@ -3,7 +3,7 @@
 Standard library only (matplotlib is imported lazily, and only by the parent process that
 plots), so a measurement child can import this module on a bare CPython.
 
-Conventions every script follows (shared/DESIGN.md, issue 5):
+Conventions every script follows (docs/benchmarks.md, issue 5):
 - every figure is a ratio of arms measured side by side in one run (this machine is shared and
   noisy, so absolute milliseconds are context, never the result);
 - ``--quick`` finishes in under a minute, the default is the full mode, ``--smoke`` is the
@@ -24,7 +24,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import provisioned_pythons
@@ -120,6 +120,44 @@ def exit_cleanly_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, _exit)
 
 
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """``--engine mock|vllm``, ``--vllm-python`` and ``--model-dir``: the A/B scripts' worker on
+    the mock engine (the default) or on the real one (see :func:`require_vllm_python`)."""
+    parser.add_argument(
+        "--engine",
+        choices=("mock", "vllm"),
+        default="mock",
+        help="the worker's engine (vllm: the real one, on the tiny model)",
+    )
+    parser.add_argument(
+        "--vllm-python",
+        default=str(DEFAULT_VLLM_PYTHON),
+        help="with --engine vllm: python of the vLLM environment "
+        "(scripts/setup_vllm_env.sh prints it)",
+    )
+    parser.add_argument(
+        "--model-dir",
+        help="with --engine vllm: the model (default: the tiny random model that "
+        "scripts/make_tiny_model.py builds)",
+    )
+
+
+def parse_ab_args(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None
+) -> argparse.Namespace:
+    """The A/B scripts' command line: ``parser``'s own arguments, the engine's
+    (:func:`add_engine_args`) and the mode's; with ``--engine vllm`` it exits 2 before anything
+    starts if the vLLM environment is missing, saying how to make it."""
+    add_engine_args(parser)
+    add_mode_args(parser)
+    args = parser.parse_args(argv)
+    if args.engine == "vllm" and not Path(args.vllm_python).exists():
+        parser.error(
+            f"--vllm-python {args.vllm_python} does not exist: run scripts/setup_vllm_env.sh"
+        )
+    return args
+
+
 # --- interpreters -------------------------------------------------------------------------
 
 
@@ -197,8 +235,42 @@ def choose_interpreters(
     if prefer_venvs:
         found.update(project_venv_interpreters())
     if not found:
-        found = {tuple(sys.version_info[:2]): sys.executable}
+        found = {(sys.version_info[0], sys.version_info[1]): sys.executable}
     return [(f"{major}.{minor}", python) for (major, minor), python in sorted(found.items())]
+
+
+def add_interpreter_args(parser: argparse.ArgumentParser, default: str) -> None:
+    """``--python PATH`` (repeatable; ``default`` says which without it) and the hidden
+    ``--child`` of the scripts that measure in a child process per interpreter."""
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--python",
+        action="append",
+        help=f"interpreter to measure (repeatable); default: {default}",
+    )
+
+
+def interpreters_to_measure(
+    args: argparse.Namespace, *, prefer_venvs: bool = False
+) -> list[tuple[str, str]]:
+    """:func:`choose_interpreters` for ``--python``; a smoke run without it measures only the
+    interpreter running the script."""
+    if mode_name(args) == "smoke" and not args.python:
+        return [(f"{sys.version_info[0]}.{sys.version_info[1]}", sys.executable)]
+    return choose_interpreters(args.python, prefer_venvs=prefer_venvs)
+
+
+def measure_each(
+    interpreters: Sequence[tuple[str, str]], measure: Callable[[str], dict]
+) -> list[dict]:
+    """``measure(python)`` for each interpreter, in order, each result noting its executable."""
+    results = []
+    for label, python in interpreters:
+        print(f"measuring CPython {label} ({python}) ...", file=sys.stderr, flush=True)
+        measured = measure(python)
+        measured["executable"] = python
+        results.append(measured)
+    return results
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -252,6 +324,18 @@ def ratio(numerator: float, denominator: float) -> float:
     return numerator / denominator if denominator else float("nan")
 
 
+def summarise(samples: Iterable[Sequence[float]]) -> dict:
+    """Latency samples in seconds, pooled: their count and p50, p99, p99.9 and max in ms."""
+    pooled = [value for sample in samples for value in sample]
+    return {
+        "n": len(pooled),
+        "p50_ms": 1000 * percentile(pooled, 50),
+        "p99_ms": 1000 * percentile(pooled, 99),
+        "p999_ms": 1000 * percentile(pooled, 99.9),
+        "max_ms": 1000 * max(pooled) if pooled else float("nan"),
+    }
+
+
 # --- the machine --------------------------------------------------------------------------
 
 
@@ -292,6 +376,19 @@ def machine_info() -> dict:
     }
 
 
+def run_dir(root: Path, name: str, announce: str) -> Path:
+    """Say which run starts (``announce``, on stderr) and make its directory ``root/name``."""
+    print(announce, file=sys.stderr, flush=True)
+    path = root / name
+    path.mkdir(parents=True)
+    return path
+
+
+def new_result(name: str, mode: str, **fields) -> dict:
+    """A result document: the benchmark's name, its mode and the machine, then ``fields``."""
+    return {"benchmark": name, "mode": mode, "machine": machine_info(), **fields}
+
+
 # --- output -------------------------------------------------------------------------------
 
 
@@ -314,12 +411,15 @@ def format_table(headers: Sequence[str], rows: Iterable[Sequence]) -> str:
     cells = [[_cell(value) for value in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in cells:
-        widths = [max(width, len(cell)) for width, cell in zip(widths, row)]
+        widths = [max(width, len(cell)) for width, cell in zip(widths, row, strict=False)]
     lines = [
-        "| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths)) + " |",
+        "| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=False)) + " |",
         "|" + "|".join("-" * (w + 2) for w in widths) + "|",
     ]
-    lines += ["| " + " | ".join(c.rjust(w) for c, w in zip(row, widths)) + " |" for row in cells]
+    lines += [
+        "| " + " | ".join(c.rjust(w) for c, w in zip(row, widths, strict=False)) + " |"
+        for row in cells
+    ]
     return "\n".join(lines)
 
 
@@ -349,6 +449,28 @@ def publish_plot(args: argparse.Namespace, path: Path | None) -> None:
     if path is not None and getattr(args, "publish", False):
         DOCS_IMG.mkdir(parents=True, exist_ok=True)
         shutil.copy(path, DOCS_IMG / path.name)
+
+
+def save_plot(args: argparse.Namespace, fig, name: str, title: str) -> Path:
+    """Title ``fig``, lay it out, save it as ``<out>/<name>[-mode].png`` and close it: its path."""
+    import matplotlib.pyplot as plt
+
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    path = plot_path(args, name)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def finish(args: argparse.Namespace, name: str, result: dict, plot: Path | None) -> int:
+    """Record the plot in ``result``, write the result (and publish both with --publish), say
+    where they went; the script's exit code."""
+    result["plot"] = str(plot) if plot else None
+    json_path = write_result(args, name, result)
+    publish_plot(args, plot)
+    print(f"wrote {json_path}" + (f" and {plot}" if plot else ""))
+    return 0
 
 
 def pyplot():

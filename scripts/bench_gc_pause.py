@@ -100,9 +100,10 @@ def measure(sizes: list[int], reps: int, live_objects: int) -> dict:
                 start = ns()
                 frozen_count = freeze_gc_heap(context="bench_gc_pause")
                 freeze_call.append((ns() - start) / 1e6)
-                if frozen_count is None:
+                record = last_freeze()
+                if frozen_count is None or record is None:
                     raise RuntimeError("freeze_gc_heap refused: the bench child is not starting")
-                freeze_collect_and_freeze.append(last_freeze().took_ms)
+                freeze_collect_and_freeze.append(record.took_ms)
                 frozen.append(statistics.median(timed_collect() for _ in range(FROZEN_INNER)))
                 live = build_synthetic_heap(live_objects)
                 frozen_live.append(statistics.median(timed_collect() for _ in range(FROZEN_INNER)))
@@ -113,8 +114,8 @@ def measure(sizes: list[int], reps: int, live_objects: int) -> dict:
                     stock.append(timed_collect())
         finally:
             gc.enable()
-        ratios = [f / s for f, s in zip(frozen, stock)]
-        freeze_ratios = [f / s for f, s in zip(freeze_call, stock)]
+        ratios = [f / s for f, s in zip(frozen, stock, strict=True)]
+        freeze_ratios = [f / s for f, s in zip(freeze_call, stock, strict=True)]
         rows.append(
             {
                 "objects": size,
@@ -230,31 +231,21 @@ def plot(args, results: list[dict]):
     cost_ax.set_title("One-off cost of the start-up freeze")
     cost_ax.grid(True, which="both", alpha=0.3)
     cost_ax.legend(fontsize=7)
-    fig.suptitle(
+    title = (
         f"bench_gc_pause ({bc.mode_name(args)}), {bc.cpu_model()}, "
-        f"{bc.machine_info()['nproc']} cores",
-        fontsize=9,
+        f"{bc.machine_info()['nproc']} cores"
     )
-    fig.tight_layout()
-    path = bc.plot_path(args, NAME)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return bc.save_plot(args, fig, NAME, title)
 
 
 def main(argv: list[str] | None = None) -> int:
+    import bench_common as bc
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--sizes", help="comma-separated heap sizes (overrides the mode's)")
     parser.add_argument("--reps", type=int, help="repetitions per size (overrides the mode's)")
     parser.add_argument("--live-objects", type=int, help="unfrozen working set (overrides)")
-    parser.add_argument(
-        "--python",
-        action="append",
-        help="interpreter to measure (repeatable); default: pyenv's CPython 3.10-3.13",
-    )
-    import bench_common as bc
-
+    bc.add_interpreter_args(parser, "pyenv's CPython 3.10-3.13")
     bc.add_mode_args(parser)
     args = parser.parse_args(argv)
     mode = bc.mode_name(args)
@@ -266,24 +257,19 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(measure(sizes, reps, live_objects)))
         return 0
 
-    interpreters = bc.choose_interpreters(args.python)
-    if mode == "smoke" and not args.python:
-        interpreters = [(f"{sys.version_info[0]}.{sys.version_info[1]}", sys.executable)]
-    result = {
-        "benchmark": NAME,
-        "mode": mode,
-        "machine": bc.machine_info(),
-        "sizes": sizes,
-        "reps": reps,
-        "live_objects": live_objects,
-        "interpreters": [],
-        "goal": {"objects": GOAL_SIZE, "frozen_over_stock_pct_below": GOAL_FROZEN_PCT},
-    }
-    for label, python in interpreters:
-        print(f"measuring CPython {label} ({python}) ...", file=sys.stderr, flush=True)
-        measured = run_interpreter(python, sizes, reps, live_objects, timeout_s=1800)
-        measured["executable"] = python
-        result["interpreters"].append(measured)
+    result = bc.new_result(
+        NAME,
+        mode,
+        sizes=sizes,
+        reps=reps,
+        live_objects=live_objects,
+        interpreters=[],
+        goal={"objects": GOAL_SIZE, "frozen_over_stock_pct_below": GOAL_FROZEN_PCT},
+    )
+    result["interpreters"] = bc.measure_each(
+        bc.interpreters_to_measure(args),
+        lambda python: run_interpreter(python, sizes, reps, live_objects, timeout_s=1800),
+    )
 
     rows = []
     for measured in result["interpreters"]:
@@ -340,12 +326,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"({'met' if pct < GOAL_FROZEN_PCT else 'MISSED'}, goal < {GOAL_FROZEN_PCT}%)"
             )
     result["goal"]["verdicts"] = verdicts
-    path = plot(args, result["interpreters"])
-    result["plot"] = str(path) if path else None
-    json_path = bc.write_result(args, NAME, result)
-    bc.publish_plot(args, path)
-    print(f"wrote {json_path}" + (f" and {path}" if path else ""))
-    return 0
+    return bc.finish(args, NAME, result, plot(args, result["interpreters"]))
 
 
 if __name__ == "__main__":

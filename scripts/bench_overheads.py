@@ -33,7 +33,8 @@ NAME = "overheads"
 
 SETTINGS = {
     # rounds: interleaved repetitions of the logger arms; iterations: loop length per repetition
-    # (about 0.1 s: short rounds, many of them, so drift hits both arms of a round alike); tick_sizes: frozen heaps; tick_blocks: alternating blocks per size.
+    # (about 0.1 s: short rounds, many of them, so drift hits both arms of a round alike);
+    # tick_sizes: frozen heaps; tick_blocks: alternating blocks per size.
     "full": {
         "rounds": 101,
         "iterations": 100_000,
@@ -105,17 +106,16 @@ def measure_logger(settings: dict, start_up_heap: int) -> dict:
     from dynamo.common.utils.synthetic_heap import build_synthetic_heap
 
     logging.getLogger("dynamo").setLevel(logging.ERROR)  # no "installed" INFO line per round
+    metrics_error = None
     try:
         from dynamo.common.metrics import DynamoMetrics
-
-        metrics_error = None
     except ImportError as exc:  # a bare interpreter without prometheus_client / aiohttp
-        DynamoMetrics, metrics_error = None, f"{type(exc).__name__}: {exc}"
+        metrics_error = f"{type(exc).__name__}: {exc}"
 
     heap = build_synthetic_heap(start_up_heap)
     gc.collect()
     gc.freeze()  # as in serving: the start-up heap is frozen, collections walk only the young
-    sink = DynamoMetrics(freeze_enabled=True, process_collectors=False) if DynamoMetrics else None
+    sink = None if metrics_error else DynamoMetrics(freeze_enabled=True, process_collectors=False)
 
     def noop_callback(phase: str, info: dict) -> None:
         pass
@@ -125,7 +125,7 @@ def measure_logger(settings: dict, start_up_heap: int) -> dict:
             gc.callbacks.append(noop_callback)
         elif arm == "logger":
             gc_freeze.install_gc_pause_logger(LOGGER_THRESHOLD_MS)
-        elif arm == "logger+metrics":
+        elif arm == "logger+metrics" and sink is not None:
             gc_freeze.install_gc_pause_logger(LOGGER_THRESHOLD_MS, on_pause=sink.observe_pause)
 
     # noop-callback: what CPython charges for calling any gc.callbacks entry (it builds an info
@@ -156,27 +156,27 @@ def measure_logger(settings: dict, start_up_heap: int) -> dict:
     callback_ns = {}
     for arm in arms[1:]:
         if arm == "noop-callback":
-            calls = settings["callback_calls"]
-            start = time.perf_counter_ns()
-            for _ in range(calls):
-                noop_callback("start", info)
-                noop_callback("stop", info)
-            callback_ns[arm] = (time.perf_counter_ns() - start) / calls
-            continue
-        pause_logger = gc_freeze.GcPauseLogger(
-            LOGGER_THRESHOLD_MS, on_pause=sink.observe_pause if arm == "logger+metrics" else None
-        )
+            callback = noop_callback
+        else:
+            callback = gc_freeze.GcPauseLogger(
+                LOGGER_THRESHOLD_MS,
+                on_pause=sink.observe_pause if sink and arm == "logger+metrics" else None,
+            )
         calls = settings["callback_calls"]
         start = time.perf_counter_ns()
         for _ in range(calls):
-            pause_logger("start", info)
-            pause_logger("stop", info)
+            callback("start", info)
+            callback("stop", info)
         callback_ns[arm] = (time.perf_counter_ns() - start) / calls
     gc.unfreeze()
     del heap
     gc.collect()
 
-    result = {"arms": arms, "metrics_unavailable": metrics_error, "start_up_heap": start_up_heap}
+    result: dict = {
+        "arms": arms,
+        "metrics_unavailable": metrics_error,
+        "start_up_heap": start_up_heap,
+    }
     for arm in arms:
         result[arm] = {
             "seconds": times[arm],
@@ -184,7 +184,7 @@ def measure_logger(settings: dict, start_up_heap: int) -> dict:
             "collections_median": statistics.median(collections[arm]),
         }
     for arm in arms[1:]:
-        ratios = [t / base - 1.0 for t, base in zip(times[arm], times["none"])]
+        ratios = [t / base - 1.0 for t, base in zip(times[arm], times["none"], strict=True)]
         per_second = result[arm]["collections_median"] / result["none"]["seconds_median"]
         result[arm]["cost_pct_median"] = 100.0 * statistics.median(ratios)
         quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
@@ -269,15 +269,10 @@ def measure(settings: dict, start_up_heap: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument(
-        "--python",
-        action="append",
-        help="interpreter to measure (repeatable); default: CPython 3.10-3.13 found",
-    )
     import bench_common as bc
 
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    bc.add_interpreter_args(parser, "CPython 3.10-3.13 found")
     bc.add_mode_args(parser)
     args = parser.parse_args(argv)
     mode = bc.mode_name(args)
@@ -287,24 +282,19 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(measure(settings, START_UP_HEAP[mode])))
         return 0
 
-    interpreters = bc.choose_interpreters(args.python, prefer_venvs=True)
-    if mode == "smoke" and not args.python:
-        interpreters = [(f"{sys.version_info[0]}.{sys.version_info[1]}", sys.executable)]
-    result = {
-        "benchmark": NAME,
-        "mode": mode,
-        "machine": bc.machine_info(),
-        "settings": settings,
-        "logger_threshold_ms": LOGGER_THRESHOLD_MS,
-        "interpreters": [],
-        "goal": {"logger_cost_pct_below": GOAL_LOGGER_PCT, "tick_ratio_below": GOAL_TICK_RATIO},
-    }
+    result = bc.new_result(
+        NAME,
+        mode,
+        settings=settings,
+        logger_threshold_ms=LOGGER_THRESHOLD_MS,
+        interpreters=[],
+        goal={"logger_cost_pct_below": GOAL_LOGGER_PCT, "tick_ratio_below": GOAL_TICK_RATIO},
+    )
     child_args = ["--child"] + ([f"--{mode}"] if mode != "full" else [])
-    for label, python in interpreters:
-        print(f"measuring CPython {label} ({python}) ...", file=sys.stderr, flush=True)
-        measured = bc.run_json_child([python, __file__, *child_args], timeout_s=1800)
-        measured["executable"] = python
-        result["interpreters"].append(measured)
+    result["interpreters"] = bc.measure_each(
+        bc.interpreters_to_measure(args, prefer_venvs=True),
+        lambda python: bc.run_json_child([python, __file__, *child_args], timeout_s=1800),
+    )
 
     logger_rows, tick_rows, verdicts = [], [], []
     for measured in result["interpreters"]:

@@ -10,8 +10,9 @@ dynamo.frontend``) both run with the GC layer on (freeze at their
 quiescent start-up point) and log every GC pause of 20 ms or more. The tokenizer directory is the
 tiny model's (``scripts/make_tiny_model.py --tokenizer-only``: built with ``tokenizers`` alone,
 in a second, on first use, then cached): the mock engine echoes and counts in its vocabulary, and
-the frontend reads its tokenizer and chat template from the model card, as for a real model. They share a private discovery
-directory under a fresh temp dir, so no other worker on this machine joins the pair.
+the frontend reads its tokenizer and chat template from the model card, as for a real model.
+They share a private discovery directory under a fresh temp dir, so no other worker on this
+machine joins the pair.
 
 Once the frontend lists the model, this prints a ready-to-paste curl command and where the logs
 are, then streams both logs prefixed ``[frontend]`` / ``[worker]``. Ctrl-C (or SIGTERM) stops the
@@ -82,8 +83,10 @@ class Child:
         self._pump.start()
 
     def _pump_output(self) -> None:
+        stdout = self.proc.stdout
+        assert stdout is not None, "the child is started with stdout=PIPE"
         with open(self.log_path, "w", encoding="utf-8") as log:
-            for raw in self.proc.stdout:
+            for raw in stdout:
                 line = raw.decode("utf-8", errors="replace").rstrip("\n")
                 log.write(line + "\n")
                 log.flush()

@@ -35,11 +35,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-# Set before transformers is imported: nothing may reach a hub.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-
 logger = logging.getLogger("make_tiny_model")
 
 CACHE_HOME = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
@@ -173,6 +168,11 @@ def write_tokenizer_files(tokenizer, out: Path) -> None:
 
 
 def build_model(tokenizer):
+    # Set before transformers is imported (here, not when this module is imported: the tests
+    # import it for the recipe): nothing may reach a hub.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 

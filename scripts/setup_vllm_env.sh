@@ -29,36 +29,10 @@ VENV=${VLLM_VENV:-.venv-vllm}
 
 log() { echo "setup_vllm_env: $*" >&2; }
 
-find_python311() {
-  if [ -n "${VLLM_PYTHON:-}" ]; then
-    echo "$VLLM_PYTHON"
-    return
-  fi
-  if command -v pyenv >/dev/null 2>&1; then
-    local version
-    version=$(pyenv versions --bare 2>/dev/null | grep -E '^3\.11\.[0-9]+$' | sort -V | tail -n 1 || true)
-    if [ -n "$version" ]; then
-      echo "$(pyenv root)/versions/$version/bin/python"
-      return
-    fi
-  fi
-  if command -v python3.11 >/dev/null 2>&1; then
-    command -v python3.11
-    return
-  fi
-  log "no Python 3.11 found (pyenv or python3.11 on PATH); set VLLM_PYTHON"
-  exit 2
-}
+# shellcheck source=scripts/python311.sh
+. scripts/python311.sh
 
-if [ ! -x "$VENV/bin/python" ]; then
-  python=$(find_python311)
-  if ! "$python" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
-    log "$python is not Python 3.11 (the local torch $TORCH_VERSION CPU wheel is for 3.11)"
-    exit 2
-  fi
-  log "creating $VENV with $python"
-  "$python" -m venv "$VENV"
-fi
+create_venv311 "$VENV" VLLM_PYTHON "the local torch $TORCH_VERSION CPU wheel is for 3.11"
 pip=("$VENV/bin/python" -m pip --quiet)
 
 # Step 1: vLLM and torch, keyed by the pinned versions and this script's workarounds.

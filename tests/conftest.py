@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import gc
-
 import pytest
 
 from dynamo.common import lifecycle, logging_setup
@@ -13,29 +11,19 @@ from dynamo.vllm import gc_policy
 
 @pytest.fixture(autouse=True)
 def restore_gc_state():
-    """Restore freeze, thresholds, enabled flag, callbacks, GC policy and the process phase.
+    """Put back freeze, thresholds, enabled flag, callbacks, pause logger, GC policy and the
+    process phase after each test.
 
-    Also the module state that describes them: the last freeze record (the heap is unfrozen
-    again, so a later test must not see an earlier test's freeze), and freeze observers and phase
+    Also what the library keeps about them: the last freeze record (the heap is unfrozen again,
+    so a later test must not see an earlier test's freeze), and freeze observers and phase
     listeners a test forgot to remove.
     """
-    enabled = gc.isenabled()
-    thresholds = gc.get_threshold()
-    callbacks = list(gc.callbacks)
-    last_freeze = gc_freeze.last_freeze()
-    observers = list(gc_freeze._freeze_observers)
-    listeners = list(lifecycle._listeners)
+    gc_state = gc_freeze.snapshot_gc_state()
+    phase_state = lifecycle.snapshot_phase_state()
     yield
     gc_policy.stop_gc_policy()  # the benchmark policy's thread and saved thresholds are global
-    gc_freeze.uninstall_gc_pause_logger()
-    gc.callbacks[:] = callbacks
-    gc.unfreeze()
-    gc.set_threshold(*thresholds)
-    (gc.enable if enabled else gc.disable)()
-    lifecycle.reset_for_new_process()
-    gc_freeze._last_freeze = last_freeze
-    gc_freeze._freeze_observers[:] = observers
-    lifecycle._listeners[:] = listeners
+    gc_freeze.restore_gc_state(gc_state)
+    lifecycle.restore_phase_state(phase_state)
     # A launcher's main() run in-process installs a stderr handler bound to this test's capture.
     logging_setup.remove_logging_handler()
 
@@ -45,7 +33,12 @@ def etcd_server(tmp_path):
     """A real etcd on loopback for one test (skipped without a binary, unless CI requires it)."""
     import os
 
-    from tests.etcd_server import ETCD_MISSING_REASON, REQUIRE_ETCD_ENV, EtcdServer, find_etcd
+    from tests.support.etcd_server import (
+        ETCD_MISSING_REASON,
+        REQUIRE_ETCD_ENV,
+        EtcdServer,
+        find_etcd,
+    )
 
     binary = find_etcd()
     if binary is None:
@@ -62,13 +55,8 @@ def etcd_server(tmp_path):
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer_dir(tmp_path_factory):
-    """The tiny model's tokenizer files (tokenizer.json, tokenizer_config.json, template)."""
-    from tests.tiny_tokenizer import build_tiny_tokenizer
+    """A copy of the tiny model's tokenizer files (tokenizer.json, tokenizer_config.json,
+    template) for this session (tests/support/tiny_model.py)."""
+    from tests.support.tiny_model import build_tiny_tokenizer
 
-    return build_tiny_tokenizer(tmp_path_factory.mktemp("tiny-tokenizer"))
-
-
-@pytest.fixture
-def mock_worker_env(tiny_tokenizer_dir) -> dict[str, str]:
-    """The env that makes ``python -m dynamo.vllm`` the mock engine on the tiny tokenizer."""
-    return {"DYN_VLLM_ENGINE": "mock", "DYN_VLLM_MODEL": str(tiny_tokenizer_dir)}
+    return build_tiny_tokenizer(tmp_path_factory.mktemp("tiny-tokenizer") / "tokenizer")

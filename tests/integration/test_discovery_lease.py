@@ -12,16 +12,12 @@ import re
 
 import pytest
 
-from dynamo.runtime.discovery.file_backend import HEARTBEATS_PER_TTL, DiscoveryStore
-from tests.integration.harness import wait_until
-from tests.integration.pair_helpers import (
-    assert_openai_error,
-    chat_body,
-    frontend_url,
-    request,
-    start_frontend,
-    start_worker,
-)
+from dynamo.runtime.discovery.file_backend import HEARTBEATS_PER_TTL
+from dynamo.runtime.discovery.file_store import DiscoveryStore
+from tests.support import wait_until
+from tests.support.answers import assert_openai_error
+from tests.support.pair import chat_body, request
+from tests.support.processes import listening_url, start_frontend, start_worker
 
 pytestmark = pytest.mark.integration
 
@@ -53,13 +49,18 @@ def survivor_heartbeats(discovery_dir) -> int:
 
 def test_a_sigkilled_worker_is_dropped_after_its_lease_expires(tmp_path):
     discovery_dir = tmp_path / "discovery"
-    frontend = start_frontend("frontend", tmp_path, discovery_dir, "--discovery-ttl", TTL)
-    doomed = start_worker("worker-doomed", tmp_path, discovery_dir, DOOMED, "--discovery-ttl", TTL)
-    survivor = start_worker(
-        "worker-survivor", tmp_path, discovery_dir, SURVIVOR, "--discovery-ttl", TTL
+    frontend = start_frontend(
+        "frontend", tmp_path, discovery_dir, "--discovery-ttl", TTL, trace_gc_collect=True
     )
+    doomed = start_worker(
+        "worker-doomed", tmp_path, discovery_dir, DOOMED, "--discovery-ttl", TTL, mock_token_ms=1
+    )
+    survivor = start_worker(
+        "worker-survivor", tmp_path, discovery_dir, SURVIVOR, "--discovery-ttl", TTL,
+        mock_token_ms=1,
+    )  # fmt: skip
     try:
-        url = frontend_url(frontend)
+        url = listening_url(frontend)
         instance, endpoint = doomed.wait_for_log(REGISTERED.format(model=DOOMED)).groups()
         wait_until(
             lambda: {DOOMED, SURVIVOR} <= listed_models(url),

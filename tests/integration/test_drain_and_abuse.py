@@ -18,7 +18,8 @@ import urllib.parse
 
 import pytest
 
-from tests.integration.harness import listening_url, start_frontend, start_worker, wait_until
+from tests.support import wait_until
+from tests.support.processes import listening_url, start_frontend, start_worker
 
 pytestmark = pytest.mark.integration
 
@@ -33,7 +34,7 @@ def _chat(
     url: str, *, stream: bool, max_tokens: int, content: str = "hi"
 ) -> http.client.HTTPResponse:
     parts = urllib.parse.urlsplit(url)
-    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+    conn = http.client.HTTPConnection(parts.netloc, timeout=60)
     body = {
         "model": MODEL,
         "messages": [{"role": "user", "content": content}],
@@ -64,9 +65,22 @@ def pair(tmp_path):
         worker.stop()
 
 
+def _long_plane_request(worker) -> http.client.HTTPResponse:
+    """1000 tokens (EOS ignored) asked of the worker's request plane directly: the streaming
+    response, answered 200."""
+    plane = urllib.parse.urlsplit(listening_url(worker, WORKER_PLANE_LINE))
+    conn = http.client.HTTPConnection(plane.netloc, timeout=60)
+    body = {"request_id": "r1", "model": MODEL, "token_ids": [1, 2],
+            "sampling": {"max_tokens": 1000, "ignore_eos": True}}  # fmt: skip
+    conn.request("POST", "/generate", json.dumps(body))
+    response = conn.getresponse()
+    assert response.status == 200
+    return response
+
+
 def _get(url: str, path: str) -> str:
     parts = urllib.parse.urlsplit(url)
-    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+    conn = http.client.HTTPConnection(parts.netloc, timeout=10)
     conn.request("GET", path)
     return conn.getresponse().read().decode()
 
@@ -114,14 +128,7 @@ def test_the_frontend_drain_keeps_one_deadline_and_ends_cut_streams_with_an_erro
 
 def test_the_worker_drain_ends_cut_streams_with_an_in_band_error_line(pair):
     worker, frontend, url = pair
-    plane = listening_url(worker, WORKER_PLANE_LINE)
-    parts = urllib.parse.urlsplit(plane)
-    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
-    body = {"request_id": "r1", "model": MODEL, "token_ids": [1, 2],
-            "sampling": {"max_tokens": 1000, "ignore_eos": True}}  # fmt: skip
-    conn.request("POST", "/generate", json.dumps(body))
-    response = conn.getresponse()
-    assert response.status == 200
+    response = _long_plane_request(worker)
     lines: list[str] = []
     first = response.readline()
     lines.append(first.decode())
@@ -189,11 +196,17 @@ async def _unfinished_first_head(host, port) -> float:
         writer.close()
 
 
+def _content_length(head: bytes) -> int:
+    match = re.search(rb"Content-Length: (\d+)", head)
+    assert match is not None, head
+    return int(match.group(1))
+
+
 async def _slow_later_head(host, port) -> float:
     reader, writer = await asyncio.open_connection(host, port)
     writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
-    length = int(re.search(rb"Content-Length: (\d+)", head).group(1))
+    length = _content_length(head)
     await reader.readexactly(length)
     trickler = asyncio.ensure_future(_trickle(writer, b"GET /health HTTP/1.1\r\nHost: x" * 4))
     try:
@@ -215,7 +228,7 @@ async def _slow_body(host, port, path: str) -> tuple[float, int, dict]:
     try:
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 60)
         took = time.monotonic() - began
-        length = int(re.search(rb"Content-Length: (\d+)", head).group(1))
+        length = _content_length(head)
         answer = json.loads(await reader.readexactly(length))
         await _closed_after(reader)
         return took, int(head.split()[1]), answer
@@ -318,13 +331,7 @@ def test_a_rank_that_dies_while_serving_ends_the_worker_at_once(tmp_path):
         events: list[str] = []
         sse_done = threading.Event()
         _read_stream_in_thread(sse, events, sse_done)
-        plane = urllib.parse.urlsplit(listening_url(worker, WORKER_PLANE_LINE))
-        conn = http.client.HTTPConnection(plane.hostname, plane.port, timeout=60)
-        body = {"request_id": "r1", "model": MODEL, "token_ids": [1, 2],
-                "sampling": {"max_tokens": 1000, "ignore_eos": True}}  # fmt: skip
-        conn.request("POST", "/generate", json.dumps(body))
-        ndjson = conn.getresponse()
-        assert ndjson.status == 200
+        ndjson = _long_plane_request(worker)
         ndjson.readline()
         wait_until(lambda: len(events) >= 2, deadline_s=30, what="the first SSE tokens")
 

@@ -16,23 +16,14 @@ import aetcd
 import pytest
 
 from dynamo.runtime.discovery import MAX_RECORD_BYTES, ModelRecord
-from dynamo.runtime.discovery.etcd_backend import EtcdCredentials, EtcdDiscovery
+from dynamo.runtime.discovery.etcd_backend import EtcdDiscovery
+from dynamo.runtime.discovery.etcd_client import EtcdCredentials
 from dynamo.runtime.discovery.etcd_endpoints import parse_endpoints
+from tests.support import wait_until_async
 
 pytestmark = pytest.mark.integration
 
 DEADLINE_S = 15.0
-
-
-async def until(condition, *, deadline_s: float = DEADLINE_S, what: str = "a condition"):
-    end = time.monotonic() + deadline_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out after {deadline_s} s waiting for {what}")
-        await asyncio.sleep(0.01)  # polling interval of a condition wait
 
 
 def discovery(server, namespace: str = "test") -> EtcdDiscovery:
@@ -76,7 +67,9 @@ def test_register_watch_and_revoke(etcd_server):
         watcher = backend.watcher(on_add=seen.on_add, on_remove=seen.on_remove)
         watcher.start()
         try:
-            await until(lambda: seen.added, what="the record to be listed")
+            await wait_until_async(
+                lambda: seen.added, what="the record to be listed", deadline_s=DEADLINE_S
+            )
             assert watcher.state == "ok"
             # The keep-alive holds the 2 s lease well past its TTL.
             async with client(etcd_server) as c:
@@ -87,7 +80,9 @@ def test_register_watch_and_revoke(etcd_server):
                     await asyncio.sleep(registration.keepalive_interval_s)  # spans 1 TTL
             began = time.monotonic()
             await registration.unregister()
-            await until(lambda: seen.removed, what="the revoked record to go")
+            await wait_until_async(
+                lambda: seen.removed, what="the revoked record to go", deadline_s=DEADLINE_S
+            )
             return record, time.monotonic() - began
         finally:
             await watcher.stop()
@@ -112,7 +107,9 @@ def test_a_lease_left_unrenewed_expires_and_its_record_goes(etcd_server, record_
         watcher = backend.watcher(on_add=seen.on_add, on_remove=seen.on_remove)
         watcher.start()
         try:
-            await until(lambda: seen.removed, what="the expired record to go")
+            await wait_until_async(
+                lambda: seen.removed, what="the expired record to go", deadline_s=DEADLINE_S
+            )
             return time.monotonic() - began
         finally:
             await watcher.stop()
@@ -139,7 +136,9 @@ def test_namespaces_do_not_see_each_other(etcd_server):
         watch_a.start()
         watch_b.start()
         try:
-            await until(lambda: seen_a.added and watch_b.state == "ok")
+            await wait_until_async(
+                lambda: seen_a.added and watch_b.state == "ok", deadline_s=DEADLINE_S
+            )
         finally:
             await watch_a.stop()
             await watch_b.stop()
@@ -164,28 +163,35 @@ def test_malformed_and_oversized_records_get_one_warning_each_and_are_skipped(et
             watcher = backend.watcher(on_add=seen.on_add, on_remove=seen.on_remove)
             watcher.start()
             try:
-                await until(lambda: watcher.state == "ok")
+                await wait_until_async(lambda: watcher.state == "ok", deadline_s=DEADLINE_S)
                 await c.put(prefix + good.instance_id.encode(), good.to_json().encode())
-                await until(lambda: seen.added, what="the good record")
-                # The same instance under a second key: ignored, with one WARNING.
+                await wait_until_async(
+                    lambda: seen.added, what="the good record", deadline_s=DEADLINE_S
+                )
+                # The same instance under a key that is not its id: a copy or a forgery,
+                # malformed (one WARNING); the record under its own key is the instance's.
                 await c.put(prefix + b"copy", good.to_json().encode())
-                await until(lambda: warnings(caplog, "is already registered"))
+                await wait_until_async(
+                    lambda: warnings(caplog, "whose key is another"), deadline_s=DEADLINE_S
+                )
                 # The watch stream breaks (etcd restarts): the re-list must not warn again
                 # about the same versions of the same keys.
                 etcd_server.stop()
-                await until(lambda: watcher.state == "degraded")
+                await wait_until_async(lambda: watcher.state == "degraded", deadline_s=DEADLINE_S)
                 etcd_server.start()
-                await until(lambda: watcher.state == "ok" and watcher.lists >= 2)
+                await wait_until_async(
+                    lambda: watcher.state == "ok" and watcher.lists >= 2, deadline_s=DEADLINE_S
+                )
             finally:
                 await watcher.stop()
 
     asyncio.run(scenario())
     assert [r.model for r in seen.added] == ["good"] and seen.removed == []
     malformed = warnings(caplog, "Ignoring malformed discovery record")
-    assert len(malformed) == 2, malformed
+    assert len(malformed) == 3, malformed
     assert any("garbage" in w for w in malformed)
     assert any("huge" in w and f"{MAX_RECORD_BYTES}-byte record limit" in w for w in malformed)
-    (duplicate,) = warnings(caplog, "is already registered")
+    (duplicate,) = warnings(caplog, "whose key is another")
     assert "copy" in duplicate and good.instance_id in duplicate
 
 
@@ -200,27 +206,38 @@ def test_an_outage_keeps_the_known_instances_and_logs_once(etcd_server, caplog):
         watcher = backend.watcher(on_add=seen.on_add, on_remove=seen.on_remove)
         watcher.start()
         try:
-            await until(lambda: seen.added)
+            await wait_until_async(lambda: seen.added, deadline_s=DEADLINE_S)
             etcd_server.stop()
-            await until(lambda: watcher.state == "degraded", what="the watcher to see the outage")
+            await wait_until_async(
+                lambda: watcher.state == "degraded",
+                what="the watcher to see the outage",
+                deadline_s=DEADLINE_S,
+            )
             # Longer than the lease: the worker cannot renew, nothing is removed meanwhile.
-            await until(lambda: "Discovery: lost etcd" in caplog.text, what="the worker to see it")
+            await wait_until_async(
+                lambda: "Discovery: lost etcd" in caplog.text,
+                what="the worker to see it",
+                deadline_s=DEADLINE_S,
+            )
             await asyncio.sleep(registration.lease_ttl_s + 1)  # the outage outlasts the lease
             assert watcher.known == {record.instance_id: record} and seen.removed == []
             etcd_server.start()
-            await until(
+            await wait_until_async(
                 lambda: (
                     watcher.state == "ok"
                     and "registered again" in caplog.text
                     or "still held" in caplog.text
                 ),
                 what="recovery",
+                deadline_s=DEADLINE_S,
             )
-            await until(lambda: watcher.state == "ok")
+            await wait_until_async(lambda: watcher.state == "ok", deadline_s=DEADLINE_S)
             async with client(etcd_server) as c:
                 listed = await c.get_prefix(backend.prefix.encode())
             keys = sorted(kv.key.decode().rsplit("/", 1)[1] for kv in listed)
-            await until(lambda: sorted(watcher.known) == keys == [record.instance_id])
+            await wait_until_async(
+                lambda: sorted(watcher.known) == keys == [record.instance_id], deadline_s=DEADLINE_S
+            )
         finally:
             await watcher.stop()
             await registration.unregister()
@@ -252,14 +269,15 @@ def test_start_up_with_etcd_down_waits_and_connects_when_it_comes(etcd_server, c
             # Both must have met the outage before etcd starts: the first WARNING alone (either
             # one's) left the other free, on a loaded machine, to make its first attempt only
             # once etcd was up, and never warn.
-            await until(
+            await wait_until_async(
                 lambda: len(warnings(caplog, "cannot reach etcd")) == 2,
                 what="the watcher's and the registration's WARNING",
+                deadline_s=DEADLINE_S,
             )
             assert watcher.state == "connecting" and not connecting.done()
             etcd_server.start()
             await asyncio.wait_for(connecting, DEADLINE_S)
-            await until(lambda: watcher.state == "ok")
+            await wait_until_async(lambda: watcher.state == "ok", deadline_s=DEADLINE_S)
         finally:
             connecting.cancel()
             await watcher.stop()
@@ -292,7 +310,11 @@ def test_compaction_while_watching_relists_and_misses_nothing(etcd_server, caplo
             watcher = backend.watcher(on_add=slow_add, on_remove=seen.on_remove)
             watcher.start()
             try:
-                await until(lambda: seen.added, what="the first list to reach a callback")
+                await wait_until_async(
+                    lambda: seen.added,
+                    what="the first list to reach a callback",
+                    deadline_s=DEADLINE_S,
+                )
                 # Meanwhile: one record goes, three come, and the history is compacted away.
                 await c.delete(prefix + first[0].instance_id.encode())
                 for record in later:
@@ -301,11 +323,17 @@ def test_compaction_while_watching_relists_and_misses_nothing(etcd_server, caplo
                 await c.compact(status.header.revision, physical=True)
                 release.set()
                 expected = {r.instance_id for r in first[1:] + later}
-                await until(lambda: set(watcher.known) == expected, what="the re-listed view")
+                await wait_until_async(
+                    lambda: set(watcher.known) == expected,
+                    what="the re-listed view",
+                    deadline_s=DEADLINE_S,
+                )
                 # And it keeps watching after the re-list.
                 extra = ModelRecord(model="x", endpoint="http://x:1")
                 await c.put(prefix + extra.instance_id.encode(), extra.to_json().encode())
-                await until(lambda: extra.instance_id in watcher.known)
+                await wait_until_async(
+                    lambda: extra.instance_id in watcher.known, deadline_s=DEADLINE_S
+                )
             finally:
                 release.set()
                 await watcher.stop()
@@ -336,12 +364,12 @@ def test_a_thousand_records_are_all_seen(etcd_server, record_property):
             began = time.monotonic()
             watcher.start()
             try:
-                await until(lambda: len(watcher.known) == len(records), deadline_s=60)
+                await wait_until_async(lambda: len(watcher.known) == len(records), deadline_s=60)
                 listed_s = time.monotonic() - began
                 # And 1,000 more changes through the watch: every record deleted.
                 began = time.monotonic()
                 await c.delete_prefix(prefix)
-                await until(lambda: not watcher.known, deadline_s=60)
+                await wait_until_async(lambda: not watcher.known, deadline_s=60)
                 return listed_s, time.monotonic() - began
             finally:
                 await watcher.stop()
@@ -385,7 +413,9 @@ def test_a_user_and_password_from_the_environment_authenticate_and_are_never_log
         watcher = authed.watcher(on_add=seen.on_add, on_remove=seen.on_remove)
         watcher.start()
         try:
-            await until(lambda: seen.added and "cannot reach etcd" in caplog.text)
+            await wait_until_async(
+                lambda: seen.added and "cannot reach etcd" in caplog.text, deadline_s=DEADLINE_S
+            )
             assert refused.state == "connecting" and watcher.state == "ok"
         finally:
             await refused.stop()
@@ -407,10 +437,10 @@ def test_a_page_of_oversized_values_shrinks_the_pages_instead_of_blinding_the_wa
     gRPC message limit, and every list failed (RESOURCE_EXHAUSTED) for as long as they stayed,
     so the frontend never became ready. Here the message limit is lowered to keep the test
     light; the failure is the same."""
-    from dynamo.runtime.discovery import etcd_backend as discovery_etcd
+    from dynamo.runtime.discovery import etcd_client
 
     caplog.set_level(logging.INFO)
-    mocker.patch.dict(discovery_etcd.CHANNEL_OPTIONS, {"grpc.max_receive_message_length": 4 << 20})
+    mocker.patch.dict(etcd_client.CHANNEL_OPTIONS, {"grpc.max_receive_message_length": 4 << 20})
     backend = discovery(etcd_server)
     prefix = backend.prefix.encode()
     good = ModelRecord(model="good", endpoint="http://w:1")
@@ -424,8 +454,14 @@ def test_a_page_of_oversized_values_shrinks_the_pages_instead_of_blinding_the_wa
             watcher = backend.watcher(on_add=seen.on_add, on_remove=seen.on_remove)
             watcher.start()
             try:
-                await until(lambda: watcher.state == "ok", what="a list that succeeds")
-                await until(lambda: seen.added, what="the good record")
+                await wait_until_async(
+                    lambda: watcher.state == "ok",
+                    what="a list that succeeds",
+                    deadline_s=DEADLINE_S,
+                )
+                await wait_until_async(
+                    lambda: seen.added, what="the good record", deadline_s=DEADLINE_S
+                )
             finally:
                 await watcher.stop()
                 await c.delete_prefix(prefix)
@@ -472,7 +508,7 @@ class _EndedWatch:
 def test_a_watch_that_keeps_ending_quietly_is_backed_off_not_a_busy_loop(
     etcd_server, caplog, mocker
 ):
-    caplog.set_level(logging.DEBUG, logger="dynamo.runtime.discovery.etcd_backend")
+    caplog.set_level(logging.DEBUG, logger="dynamo.runtime.discovery")
     backend = discovery(etcd_server)
     seen = Seen()
 
@@ -484,7 +520,9 @@ def test_a_watch_that_keeps_ending_quietly_is_backed_off_not_a_busy_loop(
         watcher = backend.watcher(on_add=seen.on_add, on_remove=seen.on_remove)
         watcher.start()
         try:
-            await until(lambda: watcher.lists >= 4, what="four lists")
+            await wait_until_async(
+                lambda: watcher.lists >= 4, what="four lists", deadline_s=DEADLINE_S
+            )
             assert watcher.state == "ok"  # the lists work: nothing is degraded
         finally:
             await watcher.stop()
@@ -517,7 +555,9 @@ def test_a_watch_cancel_that_never_answers_does_not_hang_the_stop(etcd_server, m
         mocker.patch.object(aetcd.Client, "watch_prefix", watch_whose_cancel_hangs)
         watcher = discovery(etcd_server).watcher(on_add=seen.on_add, on_remove=seen.on_remove)
         watcher.start()
-        await until(lambda: watches, what="the watch")  # the watcher is in it now
+        await wait_until_async(
+            lambda: watches, what="the watch", deadline_s=DEADLINE_S
+        )  # the watcher is in it now
         # Unbounded, this never returns: the test's own bound turns that into a failure.
         await asyncio.wait_for(watcher.stop(), timeout=30)
 

@@ -16,16 +16,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dynamo.runtime.discovery import ModelRecord
-from tests.integration import harness
-from tests.integration.harness import wait_until
-from tests.integration.pair_helpers import (
-    EXPLICIT_COLLECT_LINE,
-    chat_body,
-    frontend_url,
-    request,
-    start_frontend,
-    start_worker,
-)
+from tests.support import LauncherProcess, wait_until
+from tests.support.pair import EXPLICIT_COLLECT_LINE, chat_body, request
+from tests.support.processes import listening_url, start_frontend, start_worker
+from tests.support.tiny_model import tiny_tokenizer_dir
 
 pytestmark = pytest.mark.integration
 
@@ -44,6 +38,23 @@ def log_time(stamp: str) -> float:
 def etcd_args(server, *extra: str) -> tuple[str, ...]:
     return ("--discovery-backend", "etcd", "--etcd-endpoints", server.url, "--discovery-ttl",
             TTL, "--namespace", "pair", *extra)  # fmt: skip
+
+
+def pair_on_etcd(
+    server, log_dir, discovery_dir, *models: str
+) -> tuple[list[LauncherProcess], LauncherProcess]:
+    """A mock worker per model (``worker-<model>.log``) and a frontend (with the explicit-collect
+    trace), all on ``server``; ``discovery_dir`` is passed and must go unused."""
+    workers = [
+        start_worker(
+            f"worker-{model}", log_dir, discovery_dir, model, *etcd_args(server), mock_token_ms=1
+        )
+        for model in models
+    ]
+    frontend = start_frontend(
+        "frontend", log_dir, discovery_dir, *etcd_args(server), trace_gc_collect=True
+    )
+    return workers, frontend
 
 
 def models(url: str) -> set[str]:
@@ -72,10 +83,9 @@ def test_register_discover_serve_and_drain(etcd_server, tmp_path):
     # The discovery dir is never used on etcd: a path that cannot exist proves it.
     nowhere = tmp_path / "file" / "not-a-dir"
     (tmp_path / "file").write_text("")
-    worker = start_worker("worker", tmp_path, nowhere, "etcd-a", *etcd_args(etcd_server))
-    frontend = start_frontend("frontend", tmp_path, nowhere, *etcd_args(etcd_server))
+    (worker,), frontend = pair_on_etcd(etcd_server, tmp_path, nowhere, "etcd-a")
     try:
-        url = frontend_url(frontend)
+        url = listening_url(frontend)
         wait_until(lambda: "etcd-a" in models(url), deadline_s=30, what="the model on etcd")
         assert chat_ok(url, "etcd-a")
         status, health = request("GET", url + "/health")
@@ -106,11 +116,9 @@ def test_sigkill_leaves_after_the_ttl_and_the_other_worker_serves(
     etcd_server, tmp_path, record_property
 ):
     d = tmp_path / "unused"
-    doomed = start_worker("doomed", tmp_path, d, "etcd-doomed", *etcd_args(etcd_server))
-    other = start_worker("other", tmp_path, d, "etcd-other", *etcd_args(etcd_server))
-    frontend = start_frontend("frontend", tmp_path, d, *etcd_args(etcd_server))
+    (doomed, other), frontend = pair_on_etcd(etcd_server, tmp_path, d, "etcd-doomed", "etcd-other")
     try:
-        url = frontend_url(frontend)
+        url = listening_url(frontend)
         wait_until(lambda: {"etcd-doomed", "etcd-other"} <= models(url), deadline_s=30, what="both")
         doomed.proc.kill()
         doomed.proc.wait(timeout=10)
@@ -143,8 +151,7 @@ def test_etcd_restarted_after_the_ttl_under_load(etcd_server, tmp_path):
     """etcd stopped for longer than the TTL, restarted on the same data dir, while the pair
     serves: no request fails, the worker registers again, no instance twice, views agree."""
     d = tmp_path / "unused"
-    worker = start_worker("worker", tmp_path, d, "etcd-load", *etcd_args(etcd_server))
-    frontend = start_frontend("frontend", tmp_path, d, *etcd_args(etcd_server))
+    (worker,), frontend = pair_on_etcd(etcd_server, tmp_path, d, "etcd-load")
     failures: list[str] = []
     served = [0]
     stop = threading.Event()
@@ -160,7 +167,7 @@ def test_etcd_restarted_after_the_ttl_under_load(etcd_server, tmp_path):
                 failures.append(repr(exc))
 
     try:
-        url = frontend_url(frontend)
+        url = listening_url(frontend)
         wait_until(lambda: "etcd-load" in models(url), deadline_s=30, what="the model")
         (before,) = etcd_records(etcd_server)
         loader = threading.Thread(target=load, daemon=True)
@@ -202,10 +209,9 @@ def test_etcd_restarted_after_the_ttl_under_load(etcd_server, tmp_path):
 def test_start_up_with_etcd_down_stays_not_ready_then_serves(etcd_server, tmp_path):
     etcd_server.stop()
     d = tmp_path / "unused"
-    worker = start_worker("worker", tmp_path, d, "etcd-late", *etcd_args(etcd_server))
-    frontend = start_frontend("frontend", tmp_path, d, *etcd_args(etcd_server))
+    (worker,), frontend = pair_on_etcd(etcd_server, tmp_path, d, "etcd-late")
     try:
-        url = frontend_url(frontend)
+        url = listening_url(frontend)
         frontend.wait_for_log(r"cannot reach etcd", deadline_s=20)
         worker.wait_for_log(r"cannot reach etcd", deadline_s=20)
         status, health = request("GET", url + "/health")
@@ -233,9 +239,7 @@ def test_unusable_etcd_credentials_exit_2_and_never_print_a_password(module, env
     result = subprocess.run(
         [sys.executable, "-m", module, "--discovery-backend", "etcd"]
         + (
-            ["--engine", "mock", "--model", harness.tiny_tokenizer_dir()]
-            if module == "dynamo.vllm"
-            else []
+            ["--engine", "mock", "--model", tiny_tokenizer_dir()] if module == "dynamo.vllm" else []
         ),
         env={
             **{k: v for k, v in __import__("os").environ.items() if not k.startswith("ETCD_")},

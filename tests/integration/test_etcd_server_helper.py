@@ -1,4 +1,4 @@
-"""The test etcd server itself (tests/etcd_server.py): a port taken between being picked and
+"""The test etcd server itself (tests/support/etcd_server.py): a port taken between being picked and
 being bound must not fail the test that wanted an etcd (the CI runs other suites alongside)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import threading
 
 import pytest
 
-from tests import etcd_server as helper
-from tests.integration.harness import wait_until
+from tests.support import etcd_server as helper
+from tests.support import wait_until
 
 pytestmark = pytest.mark.integration
 

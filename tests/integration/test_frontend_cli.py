@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.harness import start_frontend
+from tests.support.processes import start_frontend
 
 pytestmark = pytest.mark.integration
 
 
 def run(tmp_path, discovery_dir, *args: str):
     process = start_frontend("frontend", tmp_path, discovery_dir, *args)
-    code = process.wait_exit(deadline_s=60)
-    process.stop()  # closes the log file
-    return code, process.log()
+    return process.exit_code(deadline_s=60), process.log()
 
 
 def test_a_discovery_dir_that_is_a_file_exits_2_naming_flag_env_var_and_path(tmp_path):

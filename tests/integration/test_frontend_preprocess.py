@@ -11,20 +11,23 @@ import signal
 
 import pytest
 
-from tests.integration.harness import wait_until
-from tests.integration.pair_helpers import (
+from tests.support import wait_until
+from tests.support.answers import streamed_text
+from tests.support.pair import (
     FROZEN_LINE,
-    LISTENING_LINE,
     REFUSED_LINE,
     chat_body,
     expected_content,
-    frontend_url,
     lines_with_pids,
     request,
+    stream_events,
+)
+from tests.support.processes import (
+    LISTENING_LINE,
+    listening_url,
+    pid_alive,
     start_frontend,
     start_worker,
-    stream_events,
-    streamed_text,
 )
 
 pytestmark = pytest.mark.integration
@@ -39,26 +42,20 @@ POOL_PIDS = r"Preprocess pool (?:ready|rebuilt in [\d.]+ s): workers=2 pids=(\[[
 REBUILD_DEADLINE_S = 90.0
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     directory = tmp_path_factory.mktemp("preprocess")
     discovery_dir = directory / "discovery"
     worker = start_worker(
-        "worker", directory, discovery_dir, MODEL, "--mock-max-model-len", str(MAX_MODEL_LEN)
-    )
+        "worker", directory, discovery_dir, MODEL, "--mock-max-model-len", str(MAX_MODEL_LEN),
+        mock_token_ms=1,
+    )  # fmt: skip
     frontend = start_frontend(
-        "frontend", directory, discovery_dir, "--dyn-preprocess-workers", str(WORKERS)
-    )
+        "frontend", directory, discovery_dir, "--dyn-preprocess-workers", str(WORKERS),
+        trace_gc_collect=True,
+    )  # fmt: skip
     try:
-        url = frontend_url(frontend)
+        url = listening_url(frontend)
         frontend.wait_for_log(rf"Model added: model={MODEL} ")
         yield frontend, url
     finally:
@@ -145,7 +142,7 @@ def test_a_killed_preprocess_process_is_replaced_and_requests_succeed_again(pair
 def test_sigterm_lets_the_stream_in_flight_finish_then_stops_the_pool(pair):
     frontend, url = pair
     pids = current_pool_pids(frontend.log())
-    assert len(pids) == WORKERS and all(alive(pid) for pid in pids)
+    assert len(pids) == WORKERS and all(pid_alive(pid) for pid in pids)
     # ~0.6 s of tokens at 1 ms each, past the echoed prompt's EOS
     body = chat_body(MODEL, max_tokens=500, stream=True, ignore_eos=True)
     events = stream_events(url, body)
@@ -157,4 +154,4 @@ def test_sigterm_lets_the_stream_in_flight_finish_then_stops_the_pool(pair):
     # Nothing cut short.
     assert streamed_text([first, *rest]) == expected_content(body, max_model_len=MAX_MODEL_LEN)
     assert frontend.wait_exit() == 0
-    wait_until(lambda: not any(alive(pid) for pid in pids), deadline_s=30, what="pool exit")
+    wait_until(lambda: not any(pid_alive(pid) for pid in pids), deadline_s=30, what="pool exit")

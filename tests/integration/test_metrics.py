@@ -9,18 +9,19 @@ from __future__ import annotations
 import json
 import logging
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dynamo.common.metrics import PAUSE_BUCKETS_S
-from tests.integration import harness
-from tests.integration.harness import LauncherProcess
+from tests.support import LauncherProcess
+from tests.support.processes import start_frontend, start_worker
 from tests.unit.test_metrics import STABLE_FAMILIES
 
 # The frontend's own: whether discovery is cut off from its store (0 with a readable directory).
-FRONTEND_FAMILIES = {"dynamo_discovery_degraded": ("gauge", set())}
+FRONTEND_FAMILIES: dict[str, tuple[str, set[str]]] = {"dynamo_discovery_degraded": ("gauge", set())}
 
 pytestmark = pytest.mark.integration
 
@@ -72,35 +73,17 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory) -> dict[str, Served]:
+def served(tmp_path_factory) -> Iterator[dict[str, Served]]:
     directory = tmp_path_factory.mktemp("metrics")
-    discovery = str(directory / "discovery")
-    worker = LauncherProcess(
-        "worker",
-        "dynamo.vllm",
-        [
-            "--engine", "mock",
-            "--model", harness.tiny_tokenizer_dir(),
-            "--served-model-name", MODEL,
-            "--discovery-dir", discovery,
-            "--mock-heap-objects", "50000",
-            "--system-host", "127.0.0.1",
-            "--system-port", "0",
-            "--debug-gc-endpoint",
-        ],
-        log_dir=directory,
+    discovery = directory / "discovery"
+    worker = start_worker(
+        "worker", directory, discovery, MODEL,
+        "--mock-heap-objects", "50000",
+        "--system-host", "127.0.0.1",
+        "--system-port", "0",
+        "--debug-gc-endpoint",
     )  # fmt: skip
-    frontend = LauncherProcess(
-        "frontend",
-        "dynamo.frontend",
-        [
-            "--http-host", "127.0.0.1",
-            "--http-port", "0",
-            "--discovery-dir", discovery,
-            "--dyn-debug-gc-endpoint",
-        ],
-        log_dir=directory,
-    )  # fmt: skip
+    frontend = start_frontend("frontend", directory, discovery, "--dyn-debug-gc-endpoint")
     try:
         worker_port = worker.wait_for_log(
             r"System server listening on http://127\.0\.0\.1:(\d+)"

@@ -2,8 +2,8 @@
 
 One frontend and one worker (module fixture) serve every test; tests that need a worker to come,
 go or die start one of their own for a model of their own, so the shared pair stays intact.
-The frontend runs with the test-only ``DYN_TEST_TRACE_GC_COLLECT`` hook, which logs each explicit
-``gc.collect()``: its start-up freeze logs exactly one, and discovery must add none.
+The frontend runs with the test-only explicit-collect trace (tests/support/gc_trace), which logs
+each explicit ``gc.collect()``: its start-up freeze logs exactly one, and discovery must add none.
 """
 
 from __future__ import annotations
@@ -14,25 +14,21 @@ import signal
 
 import pytest
 
-from tests.integration.harness import wait_until
-from tests.integration.pair_helpers import (
+from tests.support import wait_until
+from tests.support.answers import assert_openai_error, streamed_text
+from tests.support.pair import (
     CLIENT_TIMEOUT_S,
     EXPLICIT_COLLECT_LINE,
     FROZEN_LINE,
-    LISTENING_LINE,
     REFUSED_LINE,
-    assert_openai_error,
     chat_body,
     expected_completion_tokens,
     expected_content,
     expected_finish_reason,
-    frontend_url,
     request,
-    start_frontend,
-    start_worker,
     stream_events,
-    streamed_text,
 )
+from tests.support.processes import LISTENING_LINE, listening_url, start_frontend, start_worker
 
 pytestmark = pytest.mark.integration
 
@@ -44,14 +40,16 @@ class Pair:
         self.directory = directory
         self.discovery_dir = directory / "discovery"
         self.worker = start_worker(
-            "worker", directory, self.discovery_dir, MODEL, "--mock-heap-objects", "100000"
-        )
+            "worker", directory, self.discovery_dir, MODEL, "--mock-heap-objects", "100000",
+            mock_token_ms=1,
+        )  # fmt: skip
         # A lease far longer than any test here: a SIGKILLed worker's record must stay known for
         # the 503 test, however slow the machine (expiry is tested in test_discovery_lease.py).
         self.frontend = start_frontend(
-            "frontend", directory, self.discovery_dir, "--discovery-ttl", "3600"
-        )
-        self.url = frontend_url(self.frontend)
+            "frontend", directory, self.discovery_dir, "--discovery-ttl", "3600",
+            trace_gc_collect=True,
+        )  # fmt: skip
+        self.url = listening_url(self.frontend)
         self.frontend.wait_for_log(rf"Model added: model={MODEL} ")
 
     def chat_url(self) -> str:
@@ -72,7 +70,9 @@ def extra_workers(pair):
     started = []
 
     def start(name: str, model: str, *args: str):
-        worker = start_worker(name, pair.directory, pair.discovery_dir, model, *args)
+        worker = start_worker(
+            name, pair.directory, pair.discovery_dir, model, *args, mock_token_ms=1
+        )
         started.append(worker)
         return worker
 

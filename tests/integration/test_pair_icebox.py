@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.harness import wait_until
-from tests.integration.pair_helpers import CLIENT_TIMEOUT_S, expected_content, request
+from tests.support import wait_until
+from tests.support.pair import CLIENT_TIMEOUT_S, expected_content, request
+from tests.support.processes import pid_alive
 
 pytestmark = pytest.mark.integration
 
@@ -29,14 +30,6 @@ README_CURL = re.compile(
 BANNER = re.compile(
     r"frontend (http://127\.0\.0\.1:\d+) \(pid (\d+)\), worker model (\S+) \(pid (\d+)\)"
 )
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 class Icebox:
@@ -63,7 +56,7 @@ class Icebox:
         return wait_until(ready, deadline_s=120, what="the icebox pair to be ready")
 
     def curl_argv(self) -> list[str]:
-        line = next(l for l in self.output().splitlines() if l.strip().startswith("curl "))
+        line = next(text for text in self.output().splitlines() if text.strip().startswith("curl "))
         return shlex.split(line)
 
     def wait_exit(self, deadline_s: float = 60.0) -> int:
@@ -121,7 +114,7 @@ def test_icebox_prints_a_working_curl_command_and_stops_cleanly(icebox):
     output = icebox.output()
     assert "[frontend]" in output and "[worker]" in output
     assert "exit codes: {'frontend': 0, 'worker': 0}" in output
-    assert not alive(int(frontend_pid)) and not alive(int(worker_pid))
+    assert not pid_alive(int(frontend_pid)) and not pid_alive(int(worker_pid))
 
 
 def test_icebox_exits_nonzero_with_the_last_lines_when_a_child_dies(icebox):
@@ -131,4 +124,4 @@ def test_icebox_exits_nonzero_with_the_last_lines_when_a_child_dies(icebox):
     output = icebox.output()
     assert f"the worker exited on its own with code {-signal.SIGKILL}" in output
     assert re.search(r"last lines of \S+worker\.log:\n(  .*\n)*  .*Model registered", output)
-    assert not alive(int(frontend_pid))
+    assert not pid_alive(int(frontend_pid))

@@ -14,15 +14,14 @@ import re
 import subprocess
 import sys
 import urllib.request
-from pathlib import Path
 
 import aiohttp
 import pytest
 
 from dynamo.runtime import request_plane
-from dynamo.runtime.discovery.file_backend import DiscoveryStore
-from tests.integration import harness
-from tests.integration.harness import LauncherProcess
+from dynamo.runtime.discovery.file_store import DiscoveryStore
+from tests.support import LauncherProcess
+from tests.support.processes import start_worker
 
 pytestmark = pytest.mark.integration
 
@@ -39,11 +38,6 @@ DEBUG_STATE_ARGS = ("--system-host", "127.0.0.1", "--system-port", "0", "--debug
 _opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback only
 
 
-def start_worker(name: str, directory: Path, *args: str, env=None) -> LauncherProcess:
-    """A worker serving MODEL, its discovery dir and log under ``directory``."""
-    return harness.start_worker(name, directory, directory / "discovery", MODEL, *args, env=env)
-
-
 def line_numbers(log: str, pattern: str) -> list[int]:
     return [number for number, line in enumerate(log.splitlines()) if re.search(pattern, line)]
 
@@ -55,6 +49,8 @@ def benchmarked_worker(tmp_path_factory):
     process = start_worker(
         "benchmarked-worker",
         directory,
+        directory / "discovery",
+        MODEL,
         "--self-benchmark-points",
         str(POINTS),
         "--self-benchmark-output",
@@ -148,6 +144,8 @@ def test_without_the_serving_freeze_the_benchmark_leaves_nothing_frozen(tmp_path
     process = start_worker(
         "benchmarked-unfrozen",
         tmp_path,
+        tmp_path / "discovery",
+        MODEL,
         "--self-benchmark-points",
         "20",
         "--fpm-gc-policy",
@@ -193,16 +191,15 @@ def test_a_conflicting_worker_extension_exits_2_before_engine_init(tmp_path):
     process = start_worker(
         "conflict",
         tmp_path,
+        tmp_path / "discovery",
+        MODEL,
         "--self-benchmark-points",
         "5",
         "--fpm-gc-policy",
         "freeze",
         env={"DYN_VLLM_WORKER_EXTENSION_CLS": "collections.OrderedDict"},
     )
-    try:
-        assert process.wait_exit() == 2
-    finally:
-        process.stop()
+    assert process.exit_code() == 2
     log = process.log()
     assert "--worker-extension-cls" in log and "--fpm-gc-policy" in log, log
     assert "collections.OrderedDict" in log and "Engine init" not in log, log
@@ -212,14 +209,13 @@ def test_a_bad_interval_env_exits_2_naming_flag_and_env(tmp_path):
     process = start_worker(
         "bad-interval",
         tmp_path,
+        tmp_path / "discovery",
+        MODEL,
         "--self-benchmark-points",
         "5",
         env={"DYN_FPM_GC_POLICY": "freeze", "DYN_FPM_GC_FREEZE_INTERVAL_S": "0.5"},
     )
-    try:
-        assert process.wait_exit() == 2
-    finally:
-        process.stop()
+    assert process.exit_code() == 2
     log = process.log()
     assert "--fpm-gc-freeze-interval-s" in log and "DYN_FPM_GC_FREEZE_INTERVAL_S" in log, log
 
@@ -229,6 +225,8 @@ def test_an_output_file_that_cannot_be_created_exits_2_before_the_ranks_start(tm
     process = start_worker(
         "bad-output",
         tmp_path,
+        tmp_path / "discovery",
+        MODEL,
         "--self-benchmark-points",
         "5",
         "--self-benchmark-output",
@@ -236,10 +234,7 @@ def test_an_output_file_that_cannot_be_created_exits_2_before_the_ranks_start(tm
         "--tensor-parallel-size",
         "2",
     )
-    try:
-        assert process.wait_exit() == 2
-    finally:
-        process.stop()
+    assert process.exit_code() == 2
     log = process.log()
     assert "--self-benchmark-output / DYN_VLLM_SELF_BENCHMARK_OUTPUT" in log, log
     assert str(output) in log, log

@@ -11,7 +11,9 @@ import urllib.request
 
 import pytest
 
-from tests.integration import harness
+from tests.support import LauncherProcess
+from tests.support.processes import listening_url, start_frontend, start_worker
+from tests.support.tiny_model import tiny_tokenizer_dir
 
 pytestmark = pytest.mark.integration
 
@@ -32,15 +34,11 @@ def get(url: str) -> tuple[int, dict]:
         return exc.code, json.loads(exc.read())
 
 
-def worker(name, tmp_path, *args, env=None):
-    return harness.start_worker(name, tmp_path, tmp_path / "discovery", MODEL, *args, env=env)
-
-
 @pytest.mark.parametrize("policy", ["freeze", "off"])
 def test_the_upstream_extension_path_works_with_the_mock_ranks(tmp_path, policy):
-    process = worker(
+    process = start_worker(
         f"ext-{policy}",
-        tmp_path,
+        tmp_path, tmp_path / "discovery", MODEL,
         "--self-benchmark-points", "20",
         "--fpm-gc-policy", policy,
         "--tensor-parallel-size", "2",
@@ -57,9 +55,9 @@ def test_the_upstream_extension_path_works_with_the_mock_ranks(tmp_path, policy)
 
 
 def test_live_answers_during_engine_init_while_health_is_503(tmp_path):
-    process = worker(
+    process = start_worker(
         "slow-init",
-        tmp_path,
+        tmp_path, tmp_path / "discovery", MODEL,
         "--mock-init-ms", "600000",
         "--system-host", "127.0.0.1",
         "--system-port", "0",
@@ -79,14 +77,22 @@ def test_live_answers_during_engine_init_while_health_is_503(tmp_path):
 
 def test_dyn_log_debug_reaches_every_process(tmp_path):
     env = {"DYN_LOG": "debug"}
-    worker_process = worker("debug-worker", tmp_path, "--tensor-parallel-size", "2", env=env)
-    frontend = harness.start_frontend(
+    worker_process = start_worker(
+        "debug-worker",
+        tmp_path,
+        tmp_path / "discovery",
+        MODEL,
+        "--tensor-parallel-size",
+        "2",
+        env=env,
+    )
+    frontend = start_frontend(
         "debug-frontend", tmp_path, tmp_path / "discovery", "--dyn-preprocess-workers", "1",
         env=env,
     )  # fmt: skip
     try:
         worker_process.wait_for_log(REGISTERED_LINE, deadline_s=120)
-        harness.listening_url(frontend, deadline_s=120)
+        listening_url(frontend, deadline_s=120)
         worker_pids = {m.group(1) for m in CONFIGURED_DEBUG.finditer(worker_process.log())}
         ranks = {m.group(2) for m in CONFIGURED_DEBUG.finditer(worker_process.log())}
         frontend_pids = {m.group(1) for m in CONFIGURED_DEBUG.finditer(frontend.log())}
@@ -101,15 +107,15 @@ def test_dyn_log_debug_reaches_every_process(tmp_path):
 
 @pytest.mark.parametrize("module", ["dynamo.vllm", "dynamo.frontend"])
 def test_an_unknown_dyn_log_level_exits_2_naming_it(tmp_path, module):
-    process = harness.LauncherProcess(
-        f"loud-{module}", module,
-        ["--discovery-dir", str(tmp_path / "d")]
-        + (["--engine", "mock", "--model", harness.tiny_tokenizer_dir()] if module == "dynamo.vllm" else []),
+    engine = (
+        ["--engine", "mock", "--model", tiny_tokenizer_dir()] if module == "dynamo.vllm" else []
+    )
+    process = LauncherProcess(
+        f"loud-{module}",
+        module,
+        ["--discovery-dir", str(tmp_path / "d"), *engine],
         log_dir=tmp_path,
         env={"DYN_LOG": "loud"},
-    )  # fmt: skip
-    try:
-        assert process.wait_exit(60) == 2
-    finally:
-        process.stop()
+    )
+    assert process.exit_code(60) == 2
     assert "invalid value 'loud' for DYN_LOG" in process.log(), process.log()

@@ -18,12 +18,14 @@ import aiohttp
 import pytest
 
 from dynamo.runtime import request_plane
-from dynamo.runtime.discovery.file_backend import DiscoveryStore, ModelRecord
+from dynamo.runtime.discovery.file_store import DiscoveryStore
+from dynamo.runtime.discovery.record import ModelRecord
 from dynamo.runtime.sampling import SamplingOptions
 from dynamo.vllm.mock_engine import mock_completion
 from dynamo.vllm.mock_model import load_mock_model
-from tests.integration import harness
-from tests.integration.harness import LauncherProcess, wait_until
+from tests.support import LauncherProcess, wait_until
+from tests.support.processes import start_worker
+from tests.support.tiny_model import tiny_tokenizer_dir
 
 pytestmark = pytest.mark.integration
 
@@ -31,11 +33,6 @@ MODEL = "worker-test-model"
 HEAP_OBJECTS = 200_000
 FREEZE_LINE = r"GC heap frozen \(vllm worker\): collected=\d+ frozen=(\d+)"
 REGISTERED_LINE = r"Model registered: model=(\S+) instance=(\w+) endpoint=(\S+)"
-
-
-def start_worker(name: str, directory: Path, *args: str, env=None) -> LauncherProcess:
-    """A worker serving MODEL, its discovery dir and log under ``directory``."""
-    return harness.start_worker(name, directory, directory / "discovery", MODEL, *args, env=env)
 
 
 def records(directory: Path) -> dict[str, ModelRecord]:
@@ -53,7 +50,7 @@ def plane_request(request_id: str, token_ids: list[int], max_tokens: int, **samp
 
 
 def expected_tokens(prompt: list[int], max_tokens: int) -> list[int]:
-    model = load_mock_model(harness.tiny_tokenizer_dir(), served_model_name=MODEL)
+    model = load_mock_model(tiny_tokenizer_dir(), served_model_name=MODEL)
     return mock_completion(model, prompt, SamplingOptions(max_tokens=max_tokens))[0]
 
 
@@ -68,6 +65,8 @@ def worker(tmp_path_factory):
     process = start_worker(
         "worker",
         directory,
+        directory / "discovery",
+        MODEL,
         "--mock-heap-objects",
         str(HEAP_OBJECTS),
         "--mock-token-ms",
@@ -111,7 +110,7 @@ def test_registers_a_reachable_endpoint(worker):
     model, instance, endpoint = re.search(REGISTERED_LINE, process.log()).groups()
     (record,) = records(directory).values()
     assert (record.model, record.instance_id, record.endpoint) == (MODEL, instance, endpoint)
-    assert model == MODEL and record.pid == process.pid
+    assert model == MODEL  # the instance its log names is the one its record carries
 
     async def health():
         async with aiohttp.ClientSession() as session:
@@ -156,7 +155,9 @@ def test_client_disconnect_aborts_the_request_in_the_engine(worker):
 def test_sigterm_removes_the_record_finishes_in_flight_requests_and_exits_0(tmp_path):
     # 200 tokens at 10 ms: the request is still streaming when SIGTERM lands (it is sent after
     # the first token), so the drain has a request in flight to wait for.
-    process = start_worker("drain", tmp_path, "--mock-token-ms", "10")
+    process = start_worker(
+        "drain", tmp_path, tmp_path / "discovery", MODEL, "--mock-token-ms", "10"
+    )
     try:
         process.wait_for_log(REGISTERED_LINE)
         (record,) = records(tmp_path).values()
@@ -199,7 +200,15 @@ def test_sigterm_removes_the_record_finishes_in_flight_requests_and_exits_0(tmp_
 
 
 def test_no_freeze_gc_heap_logs_no_freeze_and_serves(tmp_path):
-    process = start_worker("no-freeze", tmp_path, "--no-freeze-gc-heap", "--mock-token-ms", "0")
+    process = start_worker(
+        "no-freeze",
+        tmp_path,
+        tmp_path / "discovery",
+        MODEL,
+        "--no-freeze-gc-heap",
+        "--mock-token-ms",
+        "0",
+    )
     try:
         process.wait_for_log(REGISTERED_LINE)
         (record,) = records(tmp_path).values()
@@ -213,11 +222,10 @@ def test_no_freeze_gc_heap_logs_no_freeze_and_serves(tmp_path):
 
 
 def test_bad_env_value_exits_2_with_the_message_and_registers_nothing(tmp_path):
-    process = start_worker("bad-env", tmp_path, env={"DYN_VLLM_GC_PAUSE_LOG_MS": "nan"})
-    try:
-        assert process.wait_exit() == 2
-    finally:
-        process.stop()
+    process = start_worker(
+        "bad-env", tmp_path, tmp_path / "discovery", MODEL, env={"DYN_VLLM_GC_PAUSE_LOG_MS": "nan"}
+    )
+    assert process.exit_code() == 2
     log = process.log()
     assert "DYN_VLLM_GC_PAUSE_LOG_MS" in log and "--gc-pause-log-ms" in log and "'nan'" in log
     assert not (tmp_path / "discovery").exists() or records(tmp_path) == {}
@@ -228,11 +236,8 @@ def test_bad_env_value_exits_2_with_the_message_and_registers_nothing(tmp_path):
     importlib.util.find_spec("vllm") is not None, reason="vLLM is installed in this environment"
 )
 def test_engine_vllm_without_vllm_exits_2_naming_the_mock_engine(tmp_path):
-    process = start_worker("no-vllm", tmp_path, "--engine", "vllm")
-    try:
-        assert process.wait_exit() == 2
-    finally:
-        process.stop()
+    process = start_worker("no-vllm", tmp_path, tmp_path / "discovery", MODEL, "--engine", "vllm")
+    assert process.exit_code() == 2
     log = process.log()
     assert "vLLM is not installed" in log and "--engine mock" in log, log
     assert records(tmp_path) == {}
@@ -243,11 +248,10 @@ def test_a_taken_request_plane_port_exits_1_before_engine_init_with_one_error_li
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        process = start_worker("taken-port", tmp_path, "--request-plane-port", str(port))
-        try:
-            assert process.wait_exit() == 1
-        finally:
-            process.stop()
+        process = start_worker(
+            "taken-port", tmp_path, tmp_path / "discovery", MODEL, "--request-plane-port", str(port)
+        )
+        assert process.exit_code() == 1
     log = process.log()
     errors = [line for line in log.splitlines() if " ERROR " in line]
     assert len(errors) == 1, log
@@ -267,10 +271,7 @@ def test_a_discovery_dir_that_is_a_file_exits_2_naming_flag_env_and_path(tmp_pat
         log_dir=tmp_path,
         env={"DYN_DISCOVERY_DIR": str(not_a_dir)},
     )
-    try:
-        assert process.wait_exit() == 2
-    finally:
-        process.stop()
+    assert process.exit_code() == 2
     log = process.log()
     assert "--discovery-dir / DYN_DISCOVERY_DIR" in log and str(not_a_dir) in log, log
     assert "Traceback" not in log and "Engine init" not in log, log

@@ -45,7 +45,7 @@ def test_bench_gc_pause_smoke(tmp_path):
     assert result["benchmark"] == "gc_pause"
     assert_machine(result)
     (measured,) = result["interpreters"]
-    assert measured["python"] == "%d.%d.%d" % sys.version_info[:3]
+    assert measured["python"] == "{}.{}.{}".format(*sys.version_info[:3])
     # Importing the GC core must pull in nothing but the lifecycle module (and stdlib).
     assert measured["gc_freeze_imports_ok"], measured["gc_freeze_imports"]
     assert "dynamo.common.lifecycle" in measured["gc_freeze_imports"]["project"]
@@ -156,16 +156,15 @@ def test_the_vllm_engine_mode_names_the_missing_vllm_environment(tmp_path, scrip
     assert not list((tmp_path / "out").glob("*.json"))
 
 
-def test_ab_self_benchmark_counts_a_pause_only_in_the_windows_it_overlaps(monkeypatch):
-    monkeypatch.syspath_prepend(str(SCRIPTS))
-    import ab_self_benchmark
+def test_ab_self_benchmark_counts_a_pause_only_in_the_windows_it_overlaps():
+    import ab_self_benchmark_vllm  # scripts/ is on sys.path (pytest's pythonpath)
 
     rows = [
         {"point": 0, "started_unix": 100.0, "wall_ms": 10.0},
         {"point": 1, "started_unix": 100.5, "wall_ms": 600.0},
         {"point": 2, "started_unix": 101.2, "wall_ms": 10.0},
     ]
-    overlapping = ab_self_benchmark._overlapping_points
+    overlapping = ab_self_benchmark_vllm.overlapping_points
     # A pause inside point 1's window, and one that ends 10 ms into it.
     assert overlapping({"ended_unix": 101.0, "ms": 400.0}, rows) == [1]
     assert overlapping({"ended_unix": 100.51, "ms": 500.0}, rows) == [1]

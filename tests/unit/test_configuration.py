@@ -15,6 +15,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,13 +31,14 @@ from dynamo.common.configuration import (
     parse_bool_word,
 )
 from dynamo.common.configuration.gc_options import FREEZE_GC_HEAP, GC_PAUSE_LOG_MS
+from dynamo.common.configuration.typed import option_fields, typed_config
 from dynamo.frontend import frontend_args
 from dynamo.vllm import backend_args, self_benchmark_args
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def parse_worker(argv=None, env=None) -> argparse.Namespace:
+def parse_worker(argv=None, env=None) -> backend_args.WorkerConfig:
     """The worker's parse_args with its one required option (--model) given through its env
     var, so each test can leave it out."""
     env = dict(os.environ if env is None else env)
@@ -45,7 +47,7 @@ def parse_worker(argv=None, env=None) -> argparse.Namespace:
 
 
 # Each program and the parse_args that reads its command line and env.
-PARSERS: dict[str, Callable[..., argparse.Namespace]] = {
+PARSERS: dict[str, Callable[..., Any]] = {
     "python -m dynamo.frontend": frontend_args.parse_args,
     "python -m dynamo.vllm": parse_worker,
 }
@@ -75,7 +77,7 @@ class GcSurface:
     pause_env: str
 
     @property
-    def parse(self) -> Callable[..., argparse.Namespace]:
+    def parse(self) -> Callable[..., Any]:
         return PARSERS[self.program]
 
     @property
@@ -175,7 +177,7 @@ def test_the_gc_options_are_one_declaration_under_two_names(gc_surface):
 
 
 def test_configargparse_is_imported_only_by_the_configuration_package():
-    # Importing it patches argparse process-wide (DESIGN.md, conventions).
+    # Importing it patches argparse process-wide: one package owns that.
     package = REPO / "components" / "src" / "dynamo"
     allowed = package / "common" / "configuration"
     offenders = [
@@ -365,6 +367,7 @@ GENERIC_GOOD = ["some-value", "package.module.Class", "1", "2", "on", "localhost
 
 
 def _rejects(option: Option, text: str) -> bool:
+    assert option.kind is not None, option.flag
     try:
         option.kind.parse(text)
     except ValueError:
@@ -434,6 +437,7 @@ def bad_values(option: Option) -> list[str]:
 def good_value(option: Option) -> tuple[str, object]:
     """A valid value other than the default, and what it parses to."""
     kind = option.kind
+    assert kind is not None, option.flag
     if isinstance(kind, FiniteFloat):
         return f"{kind.minimum + 1.5:g}", kind.minimum + 1.5
     if isinstance(kind, IntRange):
@@ -536,7 +540,7 @@ def test_abbreviated_flags_are_refused(parse, argv, capsys):
 def test_an_abbreviation_meant_for_vllm_goes_to_vllm():
     config = parse_worker(["--engine", "vllm", "--tensor-parallel", "2"], {})
     assert config.tensor_parallel_size == 1
-    assert config.vllm_args == ["--tensor-parallel", "2"]
+    assert config.vllm_args == ("--tensor-parallel", "2")
 
 
 def test_a_following_flag_is_not_taken_for_a_value(capsys):
@@ -735,3 +739,32 @@ def test_the_engine_is_vllm_unless_the_mock_is_chosen():
 def test_the_served_model_name_defaults_to_unset():
     assert parse_worker([], {}).served_model_name is None
     assert parse_worker(["--served-model-name", "tiny"], {}).served_model_name == "tiny"
+
+
+# --- the typed configurations ----------------------------------------------------------------
+
+
+def test_each_configuration_has_one_field_per_option_and_nothing_else():
+    """An option parsed but not carried into the configuration would be silently ignored; a
+    field no option fills would be a value nobody can set."""
+    frontend_dests = {option.dest for option in frontend_args.SURFACE.options}
+    worker_dests = {option.dest for option in backend_args.ALL_OPTIONS}
+    assert option_fields(frontend_args.FrontendConfig) == frontend_dests
+    assert option_fields(backend_args.WorkerConfig) == worker_dests | {"vllm_args"}
+
+
+def test_a_parse_and_a_configuration_that_disagree_are_refused():
+    parsed = argparse.Namespace(**dataclasses.asdict(frontend_args.parse_args([], {})))
+    extra = argparse.Namespace(**{**vars(parsed), "not_an_option": 1})
+    with pytest.raises(TypeError, match="not_an_option"):
+        typed_config(frontend_args.FrontendConfig, extra)
+    missing = argparse.Namespace(**{k: v for k, v in vars(parsed).items() if k != "http_port"})
+    with pytest.raises(TypeError, match="http_port"):
+        typed_config(frontend_args.FrontendConfig, missing)
+
+
+@pytest.mark.parametrize("parse", [frontend_args.parse_args, parse_worker])
+def test_a_parsed_configuration_is_a_value_nobody_can_change(parse):
+    config = parse([], {})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.freeze_gc_heap = False  # type: ignore[misc]

@@ -9,15 +9,16 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 from pathlib import Path
 
 import pytest
 
 from dynamo.runtime.discovery import file_backend as discovery
-from dynamo.runtime.discovery.file_backend import DiscoveryStore, DiscoveryWatcher, ModelRecord
+from dynamo.runtime.discovery.file_store import DiscoveryStore
+from dynamo.runtime.discovery.file_watcher import DiscoveryWatcher
+from dynamo.runtime.discovery.record import ModelRecord
 
-LOGGER = "dynamo.runtime.discovery.file_backend"
+LOGGER = "dynamo.runtime.discovery"
 
 
 def _record(model: str = "m", instance_id: str = "i1", port: int = 40001) -> ModelRecord:
@@ -38,11 +39,21 @@ class Recorder:
         asyncio.run(self.watcher.poll_once())
 
 
+def _watching(path: Path, text: str) -> Recorder:
+    """``text`` written to ``path``, and a Recorder on its directory that has polled once."""
+    path.write_text(text, encoding="utf-8")
+    seen = Recorder(path.parent)
+    seen.poll()
+    return seen
+
+
 def _warnings(caplog, path: Path) -> list[logging.LogRecord]:
     return [
         r
         for r in caplog.records
-        if r.name == LOGGER and r.levelno == logging.WARNING and str(path) in r.getMessage()
+        if r.name.startswith(LOGGER)
+        and r.levelno == logging.WARNING
+        and str(path) in r.getMessage()
     ]
 
 
@@ -53,8 +64,19 @@ def test_record_round_trips_through_json():
     record = _record()
     assert ModelRecord.from_json(record.to_json()) == record
     data = json.loads(record.to_json())
-    assert data["pid"] == os.getpid()
-    assert set(data) == {"model", "endpoint", "instance_id", "pid", "registered_at"}
+    # Only what a frontend needs to route: no pid, no wall-clock times (informative fields a
+    # peer could set to anything and nobody could check).
+    assert set(data) == {"model", "endpoint", "instance_id"}
+
+
+@pytest.mark.parametrize(
+    "legacy",
+    [{"pid": None}, {"pid": "abc"}, {"registered_at": {}}, {"heartbeat_at": [1]}, {"x": 1}],
+)
+def test_fields_a_frontend_does_not_need_are_ignored_whatever_they_hold(legacy):
+    """Older workers wrote pid, registered_at and heartbeat_at; a newer one may add fields."""
+    text = json.dumps({"model": "m", "endpoint": "http://x:1", "instance_id": "x", **legacy})
+    assert ModelRecord.from_json(text) == ModelRecord("m", "http://x:1", "x")
 
 
 def test_register_writes_one_whole_record_and_no_temp_file(tmp_path):
@@ -158,13 +180,6 @@ MALFORMED = {
     "missing-fields": json.dumps({"model": "m"}),
     "empty-model": json.dumps({"model": "", "endpoint": "http://x", "instance_id": "x"}),
     "wrong-type": json.dumps({"model": 1, "endpoint": "http://x", "instance_id": "x"}),
-    "pid-null": json.dumps({"model": "m", "endpoint": "http://x", "instance_id": "x", "pid": None}),
-    "pid-text": json.dumps(
-        {"model": "m", "endpoint": "http://x", "instance_id": "x", "pid": "abc"}
-    ),
-    "registered-at-object": json.dumps(
-        {"model": "m", "endpoint": "http://x", "instance_id": "x", "registered_at": {}}
-    ),
     # Endpoints no request can reach: each failed every request routed to it, the first with a
     # 500 and a traceback (the resolver's IDNA codec), the second by meaning port 5.
     "endpoint-long-label": json.dumps(
@@ -177,6 +192,15 @@ MALFORMED = {
         {"model": "m", "endpoint": "file:///etc/passwd", "instance_id": "x"}
     ),
     "endpoint-not-a-url": json.dumps({"model": "m", "endpoint": "not a url", "instance_id": "x"}),
+    # An instance id is the record's file name and etcd key: nothing that could name another.
+    "instance-id-path": json.dumps({"model": "m", "endpoint": "http://x", "instance_id": "../x"}),
+    "instance-id-newline": json.dumps(
+        {"model": "m", "endpoint": "http://x", "instance_id": "x\ny"}
+    ),
+    "model-too-long": json.dumps({"model": "m" * 600, "endpoint": "http://x", "instance_id": "x"}),
+    "heartbeat-text": json.dumps(
+        {"model": "m", "endpoint": "http://x", "instance_id": "x", "heartbeat": "3"}
+    ),
     "array": "[1, 2, 3]",
     "number": "42",
     "null": "null",
@@ -205,9 +229,7 @@ def test_malformed_records_are_ignored_with_one_warning_per_file_version(tmp_pat
 def test_a_record_completed_later_is_picked_up_without_another_warning(tmp_path, caplog):
     path = tmp_path / "late.json"
     whole = _valid("late")
-    path.write_text(whole[: len(whole) // 2], encoding="utf-8")  # a non-atomic writer, mid-write
-    seen = Recorder(tmp_path)
-    seen.poll()
+    seen = _watching(path, whole[: len(whole) // 2])  # a non-atomic writer, mid-write
     seen.poll()
     assert seen.added == []
     assert len(_warnings(caplog, path)) == 1
@@ -221,9 +243,7 @@ def test_a_record_completed_later_is_picked_up_without_another_warning(tmp_path,
 
 def test_a_new_bad_version_of_a_file_warns_again(tmp_path, caplog):
     path = tmp_path / "flaky.json"
-    path.write_text("{bad", encoding="utf-8")
-    seen = Recorder(tmp_path)
-    seen.poll()
+    seen = _watching(path, "{bad")
     path.write_text("{still bad, and longer", encoding="utf-8")
     seen.poll()
     seen.poll()
@@ -232,9 +252,7 @@ def test_a_new_bad_version_of_a_file_warns_again(tmp_path, caplog):
 
 def test_a_bad_file_that_goes_away_and_comes_back_warns_again(tmp_path, caplog):
     path = tmp_path / "again.json"
-    path.write_text("{bad", encoding="utf-8")
-    seen = Recorder(tmp_path)
-    seen.poll()
+    seen = _watching(path, "{bad")
     path.unlink()
     seen.poll()
     path.write_text("{bad", encoding="utf-8")
@@ -267,7 +285,7 @@ def test_a_raising_callback_does_not_stop_the_watcher(tmp_path, caplog):
     asyncio.run(watcher.poll_once())
     assert removed == ["a"]
     assert added == ["a", "b", "c"]  # "a" is not reported twice; "c" after a raising remove
-    errors = [r for r in caplog.records if r.name == LOGGER and r.levelno == logging.ERROR]
+    errors = [r for r in caplog.records if r.name.startswith(LOGGER) and r.levelno == logging.ERROR]
     assert len(errors) == 2 and all(r.exc_info for r in errors)
 
 

@@ -16,38 +16,27 @@ from pathlib import Path
 import pytest
 
 from dynamo.runtime.discovery import file_backend as discovery
-from dynamo.runtime.discovery.file_backend import (
-    DiscoveryStore,
-    ModelRecord,
-    RecordHeartbeat,
-    heartbeat_interval_for,
-)
-from dynamo.vllm import backend_args
+from dynamo.runtime.discovery import open_discovery
+from dynamo.runtime.discovery.file_backend import RecordHeartbeat, heartbeat_interval_for
+from dynamo.runtime.discovery.file_store import DiscoveryStore
+from dynamo.runtime.discovery.record import ModelRecord
+from dynamo.vllm import backend_args, engine_factory
 from dynamo.vllm import main as worker_main
-from tests.integration.harness import mock_worker_env
-from tests.unit.watched_discovery import TTL_S, Watched
+from tests.support import wait_until_async
+from tests.support.tiny_model import mock_worker_env
+from tests.support.watched import TTL_S, Watched, leased, registered_and_watched
 
-LOGGER = "dynamo.runtime.discovery.file_backend"
+LOGGER = "dynamo.runtime.discovery"
 EXPIRED = (
     "Discovery record {path} expired: no heartbeat for {silent} s (worker {instance} at {endpoint})"
 )
-
-
-def _leased(instance_id: str = "i1", port: int = 40001, interval_s: float = 2.0) -> ModelRecord:
-    return ModelRecord(
-        model="m",
-        endpoint=f"http://127.0.0.1:{port}",
-        instance_id=instance_id,
-        heartbeat=0,
-        heartbeat_interval_s=interval_s,
-    )
 
 
 def _warnings(caplog, text: str) -> list[str]:
     return [
         r.getMessage()
         for r in caplog.records
-        if r.name == LOGGER and r.levelno == logging.WARNING and text in r.getMessage()
+        if r.name.startswith(LOGGER) and r.levelno == logging.WARNING and text in r.getMessage()
     ]
 
 
@@ -55,14 +44,12 @@ def _warnings(caplog, text: str) -> list[str]:
 
 
 def test_a_leased_record_round_trips_and_an_unleased_one_keeps_the_old_shape():
-    record = _leased()
+    record = leased()
     assert ModelRecord.from_json(record.to_json()) == record
     assert record.has_lease
     plain = ModelRecord(model="m", endpoint="http://x", instance_id="p")
     assert not plain.has_lease
-    assert set(json.loads(plain.to_json())) == {
-        "model", "endpoint", "instance_id", "pid", "registered_at"
-    }  # fmt: skip
+    assert set(json.loads(plain.to_json())) == {"model", "endpoint", "instance_id"}
 
 
 def test_a_record_written_before_leases_existed_is_read_without_a_lease():
@@ -74,24 +61,23 @@ def test_a_record_written_before_leases_existed_is_read_without_a_lease():
 
 def test_renew_rewrites_atomically_with_the_counter_incremented(tmp_path):
     store = DiscoveryStore(tmp_path)
-    path = store.register(_leased())
+    path = store.register(leased())
 
-    first = store.renew(_leased())
+    first = store.renew(leased())
     second = store.renew(first)
 
     assert (first.heartbeat, second.heartbeat) == (1, 2)
-    assert second.heartbeat_at is not None
     assert ModelRecord.from_json(path.read_text(encoding="utf-8")) == second
     assert [p.name for p in tmp_path.iterdir()] == ["i1.json"]  # no temp file left
 
 
 def test_a_failed_renewal_keeps_the_previous_record_whole(tmp_path, mocker):
     store = DiscoveryStore(tmp_path)
-    path = store.register(_leased())
+    path = store.register(leased())
     before = path.read_text(encoding="utf-8")
     mocker.patch.object(discovery.os, "replace", side_effect=OSError("volume gone"))
     with pytest.raises(OSError):
-        store.renew(_leased())
+        store.renew(leased())
     assert path.read_text(encoding="utf-8") == before
     assert [p.name for p in tmp_path.iterdir()] == ["i1.json"]
 
@@ -106,7 +92,7 @@ def test_the_heartbeat_interval_leaves_room_for_missed_beats():
 
 def test_a_record_unchanged_for_longer_than_the_ttl_expires_with_one_warning(tmp_path, caplog):
     store = DiscoveryStore(tmp_path)
-    path = store.register(_leased())
+    path = store.register(leased())
     seen = Watched(tmp_path)
     seen.poll()
     assert seen.added == ["i1"]
@@ -128,7 +114,7 @@ def test_a_record_unchanged_for_longer_than_the_ttl_expires_with_one_warning(tmp
 
 def test_renewals_keep_a_record_alive_over_many_ttls(tmp_path, caplog):
     store = DiscoveryStore(tmp_path)
-    record = _leased()
+    record = leased()
     store.register(record)
     seen = Watched(tmp_path)
     for _ in range(50):  # 50 polls 0.9 TTL apart: 45 TTLs
@@ -142,11 +128,8 @@ def test_renewals_keep_a_record_alive_over_many_ttls(tmp_path, caplog):
 
 def test_a_frontend_that_stalled_longer_than_the_ttl_keeps_a_record_that_changed(tmp_path):
     """Only "did it change since I last looked": the watcher's own pause is no expiry."""
-    store = DiscoveryStore(tmp_path)
-    record = _leased()
-    store.register(record)
-    seen = Watched(tmp_path)
-    seen.poll()
+    record = leased()
+    store, seen = registered_and_watched(tmp_path, record)
     store.renew(record)  # the worker beat while the frontend was not polling
     seen.clock.advance(5 * TTL_S)
     seen.poll()
@@ -155,11 +138,9 @@ def test_a_frontend_that_stalled_longer_than_the_ttl_keeps_a_record_that_changed
 
 def test_an_expired_record_that_changes_again_is_added_again(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger=LOGGER)
-    store = DiscoveryStore(tmp_path)
-    record = _leased()
-    path = store.register(record)
-    seen = Watched(tmp_path)
-    seen.poll()
+    record = leased()
+    store, seen = registered_and_watched(tmp_path, record)
+    path = store.path_for(record.instance_id)
     seen.clock.advance(TTL_S + 1)
     seen.poll()
     assert seen.removed == ["i1"]
@@ -187,7 +168,7 @@ def test_a_record_without_a_lease_never_expires(tmp_path, caplog):
 
 def test_only_the_silent_record_expires(tmp_path):
     store = DiscoveryStore(tmp_path)
-    alive, dead = _leased("alive", 40001), _leased("dead", 40002)
+    alive, dead = leased("alive", 40001), leased("dead", 40002)
     store.register(alive)
     store.register(dead)
     seen = Watched(tmp_path)
@@ -200,11 +181,8 @@ def test_only_the_silent_record_expires(tmp_path):
 
 
 def test_a_removed_and_rewritten_record_starts_a_fresh_lease(tmp_path):
-    store = DiscoveryStore(tmp_path)
-    record = _leased()
-    store.register(record)
-    seen = Watched(tmp_path)
-    seen.poll()
+    record = leased()
+    store, seen = registered_and_watched(tmp_path, record)
     seen.clock.advance(0.9 * TTL_S)
     store.unregister("i1")
     seen.poll()
@@ -218,7 +196,7 @@ def test_a_removed_and_rewritten_record_starts_a_fresh_lease(tmp_path):
 def test_the_ttl_is_never_shorter_than_two_of_the_writers_intervals(tmp_path):
     """A frontend with a shorter TTL than its workers' must not drop them between beats."""
     store = DiscoveryStore(tmp_path)
-    store.register(_leased(interval_s=4.0))  # the worker renews every 4 s
+    store.register(leased(interval_s=4.0))  # the worker renews every 4 s
     seen = Watched(tmp_path, ttl_s=2.0)
     seen.poll()
     seen.clock.advance(7.9)
@@ -236,7 +214,7 @@ LEASE_MALFORMED = {
     "interval-negative": {"heartbeat": 0, "heartbeat_interval_s": -1},
     "interval-zero": {"heartbeat": 0, "heartbeat_interval_s": 0},
     "interval-nan": {"heartbeat": 0, "heartbeat_interval_s": float("nan")},
-    "heartbeat-at-list": {"heartbeat": 0, "heartbeat_at": [1]},
+    "heartbeat-numeric-text": {"heartbeat": "0"},
 }
 
 
@@ -246,7 +224,7 @@ def test_malformed_records_are_still_warned_once_as_time_passes(tmp_path, caplog
         text = json.dumps({**base, "instance_id": name, **fields})
         (tmp_path / f"{name}.json").write_text(text, encoding="utf-8")
     (tmp_path / "junk.json").write_text("{half", encoding="utf-8")
-    DiscoveryStore(tmp_path).register(_leased("good"))
+    DiscoveryStore(tmp_path).register(leased("good"))
     seen = Watched(tmp_path)
 
     for _ in range(3):
@@ -263,27 +241,19 @@ def test_malformed_records_are_still_warned_once_as_time_passes(tmp_path, caplog
 # --- the worker's heartbeat task ----------------------------------------------------------
 
 
-async def _until(condition, deadline_s: float = 30.0) -> None:
-    async def poll() -> None:
-        while not condition():
-            await asyncio.sleep(0.005)
-
-    await asyncio.wait_for(poll(), deadline_s)
-
-
 def _on_disk(path: Path) -> ModelRecord:
     return ModelRecord.from_json(path.read_text(encoding="utf-8"))
 
 
 def test_the_heartbeat_task_renews_the_record_until_stopped(tmp_path):
     store = DiscoveryStore(tmp_path)
-    record = _leased(interval_s=0.01)
+    record = leased(interval_s=0.01)
     path = store.register(record)
 
     async def scenario() -> None:
         heartbeat = RecordHeartbeat(store, record, interval_s=0.01)
         task = heartbeat.start()
-        await _until(lambda: _on_disk(path).heartbeat >= 3)
+        await wait_until_async(lambda: (_on_disk(path).heartbeat or 0) >= 3, deadline_s=30)
         await heartbeat.stop()
         await heartbeat.stop()  # idempotent
         assert task.cancelled()
@@ -295,7 +265,7 @@ def test_the_heartbeat_task_renews_the_record_until_stopped(tmp_path):
 def test_failed_heartbeats_warn_once_and_the_next_success_says_so(tmp_path, mocker, caplog):
     caplog.set_level(logging.INFO, logger=LOGGER)
     store = DiscoveryStore(tmp_path)
-    record = _leased()
+    record = leased()
     path = store.register(record)
     heartbeat = RecordHeartbeat(store, record, interval_s=2.0)
     real_renew = store.renew
@@ -341,14 +311,17 @@ def test_the_worker_renews_its_record_while_serving_and_stops_before_removing_it
         records = DiscoveryStore(discovery_dir).read_all()
         if records:
             (record,) = records.values()
-            if record.heartbeat >= 3:
+            if (record.heartbeat or 0) >= 3:
                 return record
         return None
 
     async def scenario() -> tuple[int, ModelRecord]:
-        worker = asyncio.ensure_future(worker_main.run_worker(config))
-        await _until(lambda: beating(worker) is not None)
-        record = beating(worker)
+        worker = asyncio.ensure_future(
+            worker_main.run_worker(
+                config, open_discovery(config.discovery), engine_factory.prepare_engine(config)
+            )
+        )
+        record = await wait_until_async(lambda: beating(worker), deadline_s=30)
         os.kill(os.getpid(), signal.SIGTERM)  # handled by the worker's loop: the drain
         return await asyncio.wait_for(worker, 30), record
 

@@ -9,8 +9,10 @@ import os
 import pytest
 
 from dynamo.runtime.discovery import file_backend as discovery
-from dynamo.runtime.discovery.file_backend import MAX_RECORD_BYTES, DiscoveryStore, ModelRecord
-from tests.unit.watched_discovery import TTL_S, Watched
+from dynamo.runtime.discovery import file_watcher
+from dynamo.runtime.discovery.file_store import DiscoveryStore
+from dynamo.runtime.discovery.record import MAX_RECORD_BYTES, ModelRecord
+from tests.support.watched import TTL_S, Watched
 
 
 def _warnings(caplog, text: str) -> list[str]:
@@ -26,7 +28,9 @@ def test_an_oversized_record_is_skipped_unread_with_one_warning(tmp_path, caplog
     huge = tmp_path / "huge.json"
     with open(huge, "wb") as handle:  # sparse: 200 MB on paper, nothing on disk
         handle.truncate(200 * 1024 * 1024)
-    opened = mocker.patch("builtins.open", wraps=open)
+    opened = mocker.patch.object(
+        file_watcher, "read_record_file", wraps=file_watcher.read_record_file
+    )
     watched = Watched(tmp_path)
     for _ in range(4):
         watched.poll()
@@ -41,7 +45,7 @@ def test_an_oversized_record_is_skipped_unread_with_one_warning(tmp_path, caplog
 def test_a_record_that_grows_past_the_limit_after_its_stat_is_not_read_whole(tmp_path, caplog):
     path = tmp_path / "grows.json"
     path.write_bytes(b"{}")
-    real_stat = os.stat
+    real_stat = os.lstat
 
     def stat_before_growth(p, *args, **kwargs):
         result = real_stat(p, *args, **kwargs)
@@ -51,7 +55,7 @@ def test_a_record_that_grows_past_the_limit_after_its_stat_is_not_read_whole(tmp
 
     watched = Watched(tmp_path)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(discovery.os, "stat", stat_before_growth)
+        patch.setattr(discovery.os, "lstat", stat_before_growth)
         watched.poll()
     assert watched.live() == set()
     assert len(_warnings(caplog, "record limit")) == 1
@@ -69,14 +73,18 @@ def test_an_unreadable_record_warns_once_not_at_every_poll(tmp_path, caplog):
     assert len(_warnings(caplog, "Cannot read discovery record")) == 1
 
 
-def test_a_symlink_loop_warns_once_and_again_after_it_was_fixed_and_broken(tmp_path, caplog):
+def test_a_symlink_is_never_followed_warned_once_and_again_after_it_was_fixed_and_broken(
+    tmp_path, caplog
+):
+    """A record file is a worker's own regular file: a symbolic link (to a record elsewhere, to a
+    loop, to a FIFO) is not one, whatever it points at."""
     loop = tmp_path / "loop.json"
-    os.symlink(loop, loop)  # stat() fails with ELOOP at every poll
+    os.symlink(loop, loop)
     watched = Watched(tmp_path)
     for _ in range(5):
         watched.poll()
         watched.clock.advance(1.0)
-    assert len(_warnings(caplog, "Cannot read discovery record")) == 1
+    assert len(_warnings(caplog, "symbolic link")) == 1
 
     loop.unlink()  # fixed: a readable record
     DiscoveryStore(tmp_path).register(
@@ -90,4 +98,5 @@ def test_a_symlink_loop_warns_once_and_again_after_it_was_fixed_and_broken(tmp_p
     for _ in range(3):
         watched.poll()
         watched.clock.advance(1.0)
-    assert len(_warnings(caplog, "Cannot read discovery record")) == 2
+    assert len(_warnings(caplog, "symbolic link")) == 2
+    assert watched.live() == set()

@@ -10,7 +10,6 @@ clock; the tasks run on a real loop and are waited on with deadlines.
 from __future__ import annotations
 
 import asyncio
-import builtins
 import logging
 import os
 import threading
@@ -18,48 +17,30 @@ from pathlib import Path
 
 import pytest
 
-from dynamo.runtime.discovery import file_backend as discovery
-from dynamo.runtime.discovery.file_backend import (
+from dynamo.runtime.discovery import file_watcher as discovery
+from dynamo.runtime.discovery.file_backend import RecordHeartbeat
+from dynamo.runtime.discovery.file_store import DiscoveryStore, ensure_discovery_dir
+from dynamo.runtime.discovery.file_watcher import (
     DELETE_AFTER_TTLS,
     REREAD_EVERY_TTLS,
-    DiscoveryDirError,
-    DiscoveryStore,
     DiscoveryWatcher,
-    ModelRecord,
-    PeriodicTask,
-    RecordHeartbeat,
-    ensure_discovery_dir,
 )
-from tests.unit.watched_discovery import TTL_S, Watched
+from dynamo.runtime.discovery.interface import DiscoveryDirError
+from dynamo.runtime.discovery.periodic import PeriodicTask
+from dynamo.runtime.discovery.record import ModelRecord
+from tests.support import wait_until_async
+from tests.support.watched import TTL_S, Watched, leased, registered_and_watched
 
-LOGGER = "dynamo.runtime.discovery.file_backend"
+LOGGER = "dynamo.runtime.discovery"
 DEADLINE_S = 30.0
-
-
-def _leased(instance_id: str = "i1", port: int = 40001) -> ModelRecord:
-    return ModelRecord(
-        model="m",
-        endpoint=f"http://127.0.0.1:{port}",
-        instance_id=instance_id,
-        heartbeat=0,
-        heartbeat_interval_s=2.0,
-    )
 
 
 def _logged(caplog, text: str, level: int = logging.WARNING) -> list[logging.LogRecord]:
     return [
         r
         for r in caplog.records
-        if r.name == LOGGER and r.levelno == level and text in r.getMessage()
+        if r.name.startswith(LOGGER) and r.levelno == level and text in r.getMessage()
     ]
-
-
-async def _until(condition, deadline_s: float = DEADLINE_S) -> None:
-    async def poll() -> None:
-        while not condition():
-            await asyncio.sleep(0.005)
-
-    await asyncio.wait_for(poll(), deadline_s)
 
 
 # --- start-up check -----------------------------------------------------------------------
@@ -98,8 +79,8 @@ def test_an_unlistable_directory_keeps_the_known_records_and_warns_once_per_erro
 ):
     caplog.set_level(logging.INFO, logger=LOGGER)
     store = DiscoveryStore(tmp_path)
-    store.register(_leased("a", 40001))
-    store.register(_leased("b", 40002))
+    store.register(leased("a", 40001))
+    store.register(leased("b", 40002))
     seen = Watched(tmp_path)
     seen.poll()
     assert seen.live() == {"a", "b"}
@@ -127,7 +108,7 @@ def test_an_unlistable_directory_keeps_the_known_records_and_warns_once_per_erro
     seen.poll()
     assert seen.live() == {"a", "b"}
     assert len(_logged(caplog, "readable again: leases restart from now", logging.INFO)) == 1
-    a = _leased("a", 40001)
+    a = leased("a", 40001)
     for _ in range(2):  # "a" renews, "b" is dead: only "b" expires, one TTL after recovery
         seen.clock.advance(0.6 * TTL_S)
         a = store.renew(a)
@@ -137,20 +118,20 @@ def test_an_unlistable_directory_keeps_the_known_records_and_warns_once_per_erro
 
 def test_an_unreadable_record_keeps_its_last_known_state_and_warns_once(tmp_path, mocker, caplog):
     store = DiscoveryStore(tmp_path)
-    path = store.register(_leased())
+    path = store.register(leased())
     seen = Watched(tmp_path)
     seen.poll()
     assert seen.live() == {"i1"}
 
-    real_open = builtins.open
+    real_read = discovery.read_record_file
 
-    def flaky_open(file, *args, **kwargs):
+    def flaky_read(file):
         if Path(file) == path:
             raise PermissionError(13, "Permission denied", str(file))
-        return real_open(file, *args, **kwargs)
+        return real_read(file)
 
-    mocker.patch.object(discovery, "open", flaky_open, create=True)
-    store.renew(_leased())  # a new version, so the watcher must read it, and cannot
+    mocker.patch.object(discovery, "read_record_file", flaky_read)
+    store.renew(leased())  # a new version, so the watcher must read it, and cannot
     for _ in range(3):
         seen.poll()
     assert seen.live() == {"i1"} and seen.removed == []
@@ -165,7 +146,7 @@ def test_an_unreadable_record_keeps_its_last_known_state_and_warns_once(tmp_path
 
 def test_the_polling_task_survives_an_unexpected_error_and_logs_it_once(tmp_path, mocker, caplog):
     caplog.set_level(logging.INFO, logger=LOGGER)
-    DiscoveryStore(tmp_path).register(_leased())
+    DiscoveryStore(tmp_path).register(leased())
     added: list[str] = []
     watcher = DiscoveryWatcher(
         tmp_path, on_add=lambda r: added.append(r.instance_id), on_remove=lambda r: None,
@@ -185,7 +166,7 @@ def test_the_polling_task_survives_an_unexpected_error_and_logs_it_once(tmp_path
 
     async def scenario() -> asyncio.Task:
         task = watcher.start()
-        await _until(lambda: added == ["i1"])
+        await wait_until_async(lambda: added == ["i1"], deadline_s=DEADLINE_S)
         assert not task.done()
         await watcher.stop()
         return task
@@ -216,7 +197,7 @@ def test_file_system_work_runs_in_a_thread_and_callbacks_on_the_loop(tmp_path, m
 
     mocker.patch.object(DiscoveryWatcher, "_scan", scan)
     mocker.patch.object(store, "renew", renew)
-    record = _leased()
+    record = leased()
     store.register(record)
 
     async def scenario() -> int:
@@ -229,7 +210,9 @@ def test_file_system_work_runs_in_a_thread_and_callbacks_on_the_loop(tmp_path, m
         heartbeat = RecordHeartbeat(store, record, interval_s=0.001)
         watcher.start()
         heartbeat.start()
-        await _until(lambda: threads["on_add"] and len(threads["renew"]) >= 1)
+        await wait_until_async(
+            lambda: threads["on_add"] and len(threads["renew"]) >= 1, deadline_s=DEADLINE_S
+        )
         await heartbeat.stop()
         await watcher.stop()
         return threading.get_ident()
@@ -243,7 +226,7 @@ def test_file_system_work_runs_in_a_thread_and_callbacks_on_the_loop(tmp_path, m
 def test_stopping_the_heartbeat_waits_for_a_renewal_in_progress(tmp_path, mocker):
     """stop() returning means no write is pending: the worker removes its record next."""
     store = DiscoveryStore(tmp_path)
-    record = _leased()
+    record = leased()
     path = store.register(record)
     entered, release = threading.Event(), threading.Event()
     real_renew = store.renew
@@ -261,7 +244,7 @@ def test_stopping_the_heartbeat_waits_for_a_renewal_in_progress(tmp_path, mocker
     async def scenario() -> tuple[bool, bool]:
         heartbeat = RecordHeartbeat(store, record, interval_s=0.001)
         task = heartbeat.start()
-        await _until(entered.is_set)
+        await wait_until_async(entered.is_set, deadline_s=DEADLINE_S)
         stopping = asyncio.ensure_future(heartbeat.stop())
         await asyncio.sleep(0.05)  # give a wrong stop() the chance to return early
         returned_early = stopping.done()
@@ -286,7 +269,7 @@ def test_a_periodic_task_stopped_from_a_cancelled_task_propagates_only_its_own_c
 
         periodic = PeriodicTask("ticker", 0.001, step)
         periodic.start()
-        await _until(lambda: ticks >= 2)
+        await wait_until_async(lambda: ticks >= 2, deadline_s=DEADLINE_S)
         await periodic.stop()
         await periodic.stop()  # idempotent
         stopped_at = ticks
@@ -301,17 +284,17 @@ def test_a_periodic_task_stopped_from_a_cancelled_task_propagates_only_its_own_c
 
 def test_an_unchanged_record_is_not_re_read_until_the_reread_interval(tmp_path, mocker):
     store = DiscoveryStore(tmp_path)
-    record = _leased()
+    record = leased()
     path = store.register(record)
     seen = Watched(tmp_path)
-    real_open = builtins.open
+    real_read = discovery.read_record_file
     reads: list[Path] = []
 
-    def counting_open(file, *args, **kwargs):
+    def counting_read(file):
         reads.append(Path(file))
-        return real_open(file, *args, **kwargs)
+        return real_read(file)
 
-    mocker.patch.object(discovery, "open", counting_open, create=True)
+    mocker.patch.object(discovery, "read_record_file", counting_read)
     seen.poll()
     for _ in range(5):
         seen.clock.advance(REREAD_EVERY_TTLS * TTL_S / 10)
@@ -329,11 +312,8 @@ def test_an_unchanged_record_is_not_re_read_until_the_reread_interval(tmp_path, 
 
 
 def test_lease_expiry_still_works_with_the_stat_cache(tmp_path):
-    store = DiscoveryStore(tmp_path)
-    record = _leased()
-    store.register(record)
-    seen = Watched(tmp_path)
-    seen.poll()
+    record = leased()
+    store, seen = registered_and_watched(tmp_path, record)
     for _ in range(20):  # renewals every 0.3 TTL: never expires
         seen.clock.advance(0.3 * TTL_S)
         record = store.renew(record)
@@ -350,7 +330,7 @@ def test_lease_expiry_still_works_with_the_stat_cache(tmp_path):
 def test_a_record_expired_for_many_ttls_is_deleted_once(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger=LOGGER)
     store = DiscoveryStore(tmp_path)
-    path = store.register(_leased())
+    path = store.register(leased())
     seen = Watched(tmp_path)
     seen.poll()
     seen.clock.advance(TTL_S + 1)
@@ -369,11 +349,9 @@ def test_a_record_expired_for_many_ttls_is_deleted_once(tmp_path, caplog):
 
 
 def test_a_worker_that_renews_after_its_record_was_deleted_is_listed_again(tmp_path):
-    store = DiscoveryStore(tmp_path)
-    record = _leased()
-    path = store.register(record)
-    seen = Watched(tmp_path)
-    seen.poll()
+    record = leased()
+    store, seen = registered_and_watched(tmp_path, record)
+    path = store.path_for(record.instance_id)
     seen.clock.advance(DELETE_AFTER_TTLS * TTL_S + 1)
     seen.poll()
     assert not path.exists()
@@ -383,11 +361,9 @@ def test_a_worker_that_renews_after_its_record_was_deleted_is_listed_again(tmp_p
 
 
 def test_a_record_that_changed_since_it_was_read_is_not_deleted(tmp_path, mocker):
-    store = DiscoveryStore(tmp_path)
-    record = _leased()
-    path = store.register(record)
-    seen = Watched(tmp_path)
-    seen.poll()
+    record = leased()
+    store, seen = registered_and_watched(tmp_path, record)
+    path = store.path_for(record.instance_id)
     seen.clock.advance(DELETE_AFTER_TTLS * TTL_S + 1)
     # The worker renews between the watcher's read and its delete.
     real_collect = DiscoveryWatcher._collect
@@ -407,25 +383,25 @@ def test_a_record_that_changed_since_it_was_read_is_not_deleted(tmp_path, mocker
 def test_records_without_a_lease_are_never_deleted_nor_with_deletion_off(tmp_path):
     store = DiscoveryStore(tmp_path)
     plain = store.register(ModelRecord(model="m", endpoint="http://x", instance_id="plain"))
-    leased = store.register(_leased("leased"))
+    with_lease = store.register(leased("leased"))
     seen = Watched(tmp_path, delete_after_ttls=None)
     seen.poll()
     seen.clock.advance(1000 * TTL_S)
     seen.poll()
-    assert plain.exists() and leased.exists()
+    assert plain.exists() and with_lease.exists()
     assert seen.live() == {"plain"}
 
     other = Watched(tmp_path)
     other.poll()
     other.clock.advance(1000 * TTL_S)
     other.poll()
-    assert plain.exists() and not leased.exists()
+    assert plain.exists() and not with_lease.exists()
 
 
 def test_a_failed_delete_warns_once_and_is_not_retried(tmp_path, mocker, caplog):
     store = DiscoveryStore(tmp_path)
-    first = store.register(_leased("a", 40001))
-    second = store.register(_leased("b", 40002))
+    first = store.register(leased("a", 40001))
+    second = store.register(leased("b", 40002))
     seen = Watched(tmp_path)
     seen.poll()
     unlink = mocker.patch.object(
@@ -444,7 +420,7 @@ def test_ensure_discovery_dir_writable_probes_a_write(tmp_path, mocker):
     assert list(tmp_path.iterdir()) == []  # the probe is gone
     # Root writes anywhere, so a read-only directory is simulated at the write itself.
     mocker.patch(
-        "dynamo.runtime.discovery.file_backend.tempfile.mkstemp",
+        "dynamo.runtime.discovery.file_store.tempfile.mkstemp",
         side_effect=PermissionError(13, "Permission denied"),
     )
     ensure_discovery_dir(tmp_path)  # listing alone still succeeds

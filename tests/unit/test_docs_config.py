@@ -49,7 +49,8 @@ def test_each_launcher_has_a_configuration_page(name):
         (
             "frontend",
             [
-                "| `--dyn-freeze-gc-heap` / `--no-dyn-freeze-gc-heap` | `DYN_FREEZE_GC_HEAP` | on |",
+                "| `--dyn-freeze-gc-heap` / `--no-dyn-freeze-gc-heap` "
+                "| `DYN_FREEZE_GC_HEAP` | on |",
                 "| `--dyn-gc-pause-log-ms` | `DYN_GC_PAUSE_LOG_MS` | 0 |",
             ],
         ),

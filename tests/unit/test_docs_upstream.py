@@ -56,7 +56,9 @@ class Row:
 
 
 def rows() -> list[Row]:
-    found, section, programs = [], None, ()
+    found: list[Row] = []
+    section = ""
+    programs: tuple[str, ...] = ()
     for line in PAGE.read_text(encoding="utf-8").splitlines():
         if line.startswith("## "):
             section = line[3:]
@@ -138,24 +140,24 @@ def _applicable(entries):
                 yield pytest.param(entry, program, id=f"{program.split('.')[-1]}:{entry.name}")
 
 
-@pytest.mark.parametrize("entry,program", list(_applicable(upstream.REJECTED)))
-def test_every_refused_name_has_a_row_saying_exit_2(entry, program):
+def assert_rows_say(entry, program, status: str, today: str) -> None:
+    """Every row naming the entry has ``status``, or is pending and says what happens today."""
     found = rows_naming(entry.name, program)
     assert found, f"{entry.name} ({program}) has no row"
     for row in found:
-        assert row.status == "not supported (exit 2)" or (
-            row.pending and "Today:" in row.notes and "exit" in row.notes
+        assert row.status == status or (
+            row.pending and "Today:" in row.notes and today in row.notes
         ), row.line
+
+
+@pytest.mark.parametrize("entry,program", list(_applicable(upstream.REJECTED)))
+def test_every_refused_name_has_a_row_saying_exit_2(entry, program):
+    assert_rows_say(entry, program, "not supported (exit 2)", "exit")
 
 
 @pytest.mark.parametrize("entry,program", list(_applicable(upstream.IGNORED_ENV)))
 def test_every_ignored_env_var_has_a_row_saying_ignored(entry, program):
-    found = rows_naming(entry.name, program)
-    assert found, f"{entry.name} ({program}) has no row"
-    for row in found:
-        assert row.status == "not supported (ignored, WARNING)" or (
-            row.pending and "Today:" in row.notes and "ignored" in row.notes
-        ), row.line
+    assert_rows_say(entry, program, "not supported (ignored, WARNING)", "ignored")
 
 
 def test_every_row_saying_not_supported_is_one_the_launchers_act_on():

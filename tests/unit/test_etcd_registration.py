@@ -5,16 +5,17 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from dynamo.runtime.discovery import etcd_backend as discovery_etcd
-from dynamo.runtime.discovery.etcd_backend import EtcdConnection, EtcdCredentials, EtcdRegistration
+from dynamo.runtime.discovery import etcd_registration
+from dynamo.runtime.discovery.etcd_client import EtcdConnection, EtcdCredentials
 from dynamo.runtime.discovery.etcd_endpoints import parse_endpoints
+from dynamo.runtime.discovery.etcd_registration import EtcdRegistration
 
 
 def test_unregister_is_bounded_even_when_the_client_must_be_rebuilt_first(mocker, caplog):
     """After an outage the keep-alive dropped its client; at the drain, unregister() builds a
     new one, which (with a user set) authenticates before anything else. A black-holed etcd
     made that wait its own 5 s RPC timeout outside the revoke's 2 s bound, eating the drain."""
-    mocker.patch.object(discovery_etcd, "REVOKE_TIMEOUT_S", 0.05)
+    mocker.patch.object(etcd_registration, "REVOKE_TIMEOUT_S", 0.05)
     connection = EtcdConnection(parse_endpoints("http://10.255.255.1:2379"), EtcdCredentials())
     never = asyncio.Event()
 

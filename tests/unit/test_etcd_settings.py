@@ -7,7 +7,8 @@ from dataclasses import replace
 import pytest
 
 from dynamo.runtime.discovery import DiscoverySettings, open_discovery
-from dynamo.runtime.discovery.etcd_backend import EtcdCredentials, EtcdDiscovery, EtcdSettingsError
+from dynamo.runtime.discovery.etcd_backend import EtcdDiscovery
+from dynamo.runtime.discovery.etcd_client import EtcdCredentials, EtcdSettingsError
 from dynamo.runtime.discovery.etcd_endpoints import EtcdEndpoint, parse_endpoints
 
 

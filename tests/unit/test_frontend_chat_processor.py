@@ -22,10 +22,10 @@ from dynamo.frontend.hf_processor import (
     HfChatTemplate,
     find_chat_template,
     special_tokens,
-    token_text,
 )
 from dynamo.frontend.stop_strings import StopStringMatcher
-from tests.tiny_tokenizer import BOS, EOS, build_tiny_tokenizer, tiny_card
+from dynamo.runtime.tokenizer_config import token_text
+from tests.support.tiny_model import BOS, EOS, build_tiny_tokenizer, tiny_card
 
 MULTI_BYTE = "Hello 🧊 世界! émoji 👩‍👩‍👧 and ǅ, done."
 

@@ -19,19 +19,18 @@ from aiohttp import web
 from dynamo.common import lifecycle, logging_setup
 from dynamo.common.utils import gc_freeze
 from dynamo.frontend import main as frontend_main
+from dynamo.frontend.process import FrontendProcess
 from dynamo.runtime.discovery import file_backend as discovery
-from dynamo.runtime.discovery.file_backend import DiscoveryWatcher
+from dynamo.runtime.discovery.file_watcher import DiscoveryWatcher
+from tests.support.steps import StepRecorder
 
 
 @pytest.fixture(autouse=True)
 def restore_process_state(monkeypatch):
     """main configures logging, attaches metrics observers and (maybe) freezes this process:
-    none of it may outlive the test."""
+    none of it may outlive the test (tests/conftest.py puts the GC state and the phase back)."""
     root = logging.getLogger()
     level = root.level
-    monkeypatch.setattr(gc_freeze, "_last_freeze", gc_freeze.last_freeze())
-    monkeypatch.setattr(gc_freeze, "_freeze_observers", list(gc_freeze._freeze_observers))
-    monkeypatch.setattr(lifecycle, "_listeners", list(lifecycle._listeners))
     yield
     logging_setup.remove_logging_handler()
     root.setLevel(level)
@@ -40,43 +39,17 @@ def restore_process_state(monkeypatch):
 @pytest.fixture
 def steps(mocker):
     """Record (step, phase, frozen objects) for each start-up step, in order."""
-    recorded: list[tuple[str, lifecycle.Phase, int]] = []
-
-    def note(step: str) -> None:
-        recorded.append((step, lifecycle.current_phase(), gc.get_freeze_count()))
-
-    def wrap(owner, name: str, step: str, *, is_async: bool = False, after=None):
-        real = getattr(owner, name)
-        if is_async:
-
-            async def wrapper(*args, **kwargs):
-                note(step)
-                return await real(*args, **kwargs)
-
-        else:
-
-            def wrapper(*args, **kwargs):
-                note(step)
-                result = real(*args, **kwargs)
-                if after is not None:
-                    after()
-                return result
-
-        mocker.patch.object(owner, name, wrapper)
-
-    wrap(gc_freeze, "install_gc_pause_logger", "pause_logger")
-    wrap(frontend_main, "build_frontend", "build", is_async=True)
-    wrap(gc_freeze, "maybe_freeze_gc_heap", "freeze")
-    wrap(lifecycle, "mark_serving", "mark_serving")
-    wrap(web.TCPSite, "start", "listen", is_async=True)
-    wrap(
+    recorder = StepRecorder(mocker)  # with pause_logger, mark_serving and mark_draining
+    recorder.wrap(FrontendProcess, "start", "build")
+    recorder.wrap(gc_freeze, "maybe_freeze_gc_heap", "freeze")
+    recorder.wrap(web.SockSite, "start", "listen")
+    recorder.wrap(
         DiscoveryWatcher,
         "start",
         "watcher",
         after=lambda: os.kill(os.getpid(), signal.SIGTERM),  # stop once start-up is done
     )
-    wrap(lifecycle, "mark_draining", "mark_draining")
-    return recorded
+    return recorder.recorded
 
 
 def run_main(tmp_path, *extra: str) -> int:
@@ -187,13 +160,15 @@ def test_an_unreadable_discovery_dir_exits_2(tmp_path, steps, capsys, mocker):
 def test_shutdown_undoes_the_gc_state_after_everything_else(tmp_path, steps, caplog):
     """No pause line after the final one; frozen objects can be finalized at exit."""
     caplog.set_level(logging.INFO)
-    observers, listeners = list(gc_freeze._freeze_observers), list(lifecycle._listeners)
+    observers = gc_freeze.snapshot_gc_state().freeze_observers
+    listeners = lifecycle.snapshot_phase_state().listeners
     callbacks = list(gc.callbacks)
     assert run_main(tmp_path, "--dyn-gc-pause-log-ms", "0.001") == 0
     assert "GC heap frozen (frontend)" in caplog.text
     assert gc.get_freeze_count() == 0  # unfrozen
     assert gc.callbacks == callbacks and gc_freeze.installed_gc_pause_logger() is None
-    assert gc_freeze._freeze_observers == observers and lifecycle._listeners == listeners
+    assert gc_freeze.snapshot_gc_state().freeze_observers == observers
+    assert lifecycle.snapshot_phase_state().listeners == listeners
     gc.collect()  # would log a pause line if the logger were still installed
     messages = [r.getMessage() for r in caplog.records]
     assert messages[-1] == "Frontend exiting with code 0"

@@ -10,7 +10,6 @@ import asyncio
 import gc
 import logging
 import threading
-import time
 import weakref
 
 import pytest
@@ -21,8 +20,11 @@ from dynamo.frontend.chat_processor import ModelFilesError, build_chat_processor
 from dynamo.frontend.http_service import FrontendService
 from dynamo.frontend.model_registry import ModelRegistry
 from dynamo.frontend.worker_router import WorkerRouter, create_worker_session
-from dynamo.runtime.discovery.file_backend import DiscoveryStore, DiscoveryWatcher, ModelRecord
-from tests.tiny_tokenizer import tiny_card
+from dynamo.runtime.discovery.file_store import DiscoveryStore
+from dynamo.runtime.discovery.file_watcher import DiscoveryWatcher
+from dynamo.runtime.discovery.record import ModelRecord
+from tests.support import wait_until_async
+from tests.support.tiny_model import tiny_card
 
 
 @pytest.fixture
@@ -93,10 +95,7 @@ def test_last_instance_gone_drops_the_model_and_frees_its_processor(factory, mak
         # counting, with no collection. The builder thread's finished work item may hold the
         # result for an instant after the loop got it (concurrent.futures drops it on its next
         # line), so wait for that, with a deadline: never a collection.
-        deadline = time.monotonic() + 5.0
-        while processor() is not None and time.monotonic() < deadline:
-            await asyncio.sleep(0.001)  # polling a condition with a deadline
-        assert processor() is None
+        await wait_until_async(lambda: processor() is None, deadline_s=5.0, poll_s=0.001)
         registry.add_instance(a1)  # comes back: a fresh processor
         await registry.wait_idle()
         return registry
@@ -234,7 +233,8 @@ def test_health_and_requests_are_answered_while_a_processor_builds(make_record):
             await session.close()
 
     during, models = run(scenario)
-    assert during == (200, {"status": "ready", "phase": "serving", "models": 0}, 404)
+    # A model being loaded is known: 503 (retry), not 404 (no such model).
+    assert during == (200, {"status": "ready", "phase": "serving", "models": 0}, 503)
     assert models == ["a"]
 
 

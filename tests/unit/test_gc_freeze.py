@@ -27,6 +27,7 @@ from dynamo.common.utils.gc_freeze import (
     maybe_freeze_gc_heap,
     uninstall_gc_pause_logger,
 )
+from tests.support.clock import FakeClock
 
 LOGGER_NAME = "dynamo.common.utils.gc_freeze"
 FROZEN_LINE = re.compile(
@@ -204,14 +205,6 @@ def test_enabled_maybe_freeze_collects_and_freezes(mocker):
 # --- GcPauseLogger, driven directly with an exact fake clock ----------------------------------
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now_ns = 1_000_000_000
-
-    def __call__(self) -> int:
-        return self.now_ns
-
-
 @pytest.fixture
 def serving():
     """The pause-line contract is about a process that admits requests (WARNING level)."""
@@ -220,14 +213,14 @@ def serving():
 
 @pytest.fixture
 def clock(mocker, serving) -> FakeClock:
-    fake = FakeClock()
+    fake = FakeClock(now=1_000_000_000)  # perf_counter_ns: nanoseconds
     mocker.patch.object(gc_freeze.time, "perf_counter_ns", fake)
     return fake
 
 
 def _pause(pause_logger: GcPauseLogger, clock: FakeClock, pause_ns: int, info) -> None:
     pause_logger("start", info)
-    clock.now_ns += pause_ns
+    clock.advance(pause_ns)
     pause_logger("stop", info)
 
 
@@ -315,7 +308,7 @@ def test_counters_per_generation_with_max_and_total(clock, caplog):
 
 def test_a_stop_without_a_start_is_ignored(clock, caplog):
     pause_logger = GcPauseLogger(0.001)
-    clock.now_ns += 10_000_000
+    clock.advance(10_000_000)
     pause_logger("stop", _info())
     assert pause_logger.collections == [0, 0, 0]
     assert pause_logger.total_pause_ns == 0
@@ -496,7 +489,7 @@ def test_zero_threshold_with_a_sink_installs_a_metrics_only_logger(caplog):
 )
 def test_pause_lines_are_info_while_starting_and_warnings_once_serving(mocker, caplog, mark, level):
     caplog.set_level(logging.INFO, logger=LOGGER_NAME)
-    fake = FakeClock()
+    fake = FakeClock(now=1_000_000_000)  # perf_counter_ns: nanoseconds
     mocker.patch.object(gc_freeze.time, "perf_counter_ns", fake)
     if mark == "draining":
         lifecycle.mark_serving("test")
@@ -544,3 +537,40 @@ def test_process_gc_state_restore_undoes_only_what_the_launcher_did(mocker, froz
     assert installed_gc_pause_logger() is None
     assert metrics.detached
     assert unfreeze.call_count == (1 if froze else 0)
+
+
+# --- snapshot and restore of the GC state -----------------------------------------------------
+
+
+def test_restore_gc_state_puts_back_every_part_and_unfreezes():
+    before = gc_freeze.snapshot_gc_state()
+    thresholds = gc.get_threshold()
+
+    def observer(record):
+        pass
+
+    def callback(phase, info):
+        pass
+
+    install_gc_pause_logger(5.0)
+    gc.callbacks.append(callback)
+    gc_freeze.add_freeze_observer(observer)
+    gc.set_threshold(7, 8, 9)
+    gc.disable()
+    freeze_gc_heap(context="snapshot test")
+    changed = gc_freeze.snapshot_gc_state()
+    assert changed.pause_logger is installed_gc_pause_logger() is not None
+    assert changed.callbacks[-2:] == (changed.pause_logger, callback)
+    assert changed.freeze_observers[-1] is observer
+    assert changed.last_freeze is last_freeze() is not before.last_freeze
+    assert (changed.enabled, changed.thresholds) == (False, (7, 8, 9))
+    assert gc.get_freeze_count() > 0
+
+    gc_freeze.restore_gc_state(before)
+
+    assert gc_freeze.snapshot_gc_state() == before
+    assert installed_gc_pause_logger() is before.pause_logger
+    assert list(gc.callbacks) == list(before.callbacks)
+    assert gc.get_threshold() == thresholds and gc.isenabled() == before.enabled
+    assert last_freeze() is before.last_freeze
+    assert gc.get_freeze_count() == 0

@@ -7,22 +7,12 @@ import logging
 import sys
 import sysconfig
 import threading
-import weakref
 
 import pytest
 
-from dynamo.vllm import gc_policy
-from tests.integration.harness import wait_until
-
-
-class Node:
-    """A weakref-able object for building cycles."""
-
-
-def make_cycle() -> weakref.ref:
-    node = Node()
-    node.self = node
-    return weakref.ref(node)
+from dynamo.vllm import gc_policy, gc_policy_config
+from tests.support import wait_until
+from tests.support.cycles import dead_cycle
 
 
 class GenerationCounter:
@@ -34,6 +24,17 @@ class GenerationCounter:
     def __call__(self, phase: str, info: dict) -> None:
         if phase == "start":
             self.counts[info["generation"]] += 1
+
+
+def collections_during_churn(iterations: int) -> list[int]:
+    """Collections per generation while :func:`churn_with_survivors` runs (its survivors are
+    kept until the count is taken)."""
+    counter = GenerationCounter()
+    gc.callbacks.append(counter)
+    kept = churn_with_survivors(iterations)
+    gc.callbacks.remove(counter)
+    del kept
+    return counter.counts
 
 
 def policy_threads() -> list[threading.Thread]:
@@ -99,13 +100,8 @@ def test_stop_leaves_the_enabled_flag_as_it_was():
 
 
 def test_without_the_policy_the_workload_triggers_gen2():
-    iterations = churn_length()
-    counter = GenerationCounter()
-    gc.callbacks.append(counter)
-    kept = churn_with_survivors(iterations)
-    gc.callbacks.remove(counter)
-    assert counter.counts[2] >= 1, counter.counts
-    del kept
+    counts = collections_during_churn(churn_length())
+    assert counts[2] >= 1, counts
 
 
 def test_threshold2_of_zero_does_not_disable_gen2():
@@ -113,29 +109,21 @@ def test_threshold2_of_zero_does_not_disable_gen2():
     iterations = churn_length()
     t0, t1, _ = gc.get_threshold()
     gc.set_threshold(t0, t1, 0)
-    counter = GenerationCounter()
-    gc.callbacks.append(counter)
-    kept = churn_with_survivors(iterations)
-    gc.callbacks.remove(counter)
-    assert counter.counts[2] >= 1, counter.counts
-    del kept
+    counts = collections_during_churn(iterations)
+    assert counts[2] >= 1, counts
 
 
 def test_policy_stops_automatic_gen2_but_not_young_collections():
     iterations = churn_length()
     gc_policy.start_policy()
-    counter = GenerationCounter()
-    gc.callbacks.append(counter)
-    kept = churn_with_survivors(iterations)
-    gc.callbacks.remove(counter)
-    assert counter.counts[2] == 0, counter.counts
-    assert counter.counts[0] > 0 and counter.counts[1] > 0, counter.counts
-    del kept
+    counts = collections_during_churn(iterations)
+    assert counts[2] == 0, counts
+    assert counts[0] > 0 and counts[1] > 0, counts
 
 
 def test_stop_reclaims_a_cycle_that_died_in_the_frozen_heap():
     gc_policy.start_policy()
-    ref = make_cycle()
+    ref = dead_cycle()
     gc.freeze()  # what the background thread does each interval
     gc.collect()
     assert ref() is not None  # frozen: no collection reaches it while the policy runs
@@ -145,7 +133,7 @@ def test_stop_reclaims_a_cycle_that_died_in_the_frozen_heap():
 
 def test_gc_maintain_reclaims_deferred_cycles_and_keeps_the_policy():
     gc_policy.start_policy()
-    ref = make_cycle()
+    ref = dead_cycle()
     gc.freeze()
     gc.collect()
     assert ref() is not None
@@ -158,7 +146,7 @@ def test_gc_maintain_reclaims_deferred_cycles_and_keeps_the_policy():
 
 
 def test_gc_maintain_outside_the_policy_touches_nothing():
-    ref = make_cycle()
+    ref = dead_cycle()
     gc.freeze()
     assert gc_policy.maintain() == 0
     assert ref() is not None
@@ -228,9 +216,9 @@ def test_good_env_values_are_read(caplog):
     config = gc_policy.policy_config_from_env(
         {"DYN_FPM_GC_POLICY": "freeze", "DYN_FPM_GC_FREEZE_INTERVAL_S": "2.5"}
     )
-    assert config == gc_policy.PolicyConfig("freeze", 2.5)
+    assert config == gc_policy_config.PolicyConfig("freeze", 2.5)
     assert config.enabled
-    assert gc_policy.policy_config_from_env(gc_policy.policy_env(config)) == config
+    assert gc_policy.policy_config_from_env(gc_policy_config.policy_env(config)) == config
     assert caplog.records == []
 
 

@@ -9,6 +9,7 @@ machine, never a sleep standing in for a condition.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -17,8 +18,9 @@ import pytest
 from aiohttp import web
 
 from dynamo.common.http_server import GuardedRunner, RequestBodyTimeout
-from dynamo.frontend.http_service import openai_error_middleware, read_json_body
-from dynamo.runtime.request_plane import add_request_plane_routes
+from dynamo.frontend.http_surface import openai_errors
+from dynamo.frontend.request_body import read_json_body
+from dynamo.vllm.request_plane_server import add_request_plane_routes
 
 HEAD_S = 0.6
 BODY_S = 0.6
@@ -40,18 +42,24 @@ async def _slow_stream(request: web.Request) -> web.StreamResponse:
     return response
 
 
-async def _serve(app: web.Application) -> tuple[GuardedRunner, int]:
-    runner = GuardedRunner(app, what="test service")
+@contextlib.asynccontextmanager
+async def _serving(app: web.Application | None = None):
+    """``app`` (by default :func:`_frontend_like_app`) behind a GuardedRunner with the small
+    deadlines, on a loopback port: ``(runner, port)``, cleaned up on exit."""
+    runner = GuardedRunner(app or _frontend_like_app(), what="test service")
     await runner.setup()
-    runner.deadlines.head_timeout_s = HEAD_S
-    runner.deadlines.body_timeout_s = BODY_S
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    return runner, runner.addresses[0][1]
+    try:
+        runner.deadlines.head_timeout_s = HEAD_S
+        runner.deadlines.body_timeout_s = BODY_S
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        yield runner, runner.addresses[0][1]
+    finally:
+        await runner.cleanup()
 
 
 def _frontend_like_app() -> web.Application:
-    app = web.Application(middlewares=[openai_error_middleware])
+    app = web.Application(middlewares=[openai_errors()])
     app.router.add_post("/echo", _echo)
     app.router.add_get("/slow", _slow_stream)
     app.router.add_get("/ok", _ok)
@@ -93,8 +101,7 @@ def test_a_trickled_body_gets_408_in_the_openai_shape_and_the_connection_closes(
     caplog.set_level(logging.INFO, logger="dynamo.common.http_server")
 
     async def scenario():
-        runner, port = await _serve(_frontend_like_app())
-        try:
+        async with _serving() as (runner, port):
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             body = json.dumps({"prompt": "x" * 200}).encode()
             writer.write(_post_head(len(body)))
@@ -114,8 +121,6 @@ def test_a_trickled_body_gets_408_in_the_openai_shape_and_the_connection_closes(
                 trickler.cancel()
                 writer.close()
             return status, json.loads(answer), took, closed_after, runner.deadlines
-        finally:
-            await runner.cleanup()
 
     status, answer, took, closed_after, deadlines = asyncio.run(scenario())
     assert status == 408
@@ -135,8 +140,7 @@ def test_a_trickled_body_gets_408_in_the_openai_shape_and_the_connection_closes(
 
 def test_a_body_that_arrives_in_time_is_read_and_the_connection_kept():
     async def scenario():
-        runner, port = await _serve(_frontend_like_app())
-        try:
+        async with _serving() as (runner, port):
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             answers = []
             for number in range(3):  # three requests on one kept-alive connection
@@ -148,8 +152,6 @@ def test_a_body_that_arrives_in_time_is_read_and_the_connection_kept():
                 answers.append(await asyncio.wait_for(_read_response(reader), 10))
             writer.close()
             return answers
-        finally:
-            await runner.cleanup()
 
     answers = asyncio.run(scenario())
     assert [(status, json.loads(body)["got"]) for status, _, body in answers] == [
@@ -161,8 +163,7 @@ def test_a_later_head_sent_slowly_is_closed_but_an_idle_kept_alive_connection_is
     caplog.set_level(logging.INFO, logger="dynamo.common.http_server")
 
     async def scenario():
-        runner, port = await _serve(_frontend_like_app())
-        try:
+        async with _serving() as (runner, port):
             slow_r, slow_w = await asyncio.open_connection("127.0.0.1", port)
             idle_r, idle_w = await asyncio.open_connection("127.0.0.1", port)
             for writer in (slow_w, idle_w):
@@ -192,8 +193,6 @@ def test_a_later_head_sent_slowly_is_closed_but_an_idle_kept_alive_connection_is
             for writer in (slow_w, idle_w):
                 writer.close()
             return took, first + rest, runner.deadlines.closed
-        finally:
-            await runner.cleanup()
 
     took, idle_answer, closed = asyncio.run(scenario())
     assert HEAD_S - 0.1 <= took < HEAD_S + MARGIN_S, took
@@ -206,8 +205,7 @@ def test_a_later_head_sent_slowly_is_closed_but_an_idle_kept_alive_connection_is
 
 def test_a_pipelined_head_waiting_behind_a_long_stream_is_not_cut():
     async def scenario():
-        runner, port = await _serve(_frontend_like_app())
-        try:
+        async with _serving() as (runner, port):
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             # The second head is sent once the first response streams; it waits, complete,
             # while the first streams for 3x the head bound.
@@ -218,8 +216,6 @@ def test_a_pipelined_head_waiting_behind_a_long_stream_is_not_cut():
             second = await asyncio.wait_for(_read_response(reader), 10)
             writer.close()
             return head, stream, second
-        finally:
-            await runner.cleanup()
 
     head, stream, second = asyncio.run(scenario())
     assert head.startswith(b"HTTP/1.1 200")
@@ -234,16 +230,13 @@ def test_the_request_plane_answers_a_trickled_body_408():
     async def scenario():
         app = web.Application()
         add_request_plane_routes(app, generate, lambda: True, served_model_name="m")
-        runner, port = await _serve(app)
-        try:
+        async with _serving(app) as (runner, port):
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
             status, _, body = await asyncio.wait_for(_read_response(reader), 10)
             closed_after = await _closed(reader, 10)
             writer.close()
             return status, json.loads(body), closed_after
-        finally:
-            await runner.cleanup()
 
     status, body, closed_after = asyncio.run(scenario())
     assert status == 408
@@ -268,3 +261,57 @@ def test_a_client_gone_while_aiohttp_writes_is_no_traceback(caplog):
     )  # fmt: skip
     assert not any(r.levelno >= logging.WARNING or r.exc_info for r in caplog.records)
     assert any("went away" in r.getMessage() for r in caplog.records)
+
+
+DRIBBLED_HEAD = b"GET /ok HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"y" * 100
+
+
+@pytest.mark.parametrize(
+    "leading, dribble",
+    [
+        (b"\r\n\r\n", DRIBBLED_HEAD),  # a blank line that looks like a head's end
+        (b"\r\n\r\n\r\n\r\n", DRIBBLED_HEAD),
+        (b"\n\n", DRIBBLED_HEAD),
+        (b"\r\n", b"\r\n" * 100),  # blank lines only, forever
+        (b"", b"\r\n\r\n" + DRIBBLED_HEAD),  # the blank lines dribbled too
+    ],
+)
+@pytest.mark.parametrize("kept_alive", [False, True])
+def test_leading_blank_lines_do_not_stop_the_head_clock(leading, dribble, kept_alive):
+    async def scenario():
+        async with _serving() as (runner, port):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            if kept_alive:  # a later request: its clock starts at its first byte
+                writer.write(b"GET /ok HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert (await asyncio.wait_for(_read_response(reader), 10))[0] == 200
+            writer.write(leading)
+            began = time.monotonic()
+
+            async def trickle():
+                for byte in dribble:
+                    writer.write(bytes([byte]))
+                    await asyncio.sleep(TRICKLE_EVERY_S)  # the slow client's pace
+
+            trickler = asyncio.ensure_future(trickle())
+            try:
+                await _closed(reader, 10)
+            finally:
+                trickler.cancel()
+                writer.close()
+            return time.monotonic() - began, runner.deadlines.closed
+
+    took, closed = asyncio.run(scenario())
+    assert took < HEAD_S + MARGIN_S, took
+    assert closed == 1
+
+
+def test_a_request_after_blank_lines_is_served():
+    async def scenario():
+        async with _serving() as (runner, port):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"\r\n\r\n\r\nGET /ok HTTP/1.1\r\nHost: x\r\n\r\n")
+            answer = await asyncio.wait_for(_read_response(reader), 10)
+            writer.close()
+            return answer[0]
+
+    assert asyncio.run(scenario()) == 200

@@ -24,6 +24,11 @@ def phase_changes():
     lifecycle.remove_phase_listener(seen.append)
 
 
+def _serve_then_drain() -> None:
+    lifecycle.mark_serving("listener open")
+    lifecycle.mark_draining("SIGTERM")
+
+
 def _refusals(caplog) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.getMessage().startswith("GC heap freeze refused")]
 
@@ -41,10 +46,7 @@ def test_phase_values_are_the_names_operators_see():
     "advance",
     [
         pytest.param(lambda: lifecycle.mark_serving("listener open"), id="serving"),
-        pytest.param(
-            lambda: (lifecycle.mark_serving("listener open"), lifecycle.mark_draining("SIGTERM")),
-            id="draining",
-        ),
+        pytest.param(lambda: _serve_then_drain(), id="draining"),
         pytest.param(lambda: lifecycle.mark_draining("SIGTERM"), id="draining-directly"),
     ],
 )
@@ -163,3 +165,20 @@ def test_reset_for_new_process_allows_freezing_again():
     lifecycle.reset_for_new_process()
     assert lifecycle.current_phase() is Phase.STARTING
     assert freeze_gc_heap(context="forked child") is not None
+
+
+def test_restore_phase_state_puts_back_the_phase_and_listeners_silently():
+    before = lifecycle.snapshot_phase_state()
+    seen: list[Phase] = []
+    lifecycle.add_phase_listener(seen.append)
+    lifecycle.mark_serving("listener open")
+    assert lifecycle.snapshot_phase_state() == lifecycle.PhaseState(
+        Phase.SERVING, (*before.listeners, seen.append)
+    )
+
+    lifecycle.restore_phase_state(before)
+
+    assert lifecycle.snapshot_phase_state() == before
+    assert lifecycle.current_phase() is before.phase
+    lifecycle.mark_serving("again")
+    assert seen == [Phase.SERVING]  # removed, and the restore itself notified no one

@@ -1,4 +1,5 @@
-"""The one logging set-up every process uses: pid on every line, one handler however often called."""
+"""The one logging set-up every process uses: pid on every line, one handler however often
+called."""
 
 from __future__ import annotations
 

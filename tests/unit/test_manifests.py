@@ -153,7 +153,7 @@ KUBERNETES_SUBSTITUTIONS = {"$(POD_IP)": "10.1.2.3"}
 
 def check_value(option: Option, value: str, source: str) -> list[str]:
     try:
-        if option.is_bool:
+        if option.kind is None:  # a negatable boolean
             parse_bool_word(value)
         else:
             option.kind.parse(KUBERNETES_SUBSTITUTIONS.get(value, value))

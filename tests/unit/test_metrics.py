@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+from dataclasses import replace
 
 import pytest
 from prometheus_client import REGISTRY
@@ -23,9 +24,10 @@ STABLE_FAMILIES = {
 
 
 @pytest.fixture
-def process_metrics(monkeypatch):
-    # As in a fresh process: no freeze yet (earlier tests in this process may have frozen).
-    monkeypatch.setattr(gc_freeze, "_last_freeze", None)
+def process_metrics():
+    # As in a fresh process: no freeze yet (earlier tests in this process may have frozen;
+    # tests/conftest.py puts the record back after the test).
+    gc_freeze.restore_gc_state(replace(gc_freeze.snapshot_gc_state(), last_freeze=None))
     built = []
 
     def build(**kwargs) -> DynamoMetrics:

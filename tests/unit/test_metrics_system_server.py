@@ -37,15 +37,23 @@ def run_against_server(m: DynamoMetrics, scenario, *, debug_gc_endpoint: bool = 
     return asyncio.run(main())
 
 
+async def in_each_phase(read) -> list:
+    """``await read()`` in the starting, the serving and the draining phase, in turn."""
+    seen = []
+    for advance in (None, lifecycle.mark_serving, lifecycle.mark_draining):
+        if advance is not None:
+            advance("test")
+        seen.append(await read())
+    return seen
+
+
 def test_health_follows_the_serving_phase(process_metrics):
     async def scenario(session, base):
-        seen = []
-        for advance in (None, lifecycle.mark_serving, lifecycle.mark_draining):
-            if advance is not None:
-                advance("test")
+        async def health():
             async with session.get(base + "/health") as response:
-                seen.append((response.status, (await response.json())["phase"]))
-        return seen
+                return response.status, (await response.json())["phase"]
+
+        return await in_each_phase(health)
 
     assert run_against_server(process_metrics, scenario) == [
         (503, "starting"),
@@ -56,13 +64,11 @@ def test_health_follows_the_serving_phase(process_metrics):
 
 def test_live_answers_200_in_every_phase_beside_health(process_metrics):
     async def scenario(session, base):
-        seen = []
-        for advance in (None, lifecycle.mark_serving, lifecycle.mark_draining):
-            if advance is not None:
-                advance("test")
+        async def live_and_health():
             async with session.get(base + "/live") as live, session.get(base + "/health") as health:
-                seen.append((live.status, (await live.json())["phase"], health.status))
-        return seen
+                return live.status, (await live.json())["phase"], health.status
+
+        return await in_each_phase(live_and_health)
 
     assert run_against_server(process_metrics, scenario) == [
         (200, "starting", 503),

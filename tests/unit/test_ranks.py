@@ -246,6 +246,8 @@ def test_shutdown_is_idempotent_and_the_group_refuses_calls_after_it():
 class SlowExitExtension:
     """Loaded into the ranks by qualified name: makes one rank slow to exit once told to."""
 
+    rank: int  # set by the rank's worker class, which this extension is mixed into
+
     def exit_slowly(self, rank: int, seconds: float) -> None:
         if self.rank == rank:
             # Simulated slow teardown (an engine freeing its caches), not synchronisation.

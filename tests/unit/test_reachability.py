@@ -15,15 +15,14 @@ from dynamo.runtime.discovery import mounts
 from dynamo.runtime.discovery.etcd_backend import EtcdDiscovery
 from dynamo.runtime.discovery.etcd_endpoints import parse_endpoints
 from dynamo.runtime.discovery.file_backend import FileDiscovery
-from dynamo.vllm import main as worker_main
-from dynamo.vllm import reachability
+from dynamo.vllm import reachability, worker_process
 
 # Shaped like a Kubernetes pod's /proc/self/mountinfo: an overlay root, a tmpfs, an NFS volume
 # (a ReadWriteMany PVC), a gcsfuse mount and a path with a space (escaped as \040).
 MOUNTINFO = """\
 22 1 0:21 / / rw,relatime - overlay overlay rw,lowerdir=/l,upperdir=/u
 23 22 0:22 / /tmp rw,nosuid - tmpfs tmpfs rw
-24 22 0:23 /exports/dynamo /data-h13/dynamo rw,relatime shared:5 - nfs4 10.0.0.5:/exports rw,vers=4.1
+24 22 0:23 /exports/dynamo /data-h13/dynamo rw,relatime shared:5 - nfs4 10.0.0.5:/exports rw
 25 22 0:24 / /mnt/bucket rw - fuse.gcsfuse bucket rw,user_id=0
 26 22 0:25 / /mnt/my\\040share rw - cifs //srv/share rw
 27 24 0:26 / /data-h13/dynamo/local rw - tmpfs tmpfs rw
@@ -148,12 +147,13 @@ def test_the_worker_logs_it_once_with_the_discovery_it_opened(mocker, caplog):
         return "the warning"
 
     mocker.patch.object(reachability, "unreachable_reason", side_effect=fake)
-    caplog.set_level(logging.WARNING, logger="dynamo.vllm.main")
+    caplog.set_level(logging.WARNING, logger="dynamo.vllm.worker_process")
     plain = FileDiscovery("/d")
     etcd = EtcdDiscovery(parse_endpoints("http://e:2379"), "ns")
     assert (
-        asyncio.run(worker_main.warn_if_unreachable(plain, "http://127.0.0.1:1")) == "the warning"
+        asyncio.run(worker_process.warn_if_unreachable(plain, "http://127.0.0.1:1"))
+        == "the warning"
     )
-    asyncio.run(worker_main.warn_if_unreachable(etcd, "http://127.0.0.1:1"))
+    asyncio.run(worker_process.warn_if_unreachable(etcd, "http://127.0.0.1:1"))
     assert seen == [("http://127.0.0.1:1", plain), ("http://127.0.0.1:1", etcd)]
     assert [r.getMessage() for r in caplog.records] == ["the warning", "the warning"]

@@ -24,11 +24,11 @@ from dynamo.runtime.request_plane import (
     RequestRefused,
     WorkerUnavailable,
     _refusal,
-    add_request_plane_routes,
     generate,
     validate_generate_request,
 )
 from dynamo.runtime.sampling import SamplingOptions
+from dynamo.vllm.request_plane_server import add_request_plane_routes
 
 DEADLINE_S = 30.0
 
@@ -52,9 +52,8 @@ async def echo_engine(request: GenerateRequest) -> AsyncIterator[dict]:
 
 
 @contextlib.asynccontextmanager
-async def worker(handler, is_healthy: Callable[[], bool] = lambda: True):
-    app = web.Application()
-    add_request_plane_routes(app, handler, is_healthy, served_model_name=MODEL)
+async def serving(app: web.Application):
+    """``app`` on a loopback test server, with a client session: ``(session, base URL)``."""
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
     try:
@@ -64,8 +63,13 @@ async def worker(handler, is_healthy: Callable[[], bool] = lambda: True):
         await server.close()
 
 
-@contextlib.asynccontextmanager
-async def raw_worker(body_lines: list[bytes]):
+def worker(handler, is_healthy: Callable[[], bool] = lambda: True):
+    app = web.Application()
+    add_request_plane_routes(app, handler, is_healthy, served_model_name=MODEL)
+    return serving(app)
+
+
+def raw_worker(body_lines: list[bytes]):
     """A worker that answers /generate with exactly these bytes (to test the client)."""
 
     async def handle(request: web.Request) -> web.StreamResponse:
@@ -78,21 +82,20 @@ async def raw_worker(body_lines: list[bytes]):
 
     app = web.Application()
     app.router.add_post(GENERATE_PATH, handle)
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    try:
-        async with aiohttp.ClientSession() as session:
-            yield session, str(server.make_url("")).rstrip("/")
-    finally:
-        await server.close()
+    return serving(app)
 
 
 def run(coro):
     return asyncio.run(asyncio.wait_for(coro, DEADLINE_S))
 
 
-async def collect(session, endpoint, request) -> list[dict]:
-    return [item async for item in generate(session, endpoint, request)]
+def as_dict(item) -> dict:
+    """A stream item as the JSON line the worker wrote (defaults left out)."""
+    return item.model_dump(mode="json", exclude_defaults=True)
+
+
+async def collect(session, endpoint, request, **kwargs) -> list[dict]:
+    return [as_dict(item) async for item in generate(session, endpoint, request, **kwargs)]
 
 
 REQUEST = {
@@ -103,15 +106,22 @@ REQUEST = {
 }
 
 
+def answer_from(server, request=REQUEST) -> list[dict]:
+    """The items ``server`` (``worker(engine)`` or ``raw_worker(lines)``) streams back for
+    ``request``."""
+
+    async def scenario():
+        async with server as (session, endpoint):
+            return await collect(session, endpoint, request)
+
+    return run(scenario())
+
+
 # --- the happy path -----------------------------------------------------------------------------
 
 
 def test_generate_streams_every_item_then_the_finish():
-    async def scenario():
-        async with worker(echo_engine) as (session, endpoint):
-            return await collect(session, endpoint, REQUEST)
-
-    assert run(scenario()) == [
+    assert answer_from(worker(echo_engine)) == [
         {"token_ids": [5]},
         {"token_ids": [6]},
         {"finish_reason": "length", "prompt_tokens": 3, "completion_tokens": 2},
@@ -133,7 +143,7 @@ def test_items_reach_the_client_before_the_stream_ends():
         items = []
         async with worker(lockstep) as (session, endpoint):
             async for item in generate(session, endpoint, REQUEST):
-                items.append(item)
+                items.append(as_dict(item))
                 first_seen.set()
         return items
 
@@ -297,12 +307,8 @@ def test_the_client_turns_a_400_about_the_request_into_request_refused():
     """A 400 naming a request field (the prompt, a sampling field) is the client's: another
     instance would refuse it too, so it is not WorkerUnavailable (which fails over)."""
 
-    async def scenario():
-        async with worker(echo_engine) as (session, endpoint):
-            await collect(session, endpoint, _with("sampling.max_tokens", 0))
-
     with pytest.raises(RequestRefused) as refused:
-        run(scenario())
+        answer_from(worker(echo_engine), _with("sampling.max_tokens", 0))
     assert refused.value.field == "sampling.max_tokens"
     assert "greater than or equal to 1" in str(refused.value)
 
@@ -331,7 +337,7 @@ def test_the_client_turns_any_other_400_into_worker_unavailable(model):
 
 
 def test_a_draining_worker_answers_503_and_the_client_raises():
-    called: list[dict] = []
+    called: list[GenerateRequest] = []
 
     async def engine(request: GenerateRequest) -> AsyncIterator[dict]:
         called.append(request)
@@ -372,7 +378,7 @@ def test_a_stream_that_ends_without_finish_reason_is_worker_unavailable():
     async def scenario():
         async with worker(unfinished) as (session, endpoint):
             async for item in generate(session, endpoint, REQUEST):
-                received.append(item)
+                received.append(as_dict(item))
 
     with pytest.raises(WorkerUnavailable, match="before finishing"):
         run(scenario())
@@ -384,12 +390,8 @@ def test_an_engine_failure_mid_stream_is_reported_in_band():
         yield {"token_ids": [1]}
         raise RuntimeError("engine died")
 
-    async def scenario():
-        async with worker(failing) as (session, endpoint):
-            await collect(session, endpoint, REQUEST)
-
     with pytest.raises(WorkerUnavailable, match="engine died"):
-        run(scenario())
+        answer_from(worker(failing))
 
 
 def test_a_connection_dropped_mid_stream_is_worker_unavailable():
@@ -397,12 +399,8 @@ def test_a_connection_dropped_mid_stream_is_worker_unavailable():
         yield {"token_ids": [1]}
         raise ConnectionResetError("peer gone")  # the handler lets this through and aborts
 
-    async def scenario():
-        async with worker(dropping) as (session, endpoint):
-            await collect(session, endpoint, REQUEST)
-
     with pytest.raises(WorkerUnavailable):
-        run(scenario())
+        answer_from(worker(dropping))
 
 
 @pytest.mark.parametrize(
@@ -415,23 +413,15 @@ def test_a_connection_dropped_mid_stream_is_worker_unavailable():
     ],
 )
 def test_a_garbled_stream_is_worker_unavailable(lines):
-    async def scenario():
-        async with raw_worker(lines) as (session, endpoint):
-            await collect(session, endpoint, REQUEST)
-
     with pytest.raises(WorkerUnavailable):
-        run(scenario())
+        answer_from(raw_worker(lines))
 
 
 def test_blank_lines_are_skipped():
     finish = {"finish_reason": "stop", "prompt_tokens": 1, "completion_tokens": 1}
     lines = [b"\n", b'{"token_ids": [1]}\n', b"\n", json.dumps(finish).encode() + b"\n"]
 
-    async def scenario():
-        async with raw_worker(lines) as (session, endpoint):
-            return await collect(session, endpoint, REQUEST)
-
-    assert run(scenario()) == [{"token_ids": [1]}, finish]
+    assert answer_from(raw_worker(lines)) == [{"token_ids": [1]}, finish]
 
 
 def test_closing_the_client_stream_aborts_the_request_in_the_worker():
@@ -450,7 +440,7 @@ def test_closing_the_client_stream_aborts_the_request_in_the_worker():
 
         async with worker(endless) as (session, endpoint):
             stream = generate(session, endpoint, REQUEST)
-            first = await stream.__anext__()
+            first = as_dict(await stream.__anext__())
             await stream.aclose()  # the frontend's client went away
             await asyncio.wait_for(aborted.wait(), DEADLINE_S / 2)
         return first
@@ -463,12 +453,8 @@ def test_an_engine_failure_before_the_first_item_is_reported_in_band():
         raise RuntimeError("engine died at once")
         yield {}  # an async generator  # pragma: no cover
 
-    async def scenario():
-        async with worker(failing) as (session, endpoint):
-            await collect(session, endpoint, REQUEST)
-
     with pytest.raises(WorkerUnavailable, match="engine died at once"):
-        run(scenario())
+        answer_from(worker(failing))
 
 
 # --- validation as a function (shared by both ends) --------------------------------------------

@@ -7,19 +7,16 @@ import json
 
 import pytest
 
-from dynamo.vllm import backend_args, self_benchmark
+from dynamo.vllm import backend_args, self_benchmark, self_benchmark_hooks
 from dynamo.vllm.mock_engine import MockEngine
-from dynamo.vllm.self_benchmark import (
-    PointResult,
-    PointWriter,
+from dynamo.vllm.self_benchmark import PointResult, PointWriter, benchmark_points, summarize
+from dynamo.vllm.self_benchmark_hooks import (
     WorkerExtensionConflict,
-    benchmark_points,
     check_worker_extension,
     resolve_worker_extension,
-    summarize,
 )
 from dynamo.vllm.worker_extension import QUALNAME, FpmGcWorkerExtension
-from tests.integration.harness import mock_worker_env
+from tests.support.tiny_model import mock_worker_env
 
 
 class PolicyAwareExtension(FpmGcWorkerExtension):
@@ -233,11 +230,11 @@ def test_the_extension_is_injected_in_both_arms_of_the_benchmark_and_never_outsi
 def test_policy_env_is_given_to_the_ranks_in_benchmark_mode_only(monkeypatch):
     config = config_for(*BENCH_FREEZE, "--fpm-gc-freeze-interval-s", "2.5")
     expected = {"DYN_FPM_GC_POLICY": "freeze", "DYN_FPM_GC_FREEZE_INTERVAL_S": "2.5"}
-    assert self_benchmark.policy_env_for(config) == expected
-    assert self_benchmark.policy_env_for(config_for("--fpm-gc-policy", "freeze")) == {}
+    assert self_benchmark_hooks.policy_env_for(config) == expected
+    assert self_benchmark_hooks.policy_env_for(config_for("--fpm-gc-policy", "freeze")) == {}
     for name in expected:
         monkeypatch.delenv(name, raising=False)
-    self_benchmark.export_policy_env(config)
+    self_benchmark_hooks.export_policy_env(config)
     import os
 
     assert {name: os.environ[name] for name in expected} == expected

@@ -14,12 +14,12 @@ import threading
 
 import pytest
 
-from dynamo.vllm import backend_args, gc_policy, self_benchmark
+from dynamo.vllm import backend_args, gc_policy, self_benchmark, self_benchmark_hooks
 from dynamo.vllm.mock_engine import MockEngine
 from dynamo.vllm.ranks import RankError
 from dynamo.vllm.self_benchmark import run_self_benchmark
 from dynamo.vllm.worker_extension import QUALNAME
-from tests.integration.harness import mock_worker_env
+from tests.support.tiny_model import mock_worker_env
 
 POINTS = 30
 FAIL_AT = 12
@@ -89,7 +89,9 @@ class Probe:
             if self.fail == "keyboard":
                 raise KeyboardInterrupt
             if self.fail == "cancel":
-                asyncio.current_task().cancel()  # delivered at the rank step's first await
+                task = asyncio.current_task()
+                assert task is not None  # a coroutine of a running task
+                task.cancel()  # delivered at the rank step's first await
         self.calls += 1
         await self.engine.forward_pass(batch_size, seq_len)
 
@@ -115,9 +117,9 @@ def benchmark_config(tmp_path, *extra: str):
 
 def run_benchmark(config, monkeypatch, *, fail: str | None = None, at: int = FAIL_AT):
     """Run the benchmark on a fresh R=2 mock engine; GC state before/during/after and outcome."""
-    for name, value in self_benchmark.policy_env_for(config).items():
+    for name, value in self_benchmark_hooks.policy_env_for(config).items():
         monkeypatch.setenv(name, value)
-    extension = self_benchmark.resolve_worker_extension(config)
+    extension = self_benchmark_hooks.resolve_worker_extension(config)
 
     async def scenario():
         engine = MockEngine.from_config(config, worker_extension_cls=extension)
@@ -133,7 +135,7 @@ def run_benchmark(config, monkeypatch, *, fail: str | None = None, at: int = FAI
                     await asyncio.ensure_future(run_self_benchmark(probe, config))
                 else:
                     await run_self_benchmark(probe, config)
-            except (Exception, KeyboardInterrupt, asyncio.CancelledError) as exc:
+            except (Exception, KeyboardInterrupt, asyncio.CancelledError) as exc:  # noqa: BLE001 - the outcome under test is whatever the run raised
                 outcome = exc
             main_after = main_state()
             ranks_after = await engine.collective_rpc("fpm_gc_state")

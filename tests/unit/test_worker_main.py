@@ -21,21 +21,15 @@ import pytest
 from dynamo.common import lifecycle
 from dynamo.common.utils import gc_freeze
 from dynamo.runtime import request_plane
-from dynamo.runtime.discovery.file_backend import DiscoveryStore
-from dynamo.vllm import backend_args
+from dynamo.runtime.discovery import open_discovery
+from dynamo.runtime.discovery.file_store import DiscoveryStore
+from dynamo.vllm import backend_args, engine_factory, worker_process
 from dynamo.vllm import main as worker_main
 from dynamo.vllm.mock_engine import MockEngine
-from tests.integration.harness import mock_worker_env
-
-
-async def until(condition, deadline_s: float = 30.0) -> None:
-    """Wait for ``condition()`` on the running loop, failing after the deadline."""
-
-    async def poll():
-        while not condition():
-            await asyncio.sleep(0.01)
-
-    await asyncio.wait_for(poll(), deadline_s)
+from dynamo.vllm.request_plane_server import RequestPlaneServer
+from tests.support import wait_until_async
+from tests.support.steps import StepRecorder
+from tests.support.tiny_model import mock_worker_env
 
 
 def sigterm_self() -> None:
@@ -43,16 +37,16 @@ def sigterm_self() -> None:
 
 
 @pytest.fixture(autouse=True)
-def forget_this_modules_freezes(monkeypatch):
-    """The worker really freezes this process; its FreezeRecord must not outlive the test."""
-    monkeypatch.setattr(gc_freeze, "_last_freeze", gc_freeze.last_freeze())
-
-
-@pytest.fixture(autouse=True)
 def the_mock_engine_on_the_tiny_tokenizer(monkeypatch):
     """``main()`` reads os.environ: every worker here is the mock on the tiny tokenizer."""
     for name, value in mock_worker_env().items():
         monkeypatch.setenv(name, value)
+
+
+def run_worker(config):
+    """The worker's event-loop part, as main() runs it after its checks."""
+    discovery = open_discovery(config.discovery)
+    return worker_main.run_worker(config, discovery, engine_factory.prepare_engine(config))
 
 
 @pytest.fixture
@@ -63,54 +57,31 @@ def discovery_dir(tmp_path):
 @pytest.fixture
 def steps(mocker):
     """Wrap each lifecycle step to append (step, phase, freeze count) to a list, in order."""
-    recorded: list[tuple[str, lifecycle.Phase, int]] = []
-
-    def note(step: str) -> None:
-        recorded.append((step, lifecycle.current_phase(), gc.get_freeze_count()))
-
-    def wrap(owner, name: str, step: str, *, is_async: bool = False):
-        real = getattr(owner, name)
-        if is_async:
-
-            async def wrapper(*args, **kwargs):
-                note(step)
-                return await real(*args, **kwargs)
-
-        else:
-
-            def wrapper(*args, **kwargs):
-                note(step)
-                return real(*args, **kwargs)
-
-        mocker.patch.object(owner, name, wrapper)
-
-    wrap(gc_freeze, "install_gc_pause_logger", "pause_logger")
-    wrap(worker_main, "start_system_server", "system_port", is_async=True)
-    wrap(MockEngine, "start", "engine_init", is_async=True)
-    wrap(gc_freeze, "freeze_gc_heap", "freeze")
-    wrap(worker_main.RequestPlaneServer, "open", "listen", is_async=True)
-    wrap(worker_main.RequestPlaneServer, "close", "plane_close", is_async=True)
-    wrap(lifecycle, "mark_serving", "mark_serving")
-    wrap(lifecycle, "mark_draining", "mark_draining")
-    wrap(MockEngine, "shutdown", "engine_shutdown", is_async=True)
+    recorder = StepRecorder(mocker)  # with pause_logger, mark_serving and mark_draining
+    recorder.wrap(worker_process, "start_system_server", "system_port")
+    recorder.wrap(MockEngine, "start", "engine_init")
+    recorder.wrap(gc_freeze, "freeze_gc_heap", "freeze")
+    recorder.wrap(RequestPlaneServer, "open", "listen")
+    recorder.wrap(RequestPlaneServer, "close", "plane_close")
+    recorder.wrap(MockEngine, "shutdown", "engine_shutdown")
 
     real_register = DiscoveryStore.register
     real_unregister = DiscoveryStore.unregister
 
     def register(store, record):
-        note("register")
+        recorder.note("register")
         path = real_register(store, record)
         assert path.exists()
         sigterm_self()  # handled by the worker's loop: the drain starts once this returns
         return path
 
     def unregister(store, instance_id):
-        note("unregister")
+        recorder.note("unregister")
         return real_unregister(store, instance_id)
 
     mocker.patch.object(DiscoveryStore, "register", register)
     mocker.patch.object(DiscoveryStore, "unregister", unregister)
-    return recorded
+    return recorder.recorded
 
 
 def plane_request(request_id: str, record_model: str | None, max_tokens: int = 1) -> dict:
@@ -129,7 +100,7 @@ def names(recorded) -> list[str]:
 
 def test_freeze_after_engine_init_and_before_register_model(steps, discovery_dir):
     frozen_before = gc.get_freeze_count()
-    observers_before = list(gc_freeze._freeze_observers)
+    observers_before = gc_freeze.snapshot_gc_state().freeze_observers
     argv = ["--discovery-dir", str(discovery_dir), "--system-host", "127.0.0.1"]
     assert worker_main.main([*argv, "--system-port", "0"]) == 0
 
@@ -164,15 +135,15 @@ def test_freeze_after_engine_init_and_before_register_model(steps, discovery_dir
     # Once the engine has shut down, the process's GC state is put back: no pause logger left
     # in gc.callbacks, no metrics observer, the heap unfrozen (so exit finalizes it).
     assert gc_freeze.installed_gc_pause_logger() is None
-    assert gc_freeze._freeze_observers == observers_before
+    assert gc_freeze.snapshot_gc_state().freeze_observers == observers_before
     assert gc.get_freeze_count() == frozen_before
 
 
 def test_the_request_plane_refuses_requests_while_engine_init_runs(discovery_dir, mocker):
     """Bound early, the listener answers 503 (WorkerUnavailable) until the worker serves."""
     config = backend_args.parse_args(["--discovery-dir", str(discovery_dir)], env=mock_worker_env())
-    planes: list[worker_main.RequestPlaneServer] = []
-    real_open = worker_main.RequestPlaneServer.open
+    planes: list[RequestPlaneServer] = []
+    real_open = RequestPlaneServer.open
     answered = []
 
     async def record_open(self):
@@ -191,9 +162,9 @@ def test_the_request_plane_refuses_requests_while_engine_init_runs(discovery_dir
         sigterm_self()
         await asyncio.Event().wait()  # engine init that only the signal's cancellation ends
 
-    mocker.patch.object(worker_main.RequestPlaneServer, "open", record_open)
+    mocker.patch.object(RequestPlaneServer, "open", record_open)
     mocker.patch.object(MockEngine, "start", start)
-    assert asyncio.run(worker_main.run_worker(config)) == 0
+    assert asyncio.run(run_worker(config)) == 0
     assert answered == [lifecycle.Phase.STARTING]
 
 
@@ -257,7 +228,7 @@ def test_a_discovery_dir_that_is_a_file_exits_2_before_anything_runs(steps, tmp_
 def test_the_discovery_dir_is_created_before_anything_runs(steps, tmp_path, mocker):
     nested = tmp_path / "a" / "b" / "discovery"
     seen = []
-    mocker.patch.object(worker_main, "run_worker", lambda config: seen.append(nested.is_dir()))
+    mocker.patch.object(worker_main, "run_worker", lambda *_: seen.append(nested.is_dir()))
     mocker.patch.object(worker_main.asyncio, "run", lambda result: 0)
     assert worker_main.main(["--discovery-dir", str(nested)]) == 0
     assert seen == [True] and list(nested.iterdir()) == []  # the write probe left nothing
@@ -395,15 +366,21 @@ def spy_on_engine_and_registration(mocker) -> tuple[list[MockEngine], asyncio.Ev
 
 def test_drain_aborts_requests_still_running_after_the_grace_period(discovery_dir, mocker):
     """SIGTERM while a request streams: record removed at once, request aborted after grace."""
-    mocker.patch.object(worker_main, "DRAIN_GRACE_S", 0.2)
     config = backend_args.parse_args(
-        ["--discovery-dir", str(discovery_dir), "--mock-token-ms", "60000"],
+        [
+            "--discovery-dir",
+            str(discovery_dir),
+            "--mock-token-ms",
+            "60000",
+            "--drain-timeout",
+            "0.2",
+        ],  # fmt: skip
         env=mock_worker_env(),
     )
     engines, registered = spy_on_engine_and_registration(mocker)
 
     async def scenario():
-        worker = asyncio.ensure_future(worker_main.run_worker(config))
+        worker = asyncio.ensure_future(run_worker(config))
         await registered.wait()
         (record,) = DiscoveryStore(discovery_dir).read_all().values()
         (engine,) = engines
@@ -412,7 +389,9 @@ def test_drain_aborts_requests_still_running_after_the_grace_period(discovery_di
                 session, record.endpoint, plane_request("slow", record.model, max_tokens=2)
             )
             first_item = asyncio.ensure_future(stream.__anext__())
-            await until(lambda: engine.requests_started == 1)  # in the engine, mid-step
+            await wait_until_async(
+                lambda: engine.requests_started == 1, deadline_s=30
+            )  # in the engine, mid-step
             sigterm_self()
             with pytest.raises(request_plane.WorkerUnavailable):
                 await first_item
@@ -439,7 +418,7 @@ def test_a_rank_that_dies_while_serving_returns_1_with_the_gc_state_put_back(
     callbacks_before = list(gc.callbacks)
 
     async def scenario():
-        worker = asyncio.ensure_future(worker_main.run_worker(config))
+        worker = asyncio.ensure_future(run_worker(config))
         await registered.wait()
         frozen_while_serving = gc.get_freeze_count()
         (record,) = DiscoveryStore(discovery_dir).read_all().values()
@@ -450,7 +429,7 @@ def test_a_rank_that_dies_while_serving_returns_1_with_the_gc_state_put_back(
                 session, record.endpoint, plane_request("doomed", record.model, max_tokens=2)
             )
             first_item = asyncio.ensure_future(stream.__anext__())
-            await until(lambda: engine.requests_started == 1)
+            await wait_until_async(lambda: engine.requests_started == 1, deadline_s=30)
             os.kill(victim, signal.SIGKILL)
             with pytest.raises(request_plane.WorkerUnavailable, match="the engine died"):
                 await first_item

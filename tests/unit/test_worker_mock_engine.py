@@ -20,7 +20,7 @@ from dynamo.vllm import backend_args, engine_factory
 from dynamo.vllm.engine import EngineUnavailable
 from dynamo.vllm.mock_engine import MockEngine, mock_completion
 from dynamo.vllm.mock_model import BadModelDirectory, MockModel, load_mock_model
-from tests.integration.harness import mock_worker_env, tiny_tokenizer_dir
+from tests.support.tiny_model import mock_worker_env, tiny_tokenizer_dir
 
 
 @pytest.fixture(scope="module")
@@ -370,7 +370,6 @@ def test_without_ranks_nothing_can_die_and_the_wait_is_cancellable():
 
     from dynamo.vllm.mock_engine import MockEngine
     from dynamo.vllm.mock_model import load_mock_model
-    from tests.integration.harness import tiny_tokenizer_dir
 
     async def scenario():
         engine = MockEngine(load_mock_model(tiny_tokenizer_dir()), token_ms=0)

@@ -7,26 +7,22 @@ Tests in this folder without the marker (argument handling that needs no vLLM) r
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from bench_common import OFFLINE_ENV, VLLM_ARGS
+
+from tests.support.environments import package_gate
+
+# OFFLINE_ENV (nothing may come from a hub: the model is built locally) and VLLM_ARGS (the real
+# engine's small footprint) are the benchmarks' own (scripts/bench_common.py), re-exported here.
+__all__ = ["OFFLINE_ENV", "VLLM_ARGS"]
 
 REPO = Path(__file__).resolve().parents[2]
 MAKE_TINY_MODEL = REPO / "scripts" / "make_tiny_model.py"
-# Nothing may come from a hub: the model is built locally (scripts/make_tiny_model.py).
-OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
-# A small KV cache in bytes (vLLM's start-up memory check would read a NUMA node's size
-# otherwise), eager mode (torch.compile would add ~25 s to each engine start), no stats lines.
-VLLM_ARGS = [
-    "--max-model-len", "256",
-    "--kv-cache-memory-bytes", "64M",
-    "--enforce-eager",
-    "--disable-log-stats",
-]  # fmt: skip
 # CI sets this where it has just built .venv-vllm: a missing vLLM is then an error, not a skip.
 REQUIRE_VLLM_ENV = "DYNAMO_REQUIRE_VLLM"
 VLLM_MISSING_REASON = (
@@ -35,22 +31,9 @@ VLLM_MISSING_REASON = (
 )
 
 
-def vllm_installed() -> bool:
-    return importlib.util.find_spec("vllm") is not None
-
-
-def pytest_collection_modifyitems(config, items):
-    if vllm_installed():
-        return
-    if os.environ.get(REQUIRE_VLLM_ENV) == "1":
-        raise pytest.UsageError(
-            f"{REQUIRE_VLLM_ENV}=1 but " + VLLM_MISSING_REASON.format(python=sys.executable)
-        )
-    here = Path(__file__).parent
-    skip = pytest.mark.skip(reason=VLLM_MISSING_REASON.format(python=sys.executable))
-    for item in items:
-        if item.get_closest_marker("vllm") is not None and here in Path(item.path).parents:
-            item.add_marker(skip)
+pytest_collection_modifyitems = package_gate(
+    "vllm", Path(__file__).parent, REQUIRE_VLLM_ENV, VLLM_MISSING_REASON
+)
 
 
 @pytest.fixture(scope="session")

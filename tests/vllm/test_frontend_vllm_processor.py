@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from tests.integration.harness import LISTENING_LINE, start_frontend
+from tests.support.processes import LISTENING_LINE, start_frontend
 
 FROZEN = r"GC heap frozen \(frontend\): collected=\d+ frozen=(\d+)"
 
@@ -40,10 +40,7 @@ def test_without_vllm_the_vllm_processor_exits_2_naming_flag_env_var_and_the_fix
     frontend = start_frontend(
         "frontend", tmp_path, tmp_path / "discovery", env={"DYN_CHAT_PROCESSOR": "vllm"}
     )
-    try:
-        assert frontend.wait_exit(60) == 2
-    finally:
-        frontend.stop()
+    assert frontend.exit_code(60) == 2
     log = frontend.log()
     assert "--dyn-chat-processor / DYN_CHAT_PROCESSOR" in log and "Install vLLM" in log
     assert "Traceback" not in log and "HTTP service listening" not in log

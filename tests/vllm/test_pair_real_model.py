@@ -14,8 +14,7 @@ import pytest
 
 from dynamo.frontend.chat_processor import build_chat_processor
 from dynamo.runtime.model_card import ModelCard
-from tests.integration.harness import LISTENING_LINE, LauncherProcess
-from tests.vllm.conftest import OFFLINE_ENV, VLLM_ARGS
+from tests.support.processes import LISTENING_LINE, start_frontend, start_worker
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration]
 
@@ -37,17 +36,8 @@ def post(url: str, body: dict) -> dict:
 def pair(tiny_model, tmp_path_factory):
     directory = tmp_path_factory.mktemp("real-pair")
     discovery = directory / "discovery"
-    worker = LauncherProcess(
-        "worker", "dynamo.vllm",
-        ["--engine", "vllm", "--model", tiny_model, "--served-model-name", SERVED,
-         "--discovery-dir", str(discovery), "--request-plane-host", "127.0.0.1", *VLLM_ARGS],
-        log_dir=directory, env=OFFLINE_ENV,
-    )  # fmt: skip
-    frontend = LauncherProcess(
-        "frontend", "dynamo.frontend",
-        ["--http-host", "127.0.0.1", "--http-port", "0", "--discovery-dir", str(discovery)],
-        log_dir=directory,
-    )  # fmt: skip
+    worker = start_worker("worker", directory, discovery, SERVED, vllm_model=tiny_model)
+    frontend = start_frontend("frontend", directory, discovery)
     try:
         url = frontend.wait_for_log(LISTENING_LINE, deadline_s=START_DEADLINE_S).group(1)
         frontend.wait_for_log(

@@ -24,14 +24,14 @@ def test_engine_vllm_keeps_unknown_arguments_in_order_for_vllm():
     )
     assert config.model == "/m"
     assert config.engine == "vllm"
-    assert config.vllm_args == VLLM_REST
+    assert config.vllm_args == tuple(VLLM_REST)
 
 
 def test_engine_vllm_from_env_keeps_unknown_arguments_too():
     config = backend_args.parse_args(
         ["--enforce-eager"], env={"DYN_VLLM_ENGINE": "vllm", "DYN_VLLM_MODEL": "/m"}
     )
-    assert config.vllm_args == ["--enforce-eager"]
+    assert config.vllm_args == ("--enforce-eager",)
 
 
 def test_mock_engine_rejects_unknown_arguments(capsys):
@@ -42,18 +42,18 @@ def test_mock_engine_rejects_unknown_arguments(capsys):
 
 
 def test_mock_engine_has_no_vllm_arguments():
-    assert backend_args.parse_args(MOCK, env={}).vllm_args == []
+    assert backend_args.parse_args(MOCK, env={}).vllm_args == ()
 
 
 @pytest.mark.vllm
 def test_vllm_parser_reads_the_rest_with_the_workers_model_and_tp():
-    from dynamo.vllm import vllm_engine
+    from dynamo.vllm import vllm_args
 
     config = backend_args.parse_args(
         ["--model", "/m", "--served-model-name", "tiny", "--tensor-parallel-size", "2", *VLLM_REST],
         env={},
     )
-    args = vllm_engine.engine_args_from_config(
+    args = vllm_args.engine_args_from_config(
         config, worker_extension_cls="dynamo.vllm.worker_extension.FpmGcWorkerExtension"
     )
     assert args.model == "/m"
@@ -68,12 +68,12 @@ def test_vllm_parser_reads_the_rest_with_the_workers_model_and_tp():
 
 @pytest.mark.vllm
 def test_a_vllm_flag_after_the_workers_tp_wins():
-    from dynamo.vllm import vllm_engine
+    from dynamo.vllm import vllm_args
 
     config = backend_args.parse_args(
         ["--engine", "vllm", "--model", "/m", "--tensor-parallel-size", "2", "-tp", "1"], env={}
     )
-    assert vllm_engine.engine_args_from_config(config).tensor_parallel_size == 1
+    assert vllm_args.engine_args_from_config(config).tensor_parallel_size == 1
 
 
 @pytest.mark.vllm
@@ -103,7 +103,7 @@ def test_vllm_is_the_default_engine_and_the_served_name_is_the_workers_option():
     config = backend_args.parse_args(["--model", "/m", "--served-model-name", "tiny"], env={})
     assert config.engine == "vllm"
     assert config.served_model_name == "tiny"
-    assert config.vllm_args == []  # the worker's option, passed on to vLLM by the adapter
+    assert config.vllm_args == ()  # the worker's option, passed on to vLLM by the adapter
 
 
 def _help(capsys, argv: list[str]) -> str:
@@ -143,9 +143,9 @@ POLICY_SCHEDULER = "dynamo.vllm.gc_scheduler.FpmGcScheduler"
 
 
 def _engine_args(*argv: str):
-    from dynamo.vllm import vllm_engine
+    from dynamo.vllm import vllm_args
 
-    return vllm_engine.engine_args_from_config(backend_args.parse_args(list(argv), env={}))
+    return vllm_args.engine_args_from_config(backend_args.parse_args(list(argv), env={}))
 
 
 @pytest.mark.vllm

@@ -34,9 +34,9 @@ PROCESSES = ("main", "vllm rank", "vllm EngineCore")
 
 
 def engine_args_scheduler(config) -> str | None:
-    from dynamo.vllm import vllm_engine
+    from dynamo.vllm import vllm_args
 
-    return vllm_engine.engine_args_from_config(config).scheduler_cls
+    return vllm_args.engine_args_from_config(config).scheduler_cls
 
 
 @contextlib.contextmanager
@@ -69,7 +69,7 @@ class EmbeddedEngine:
 
 @pytest.fixture(scope="module")
 def embedded(tiny_model):
-    from dynamo.vllm import gc_policy, vllm_engine
+    from dynamo.vllm import gc_policy_config, vllm_engine
     from dynamo.vllm.worker_extension import QUALNAME
 
     # Benchmark mode, so vLLM's EngineCore gets the policy's scheduler (serving through it is
@@ -87,7 +87,7 @@ def embedded(tiny_model):
     loop = asyncio.new_event_loop()
     # The rank reads the policy from the environment it is started with (as under the worker,
     # which exports it before engine init).
-    policy_env = gc_policy.policy_env(gc_policy.PolicyConfig(POLICY_FREEZE, 60.0))
+    policy_env = gc_policy_config.policy_env(gc_policy_config.PolicyConfig(POLICY_FREEZE, 60.0))
     try:
         with _environ({**OFFLINE_ENV, **policy_env}):
             loop.run_until_complete(asyncio.wait_for(engine.start(), ENGINE_DEADLINE_S))

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from dynamo.runtime.discovery.file_backend import DiscoveryStore
-from tests.integration.harness import LauncherProcess, wait_until
-from tests.vllm.conftest import OFFLINE_ENV, VLLM_ARGS
+from dynamo.runtime.discovery.file_store import DiscoveryStore
+from tests.support import wait_until
+from tests.support.processes import start_worker
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration]
 
@@ -48,20 +48,7 @@ def test_a_killed_engine_core_ends_the_real_worker_with_one_error_line(tiny_mode
     import psutil
 
     discovery = tmp_path / "discovery"
-    worker = LauncherProcess(
-        "worker-core-dies",
-        "dynamo.vllm",
-        [
-            "--engine", "vllm",
-            "--model", tiny_model,
-            "--served-model-name", MODEL,
-            "--discovery-dir", str(discovery),
-            "--request-plane-host", "127.0.0.1",
-            *VLLM_ARGS,
-        ],
-        log_dir=tmp_path,
-        env=OFFLINE_ENV,
-    )  # fmt: skip
+    worker = start_worker("worker-core-dies", tmp_path, discovery, MODEL, vllm_model=tiny_model)
     connections = []
     try:
         worker.wait_for_log("Worker serving model", deadline_s=START_DEADLINE_S)

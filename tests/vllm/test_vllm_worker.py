@@ -18,13 +18,15 @@ import re
 import signal
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from dynamo.runtime.discovery.file_backend import DiscoveryStore
-from tests.integration.harness import LauncherProcess
+from dynamo.runtime.discovery.file_store import DiscoveryStore
+from tests.support import LauncherProcess
+from tests.support.processes import start_frontend, start_worker
 from tests.vllm.conftest import OFFLINE_ENV, VLLM_ARGS
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration]
@@ -53,47 +55,30 @@ class RealVllm:
     unfrozen_output: Path
 
 
-def _worker(name: str, model: str, discovery: Path, log_dir: Path, *extra: str) -> LauncherProcess:
-    return LauncherProcess(
-        name,
-        "dynamo.vllm",
-        [
-            "--engine", "vllm",
-            "--model", model,
-            "--discovery-dir", str(discovery),
-            "--request-plane-host", "127.0.0.1",
-            *extra,
-            *VLLM_ARGS,
-        ],
-        log_dir=log_dir,
-        env=OFFLINE_ENV,
-    )  # fmt: skip
-
-
 @pytest.fixture(scope="module")
-def real_vllm(tiny_model, tmp_path_factory) -> RealVllm:
+def real_vllm(tiny_model, tmp_path_factory) -> Iterator[RealVllm]:
     directory = tmp_path_factory.mktemp("real-vllm")
     frozen_discovery = directory / "discovery-frozen"
     processes: list[LauncherProcess] = []
     try:
         # Every pause of 1 ms or more is logged: none may appear after "Worker stopped".
-        frozen = _worker(
+        frozen = start_worker(
             "worker-frozen",
-            tiny_model,
-            frozen_discovery,
             directory,
+            frozen_discovery,
+            SERVED_NAME,
             "--gc-pause-log-ms", "1",
-            "--served-model-name", SERVED_NAME,
             # Upstream's path for the extension, with the policy off (the default): an
             # upstream manifest that sets it by hand on a serving worker must work unchanged.
             "--worker-extension-cls", "dynamo.vllm.gc_policy.FpmGcWorkerExtension",
+            vllm_model=tiny_model,
         )  # fmt: skip
         processes.append(frozen)
-        unfrozen = _worker(
+        unfrozen = start_worker(
             "worker-unfrozen",
-            tiny_model,
-            directory / "discovery-unfrozen",
             directory,
+            directory / "discovery-unfrozen",
+            None,  # registered under the model's path
             "--no-freeze-gc-heap",
             "--self-benchmark-points",
             str(SELF_BENCHMARK_POINTS),
@@ -104,18 +89,10 @@ def real_vllm(tiny_model, tmp_path_factory) -> RealVllm:
             # Upstream Dynamo's path for the policy's extension (the same class as ours).
             "--worker-extension-cls",
             "dynamo.vllm.gc_policy.FpmGcWorkerExtension",
+            vllm_model=tiny_model,
         )
         processes.append(unfrozen)
-        frontend = LauncherProcess(
-            "frontend",
-            "dynamo.frontend",
-            [
-                "--http-host", "127.0.0.1",
-                "--http-port", "0",
-                "--discovery-dir", str(frozen_discovery),
-            ],
-            log_dir=directory,
-        )  # fmt: skip
+        frontend = start_frontend("frontend", directory, frozen_discovery)
         processes.append(frontend)
         port = frontend.wait_for_log(
             r"HTTP service listening on http://127\.0\.0\.1:(\d+)", deadline_s=START_DEADLINE_S
@@ -325,10 +302,7 @@ def test_an_engine_that_fails_to_initialise_ends_the_worker_with_one_error_line(
         log_dir=tmp_path,
         env=OFFLINE_ENV,
     )  # fmt: skip
-    try:
-        assert worker.wait_exit(START_DEADLINE_S) == 1, worker.log()
-    finally:
-        worker.stop()
+    assert worker.exit_code(START_DEADLINE_S) == 1, worker.log()
     log = worker.log()
     ours = [line for line in log.splitlines() if " dynamo." in line]
     errors = [line for line in ours if " ERROR " in line]

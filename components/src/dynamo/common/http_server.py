@@ -29,11 +29,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
+from http import HTTPStatus
 from typing import Any
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
+
+from dynamo.runtime import peer_text
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +112,7 @@ class ProtocolLogger(logging.LoggerAdapter):
                 "Malformed HTTP request to the %s from %s answered 400: %s",
                 self.what,
                 peer,
-                getattr(exc_info, "message", None) or exc_info,
+                peer_text.escape(getattr(exc_info, "message", None) or exc_info),
             )
             return
         super().exception(msg, *args, exc_info=exc_info, **kwargs)
@@ -151,12 +155,16 @@ class _Watched(asyncio.Protocol):
 class _Connection:
     """One connection's deadline state."""
 
-    __slots__ = ("transport", "awaiting_head", "tail", "head_timer", "body_timer")
+    __slots__ = ("transport", "awaiting_head", "head_started", "tail", "head_timer", "body_timer")
 
     def __init__(self, transport) -> None:
         self.transport = transport
         # True until a request head is complete, and again once that request's body is.
         self.awaiting_head = True
+        # Whether a byte other than CR or LF of the awaited head has arrived: blank lines before
+        # a request line are skipped by the parser (RFC 9112, 2.2), so their CRLFs never end a
+        # head, but they do start its clock.
+        self.head_started = False
         self.tail = b""  # the last bytes of a head still arriving (its end may span chunks)
         self.head_timer: asyncio.TimerHandle | None = None
         self.body_timer: asyncio.TimerHandle | None = None
@@ -227,8 +235,10 @@ class RequestDeadlines:
                 self._watch_body(loop, protocol, connection, payload)
             return factory(message, payload, protocol, *args, **kwargs)
 
-        server.connection_made = connection_made
-        server.connection_lost = connection_lost
+        # Wrapping aiohttp's per-connection hooks on this one server object (see the class
+        # docstring): instance attributes, so nothing else aiohttp runs is touched.
+        server.connection_made = connection_made  # type: ignore[method-assign]
+        server.connection_lost = connection_lost  # type: ignore[method-assign]
         server.request_factory = request_factory
 
     def _data(self, handler, data: bytes) -> None:
@@ -239,6 +249,13 @@ class RequestDeadlines:
             connection.head_timer = asyncio.get_running_loop().call_later(
                 self.head_timeout_s, self._head_expired, handler
             )
+        if not connection.head_started:
+            # Leading blank lines: the clock runs (it started above, or at the accept), but
+            # their CRLFs are no head's end; one that were would stop the clock for good.
+            data = data.lstrip(b"\r\n")
+            if not data:
+                return
+            connection.head_started = True
         seen = connection.tail + data
         if b"\r\n\r\n" in seen:
             self._head_complete(connection)
@@ -248,6 +265,7 @@ class RequestDeadlines:
     @staticmethod
     def _head_complete(connection: _Connection) -> None:
         connection.awaiting_head = False
+        connection.head_started = False
         connection.tail = b""
         if connection.head_timer is not None:
             connection.head_timer.cancel()
@@ -305,16 +323,74 @@ def _peer(transport) -> Any:
     return peer[0] if isinstance(peer, tuple) else peer
 
 
-class GuardedRunner(web.AppRunner):
-    """``web.AppRunner`` with the settings above (and no access log)."""
+# The body of an error answered before any handler runs (a request aiohttp cannot parse), from
+# its status and a message: a listener whose errors have a shape of their own (the frontend's
+# OpenAI shape) gives one to GuardedRunner.
+ErrorBody = Callable[[int, str], dict]
 
-    def __init__(self, app: web.Application, *, what: str, **kwargs: Any) -> None:
+
+def shape_protocol_errors(server: web.Server, error_body: ErrorBody) -> None:
+    """Answer what aiohttp answers itself (a malformed request line or header: 400; an error
+    outside every handler: 500) as JSON shaped by ``error_body`` instead of plain text.
+
+    aiohttp builds those answers in its connection handler's ``handle_error``, which logs the
+    error (through :class:`ProtocolLogger`) and returns a text response. The handler class has
+    ``__slots__``, so no instance attribute can stand in for the method: each connection's
+    handler becomes an instance of a subclass (same layout, no slot added) whose
+    ``handle_error`` keeps the logging and the status and replaces the body. The message names
+    what was wrong (aiohttp's words about the client's own bytes, escaped and bounded), never a
+    traceback.
+    """
+    made = server.connection_made
+    shaped: dict[type, type] = {}
+
+    def connection_made(handler, transport) -> None:
+        made(handler, transport)
+        base = type(handler)
+        if base not in shaped:
+            shaped[base] = _shaped_handler_class(base, error_body)
+        handler.__class__ = shaped[base]
+
+    server.connection_made = connection_made  # type: ignore[method-assign]
+
+
+def _shaped_handler_class(base: type, error_body: ErrorBody) -> type:
+    def handle_error(self, request, status=500, exc=None, message=None):
+        base.handle_error(self, request, status, exc, message)  # logs; raises if it began
+        if status >= 500:
+            text = "internal error in the server"
+        else:
+            reason = getattr(exc, "message", None) or message or HTTPStatus(status).phrase
+            text = f"malformed HTTP request: {peer_text.escape(reason)}"
+        response = web.json_response(error_body(status, text), status=status)
+        response.force_close()
+        return response
+
+    return type(f"Shaped{base.__name__}", (base,), {"__slots__": (), "handle_error": handle_error})
+
+
+class GuardedRunner(web.AppRunner):
+    """``web.AppRunner`` with the settings above (and no access log); ``error_body`` shapes
+    the errors aiohttp answers itself (see :func:`shape_protocol_errors`)."""
+
+    def __init__(
+        self,
+        app: web.Application,
+        *,
+        what: str,
+        error_body: ErrorBody | None = None,
+        **kwargs: Any,
+    ) -> None:
         kwargs.setdefault("access_log", None)
         kwargs.setdefault("keepalive_timeout", KEEPALIVE_TIMEOUT_S)
         kwargs.setdefault("logger", ProtocolLogger(what))
         super().__init__(app, **kwargs)
         self.deadlines = RequestDeadlines(what)
+        self._error_body = error_body
 
     async def setup(self) -> None:
         await super().setup()
+        assert self.server is not None, "setup() built the server"
         self.deadlines.install(self.server)
+        if self._error_body is not None:
+            shape_protocol_errors(self.server, self._error_body)

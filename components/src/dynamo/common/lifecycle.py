@@ -14,6 +14,8 @@ from __future__ import annotations
 import enum
 import logging
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
 
@@ -90,3 +92,27 @@ def reset_for_new_process() -> None:
     global _phase
     with _lock:
         _phase = Phase.STARTING
+
+
+@dataclass(frozen=True)
+class PhaseState:
+    """A snapshot of this process's serving phase and its phase listeners."""
+
+    phase: Phase
+    listeners: tuple[Callable[[Phase], object], ...]
+
+
+def snapshot_phase_state() -> PhaseState:
+    """The phase and listeners now, for :func:`restore_phase_state`."""
+    with _lock:
+        return PhaseState(_phase, tuple(_listeners))
+
+
+def restore_phase_state(state: PhaseState) -> None:
+    """Put back the phase (even an earlier one, unlike ``mark_*``) and the listeners, without
+    telling any listener. For tests, which run many launchers in one interpreter, as
+    :func:`reset_for_new_process`."""
+    global _phase
+    with _lock:
+        _phase = state.phase
+        _listeners[:] = state.listeners

@@ -213,7 +213,8 @@ def warn_unmatched_targets(levels: LogLevels) -> list[str]:
 
 
 def remove_logging_handler() -> None:
-    """Undo :func:`configure_logging` (tests that run ``main`` in-process): its handler and levels."""
+    """Undo :func:`configure_logging` (tests that run ``main`` in-process): its handler and
+    levels."""
     global _current
     root = logging.getLogger()
     for handler in [h for h in root.handlers if getattr(h, _HANDLER_MARK, False)]:

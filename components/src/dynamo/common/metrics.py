@@ -125,7 +125,8 @@ class PauseHistogram:
                 # One copy, so buckets and count agree.
                 counts = list(self._counts[phase_index][generation])
                 cumulative, buckets = 0, []
-                for bound, count in zip(self.bounds, counts):
+                # counts has one more slot than bounds: the +Inf bucket, added below from the total.
+                for bound, count in zip(self.bounds, counts, strict=False):
                     cumulative += count
                     buckets.append((_le(bound), cumulative))
                 buckets.append(("+Inf", cumulative + counts[-1]))
@@ -248,8 +249,9 @@ def debug_gc_collect(metrics: DynamoMetrics | None = None) -> dict:
     The process pauses for the length of the collection (after a freeze that is short: frozen
     objects are not walked). The answer says how many generation-2 collections CPython counted
     during the call and, given ``metrics``, the ``dynamo_gc_pause_seconds`` generation-2 count
-    of the current phase before and after it. Automatic collection is switched off for the few lines around the call,
-    so no automatic collection can land between the readings: both deltas are exactly 1.
+    of the current phase before and after it. Automatic collection is switched off for the few
+    lines around the call, so no automatic collection can land between the readings: both
+    deltas are exactly 1.
     """
     was_enabled = gc.isenabled()
     gc.disable()

@@ -8,6 +8,9 @@
   tokenizer) and transformers' ``apply_chat_template``, as ``vllm serve`` preprocesses. Its
   import heap (~0.5M objects) is what the frontend's start-up freeze is for, so
   :func:`import_processor_libraries` imports it at start-up, before the freeze.
+* ``sglang``: SGLang's tokenizer loader, template utilities and output parsers, as upstream
+  Dynamo's SGLang processor uses them (see :mod:`.sglang_processor`); a heap of the same size,
+  imported at start-up the same way.
 
 The model registry calls :func:`build_chat_processor` once per newly discovered model, in a
 thread, while the frontend serves. Whatever it allocates is heap grown *after* the start-up
@@ -21,10 +24,14 @@ import importlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dynamo.runtime.model_card import ModelCard, out_of_vocabulary
 
+if TYPE_CHECKING:
+    from .openai_protocol import ChatCompletionRequest
+
+from . import sglang_processor
 from .hf_processor import (
     ChatTemplateError,
     HfChatTemplate,
@@ -33,12 +40,14 @@ from .hf_processor import (
     StreamDetokenizer,
     find_chat_template,
     read_tokenizer_config,
+    rendering_errors,
     special_tokens,
 )
+from .output_parser import OutputParserFactory, no_output_parser
 
 logger = logging.getLogger(__name__)
 
-CHAT_PROCESSORS = ("hf", "vllm")
+CHAT_PROCESSORS = ("hf", "vllm", "sglang")
 DEFAULT_CHAT_PROCESSOR = "hf"
 # What --dyn-chat-processor vllm imports at start-up (before the freeze): the tokenizer loader
 # and the chat rendering and OpenAI protocol modules a vLLM frontend holds.
@@ -95,12 +104,21 @@ class ChatProcessor:
     """One model's preprocessing: render a chat, encode a prompt, decode a completion."""
 
     def __init__(
-        self, card: ModelCard, kind: str, tokenizer: Tokenizer, template: Template | None
+        self,
+        card: ModelCard,
+        kind: str,
+        tokenizer: Tokenizer,
+        template: Template | None,
+        output_parsers: OutputParserFactory | None = None,
     ) -> None:
         self.card = card
         self.kind = kind
         self.tokenizer = tokenizer
         self.template = template
+        # One request's tool-call / reasoning parser (output_parser(tools, tool_choice,
+        # messages, stream)), or None when this processor, or the request, has nothing to
+        # parse: only the processors that parse tool calls and reasoning have a factory.
+        self.output_parser: OutputParserFactory = output_parsers or no_output_parser
 
     @property
     def model(self) -> str:
@@ -116,6 +134,13 @@ class ChatProcessor:
             )
         return self.template.render(messages, add_generation_prompt=True)
 
+    def render_chat(self, chat: ChatCompletionRequest) -> str:
+        """The prompt of a chat request. A template that joins content parts its own way
+        (SGLang's) takes the messages as sent; the others take them joined."""
+        if getattr(self.template, "takes_content_parts", False):
+            return self.render(chat.messages_as_sent())
+        return self.render(chat.template_messages())
+
     def encode_chat(self, prompt: str) -> list[int]:
         # The template already wrote BOS and the like: transformers' apply_chat_template
         # encodes with add_special_tokens=False, so does vLLM.
@@ -124,14 +149,18 @@ class ChatProcessor:
     def encode_completion(self, prompt: str) -> list[int]:
         return self.tokenizer.encode(prompt, add_special_tokens=True)
 
-    def check_token_ids(self, ids: Sequence[int]) -> None:
-        """A prompt given as token ids must be in the model's vocabulary, as its worker's engine
-        bounds it (the card's ``max_token_id``; from an older worker, the tokenizer's); raises
-        OutOfVocabulary, with vLLM's words, naming the first id that is not."""
+    @property
+    def max_token_id(self) -> int:
+        """The largest id of the model's vocabulary, as its worker's engine bounds it (the
+        card's ``max_token_id``; from an older worker, the tokenizer's): the bound of a prompt
+        of ids, and of every id a worker streams back."""
         limit = self.card.max_token_id
-        if limit is None:
-            limit = self.tokenizer.max_token_id
-        found = out_of_vocabulary(ids, limit)
+        return self.tokenizer.max_token_id if limit is None else limit
+
+    def check_token_ids(self, ids: Sequence[int]) -> None:
+        """A prompt given as token ids must be in the model's vocabulary (:attr:`max_token_id`);
+        raises OutOfVocabulary, with vLLM's words, naming the first id that is not."""
+        found = out_of_vocabulary(ids, self.max_token_id)
         if found is not None:
             raise OutOfVocabulary(found[1])
 
@@ -149,6 +178,8 @@ def import_processor_libraries(kind: str) -> str:
             importlib.import_module(name)
         vllm = importlib.import_module("vllm")
         return f"vLLM {getattr(vllm, '__version__', '?')}"
+    if kind == "sglang":
+        return sglang_processor.import_sglang()
     return "tokenizers + jinja2"
 
 
@@ -203,19 +234,13 @@ class _VllmTemplate:
     def render(
         self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True
     ) -> str:
-        import jinja2
-
-        try:
+        with rendering_errors():
             return self._tokenizer.apply_chat_template(
                 list(messages),
                 chat_template=self._source,
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
             )
-        except jinja2.exceptions.TemplateError as exc:
-            raise ChatTemplateError(str(exc)) from None
-        except (TypeError, ValueError, LookupError, AttributeError) as exc:
-            raise ChatTemplateError(f"{type(exc).__name__}: {exc}") from None
 
 
 def _build_vllm(card: ModelCard) -> tuple[Tokenizer, Template | None]:
@@ -224,7 +249,9 @@ def _build_vllm(card: ModelCard) -> tuple[Tokenizer, Template | None]:
     try:
         tokenizer = get_tokenizer(card.tokenizer_path)
     except Exception as exc:  # noqa: BLE001 - transformers raises OSError, ValueError, ...
-        raise ModelFilesError(f"vLLM cannot load the tokenizer in {card.tokenizer_path}: {exc}")
+        raise ModelFilesError(
+            f"vLLM cannot load the tokenizer in {card.tokenizer_path}: {exc}"
+        ) from None
     config = read_tokenizer_config(card.tokenizer_path)
     source = find_chat_template(card.tokenizer_path, config, card.chat_template_path)
     if source is None:
@@ -240,14 +267,28 @@ def build_tokenizer(card: ModelCard, kind: str = DEFAULT_CHAT_PROCESSOR) -> Toke
     """Only the tokenizer (what a preprocess worker process needs)."""
     if kind == "vllm":
         return _build_vllm(card)[0]
+    if kind == "sglang":
+        return sglang_processor.SglangTokenizer(sglang_processor.load_tokenizer(card))
     return HfTokenizer(card.tokenizer_path)
 
 
-def build_chat_processor(card: ModelCard, kind: str = DEFAULT_CHAT_PROCESSOR) -> ChatProcessor:
-    """The chat engine factory: one model's processor. Raises ModelFilesError."""
+def build_chat_processor(
+    card: ModelCard,
+    kind: str = DEFAULT_CHAT_PROCESSOR,
+    sglang: sglang_processor.SglangSettings | None = None,
+) -> ChatProcessor:
+    """The chat engine factory: one model's processor. Raises ModelFilesError. ``sglang``:
+    the frontend's sglang options (parser names, --chat-template), for ``kind="sglang"``."""
     started = time.perf_counter()
-    tokenizer, template = _BUILDERS[kind](card)
-    processor = ChatProcessor(card, kind, tokenizer, template)
+    tokenizer: Tokenizer
+    template: Template | None
+    parsers = None
+    if kind == "sglang":
+        model = sglang_processor.build_sglang(card, sglang or sglang_processor.SglangSettings())
+        tokenizer, template, parsers = model.tokenizer, model.template, model.output_parsers
+    else:
+        tokenizer, template = _BUILDERS[kind](card)
+    processor = ChatProcessor(card, kind, tokenizer, template, parsers)
     logger.info(
         "Chat processor built: model=%s processor=%s tokenizer=%s chat_template=%s took_ms=%.1f",
         card.served_model_name,

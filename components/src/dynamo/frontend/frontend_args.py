@@ -2,55 +2,55 @@
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from dynamo.common.bind_errors import is_host_error
 from dynamo.common.configuration import (
     Choice,
-    Host,
     IntRange,
     Option,
     Surface,
     gc_options,
+    host_option,
     parse_surface,
+    port_option,
 )
 from dynamo.common.configuration.drain_options import drain_option
-from dynamo.common.configuration.runtime_options import (
-    DISCOVERY_OPTIONS,
-    default_discovery_dir,
+from dynamo.common.configuration.launcher_config import LauncherConfig
+from dynamo.common.configuration.runtime_options import DISCOVERY_OPTIONS
+from dynamo.common.configuration.typed import typed_config
+
+from .sglang_options import SGLANG_OPTIONS
+
+HTTP_HOST = host_option(
+    "http-host",
+    "DYN_HTTP_HOST",
+    "0.0.0.0",
+    "Address the OpenAI-compatible HTTP service listens on",
 )
 
-HTTP_HOST = Option(
-    name="http-host",
-    env_var="DYN_HTTP_HOST",
-    default="0.0.0.0",
-    kind=Host(),
-    metavar="HOST",
-    help="Address the OpenAI-compatible HTTP service listens on",
-)
-
-HTTP_PORT = Option(
-    name="http-port",
-    env_var="DYN_HTTP_PORT",
-    default=8000,
-    kind=IntRange(0, 65535),
-    metavar="PORT",
-    help="Port of the HTTP service (0 picks a free port and logs it)",
+HTTP_PORT = port_option(
+    "http-port",
+    "DYN_HTTP_PORT",
+    8000,
+    "Port of the HTTP service (0 picks a free port and logs it)",
 )
 
 CHAT_PROCESSOR = Option(
     name="dyn-chat-processor",
     env_var="DYN_CHAT_PROCESSOR",
     default="hf",
-    kind=Choice(("hf", "vllm")),
+    kind=Choice(("hf", "vllm", "sglang")),
     metavar="NAME",
     help=(
         "How the frontend applies each model's own tokenizer and chat template (from the "
         "model directory its worker registers): `hf` with the tokenizers and jinja2 "
         "libraries (small heap, no torch); `vllm` with vLLM's tokenizer and chat-template "
         "code, imported at start-up so the start-up freeze covers its ~0.5M-object heap "
-        "(needs vLLM installed in the frontend's environment)"
+        "(needs vLLM installed in the frontend's environment); `sglang` with SGLang's "
+        "tokenizer, template and tool-call/reasoning parser code, imported the same way "
+        "(~0.5M objects; needs SGLang: scripts/setup_sglang_env.sh)"
     ),
 )
 
@@ -70,6 +70,7 @@ OPTIONS = [
         ),
     ),
     CHAT_PROCESSOR,
+    *SGLANG_OPTIONS,
     Option(
         name="dyn-max-models",
         env_var="DYN_MAX_MODELS",
@@ -128,10 +129,30 @@ def listen_option_at_fault(exc: OSError) -> Option:
     return HTTP_PORT
 
 
+@dataclass(frozen=True)
+class FrontendConfig(LauncherConfig):
+    """``python -m dynamo.frontend``'s options, parsed: one field per option of :data:`OPTIONS`
+    (held to them by :func:`~dynamo.common.configuration.typed.typed_config`)."""
+
+    http_host: str
+    http_port: int
+    dyn_preprocess_workers: int
+    dyn_chat_processor: str
+    tool_call_parser: str | None
+    reasoning_parser: str | None
+    chat_template: str | None
+    dyn_max_models: int
+    router_mode: str
+
+    @property
+    def url(self) -> str:
+        """Where the HTTP service listens, as a URL (for log lines)."""
+        host = f"[{self.http_host}]" if ":" in self.http_host else self.http_host
+        return f"http://{host}:{self.http_port}"
+
+
 def parse_args(
     argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
-) -> argparse.Namespace:
-    config = parse_surface(SURFACE, argv, env)
-    if config.discovery_dir is None:
-        config.discovery_dir = default_discovery_dir()
-    return config
+) -> FrontendConfig:
+    """The frontend's configuration; bad input exits 2 (the parser says why), --help exits 0."""
+    return typed_config(FrontendConfig, parse_surface(SURFACE, argv, env))

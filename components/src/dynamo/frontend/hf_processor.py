@@ -21,7 +21,8 @@ templates of which ``default`` is used, as ``transformers`` does).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -32,10 +33,13 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
+from dynamo.runtime.tokenizer_config import token_text
+
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
-# The special-token attributes transformers passes to every template (its SPECIAL_TOKENS_ATTRIBUTES).
+# The special-token attributes transformers passes to every template
+# (its SPECIAL_TOKENS_ATTRIBUTES).
 SPECIAL_TOKEN_NAMES = (
     "bos_token",
     "eos_token",
@@ -55,6 +59,19 @@ class ChatTemplateError(ValueError):
     """The template rejected the conversation (its ``raise_exception``) or failed to render."""
 
 
+@contextmanager
+def rendering_errors() -> Iterator[None]:
+    """What a chat template raises while it renders, as the client's :class:`ChatTemplateError`:
+    its own ``raise_exception``, or a template that assumes a message shape the request does not
+    have (every processor renders through this, whichever library runs the template)."""
+    try:
+        yield
+    except jinja2.exceptions.TemplateError as exc:
+        raise ChatTemplateError(str(exc)) from None
+    except (TypeError, ValueError, LookupError, AttributeError) as exc:
+        raise ChatTemplateError(f"{type(exc).__name__}: {exc}") from None
+
+
 def _read_json(path: Path) -> dict:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -69,15 +86,6 @@ def read_tokenizer_config(tokenizer_dir: str | Path) -> dict:
     """``tokenizer_config.json`` of the directory, or ``{}`` when the model has none."""
     path = Path(tokenizer_dir) / TOKENIZER_CONFIG_FILE
     return _read_json(path) if path.exists() else {}
-
-
-def token_text(value: Any) -> str | None:
-    """A special token as tokenizer_config.json writes it: a string or an AddedToken dict."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, Mapping) and isinstance(value.get("content"), str):
-        return value["content"]
-    return None
 
 
 def special_tokens(config: Mapping[str, Any]) -> dict[str, str]:
@@ -160,7 +168,7 @@ class HfChatTemplate:
     def render(
         self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True
     ) -> str:
-        try:
+        with rendering_errors():
             return self._template.render(
                 messages=list(messages),
                 tools=None,
@@ -168,11 +176,6 @@ class HfChatTemplate:
                 add_generation_prompt=add_generation_prompt,
                 **self._variables,
             )
-        except jinja2.exceptions.TemplateError as exc:
-            raise ChatTemplateError(str(exc)) from None
-        except (TypeError, ValueError, LookupError, AttributeError) as exc:
-            # A template that assumes a message shape the request does not have.
-            raise ChatTemplateError(f"{type(exc).__name__}: {exc}") from None
 
 
 class HfTokenizer:

@@ -1,61 +1,61 @@
 """The OpenAI-compatible HTTP service: routes, request handling, streaming, error shapes.
 
 Every failure a client can see is answered in OpenAI's error shape with a status that says whose
-fault it is: 400 bad request, 404 unknown model, 503 no worker (or draining). A worker that dies
-mid-stream ends the stream with an error event, never with silence.
+fault it is: 400 bad request, 404 unknown model, 503 no worker (or draining; also a model that
+is known but has no live instance right now), 502 a worker whose answer broke the request
+plane's wire format. A worker that dies mid-stream ends the stream with an error event, never
+with silence. What a client is told about a worker's failure is generic: it names no instance
+or address and quotes no worker text (docs/design.md, trust model); the log line has the detail.
 
-A failed request logs one line, at WARNING: the error middleware's for a 5xx answered before the
-stream started, the stream's own once the headers are gone. The code below raises, it does not
-log too, so an outage does not double (or triple) the log volume per request.
+A failed request logs at most one line, at WARNING: the error middleware's for a 5xx answered
+before the stream started, the stream's own once the headers are gone. The code below raises, it
+does not log too; and those lines are budgeted per cause (one per :data:`LOG_INTERVAL_S`, the
+next counting those held back), so an outage costs a few lines a minute, not one per request.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import time
-from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any
 
 from aiohttp import web
 
 from dynamo.common import lifecycle
-from dynamo.common.http_server import (
-    FRONTEND_MAX_BODY_BYTES,
-    RequestBodyTimeout,
-    is_malformed_http,
-)
+from dynamo.common.http_server import FRONTEND_MAX_BODY_BYTES
 from dynamo.common.request_drain import mark_stream
+from dynamo.runtime import peer_text
+from dynamo.runtime.discovery import RecordWatcher
+from dynamo.runtime.log_budget import CauseBudgets
 from dynamo.runtime.model_card import ModelCard
-from dynamo.runtime.request_plane import RequestRefused, WorkerUnavailable
+from dynamo.runtime.request_plane import (
+    GenerateRequest,
+    RequestRefused,
+    WorkerUnavailable,
+)
 
 from . import openai_protocol as oai
 from .chat_processor import (
-    ChatProcessor,
     ChatTemplateError,
     ModelFilesError,
     NoChatTemplate,
     OutOfVocabulary,
 )
+from .generation import Generation
+from .http_surface import bad_worker_response, failure_log, openai_errors, worker_failure
 from .model_registry import ModelEntry, ModelRegistry
 from .preprocess_pool import PreprocessPool, PreprocessPoolError
-from .stop_strings import StopStringMatcher
-from .worker_router import NoWorkerAvailable, WorkerRouter
+from .request_body import expect_handler, read_json_body
+from .responses import ChatResponder, CompletionResponder, Responder, send_event
+from .worker_router import LOG_INTERVAL_S, NoWorkerAvailable, WorkerRouter
 
 logger = logging.getLogger(__name__)
+
 
 MODELS_PATH = "/v1/models"
 CHAT_COMPLETIONS_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
 HEALTH_PATH = "/health"
 LIVE_PATH = "/live"
-
-_HTTP_ERROR_CODES = {
-    404: "not_found",
-    405: "method_not_allowed",
-    413: "request_too_large",
-}
 
 
 class FrontendService:
@@ -71,17 +71,24 @@ class FrontendService:
         self.router = router
         self.preprocess_pool = preprocess_pool
         self.in_flight = 0  # completion requests admitted and not finished (logged when draining)
+        self.failures = failure_log()
+        # A request a worker refused (the client's 400): the worker's words go to the log only.
+        self.refusals = CauseBudgets(logger, logging.INFO, lines=1, interval_s=LOG_INTERVAL_S)
         # The discovery watcher (set by main): /health reports its state, and is not ready
         # before its first look at the store.
-        self.discovery_watcher = None
+        self.discovery_watcher: RecordWatcher | None = None
 
     def build_app(self) -> web.Application:
         app = web.Application(
-            middlewares=[openai_error_middleware], client_max_size=FRONTEND_MAX_BODY_BYTES
+            middlewares=[openai_errors(self.failures)], client_max_size=FRONTEND_MAX_BODY_BYTES
         )
         app.router.add_get(MODELS_PATH, self.handle_models)
-        app.router.add_post(CHAT_COMPLETIONS_PATH, self.handle_chat_completions)
-        app.router.add_post(COMPLETIONS_PATH, self.handle_completions)
+        app.router.add_post(
+            CHAT_COMPLETIONS_PATH, self.handle_chat_completions, expect_handler=expect_handler
+        )
+        app.router.add_post(
+            COMPLETIONS_PATH, self.handle_completions, expect_handler=expect_handler
+        )
         app.router.add_get(HEALTH_PATH, self.handle_health)
         app.router.add_get(LIVE_PATH, self.handle_live)
         return app
@@ -148,6 +155,10 @@ class FrontendService:
     def _entry(self, model: str) -> ModelEntry:
         entry = self.registry.get(model)
         if entry is None:
+            if self.registry.known(model):  # being loaded, or its last instance just went
+                raise oai.service_unavailable(
+                    f"the model `{model}` has no live worker instance right now"
+                )
             raise oai.model_not_found(model)
         return entry
 
@@ -156,15 +167,15 @@ class FrontendService:
         chat = oai.parse_chat_request(await read_json_body(request))
         entry = self._entry(chat.model)
         try:
-            prompt = entry.processor.render(chat.template_messages())
+            prompt = entry.processor.render_chat(chat)
         except NoChatTemplate as exc:
-            raise oai.invalid_request(str(exc), param="messages", code="no_chat_template")
+            raise oai.invalid_request(str(exc), param="messages", code="no_chat_template") from None
         except ChatTemplateError as exc:
             raise oai.invalid_request(
                 f"the model's chat template rejected the messages: {exc}",
                 param="messages",
                 code="chat_template_error",
-            )
+            ) from None
         prompt_ids = await self._encode(entry, prompt, chat=True)
         return await self._serve(request, entry, chat, prompt_ids, "messages", ChatResponder)
 
@@ -175,7 +186,7 @@ class FrontendService:
         if isinstance(completion.prompt, str):
             prompt_ids = await self._encode(entry, completion.prompt, chat=False)
         else:
-            prompt_ids = list(completion.prompt)
+            prompt_ids = [int(token_id) for token_id in completion.prompt]  # ids, as validated
             try:
                 entry.processor.check_token_ids(prompt_ids)
             except OutOfVocabulary as exc:
@@ -195,33 +206,50 @@ class FrontendService:
     ) -> web.StreamResponse:
         max_tokens = completion_budget(req, entry.card, len(prompt_ids), prompt_param)
         responder = responder_class(req.model, oai.new_completion_id(responder_class.ID_PREFIX))
-        plane_request = {
-            "request_id": responder.completion_id,
-            "model": entry.card.served_model_name,
-            "token_ids": prompt_ids,
-            "sampling": req.sampling(max_tokens, entry.card.eos_token_ids).model_dump(mode="json"),
-        }
+        sampling = req.sampling(max_tokens, entry.card.eos_token_ids)
+        # Built, not validated again: the ids are the tokenizer's (or checked against the
+        # vocabulary), the sampling options a validated model.
+        plane_request = GenerateRequest.model_construct(
+            request_id=responder.completion_id,
+            model=entry.card.served_model_name,
+            token_ids=prompt_ids,
+            sampling=sampling,
+        )
         self.in_flight += 1
         try:
             try:
-                first, stream = await self.router.open_stream(entry, plane_request)
+                first, stream = await self.router.open_stream(
+                    entry, plane_request, max_token_id=entry.processor.max_token_id
+                )
             except NoWorkerAvailable as exc:
+                if exc.bad_answers:
+                    raise bad_worker_response(str(exc), exc.detail) from exc
                 raise oai.service_unavailable(str(exc), detail=exc.detail) from exc
             except RequestRefused as exc:  # the engine's own check: the client's 400
+                param = refused_param(exc.field, prompt_param)
+                self.refusals.emit(
+                    "refused",
+                    "Request %s refused by a worker of model %s (field %s): %s",
+                    responder.completion_id,
+                    peer_text.escape(entry.name),
+                    peer_text.escape(exc.field),
+                    exc,
+                )
                 raise oai.invalid_request(
-                    str(exc), param=refused_param(exc.field, prompt_param)
+                    f"the model's engine refused the request's `{param}`"
+                    if param
+                    else "the model's engine refused the request's sampling fields",
+                    param=param,
                 ) from None
-            generation = Generation(
-                entry.processor, req.stop_strings, len(prompt_ids), first, stream
-            )
+            generation = Generation(entry.processor, sampling, len(prompt_ids), first, stream)
             try:
                 if req.stream:
                     return await self._stream(request, responder, generation, req.include_usage)
                 return await self._complete(responder, generation)
             finally:
-                # Whatever ended the handler (done, a stop string, client gone, cancelled),
-                # the worker's stream is closed, which closes its connection and aborts the
-                # request in the worker.
+                # Whatever ended the handler (done, a stop string, the request's limits, client
+                # gone, cancelled), the worker's stream is closed, which closes its connection
+                # and aborts the request in the worker.
                 await stream.aclose()
         finally:
             self.in_flight -= 1
@@ -230,11 +258,9 @@ class FrontendService:
         try:
             text = "".join([piece async for piece in generation.pieces()])
         except (WorkerUnavailable, StopAsyncIteration) as exc:  # logged by the middleware
-            raise oai.service_unavailable(
-                f"the worker failed during request {responder.completion_id}: {exc}"
-            ) from exc
+            raise worker_failure(exc, responder.completion_id) from exc
         return web.json_response(
-            responder.whole(text, generation.finish_reason, generation.usage())
+            responder.whole(text, generation.finish_reason or "stop", generation.usage())
         )
 
     async def _stream(
@@ -257,13 +283,20 @@ class FrontendService:
                 async for piece in generation.pieces():
                     if piece:
                         await send_event(response, responder.piece(piece))
-                await send_event(response, responder.finish(generation.finish_reason))
+                await send_event(response, responder.finish(generation.finish_reason or "stop"))
                 if include_usage:
                     await send_event(response, responder.usage(generation.usage()))
             except (WorkerUnavailable, StopAsyncIteration) as exc:
                 # Headers are gone: the failure travels in-band, then the stream ends.
-                logger.warning("Worker failed mid-stream %s: %s", responder.completion_id, exc)
-                error = oai.service_unavailable(f"the worker failed during the stream: {exc}")
+                error = worker_failure(exc, responder.completion_id)
+                self.failures.emit(
+                    ("mid-stream", error.status),
+                    "Worker failed mid-stream %s (ended in-band as %d %s): %s",
+                    responder.completion_id,
+                    error.status,
+                    error.code,
+                    error.detail,
+                )
                 await send_event(response, error.body())
             await send_event(response, "[DONE]")
             await response.write_eof()
@@ -319,253 +352,3 @@ def completion_budget(
             param="min_tokens",
         )
     return max_tokens
-
-
-class Generation:
-    """One admitted request's output: the worker's ids, detokenized, cut at a stop string.
-
-    Ids are decoded one at a time, so the completion's token count stops at the token that
-    completed a stop string even when the worker sent several in one item.
-    """
-
-    def __init__(
-        self,
-        processor: ChatProcessor,
-        stops: tuple[str, ...],
-        prompt_tokens: int,
-        first: dict,
-        stream: AsyncGenerator[dict, None],
-    ) -> None:
-        self._detokenizer = processor.detokenizer()
-        self._stops = StopStringMatcher(stops)
-        self.prompt_tokens = prompt_tokens
-        self._first = first
-        self._stream = stream
-        self.completion_tokens = 0
-        self.finish_reason: str | None = None
-
-    async def pieces(self) -> AsyncIterator[str]:
-        """The completion's text, piece by piece (an empty piece carries nothing)."""
-        item = self._first
-        while True:
-            pieces = []
-            for token_id in item.get("token_ids", ()):
-                self.completion_tokens += 1
-                pieces.append(self._stops.feed(self._detokenizer.add((token_id,))))
-                if self._stops.stopped:
-                    self.finish_reason = "stop"
-                    yield "".join(pieces)
-                    return
-            if "finish_reason" in item:
-                pieces.append(self._stops.feed(self._detokenizer.finish()))
-                pieces.append(self._stops.flush())
-                self.finish_reason = "stop" if self._stops.stopped else item["finish_reason"]
-                # The worker's count when it sends one (it counts what it generated).
-                self.completion_tokens = item.get("completion_tokens", self.completion_tokens)
-                yield "".join(pieces)
-                return
-            yield "".join(pieces)
-            item = await self._stream.__anext__()
-
-    def usage(self) -> dict:
-        return oai.usage(self.prompt_tokens, self.completion_tokens)
-
-
-class Responder:
-    """The OpenAI response shapes of one endpoint, for one request."""
-
-    ID_PREFIX = "cmpl"
-
-    def __init__(self, model: str, completion_id: str) -> None:
-        self.model = model
-        self.completion_id = completion_id
-        self.created = int(time.time())
-
-    def opening(self) -> dict | None:
-        return None
-
-    def whole(self, text: str, finish_reason: str, usage: dict) -> dict:
-        raise NotImplementedError
-
-    def piece(self, text: str) -> dict:
-        raise NotImplementedError
-
-    def finish(self, finish_reason: str) -> dict:
-        raise NotImplementedError
-
-    def usage(self, usage: dict) -> dict:
-        raise NotImplementedError
-
-
-class ChatResponder(Responder):
-    ID_PREFIX = "chatcmpl"
-
-    def _chunk(self, delta: dict, finish_reason: str | None = None, **extra) -> dict:
-        return oai.chat_completion_chunk(
-            completion_id=self.completion_id,
-            created=self.created,
-            model=self.model,
-            delta=delta,
-            finish_reason=finish_reason,
-            **extra,
-        )
-
-    def opening(self) -> dict:
-        return self._chunk({"role": "assistant", "content": ""})
-
-    def whole(self, text: str, finish_reason: str, usage: dict) -> dict:
-        return oai.chat_completion(
-            completion_id=self.completion_id,
-            model=self.model,
-            content=text,
-            finish_reason=finish_reason,
-            usage=usage,
-        )
-
-    def piece(self, text: str) -> dict:
-        return self._chunk({"content": text})
-
-    def finish(self, finish_reason: str) -> dict:
-        return self._chunk({}, finish_reason)
-
-    def usage(self, usage: dict) -> dict:
-        return self._chunk({}, with_choice=False, usage=usage)
-
-
-class CompletionResponder(Responder):
-    ID_PREFIX = "cmpl"
-
-    def _chunk(self, text: str, finish_reason: str | None = None, **extra) -> dict:
-        return oai.text_completion_chunk(
-            completion_id=self.completion_id,
-            created=self.created,
-            model=self.model,
-            text=text,
-            finish_reason=finish_reason,
-            **extra,
-        )
-
-    def whole(self, text: str, finish_reason: str, usage: dict) -> dict:
-        return oai.text_completion(
-            completion_id=self.completion_id,
-            model=self.model,
-            text=text,
-            finish_reason=finish_reason,
-            usage=usage,
-        )
-
-    def piece(self, text: str) -> dict:
-        return self._chunk(text)
-
-    def finish(self, finish_reason: str) -> dict:
-        return self._chunk("", finish_reason)
-
-    def usage(self, usage: dict) -> dict:
-        return self._chunk("", with_choice=False, usage=usage)
-
-
-def _reject_constant(name: str):
-    raise ValueError(f"{name} is not a JSON number")
-
-
-async def read_json_body(request: web.Request) -> Any:
-    """The decoded body; a 400 naming the problem for anything the decoder cannot take.
-
-    Python's decoder is lenient where JSON is not (``NaN``, ``Infinity``), fails with a
-    RecursionError on deep nesting, and decodes ``"\\ud800"`` to a lone surrogate that no
-    tokenizer (and no UTF-8 encoder) accepts: each is the client's error, not a 500. A body
-    that does not arrive within the listener's bound is a 408.
-    """
-    try:
-        raw = await request.read()
-    except RequestBodyTimeout as exc:  # the listener's body deadline (logged there, once)
-        raise oai.ApiError(
-            408, f"{exc}: send the whole body at once", type="invalid_request_error",
-            code="request_timeout",
-        ) from None  # fmt: skip
-    except Exception as exc:
-        if not is_malformed_http(exc):
-            raise
-        # A body aiohttp cannot read: a broken chunked body, a Content-Encoding it cannot undo.
-        raise oai.invalid_request(
-            f"request body could not be read: {_payload_problem(exc)}", code="invalid_body"
-        ) from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise oai.invalid_request(
-            f"request body is not valid UTF-8 (byte {raw[exc.start]:#04x} at {exc.start})",
-            code="invalid_json",
-        ) from None
-    try:
-        body = json.loads(text, parse_constant=_reject_constant)
-    except RecursionError:
-        raise oai.invalid_request(
-            "request body is nested too deeply to decode", code="invalid_json"
-        ) from None
-    except ValueError as exc:  # JSONDecodeError, a number over the int digit limit
-        raise oai.invalid_request(
-            f"request body is not valid JSON: {exc}", code="invalid_json"
-        ) from None
-    try:
-        json.dumps(body, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise oai.invalid_request(
-            "request body contains text that is not valid Unicode (a lone surrogate "
-            f"{exc.object[exc.start : exc.end]!r}, escaped as \\ud800-\\udfff without its pair)",
-            code="invalid_text",
-        ) from None
-    except RecursionError:
-        raise oai.invalid_request(
-            "request body is nested too deeply to decode", code="invalid_json"
-        ) from None
-    return body
-
-
-def _payload_problem(exc: BaseException) -> str:
-    cause = exc.__cause__ or exc
-    return " ".join(str(getattr(cause, "message", None) or cause).split()) or type(cause).__name__
-
-
-async def send_event(response: web.StreamResponse, payload: dict | str) -> None:
-    """One server-sent event: ``data: <json>`` and a blank line."""
-    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
-    await response.write(f"data: {data}\n\n".encode())
-
-
-@web.middleware
-async def openai_error_middleware(request: web.Request, handler) -> web.StreamResponse:
-    """Answer every error in the OpenAI shape, including aiohttp's own 404/405/413."""
-    try:
-        return await handler(request)
-    except oai.ApiError as exc:
-        if exc.status >= 500:  # the one line a failed request logs (see the module docstring)
-            logger.warning(
-                "%s %s -> %d %s: %s",
-                request.method,
-                request.path,
-                exc.status,
-                exc.code,
-                exc.detail or exc.message,
-            )
-        return web.json_response(exc.body(), status=exc.status)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
-        return web.json_response(
-            oai.error_body(
-                exc.text if exc.text and not exc.text.startswith(f"{exc.status}:") else exc.reason,
-                type="invalid_request_error",
-                code=_HTTP_ERROR_CODES.get(exc.status),
-            ),
-            status=exc.status,
-            headers=headers,
-        )
-    except (asyncio.CancelledError, ConnectionResetError):
-        raise
-    except Exception:
-        logger.exception("%s %s failed", request.method, request.path)
-        return web.json_response(
-            oai.error_body("internal error in the frontend", type="server_error"), status=500
-        )

@@ -12,7 +12,13 @@ Records the frontend cannot serve are refused with one WARNING each, not one per
 without a model card (an older worker: serving it with a tokenizer that is not the model's own
 would return garbage), a model over ``--dyn-max-models``, a model whose processor fails to
 build (its files missing or broken on this host), and an instance whose card differs from the
-one its model is served with.
+one its model is served with. What a record says (names, endpoints, paths) is a peer's text:
+escaped and bounded in every log line (:mod:`dynamo.runtime.peer_text`).
+
+A model is *known* while its processor is built and for :data:`GONE_MODEL_MEMORY_S` after its
+last instance went (a worker killed, stopped, or whose heartbeat failed, and not back yet): the
+service answers its requests 503, not 404 (a client should retry, not give up on a model that is
+still deployed). At most :data:`MAX_GONE_MODELS` gone models are remembered.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from dynamo.runtime import peer_text
 from dynamo.runtime.discovery import ModelRecord
 from dynamo.runtime.model_card import ModelCard
 
@@ -32,6 +39,12 @@ logger = logging.getLogger(__name__)
 
 ChatEngineFactory = Callable[[ModelCard], ChatProcessor]
 DEFAULT_MAX_MODELS = 64
+# How long a model whose last instance went is still answered 503 rather than 404 (long enough
+# for a crashed worker to be restarted and to load its engine), and how many such models are
+# remembered at most (the oldest forgotten first).
+GONE_MODEL_MEMORY_S = 600.0
+MAX_GONE_MODELS = 1024
+_escape = peer_text.escape
 
 
 @dataclass
@@ -70,12 +83,18 @@ class _PendingModel:
 
 class ModelRegistry:
     def __init__(
-        self, chat_engine_factory: ChatEngineFactory, *, max_models: int = DEFAULT_MAX_MODELS
+        self,
+        chat_engine_factory: ChatEngineFactory,
+        *,
+        max_models: int = DEFAULT_MAX_MODELS,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if max_models < 1:
             raise ValueError("max_models must be at least 1")
         self._factory = chat_engine_factory
         self.max_models = max_models
+        self._clock = clock
+        self._gone: dict[str, float] = {}  # model -> when its last instance went
         self._models: dict[str, ModelEntry] = {}
         self._pending: dict[str, _PendingModel] = {}
         # What was refused, so each refusal is logged once: instance ids (no card, card
@@ -92,6 +111,25 @@ class ModelRegistry:
 
     def entries(self) -> list[ModelEntry]:
         return list(self._models.values())
+
+    def known(self, model: str) -> bool:
+        """Whether ``model`` is being loaded, or lost its last instance within
+        :data:`GONE_MODEL_MEMORY_S` (it has no instance to serve it either way)."""
+        if model in self._pending:
+            return True
+        gone = self._gone.get(model)
+        if gone is None:
+            return False
+        if self._clock() - gone < GONE_MODEL_MEMORY_S:
+            return True
+        del self._gone[model]
+        return False
+
+    def _went(self, model: str) -> None:
+        self._gone.pop(model, None)
+        self._gone[model] = self._clock()
+        while len(self._gone) > MAX_GONE_MODELS:
+            del self._gone[next(iter(self._gone))]
 
     @property
     def building(self) -> int:
@@ -132,8 +170,8 @@ class ModelRegistry:
                 "Model instance refused: instance=%s endpoint=%s model=%s has no model card "
                 "(a worker older than the frontend?); its model is not served through it",
                 record.instance_id,
-                record.endpoint,
-                record.model,
+                _escape(record.endpoint),
+                _escape(record.model),
             )
             return
         entry = self._models.get(record.model)
@@ -143,9 +181,9 @@ class ModelRegistry:
             entry.instances[record.instance_id] = record
             logger.info(
                 "Model instance added: model=%s instance=%s endpoint=%s (%d instances)",
-                record.model,
+                _escape(record.model),
                 record.instance_id,
-                record.endpoint,
+                _escape(record.endpoint),
                 len(entry.instances),
             )
             return
@@ -160,7 +198,7 @@ class ModelRegistry:
                 "Model instance refused: instance=%s model=%s: its chat processor failed to "
                 "build (%s)",
                 record.instance_id,
-                record.model,
+                _escape(record.model),
                 self._failed[record.model],
             )
             return
@@ -171,9 +209,9 @@ class ModelRegistry:
                 "Model refused: model=%s instance=%s endpoint=%s: the frontend already serves "
                 "%d models, the limit of --dyn-max-models / DYN_MAX_MODELS (it is served once "
                 "another model goes)",
-                record.model,
+                _escape(record.model),
                 record.instance_id,
-                record.endpoint,
+                _escape(record.endpoint),
                 self.max_models,
             )
             return
@@ -207,11 +245,11 @@ class ModelRegistry:
             "from the one the model is served with (tokenizer %s, context %d vs tokenizer %s, "
             "context %d); give every instance of a model the same model files",
             record.instance_id,
-            record.endpoint,
-            record.model,
-            record.card.tokenizer_path,
-            record.card.context_length,
-            card.tokenizer_path,
+            _escape(record.endpoint),
+            _escape(record.model),
+            _escape(record.card.tokenizer_path if record.card else None),
+            record.card.context_length if record.card else 0,
+            _escape(card.tokenizer_path),
             card.context_length,
         )
         return False
@@ -225,13 +263,13 @@ class ModelRegistry:
         except Exception as exc:  # noqa: BLE001 - the model is refused, with the reason
             if self._pending.get(model) is pending:
                 del self._pending[model]
-            reason = str(exc) or type(exc).__name__
+            reason = _escape(str(exc) or type(exc).__name__, 1000)
             self._failed[model] = reason
             self._refused.setdefault(model, set()).update(pending.instances)
             logger.warning(
                 "Model refused: model=%s instances=%s: its chat processor failed to build: %s",
-                model,
-                ",".join(pending.instances),
+                _escape(model),
+                _escape(",".join(pending.instances), 300),
                 reason,
             )
             self._make_room()
@@ -241,17 +279,19 @@ class ModelRegistry:
         del self._pending[model]
         if not pending.instances:
             # Every instance went while the processor was built: drop it (it is freed here).
-            logger.info("Model %s went away while its chat processor was built", model)
+            logger.info("Model %s went away while its chat processor was built", _escape(model))
+            self._went(model)
             self._make_room()
             return
         entry = ModelEntry(name=model, processor=processor, instances=pending.instances)
         self._models[model] = entry
+        self._gone.pop(model, None)
         first = next(iter(entry.instances.values()))
         logger.info(
             "Model added: model=%s instance=%s endpoint=%s (%d instances)",
-            model,
+            _escape(model),
             first.instance_id,
-            first.endpoint,
+            _escape(first.endpoint),
             len(entry.instances),
         )
 
@@ -270,11 +310,17 @@ class ModelRegistry:
             return
         logger.info(
             "Model instance removed: model=%s instance=%s endpoint=%s",
-            record.model,
+            _escape(record.model),
             record.instance_id,
-            record.endpoint,
+            _escape(record.endpoint),
         )
         if not entry.instances:
             del self._models[record.model]
-            logger.info("Model removed: model=%s (no instance left)", record.model)
+            self._went(record.model)
+            logger.info(
+                "Model removed: model=%s (no instance left; answered 503 for up to %g s while "
+                "none comes back)",
+                _escape(record.model),
+                GONE_MODEL_MEMORY_S,
+            )
             self._make_room()

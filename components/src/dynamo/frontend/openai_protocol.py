@@ -12,7 +12,6 @@ ignored, as vLLM and OpenAI's servers do. Numbers are strict: ``"5"`` is not 5, 
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterable
 from typing import Annotated, Any, Literal
@@ -22,14 +21,19 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictBool,
-    StrictFloat,
     StrictInt,
     StrictStr,
     ValidationError,
     model_validator,
 )
 
-from dynamo.runtime.sampling import SamplingOptions
+from dynamo.runtime.sampling import (
+    MinTokens,
+    SamplerFields,
+    SamplingOptions,
+    StopText,
+    TokenCount,
+)
 
 # The roles a chat message may have (vLLM's, plus OpenAI's "developer", passed to the template).
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -88,12 +92,8 @@ def service_unavailable(
 
 # -- requests -------------------------------------------------------------------------------
 
-Number = StrictFloat  # strict: a JSON number (an integer too), not a string or a boolean
-Penalty = Annotated[Number, Field(ge=-2.0, le=2.0)]
-Positive = Annotated[StrictInt, Field(ge=1)]
-# vLLM's seed range (a C long).
-Seed = Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)]
-StopText = Annotated[StrictStr, Field(min_length=1)]
+# Numbers are strict (a JSON number, an integer too; never a string or a boolean), with vLLM's
+# ranges: the field types are the request plane's own (dynamo.runtime.sampling).
 
 
 class StreamOptions(BaseModel):
@@ -102,25 +102,18 @@ class StreamOptions(BaseModel):
     include_usage: StrictBool = False
 
 
-class _SamplingRequest(BaseModel):
+class _SamplingRequest(SamplerFields):
     """Fields /v1/chat/completions and /v1/completions share."""
 
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     model: Annotated[StrictStr, Field(min_length=1)]
-    max_tokens: Positive | None = None
-    temperature: Annotated[Number, Field(ge=0.0)] | None = None
-    top_p: Annotated[Number, Field(gt=0.0, le=1.0)] | None = None
-    top_k: Annotated[StrictInt, Field(ge=-1)] | None = None
-    min_p: Annotated[Number, Field(ge=0.0, le=1.0)] | None = None
-    seed: Seed | None = None
-    presence_penalty: Penalty | None = None
-    frequency_penalty: Penalty | None = None
-    repetition_penalty: Annotated[Number, Field(gt=0.0)] | None = None
+    max_tokens: TokenCount | None = None
     stop: StopText | Annotated[list[StopText], Field(max_length=64)] | None = None
-    n: Literal[1] | None = 1
+    # Strict like every number here (a Literal[1] would take 1.0 and true); 1 only, for now.
+    n: Annotated[StrictInt, Field(ge=1, le=1)] | None = 1
     ignore_eos: StrictBool | None = False
-    min_tokens: Annotated[StrictInt, Field(ge=0)] | None = 0
+    min_tokens: MinTokens | None = 0
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
 
@@ -143,16 +136,9 @@ class _SamplingRequest(BaseModel):
         """What the worker gets; ``max_tokens`` already fits the model's context."""
         ignore_eos = bool(self.ignore_eos)
         return SamplingOptions(
+            **self.sampler_settings(),
             max_tokens=max_tokens,
             min_tokens=self.min_tokens or 0,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            min_p=self.min_p,
-            seed=self.seed,
-            presence_penalty=self.presence_penalty,
-            frequency_penalty=self.frequency_penalty,
-            repetition_penalty=self.repetition_penalty,
             stop=self.stop_strings,
             stop_token_ids=() if ignore_eos else tuple(eos_token_ids),
             ignore_eos=ignore_eos,
@@ -186,10 +172,18 @@ class ChatMessage(BaseModel):
         message["content"] = "" if content is None else content
         return message
 
+    def as_sent(self) -> dict[str, Any]:
+        """The message as the client sent it: content parts (``{"type": "text", ...}``) kept,
+        for a processor that joins them its own way (SGLang joins them with a space)."""
+        message = self.for_template()
+        if isinstance(self.content, list):
+            message["content"] = [part.model_dump() for part in self.content]
+        return message
+
 
 class ChatCompletionRequest(_SamplingRequest):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_completion_tokens: Positive | None = None
+    max_completion_tokens: TokenCount | None = None
 
     @property
     def requested_max_tokens(self) -> tuple[str, int] | None:
@@ -200,6 +194,9 @@ class ChatCompletionRequest(_SamplingRequest):
 
     def template_messages(self) -> list[dict[str, Any]]:
         return [message.for_template() for message in self.messages]
+
+    def messages_as_sent(self) -> list[dict[str, Any]]:
+        return [message.as_sent() for message in self.messages]
 
 
 class CompletionRequest(_SamplingRequest):
@@ -318,88 +315,6 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
-
-
-def chat_completion(
-    *, completion_id: str, model: str, content: str, finish_reason: str, usage: dict
-) -> dict:
-    return {
-        "id": completion_id,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": content},
-                "finish_reason": finish_reason,
-            }
-        ],
-        "usage": usage,
-    }
-
-
-def chat_completion_chunk(
-    *,
-    completion_id: str,
-    created: int,
-    model: str,
-    delta: dict,
-    finish_reason: str | None = None,
-    usage: dict | None = None,
-    with_choice: bool = True,
-) -> dict:
-    chunk = {
-        "id": completion_id,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": (
-            [{"index": 0, "delta": delta, "finish_reason": finish_reason}] if with_choice else []
-        ),
-    }
-    if usage is not None:
-        chunk["usage"] = usage
-    return chunk
-
-
-def text_completion(
-    *, completion_id: str, model: str, text: str, finish_reason: str, usage: dict
-) -> dict:
-    return {
-        "id": completion_id,
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
-        "usage": usage,
-    }
-
-
-def text_completion_chunk(
-    *,
-    completion_id: str,
-    created: int,
-    model: str,
-    text: str,
-    finish_reason: str | None = None,
-    usage: dict | None = None,
-    with_choice: bool = True,
-) -> dict:
-    chunk = {
-        "id": completion_id,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": (
-            [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}]
-            if with_choice
-            else []
-        ),
-    }
-    if usage is not None:
-        chunk["usage"] = usage
-    return chunk
 
 
 def model_list(models: Iterable[tuple[str, int]]) -> dict:

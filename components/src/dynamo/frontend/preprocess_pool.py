@@ -22,6 +22,7 @@ import multiprocessing
 import threading
 import time
 
+from dynamo.common.logging_setup import LogLevels
 from dynamo.runtime.model_card import ModelCard
 
 from . import preprocess_worker
@@ -66,7 +67,7 @@ class PreprocessPool:
         *,
         freeze_gc_heap: bool,
         gc_pause_log_ms: float,
-        log_level: int = logging.INFO,
+        log_level: int | LogLevels = logging.INFO,
         start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
         chat_processor: str = DEFAULT_CHAT_PROCESSOR,
         start_method: str | None = SPAWN,

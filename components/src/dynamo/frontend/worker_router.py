@@ -1,19 +1,47 @@
 """Send a tokenised request to one of a model's worker instances, over the request plane.
 
-Round-robin over the model's instances, failing over to the next one while no output has been
-produced (a dead instance costs a retry, not the request). Connection errors must fail fast:
-a SIGKILLed worker's port refuses at once, and a hung one hits the connect or read timeout.
+Round-robin over the model's instances, failing over to another one while no output has been
+produced (a dead instance costs a retry, not the request). What bounds a request's cost, and the
+log's, however many instances a model has and however many of them are dead:
+
+* **Failure memory.** An instance that fails before its first item (refused connection, an
+  error answer, a broken or silent stream) is *benched*: not routed to for
+  :data:`BENCH_FIRST_S`, doubling at each new failure up to :data:`BENCH_MAX_S`, and forgiven at
+  its first success. With every instance benched the request is a 503 at once.
+* **Attempts.** At most :data:`MAX_ATTEMPTS` instances are tried per request: the one whose turn
+  it is, then instances that served a request last time they were tried (so a request pays for
+  at most one dead instance once a live one is known), then the others in turn.
+* **Deadlines.** A connection must be accepted within :data:`WORKER_CONNECT_TIMEOUT_S`. A worker
+  that says nothing for :data:`PROBE_AFTER_S` (before its first item, or between two) is asked
+  ``GET /health`` (one probe per instance at a time, shared by its requests): no answer within
+  :data:`PROBE_TIMEOUT_S` means the process is stopped or gone (SIGSTOP, a frozen host) and the
+  request fails over or fails; any answer means it is alive and merely slow (a long prefill,
+  a queue), and the wait goes on, up to :data:`WORKER_READ_TIMEOUT_S` of silence.
+* **Log lines.** An instance going on the bench is one WARNING, coming back one INFO, both
+  budgeted per cause (:class:`~dynamo.runtime.log_budget.CauseBudgets`); worker text in them is
+  escaped and bounded (:mod:`dynamo.runtime.peer_text`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncGenerator
+import time
+from collections.abc import AsyncGenerator, Callable, Iterator
+from dataclasses import dataclass
 
 import aiohttp
 
-from dynamo.runtime import request_plane
-from dynamo.runtime.request_plane import WorkerUnavailable
+from dynamo.runtime import peer_text, request_plane
+from dynamo.runtime.discovery import ModelRecord
+from dynamo.runtime.log_budget import CauseBudgets
+from dynamo.runtime.request_plane import (
+    HEALTH_PATH,
+    GenerateRequest,
+    StreamItem,
+    WorkerProtocolError,
+    WorkerUnavailable,
+)
 
 from .model_registry import ModelEntry
 
@@ -21,9 +49,21 @@ logger = logging.getLogger(__name__)
 
 # A worker on loopback accepts within milliseconds; longer means it is stopped or gone.
 WORKER_CONNECT_TIMEOUT_S = 5.0
-# Longest silence between two items of a worker's stream (a real engine's slowest prefill and
-# step fit well inside); past it the request is failed with 503 instead of hanging.
+# Longest silence between two items of a worker's stream that answers its health probes (a real
+# engine's slowest prefill and step fit well inside); past it the request fails.
 WORKER_READ_TIMEOUT_S = 120.0
+# Silence after which the worker is asked whether it is alive, and how long it has to answer.
+PROBE_AFTER_S = 5.0
+PROBE_TIMEOUT_S = 5.0
+# Instances tried per request before it is a 503.
+MAX_ATTEMPTS = 3
+# How long a failed instance is not routed to: the first time, and at most.
+BENCH_FIRST_S = 1.0
+BENCH_MAX_S = 30.0
+# Instances remembered (benched or recently failed) at most; the oldest are forgotten first.
+MAX_REMEMBERED = 16384
+# One WARNING line per cause per this many seconds (the next one counts those held back).
+LOG_INTERVAL_S = 10.0
 
 
 def create_worker_session() -> aiohttp.ClientSession:
@@ -34,62 +74,206 @@ def create_worker_session() -> aiohttp.ClientSession:
         timeout=aiohttp.ClientTimeout(
             total=None, sock_connect=WORKER_CONNECT_TIMEOUT_S, sock_read=WORKER_READ_TIMEOUT_S
         ),
+        # A worker's answer is read as sent: an error body is never inflated (request_plane).
+        auto_decompress=False,
     )
 
 
 class NoWorkerAvailable(Exception):
-    """Every instance of the model failed before producing output, or none is left.
+    """Every instance tried failed before producing output, or none could be tried.
 
-    ``str()`` is for the client; ``detail`` lists every instance tried, for the log line.
+    ``str()`` is for the client (it names no instance); ``detail`` is for the log line.
     """
 
-    def __init__(self, message: str, detail: str | None = None) -> None:
+    def __init__(
+        self, message: str, detail: str | None = None, *, bad_answers: bool = False
+    ) -> None:
         super().__init__(message)
         self.detail = detail or message
+        # Every instance tried answered, but not in the wire format (the client's 502).
+        self.bad_answers = bad_answers
+
+
+@dataclass
+class _Bench:
+    until: float
+    length: float
 
 
 class WorkerRouter:
-    def __init__(self, session: aiohttp.ClientSession) -> None:
+    def __init__(
+        self, session: aiohttp.ClientSession, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.session = session
+        self._clock = clock
+        self._benched: dict[tuple[str, str], _Bench] = {}  # (instance id, endpoint) -> bench
+        self._good: dict[tuple[str, str], None] = {}  # served the last request sent to it
+        self._probes: dict[str, asyncio.Task] = {}  # endpoint -> its probe in flight
+        self._log = CauseBudgets(logger, lines=1, interval_s=LOG_INTERVAL_S, clock=clock)
+        self._info = CauseBudgets(
+            logger, logging.INFO, lines=1, interval_s=LOG_INTERVAL_S, clock=clock
+        )
 
     async def open_stream(
-        self, entry: ModelEntry, plane_request: dict
-    ) -> tuple[dict, AsyncGenerator[dict, None]]:
-        """The first item of a worker's stream and the stream itself (the caller closes it).
+        self,
+        entry: ModelEntry,
+        plane_request: GenerateRequest | dict,
+        *,
+        max_token_id: int | None = None,
+    ) -> tuple[StreamItem, AsyncGenerator[StreamItem, None]]:
+        """The first item of a worker's stream and the rest of it (the caller closes it).
 
         Waiting for the first item before answering the client lets a dead worker become a
         proper 503 (or a retry on another instance) instead of a stream that breaks at once.
+        ``max_token_id`` bounds the ids the worker may send (the model's vocabulary).
         """
         failures: list[str] = []  # "instance at endpoint: error", in the order tried
+        protocol_errors = 0
+        now = self._clock()
+        candidates = []
         for record in entry.route_order():
-            stream = request_plane.generate(self.session, record.endpoint, plane_request)
+            bench = self._benched.get(_key(record))
+            if bench is None or now >= bench.until:
+                candidates.append(record)
+        benched = len(entry.instances) - len(candidates)
+        for record in self._attempt_order(candidates):
+            if len(failures) >= MAX_ATTEMPTS:
+                break
+            stream = request_plane.generate(
+                self.session, record.endpoint, plane_request, max_token_id=max_token_id
+            )
             try:
-                first = await stream.__anext__()
+                first = await self._next(record, stream)
             except (WorkerUnavailable, StopAsyncIteration) as exc:
                 await stream.aclose()
+                protocol_errors += isinstance(exc, WorkerProtocolError)
+                reason = str(exc) or "empty stream"
+                self._failed(record, reason)
                 failures.append(
-                    f"{record.instance_id} at {record.endpoint}: {exc or 'empty stream'}"
+                    f"{record.instance_id} at {peer_text.escape(record.endpoint)}: {reason}"
                 )
                 continue
             except BaseException:
                 await stream.aclose()
                 raise
-            if failures:
-                # Served after all, so no other line mentions the dead instance(s): one here.
-                logger.warning(
-                    "Request %s for model %s failed over after %d unavailable instance(s): %s",
-                    plane_request.get("request_id"),
-                    entry.name,
-                    len(failures),
-                    "; ".join(failures),
-                )
-            return first, stream
+            self._succeeded(record)
+            return first, self._watched(record, stream)
+        name = peer_text.escape(entry.name)
         if not failures:
-            raise NoWorkerAvailable(f"no worker instance left for model `{entry.name}`")
-        # Not logged here: the HTTP service logs the failed request once, with the detail.
+            detail = f"model {name}: every instance failed recently ({benched} not retried yet)"
+            raise NoWorkerAvailable(
+                f"no worker instance of model `{entry.name}` is available right now", detail
+            )
         raise NoWorkerAvailable(
-            f"no worker for model `{entry.name}` is reachable "
-            f"({len(failures)} tried; last: {failures[-1].split(': ', 1)[1]})",
-            detail=f"model {entry.name}: {len(failures)} instance(s) unavailable: "
+            f"no worker instance of model `{entry.name}` could take the request",
+            detail=f"model {name}: {len(failures)} instance(s) tried, {benched} benched: "
             + "; ".join(failures),
+            bad_answers=protocol_errors == len(failures),
         )
+
+    def _attempt_order(self, candidates: list[ModelRecord]) -> Iterator[ModelRecord]:
+        """The instance whose turn it is, then those that served their last request, then the
+        rest in turn (computed only when the first fails)."""
+        if not candidates:
+            return
+        yield candidates[0]
+        rest = candidates[1:]
+        good = [record for record in rest if _key(record) in self._good]
+        yield from good
+        yield from (record for record in rest if _key(record) not in self._good)
+
+    async def _watched(
+        self, record: ModelRecord, stream: AsyncGenerator[StreamItem, None]
+    ) -> AsyncGenerator[StreamItem, None]:
+        """The rest of ``stream``, each item under the same liveness watch as the first."""
+        try:
+            while True:
+                try:
+                    item = await self._next(record, stream)
+                except StopAsyncIteration:
+                    return
+                yield item
+        finally:
+            await stream.aclose()
+
+    async def _next(
+        self, record: ModelRecord, stream: AsyncGenerator[StreamItem, None]
+    ) -> StreamItem:
+        """The next item; while it does not come, the worker is probed every
+        :data:`PROBE_AFTER_S` and given up on when a probe goes unanswered."""
+        waiting = asyncio.ensure_future(stream.__anext__())
+        try:
+            while True:
+                done, _ = await asyncio.wait({waiting}, timeout=PROBE_AFTER_S)
+                if done:
+                    return waiting.result()
+                if not await self._alive(record.endpoint):
+                    raise WorkerUnavailable(
+                        f"worker at {peer_text.escape(record.endpoint)} silent for "
+                        f"{PROBE_AFTER_S:g} s and its health probe unanswered within "
+                        f"{PROBE_TIMEOUT_S:g} s (stopped or gone)"
+                    )
+        finally:
+            if not waiting.done():
+                waiting.cancel()  # the generator ends with it: its connection is closed
+                await asyncio.wait({waiting})
+
+    async def _alive(self, endpoint: str) -> bool:
+        """Whether the worker's process answers at all (any status: a draining worker is
+        alive). One probe per endpoint at a time; a request that asks meanwhile shares it."""
+        probe = self._probes.get(endpoint)
+        if probe is None:
+            probe = asyncio.ensure_future(self._probe(endpoint))
+            self._probes[endpoint] = probe
+            probe.add_done_callback(lambda _: self._probes.pop(endpoint, None))
+        return await asyncio.shield(probe)
+
+    async def _probe(self, endpoint: str) -> bool:
+        url = endpoint.rstrip("/") + HEALTH_PATH
+        try:
+            timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)
+            async with self.session.get(url, timeout=timeout) as response:
+                return response.status > 0
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
+            return False
+
+    def _failed(self, record: ModelRecord, reason: str) -> None:
+        key = _key(record)
+        self._good.pop(key, None)
+        previous = self._benched.pop(key, None)
+        length = BENCH_FIRST_S if previous is None else min(previous.length * 2, BENCH_MAX_S)
+        self._benched[key] = _Bench(until=self._clock() + length, length=length)
+        _bound(self._benched)
+        if previous is None:
+            self._log.emit(
+                "instance unavailable",
+                "Worker instance %s at %s unavailable (%s): not routed to for %g s, longer if "
+                "it fails again",
+                record.instance_id,
+                peer_text.escape(record.endpoint),
+                reason,
+                length,
+            )
+
+    def _succeeded(self, record: ModelRecord) -> None:
+        key = _key(record)
+        self._good.pop(key, None)
+        self._good[key] = None  # most recent last
+        _bound(self._good)
+        if self._benched.pop(key, None) is not None:
+            self._info.emit(
+                "instance back",
+                "Worker instance %s at %s answers again",
+                record.instance_id,
+                peer_text.escape(record.endpoint),
+            )
+
+
+def _key(record: ModelRecord) -> tuple[str, str]:
+    return record.instance_id, record.endpoint
+
+
+def _bound(memory: dict) -> None:
+    """Forget the oldest entries beyond :data:`MAX_REMEMBERED` (instances long gone)."""
+    while len(memory) > MAX_REMEMBERED:
+        del memory[next(iter(memory))]

@@ -20,28 +20,35 @@ Wire format v2 (one place, used by both ends):
   "length", "prompt_tokens": int, "completion_tokens": int}`` line. ``stop``: the engine ended on
   an EOS or stop token id, or on a stop string it matched itself; ``length``: ``max_tokens`` or
   the model's context length was reached. A failure after the stream started is sent as a final
-  ``{"error": str}`` line.
+  ``{"error": str}`` line. Each line is one of the item models below (:class:`TokenStep`,
+  :class:`Finish`, :class:`StreamError`).
 * ``GET <endpoint>/health`` answers 200 while the worker serves, 503 while it drains.
 
 Closing the connection aborts the request in the worker (the handler's generator is cancelled):
 that is how the frontend ends a completion at a stop string it matched.
+
+The worker is a peer (docs/design.md, trust model), so the client (:func:`generate`) reads what
+it answers as a peer's words: an error answer up to :data:`ERROR_BODY_LIMIT` bytes, never
+decompressed (the session's ``auto_decompress`` is off); a stream line by line, each at most
+:data:`MAX_LINE_BYTES`, the whole stream within a byte budget that grows with ``max_tokens``;
+every line validated as an item, its token ids within the model's vocabulary. A worker that
+breaks any of it is a :class:`WorkerProtocolError`. Every fragment of a worker's text an
+exception carries is escaped (:func:`dynamo.runtime.peer_text.escape`): exceptions are for log
+lines, never for a client.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
-from typing import Annotated, Any
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Annotated, Any, Literal
 
 import aiohttp
-from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
-from dynamo.common.http_server import RequestBodyTimeout, is_malformed_http
-from dynamo.common.request_drain import mark_stream
+from dynamo.runtime import peer_text
 from dynamo.runtime.sampling import SamplingOptions
 
 logger = logging.getLogger(__name__)
@@ -62,11 +69,63 @@ class GenerateRequest(BaseModel):
     sampling: SamplingOptions
 
 
-GenerateHandler = Callable[[GenerateRequest], AsyncIterator[dict]]
+# How much of a worker's error answer (a non-200 status) is read: enough for a refusal naming its
+# field, never a body a worker chose to make large (or to compress).
+ERROR_BODY_LIMIT = 4096
+# The longest line of a stream. An engine step is a few ids (~10 bytes each); a line this long is
+# a worker that does not speak the wire format.
+MAX_LINE_BYTES = 64 * 1024
+# What a whole stream may take: a base, plus this much per token the request allows (an item of
+# one id is ~25 bytes; the budget is ten times that), so a worker can make the frontend read at
+# most about 64 KiB + 256 B x max_tokens for one request, whatever it sends.
+STREAM_BASE_BYTES = 64 * 1024
+STREAM_BYTES_PER_TOKEN = 256
+# The bound of every count a worker reports (a 32-bit count: no context is longer).
+MAX_COUNT = 2**31 - 1
+
+TokenId = Annotated[StrictInt, Field(ge=0)]
+Count = Annotated[StrictInt, Field(ge=0, le=MAX_COUNT)]
+
+
+class TokenStep(BaseModel):
+    """One engine step: the ids it generated (EOS and stop tokens included)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    token_ids: Annotated[tuple[TokenId, ...], Field(min_length=1)]
+
+
+class Finish(BaseModel):
+    """The last item of a stream that finished: why, and the worker's counts. A worker may put
+    the last step's ids on this line too."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    finish_reason: Literal["stop", "length"]
+    prompt_tokens: Count
+    completion_tokens: Count
+    token_ids: tuple[TokenId, ...] = ()
+
+
+class StreamError(BaseModel):
+    """The last item of a stream the worker could not finish."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    error: StrictStr
+
+
+StreamItem = TokenStep | Finish
 
 
 class WorkerUnavailable(Exception):
-    """The worker could not be reached, or went away before the stream finished."""
+    """The worker could not be reached, or went away before the stream finished. Its message
+    is for the log (escaped); a client is told no more than that the worker failed."""
+
+
+class WorkerProtocolError(WorkerUnavailable):
+    """The worker answered something that is not the wire format (a malformed or oversized
+    line, an invalid item, an id outside the vocabulary, a stream over its budget)."""
 
 
 class RequestRefused(Exception):
@@ -78,10 +137,6 @@ class RequestRefused(Exception):
     def __init__(self, message: str, field: str) -> None:
         super().__init__(message)
         self.field = field
-
-
-# Fields whose refusal is about the request, not the worker (see RequestRefused).
-CLIENT_FIELDS = ("token_ids", "sampling")
 
 
 class BadGenerateRequest(ValueError):
@@ -110,128 +165,42 @@ def validate_generate_request(body: Any) -> GenerateRequest:
         raise BadGenerateRequest(f"{field}: {error['msg']}", field=field) from None
 
 
-async def _read_json(request: web.Request) -> Any:
-    """The decoded body; :class:`BadGenerateRequest` for anything that is not one JSON value
-    (bad JSON or UTF-8, nesting deeper than the decoder's recursion limit, a body aiohttp cannot
-    read: a broken chunked body, a Content-Encoding it cannot undo)."""
+def parse_item(line: bytes, max_token_id: int | None = None) -> StreamItem:
+    """One NDJSON line of a stream as its item; raises :class:`WorkerProtocolError` for
+    anything that is not one (and :class:`WorkerUnavailable` for the worker's own error line).
+    ``max_token_id``: the largest id the model has (None: not checked)."""
     try:
-        raw = await request.read()
-    except RequestBodyTimeout:
-        raise
-    except Exception as exc:
-        if not is_malformed_http(exc):
-            raise
-        cause = exc.__cause__ or exc
-        raise BadGenerateRequest(f"body could not be read: {cause}") from None
-    try:
-        return json.loads(raw)
-    except RecursionError:
-        raise BadGenerateRequest("body is nested too deeply to decode") from None
-    except ValueError as exc:  # bad JSON, bad UTF-8 (UnicodeDecodeError), huge integers
-        raise BadGenerateRequest(f"body is not valid JSON: {exc}") from None
-
-
-def _bad_request(exc: BadGenerateRequest) -> web.Response:
-    body = {"error": str(exc)}
-    if exc.field is not None:
-        body["field"] = exc.field
-    return web.json_response(body, status=400)
-
-
-def add_request_plane_routes(
-    app: web.Application,
-    generate: GenerateHandler,
-    is_healthy: Callable[[], bool],
-    *,
-    served_model_name: str | Callable[[], str],
-) -> None:
-    """Mount the worker side of the request plane on an aiohttp app.
-
-    ``served_model_name`` is the name this worker serves (or a callable returning it, for a
-    name known only once the engine has started); a request for any other model is a 400.
-    ``generate`` may raise :class:`BadGenerateRequest` before its first item (a prompt the
-    engine refuses): that is a 400 too, since nothing was streamed yet.
-    """
-
-    def served_name() -> str:
-        return served_model_name() if callable(served_model_name) else served_model_name
-
-    async def handle_generate(request: web.Request) -> web.StreamResponse:
-        try:
-            body = validate_generate_request(await _read_json(request))
-        except BadGenerateRequest as exc:
-            return _bad_request(exc)
-        except RequestBodyTimeout as exc:  # the listener's body deadline (logged there, once)
-            return web.json_response({"error": str(exc)}, status=408)
-        if not is_healthy():
-            return web.json_response({"error": "worker is draining"}, status=503)
-        if body.model != served_name():
-            return _bad_request(
-                BadGenerateRequest(
-                    f"model {body.model!r} is not served here (this worker serves "
-                    f"{served_name()!r})",
-                    field="model",
-                )
-            )
-        # aclosing: an abort closes the engine's stream now, not when the GC finds it.
-        async with contextlib.aclosing(generate(body)) as stream:
-            first: dict | None = None
-            failure: Exception | None = None
-            try:
-                # The first item before the response starts: a prompt the engine refuses is a
-                # 400, not a 200 with an error line.
-                first = await stream.__anext__()
-            except BadGenerateRequest as exc:
-                return _bad_request(exc)
-            except StopAsyncIteration:
-                pass
-            except Exception as exc:  # noqa: BLE001 - reported to the caller in-band, below
-                failure = exc
-            response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
-            await response.prepare(request)
-            mark_stream(request, response)  # a drain that cuts it short ends it with an error line
-            try:
-                if failure is not None:
-                    raise failure
-                if first is not None:
-                    await response.write(json.dumps(first).encode() + b"\n")
-                    async for item in stream:
-                        await response.write(json.dumps(item).encode() + b"\n")
-            except asyncio.CancelledError:
-                raise  # the caller hung up and aiohttp cancelled the handler: stream closed
-            except StreamFailed as exc:
-                await response.write(json.dumps({"error": str(exc)}).encode() + b"\n")
-            except ConnectionResetError:
-                # The caller hung up between two writes: the request is aborted (the stream is
-                # closed on leaving this block). An expected event, not a server error worth a
-                # traceback.
-                logger.info("Request %s aborted: the caller closed the connection", body.request_id)
-                return response
-            except Exception as exc:  # reported to the caller in-band
-                logger.exception("generate failed for request %s", body.request_id)
-                await response.write(json.dumps({"error": str(exc)}).encode() + b"\n")
-        await response.write_eof()
-        return response
-
-    async def handle_health(request: web.Request) -> web.Response:
-        healthy = is_healthy()
-        return web.json_response(
-            {"status": "ok" if healthy else "draining"}, status=200 if healthy else 503
+        data = json.loads(line)
+    except (ValueError, RecursionError):  # JSONDecodeError, UnicodeDecodeError, deep nesting
+        raise WorkerProtocolError(
+            f"worker sent a malformed line: {peer_text.escape(line)}"
+        ) from None
+    if not isinstance(data, dict):
+        raise WorkerProtocolError(
+            f"worker sent a line that is not an object: {peer_text.escape(line)}"
         )
-
-    app.router.add_post(GENERATE_PATH, handle_generate)
-    app.router.add_get(HEALTH_PATH, handle_health)
-
-
-def _parse_line(line: bytes) -> dict:
-    """One NDJSON item; anything else means the stream is not ours to trust."""
     try:
-        item = json.loads(line)
-    except ValueError:  # JSONDecodeError, UnicodeDecodeError, a line cut short
-        raise WorkerUnavailable(f"worker sent a malformed line: {line[:200]!r}") from None
-    if not isinstance(item, dict):
-        # e.g. ["finish_reason"] would otherwise pass the `in` tests below
-        raise WorkerUnavailable(f"worker sent a line that is not an object: {line[:200]!r}")
+        if "error" in data:
+            failure = StreamError.model_validate(data)
+            raise WorkerUnavailable(f"worker failed: {peer_text.escape(failure.error)}")
+        item: StreamItem = (
+            Finish.model_validate(data)
+            if "finish_reason" in data
+            else TokenStep.model_validate(data)
+        )
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in error["loc"])
+        raise WorkerProtocolError(
+            f"worker sent an invalid item ({where}: {error['msg']}): {peer_text.escape(line)}"
+        ) from None
+    if max_token_id is not None:
+        for token_id in item.token_ids:
+            if token_id > max_token_id:
+                raise WorkerProtocolError(
+                    f"worker sent token id {token_id}, outside the model's vocabulary (largest "
+                    f"id {max_token_id})"
+                )
     return item
 
 
@@ -249,41 +218,99 @@ def _refusal(status: int, text: str) -> RequestRefused | None:
     field, error = body.get("field"), body.get("error")
     if not isinstance(field, str) or not isinstance(error, str):
         return None
-    if field.split(".", 1)[0] not in CLIENT_FIELDS:
+    if not _is_client_field(field):
         return None
-    return RequestRefused(error, field)
+    return RequestRefused(peer_text.escape(error), field)
+
+
+def _is_client_field(field: str) -> bool:
+    """Whether ``field`` is a request field as the wire format names them (``token_ids``,
+    ``token_ids.<index>``, ``sampling`` or ``sampling.<a SamplingOptions field>``): the field
+    a refusal names becomes the ``param`` of the client's 400, so nothing else gets through."""
+    head, _, rest = field.partition(".")
+    if head == "token_ids":
+        return not rest or (rest.isascii() and rest.isdigit() and len(rest) <= 12)
+    if head == "sampling":
+        return not rest or rest in SamplingOptions.model_fields
+    return False
 
 
 async def generate(
-    session: aiohttp.ClientSession, endpoint: str, request: GenerateRequest | dict
-) -> AsyncIterator[dict]:
-    """Stream one request's items from a worker. Raises :class:`WorkerUnavailable`, or
+    session: aiohttp.ClientSession,
+    endpoint: str,
+    request: GenerateRequest | dict,
+    *,
+    max_token_id: int | None = None,
+) -> AsyncGenerator[StreamItem, None]:
+    """Stream one request's items from a worker, each validated (:func:`parse_item`, with the
+    model's largest id ``max_token_id``). Raises :class:`WorkerUnavailable` (its subclass
+    :class:`WorkerProtocolError` for an answer that breaks the wire format), or
     :class:`RequestRefused` before the first item for a 400 about the request itself.
 
-    ``request`` is a :class:`GenerateRequest` (or its JSON form as a dict).
+    ``request`` is a :class:`GenerateRequest` (or its JSON form as a dict). The session must
+    not decompress (``auto_decompress=False``: see the module docstring).
     """
     url = endpoint.rstrip("/") + GENERATE_PATH
     if isinstance(request, GenerateRequest):
         request = request.model_dump(mode="json")
+    budget = STREAM_BASE_BYTES + STREAM_BYTES_PER_TOKEN * int(request["sampling"]["max_tokens"])
     try:
         async with session.post(url, json=request) as response:
             if response.status != 200:
-                text = await response.text()
-                refused = _refusal(response.status, text)
-                if refused is not None:
-                    raise refused
-                raise WorkerUnavailable(f"worker answered {response.status}: {text[:200]}")
+                raise await _failure(response)
             finished = False
-            async for line in response.content:
-                if not line.strip():
-                    continue
-                item = _parse_line(line)
-                if "error" in item:
-                    raise WorkerUnavailable(f"worker failed: {item['error']}")
-                if "finish_reason" in item:
-                    finished = True
+            async for line in _lines(response.content, budget):
+                if finished:
+                    raise WorkerProtocolError("worker sent a line after its finish line")
+                item = parse_item(line, max_token_id)
+                finished = isinstance(item, Finish)
                 yield item
             if not finished:
                 raise WorkerUnavailable("worker closed the stream before finishing")
     except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as exc:
-        raise WorkerUnavailable(f"worker at {endpoint} unreachable: {exc}") from exc
+        raise WorkerUnavailable(
+            f"worker at {peer_text.escape(endpoint)} unreachable: "
+            f"{peer_text.escape(str(exc) or type(exc).__name__)}"
+        ) from exc
+
+
+async def _failure(response: aiohttp.ClientResponse) -> Exception:
+    """What a non-200 answer means: :class:`RequestRefused` (a 400 naming a request field) or
+    :class:`WorkerUnavailable`. At most :data:`ERROR_BODY_LIMIT` bytes of it are read; a body
+    the worker says is encoded is not read at all (it would have to be inflated)."""
+    body = b""
+    if response.headers.get("Content-Encoding", "identity").strip().lower() == "identity":
+        while len(body) < ERROR_BODY_LIMIT:
+            chunk = await response.content.read(ERROR_BODY_LIMIT - len(body))
+            if not chunk:
+                break
+            body += chunk
+    text = body.decode("utf-8", errors="replace")
+    refused = _refusal(response.status, text)
+    if refused is not None:
+        return refused
+    return WorkerUnavailable(f"worker answered {response.status}: {peer_text.escape(text)}")
+
+
+async def _lines(content: aiohttp.StreamReader, budget: int) -> AsyncIterator[bytes]:
+    """The non-blank lines of a stream, each at most :data:`MAX_LINE_BYTES`, all of them
+    within ``budget`` bytes; raises :class:`WorkerProtocolError` past either bound."""
+    pending = bytearray()
+    async for chunk in content.iter_any():
+        budget -= len(chunk)
+        if budget < 0:
+            raise WorkerProtocolError(
+                "worker sent more than the stream's budget of bytes for its max_tokens"
+            )
+        pending += chunk
+        while (end := pending.find(b"\n")) >= 0:
+            if end > MAX_LINE_BYTES:
+                break
+            line = bytes(pending[:end])
+            del pending[: end + 1]
+            if line.strip():
+                yield line
+        if len(pending) > MAX_LINE_BYTES and pending.find(b"\n", 0, MAX_LINE_BYTES + 1) < 0:
+            raise WorkerProtocolError(f"worker sent a line over {MAX_LINE_BYTES} bytes")
+    if pending.strip():
+        yield bytes(pending)  # the last line, without its newline

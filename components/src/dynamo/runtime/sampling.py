@@ -10,7 +10,7 @@ frontend accepts is one vLLM accepts.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import (
     BaseModel,
@@ -26,27 +26,47 @@ from pydantic import (
 
 # Strict: a JSON number (an integer is fine), never a string or a boolean ("0.5" and true are
 # what a buggy peer sends; accepting them would hide the bug).
+# The ranges of each field, named once: the frontend's OpenAI request models use the same types.
 Penalty = Annotated[StrictFloat, Field(ge=-2.0, le=2.0)]
+Temperature = Annotated[StrictFloat, Field(ge=0.0)]
+TopP = Annotated[StrictFloat, Field(gt=0.0, le=1.0)]
+TopK = Annotated[StrictInt, Field(ge=-1)]  # vLLM: 0 or -1 disables top-k
+MinP = Annotated[StrictFloat, Field(ge=0.0, le=1.0)]
+RepetitionPenalty = Annotated[StrictFloat, Field(gt=0.0)]
+# vLLM's seed range (a C long).
+Seed = Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)]
+TokenCount = Annotated[StrictInt, Field(ge=1)]
+MinTokens = Annotated[StrictInt, Field(ge=0)]
+StopText = Annotated[StrictStr, Field(min_length=1)]
 
 
-class SamplingOptions(BaseModel):
+class SamplerFields(BaseModel):
+    """The sampler's settings that a client's request and the request plane carry alike, with
+    vLLM's types and ranges; None leaves the model's default (its generation config)."""
+
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None
+    min_p: MinP | None = None
+    seed: Seed | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    repetition_penalty: RepetitionPenalty | None = None
+
+    def sampler_settings(self) -> dict[str, Any]:
+        """These fields' values, by name (to build another model that has them)."""
+        return {name: getattr(self, name) for name in SamplerFields.model_fields}
+
+
+class SamplingOptions(SamplerFields):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     # Already capped by the frontend so that prompt + completion fits the model's context.
-    max_tokens: Annotated[StrictInt, Field(ge=1)]
-    min_tokens: Annotated[StrictInt, Field(ge=0)] = 0
-    temperature: Annotated[StrictFloat, Field(ge=0.0)] | None = None
-    top_p: Annotated[StrictFloat, Field(gt=0.0, le=1.0)] | None = None
-    # vLLM: 0 or -1 disables top-k.
-    top_k: Annotated[StrictInt, Field(ge=-1)] | None = None
-    min_p: Annotated[StrictFloat, Field(ge=0.0, le=1.0)] | None = None
-    seed: StrictInt | None = None
-    presence_penalty: Penalty | None = None
-    frequency_penalty: Penalty | None = None
-    repetition_penalty: Annotated[StrictFloat, Field(gt=0.0)] | None = None
+    max_tokens: TokenCount
+    min_tokens: MinTokens = 0
     # Stop strings, matched on the detokenized text. The frontend is authoritative (it hides
     # them from the output and ends the stream); engines that can match them too stop sooner.
-    stop: tuple[Annotated[StrictStr, Field(min_length=1)], ...] = ()
+    stop: tuple[StopText, ...] = ()
     # Token ids that end the completion with finish_reason "stop" (the card's EOS ids, unless
     # ignore_eos) and are not part of the returned text.
     stop_token_ids: tuple[Annotated[StrictInt, Field(ge=0)], ...] = ()

@@ -2,46 +2,42 @@
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from dynamo.common.configuration import (
     Choice,
     FiniteFloat,
-    Host,
     IntRange,
     Option,
     Surface,
     Text,
     build_parser,
     gc_options,
+    host_option,
     parse_surface,
+    port_option,
 )
 from dynamo.common.configuration.drain_options import drain_option
-from dynamo.common.configuration.runtime_options import (
-    DISCOVERY_OPTIONS,
-    default_discovery_dir,
-)
+from dynamo.common.configuration.launcher_config import LauncherConfig
+from dynamo.common.configuration.runtime_options import DISCOVERY_OPTIONS
+from dynamo.common.configuration.typed import typed_config
 from dynamo.vllm import self_benchmark_args
 
-REQUEST_PLANE_HOST = Option(
-    name="request-plane-host",
-    env_var="DYN_VLLM_REQUEST_PLANE_HOST",
-    default="127.0.0.1",
-    kind=Host(),
-    metavar="HOST",
-    help="Address the worker's request plane listens on (the frontend connects to it)",
+REQUEST_PLANE_HOST = host_option(
+    "request-plane-host",
+    "DYN_VLLM_REQUEST_PLANE_HOST",
+    "127.0.0.1",
+    "Address the worker's request plane listens on (the frontend connects to it)",
 )
 
-REQUEST_PLANE_PORT = Option(
-    name="request-plane-port",
-    env_var="DYN_VLLM_REQUEST_PLANE_PORT",
-    default=0,
-    kind=IntRange(0, 65535),
-    metavar="PORT",
-    help="Port of the worker's request plane (0 picks a free port)",
+REQUEST_PLANE_PORT = port_option(
+    "request-plane-port",
+    "DYN_VLLM_REQUEST_PLANE_PORT",
+    0,
+    "Port of the worker's request plane (0 picks a free port)",
 )
 
 TENSOR_PARALLEL_SIZE = Option(
@@ -57,22 +53,18 @@ TENSOR_PARALLEL_SIZE = Option(
     ),
 )
 
-SYSTEM_HOST = Option(
-    name="system-host",
-    env_var="DYN_SYSTEM_HOST",
-    default="0.0.0.0",
-    kind=Host(),
-    metavar="HOST",
-    help="Address the system server (/live, /health, /metrics) listens on, with --system-port",
+SYSTEM_HOST = host_option(
+    "system-host",
+    "DYN_SYSTEM_HOST",
+    "0.0.0.0",
+    "Address the system server (/live, /health, /metrics) listens on, with --system-port",
 )
 
-SYSTEM_PORT = Option(
-    name="system-port",
-    env_var="DYN_SYSTEM_PORT",
-    default=None,
-    kind=IntRange(0, 65535),
-    metavar="PORT",
-    help=(
+SYSTEM_PORT = port_option(
+    "system-port",
+    "DYN_SYSTEM_PORT",
+    None,
+    (
         "Serve GET /live (liveness: 200 while the process answers, in every phase), GET "
         "/health (readiness: 200 once serving, 503 while starting or draining) and GET "
         "/metrics on this port (unset: no system server; 0 picks a free port and logs it)"
@@ -219,33 +211,88 @@ _PARSED = dataclasses.replace(SURFACE, options=ALL_OPTIONS)
 HELP_FLAGS = ("-h", "--help")
 
 
+@dataclass(frozen=True)
+class SelfBenchmarkSettings:
+    """The self-benchmark's options (see :mod:`dynamo.vllm.self_benchmark_args`)."""
+
+    points: int
+    output: str | None
+    policy: str
+    freeze_interval_s: float
+    worker_extension_cls: str | None
+
+    @property
+    def enabled(self) -> bool:
+        return self.points > 0
+
+
+@dataclass(frozen=True)
+class WorkerConfig(LauncherConfig):
+    """``python -m dynamo.vllm``'s options, parsed: one field per option of
+    :data:`ALL_OPTIONS` (held to them by
+    :func:`~dynamo.common.configuration.typed.typed_config`), and ``vllm_args``: the arguments
+    the worker does not know, in order, for vLLM's own parser (``--engine vllm``)."""
+
+    model: str
+    served_model_name: str | None
+    engine: str
+    chat_template: str | None
+    tensor_parallel_size: int
+    request_plane_host: str
+    request_plane_port: int
+    mock_token_ms: float
+    mock_max_model_len: int | None
+    mock_init_ms: float
+    mock_heap_objects: int
+    system_host: str
+    system_port: int | None
+    self_benchmark_points: int
+    self_benchmark_output: str | None
+    fpm_gc_policy: str
+    fpm_gc_freeze_interval_s: float
+    worker_extension_cls: str | None
+    vllm_args: tuple[str, ...]
+
+    @property
+    def self_benchmark(self) -> SelfBenchmarkSettings:
+        return SelfBenchmarkSettings(
+            self.self_benchmark_points,
+            self.self_benchmark_output,
+            self.fpm_gc_policy,
+            self.fpm_gc_freeze_interval_s,
+            self.worker_extension_cls,
+        )
+
+    @property
+    def served_name(self) -> str:
+        """The name the worker registers: --served-model-name, else --model."""
+        return self.served_model_name or self.model
+
+
 def parse_args(
     argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
-) -> argparse.Namespace:
+) -> WorkerConfig:
     """The worker's options; with ``--engine vllm`` the rest goes to vLLM.
 
     The worker's own options are parsed first. With ``--engine vllm`` every argument the worker
-    does not know is kept, in order, in ``config.vllm_args`` for vLLM's own parser (see
-    ``dynamo.vllm.vllm_engine.parse_vllm_args``), so vLLM's flags work as they are; with the mock
-    engine an unknown argument exits 2 as usual. ``--help`` prints the worker's options, then,
-    with ``--engine vllm``, vLLM's engine arguments (exit 0).
+    does not know is kept, in order, in ``vllm_args`` for vLLM's own parser (see
+    ``dynamo.vllm.vllm_args``), so vLLM's flags work as they are; with the mock engine an
+    unknown argument exits 2 as usual. ``--help`` prints the worker's options, then, with
+    ``--engine vllm``, vLLM's engine arguments (exit 0).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     words = argv[: argv.index("--")] if "--" in argv else argv
     if any(word in HELP_FLAGS for word in words):
         _print_help([word for word in argv if word not in HELP_FLAGS], env)
-    config, rest = parse_surface(_PARSED, argv, env, allow_unknown=True)
-    if rest and config.engine != "vllm":
+    parsed, rest = parse_surface(_PARSED, argv, env, allow_unknown=True)
+    if rest and parsed.engine != "vllm":
         parse_surface(_PARSED, argv, env)  # exits 2, naming the unrecognized arguments
-    if config.model is None:
+    if parsed.model is None:
         build_parser(_PARSED).error(
             f"{MODEL.source_label()} is required: with --engine vllm the model to load (a "
             "directory or a Hugging Face id), with --engine mock a tokenizer directory"
         )
-    config.vllm_args = list(rest)
-    if config.discovery_dir is None:
-        config.discovery_dir = default_discovery_dir()
-    return config
+    return typed_config(WorkerConfig, parsed, vllm_args=tuple(rest))
 
 
 def _print_help(argv: list[str], env: Mapping[str, str] | None) -> None:
@@ -253,7 +300,7 @@ def _print_help(argv: list[str], env: Mapping[str, str] | None) -> None:
     config, _ = parse_surface(_PARSED, argv, env, allow_unknown=True)
     build_parser(_PARSED).print_help()
     if config.engine == "vllm":
-        from dynamo.vllm.engine_factory import print_vllm_help
+        from dynamo.vllm.vllm_help import print_vllm_help
 
         sys.stdout.flush()
         print_vllm_help()

@@ -7,7 +7,7 @@ interchangeable.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any, Protocol
 
 from dynamo.runtime.model_card import ModelCard
@@ -53,7 +53,7 @@ class Engine(Protocol):
         Raises :class:`EngineInitFailed` when the engine cannot start.
         """
 
-    def generate(self, request: GenerateRequest) -> AsyncIterator[dict]:
+    def generate(self, request: GenerateRequest) -> AsyncGenerator[dict, None]:
         """Stream request-plane items for one request (see dynamo.runtime.request_plane).
 
         Raises :class:`dynamo.runtime.request_plane.BadGenerateRequest` before the first item

@@ -4,88 +4,75 @@
 The vLLM adapter is imported only when asked for: importing vLLM pulls in torch (seconds, and
 hundreds of thousands of objects), which the mock engine must not pay for. Without vLLM the
 worker exits 2 saying so and naming ``--engine mock``; it never falls back on its own.
+
+Building an engine has two steps. :func:`prepare_engine` runs before the event loop exists and
+checks everything that bad input can break (vLLM's own arguments, the mock's model directory);
+what it derives is held by the builder it returns, never written back to the configuration.
+Calling the builder creates the engine (nothing starts before ``Engine.start``).
 """
 
 from __future__ import annotations
 
-import argparse
+import functools
 import importlib
+from collections.abc import Callable
 from types import ModuleType
 
-from dynamo.vllm.backend_args import ENGINE, MODEL
+from dynamo.vllm.backend_args import ENGINE, MODEL, WorkerConfig
 from dynamo.vllm.engine import Engine, EngineUnavailable
 from dynamo.vllm.mock_engine import MockEngine, load_mock_config_model
 from dynamo.vllm.mock_model import BadModelDirectory
+from dynamo.vllm.vllm_help import VLLM_MISSING_HINT
 
-VLLM_MISSING_HINT = (
-    "install it into a separate environment with scripts/setup_vllm_env.sh and run the worker "
-    "from there, or run the built-in mock engine with --engine mock --model <tokenizer dir>"
-)
+EngineBuilder = Callable[[], Engine]
 
 
-def prepare_engine(config: argparse.Namespace, *, worker_extension_cls: str | None = None) -> None:
-    """Check what can fail in the chosen engine on bad input, before anything starts.
+def prepare_engine(
+    config: WorkerConfig, *, worker_extension_cls: str | None = None
+) -> EngineBuilder:
+    """Check what can fail in the chosen engine on bad input, before anything starts; return
+    the engine's builder.
 
     With ``--engine vllm``: import vLLM (seconds; ``main()`` calls this before the event loop
-    exists) and parse vLLM's own arguments (``config.vllm_args``) into
-    ``config.vllm_engine_args``, which :func:`build_engine` then uses. Raises
-    :class:`EngineUnavailable` when vLLM is missing or an argument is bad (vLLM's parser has
-    printed why). With ``--engine mock``: load the tokenizer directory ``--model`` names into
-    ``config.mock_model`` (a bad one raises :class:`EngineUnavailable` naming the option).
+    exists) and parse vLLM's own arguments (``config.vllm_args``). With ``--engine mock``: load
+    the tokenizer directory ``--model`` names. Raises :class:`EngineUnavailable` when vLLM is
+    missing, an argument is bad (vLLM's parser has printed why) or the mock's directory is not a
+    model's (the message names the option).
+
+    ``worker_extension_cls`` is a qualified class name whose methods every rank's worker gets
+    (vLLM's ``worker_extension_cls``); the self-benchmark's GC policy uses it.
     """
     if config.engine == "mock":
         try:
-            config.mock_model = load_mock_config_model(config)
+            model = load_mock_config_model(config)
         except BadModelDirectory as exc:
             raise EngineUnavailable(f"{MODEL.source_label()}: {exc}") from None
+        return functools.partial(
+            MockEngine.from_config, config, model=model, worker_extension_cls=worker_extension_cls
+        )
     if config.engine == "vllm":
-        vllm_engine = _import_vllm_adapter()
-        config.vllm_engine_args = vllm_engine.engine_args_from_config(
+        _import_vllm()
+        vllm_args = importlib.import_module("dynamo.vllm.vllm_args")
+        vllm_engine = importlib.import_module("dynamo.vllm.vllm_engine")
+        engine_args = vllm_args.engine_args_from_config(
             config, worker_extension_cls=worker_extension_cls
         )
-
-
-def build_engine(config: argparse.Namespace, *, worker_extension_cls: str | None = None) -> Engine:
-    """The engine for ``config.engine``; raises :class:`EngineUnavailable` when it cannot run here.
-
-    ``worker_extension_cls`` is a qualified class name whose methods every rank's worker gets
-    (vLLM's ``worker_extension_cls``); the self-benchmark's GC policy uses it. Building starts
-    nothing (``Engine.start`` does), but for vLLM it imports vLLM unless :func:`prepare_engine`
-    has: call it off the event loop.
-    """
-    if config.engine == "mock":
-        return MockEngine.from_config(config, worker_extension_cls=worker_extension_cls)
-    if config.engine == "vllm":
-        vllm_engine = _import_vllm_adapter()
-        return vllm_engine.build_vllm_engine(config, worker_extension_cls=worker_extension_cls)
+        return functools.partial(
+            vllm_engine.VllmEngine, engine_args, chat_template=config.chat_template
+        )
     raise EngineUnavailable(f"unknown engine {config.engine!r} (choose mock or vllm)")
 
 
-def _import_vllm_adapter() -> ModuleType:
+def build_engine(config: WorkerConfig, *, worker_extension_cls: str | None = None) -> Engine:
+    """The engine for ``config.engine`` (:func:`prepare_engine`, then its builder)."""
+    return prepare_engine(config, worker_extension_cls=worker_extension_cls)()
+
+
+def _import_vllm() -> ModuleType:
     try:
-        importlib.import_module("vllm")
+        return importlib.import_module("vllm")
     except ImportError as exc:
         raise EngineUnavailable(
             f"{ENGINE.source_label()} is vllm (the default): vLLM is not installed in this "
             f"Python environment ({exc}); " + VLLM_MISSING_HINT
         ) from exc
-    try:
-        return importlib.import_module("dynamo.vllm.vllm_engine")
-    except ModuleNotFoundError as exc:
-        if exc.name != "dynamo.vllm.vllm_engine":
-            raise
-        raise EngineUnavailable(
-            "--engine vllm: this build of dynamo has no vLLM adapter "
-            "(dynamo.vllm.vllm_engine); use --engine mock"
-        ) from exc
-
-
-def print_vllm_help() -> None:
-    """vLLM's engine arguments, as ``--help`` lists them after the worker's own options."""
-    try:
-        vllm_engine = _import_vllm_adapter()
-    except EngineUnavailable as exc:
-        print(f"\nvLLM's engine arguments are not listed: {exc}")
-        return
-    print("\nEvery other argument goes to vLLM (--engine vllm):\n")
-    vllm_engine.vllm_arg_parser().print_help()

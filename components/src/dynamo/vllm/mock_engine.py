@@ -30,11 +30,10 @@ tokenizes with DIR's own tokenizer and detokenizes what the mock streams.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncGenerator, Iterator, Sequence
 from typing import Any
 
 from tokenizers.decoders import DecodeStream
@@ -43,6 +42,7 @@ from dynamo.common.utils.synthetic_heap import TRACKED_PER_UNIT, build_synthetic
 from dynamo.runtime.model_card import ModelCard, out_of_vocabulary
 from dynamo.runtime.request_plane import BadGenerateRequest, GenerateRequest
 from dynamo.runtime.sampling import SamplingOptions
+from dynamo.vllm.backend_args import WorkerConfig
 from dynamo.vllm.mock_model import MockModel, load_mock_model
 
 logger = logging.getLogger(__name__)
@@ -70,7 +70,9 @@ class MockCompletion:
     def check_prompt(self) -> None:
         """Raise :class:`BadGenerateRequest` for what vLLM refuses too: an id outside the
         model's vocabulary, a prompt that leaves no room in the context."""
-        found = out_of_vocabulary(self.prompt, self.model.card.max_token_id)
+        max_token_id = self.model.card.max_token_id
+        assert max_token_id is not None, "the mock's card always has its vocabulary's bound"
+        found = out_of_vocabulary(self.prompt, max_token_id)
         if found is not None:
             index, message = found
             raise BadGenerateRequest(message, field=f"token_ids.{index}")
@@ -159,16 +161,21 @@ class MockEngine:
 
     @classmethod
     def from_config(
-        cls, config: argparse.Namespace, *, worker_extension_cls: str | None = None
+        cls,
+        config: WorkerConfig,
+        *,
+        model: MockModel | None = None,
+        worker_extension_cls: str | None = None,
     ) -> MockEngine:
-        model = getattr(config, "mock_model", None) or load_mock_config_model(config)
+        """The mock engine the worker's options describe; ``model`` when start-up has loaded
+        it already (else it is loaded from ``--model`` now)."""
         return cls(
-            model,
+            model if model is not None else load_mock_config_model(config),
             token_ms=config.mock_token_ms,
             heap_objects=config.mock_heap_objects,
-            init_ms=getattr(config, "mock_init_ms", 0.0),
-            tensor_parallel_size=getattr(config, "tensor_parallel_size", 1),
-            use_ranks=getattr(config, "self_benchmark_points", 0) > 0,
+            init_ms=config.mock_init_ms,
+            tensor_parallel_size=config.tensor_parallel_size,
+            use_ranks=config.self_benchmark.enabled,
             worker_extension_cls=worker_extension_cls,
         )
 
@@ -212,7 +219,7 @@ class MockEngine:
             )
         self.started = True
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[dict]:
+    async def generate(self, request: GenerateRequest) -> AsyncGenerator[dict, None]:
         completion = MockCompletion(self.model, request.token_ids, request.sampling)
         completion.check_prompt()  # before the first item: the request plane answers 400
         self.requests_started += 1
@@ -264,7 +271,7 @@ class MockEngine:
         self.started = False
 
 
-def load_mock_config_model(config: argparse.Namespace) -> MockModel:
+def load_mock_config_model(config: WorkerConfig) -> MockModel:
     """The mock engine's model from the worker's options (``--model`` is the directory);
     raises :class:`dynamo.vllm.mock_model.BadModelDirectory`."""
     return load_mock_model(

@@ -27,6 +27,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from dynamo.runtime.model_card import ModelCard
+from dynamo.runtime.tokenizer_config import token_text
 
 TOKENIZER_FILE = "tokenizer.json"
 # config.json keys that hold the context length, as vLLM's max-length lookup reads them.
@@ -65,15 +66,6 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def _token_text(value: Any) -> str | None:
-    """A tokenizer_config.json token: a string, or an AddedToken dict with "content"."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, dict) and isinstance(value.get("content"), str):
-        return value["content"]
-    return None
-
-
 def _ids(value: Any) -> list[int]:
     if isinstance(value, bool):
         return []
@@ -102,7 +94,7 @@ def read_context_length(directory: Path) -> int | None:
 
 def read_eos_token_ids(directory: Path, tokenizer: Tokenizer) -> tuple[int, ...]:
     eos_ids: list[int] = []
-    eos_text = _token_text(_read_json(directory / "tokenizer_config.json").get("eos_token"))
+    eos_text = token_text(_read_json(directory / "tokenizer_config.json").get("eos_token"))
     if eos_text is not None:
         eos_id = tokenizer.token_to_id(eos_text)
         if eos_id is not None:

@@ -300,7 +300,7 @@ class RankGroup:
         # Shielded: a cancelled caller leaves the receives running; the next call drains them.
         results = await asyncio.shield(asyncio.gather(*futures))
         self._pending = []
-        return dict(zip(ranks, results))
+        return dict(zip(ranks, results, strict=True))  # gather keeps one result per rank
 
     def _recv(self, rank: int) -> tuple[str, Any]:
         try:

@@ -10,33 +10,25 @@ The policy is stopped on every exit
 path (success, exception, KeyboardInterrupt, cancellation) before this function returns or
 raises, so the serving freeze that follows sees stock thresholds, as if the benchmark never ran.
 
-Before the engine is built, the worker calls :func:`resolve_worker_extension` (the ranks must load
-the extension) and :func:`export_policy_env` (the ranks read the policy from their environment).
+Before the engine is built, the worker resolves the hooks every process needs
+(:mod:`dynamo.vllm.self_benchmark_hooks`).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
-import os
 import random
 import statistics
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import IO, Any
 
 from dynamo.vllm import gc_policy
-from dynamo.vllm.ranks import RankError, resolve_qualname
-from dynamo.vllm.self_benchmark_args import (
-    FPM_GC_POLICY,
-    POLICY_FREEZE,
-    WORKER_EXTENSION_CLS,
-)
-from dynamo.vllm.worker_extension import QUALNAME as POLICY_EXTENSION
-from dynamo.vllm.worker_extension import FpmGcWorkerExtension
+from dynamo.vllm.backend_args import WorkerConfig
+from dynamo.vllm.ranks import RankError
+from dynamo.vllm.self_benchmark_hooks import policy_active
 
 logger = logging.getLogger(__name__)
 
@@ -48,126 +40,6 @@ SWEEP_SEED = 0
 # policy defers (cycles that reached a frozen generation) from piling up.
 MAINTAIN_EVERY_POINTS = 1000
 OUTLIER_FACTOR = 3.0
-
-
-class WorkerExtensionConflict(ValueError):
-    """The user's worker extension would leave the ranks without the GC policy."""
-
-
-def policy_active(config: argparse.Namespace) -> bool:
-    """The policy runs when the self-benchmark does and ``--fpm-gc-policy`` is ``freeze``."""
-    return config.self_benchmark_points > 0 and config.fpm_gc_policy == POLICY_FREEZE
-
-
-def _policy_hook(
-    config: argparse.Namespace,
-    user_value: Any,
-    *,
-    ours: str,
-    base: Any,
-    what: str,
-    needs: str,
-    conflict: type[ValueError],
-) -> Any:
-    """The class a vLLM hook (``what``) must name while the self-benchmark runs.
-
-    Ours (``ours``, the qualified name of ``base``) is injected when the user set none, with the
-    policy off too (it then only installs the pause logger and reports the heap, so the two arms
-    of an A/B differ in the policy alone). With the policy active a user's class must subclass
-    ``base`` (else ``conflict``); with it off, or outside the self-benchmark, the user's value
-    is returned untouched.
-    """
-    if config.self_benchmark_points <= 0:
-        return user_value
-    if user_value is None or user_value == ours:
-        return ours
-    if not policy_active(config):
-        return user_value
-    try:
-        found = user_value if isinstance(user_value, type) else resolve_qualname(user_value)
-    except Exception as exc:  # noqa: BLE001 - any import failure is the same operator error
-        raise conflict(f"{what} {user_value!r} cannot be loaded ({exc})") from None
-    if isinstance(found, type) and issubclass(found, base):
-        return user_value
-    raise conflict(
-        f"{what} is {user_value!r}, but {FPM_GC_POLICY.source_label()} 'freeze' with the "
-        f"self-benchmark needs {needs} {ours}: make yours subclass it, or set "
-        f"{FPM_GC_POLICY.flag} off"
-    )
-
-
-def check_worker_extension(config: argparse.Namespace) -> str | None:
-    """The ``worker_extension_cls`` the engine must get (raises on a conflict): every rank
-    loads :class:`FpmGcWorkerExtension` while the self-benchmark runs (:func:`_policy_hook`)."""
-    return _policy_hook(
-        config,
-        config.worker_extension_cls,
-        ours=POLICY_EXTENSION,
-        base=FpmGcWorkerExtension,
-        what=WORKER_EXTENSION_CLS.source_label(),
-        needs="every rank to load",
-        conflict=WorkerExtensionConflict,
-    )
-
-
-def resolve_worker_extension(config: argparse.Namespace) -> str | None:
-    """:func:`check_worker_extension`, with a conflict ending the program like a bad flag (2)."""
-    try:
-        return check_worker_extension(config)
-    except WorkerExtensionConflict as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
-
-
-class SchedulerConflict(ValueError):
-    """The user's vLLM ``--scheduler-cls`` would leave EngineCore without the GC policy."""
-
-
-def check_scheduler_cls(config: argparse.Namespace, user_value: Any) -> Any:
-    """The vLLM ``scheduler_cls`` EngineCore must get (raises on a conflict); vLLM only.
-
-    The rule of :func:`check_worker_extension`, for vLLM's own ``--scheduler-cls``:
-    :class:`dynamo.vllm.gc_scheduler.FpmGcScheduler` while the self-benchmark runs.
-    """
-    from dynamo.vllm.gc_scheduler import QUALNAME as POLICY_SCHEDULER
-    from dynamo.vllm.gc_scheduler import FpmGcScheduler
-
-    return _policy_hook(
-        config,
-        user_value,
-        ours=POLICY_SCHEDULER,
-        base=FpmGcScheduler,
-        what="vLLM's --scheduler-cls",
-        needs="vLLM's EngineCore process to run",
-        conflict=SchedulerConflict,
-    )
-
-
-def resolve_scheduler_cls(config: argparse.Namespace, user_value: Any) -> Any:
-    """:func:`check_scheduler_cls`, with a conflict ending the program like a bad flag (2)."""
-    try:
-        return check_scheduler_cls(config, user_value)
-    except SchedulerConflict as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
-
-
-def policy_env_for(config: argparse.Namespace) -> dict[str, str]:
-    """The policy env vars the engine's rank processes need (none outside benchmark mode)."""
-    if config.self_benchmark_points <= 0:
-        return {}
-    return gc_policy.policy_env(
-        gc_policy.PolicyConfig(config.fpm_gc_policy, config.fpm_gc_freeze_interval_s)
-    )
-
-
-def export_policy_env(config: argparse.Namespace) -> None:
-    """Give the engine's rank processes (started later, never seeing argv) this policy config.
-
-    The values were validated by the parser, so a rank reads back exactly what was given on the
-    command line or in the environment.
-    """
-    os.environ.update(policy_env_for(config))
 
 
 def sequence_lengths(max_seq_len: int | None = None) -> tuple[int, ...]:
@@ -323,13 +195,13 @@ async def _engine_core(engine: Any, command: str, **params: Any) -> dict | None:
         return None
 
 
-async def _install_pause_loggers(engine: Any, config: argparse.Namespace) -> None:
+async def _install_pause_loggers(engine: Any, config: WorkerConfig) -> None:
     """The worker's ``--gc-pause-log-ms`` in every process of the sweep, not only this one.
 
     Diagnostic: a process that cannot take it (a user's extension or scheduler, with the policy
     off) is logged and the sweep goes on.
     """
-    threshold_ms = float(getattr(config, "gc_pause_log_ms", 0.0) or 0.0)
+    threshold_ms = config.gc_pause_log_ms
     if threshold_ms <= 0:
         return
     try:
@@ -355,7 +227,7 @@ async def _log_gc_reports(engine: Any, phase: str) -> None:
         logger.info("%s%s", REPORT_LINE, json.dumps({"phase": phase, **report}, sort_keys=True))
 
 
-async def _start_policy(engine: Any, config: argparse.Namespace) -> None:
+async def _start_policy(engine: Any, config: WorkerConfig) -> None:
     gc_policy.start_policy(interval_s=config.fpm_gc_freeze_interval_s)
     started = await engine.collective_rpc("fpm_gc_start")
     unpoliced = [rank for rank, running in enumerate(started) if not running]
@@ -390,11 +262,11 @@ async def _stop_policy(
             errors.append(exc)
     if errors and raise_errors:
         raise errors[0]
-    for exc in errors:
-        logger.error("Stopping the GC policy failed: %s", exc)
+    for error in errors:
+        logger.error("Stopping the GC policy failed: %s", error)
 
 
-async def run_self_benchmark(engine: Any, config: argparse.Namespace) -> BenchmarkSummary:
+async def run_self_benchmark(engine: Any, config: WorkerConfig) -> BenchmarkSummary:
     """Run the sweep (after engine init, before the serving freeze); log and return its summary.
 
     The benchmark's own error propagates after the policy has been stopped everywhere.
@@ -408,7 +280,7 @@ async def run_self_benchmark(engine: Any, config: argparse.Namespace) -> Benchma
         )
     use_policy = policy_active(config)
     policy_name = config.fpm_gc_policy if use_policy else "off"
-    serving_freeze = bool(getattr(config, "freeze_gc_heap", False))
+    serving_freeze = config.freeze_gc_heap
     logger.info(
         "Self-benchmark: %d points, GC policy %s, output %s",
         len(points),

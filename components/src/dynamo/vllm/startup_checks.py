@@ -9,12 +9,11 @@ change, and none is a traceback:
   readable. A bad path exits 2, like a
   bad flag, before engine init and the self-benchmark have spent a minute.
 * :func:`listening` wraps the bind of a listener: a taken port (or an unknown host) becomes a
-  :class:`StartupError`, which ``main()`` logs as one ERROR line before exiting 1.
+  :class:`StartupFailed`, which ``main()`` logs as one ERROR line before exiting 1.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Awaitable, Callable
@@ -23,17 +22,14 @@ from typing import TypeVar
 from dynamo.common.bind_errors import is_host_error
 from dynamo.common.configuration import Option
 from dynamo.common.configuration.runtime_options import DISCOVERY_DIR
+from dynamo.common.launcher import StartupFailed
 from dynamo.runtime.discovery import Discovery, DiscoveryDirError
-from dynamo.vllm.backend_args import CHAT_TEMPLATE
+from dynamo.vllm.backend_args import CHAT_TEMPLATE, WorkerConfig
 from dynamo.vllm.self_benchmark_args import SELF_BENCHMARK_OUTPUT
 
 PROG = "python -m dynamo.vllm"
 
 T = TypeVar("T")
-
-
-class StartupError(Exception):
-    """A start-up step failed for a reason the operator can fix (the message says which)."""
 
 
 class UnusablePath(ValueError):
@@ -46,14 +42,24 @@ def _reason(exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
+def unusable(option: Option, value: str, problem: str, exc: BaseException) -> UnusablePath:
+    """The error naming the option, its value, what the worker cannot do with it, and why."""
+    if isinstance(exc, OSError):
+        reason = _reason(exc)
+    elif isinstance(exc, UnicodeDecodeError):
+        reason = f"not UTF-8 text: {exc}"
+    else:
+        reason = str(exc)
+    return UnusablePath(f"{option.source_label()} is {value!r}: the worker {problem} ({reason})")
+
+
 def check_discovery(discovery: Discovery, directory: str) -> None:
     """The store must be usable by a writer (file: the directory created, a record writable)."""
     try:
         discovery.check(writer=True)
     except DiscoveryDirError as exc:
-        raise UnusablePath(
-            f"{DISCOVERY_DIR.source_label()} is {directory!r}: the worker cannot write its "
-            f"discovery record there ({exc})"
+        raise unusable(
+            DISCOVERY_DIR, directory, "cannot write its discovery record there", exc
         ) from None
 
 
@@ -63,10 +69,7 @@ def create_benchmark_output(path: str) -> None:
         with open(path, "w", encoding="utf-8"):
             pass
     except OSError as exc:
-        raise UnusablePath(
-            f"{SELF_BENCHMARK_OUTPUT.source_label()} is {path!r}: the worker cannot create the "
-            f"file ({_reason(exc)})"
-        ) from None
+        raise unusable(SELF_BENCHMARK_OUTPUT, path, "cannot create the file", exc) from None
 
 
 def check_chat_template(path: str) -> None:
@@ -75,16 +78,13 @@ def check_chat_template(path: str) -> None:
         with open(path, encoding="utf-8") as template:
             template.read()
     except (OSError, UnicodeDecodeError) as exc:
-        reason = _reason(exc) if isinstance(exc, OSError) else f"not UTF-8 text: {exc}"
-        raise UnusablePath(
-            f"{CHAT_TEMPLATE.source_label()} is {path!r}: the worker cannot read it ({reason})"
-        ) from None
+        raise unusable(CHAT_TEMPLATE, path, "cannot read it", exc) from None
 
 
-def check_paths(config: argparse.Namespace, discovery: Discovery, directory: str) -> None:
+def check_paths(config: WorkerConfig, discovery: Discovery, directory: str) -> None:
     """The path options, checked (and created) before anything starts; exits 2 on a bad one."""
     try:
-        if getattr(config, "chat_template", None) is not None:
+        if config.chat_template is not None:
             check_chat_template(config.chat_template)
         check_discovery(discovery, directory)
         if config.self_benchmark_points > 0 and config.self_benchmark_output is not None:
@@ -102,7 +102,7 @@ async def listening(
     host_option: Option,
     port_option: Option,
 ) -> T:
-    """``await bind()``; a failure to listen becomes a :class:`StartupError` naming the option.
+    """``await bind()``; a failure to listen becomes a :class:`StartupFailed` naming the option.
 
     A host that does not resolve or is no address of this machine names the host option,
     anything else (a taken port, a port below 1024 without the privilege) the port option.
@@ -111,7 +111,7 @@ async def listening(
         return await bind()
     except OSError as exc:
         option = host_option if is_host_error(exc) else port_option
-        raise StartupError(
+        raise StartupFailed(
             f"cannot listen on {host}:{port} ({_reason(exc)}): choose another "
             f"{option.source_label()}"
         ) from None

@@ -1,17 +1,6 @@
 """The real engine behind ``python -m dynamo.vllm --engine vllm``: vLLM's ``AsyncLLM``.
 
-The worker parses its own options first; every argument it does not know is handed, in order, to
-vLLM's own parser (``AsyncEngineArgs.add_cli_args`` on vLLM's ``FlexibleArgumentParser``), so
-vLLM's flags work as they are::
-
-    python -m dynamo.vllm --engine vllm --model PATH --max-model-len 256 \\
-        --kv-cache-memory-bytes 64M --enforce-eager
-
-Four of the worker's options are vLLM's too and reach it from the worker: ``--model`` (the
-model to load), ``--served-model-name`` (the name the worker registers; unset: ``--model``),
-``--tensor-parallel-size`` (passed on when not 1) and ``--worker-extension-cls`` (through
-``build_engine``'s ``worker_extension_cls``). With the self-benchmark, vLLM's
-``--scheduler-cls`` is the GC policy's scheduler (:mod:`dynamo.vllm.gc_scheduler`).
+Its arguments are vLLM's own (:mod:`dynamo.vllm.vllm_args`).
 
 Requests arrive as the model's own token ids (the frontend tokenized them with the tokenizer
 the model card names) and are handed to vLLM unchanged, as a ``TokensPrompt``; their
@@ -31,7 +20,6 @@ for ``--engine vllm``.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import itertools
@@ -39,7 +27,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 from vllm import SamplingParams
@@ -60,125 +48,23 @@ except ImportError:  # a vLLM without the v1 engine's exceptions: nothing raises
         pass
 
 
-try:
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-except ImportError:  # vLLM releases before the utils split
-    from vllm.utils import FlexibleArgumentParser  # type: ignore[no-redef]
-
 from dynamo.runtime.model_card import ModelCard, out_of_vocabulary
 from dynamo.runtime.request_plane import BadGenerateRequest, GenerateRequest
-from dynamo.runtime.sampling import SamplingOptions
-from dynamo.vllm.engine import EngineDied, EngineInitFailed, EngineUnavailable
+from dynamo.vllm.backend_args import WorkerConfig
+from dynamo.vllm.engine import EngineDied, EngineInitFailed
 from dynamo.vllm.process_watch import first_exit
+from dynamo.vllm.vllm_args import engine_args_from_config, served_name_of
+from dynamo.vllm.vllm_sampling import sampling_params
 
 logger = logging.getLogger(__name__)
 
-VLLM_PROG = "python -m dynamo.vllm --engine vllm"
-
-
-def vllm_arg_parser() -> FlexibleArgumentParser:
-    """vLLM's own engine-argument parser, as ``vllm serve`` builds it."""
-    parser = FlexibleArgumentParser(
-        prog=VLLM_PROG,
-        description="vLLM engine arguments (everything python -m dynamo.vllm does not know)",
-    )
-    return AsyncEngineArgs.add_cli_args(parser)
-
-
-def parse_vllm_args(rest: Sequence[str]) -> AsyncEngineArgs:
-    """vLLM's engine arguments from the arguments the worker did not recognise.
-
-    Bad input exits 2 with vLLM's own message, as ``vllm serve`` would.
-    """
-    namespace = vllm_arg_parser().parse_args(list(rest))
-    return AsyncEngineArgs.from_cli_args(namespace)
-
-
-def engine_args_from_config(
-    config: argparse.Namespace, *, worker_extension_cls: str | None = None
-) -> AsyncEngineArgs:
-    """The worker's config (its options plus ``config.vllm_args``) as vLLM engine arguments."""
-    argv = ["--model", config.model]
-    served_model_name = getattr(config, "served_model_name", None)
-    if served_model_name:
-        argv += ["--served-model-name", served_model_name]
-    tensor_parallel_size = getattr(config, "tensor_parallel_size", 1)
-    if tensor_parallel_size != 1:
-        # First, so an explicit vLLM -tp/--tensor-parallel-size later in the rest still wins.
-        argv += ["--tensor-parallel-size", str(tensor_parallel_size)]
-    rest = list(getattr(config, "vllm_args", []))
-    try:
-        engine_args = parse_vllm_args(argv + rest)
-    except SystemExit as exc:
-        if exc.code in (0, None):
-            raise
-        # vLLM's parser has printed the reason; the worker's usual exit path turns this into 2.
-        raise EngineUnavailable(f"--engine vllm: invalid vLLM arguments {rest}") from None
-    if worker_extension_cls is not None:
-        engine_args.worker_extension_cls = worker_extension_cls
-    if getattr(config, "self_benchmark_points", 0) > 0:
-        # EngineCore runs the self-benchmark's GC policy through its scheduler (a conflicting
-        # user --scheduler-cls exits 2 here, before anything starts).
-        from dynamo.vllm.self_benchmark import resolve_scheduler_cls
-
-        engine_args.scheduler_cls = resolve_scheduler_cls(config, engine_args.scheduler_cls)
-    return engine_args
-
 
 def build_vllm_engine(
-    config: argparse.Namespace, *, worker_extension_cls: str | None = None
+    config: WorkerConfig, *, worker_extension_cls: str | None = None
 ) -> VllmEngine:
-    """What :func:`dynamo.vllm.engine_factory.build_engine` calls for ``--engine vllm``.
-
-    Uses the arguments ``prepare_engine`` parsed before start-up (``config.vllm_engine_args``)
-    when there are some, else parses them now.
-    """
-    engine_args = getattr(config, "vllm_engine_args", None)
-    if engine_args is None:
-        engine_args = engine_args_from_config(config, worker_extension_cls=worker_extension_cls)
-    return VllmEngine(engine_args, chat_template=getattr(config, "chat_template", None))
-
-
-# SamplingOptions fields that fall back on the model's generation config when a request leaves
-# them unset (vLLM's ModelConfig.get_diff_sampling_param, as its OpenAI server applies them).
-MODEL_DEFAULT_FIELDS = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-)
-
-
-def sampling_params(options: SamplingOptions, model_defaults: dict[str, Any]) -> SamplingParams:
-    """vLLM's ``SamplingParams`` for one request (DELTA output: each step's new tokens)."""
-    chosen: dict[str, Any] = {}
-    for name in MODEL_DEFAULT_FIELDS:
-        value = getattr(options, name)
-        if value is None:
-            value = model_defaults.get(name)
-        if value is not None:
-            chosen[name] = value
-    return SamplingParams(
-        max_tokens=options.max_tokens,
-        min_tokens=options.min_tokens,
-        seed=options.seed,
-        stop=list(options.stop),
-        stop_token_ids=list(options.stop_token_ids),
-        ignore_eos=options.ignore_eos,
-        output_kind=RequestOutputKind.DELTA,
-        **chosen,
-    )
-
-
-def served_name_of(engine_args: AsyncEngineArgs) -> str:
-    """vLLM's first --served-model-name, else --model (what vLLM itself reports)."""
-    names = engine_args.served_model_name
-    if isinstance(names, str):
-        names = [names]
-    return names[0] if names else engine_args.model
+    """The engine for ``config`` (its vLLM arguments parsed now)."""
+    engine_args = engine_args_from_config(config, worker_extension_cls=worker_extension_cls)
+    return VllmEngine(engine_args, chat_template=config.chat_template)
 
 
 def one_line(exc: BaseException) -> str:
@@ -278,7 +164,7 @@ class VllmEngine:
             engine = await asyncio.shield(creation)
         except EngineInitFailed:
             raise
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure of vLLM's init is engine init's
             # E.g. "Engine core initialization failed. See root cause above." after the CPU
             # memory check: the engine core has logged its own traceback; ours would add
             # nothing but noise.
@@ -369,7 +255,7 @@ class VllmEngine:
     def _next_request_id(self, label: str) -> str:
         return f"{label or 'req'}-{self._id_prefix}-{next(self._request_ids)}"
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[dict]:
+    async def generate(self, request: GenerateRequest) -> AsyncGenerator[dict, None]:
         engine = self.engine
         prompt = list(request.token_ids)  # the model's own ids: sent to vLLM unchanged
         self._check_prompt(prompt)
@@ -437,7 +323,7 @@ class VllmEngine:
         watches its own workers and exits when one dies, so a dead worker ends up here too."""
         engine = self.engine
         processes = engine_core_processes(engine)
-        watches = [asyncio.ensure_future(self._reported_dead.wait())]
+        watches: list[asyncio.Future[Any]] = [asyncio.ensure_future(self._reported_dead.wait())]
         if processes:
             watches.append(asyncio.ensure_future(first_exit(processes)))
         try:

@@ -4,7 +4,7 @@ configargparse patches ``argparse`` process-wide when imported, so it is importe
 """
 
 from .gc_options import gc_options
-from .options import Option, Surface
+from .options import Option, Surface, host_option, port_option
 from .parser import DynamoArgParser, build_parser, parse_surface
 from .values import Choice, FiniteFloat, Host, IntRange, Text, parse_bool_word
 
@@ -19,6 +19,8 @@ __all__ = [
     "Text",
     "build_parser",
     "gc_options",
+    "host_option",
     "parse_bool_word",
     "parse_surface",
+    "port_option",
 ]

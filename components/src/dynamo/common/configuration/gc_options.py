@@ -7,8 +7,19 @@ The frontend reads them as ``--dyn-freeze-gc-heap`` / ``DYN_FREEZE_GC_HEAP``; th
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from .options import Option
 from .values import FiniteFloat
+
+
+@dataclass(frozen=True)
+class GcSettings:
+    """What a process does to its GC heap: freeze it at the quiescent point, log long pauses."""
+
+    freeze_gc_heap: bool
+    gc_pause_log_ms: float
+
 
 FREEZE_GC_HEAP = Option(
     name="freeze-gc-heap",

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from .values import Host, IntRange
+
 
 class ValueKind(Protocol):
     def parse(self, text: str) -> Any: ...
@@ -122,3 +124,18 @@ class Surface:
     program: str  # how operators start it, e.g. "python -m dynamo.frontend"
     description: str
     options: Sequence[Option]
+
+
+def host_option(name: str, env_var: str, default: str, help: str) -> Option:
+    """An address a listener binds (checked, and a name resolved, at parse time)."""
+    return Option(
+        name=name, env_var=env_var, default=default, kind=Host(), metavar="HOST", help=help
+    )
+
+
+def port_option(name: str, env_var: str, default: int | None, help: str) -> Option:
+    """A listener's TCP port (0: a free one, which the listener logs)."""
+    return Option(
+        name=name, env_var=env_var, default=default, kind=IntRange(0, 65535), metavar="PORT",
+        help=help,
+    )  # fmt: skip

@@ -7,6 +7,7 @@ import os
 import sys
 import textwrap
 from collections.abc import Mapping, Sequence
+from typing import Literal, overload
 
 import configargparse
 
@@ -136,6 +137,26 @@ def build_parser(surface: Surface, *, extra_options: Sequence[Option] = ()) -> D
     for option in options:
         option.add_to(parser)
     return parser
+
+
+@overload
+def parse_surface(
+    surface: Surface,
+    argv: Sequence[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    *,
+    allow_unknown: Literal[False] = False,
+) -> argparse.Namespace: ...
+
+
+@overload
+def parse_surface(
+    surface: Surface,
+    argv: Sequence[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    *,
+    allow_unknown: Literal[True],
+) -> tuple[argparse.Namespace, list[str]]: ...
 
 
 def parse_surface(

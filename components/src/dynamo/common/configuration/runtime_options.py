@@ -2,34 +2,20 @@
 
 from __future__ import annotations
 
-import getpass
-import os
 import re
-import tempfile
 
-from dynamo.runtime.discovery import DEFAULT_LEASE_TTL_S, DiscoverySettings
+from dynamo.runtime.discovery import DEFAULT_LEASE_TTL_S, MAX_RECORD_BYTES, DiscoverySettings
 from dynamo.runtime.discovery.etcd_endpoints import (
     DEFAULT_ETCD_ENDPOINTS,
     EtcdEndpoint,
     parse_endpoints,
 )
 from dynamo.runtime.discovery.file_backend import HEARTBEATS_PER_TTL
+from dynamo.runtime.discovery.file_store import default_discovery_dir
+from dynamo.runtime.discovery.record import DEFAULT_MAX_RECORDS
 
 from .options import Option
-from .values import Choice, FiniteFloat, Text
-
-
-def default_discovery_dir() -> str:
-    """Per user, so two users on one host never see each other's workers."""
-    runtime_dir = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime_dir:
-        return os.path.join(runtime_dir, "dynamo", "discovery")
-    try:
-        user = getpass.getuser()
-    except Exception:  # noqa: BLE001 - no passwd entry in some containers
-        user = str(os.getuid())
-    return os.path.join(tempfile.gettempdir(), f"dynamo-{user}", "discovery")
-
+from .values import Choice, FiniteFloat, IntRange, Text
 
 DISCOVERY_DIR = Option(
     name="discovery-dir",
@@ -39,8 +25,8 @@ DISCOVERY_DIR = Option(
     metavar="DIR",
     help=(
         "--discovery-backend file: directory where workers publish one JSON record per "
-        "registered model and the frontend watches for them (unset: $XDG_RUNTIME_DIR/dynamo/discovery, else "
-        "<tmpdir>/dynamo-<user>/discovery)"
+        "registered model and the frontend watches for them (unset: "
+        "$XDG_RUNTIME_DIR/dynamo/discovery, else <tmpdir>/dynamo-<user>/discovery)"
     ),
 )
 
@@ -149,8 +135,29 @@ NAMESPACE = Option(
     ),
 )
 
+DISCOVERY_MAX_RECORDS = Option(
+    name="discovery-max-records",
+    env_var="DYN_DISCOVERY_MAX_RECORDS",
+    default=DEFAULT_MAX_RECORDS,
+    kind=IntRange(1, 1_000_000),
+    metavar="N",
+    help=(
+        "Most discovery records the frontend holds (each at most "
+        f"{MAX_RECORD_BYTES // 1024} KiB): whoever can write records cannot make it hold more. "
+        "Records past the limit (the last by file name or key) are ignored, with one WARNING a "
+        "minute. Give every frontend of a deployment the same value"
+    ),
+)
+
 # Every option both launchers read for discovery, in the order their help lists them.
-DISCOVERY_OPTIONS = [DISCOVERY_BACKEND, DISCOVERY_DIR, DISCOVERY_TTL, ETCD_ENDPOINTS, NAMESPACE]
+DISCOVERY_OPTIONS = [
+    DISCOVERY_BACKEND,
+    DISCOVERY_DIR,
+    DISCOVERY_TTL,
+    ETCD_ENDPOINTS,
+    NAMESPACE,
+    DISCOVERY_MAX_RECORDS,
+]
 
 
 def discovery_settings(values) -> DiscoverySettings:
@@ -158,6 +165,8 @@ def discovery_settings(values) -> DiscoverySettings:
     return DiscoverySettings(
         backend=values.discovery_backend,
         directory=values.discovery_dir or default_discovery_dir(),
+        directory_is_default=values.discovery_dir is None,
+        max_records=values.discovery_max_records,
         ttl_s=values.discovery_ttl,
         etcd_endpoints=tuple(values.etcd_endpoints),
         namespace=values.namespace,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
@@ -274,7 +275,7 @@ def declared_names(options) -> set[str]:
     return names
 
 
-def _applies(entry: UpstreamName, program: str, declared: set[str]) -> bool:
+def _applies(entry: UpstreamName, program: str, declared: AbstractSet[str]) -> bool:
     return program in entry.programs and entry.name not in declared
 
 
@@ -312,7 +313,7 @@ def rejected_problem(
 
 
 def ignored_env(
-    program: str, env: Mapping[str, str] | None = None, declared: set[str] = frozenset()
+    program: str, env: Mapping[str, str] | None = None, declared: AbstractSet[str] = frozenset()
 ) -> list[UpstreamName]:
     """The upstream env vars set in ``env`` that ``program`` does not read."""
     env = os.environ if env is None else env

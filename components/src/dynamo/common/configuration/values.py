@@ -20,6 +20,7 @@ import math
 import re
 import socket
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 # ASCII blanks around a value are forgiven (a trailing newline from a ConfigMap); others are not.
 _ASCII_BLANKS = " \t\r\n"
@@ -53,7 +54,27 @@ def parse_bool_word(text: str) -> bool:
 
 
 @dataclass(frozen=True)
-class FiniteFloat:
+class _Bounded:
+    """A number no smaller than ``minimum`` (and no larger than ``maximum``, if set)."""
+
+    minimum: Any
+    maximum: Any = None
+    NUMBER_FORMAT: ClassVar[str] = "g"
+
+    def checked(self, value: Any) -> Any:
+        if value < self.minimum or (self.maximum is not None and value > self.maximum):
+            raise ValueError(f"must be {self.describe_range()}")
+        return value
+
+    def describe_range(self) -> str:
+        low = format(self.minimum, self.NUMBER_FORMAT)
+        if self.maximum is None:
+            return f">= {low}"
+        return f"between {low} and {format(self.maximum, self.NUMBER_FORMAT)}"
+
+
+@dataclass(frozen=True)
+class FiniteFloat(_Bounded):
     """A finite number no smaller than ``minimum`` (and no larger than ``maximum``, if set)."""
 
     minimum: float = 0.0
@@ -68,25 +89,19 @@ class FiniteFloat:
         value = float(word)
         if not math.isfinite(value):  # covers nan, inf, -inf and overflow such as 1e309
             raise ValueError("must be a finite number")
-        if value < self.minimum or (self.maximum is not None and value > self.maximum):
-            raise ValueError(f"must be {self.describe_range()}")
-        return value
-
-    def describe_range(self) -> str:
-        if self.maximum is None:
-            return f">= {self.minimum:g}"
-        return f"between {self.minimum:g} and {self.maximum:g}"
+        return self.checked(value)
 
     def describe(self) -> str:
         return f"number {self.describe_range()}"
 
 
 @dataclass(frozen=True)
-class IntRange:
+class IntRange(_Bounded):
     """A whole number in ``[minimum, maximum]``."""
 
     minimum: int
     maximum: int | None = None
+    NUMBER_FORMAT: ClassVar[str] = "d"
 
     def parse(self, text: str) -> int:
         word = text.strip(_ASCII_BLANKS)
@@ -94,15 +109,7 @@ class IntRange:
             raise ValueError("not a whole number (ASCII digits only)")
         if len(word.lstrip("+-")) > 18:  # int() would take 4300 digits; no option needs 19
             raise ValueError(f"must be {self.describe_range()}")
-        value = int(word, 10)
-        if value < self.minimum or (self.maximum is not None and value > self.maximum):
-            raise ValueError(f"must be {self.describe_range()}")
-        return value
-
-    def describe_range(self) -> str:
-        if self.maximum is None:
-            return f">= {self.minimum}"
-        return f"between {self.minimum} and {self.maximum}"
+        return self.checked(int(word, 10))
 
     def describe(self) -> str:
         return f"integer {self.describe_range()}"

@@ -1,6 +1,6 @@
 """Freeze the GC heap at quiescent points, and measure GC pauses without lengthening them.
 
-CPython facts this module relies on (checked on 3.10-3.13, see shared/DESIGN.md):
+CPython facts this module relies on (checked on 3.10-3.13, see docs/design.md):
 
 * ``gc.freeze()`` moves every tracked object into the permanent generation, which later
   collections never walk. Freezing without collecting first would keep today's garbage forever,
@@ -248,6 +248,56 @@ def _remove_installed() -> None:
         except ValueError:
             pass  # someone cleared gc.callbacks (a test fixture); nothing left to remove
         _installed = None
+
+
+@dataclass(frozen=True)
+class GcState:
+    """A snapshot of the process's GC state and of what this module keeps about it.
+
+    The collector's settings (automatic collection on or off, thresholds, ``gc.callbacks``),
+    the installed pause logger, the freeze observers and the last freeze record. The permanent
+    generation is not in it: it cannot be put back as it was (see :func:`restore_gc_state`).
+    """
+
+    enabled: bool
+    thresholds: tuple[int, ...]
+    callbacks: tuple[Callable[..., object], ...]
+    pause_logger: GcPauseLogger | None
+    freeze_observers: tuple[Callable[[FreezeRecord], None], ...]
+    last_freeze: FreezeRecord | None
+
+
+def snapshot_gc_state() -> GcState:
+    """The process's GC state now, for :func:`restore_gc_state`."""
+    with _install_lock:
+        pause_logger = _installed
+    return GcState(
+        enabled=gc.isenabled(),
+        thresholds=gc.get_threshold(),
+        callbacks=tuple(gc.callbacks),
+        pause_logger=pause_logger,
+        freeze_observers=tuple(_freeze_observers),
+        last_freeze=_last_freeze,
+    )
+
+
+def restore_gc_state(state: GcState) -> None:
+    """Put back everything ``state`` holds, and unfreeze the heap.
+
+    Whatever froze since the snapshot is unfrozen (``gc.unfreeze()``, a splice, no heap walk):
+    a frozen heap is never collected (see :class:`ProcessGcState`), and a snapshot cannot tell
+    the frozen objects apart. For code that runs several launchers' start-ups in one process
+    (the tests put the state back after each one).
+    """
+    global _installed, _last_freeze
+    with _install_lock:
+        gc.callbacks[:] = state.callbacks
+        _installed = state.pause_logger
+    gc.unfreeze()
+    gc.set_threshold(*state.thresholds)
+    (gc.enable if state.enabled else gc.disable)()
+    _freeze_observers[:] = state.freeze_observers
+    _last_freeze = state.last_freeze
 
 
 class ProcessGcState:

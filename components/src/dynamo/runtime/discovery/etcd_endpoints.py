@@ -3,7 +3,8 @@
 Comma-separated URLs, as upstream Dynamo reads ``ETCD_ENDPOINTS``: ``http://host:port`` or a
 bare ``host:port``. The port defaults to etcd's 2379. ``https://`` is refused with the reason: the
 asyncio etcd client this project uses (aetcd) opens plain-text gRPC channels only, and silently
-speaking plain text to an endpoint the operator wrote as TLS would be worse than an error. Parsed at argument-parsing time, so a malformed list exits 2 before anything runs; no etcd
+speaking plain text to an endpoint the operator wrote as TLS would be worse than an error.
+Parsed at argument-parsing time, so a malformed list exits 2 before anything runs; no etcd
 client is imported here (that happens only when the etcd backend is selected).
 """
 

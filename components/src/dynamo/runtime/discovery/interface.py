@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from dynamo.runtime.discovery.etcd_endpoints import EtcdEndpoint
-from dynamo.runtime.discovery.record import ModelRecord
+from dynamo.runtime.discovery.record import DEFAULT_MAX_RECORDS, ModelRecord
 
 # What a watcher reports: not connected yet (not ready), up to date, or cut off from the store
 # (it keeps routing to what it knew).
@@ -37,6 +37,10 @@ class DiscoverySettings:
     ttl_s: float  # the lease of a record
     etcd_endpoints: tuple[EtcdEndpoint, ...]
     namespace: str  # the etcd key prefix's deployment segment
+    max_records: int = DEFAULT_MAX_RECORDS  # records a watcher holds at most
+    # Whether `directory` is the per-user default (no --discovery-dir): it must then be this
+    # user's own, since nobody chose it (see file_store.check_private_directory).
+    directory_is_default: bool = False
 
 
 class DiscoverySetupError(ValueError):

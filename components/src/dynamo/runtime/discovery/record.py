@@ -2,8 +2,15 @@
 
 A record is opaque JSON to the stores (:meth:`ModelRecord.to_json` / ``from_json``), at most
 :data:`MAX_RECORD_BYTES` long. Records are written by workers, which are peers, not
-administrators: :meth:`ModelRecord.from_json` validates every field before anything else sees
-it, and a record that does not validate is skipped by the watchers with one WARNING.
+administrators (docs/design.md, trust model): :meth:`ModelRecord.from_json` validates every field
+against a strict schema with bounded sizes before anything else sees it, and a record that does
+not validate is skipped by the watchers with one WARNING.
+
+A record carries only what a frontend needs to route to the instance: the served model name,
+the request plane's endpoint, the instance id (the record's key in either store), the lease
+(a heartbeat counter and the interval it is renewed at) and the model card. Fields that older
+workers wrote for humans (``pid``, ``registered_at``, ``heartbeat_at``) are ignored when read and
+no longer written: a frontend must not depend on what it cannot check.
 """
 
 from __future__ import annotations
@@ -11,15 +18,13 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import json
-import math
-import os
-import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Annotated
 from urllib.parse import urlsplit
 
 import pydantic
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
 
 from dynamo.runtime.model_card import ModelCard
 
@@ -29,7 +34,28 @@ DEFAULT_LEASE_TTL_S = 10.0
 # The largest record either backend reads (bytes of JSON). Ours are ~1 KiB (the model card names
 # tokenizer files by path); a file or an etcd value over this is skipped with one WARNING and
 # never read whole, so a stray huge file cannot take the frontend's memory.
-MAX_RECORD_BYTES = 1 << 20
+MAX_RECORD_BYTES = 64 * 1024
+# How many records a frontend holds at most (--discovery-max-records): with MAX_RECORD_BYTES,
+# what bounds the memory that whoever can write records can make the frontend spend on them.
+DEFAULT_MAX_RECORDS = 4096
+# An instance id names the record in its store (the file <id>.json, the etcd key <prefix><id>):
+# letters, digits, '_' and '-' only, so it can never name another path or key.
+INSTANCE_ID_PATTERN = r"^[A-Za-z0-9_-]{1,128}$"
+MAX_MODEL_NAME = 512
+MAX_ENDPOINT = 512
+
+
+class _RecordSchema(BaseModel):
+    """What a record's JSON must hold; unknown fields (an older or newer writer's) are ignored."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
+
+    model: Annotated[StrictStr, Field(min_length=1, max_length=MAX_MODEL_NAME)]
+    endpoint: Annotated[StrictStr, Field(min_length=1, max_length=MAX_ENDPOINT)]
+    instance_id: Annotated[StrictStr, Field(pattern=INSTANCE_ID_PATTERN)]
+    heartbeat: Annotated[StrictInt, Field(ge=0)] | None = None
+    heartbeat_interval_s: Annotated[StrictFloat, Field(gt=0.0, le=3600.0)] | None = None
+    card: ModelCard | None = None
 
 
 @dataclass(frozen=True)
@@ -39,13 +65,9 @@ class ModelRecord:
     model: str
     endpoint: str  # base URL of the worker's request plane, e.g. http://127.0.0.1:40123
     instance_id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    pid: int = field(default_factory=os.getpid)
-    registered_at: float = field(default_factory=time.time)
     # The lease (None: a record without one, as written before leases existed). `heartbeat`
-    # counts rewrites, so every rewrite changes the content; `heartbeat_at` is the writer's
-    # wall clock, informative only (watchers never compare it with theirs).
+    # counts rewrites, so every rewrite changes the content.
     heartbeat: int | None = None
-    heartbeat_at: float | None = None
     heartbeat_interval_s: float | None = None
     # What a frontend needs to serve the model (None: a record from an older worker, which a
     # frontend refuses to serve rather than guess a tokenizer for).
@@ -54,6 +76,12 @@ class ModelRecord:
     @property
     def has_lease(self) -> bool:
         return self.heartbeat is not None
+
+    def serves_like(self, other: ModelRecord) -> bool:
+        """Whether requests routed by ``other`` would go where they go by this record (same
+        model, endpoint and card; the lease may differ). A record rewritten under the same
+        instance id that does not serve like the one known replaces it."""
+        return (self.model, self.endpoint, self.card) == (other.model, other.endpoint, other.card)
 
     def to_json(self) -> str:
         # Absent lease fields are left out: the record keeps the shape older readers know.
@@ -67,39 +95,24 @@ class ModelRecord:
         return json.dumps(data, sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> ModelRecord:
-        data = json.loads(text)
-        if not isinstance(data, dict):
-            raise ValueError("record is not a JSON object")
+    def from_json(cls, text: str | bytes) -> ModelRecord:
+        """The record ``text`` holds; raises ValueError saying which field is wrong (the message
+        quotes no more of the record than a field name: callers escape what they log)."""
         try:
-            record = cls(
-                model=data["model"],
-                endpoint=data["endpoint"],
-                instance_id=data["instance_id"],
-                pid=int(data.get("pid", 0)),
-                registered_at=float(data.get("registered_at", 0.0)),
-                heartbeat=_optional(int, data.get("heartbeat")),
-                heartbeat_at=_optional(float, data.get("heartbeat_at")),
-                heartbeat_interval_s=_optional(float, data.get("heartbeat_interval_s")),
-                card=_optional(ModelCard.model_validate, data.get("card")),
-            )
-        except KeyError as exc:
-            raise ValueError(f"record lacks field {exc.args[0]!r}") from None
+            parsed = _RecordSchema.model_validate_json(text)
         except pydantic.ValidationError as exc:
-            raise ValueError(f"record has an invalid model card: {_first_error(exc)}") from None
-        except (TypeError, OverflowError) as exc:  # "pid": null, "registered_at": {}, Infinity
-            raise ValueError(f"record has a field of the wrong type: {exc}") from None
-        for name in ("model", "endpoint", "instance_id"):
-            value = getattr(record, name)
-            if not isinstance(value, str) or not value:
-                raise ValueError(f"record field {name!r} must be a non-empty string")
-        interval = record.heartbeat_interval_s
-        if interval is not None and not (math.isfinite(interval) and interval > 0):
-            raise ValueError("record field 'heartbeat_interval_s' must be a positive number")
-        problem = endpoint_problem(record.endpoint)
+            raise ValueError(_first_error(exc)) from None
+        problem = endpoint_problem(parsed.endpoint)
         if problem is not None:
-            raise ValueError(f"record field 'endpoint' {record.endpoint[:200]!r}: {problem}")
-        return record
+            raise ValueError(f"record field 'endpoint' {parsed.endpoint[:200]!r}: {problem}")
+        return cls(
+            model=parsed.model,
+            endpoint=parsed.endpoint,
+            instance_id=parsed.instance_id,
+            heartbeat=parsed.heartbeat,
+            heartbeat_interval_s=parsed.heartbeat_interval_s,
+            card=parsed.card,
+        )
 
 
 def endpoint_problem(endpoint: str) -> str | None:
@@ -145,11 +158,13 @@ def endpoint_problem(endpoint: str) -> str | None:
     return None
 
 
-def _optional(convert: Callable, value: object):
-    return None if value is None else convert(value)
-
-
 def _first_error(exc: pydantic.ValidationError) -> str:
-    error = exc.errors()[0]
-    where = ".".join(str(part) for part in error["loc"]) or "card"
-    return f"{where}: {error['msg']}"
+    error = exc.errors(include_url=False)[0]
+    where = ".".join(str(part) for part in error["loc"])
+    if error["type"] in ("json_invalid", "model_type"):
+        return "record is not a JSON object" if error["type"] == "model_type" else error["msg"]
+    if where.startswith("card."):
+        return f"record has an invalid model card: {where[5:]}: {error['msg']}"
+    if error["type"] == "missing":
+        return f"record lacks field {where!r}"
+    return f"record field {where!r}: {error['msg']}"

@@ -1,10 +1,9 @@
-"""Helpers shared by the frontend + worker integration tests (this module holds no tests).
+"""Talking to a real frontend + mock worker pair over HTTP, and what the pair must answer.
 
-Processes are the real launchers (``python -m dynamo.frontend``, ``python -m dynamo.vllm``) on
-127.0.0.1, started through the harness (which has the generic starters); the pair's own
-settings are added here: fast mock tokens for the worker, the explicit-collect trace hook for the
-frontend. HTTP goes through urllib with proxies disabled, so a proxy set in the environment never
-sees loopback traffic.
+HTTP goes through urllib with proxies disabled, so a proxy set in the environment never sees
+loopback traffic. :func:`expected_completion` computes the mock engine's answer for a request
+(the model's own chat template and tokenizer, the mock's tokens), so a test compares the
+frontend's reply with it exactly. The pair's log lines are here too.
 """
 
 from __future__ import annotations
@@ -14,43 +13,22 @@ import re
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 from dynamo.frontend.chat_processor import build_chat_processor
 from dynamo.runtime.sampling import SamplingOptions
 from dynamo.vllm.mock_engine import mock_completion
 from dynamo.vllm.mock_model import load_mock_model
-from tests.integration import harness
-from tests.integration.harness import LISTENING_LINE, LauncherProcess
-
-__all__ = ["LISTENING_LINE"]  # re-exported: the pair tests import it from here
-
+from tests.support.answers import sse_payload
+from tests.support.tiny_model import tiny_tokenizer_dir
 
 FROZEN_LINE = r"GC heap frozen \(([^)]*)\): collected=\d+ frozen=\d+"
 REFUSED_LINE = r"GC heap freeze refused"
+# Logged by tests/support/gc_trace (start_frontend(..., trace_gc_collect=True)).
 EXPLICIT_COLLECT_LINE = r"explicit gc\.collect\(\) called"
 # Every request in these tests is bounded: a hang fails the test instead of stalling the suite.
 CLIENT_TIMEOUT_S = 20.0
 
 _opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def start_worker(
-    name: str, log_dir: Path, discovery_dir: Path, model: str, *args: str
-) -> LauncherProcess:
-    """A mock worker producing a token a millisecond (``args`` may override it)."""
-    return harness.start_worker(name, log_dir, discovery_dir, model, "--mock-token-ms", "1", *args)
-
-
-def start_frontend(name: str, log_dir: Path, discovery_dir: Path, *args: str) -> LauncherProcess:
-    # Test-only hook (see dynamo.frontend.gc_collect_trace): logs every explicit gc.collect().
-    return harness.start_frontend(
-        name, log_dir, discovery_dir, *args, env={"DYN_TEST_TRACE_GC_COLLECT": "1"}
-    )
-
-
-def frontend_url(frontend: LauncherProcess) -> str:
-    return harness.listening_url(frontend)
 
 
 def request(
@@ -87,14 +65,14 @@ def chat_body(
 def expected_completion(
     body: dict, card=None, *, max_model_len: int | None = None
 ) -> tuple[str, str, int]:
-    """What the frontend must answer, its finish reason and its completion token count: the mock engine's tokens for this
-    body (the prompt the model's own template renders, the EOS ids the frontend sends as stop
-    ids), decoded by the model's own tokenizer. ``card`` names the model's files (default: the
-    tiny tokenizer the harness's mock worker serves, under the body's model name, with the
-    worker's ``--mock-max-model-len`` when it set one)."""
+    """What the frontend must answer, its finish reason and its completion token count: the
+    mock engine's tokens for this body (the prompt the model's own template renders, the EOS ids
+    the frontend sends as stop ids), decoded by the model's own tokenizer. ``card`` names the
+    model's files (default: the tiny tokenizer the mock worker of start_worker serves, under the
+    body's model name, with the worker's ``--mock-max-model-len`` when it set one)."""
     if card is None:
         card = load_mock_model(
-            harness.tiny_tokenizer_dir(),
+            tiny_tokenizer_dir(),
             served_model_name=body["model"],
             max_model_len=max_model_len,
         ).card
@@ -152,26 +130,9 @@ def stream_events(url: str, body: dict, timeout: float = CLIENT_TIMEOUT_S) -> It
         assert response.status == 200
         assert response.headers["Content-Type"].startswith("text/event-stream")
         for raw in response:
-            line = raw.decode().strip()
-            if not line:
-                continue
-            assert line.startswith("data: "), line
-            payload = line[len("data: ") :]
-            yield payload if payload == "[DONE]" else json.loads(payload)
-
-
-def streamed_text(events: list) -> str:
-    return "".join(
-        e["choices"][0]["delta"].get("content", "")
-        for e in events
-        if isinstance(e, dict) and e.get("choices")
-    )
-
-
-def assert_openai_error(body: dict, status: int, expected_status: int) -> dict:
-    assert status == expected_status, body
-    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
-    return body["error"]
+            payload = sse_payload(raw)
+            if payload is not None:
+                yield payload
 
 
 def lines_with_pids(log: str, pattern: str) -> list[tuple[int, str]]:

@@ -12,9 +12,10 @@ import os
 import shutil
 import socket
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
+
+from launcher_process import wait_until
 
 REQUIRE_ETCD_ENV = "DYNAMO_REQUIRE_ETCD"
 ETCD_MISSING_REASON = (
@@ -43,17 +44,23 @@ def _two_free_ports() -> tuple[int, int]:
         return first.getsockname()[1], second.getsockname()[1]
 
 
+def _free(*ports: int) -> bool:
+    try:
+        for port in ports:
+            with socket.socket() as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as etcd binds
+                sock.bind(("127.0.0.1", port))
+    except OSError:
+        return False
+    return True
+
+
 def _wait_until_free(*ports: int, deadline_s: float = 10.0) -> None:
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        try:
-            for port in ports:
-                with socket.socket() as sock:
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as etcd binds
-                    sock.bind(("127.0.0.1", port))
-            return
-        except OSError:
-            time.sleep(0.1)  # polling interval of a condition wait
+    """Wait for the ports to be free; past the deadline the next start attempt finds out."""
+    try:
+        wait_until(lambda: _free(*ports), deadline_s=deadline_s, poll_s=0.1)
+    except TimeoutError:
+        pass
 
 
 class _PortTaken(Exception):
@@ -123,16 +130,24 @@ class EtcdServer:
             stdin=subprocess.DEVNULL,
         )
         log.close()
-        deadline = time.monotonic() + START_DEADLINE_S
-        while not self.healthy():
-            if self.proc.poll() is not None:
+        proc = self.proc
+
+        def healthy() -> bool:
+            if self.healthy():
+                return True
+            if proc.poll() is not None:
                 if b"address already in use" in self.log_path.read_bytes()[log_offset:]:
                     self.proc = None
                     raise _PortTaken()
-                raise RuntimeError(f"etcd exited with {self.proc.returncode}:\n{self.log()}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"etcd not healthy after {START_DEADLINE_S} s:\n{self.log()}")
-            time.sleep(0.05)  # polling interval of a condition wait
+                raise RuntimeError(f"etcd exited with {proc.returncode}:\n{self.log()}")
+            return False
+
+        try:
+            wait_until(healthy, deadline_s=START_DEADLINE_S, poll_s=0.05)
+        except TimeoutError:
+            raise RuntimeError(
+                f"etcd not healthy after {START_DEADLINE_S} s:\n{self.log()}"
+            ) from None
 
     def healthy(self) -> bool:
         try:

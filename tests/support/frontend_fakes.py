@@ -1,5 +1,5 @@
 """An in-process frontend (the real HTTP service, registry and tiny-model processor) in front of
-request-plane servers speaking wire format v2 (this module holds no tests).
+request-plane servers speaking wire format v2. Its answers are read with tests/support/answers.py.
 
 The worker side here is a small v2 echo engine written for these tests: it answers
 ``POST /generate`` with ``{"request_id", "model", "token_ids", "sampling"}`` by streaming ids
@@ -13,13 +13,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
+from typing import Any
 
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.web_runner import BaseRunner
 
 from dynamo.frontend.chat_processor import build_chat_processor
 from dynamo.frontend.http_service import FrontendService
+from dynamo.frontend.http_surface import http_runner
 from dynamo.frontend.model_registry import ModelRegistry
 from dynamo.frontend.worker_router import WorkerRouter, create_worker_session
 from dynamo.runtime.discovery import ModelRecord
@@ -43,7 +46,7 @@ class EchoEngine:
         self.requests_finished = 0
         self.requests_aborted = 0
 
-    async def generate(self, body: dict) -> AsyncIterator[dict]:
+    async def generate(self, body: dict) -> AsyncGenerator[dict, None]:
         assert set(body) == {"request_id", "model", "token_ids", "sampling"}, body
         sampling = SamplingOptions.model_validate(body["sampling"])
         self.bodies.append(body)
@@ -54,7 +57,7 @@ class EchoEngine:
         finish = "length"
         try:
             while len(produced) < sampling.max_tokens and finish == "length":
-                step = []
+                step: list[int] = []
                 while len(step) < self.chunk and len(produced) < sampling.max_tokens:
                     token = source[len(produced) % len(source)]
                     produced.append(token)
@@ -77,7 +80,7 @@ class EchoEngine:
 
 
 @contextlib.asynccontextmanager
-async def request_plane_server(generate: Callable[[dict], AsyncIterator[dict]]):
+async def request_plane_server(generate: Callable[[dict], AsyncGenerator[dict, None]]):
     """``POST /generate`` streaming NDJSON from ``generate`` (errors in-band, as the worker)."""
 
     async def handle(request: web.Request) -> web.StreamResponse:
@@ -112,6 +115,14 @@ def record(card: ModelCard | None, endpoint: str, model: str = MODEL) -> ModelRe
     return ModelRecord(model=model, endpoint=endpoint, card=card)
 
 
+class FrontendTestServer(TestServer):
+    """aiohttp's test server behind the frontend's own listener (its bounds, its error shapes,
+    no request decompression), as the process runs it."""
+
+    async def _make_runner(self, **kwargs: Any) -> BaseRunner:
+        return http_runner(self.app, **kwargs)
+
+
 @contextlib.asynccontextmanager
 async def frontend(card: ModelCard, *endpoints: str, pool=None, registry=None):
     """The real service with ``card``'s model served by ``endpoints`` (processor built)."""
@@ -122,41 +133,8 @@ async def frontend(card: ModelCard, *endpoints: str, pool=None, registry=None):
     session = create_worker_session()
     try:
         app = FrontendService(registry, WorkerRouter(session), pool).build_app()
-        async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        async with TestClient(FrontendTestServer(app, host="127.0.0.1")) as client:
             yield client
     finally:
         await session.close()
         await registry.aclose()
-
-
-async def sse_events(response) -> list:
-    events = []
-    async for line in response.content:
-        line = line.decode().strip()
-        if not line:
-            continue
-        assert line.startswith("data: ")
-        payload = line[len("data: ") :]
-        events.append(payload if payload == "[DONE]" else json.loads(payload))
-    return events
-
-
-def streamed_text(events: list) -> list[str]:
-    """The text pieces of a streamed chat or text completion, in order."""
-    pieces = []
-    for event in events:
-        if isinstance(event, dict) and event.get("choices"):
-            choice = event["choices"][0]
-            piece = choice["delta"].get("content") if "delta" in choice else choice["text"]
-            if piece:
-                pieces.append(piece)
-    return pieces
-
-
-def assert_openai_error(body: dict, *, param=None) -> dict:
-    assert set(body) == {"error"}
-    error = body["error"]
-    assert set(error) == {"message", "type", "param", "code"} and error["message"]
-    if param is not None:
-        assert error["param"] == param, error
-    return error

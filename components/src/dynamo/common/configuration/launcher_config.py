@@ -1,0 +1,34 @@
+"""The options both launchers have (discovery, GC, drain, the debug endpoint), as the base of
+each launcher's typed configuration (see :mod:`dynamo.common.configuration.typed`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dynamo.runtime.discovery import DiscoverySettings
+from dynamo.runtime.discovery.etcd_endpoints import EtcdEndpoint
+
+from .gc_options import GcSettings
+from .runtime_options import discovery_settings
+
+
+@dataclass(frozen=True)
+class LauncherConfig:
+    discovery_backend: str
+    discovery_dir: str | None
+    discovery_ttl: float
+    etcd_endpoints: tuple[EtcdEndpoint, ...]
+    namespace: str
+    discovery_max_records: int
+    freeze_gc_heap: bool
+    gc_pause_log_ms: float
+    drain_timeout: float
+    debug_gc_endpoint: bool
+
+    @property
+    def gc(self) -> GcSettings:
+        return GcSettings(self.freeze_gc_heap, self.gc_pause_log_ms)
+
+    @property
+    def discovery(self) -> DiscoverySettings:
+        return discovery_settings(self)

@@ -1,0 +1,233 @@
+"""The lifecycle both launchers share: start, freeze at the quiescent point, admit, serve, drain.
+
+``python -m dynamo.frontend`` and ``python -m dynamo.vllm`` differ in what they build and how
+they admit requests (the frontend opens its HTTP listener; the worker registers its model); the
+steps around those are the same, and are here:
+
+1. before the event loop: bad input exits 2 (:class:`UsageError`, :func:`exit_code`), logging is
+   configured and upstream Dynamo's ignored env vars are reported
+   (:func:`configure_process_logging`), then the process's GC state is set up: metrics, the
+   pause logger (:func:`start_process_gc`);
+2. :func:`run_lifecycle`, on the loop:
+
+   * the service builds everything static (``Service.start``), registering each part it opens
+     with the :class:`Closer`; a SIGTERM/SIGINT meanwhile cancels start-up (engine init and a
+     self-benchmark can take minutes, and nothing is admitted yet, so there is nothing to drain);
+   * **the quiescent point**: the GC heap is frozen, then the phase becomes ``serving`` (from
+     here on any freeze is refused);
+   * the service admits requests (``Service.admit``) and serves until a signal (or until it
+     fails: the worker's engine dying) (``Service.serve``), which starts the drain with one
+     deadline and marks the phase ``draining``;
+   * every part is closed, last opened first, each one even if another fails (exit 1 then);
+3. the process's GC state is put back last (pause logger off, metrics detached, heap unfrozen).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from dynamo.common import lifecycle, logging_setup
+from dynamo.common.configuration import Option, upstream
+from dynamo.common.configuration.gc_options import GcSettings
+from dynamo.common.metrics import DynamoMetrics
+from dynamo.common.utils import gc_freeze
+
+logger = logging.getLogger(__name__)
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class UsageError(Exception):
+    """Bad input found before anything runs: the program exits 2 with this message."""
+
+
+class StartupFailed(Exception):
+    """A start-up step failed for a reason the operator can fix (a taken port, engine init):
+    the program logs this message as one ERROR line and exits 1."""
+
+
+def exit_code(exc: SystemExit) -> int:
+    """The exit code a ``SystemExit`` from a parser means (``--help``: 0; bad input: 2)."""
+    return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+
+
+def usage_error(prog: str, message: str) -> int:
+    """Say why the input is bad the way argparse does, on stderr; the exit code (2)."""
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def configure_process_logging(
+    prog: str, levels: logging_setup.LogLevels, options: Sequence[Option]
+) -> None:
+    """The process's logging (``DYN_LOG``), then the WARNINGs an operator needs first: log
+    targets that name no logger, and upstream Dynamo env vars set but meaningless here."""
+    logging_setup.configure_logging(levels)
+    logging_setup.warn_unmatched_targets(levels)
+    upstream.warn_ignored_env(prog, upstream.declared_names(options))
+
+
+@dataclass
+class ProcessGc:
+    """The process's GC instrumentation: its metrics, and the state to put back at the end."""
+
+    metrics: DynamoMetrics
+    state: gc_freeze.ProcessGcState
+
+
+def start_process_gc(gc: GcSettings) -> ProcessGc:
+    """Metrics and the pause logger. The logger is installed even with the log off (0): every
+    pause feeds ``dynamo_gc_pause_seconds``."""
+    metrics = DynamoMetrics(freeze_enabled=gc.freeze_gc_heap).attach()
+    state = gc_freeze.ProcessGcState(metrics)
+    gc_freeze.install_gc_pause_logger(gc.gc_pause_log_ms, on_pause=metrics.observe_pause)
+    if gc.gc_pause_log_ms <= 0:
+        logger.info(
+            "GC pause logger off (gc_pause_log_ms=0); pauses still recorded in "
+            "dynamo_gc_pause_seconds"
+        )
+    return ProcessGc(metrics, state)
+
+
+class Closer:
+    """Closes what was opened, last opened first, every part even if another one fails.
+
+    A failure is logged with its traceback and remembered (the exit code becomes 1); the parts
+    after it are still closed, so one broken part never leaves a listener, a client session, an
+    engine or child processes behind.
+    """
+
+    def __init__(self) -> None:
+        self._stack = contextlib.AsyncExitStack()
+        self.failed: list[str] = []
+
+    def push(self, what: str, close: Callable[[], Awaitable[None] | None]) -> None:
+        async def guarded() -> None:
+            try:
+                result = close()
+                if asyncio.iscoroutine(result):
+                    await result
+            except Exception:  # see the class docstring
+                self.failed.append(what)
+                logger.exception("Shutdown: closing the %s failed", what)
+
+        self._stack.push_async_callback(guarded)
+
+    async def aclose(self) -> None:
+        await self._stack.aclose()
+
+
+class StopSignals:
+    """SIGTERM/SIGINT for one run of a launcher.
+
+    During start-up a signal cancels the start-up task (nothing is registered or listening yet,
+    so there is nothing to drain). Once serving, it sets the stop that :meth:`wait` returns.
+    Further signals while stopping are logged and otherwise ignored: the drain is already
+    bounded by its deadline.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, startup_task: asyncio.Task) -> None:
+        self._loop = loop
+        self._startup_task = startup_task
+        self._serving = False
+        self._stop = asyncio.Event()
+        self.received: str | None = None
+
+    def install(self) -> None:
+        for signum in STOP_SIGNALS:
+            self._loop.add_signal_handler(signum, self._on_signal, signum)
+
+    def uninstall(self) -> None:
+        for signum in STOP_SIGNALS:
+            self._loop.remove_signal_handler(signum)
+
+    def serving(self) -> None:
+        self._serving = True
+
+    async def wait(self) -> str:
+        """The name of the signal that stopped the process, once one has."""
+        await self._stop.wait()
+        assert self.received is not None, "the stop is set by a signal"
+        return self.received
+
+    def _on_signal(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        if self.received is not None:
+            logger.info("Received %s while stopping (after %s): ignored", name, self.received)
+            return
+        self.received = name
+        if self._serving:
+            logger.info("Received %s: draining", name)
+            self._stop.set()
+        else:
+            logger.info("Received %s during start-up: abandoning start-up", name)
+            self._startup_task.cancel()
+
+
+class Service(Protocol):
+    """What a launcher builds and runs (see the module docstring)."""
+
+    async def start(self, closer: Closer) -> None:
+        """Build everything static; push each part opened onto ``closer``."""
+
+    async def admit(self) -> None:
+        """Open for requests (the phase is ``serving`` already)."""
+
+    async def serve(self, signals: StopSignals) -> int:
+        """Serve until ``signals`` stops the process (or the service fails); start the drain
+        (its one deadline) and mark the phase ``draining``; return the exit code."""
+
+
+async def run_lifecycle(
+    service: Service, *, gc: GcSettings, context: str, admission: str, process_gc: ProcessGc
+) -> int:
+    """Start, freeze at the quiescent point, admit, serve, drain, close; the exit code.
+
+    ``context`` names the freeze in its log line; ``admission`` is what marks the phase
+    ``serving`` (the step right after it). A signal during start-up ends it with exit 0.
+    """
+    signals = StopSignals(asyncio.get_running_loop(), _current_task())
+    signals.install()
+    closer = Closer()
+    try:
+        try:
+            await service.start(closer)
+            # The quiescent point: everything static is built, nothing is admitted yet.
+            froze = gc_freeze.maybe_freeze_gc_heap(gc.freeze_gc_heap, context=context)
+            process_gc.state.froze = froze is not None
+            lifecycle.mark_serving(admission)
+            await service.admit()
+            signals.serving()
+            code = await service.serve(signals)
+        finally:
+            await closer.aclose()
+    except asyncio.CancelledError:
+        if signals.received is None:
+            raise
+        _consume_cancellation()
+        logger.info("Stopped during start-up (%s): nothing was admitted", signals.received)
+        return 1 if closer.failed else 0
+    finally:
+        signals.uninstall()
+    return 1 if closer.failed else code
+
+
+def _current_task() -> asyncio.Task:
+    task = asyncio.current_task()
+    assert task is not None, "run_lifecycle runs in a task"
+    return task
+
+
+def _consume_cancellation() -> None:
+    """Mark the start-up cancellation as handled (3.11+ counts pending cancellations)."""
+    task = asyncio.current_task()
+    uncancel = getattr(task, "uncancel", None)
+    if uncancel is not None:
+        uncancel()

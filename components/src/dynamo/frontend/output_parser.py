@@ -1,0 +1,58 @@
+"""What the response path asks of a tool-call / reasoning parser: one per request.
+
+A chat processor that parses its model's output (``--dyn-chat-processor sglang`` today) builds
+one :class:`OutputParser` per request from the request's ``tools`` / ``tool_choice`` and the
+parser names in effect. The response path feeds it the completion's text as it is decoded and
+turns what comes back into OpenAI deltas:
+
+* ``content`` and ``reasoning_content`` go out as they come (streaming) or are joined (not);
+* ``tool_calls`` arrive whole, in OpenAI's shape, from :meth:`OutputParser.finish` (a call's
+  arguments are complete JSON only once the model has finished it); a completion that ends
+  with tool calls and ``finish_reason`` ``stop`` reports ``tool_calls``, as OpenAI and SGLang do.
+
+A non-streamed completion is fed the same way (its whole text in one :meth:`OutputParser.feed`,
+then :meth:`OutputParser.finish`), so both modes go through the same parser state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+# A request's "tools" and "messages", in OpenAI's shapes.
+Tools = Sequence[Mapping[str, Any]] | None
+Messages = Sequence[Mapping[str, Any]]
+
+
+@dataclass
+class ParsedDelta:
+    content: str = ""
+    reasoning_content: str = ""
+    # OpenAI's shape: {"index", "id", "type": "function", "function": {"name", "arguments"}}
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.content or self.reasoning_content or self.tool_calls)
+
+
+class OutputParser(Protocol):
+    def feed(self, text: str) -> ParsedDelta:
+        """The text generated since the last call, split into content and reasoning."""
+        ...
+
+    def finish(self) -> ParsedDelta:
+        """The end of the completion: what the parsers held back, and the tool calls."""
+        ...
+
+
+# One request's parser from its ``tools``, ``tool_choice`` and ``messages``, and whether it
+# streams (a non-streamed completion is parsed whole at the end); None: nothing to parse.
+OutputParserFactory = Callable[..., OutputParser | None]
+
+
+def no_output_parser(
+    tools: Tools = None, tool_choice: Any = "auto", messages: Messages = (), stream: bool = True
+) -> OutputParser | None:
+    """The factory of a processor that parses nothing (its output is all content)."""
+    return None

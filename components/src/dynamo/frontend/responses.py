@@ -1,0 +1,102 @@
+"""The OpenAI response shapes of one request: whole, or streamed as server-sent events.
+
+A :class:`Responder` knows one endpoint's shapes (``chat.completion`` / ``text_completion`` and
+their chunks); the service hands it the text and the finish reason, and :func:`send_event`
+frames each chunk as ``data: <json>`` and a blank line. Per-choice state (``n`` > 1) and the
+fields an output parser adds (``tool_calls``, ``reasoning_content``) extend these shapes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from aiohttp import web
+
+
+class Responder:
+    """The OpenAI response shapes of one endpoint, for one request.
+
+    Every body has the same envelope (``id``, ``object``, ``created``, ``model``, ``choices``
+    and, where there is one, ``usage``); a subclass names its two objects (the whole response's
+    and a chunk's) and says what one choice holds.
+    """
+
+    ID_PREFIX = "cmpl"
+    OBJECT = ""
+    CHUNK_OBJECT = ""
+
+    def __init__(self, model: str, completion_id: str) -> None:
+        self.model = model
+        self.completion_id = completion_id
+        self.created = int(time.time())
+
+    def _body(self, object_type: str, choices: list[dict], usage: dict | None = None) -> dict:
+        body = {
+            "id": self.completion_id,
+            "object": object_type,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+        if usage is not None:
+            body["usage"] = usage
+        return body
+
+    def whole_choice(self, text: str, finish_reason: str) -> dict:
+        raise NotImplementedError
+
+    def chunk_choice(self, text: str | None, finish_reason: str | None) -> dict:
+        raise NotImplementedError
+
+    def opening(self) -> dict | None:
+        """A first chunk sent before any text (chat: the assistant's role), or None."""
+        return None
+
+    def whole(self, text: str, finish_reason: str, usage: dict) -> dict:
+        return self._body(self.OBJECT, [self.whole_choice(text, finish_reason)], usage)
+
+    def piece(self, text: str) -> dict:
+        return self._body(self.CHUNK_OBJECT, [self.chunk_choice(text, None)])
+
+    def finish(self, finish_reason: str) -> dict:
+        return self._body(self.CHUNK_OBJECT, [self.chunk_choice(None, finish_reason)])
+
+    def usage(self, usage: dict) -> dict:
+        """The last chunk of a stream with ``stream_options.include_usage``: no choice."""
+        return self._body(self.CHUNK_OBJECT, [], usage)
+
+
+class ChatResponder(Responder):
+    ID_PREFIX = "chatcmpl"
+    OBJECT = "chat.completion"
+    CHUNK_OBJECT = "chat.completion.chunk"
+
+    def whole_choice(self, text: str, finish_reason: str) -> dict:
+        message = {"role": "assistant", "content": text}
+        return {"index": 0, "message": message, "finish_reason": finish_reason}
+
+    def chunk_choice(self, text: str | None, finish_reason: str | None) -> dict:
+        delta = {} if text is None else {"content": text}
+        return {"index": 0, "delta": delta, "finish_reason": finish_reason}
+
+    def opening(self) -> dict:
+        choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+        return self._body(self.CHUNK_OBJECT, [choice])
+
+
+class CompletionResponder(Responder):
+    ID_PREFIX = "cmpl"
+    OBJECT = CHUNK_OBJECT = "text_completion"
+
+    def whole_choice(self, text: str, finish_reason: str) -> dict:
+        return self.chunk_choice(text, finish_reason)  # a chunk has the whole response's shape
+
+    def chunk_choice(self, text: str | None, finish_reason: str | None) -> dict:
+        return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+
+
+async def send_event(response: web.StreamResponse, payload: dict | str) -> None:
+    """One server-sent event: ``data: <json>`` and a blank line."""
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    await response.write(f"data: {data}\n\n".encode())

@@ -1,0 +1,108 @@
+"""The self-benchmark GC policy's configuration, and what this interpreter lets it do.
+
+The worker reads the policy from its options; a rank (a process vLLM starts, which never sees
+the command line) reads it from the environment the worker exports (:func:`policy_env`), where a
+bad value is warned about and the default used rather than killing the rank. Whether the
+periodic freeze is sound here, and whether raising the third threshold stops automatic full
+collections, depends on the interpreter build (free-threaded, CPython 3.14.0-3.14.4's
+incremental collector).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import sysconfig
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dynamo.common.configuration import Option
+from dynamo.vllm.self_benchmark_args import (
+    FPM_GC_FREEZE_INTERVAL_S,
+    FPM_GC_POLICY,
+    POLICY_FREEZE,
+)
+
+logger = logging.getLogger("dynamo.vllm.gc_policy")  # the policy's lines, wherever they start
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """The policy as an operator configured it (``--fpm-gc-policy`` and its interval)."""
+
+    policy: str = FPM_GC_POLICY.default
+    interval_s: float = FPM_GC_FREEZE_INTERVAL_S.default
+
+    @property
+    def enabled(self) -> bool:
+        return self.policy == POLICY_FREEZE
+
+
+def _read_env_option(environ: Mapping[str, str], option: Option) -> Any:
+    text = environ.get(option.env_var)
+    if text is None:
+        return option.default
+    kind = option.kind
+    assert kind is not None, "the policy's options have value kinds"
+    try:
+        return kind.parse(text)
+    except ValueError as exc:
+        # A rank never sees the command line and must not die over a value the main process
+        # would have rejected at start-up: say so and carry on with the default.
+        logger.warning(
+            "Ignoring %s=%r (%s); using the default %s",
+            option.env_var,
+            text,
+            exc,
+            option.render_default(),
+        )
+        return option.default
+
+
+def policy_config_from_env(environ: Mapping[str, str] | None = None) -> PolicyConfig:
+    """The policy config of a process that never sees the command line (a rank).
+
+    A bad value logs a WARNING naming the env var and the value, and the default is used.
+    """
+    env = os.environ if environ is None else environ
+    return PolicyConfig(
+        policy=_read_env_option(env, FPM_GC_POLICY),
+        interval_s=_read_env_option(env, FPM_GC_FREEZE_INTERVAL_S),
+    )
+
+
+def policy_env(config: PolicyConfig) -> dict[str, str]:
+    """The env vars that give a child process (a rank) this config."""
+    return {
+        FPM_GC_POLICY.env_var: config.policy,
+        FPM_GC_FREEZE_INTERVAL_S.env_var: repr(float(config.interval_s)),
+    }
+
+
+def unsound_build_reason() -> str | None:
+    """Why this interpreter cannot run the periodic freeze soundly, or ``None``."""
+    if sysconfig.get_config_var("Py_GIL_DISABLED"):
+        return (
+            "free-threaded build: gc.freeze() is a stop-the-world walk of the whole heap, not a "
+            "list splice"
+        )
+    major, minor, micro = sys.version_info[:3]
+    if (major, minor) == (3, 14) and micro <= 4:
+        return (
+            f"CPython {major}.{minor}.{micro} (incremental GC): the third GC threshold is "
+            "ignored and gc.freeze() walks part of the heap"
+        )
+    return None
+
+
+def threshold2_ignored_reason() -> str | None:
+    """Why raising the third threshold does not stop automatic full collections here, or
+    ``None`` where it does (standard builds of 3.10-3.13 and 3.14.5+)."""
+    if sysconfig.get_config_var("Py_GIL_DISABLED"):
+        return "free-threaded build: its collector is not generational, every collection is full"
+    major, minor, micro = sys.version_info[:3]
+    if (major, minor) == (3, 14) and micro <= 4:
+        return f"CPython {major}.{minor}.{micro} (incremental GC) ignores the third threshold"
+    return None
