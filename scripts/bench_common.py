@@ -195,7 +195,7 @@ def pyenv_interpreters(
         if not match:
             continue
         full = tuple(int(part) for part in match.groups())
-        key = full[:2]
+        key = (full[0], full[1])
         python = Path(root) / "versions" / name / "bin" / "python"
         if key in versions and python.exists():
             if key not in found or full > found[key][0]:

@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
             argv_child += ["--workers", str(args.workers), "--processor", args.processor]
             samples[method].append(bc.run_json_child(argv_child, timeout_s=600))
 
-    rows, summary = [], {}
+    rows: list[list[object]] = []
+    summary: dict[str, dict] = {}
     for method in METHODS:
         times = [sample["start_s"] for sample in samples[method]]
         frozen = sorted({count for sample in samples[method] for count in sample["frozen"]})
@@ -83,20 +84,17 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     print(f"forkserver / spawn (medians): {ratio:.2f}x")
-    result = {
-        "benchmark": NAME,
-        "mode": mode,
-        "machine": bc.machine_info(),
-        "python": "%d.%d.%d" % sys.version_info[:3],
-        "workers": args.workers,
-        "processor": args.processor,
-        "reps": REPS[mode],
-        "methods": summary,
-        "forkserver_over_spawn": ratio,
-    }
-    path = bc.write_result(args, NAME, result)
-    print(f"wrote {path}")
-    return 0
+    result = bc.new_result(
+        NAME,
+        mode,
+        python=".".join(map(str, sys.version_info[:3])),
+        workers=args.workers,
+        processor=args.processor,
+        reps=REPS[mode],
+        methods=summary,
+        forkserver_over_spawn=ratio,
+    )
+    return bc.finish(args, NAME, result, None)
 
 
 if __name__ == "__main__":

@@ -58,7 +58,9 @@ def check_policy() -> dict:
     before = gc.get_threshold()
     started = gc_policy.start_policy(interval_s=0.05)
     during = gc.get_threshold()
-    freeze_threads = [t.name for t in threading.enumerate() if t.name == gc_policy.FREEZE_THREAD_NAME]
+    freeze_threads = [
+        t.name for t in threading.enumerate() if t.name == gc_policy.FREEZE_THREAD_NAME
+    ]
     state = gc_policy.gc_policy_state()
     stopped = gc_policy.stop_policy()
     after = gc.get_threshold()
@@ -98,7 +100,12 @@ def time_gc(objects: int, reps: int) -> dict:
     heap = build_synthetic_heap(objects)
     gc.collect()
     tracked = len(gc.get_objects())
-    samples: dict[str, list[float]] = {"collect": [], "freeze": [], "frozen_collect": [], "unfreeze": []}
+    samples: dict[str, list[float]] = {
+        "collect": [],
+        "freeze": [],
+        "frozen_collect": [],
+        "unfreeze": [],
+    }
 
     def timed(key: str, call) -> None:
         start = time.perf_counter_ns()
@@ -228,15 +235,14 @@ def main(argv: list[str] | None = None) -> int:
             measured.append(standard)
 
     policy = free["policy"]
-    result = {
-        "benchmark": NAME,
-        "mode": mode,
-        "machine": bc.machine_info(),
-        "objects": objects,
-        "reps": reps,
-        "interpreters": measured,
-        "refused": bool(free["py_gil_disabled"] and policy["refused"]),
-    }
+    result = bc.new_result(
+        NAME,
+        mode,
+        objects=objects,
+        reps=reps,
+        interpreters=measured,
+        refused=bool(free["py_gil_disabled"] and policy["refused"]),
+    )
     rows = []
     for each in measured:
         timing = each["timing"]
@@ -267,8 +273,10 @@ def main(argv: list[str] | None = None) -> int:
             rows,
         )
     )
-    print(f"\n{free['version']} (Py_GIL_DISABLED={int(free['py_gil_disabled'])}, "
-          f"GIL enabled at run time: {free['gil_enabled']})")
+    print(
+        f"\n{free['version']} (Py_GIL_DISABLED={int(free['py_gil_disabled'])}, "
+        f"GIL enabled at run time: {free['gil_enabled']})"
+    )
     print(f"unsound_build_reason(): {policy['unsound_build_reason']!r}")
     print(f"threshold2_ignored_reason(): {policy['threshold2_ignored_reason']!r}")
     for level, message in policy["log"]:
@@ -280,8 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     verdict = "REFUSED as documented" if result["refused"] else "NOT REFUSED"
     print(f"verdict: the self-benchmark policy's periodic freeze was {verdict}")
-    path = bc.write_result(args, NAME, result)
-    print(f"wrote {path}")
+    bc.finish(args, NAME, result, None)
     return 0 if result["refused"] else 1
 
 

@@ -210,9 +210,7 @@ class PreprocessPool:
         )
 
     async def _rebuild_pool(self, broken: concurrent.futures.Executor) -> None:
-        def replace() -> tuple[
-            concurrent.futures.ProcessPoolExecutor, list[int], list[int | None]
-        ]:
+        def replace() -> tuple[concurrent.futures.ProcessPoolExecutor, list[int], list[int | None]]:
             broken.shutdown(wait=True, cancel_futures=True)
             return self._spawn()
 
