@@ -42,6 +42,17 @@ BENCHMARKED_VERSIONS = ((3, 10), (3, 11), (3, 12), (3, 13), (3, 14), (3, 15))
 
 # --engine vllm: the real worker as tests/vllm/conftest.py starts it, from the vLLM environment.
 DEFAULT_VLLM_PYTHON = REPO_ROOT / ".venv-vllm" / "bin" / "python"
+
+
+def repo_relative(path: str | Path) -> str:
+    """``path`` relative to the checkout when it is inside it, else as given: results are
+    committed, and a reader's clone is not at the path the measurement ran in."""
+    try:
+        return str(Path(path).absolute().relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path)
+
+
 # A KV cache size in bytes (vLLM's start-up memory check reads a NUMA node's size otherwise),
 # eager mode (torch.compile would add ~25 s to each start), no periodic stats lines.
 VLLM_ARGS = [
@@ -268,7 +279,7 @@ def measure_each(
     for label, python in interpreters:
         print(f"measuring CPython {label} ({python}) ...", file=sys.stderr, flush=True)
         measured = measure(python)
-        measured["executable"] = python
+        measured["executable"] = repo_relative(python)
         results.append(measured)
     return results
 
@@ -466,7 +477,7 @@ def save_plot(args: argparse.Namespace, fig, name: str, title: str) -> Path:
 def finish(args: argparse.Namespace, name: str, result: dict, plot: Path | None) -> int:
     """Record the plot in ``result``, write the result (and publish both with --publish), say
     where they went; the script's exit code."""
-    result["plot"] = str(plot) if plot else None
+    result["plot"] = repo_relative(plot) if plot else None
     json_path = write_result(args, name, result)
     publish_plot(args, plot)
     print(f"wrote {json_path}" + (f" and {plot}" if plot else ""))

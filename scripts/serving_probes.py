@@ -359,7 +359,9 @@ def run_vllm_bench_serve(pair: Pair, args, work_dir: Path) -> dict:
     if proc.returncode != 0:
         raise RuntimeError(f"vllm bench serve exited {proc.returncode}:\n{proc.stderr[-3000:]}")
     result = json.loads(out.read_text())
-    result["command"] = " ".join(argv[:2] + ["<vllm.benchmarks.serve main>"] + argv[4:])
+    result["command"] = " ".join(
+        [bc.repo_relative(argv[0]), argv[1], "<vllm.benchmarks.serve main>", *argv[4:]]
+    )
     return result
 
 

@@ -133,8 +133,9 @@ def test_a_killed_preprocess_process_is_replaced_and_requests_succeed_again(pair
     assert {pid for pid, _ in freezes} == new_pids, since
     assert all(since.index(line) < rebuilt_at for _, line in freezes)
     assert REFUSED_LINE not in since
-    # One WARNING per failed request at most, and no ERROR: the rebuild worked.
-    assert len(re.findall(r"WARNING .*-> 503 preprocess_unavailable", since)) == failed
+    # The failed requests' WARNING is budgeted (one per cause per 10 s, the next counting those
+    # held back), and no ERROR: the rebuild worked.
+    assert 1 <= len(re.findall(r"WARNING .*-> 503 preprocess_unavailable", since)) <= failed
     assert " ERROR " not in since
     assert request("GET", url + "/health")[0] == 200
 

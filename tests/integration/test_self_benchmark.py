@@ -184,7 +184,9 @@ def test_registers_after_the_benchmark_and_serves(benchmarked_worker):
             return [item async for item in stream]
 
     items = asyncio.run(generate())
-    assert items[-1] == {"finish_reason": "length", "prompt_tokens": 2, "completion_tokens": 3}
+    assert items[-1] == request_plane.Finish(
+        finish_reason="length", prompt_tokens=2, completion_tokens=3
+    )
 
 
 def test_a_conflicting_worker_extension_exits_2_before_engine_init(tmp_path):

@@ -54,9 +54,14 @@ def expected_tokens(prompt: list[int], max_tokens: int) -> list[int]:
     return mock_completion(model, prompt, SamplingOptions(max_tokens=max_tokens))[0]
 
 
+def as_dict(item: request_plane.StreamItem) -> dict:
+    """A typed stream item as the wire's JSON object (a Finish without ids has none)."""
+    return item.model_dump(exclude_defaults=True)
+
+
 async def generate(endpoint: str, request: dict) -> list[dict]:
     async with aiohttp.ClientSession() as session:
-        return [item async for item in request_plane.generate(session, endpoint, request)]
+        return [as_dict(item) async for item in request_plane.generate(session, endpoint, request)]
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +150,7 @@ def test_client_disconnect_aborts_the_request_in_the_engine(worker):
             await stream.aclose()  # leaves the response early: the connection is closed
             return first
 
-    assert asyncio.run(read_one_then_disconnect()) == {"token_ids": [5]}
+    assert as_dict(asyncio.run(read_one_then_disconnect())) == {"token_ids": (5,)}
     process.wait_for_log(r"request walks-away aborted after \d+ token")
     # The worker keeps serving after the abort.
     items = asyncio.run(generate(record.endpoint, plane_request("after", [5], 2)))
@@ -167,7 +172,7 @@ def test_sigterm_removes_the_record_finishes_in_flight_requests_and_exits_0(tmp_
                 items = []
                 request = plane_request("in-flight", [7, 8], 200)
                 async for item in request_plane.generate(session, record.endpoint, request):
-                    items.append(item)
+                    items.append(as_dict(item))
                     if len(items) == 1:
                         process.signal(signal.SIGTERM)
                         # The record goes first, while the request is still being served.

@@ -5,7 +5,7 @@ fault it is: 400 bad request, 404 unknown model, 503 no worker (or draining; als
 is known but has no live instance right now), 502 a worker whose answer broke the request
 plane's wire format. A worker that dies mid-stream ends the stream with an error event, never
 with silence. What a client is told about a worker's failure is generic: it names no instance
-or address and quotes no worker text (docs/design.md, trust model); the log line has the detail.
+or address and quotes no worker text (docs/security.md); the log line has the detail.
 
 A failed request logs at most one line, at WARNING: the error middleware's for a 5xx answered
 before the stream started, the stream's own once the headers are gone. The code below raises, it

@@ -8,7 +8,7 @@ OpenAI shape.
 * :func:`openai_errors`: the middleware that answers every error a route raises, aiohttp's
   404/405/413 included, in the OpenAI shape; a 5xx logs one WARNING, budgeted per cause.
 * :func:`worker_failure`: a worker's failure as a client sees it: generic (no instance, address
-  or worker text: docs/design.md, trust model), the detail for the log line.
+  or worker text: docs/security.md), the detail for the log line.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Text that came from a peer, made safe for a log line.
 
-Discovery records and request-plane answers come from peers, not administrators (docs/design.md,
-trust model). Whatever of theirs reaches a log line goes through :func:`escape`: control
+Discovery records and request-plane answers come from peers, not administrators
+(docs/security.md). Whatever of theirs reaches a log line goes through :func:`escape`: control
 characters (a newline that would forge a second log line, a NUL, an ANSI escape that repaints a
 terminal) are written as escapes, and the text is cut to a bound, so one peer cannot flood the
 log or make a line of megabytes.

@@ -27,7 +27,7 @@ Wire format v2 (one place, used by both ends):
 Closing the connection aborts the request in the worker (the handler's generator is cancelled):
 that is how the frontend ends a completion at a stop string it matched.
 
-The worker is a peer (docs/design.md, trust model), so the client (:func:`generate`) reads what
+The worker is a peer (docs/security.md), so the client (:func:`generate`) reads what
 it answers as a peer's words: an error answer up to :data:`ERROR_BODY_LIMIT` bytes, never
 decompressed (the session's ``auto_decompress`` is off); a stream line by line, each at most
 :data:`MAX_LINE_BYTES`, the whole stream within a byte budget that grows with ``max_tokens``;

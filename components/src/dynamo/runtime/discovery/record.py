@@ -2,7 +2,7 @@
 
 A record is opaque JSON to the stores (:meth:`ModelRecord.to_json` / ``from_json``), at most
 :data:`MAX_RECORD_BYTES` long. Records are written by workers, which are peers, not
-administrators (docs/design.md, trust model): :meth:`ModelRecord.from_json` validates every field
+administrators (docs/security.md): :meth:`ModelRecord.from_json` validates every field
 against a strict schema with bounded sizes before anything else sees it, and a record that does
 not validate is skipped by the watchers with one WARNING.
 
