@@ -4,8 +4,9 @@ This is where the frontend reads what a worker streams, one request-plane item a
 item was validated by the request plane's client (:func:`dynamo.runtime.request_plane.generate`:
 a typed item, its ids within the model's vocabulary); here the ids are detokenized with the
 model's own tokenizer, and the request's own limits are enforced, whatever the worker does:
-the completion ends at the first stop string (the frontend is authoritative for those), at a
-stop token id once ``min_tokens`` are out, and at ``max_tokens`` (:meth:`Generation._limit`).
+the completion ends at the first stop string or stop token id generated once ``min_tokens`` are
+out (the frontend is authoritative for stop strings), and at ``max_tokens``
+(:meth:`Generation._limit`).
 The finish reason and token counts are the frontend's own: a worker's counts are not trusted.
 A per-request output parser (tool calls, reasoning) is fed with the text pieces this yields.
 """
@@ -57,7 +58,10 @@ class Generation:
             pieces = []
             for token_id in item.token_ids:
                 self.completion_tokens += 1
-                pieces.append(self._stops.feed(self._detokenizer.add((token_id,))))
+                text = self._detokenizer.add((token_id,))
+                # vLLM matches stop strings only in text of tokens past min_tokens.
+                check = self.completion_tokens > self._sampling.min_tokens
+                pieces.append(self._stops.feed(text, check=check))
                 if self._stops.stopped:
                     self.finish_reason = "stop"
                     yield "".join(pieces)

@@ -20,16 +20,21 @@ class StopStringMatcher:
         self._pending = ""  # text not yet sent: it may be the start of a stop string
         self.stopped = False
 
-    def feed(self, text: str) -> str:
+    def feed(self, text: str, *, check: bool = True) -> str:
         """The part of ``text`` (plus what was held) that is safe to send now.
 
         After a stop string is found, :attr:`stopped` is true and everything from the stop
-        string on is discarded (later calls return "").
+        string on is discarded (later calls return ""). ``check=False``: text that cannot end
+        the output (generated before ``min_tokens`` were out, as vLLM has it) is sent whole,
+        with what was held, and is never matched later.
         """
         if self.stopped:
             return ""
         if not self._stops:
             return text
+        if not check:
+            window, self._pending = self._pending + text, ""
+            return window
         window = self._pending + text
         cut = min((i for i in (window.find(s) for s in self._stops) if i >= 0), default=-1)
         if cut >= 0:

@@ -16,7 +16,10 @@ log's, however many instances a model has and however many of them are dead:
   ``GET /health`` (one probe per instance at a time, shared by its requests): no answer within
   :data:`PROBE_TIMEOUT_S` means the process is stopped or gone (SIGSTOP, a frozen host) and the
   request fails over or fails; any answer means it is alive and merely slow (a long prefill,
-  a queue), and the wait goes on, up to :data:`WORKER_READ_TIMEOUT_S` of silence.
+  a queue), and the wait goes on. Each item must come within :data:`WORKER_READ_TIMEOUT_S` of
+  the previous one (of the request, for the first), whatever else arrives meanwhile: bytes that
+  are not an item (blank lines, a line that never ends, an error body sent a byte at a time)
+  and answered probes do not extend it.
 * **Log lines.** An instance going on the bench is one WARNING, coming back one INFO, both
   budgeted per cause (:class:`~dynamo.runtime.log_budget.CauseBudgets`); worker text in them is
   escaped and bounded (:mod:`dynamo.runtime.peer_text`).
@@ -49,8 +52,9 @@ logger = logging.getLogger(__name__)
 
 # A worker on loopback accepts within milliseconds; longer means it is stopped or gone.
 WORKER_CONNECT_TIMEOUT_S = 5.0
-# Longest silence between two items of a worker's stream that answers its health probes (a real
-# engine's slowest prefill and step fit well inside); past it the request fails.
+# Longest wait for an item of a worker's stream (the first: from the request), whatever the
+# worker sends meanwhile (a real engine's slowest prefill and step fit well inside); past it the
+# request fails. Also the socket's read timeout.
 WORKER_READ_TIMEOUT_S = 120.0
 # Silence after which the worker is asked whether it is alive, and how long it has to answer.
 PROBE_AFTER_S = 5.0
@@ -199,14 +203,25 @@ class WorkerRouter:
     async def _next(
         self, record: ModelRecord, stream: AsyncGenerator[StreamItem, None]
     ) -> StreamItem:
-        """The next item; while it does not come, the worker is probed every
-        :data:`PROBE_AFTER_S` and given up on when a probe goes unanswered."""
+        """The next item within :data:`WORKER_READ_TIMEOUT_S`; while it does not come, the
+        worker is probed every :data:`PROBE_AFTER_S` and given up on when a probe goes
+        unanswered."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + WORKER_READ_TIMEOUT_S
         waiting = asyncio.ensure_future(stream.__anext__())
         try:
             while True:
-                done, _ = await asyncio.wait({waiting}, timeout=PROBE_AFTER_S)
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise WorkerUnavailable(
+                        f"worker at {peer_text.escape(record.endpoint)} sent no item within "
+                        f"{WORKER_READ_TIMEOUT_S:g} s"
+                    )
+                done, _ = await asyncio.wait({waiting}, timeout=min(PROBE_AFTER_S, left))
                 if done:
                     return waiting.result()
+                if loop.time() >= deadline:
+                    continue  # the deadline's own message, not a probe's
                 if not await self._alive(record.endpoint):
                     raise WorkerUnavailable(
                         f"worker at {peer_text.escape(record.endpoint)} silent for "
@@ -240,7 +255,12 @@ class WorkerRouter:
     def _failed(self, record: ModelRecord, reason: str) -> None:
         key = _key(record)
         self._good.pop(key, None)
-        previous = self._benched.pop(key, None)
+        previous = self._benched.get(key)
+        if previous is not None and self._clock() < previous.until:
+            # A request that was in flight when the instance went on the bench: the same
+            # failure, not a new one (a burst of them must not double the bench each time).
+            return
+        self._benched.pop(key, None)
         length = BENCH_FIRST_S if previous is None else min(previous.length * 2, BENCH_MAX_S)
         self._benched[key] = _Bench(until=self._clock() + length, length=length)
         _bound(self._benched)

@@ -211,7 +211,7 @@ def _refusal(status: int, text: str) -> RequestRefused | None:
         return None
     try:
         body = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # JSONDecodeError, UnicodeDecodeError, deep nesting
         return None
     if not isinstance(body, dict):
         return None
