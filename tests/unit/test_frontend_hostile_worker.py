@@ -14,7 +14,9 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from dynamo.frontend import worker_router
-from tests.support.frontend_fakes import MODEL, frontend
+from dynamo.frontend.hf_processor import ModelFilesError
+from tests.support import wait_until_async
+from tests.support.frontend_fakes import MODEL, echo_worker, frontend
 from tests.support.tiny_model import tiny_card
 
 HELLO = [{"role": "user", "content": "hello"}]
@@ -150,7 +152,6 @@ def test_a_stop_string_does_not_end_the_completion_before_min_tokens(card):
     detokenizer, vllm PR 22014: min_tokens=5, stop="e" -> " is Lee, and I'm a stud"); the
     frontend, authoritative for stop strings, must not cut a completion shorter."""
     from dynamo.frontend.chat_processor import build_chat_processor
-    from tests.support.frontend_fakes import echo_worker
 
     processor = build_chat_processor(card)
     ids = processor.tokenizer.encode(
@@ -221,3 +222,69 @@ def test_one_hiccup_under_concurrency_benches_an_instance_for_one_second(card):
     burst, after = run(scenario)
     assert burst == [503] * 6
     assert after == 200, f"still {after} 1.5 s after a single hiccup"
+
+
+# --- what a client is told, and what a flood of clients costs the log ------------------------
+
+
+class _BrokenPool:
+    """A preprocess pool whose worker cannot load the tokenizer, worded as hf_processor words it."""
+
+    healthy = True
+    state = "ready"
+
+    async def encode(self, card, prompt, *, add_special_tokens):
+        raise ModelFilesError(
+            "cannot load /srv/models/tiny/tokenizer.json: Exception: expected value at line 1 "
+            "column 1"
+        )
+
+
+def test_a_preprocess_failure_names_no_host_path_or_library_text(card, caplog):
+    """A client is told the preprocessing is unavailable (503), no more: the path on this host
+    and the tokenizers library's words are the log's (docs/security.md)."""
+
+    async def scenario():
+        async with frontend(card, "http://127.0.0.1:9", pool=_BrokenPool()) as client:
+            response = await client.post(
+                "/v1/chat/completions", json={"model": MODEL, "messages": HELLO, "max_tokens": 4}
+            )
+            return response.status, await response.json()
+
+    with caplog.at_level(logging.WARNING):
+        status, body = run(scenario)
+    assert status == 503 and body["error"]["code"] == "preprocess_unavailable", body
+    message = body["error"]["message"]
+    assert "/srv/models" not in message and "expected value" not in message, message
+    assert any("/srv/models/tiny/tokenizer.json" in r.getMessage() for r in caplog.records)
+
+
+def test_clients_hanging_up_mid_stream_cannot_flood_the_log(card, caplog):
+    """One INFO line per cause per interval, however many clients hang up mid-stream (a flood
+    of bad clients cannot flood the log)."""
+    hangups = 20
+
+    async def scenario():
+        async with (
+            echo_worker(token_ms=20) as (engine, endpoint),
+            frontend(card, endpoint) as client,
+        ):
+            for _ in range(hangups):
+                response = await client.post(
+                    "/v1/chat/completions",
+                    json={"model": MODEL, "messages": HELLO, "max_tokens": 200, "stream": True,
+                          "ignore_eos": True},
+                )  # fmt: skip
+                await response.content.readline()
+                response.close()  # hang up
+            # Each hang-up reaches the worker as an abort once the frontend has noticed it.
+            await wait_until_async(
+                lambda: engine.requests_aborted >= hangups,
+                deadline_s=30,
+                what="every hang-up to abort its request",
+            )
+
+    with caplog.at_level(logging.INFO, logger="dynamo"):
+        run(scenario)
+    lines = [r.getMessage() for r in caplog.records if "mid-stream" in r.getMessage()]
+    assert 1 <= len(lines) <= 2, f"{len(lines)} lines, e.g. {lines[:2]}"

@@ -26,6 +26,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from dynamo.runtime import peer_text
 from dynamo.runtime.model_card import ModelCard, out_of_vocabulary
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ from .hf_processor import (
     rendering_errors,
     special_tokens,
 )
+from .model_files import MAX_TEMPLATE_BYTES, ModelFiles
 from .output_parser import OutputParserFactory, no_output_parser
 
 logger = logging.getLogger(__name__)
@@ -186,10 +188,10 @@ def import_processor_libraries(kind: str) -> str:
 # -- hf -------------------------------------------------------------------------------------
 
 
-def _build_hf(card: ModelCard) -> tuple[Tokenizer, Template | None]:
-    tokenizer = HfTokenizer(card.tokenizer_path)
-    config = read_tokenizer_config(card.tokenizer_path)
-    source = find_chat_template(card.tokenizer_path, config, card.chat_template_path)
+def _build_hf(card: ModelCard, files: ModelFiles) -> tuple[Tokenizer, Template | None]:
+    tokenizer = HfTokenizer(files)
+    config = read_tokenizer_config(files)
+    source = find_chat_template(files, config, card.chat_template_path)
     template = None if source is None else HfChatTemplate(source, special_tokens(config))
     return tokenizer, template
 
@@ -243,7 +245,7 @@ class _VllmTemplate:
             )
 
 
-def _build_vllm(card: ModelCard) -> tuple[Tokenizer, Template | None]:
+def _build_vllm(card: ModelCard, files: ModelFiles) -> tuple[Tokenizer, Template | None]:
     from vllm.tokenizers import get_tokenizer  # imported at start-up; this is a lookup
 
     try:
@@ -252,8 +254,8 @@ def _build_vllm(card: ModelCard) -> tuple[Tokenizer, Template | None]:
         raise ModelFilesError(
             f"vLLM cannot load the tokenizer in {card.tokenizer_path}: {exc}"
         ) from None
-    config = read_tokenizer_config(card.tokenizer_path)
-    source = find_chat_template(card.tokenizer_path, config, card.chat_template_path)
+    config = read_tokenizer_config(files)
+    source = find_chat_template(files, config, card.chat_template_path)
     if source is None:
         source = getattr(tokenizer, "chat_template", None)
     template = None if source is None else _VllmTemplate(tokenizer, source)
@@ -263,23 +265,41 @@ def _build_vllm(card: ModelCard) -> tuple[Tokenizer, Template | None]:
 _BUILDERS = {"hf": _build_hf, "vllm": _build_vllm}
 
 
-def build_tokenizer(card: ModelCard, kind: str = DEFAULT_CHAT_PROCESSOR) -> Tokenizer:
+def model_files(card: ModelCard, model_dirs: Sequence[str] = ()) -> ModelFiles:
+    """What ``card`` may make the frontend read (:mod:`.model_files`), checked before any
+    library is pointed at it: its tokenizer directory (within ``model_dirs``, the operator's
+    ``--dyn-model-dirs``, when given), the library files in it, its chat template."""
+    files = ModelFiles(card.tokenizer_path, model_dirs)
+    files.check_library_files()
+    if card.chat_template_path is not None:
+        files.read(files.template(card.chat_template_path), MAX_TEMPLATE_BYTES, content=False)
+    return files
+
+
+def build_tokenizer(
+    card: ModelCard, kind: str = DEFAULT_CHAT_PROCESSOR, model_dirs: Sequence[str] = ()
+) -> Tokenizer:
     """Only the tokenizer (what a preprocess worker process needs)."""
+    files = model_files(card, model_dirs)
     if kind == "vllm":
-        return _build_vllm(card)[0]
+        return _build_vllm(card, files)[0]
     if kind == "sglang":
         return sglang_processor.SglangTokenizer(sglang_processor.load_tokenizer(card))
-    return HfTokenizer(card.tokenizer_path)
+    return HfTokenizer(files)
 
 
 def build_chat_processor(
     card: ModelCard,
     kind: str = DEFAULT_CHAT_PROCESSOR,
     sglang: sglang_processor.SglangSettings | None = None,
+    model_dirs: Sequence[str] = (),
 ) -> ChatProcessor:
-    """The chat engine factory: one model's processor. Raises ModelFilesError. ``sglang``:
-    the frontend's sglang options (parser names, --chat-template), for ``kind="sglang"``."""
+    """The chat engine factory: one model's processor. Raises ModelFilesError (also for a card
+    naming files it may not: :func:`model_files`). ``sglang``: the frontend's sglang options
+    (parser names, --chat-template), for ``kind="sglang"``; ``model_dirs``: the operator's
+    ``--dyn-model-dirs``."""
     started = time.perf_counter()
+    files = model_files(card, model_dirs)
     tokenizer: Tokenizer
     template: Template | None
     parsers = None
@@ -287,13 +307,13 @@ def build_chat_processor(
         model = sglang_processor.build_sglang(card, sglang or sglang_processor.SglangSettings())
         tokenizer, template, parsers = model.tokenizer, model.template, model.output_parsers
     else:
-        tokenizer, template = _BUILDERS[kind](card)
+        tokenizer, template = _BUILDERS[kind](card, files)
     processor = ChatProcessor(card, kind, tokenizer, template, parsers)
     logger.info(
         "Chat processor built: model=%s processor=%s tokenizer=%s chat_template=%s took_ms=%.1f",
-        card.served_model_name,
+        peer_text.escape(card.served_model_name),
         kind,
-        card.tokenizer_path,
+        peer_text.escape(card.tokenizer_path, 300),
         "yes" if template is not None else "none",
         (time.perf_counter() - started) * 1000.0,
     )

@@ -11,6 +11,7 @@ from dynamo.common.configuration import (
     IntRange,
     Option,
     Surface,
+    Text,
     gc_options,
     host_option,
     parse_surface,
@@ -66,7 +67,8 @@ OPTIONS = [
         metavar="N",
         help=(
             "Tokenise in a pool of N processes (each freezes its own heap at the end of its "
-            "initializer); 0 tokenises in the frontend process"
+            "initializer); 0 tokenises in the frontend process, on a few threads, never on its "
+            "event loop (chat templates are rendered on those threads in either case)"
         ),
     ),
     CHAT_PROCESSOR,
@@ -81,6 +83,19 @@ OPTIONS = [
             "Most distinct models the frontend serves at once (each holds its tokenizer and "
             "chat template in memory); a newly discovered model over the limit is refused with "
             "one WARNING and not served until one goes"
+        ),
+    ),
+    Option(
+        name="dyn-model-dirs",
+        env_var="DYN_MODEL_DIRS",
+        default=None,
+        kind=Text("directory list"),
+        metavar="DIR[:DIR...]",
+        help=(
+            "Directories the frontend may load models from: a discovered model card whose "
+            "tokenizer directory, tokenizer files or chat template resolve outside them is "
+            "refused with one WARNING. Unset (the default): any directory, each card's files "
+            "still confined to its own model directory (see docs/operator-guide.md, security)"
         ),
     ),
     Option(
@@ -142,6 +157,7 @@ class FrontendConfig(LauncherConfig):
     reasoning_parser: str | None
     chat_template: str | None
     dyn_max_models: int
+    dyn_model_dirs: str | None
     router_mode: str
 
     @property

@@ -35,6 +35,17 @@ from tokenizers.decoders import DecodeStream
 
 from dynamo.runtime.tokenizer_config import token_text
 
+from .model_files import (
+    MAX_CONFIG_BYTES,
+    MAX_TEMPLATE_BYTES,
+    MAX_TOKENIZER_BYTES,
+    ModelFiles,
+    ModelFilesError,
+    as_files,
+)
+
+__all__ = ["ModelFilesError"]  # re-exported: where the processors have always raised it from
+
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
@@ -49,10 +60,6 @@ SPECIAL_TOKEN_NAMES = (
     "cls_token",
     "mask_token",
 )
-
-
-class ModelFilesError(ValueError):
-    """The model directory lacks a file the processor needs, or one cannot be read."""
 
 
 class ChatTemplateError(ValueError):
@@ -72,20 +79,19 @@ def rendering_errors() -> Iterator[None]:
         raise ChatTemplateError(f"{type(exc).__name__}: {exc}") from None
 
 
-def _read_json(path: Path) -> dict:
+def read_tokenizer_config(tokenizer_dir: str | Path | ModelFiles) -> dict:
+    """``tokenizer_config.json`` of the directory, or ``{}`` when the model has none."""
+    files = as_files(tokenizer_dir)
+    path = files.file(TOKENIZER_CONFIG_FILE)
+    if path is None:
+        return {}
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+        data = json.loads(files.read_text(path, MAX_CONFIG_BYTES))
+    except (ValueError, RecursionError) as exc:
         raise ModelFilesError(f"cannot read {path}: {exc}") from None
     if not isinstance(data, dict):
         raise ModelFilesError(f"{path} is not a JSON object")
     return data
-
-
-def read_tokenizer_config(tokenizer_dir: str | Path) -> dict:
-    """``tokenizer_config.json`` of the directory, or ``{}`` when the model has none."""
-    path = Path(tokenizer_dir) / TOKENIZER_CONFIG_FILE
-    return _read_json(path) if path.exists() else {}
 
 
 def special_tokens(config: Mapping[str, Any]) -> dict[str, str]:
@@ -99,21 +105,18 @@ def special_tokens(config: Mapping[str, Any]) -> dict[str, str]:
 
 
 def find_chat_template(
-    tokenizer_dir: str | Path, config: Mapping[str, Any], override_path: str | None = None
+    tokenizer_dir: str | Path | ModelFiles,
+    config: Mapping[str, Any],
+    override_path: str | None = None,
 ) -> str | None:
-    """The model's chat template source (see the module docstring for the order), or None."""
-    candidates = []
-    if override_path is not None:
-        candidates.append(Path(override_path))
-    candidates.append(Path(tokenizer_dir) / CHAT_TEMPLATE_FILE)
-    for path in candidates:
-        if path is candidates[0] and override_path is not None and not path.exists():
-            raise ModelFilesError(f"chat template {path} does not exist")
-        if path.exists():
-            try:
-                return path.read_text(encoding="utf-8")
-            except (OSError, ValueError) as exc:
-                raise ModelFilesError(f"cannot read {path}: {exc}") from None
+    """The model's chat template source (see the module docstring for the order), or None.
+    Files are read through :class:`~.model_files.ModelFiles` (confined, bounded)."""
+    files = as_files(tokenizer_dir)
+    path = files.template(override_path) if override_path is not None else None
+    if path is None:
+        path = files.file(CHAT_TEMPLATE_FILE)
+    if path is not None:
+        return files.read_text(path, MAX_TEMPLATE_BYTES)
     template = config.get("chat_template")
     if isinstance(template, str):
         return template
@@ -181,12 +184,18 @@ class HfChatTemplate:
 class HfTokenizer:
     """``tokenizer.json`` through ``tokenizers``: encode, and one decoder stream per request."""
 
-    def __init__(self, tokenizer_dir: str | Path) -> None:
-        path = Path(tokenizer_dir) / TOKENIZER_FILE
-        if not path.is_file():
-            raise ModelFilesError(f"{path} does not exist (the processor needs tokenizer.json)")
+    def __init__(self, tokenizer_dir: str | Path | ModelFiles) -> None:
+        files = as_files(tokenizer_dir)
+        path = files.file(TOKENIZER_FILE)
+        if path is None:
+            raise ModelFilesError(
+                f"{files.directory / TOKENIZER_FILE} does not exist (the processor needs "
+                "tokenizer.json)"
+            )
+        # Read here (confined, regular, bounded), parsed from memory: nothing is reopened.
+        text = files.read_text(path, MAX_TOKENIZER_BYTES)
         try:
-            self._tokenizer = Tokenizer.from_file(str(path))
+            self._tokenizer = Tokenizer.from_str(text)
         except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception
             raise ModelFilesError(f"cannot load {path}: {exc}") from None
         # The largest id a prompt may hold, as vLLM computes it (added tokens included; ids
@@ -194,7 +203,10 @@ class HfTokenizer:
         self.max_token_id = max(self._tokenizer.get_vocab(with_added_tokens=True).values())
 
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
-        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        # encode_batch, not encode: the same ids, but it releases the GIL while it works, so
+        # the event loop keeps running while a preprocessing thread tokenises a long prompt
+        # (encode holds it for the whole prompt: seconds for a megabyte).
+        return self._tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def decode(self, ids: Iterable[int]) -> str:
         return self._tokenizer.decode(list(ids), skip_special_tokens=True)

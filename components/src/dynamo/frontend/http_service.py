@@ -16,7 +16,10 @@ next counting those held back), so an outage costs a few lines a minute, not one
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
+from collections.abc import Callable
+from typing import TypeVar
 
 from aiohttp import web
 
@@ -56,6 +59,19 @@ CHAT_COMPLETIONS_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
 HEALTH_PATH = "/health"
 LIVE_PATH = "/live"
+# Threads that render chat templates and tokenise in this process (tokenising goes to the
+# preprocess pool instead when there is one): never the event loop, so /health and the streams
+# in flight are served while a 1 MB prompt is processed. Bounded: more requests wait their turn.
+PREPROCESS_THREADS = 4
+# What a client is told when the model's preprocessing cannot run, by the pool's state (the
+# detail, which may name a path on this host or a library's words, goes to the log).
+PREPROCESS_UNAVAILABLE = {
+    "rebuilding": "the model's preprocessing is being rebuilt after a process died; retry shortly",
+    "failed": "the model's preprocessing is down",
+}
+PREPROCESS_UNAVAILABLE_OTHERWISE = "the model's preprocessing is unavailable right now; retry later"
+
+T = TypeVar("T")
 
 
 class FrontendService:
@@ -74,9 +90,22 @@ class FrontendService:
         self.failures = failure_log()
         # A request a worker refused (the client's 400): the worker's words go to the log only.
         self.refusals = CauseBudgets(logger, logging.INFO, lines=1, interval_s=LOG_INTERVAL_S)
+        # Clients hanging up mid-stream: normal one at a time, and a flood must not flood the log.
+        self.hangups = CauseBudgets(logger, logging.INFO, lines=1, interval_s=LOG_INTERVAL_S)
         # The discovery watcher (set by main): /health reports its state, and is not ready
         # before its first look at the store.
         self.discovery_watcher: RecordWatcher | None = None
+        self._threads = concurrent.futures.ThreadPoolExecutor(
+            max_workers=PREPROCESS_THREADS, thread_name_prefix="preprocess"
+        )
+
+    def close(self) -> None:
+        """Stop the preprocessing threads (work queued and not started is dropped)."""
+        self._threads.shutdown(wait=False, cancel_futures=True)
+
+    async def _off_loop(self, work: Callable[..., T], *args) -> T:
+        """``work(*args)`` on a preprocessing thread (see :data:`PREPROCESS_THREADS`)."""
+        return await asyncio.get_running_loop().run_in_executor(self._threads, work, *args)
 
     def build_app(self) -> web.Application:
         app = web.Application(
@@ -133,19 +162,27 @@ class FrontendService:
     async def _encode(self, entry: ModelEntry, prompt: str, *, chat: bool) -> list[int]:
         processor = entry.processor
         if self.preprocess_pool is None:
-            if chat:
-                return processor.encode_chat(prompt)
-            return processor.encode_completion(prompt)
+            encode = processor.encode_chat if chat else processor.encode_completion
+            return await self._off_loop(encode, prompt)
         try:
             return await self.preprocess_pool.encode(
                 processor.card, prompt, add_special_tokens=not chat
             )
         except PreprocessPoolError as exc:  # the pool logs its own breakage, once
-            raise oai.service_unavailable(str(exc), code="preprocess_unavailable") from exc
-        except ModelFilesError as exc:  # the frontend loaded them: this host's files changed?
+            message = PREPROCESS_UNAVAILABLE.get(
+                self.preprocess_pool.state, PREPROCESS_UNAVAILABLE_OTHERWISE
+            )
             raise oai.service_unavailable(
-                f"a preprocess worker cannot load the tokenizer of `{processor.model}`: {exc}",
+                message, code="preprocess_unavailable", detail=str(exc)
+            ) from exc
+        except ModelFilesError as exc:  # the frontend loaded them: this host's files changed?
+            # The detail names a path on this host and a library's words: the log's, not the
+            # client's (docs/security.md).
+            raise oai.service_unavailable(
+                PREPROCESS_UNAVAILABLE_OTHERWISE,
                 code="preprocess_unavailable",
+                detail=f"a preprocess worker cannot load the tokenizer of "
+                f"{peer_text.escape(processor.model)}: {exc}",
             ) from exc
 
     def _admit(self) -> None:
@@ -167,7 +204,7 @@ class FrontendService:
         chat = oai.parse_chat_request(await read_json_body(request))
         entry = self._entry(chat.model)
         try:
-            prompt = entry.processor.render_chat(chat)
+            prompt = await self._off_loop(entry.processor.render_chat, chat)
         except NoChatTemplate as exc:
             raise oai.invalid_request(str(exc), param="messages", code="no_chat_template") from None
         except ChatTemplateError as exc:
@@ -302,9 +339,15 @@ class FrontendService:
             await response.write_eof()
         except ConnectionResetError:
             # The client closed its connection; the caller's finally aborts the worker's side.
-            logger.info("Client went away mid-stream: request %s aborted", responder.completion_id)
+            self.hangups.emit(
+                "went away",
+                "Client went away mid-stream: request %s aborted",
+                responder.completion_id,
+            )
         except asyncio.CancelledError:
-            logger.info("Request %s cancelled mid-stream: aborted", responder.completion_id)
+            self.hangups.emit(
+                "cancelled", "Request %s cancelled mid-stream: aborted", responder.completion_id
+            )
             raise
         return response
 

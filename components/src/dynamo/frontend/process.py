@@ -41,6 +41,7 @@ from .chat_processor import build_chat_processor
 from .frontend_args import FrontendConfig
 from .http_service import FrontendService
 from .http_surface import http_runner
+from .model_files import parse_model_dirs
 from .model_registry import ModelRegistry
 from .preprocess_pool import PreprocessPool, PreprocessPoolError
 from .sglang_processor import SglangSettings
@@ -92,12 +93,16 @@ class FrontendProcess:
         closer.push("worker client session", session.close)
         registry = ModelRegistry(
             functools.partial(
-                build_chat_processor, kind=config.dyn_chat_processor, sglang=self.sglang
+                build_chat_processor,
+                kind=config.dyn_chat_processor,
+                sglang=self.sglang,
+                model_dirs=parse_model_dirs(config.dyn_model_dirs),
             ),
             max_models=config.dyn_max_models,
         )
         closer.push("chat processor builds", registry.aclose)
         service = self.service = FrontendService(registry, WorkerRouter(session), pool)
+        closer.push("preprocessing threads", service.close)
         app = service.build_app()
         if self.metrics is not None:
             metrics_route(app, self.metrics)  # GET /metrics on the HTTP port
