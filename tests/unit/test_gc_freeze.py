@@ -151,19 +151,28 @@ def test_a_removed_observer_is_not_called():
 
 def test_a_failing_observer_neither_breaks_the_freeze_nor_starves_other_observers(caplog):
     seen: list[FreezeRecord] = []
+    # The live count read before the broken observer's error is logged: logging that traceback
+    # freed ~300 frozen objects on 3.14 once the frontend's test modules were imported (the
+    # cause was not pinned down), so a count read after it says nothing about the freeze's.
+    live_counts: list[int] = []
 
     def broken(record: FreezeRecord) -> None:
         raise RuntimeError("metrics backend down")
 
+    def count_now(record: FreezeRecord) -> None:
+        live_counts.append(gc.get_freeze_count())
+
+    gc_freeze.add_freeze_observer(count_now)
     gc_freeze.add_freeze_observer(broken)
     gc_freeze.add_freeze_observer(seen.append)
     try:
         frozen = freeze_gc_heap(context="observed")
     finally:
+        gc_freeze.remove_freeze_observer(count_now)
         gc_freeze.remove_freeze_observer(broken)
         gc_freeze.remove_freeze_observer(seen.append)
 
-    _assert_is_live_freeze_count(frozen)
+    assert 0 <= frozen - live_counts[0] <= 50, (frozen, live_counts)
     assert [r.frozen for r in seen] == [frozen]
     assert any("metrics backend down" in r.getMessage() or r.exc_info for r in caplog.records)
 
