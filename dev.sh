@@ -17,8 +17,9 @@ PYTHON=${PYTHON:-python3}
 ensure_venv() {
   local version venv stamp
   version=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-  if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then
-    echo "dev.sh: $PYTHON is Python $version; this project needs 3.10 or newer" >&2
+  # pyproject.toml's requires-python; docs/pythons.md says why 3.10 is no longer supported.
+  if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+    echo "dev.sh: $PYTHON is Python $version; this project needs 3.11 or newer (docs/pythons.md)" >&2
     exit 2
   fi
   venv=".venv-$version"

@@ -27,13 +27,17 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
+import provisioned_pythons
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SRC_DIR = REPO_ROOT / "components" / "src"
 DOCS_IMG = REPO_ROOT / "docs" / "img"
 DOCS_RESULTS = REPO_ROOT / "docs" / "results"
 
-# The CPython versions the project supports and the benchmarks compare.
-SUPPORTED_VERSIONS = ((3, 10), (3, 11), (3, 12), (3, 13))
+# The CPython versions the benchmarks compare: the supported ones (pyproject.toml, docs/pythons.md)
+# and 3.10, no longer supported, whose published rows the new ones sit beside. 3.14 and 3.15 come
+# from scripts/setup_pythons.sh, the others from pyenv.
+BENCHMARKED_VERSIONS = ((3, 10), (3, 11), (3, 12), (3, 13), (3, 14), (3, 15))
 
 
 # --engine vllm: the real worker as tests/vllm/conftest.py starts it, from the vLLM environment.
@@ -183,8 +187,10 @@ def _version_of(python: str) -> tuple[int, int] | None:
     return int(major), int(minor)
 
 
-def pyenv_interpreters() -> dict[tuple[int, int], str]:
-    """The newest pyenv CPython of each supported minor version: {(3, 11): "/.../python"}."""
+def pyenv_interpreters(
+    versions: Sequence[tuple[int, int]] = BENCHMARKED_VERSIONS,
+) -> dict[tuple[int, int], str]:
+    """The newest pyenv CPython of each of ``versions``: {(3, 11): "/.../python"}."""
     try:
         root = subprocess.run(
             ["pyenv", "root"], capture_output=True, text=True, timeout=30, check=True
@@ -200,9 +206,9 @@ def pyenv_interpreters() -> dict[tuple[int, int], str]:
         if not match:
             continue
         full = tuple(int(part) for part in match.groups())
-        key = full[:2]
+        key = (full[0], full[1])
         python = Path(root) / "versions" / name / "bin" / "python"
-        if key in SUPPORTED_VERSIONS and python.exists():
+        if key in versions and python.exists():
             if key not in found or full > found[key][0]:
                 found[key] = (full, str(python))
     return {key: path for key, (_, path) in sorted(found.items())}
@@ -211,7 +217,7 @@ def pyenv_interpreters() -> dict[tuple[int, int], str]:
 def project_venv_interpreters() -> dict[tuple[int, int], str]:
     """The project's ``.venv-3.X`` interpreters (they have the third-party dependencies)."""
     found = {}
-    for key in SUPPORTED_VERSIONS:
+    for key in BENCHMARKED_VERSIONS:
         python = REPO_ROOT / f".venv-{key[0]}.{key[1]}" / "bin" / "python"
         if python.exists():
             found[key] = str(python)
@@ -221,11 +227,12 @@ def project_venv_interpreters() -> dict[tuple[int, int], str]:
 def choose_interpreters(
     requested: Sequence[str] | None, *, prefer_venvs: bool = False
 ) -> list[tuple[str, str]]:
-    """``[(label, python), ...]``: the requested ones, or one per supported CPython found.
+    """``[(label, python), ...]``: the requested ones, or one per benchmarked CPython found.
 
-    Without a request: pyenv's CPython 3.10-3.13 (``prefer_venvs`` takes the project's
-    ``.venv-3.X`` where it exists, for measurements that need third-party packages), falling
-    back to the interpreter running this script.
+    Without a request: pyenv's CPython 3.10-3.13 and the 3.14 and 3.15 of
+    ``scripts/setup_pythons.sh`` (``prefer_venvs`` takes the project's ``.venv-3.X`` where it
+    exists, for measurements that need third-party packages), falling back to the interpreter
+    running this script.
     """
     if requested:
         chosen = []
@@ -235,6 +242,7 @@ def choose_interpreters(
             chosen.append((label, python))
         return chosen
     found = pyenv_interpreters()
+    found.update(provisioned_pythons.provisioned_interpreters())
     if prefer_venvs:
         found.update(project_venv_interpreters())
     if not found:

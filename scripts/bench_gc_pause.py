@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Full-collection pause against heap size, stock against frozen, on each CPython 3.10-3.13.
+"""Full-collection pause against heap size, stock against frozen, on each CPython 3.10-3.15.
 
 For each interpreter a child process (bare CPython, the project's sources on PYTHONPATH, no
 third-party package) builds a synthetic long-lived heap of N tracked objects
@@ -245,7 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", help="comma-separated heap sizes (overrides the mode's)")
     parser.add_argument("--reps", type=int, help="repetitions per size (overrides the mode's)")
     parser.add_argument("--live-objects", type=int, help="unfrozen working set (overrides)")
-    bc.add_interpreter_args(parser, "pyenv's CPython 3.10-3.13")
+    bc.add_interpreter_args(
+        parser, "pyenv's CPython 3.10-3.13 and setup_pythons.sh's 3.14 and 3.15"
+    )
     bc.add_mode_args(parser)
     args = parser.parse_args(argv)
     mode = bc.mode_name(args)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What the GC layer costs while it runs: the pause logger, its metrics sink, the policy's tick.
 
-For each CPython 3.10-3.13 (the project's ``.venv-3.X`` where it exists, so the metrics sink's
+For each CPython 3.10-3.15 (the project's ``.venv-3.X`` where it exists, so the metrics sink's
 dependencies are there; else pyenv's bare interpreter, without the metrics arm) a child process:
 
 1. **Pause logger.** Runs an allocation-heavy loop shaped like request handling (per-request
@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     import bench_common as bc
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    bc.add_interpreter_args(parser, "CPython 3.10-3.13 found")
+    bc.add_interpreter_args(parser, "CPython 3.10-3.15 found (pyenv, setup_pythons.sh)")
     bc.add_mode_args(parser)
     args = parser.parse_args(argv)
     mode = bc.mode_name(args)

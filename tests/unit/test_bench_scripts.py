@@ -171,3 +171,28 @@ def test_ab_self_benchmark_counts_a_pause_only_in_the_windows_it_overlaps():
     # Between two points (a maintain window), touching point 2's start: in no window.
     assert overlapping({"ended_unix": 100.499, "ms": 400.0}, rows) == []
     assert overlapping({"ended_unix": 101.2005, "ms": 90.0}, rows) == []
+
+
+def test_bench_gc_callback_info_smoke(tmp_path):
+    result = run_smoke("bench_gc_callback_info.py", tmp_path)
+    assert result["benchmark"] == "gc_callback_info"
+    assert_machine(result)
+    (measured,) = result["interpreters"]
+    assert measured["thresholds_round_trip_exact"]
+    assert measured["bare_freeze_us_median"] > 0
+    has_duration = sys.version_info >= (3, 15)
+    assert ("duration" in measured["stop_info_keys"]) == has_duration
+    frozen = measured["explicit"]["frozen"]
+    assert ("candidates_median" in frozen) == has_duration
+    assert measured["loops"]["alone"]["gen0"]["collections"] > 0
+
+
+def test_bench_pool_start_smoke(tmp_path):
+    result = run_smoke("bench_pool_start.py", tmp_path, "--workers", "1", timeout_s=300)
+    assert result["benchmark"] == "pool_start"
+    assert_machine(result)
+    for method in ("spawn", "forkserver"):
+        (start_s,) = result["methods"][method]["start_s"]
+        assert start_s > 0
+        frozen = result["methods"][method]["frozen"]
+        assert len(frozen) == 1 and frozen[0] > 0  # the child's own freeze

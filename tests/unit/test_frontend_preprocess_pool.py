@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import multiprocessing
 import os
 import signal
+import sys
 import threading
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from dynamo.common import lifecycle
+from dynamo.common.utils import gc_freeze
 from dynamo.frontend.chat_processor import build_chat_processor
 from dynamo.frontend.http_service import FrontendService
 from dynamo.frontend.model_registry import ModelRegistry
@@ -226,3 +229,53 @@ def test_a_worker_process_keeps_a_bounded_cache_of_tokenizers(tiny_tokenizer_dir
     preprocess_worker.encode(cards[0], "back", False)  # reloaded: the oldest (m3) goes
     cached = preprocess_worker.cached_models()
     assert len(cached) == limit and cached[-2:] == ["m2", "m0"] and "m3" not in cached
+
+
+def _parent_pid(pid: int) -> int:
+    # /proc/<pid>/stat: "pid (comm) state ppid ..."; comm may hold spaces, so split after ")".
+    with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+        return int(stat.read().rsplit(")", 1)[1].split()[1])
+
+
+@pytest.mark.skipif(
+    sys.version_info < (3, 14) or not sys.platform.startswith("linux"),
+    reason="forkserver is the default start method on Linux from CPython 3.14",
+)
+@pytest.mark.parametrize("freeze", [True, False], ids=["freeze-on", "freeze-off"])
+def test_with_3_14s_default_start_method_each_child_freezes_its_own_heap(freeze):
+    """3.14 made forkserver the default: children are forked from a fresh server process, not
+    from this one, so nothing this process froze reaches them and each child's freeze must be
+    its own initializer's. This process freezes first (its freeze record is set); with the
+    freeze off the children report none, with it on each reports its own count."""
+    gc_freeze.freeze_gc_heap(context="test parent")  # the autouse fixture unfreezes
+    assert gc_freeze.last_freeze() is not None
+    pool = PreprocessPool(2, freeze_gc_heap=freeze, gc_pause_log_ms=0.0, start_method=None)
+    assert pool.start_method == "forkserver"
+    try:
+        pids = pool.start()
+        assert len(set(pids)) == 2 and os.getpid() not in pids
+        # Forked by the forkserver, not by this process (spawn's children are this one's).
+        assert all(_parent_pid(pid) != os.getpid() for pid in pids)
+        if freeze:
+            assert all(isinstance(count, int) and count > 0 for count in pool.frozen), pool.frozen
+        else:
+            assert pool.frozen == [None, None]
+    finally:
+        pool.shutdown()
+    wait_until(lambda: not any(pid_alive(pid) for pid in pids), deadline_s=30, what="pool exit")
+
+
+def test_the_pool_uses_spawn_unless_told_otherwise_and_refuses_fork(mocker):
+    assert PreprocessPool(1, freeze_gc_heap=True, gc_pause_log_ms=0.0).start_method == "spawn"
+    assert (
+        PreprocessPool(1, freeze_gc_heap=True, gc_pause_log_ms=0.0, start_method="forkserver")
+        .start_method == "forkserver"
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="'fork'"):
+        PreprocessPool(1, freeze_gc_heap=True, gc_pause_log_ms=0.0, start_method="fork")
+    # Before 3.14 the platform's default on Linux is fork: None is refused there too.
+    mocker.patch.object(
+        multiprocessing, "get_all_start_methods", return_value=["fork", "spawn", "forkserver"]
+    )
+    with pytest.raises(ValueError, match="'fork'"):
+        PreprocessPool(1, freeze_gc_heap=True, gc_pause_log_ms=0.0, start_method=None)

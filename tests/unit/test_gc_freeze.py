@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import logging
 import re
+import sys
 import weakref
 from decimal import Decimal
 
@@ -36,7 +37,8 @@ FROZEN_LINE = re.compile(
 )
 PAUSE_LINE = re.compile(
     r"GC gen(?P<gen>\d) pause (?P<ms>\d+\.\d) ms "
-    r"\(collected=(?P<collected>\S+) uncollectable=(?P<uncollectable>\S+)\)"
+    r"\(collected=(?P<collected>\S+) uncollectable=(?P<uncollectable>\S+)"
+    r"(?: collector_ms=(?P<collector_ms>\d+\.\d) candidates=(?P<candidates>\S+))?\)"  # 3.15+
 )
 
 
@@ -149,19 +151,28 @@ def test_a_removed_observer_is_not_called():
 
 def test_a_failing_observer_neither_breaks_the_freeze_nor_starves_other_observers(caplog):
     seen: list[FreezeRecord] = []
+    # The live count read before the broken observer's error is logged: logging that traceback
+    # freed ~300 frozen objects on 3.14 once the frontend's test modules were imported (the
+    # cause was not pinned down), so a count read after it says nothing about the freeze's.
+    live_counts: list[int] = []
 
     def broken(record: FreezeRecord) -> None:
         raise RuntimeError("metrics backend down")
 
+    def count_now(record: FreezeRecord) -> None:
+        live_counts.append(gc.get_freeze_count())
+
+    gc_freeze.add_freeze_observer(count_now)
     gc_freeze.add_freeze_observer(broken)
     gc_freeze.add_freeze_observer(seen.append)
     try:
         frozen = freeze_gc_heap(context="observed")
     finally:
+        gc_freeze.remove_freeze_observer(count_now)
         gc_freeze.remove_freeze_observer(broken)
         gc_freeze.remove_freeze_observer(seen.append)
 
-    _assert_is_live_freeze_count(frozen)
+    assert 0 <= frozen - live_counts[0] <= 50, (frozen, live_counts)
     assert [r.frozen for r in seen] == [frozen]
     assert any("metrics backend down" in r.getMessage() or r.exc_info for r in caplog.records)
 
@@ -272,6 +283,44 @@ def test_the_pause_warning_names_generation_pause_and_collector_counts(clock, ca
     (record,) = _pause_records(caplog)
     assert record.levelno == logging.WARNING
     assert record.getMessage() == "GC gen1 pause 12.3 ms (collected=42 uncollectable=7)"
+
+
+def test_on_3_15_the_line_gives_the_collectors_duration_and_candidates_beside_ours(clock, caplog):
+    """3.15's callback info has ``duration`` (seconds) and ``candidates``: the pause stays ours
+    (it counts the other callbacks too), the collector's figure sits beside it."""
+    pause_logger = GcPauseLogger(2.0)
+    info = {**_info(generation=2, collected=5, uncollectable=0), "candidates": 1012552}
+    pause_logger("start", {**info, "duration": 0.0, "candidates": 0})
+    clock.advance(14_544_000)
+    pause_logger("stop", {**info, "duration": 0.013988})
+
+    (record,) = [r for r in caplog.records if r.getMessage().startswith("GC gen2 pause")]
+    assert record.levelno == logging.WARNING
+    assert record.getMessage() == (
+        "GC gen2 pause 14.5 ms (collected=5 uncollectable=0 collector_ms=14.0 candidates=1012552)"
+    )
+    assert pause_logger.max_pause_ns == 14_544_000  # ours, not the collector's
+    assert record.msg == GcPauseLogger.LINE_WITH_COLLECTOR
+
+
+def test_without_a_duration_the_line_is_the_one_before_3_15(clock, caplog):
+    pause_logger = GcPauseLogger(2.0)
+    _pause(pause_logger, clock, 5_000_000, {**_info(), "duration": None})
+    (record,) = _pause_records(caplog)
+    assert record.msg == GcPauseLogger.LINE
+
+
+@pytest.mark.skipif(sys.version_info < (3, 15), reason="CPython 3.15 added duration/candidates")
+def test_a_real_3_15_collection_logs_the_collectors_figures(caplog):
+    caplog.set_level(logging.INFO)
+    pause_logger = GcPauseLogger(0.000001)  # 1 ns: every collection is logged
+    gc.callbacks.append(pause_logger)
+    try:
+        gc.collect()
+    finally:
+        gc.callbacks.remove(pause_logger)
+    lines = [r.getMessage() for r in caplog.records if r.msg == GcPauseLogger.LINE_WITH_COLLECTOR]
+    assert lines and re.search(r"collector_ms=\d+\.\d candidates=\d+\)$", lines[-1]), lines
 
 
 def test_the_pause_warning_goes_to_the_given_logger(clock, caplog):

@@ -32,6 +32,11 @@ logger = logging.getLogger(__name__)
 
 # Spawning N fresh interpreters on a loaded 2-core box takes seconds, not minutes.
 DEFAULT_START_TIMEOUT_S = 120.0
+# The start method the frontend uses on every CPython; see PreprocessPool.
+SPAWN = "spawn"
+# "fork" would hand each child a copy of the parent's heap (frozen generation included), its
+# freeze record and its event loop; the pool refuses it, whether asked for or the default.
+_ALLOWED_START_METHODS = ("spawn", "forkserver")
 # How often a start-up wait looks whether the pool is being closed meanwhile.
 _CLOSE_CHECK_S = 0.25
 
@@ -41,6 +46,21 @@ class PreprocessPoolError(RuntimeError):
 
 
 class PreprocessPool:
+    """N preprocess worker processes, started and initialised (each has frozen its own heap)
+    before :meth:`start` returns.
+
+    ``start_method`` is ``"spawn"`` by default, on every CPython. ``None`` takes the platform's
+    default (``forkserver`` on Linux from 3.14, ``fork`` before it, which is refused). The
+    frontend keeps ``spawn`` although 3.14 made ``forkserver`` the default, because the two
+    give a child the same heap here and only ``spawn`` behaves the same on every supported
+    version: a forkserver started by ``python -m dynamo.frontend`` preloads nothing of ours
+    (it preloads ``__main__`` only when that is a file), so every child still imports its
+    chat processor's libraries and freezes them itself, exactly as a spawned child does, and
+    saves only the interpreter's own start; and a forkserver is one more long-lived process,
+    shared by everything in this process that uses multiprocessing. docs/design.md has the
+    measurement.
+    """
+
     def __init__(
         self,
         workers: int,
@@ -50,9 +70,18 @@ class PreprocessPool:
         log_level: int | LogLevels = logging.INFO,
         start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
         chat_processor: str = DEFAULT_CHAT_PROCESSOR,
+        start_method: str | None = SPAWN,
     ) -> None:
         if workers < 1:
             raise ValueError("a preprocess pool needs at least one worker")
+        # get_all_start_methods()[0] is the platform's default, read without fixing
+        # multiprocessing's global context as get_start_method() would.
+        method = start_method or multiprocessing.get_all_start_methods()[0]
+        if method not in _ALLOWED_START_METHODS:
+            raise ValueError(
+                f"preprocess pool start method {method!r} is not one of {_ALLOWED_START_METHODS}"
+            )
+        self.start_method = method
         self.workers = workers
         self._freeze_gc_heap = freeze_gc_heap
         self._gc_pause_log_ms = gc_pause_log_ms
@@ -63,6 +92,8 @@ class PreprocessPool:
         self._rebuild: asyncio.Task | None = None
         self._closing = threading.Event()  # read by a rebuild's thread
         self.pids: list[int] = []
+        # Objects each process's own initializer froze, by position in pids (None: freeze off).
+        self.frozen: list[int | None] = []
         self.rebuilds = 0  # successful ones
         self.failure: str | None = None  # why the last rebuild failed: the pool is down
 
@@ -81,15 +112,21 @@ class PreprocessPool:
 
     def start(self) -> list[int]:
         """Start every process and wait until each has finished its initializer (blocking)."""
-        self._executor, self.pids = self._spawn()
-        logger.info("Preprocess pool ready: workers=%d pids=%s", self.workers, self.pids)
+        self._executor, self.pids, self.frozen = self._spawn()
+        logger.info(
+            "Preprocess pool ready: workers=%d pids=%s frozen=%s start_method=%s",
+            self.workers,
+            self.pids,
+            self.frozen,
+            self.start_method,
+        )
         return self.pids
 
-    def _spawn(self) -> tuple[concurrent.futures.ProcessPoolExecutor, list[int]]:
+    def _spawn(
+        self,
+    ) -> tuple[concurrent.futures.ProcessPoolExecutor, list[int], list[int | None]]:
         """A new executor whose N processes have all run their initializer (blocking)."""
-        # "spawn": a forked child would inherit the parent's heap (and its frozen generation)
-        # and the asyncio loop's state; a spawned one builds only what it needs.
-        context = multiprocessing.get_context("spawn")
+        context = multiprocessing.get_context(self.start_method)
         barrier = context.Barrier(self.workers)
         executor = concurrent.futures.ProcessPoolExecutor(
             max_workers=self.workers,
@@ -121,7 +158,8 @@ class PreprocessPool:
                     f"{len(not_done)} of {self.workers} preprocess workers did not start "
                     f"within {self._start_timeout_s:.0f}s"
                 )
-            pids = [future.result() for future in futures]
+            ready = [future.result() for future in futures]
+            pids = [pid for pid, _ in ready]
             if len(set(pids)) != self.workers:
                 raise PreprocessPoolError(f"expected {self.workers} distinct workers, got {pids}")
         except PreprocessPoolError:
@@ -130,7 +168,7 @@ class PreprocessPool:
         except Exception as exc:  # BrokenProcessPool, BrokenBarrierError, an initializer error
             executor.shutdown(wait=True, cancel_futures=True)
             raise PreprocessPoolError(f"preprocess workers failed to start: {exc!r}") from exc
-        return executor, pids
+        return executor, pids, [frozen for _, frozen in ready]
 
     async def encode(self, card: ModelCard, text: str, *, add_special_tokens: bool) -> list[int]:
         """``text`` in the tokens of ``card``'s model (each process loads it once, then
@@ -172,7 +210,7 @@ class PreprocessPool:
         )
 
     async def _rebuild_pool(self, broken: concurrent.futures.Executor) -> None:
-        def replace() -> tuple[concurrent.futures.ProcessPoolExecutor, list[int]]:
+        def replace() -> tuple[concurrent.futures.ProcessPoolExecutor, list[int], list[int | None]]:
             broken.shutdown(wait=True, cancel_futures=True)
             return self._spawn()
 
@@ -180,7 +218,7 @@ class PreprocessPool:
         # Blocking for seconds (N interpreters start and freeze): in a thread, not on the loop.
         call = asyncio.ensure_future(asyncio.to_thread(replace))
         try:
-            executor, pids = await asyncio.shield(call)
+            executor, pids, frozen = await asyncio.shield(call)
         except asyncio.CancelledError:
             # The loop is going away: make the thread give up, and stop what it started.
             self._closing.set()
@@ -201,13 +239,14 @@ class PreprocessPool:
         if self._closing.is_set():
             await asyncio.to_thread(executor.shutdown, True, cancel_futures=True)
             return
-        self._executor, self.pids = executor, pids
+        self._executor, self.pids, self.frozen = executor, pids, frozen
         self.rebuilds += 1
         logger.info(
-            "Preprocess pool rebuilt in %.1f s: workers=%d pids=%s",
+            "Preprocess pool rebuilt in %.1f s: workers=%d pids=%s frozen=%s",
             time.monotonic() - started,
             self.workers,
             pids,
+            frozen,
         )
 
     async def aclose(self) -> None:

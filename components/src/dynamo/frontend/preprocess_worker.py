@@ -1,7 +1,8 @@
 """What runs inside each preprocess worker process (``--dyn-preprocess-workers N``).
 
-The pool starts these processes with the "spawn" context: each is a fresh interpreter that
-imports only this module and what it needs (no aiohttp, no HTTP app). Its initializer imports
+The pool starts these processes with the "spawn" context (see :mod:`.preprocess_pool` for why
+not 3.14's default, forkserver): each is a fresh interpreter that imports only this module and
+what it needs (no aiohttp, no HTTP app). Its initializer imports
 the chat processor's libraries (``tokenizers``, or vLLM's with ``--dyn-chat-processor vllm``)
 and ends with the process's one freeze, so that import heap is frozen before the process takes
 its first task.
@@ -23,7 +24,11 @@ from typing import Any
 
 from dynamo.common import lifecycle
 from dynamo.common.logging_setup import configure_logging
-from dynamo.common.utils.gc_freeze import install_gc_pause_logger, maybe_freeze_gc_heap
+from dynamo.common.utils.gc_freeze import (
+    install_gc_pause_logger,
+    last_freeze,
+    maybe_freeze_gc_heap,
+)
 from dynamo.runtime.model_card import ModelCard
 
 from .chat_processor import DEFAULT_CHAT_PROCESSOR, build_tokenizer, import_processor_libraries
@@ -63,14 +68,19 @@ def initialize_preprocess_worker(
     lifecycle.mark_serving("preprocess worker takes tasks")
 
 
-def report_ready(timeout_s: float) -> int:
-    """Block until every pool process runs this task, then return this process's pid.
+def report_ready(timeout_s: float) -> tuple[int, int | None]:
+    """Block until every pool process runs this task, then return this process's pid and the
+    objects its own initializer froze (``None`` with the freeze off).
 
     The pool submits exactly one per process: since each blocks on the barrier until all have
-    arrived, no process can take two, so N distinct pids prove N initializers finished.
+    arrived, no process can take two, so N distinct pids prove N initializers finished. The
+    count is the one the freeze stored for its log line (no heap walk here); it comes from this
+    process's own freeze, since no start method the pool allows lets a child inherit its
+    parent's module state.
     """
     _ready_barrier.wait(timeout_s)
-    return os.getpid()
+    record = last_freeze()
+    return os.getpid(), None if record is None else record.frozen
 
 
 def _tokenizer(card: ModelCard) -> Any:

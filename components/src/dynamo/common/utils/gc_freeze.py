@@ -1,6 +1,6 @@
 """Freeze the GC heap at quiescent points, and measure GC pauses without lengthening them.
 
-CPython facts this module relies on (checked on 3.10-3.13, see docs/design.md):
+CPython facts this module relies on (checked on 3.10-3.15, see docs/design.md):
 
 * ``gc.freeze()`` moves every tracked object into the permanent generation, which later
   collections never walk. Freezing without collecting first would keep today's garbage forever,
@@ -24,7 +24,7 @@ from dynamo.common import lifecycle
 
 logger = logging.getLogger(__name__)
 
-# The generations CPython reports in ``info["generation"]`` (0, 1, 2 on 3.10-3.13).
+# The generations CPython reports in ``info["generation"]`` (0, 1, 2 on 3.10-3.15).
 GENERATIONS = 3
 
 
@@ -119,7 +119,19 @@ class GcPauseLogger:
     ``starting``: imports, engine init and the freeze's own collection pause a process that
     serves nothing yet, and an operator alerting on WARNING lines should not be paged by every
     pod start.
+
+    The pause is ours on every version: two timestamps around the collection, so the work of
+    the other callbacks that run with it (another library's GC logger walking the heap) counts,
+    since it stalls the process too. CPython 3.15 also hands callbacks the collector's own
+    ``duration`` and the ``candidates`` it examined; there the line gives both beside ours,
+    which tells an operator whether a long pause was the collector or a callback.
+    docs/design.md ("CPython 3.14 and 3.15") has the measurement behind this.
     """
+
+    LINE = "GC gen%d pause %.1f ms (collected=%s uncollectable=%s)"
+    LINE_WITH_COLLECTOR = (
+        "GC gen%d pause %.1f ms (collected=%s uncollectable=%s collector_ms=%.1f candidates=%s)"
+    )
 
     def __init__(
         self,
@@ -168,14 +180,7 @@ class GcPauseLogger:
                 self.max_pause_ns = pause_ns
             if self._threshold_ns is not None and pause_ns >= self._threshold_ns:
                 self.pauses_logged[generation] += 1
-                self._log.log(
-                    logging.INFO if lifecycle.freeze_allowed() else logging.WARNING,
-                    "GC gen%d pause %.1f ms (collected=%s uncollectable=%s)",
-                    generation,
-                    pause_ns / 1e6,
-                    info.get("collected", "?"),
-                    info.get("uncollectable", "?"),
-                )
+                self._log_pause(generation, pause_ns, info)
             # Last, so a failing sink (metrics) cannot swallow the WARNING above.
             if self._on_pause is not None:
                 self._on_pause(generation, pause_ns / 1e9)
@@ -183,6 +188,21 @@ class GcPauseLogger:
             self.callback_errors += 1
             if self.callback_errors == 1:
                 self._warn_callback_failed(exc)
+
+    def _log_pause(self, generation: int, pause_ns: int, info: dict) -> None:
+        level = logging.INFO if lifecycle.freeze_allowed() else logging.WARNING
+        counts = (
+            generation,
+            pause_ns / 1e6,
+            info.get("collected", "?"),
+            info.get("uncollectable", "?"),
+        )
+        duration_s = info.get("duration")  # CPython 3.15+
+        if isinstance(duration_s, float):
+            candidates = info.get("candidates", "?")
+            self._log.log(level, self.LINE_WITH_COLLECTOR, *counts, duration_s * 1e3, candidates)
+        else:
+            self._log.log(level, self.LINE, *counts)
 
     def _warn_callback_failed(self, exc: Exception) -> None:
         # Once: a sink that fails on every collection would otherwise flood the log, and a
