@@ -209,9 +209,9 @@ def test_a_taken_port_fails_before_the_freeze_and_before_serving_is_logged(
         else:
             extra = ["--system-host", "127.0.0.1"] if flag == "--system-port" else []
             process = worker(tmp_path, *extra, flag, port)
-        # A taken port is the machine's state, not a wrong value (the same flag can work a
-        # moment later): exit 1, as for any start-up step that fails, with the option named.
-        assert process.exit_code(deadline_s=60) == 1
+        # The option's value cannot be used here, found at the earliest point that can know
+        # (the bind): exit 2 naming the flag and the env var, as for any bad input.
+        assert process.exit_code(deadline_s=60) == 2
     output = process.log()
     errors = [line for line in output.splitlines() if " ERROR " in line]
     assert len(errors) == 1 and label in errors[0] and port in errors[0], output

@@ -248,7 +248,7 @@ def test_engine_vllm_without_vllm_exits_2_naming_the_mock_engine(tmp_path):
     assert records(tmp_path) == {}
 
 
-def test_a_taken_request_plane_port_exits_1_before_engine_init_with_one_error_line(tmp_path):
+def test_a_taken_request_plane_port_exits_2_before_engine_init_with_one_error_line(tmp_path):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -256,7 +256,7 @@ def test_a_taken_request_plane_port_exits_1_before_engine_init_with_one_error_li
         process = start_worker(
             "taken-port", tmp_path, tmp_path / "discovery", MODEL, "--request-plane-port", str(port)
         )
-        assert process.exit_code() == 1
+        assert process.exit_code() == 2
     log = process.log()
     errors = [line for line in log.splitlines() if " ERROR " in line]
     assert len(errors) == 1, log

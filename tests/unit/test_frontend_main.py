@@ -202,7 +202,7 @@ def test_one_part_failing_to_close_does_not_skip_the_others(tmp_path, steps, moc
     assert gc_freeze.installed_gc_pause_logger() is None  # the GC state is put back regardless
 
 
-def test_a_taken_port_exits_1_after_logging_why(tmp_path, steps, caplog):
+def test_a_taken_port_exits_2_after_logging_why(tmp_path, steps, caplog):
     import socket
 
     with socket.socket() as taken:
@@ -214,16 +214,16 @@ def test_a_taken_port_exits_1_after_logging_why(tmp_path, steps, caplog):
             ["--http-host", "127.0.0.1", "--http-port", str(port),
              "--discovery-dir", str(tmp_path)]
         )  # fmt: skip
-    assert code == 1
+    assert code == 2
     assert f"Cannot listen on http://127.0.0.1:{port}" in caplog.text
     assert "choose another --http-port / DYN_HTTP_PORT" in caplog.text
 
 
-def test_a_host_that_is_no_address_here_exits_1_naming_the_host_option(tmp_path, steps, caplog):
+def test_a_host_that_is_no_address_here_exits_2_naming_the_host_option(tmp_path, steps, caplog):
     # 192.0.2.1 (TEST-NET-1) parses and resolves, but no interface here has it: EADDRNOTAVAIL.
     caplog.set_level(logging.INFO)
     code = frontend_main.main(
         ["--http-host", "192.0.2.1", "--http-port", "0", "--discovery-dir", str(tmp_path)]
     )
-    assert code == 1
+    assert code == 2
     assert "choose another --http-host / DYN_HTTP_HOST" in caplog.text

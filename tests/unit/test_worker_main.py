@@ -182,7 +182,7 @@ def taken_port() -> socket.socket:
         ("--system-port", "--system-port / DYN_SYSTEM_PORT"),
     ],
 )
-def test_a_taken_port_fails_before_engine_init_with_one_error_line_and_exit_1(
+def test_a_taken_port_fails_before_engine_init_with_one_error_line_and_exit_2(
     steps, discovery_dir, caplog, flag, label
 ):
     caplog.set_level("INFO")
@@ -191,7 +191,7 @@ def test_a_taken_port_fails_before_engine_init_with_one_error_line_and_exit_1(
         argv = ["--discovery-dir", str(discovery_dir)]
         if flag == "--system-port":  # --system-host without --system-port exits 2
             argv += ["--system-host", "127.0.0.1"]
-        assert worker_main.main([*argv, flag, str(port)]) == 1
+        assert worker_main.main([*argv, flag, str(port)]) == 2
     assert "engine_init" not in names(steps) and "register" not in names(steps)
     errors = [record for record in caplog.records if record.levelno >= logging.ERROR]
     assert len(errors) == 1, caplog.text
@@ -212,7 +212,7 @@ def test_an_unknown_request_plane_host_exits_2_at_parse_time(steps, discovery_di
 def test_a_request_plane_host_that_is_not_local_names_the_host_option(steps, discovery_dir, caplog):
     # 192.0.2.1 (TEST-NET-1) parses and resolves, but no interface here has it: EADDRNOTAVAIL.
     argv = ["--discovery-dir", str(discovery_dir), "--request-plane-host", "192.0.2.1"]
-    assert worker_main.main(argv) == 1
+    assert worker_main.main(argv) == 2
     assert "choose another --request-plane-host / DYN_VLLM_REQUEST_PLANE_HOST" in caplog.text
     assert "engine_init" not in names(steps)
 

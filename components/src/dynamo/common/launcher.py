@@ -50,8 +50,19 @@ class UsageError(Exception):
 
 
 class StartupFailed(Exception):
-    """A start-up step failed for a reason the operator can fix (a taken port, engine init):
-    the program logs this message as one ERROR line and exits 1."""
+    """A start-up step failed for a reason the operator can fix (engine init, a bind): the
+    program logs this message as one ERROR line and exits with :attr:`exit_status` (1)."""
+
+    exit_status = 1
+
+
+class OptionUnusable(StartupFailed):
+    """An option's value cannot be used on this machine, found at the earliest point that can
+    know (a port that is taken or privileged, a host that is none of its addresses: only the
+    bind can tell). Still before anything is frozen or announced, and the message names the
+    flag and the env var: exit 2, as for any bad input."""
+
+    exit_status = 2
 
 
 def exit_code(exc: SystemExit) -> int:

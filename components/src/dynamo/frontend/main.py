@@ -100,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     except launcher.StartupFailed as exc:
         logger.error("%s", exc)
-        code = 1
+        code = exc.exit_status
     finally:
         process_gc.state.restore()
     logger.info("Frontend exiting with code %d", code)

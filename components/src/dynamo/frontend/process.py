@@ -30,7 +30,7 @@ from prometheus_client import Gauge
 
 from dynamo.common import lifecycle, logging_setup
 from dynamo.common.http_server import GuardedRunner
-from dynamo.common.launcher import Closer, StartupFailed, StopSignals
+from dynamo.common.launcher import Closer, OptionUnusable, StartupFailed, StopSignals
 from dynamo.common.listener_socket import bound_sockets
 from dynamo.common.metrics import DynamoMetrics, debug_gc_route, metrics_route
 from dynamo.common.request_drain import END_BOUND_S
@@ -147,7 +147,7 @@ class FrontendProcess:
             return bound_sockets(config.http_host, config.http_port)
         except OSError as exc:
             option = frontend_args.listen_option_at_fault(exc)
-            raise StartupFailed(
+            raise OptionUnusable(
                 f"Cannot listen on {config.url} ({exc.strerror or exc}): choose another "
                 f"{option.source_label()}"
             ) from None

@@ -71,7 +71,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except EngineUnavailable as exc:
         logger.error("Cannot start the worker: %s", exc)
         return 2
-    except (launcher.StartupFailed, EngineInitFailed) as exc:
+    except launcher.StartupFailed as exc:
+        logger.error("Cannot start the worker: %s", exc)
+        return exc.exit_status
+    except EngineInitFailed as exc:
         logger.error("Cannot start the worker: %s", exc)
         return 1
     except RankError as exc:

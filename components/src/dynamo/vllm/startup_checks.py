@@ -9,7 +9,7 @@ change, and none is a traceback:
   readable and compiling, the worker extension class importable. A bad one exits 2, like a bad
   flag, before engine init and the self-benchmark have spent a minute.
 * :func:`listening` wraps the bind of a listener: a taken port (or an unknown host) becomes a
-  :class:`StartupFailed`, which ``main()`` logs as one ERROR line before exiting 1.
+  :class:`OptionUnusable`, which ``main()`` logs as one ERROR line before exiting 2.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import TypeVar
 from dynamo.common.bind_errors import is_host_error
 from dynamo.common.configuration import Option
 from dynamo.common.configuration.runtime_options import DISCOVERY_DIR
-from dynamo.common.launcher import StartupFailed
+from dynamo.common.launcher import OptionUnusable
 from dynamo.runtime.chat_template import compile_problem
 from dynamo.runtime.discovery import Discovery, DiscoveryDirError
 from dynamo.runtime.model_card import ModelCard
@@ -163,7 +163,8 @@ async def listening(
     host_option: Option,
     port_option: Option,
 ) -> T:
-    """``await bind()``; a failure to listen becomes a :class:`StartupFailed` naming the option.
+    """``await bind()``; a failure to listen becomes an :class:`OptionUnusable` (exit 2)
+    naming the option.
 
     A host that does not resolve or is no address of this machine names the host option,
     anything else (a taken port, a port below 1024 without the privilege) the port option.
@@ -172,7 +173,7 @@ async def listening(
         return await bind()
     except OSError as exc:
         option = host_option if is_host_error(exc) else port_option
-        raise StartupFailed(
+        raise OptionUnusable(
             f"cannot listen on {host}:{port} ({_reason(exc)}): choose another "
             f"{option.source_label()}"
         ) from None
