@@ -46,41 +46,33 @@ async def hostile_worker(generate, health=None):
 # --- 1. a deadline a worker can extend for as long as it likes --------------------------------
 
 
-async def _blank_lines(request):
-    """200, then a blank line every 0.2 s: never an item, never silent on the socket."""
-    await request.read()
-    response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
-    await response.prepare(request)
-    with contextlib.suppress(ConnectionError):
-        for _ in range(40):  # 8 s
-            await response.write(b"\n")
-            await asyncio.sleep(0.2)
-        await response.write(b'{"finish_reason":"stop","prompt_tokens":1,"completion_tokens":0}\n')
-    return response
+def _dribbling(byte: bytes, *, status: int = 200, headers=None, last: bytes = b""):
+    """A worker answering ``status``, then ``byte`` every 0.2 s for 8 s (never an item, never
+    silent on the socket), then ``last``."""
+
+    async def answer(request):
+        await request.read()
+        response = web.StreamResponse(
+            status=status, headers=headers or {"Content-Type": "application/x-ndjson"}
+        )
+        await response.prepare(request)
+        with contextlib.suppress(ConnectionError):
+            for _ in range(40):
+                await response.write(byte)
+                await asyncio.sleep(0.2)  # the dribble itself: what is under test
+            await response.write(last)
+        return response
+
+    return answer
 
 
-async def _long_line_dribble(request):
-    """200, then one byte of a line every 0.2 s (a line that never ends)."""
-    await request.read()
-    response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
-    await response.prepare(request)
-    with contextlib.suppress(ConnectionError):
-        for _ in range(40):
-            await response.write(b" ")
-            await asyncio.sleep(0.2)
-    return response
-
-
-async def _error_body_dribble(request):
-    """A 500 whose 4 KiB error body comes one byte every 0.2 s."""
-    await request.read()
-    response = web.StreamResponse(status=500, headers={"Content-Length": "4096"})
-    await response.prepare(request)
-    with contextlib.suppress(ConnectionError):
-        for _ in range(40):
-            await response.write(b"x")
-            await asyncio.sleep(0.2)
-    return response
+# Blank lines, then a finish line; a line that never ends; a 500 whose 4 KiB error body comes a
+# byte at a time.
+_blank_lines = _dribbling(
+    b"\n", last=b'{"finish_reason":"stop","prompt_tokens":1,"completion_tokens":0}\n'
+)
+_long_line_dribble = _dribbling(b" ")
+_error_body_dribble = _dribbling(b"x", status=500, headers={"Content-Length": "4096"})
 
 
 @pytest.mark.parametrize("answer", [_blank_lines, _long_line_dribble, _error_body_dribble])
