@@ -116,10 +116,14 @@ def test_the_cards_names_apply_and_a_name_vllm_lacks_is_served_without(tiny_toke
     card = tiny_card(tiny_tokenizer_dir, model, tool_call_parser="qwen99")
     with caplog.at_level(logging.WARNING, logger="dynamo.frontend.card_parsers"):
         status, answer = ask(card, body(model), registry())
+    assert any("qwen99" in r.getMessage() for r in caplog.records)
+    # Served without a tool-call parser: tools with tool_choice auto (the default) would be a
+    # quietly unparsed answer, so they are refused by name; with "none" the text comes back whole.
+    assert status == 400 and answer["error"]["param"] == "tool_choice", answer
+    status, answer = ask(card, {**body(model), "tool_choice": "none"}, registry())
     assert status == 200, answer
     message = answer["choices"][0]["message"]
     assert "tool_calls" not in message and message["content"] == OUTPUT
-    assert any("qwen99" in r.getMessage() for r in caplog.records)
 
 
 @pytest.mark.integration

@@ -29,9 +29,14 @@ def output_parser(processor_factory: Any, chat: oai.ChatCompletionRequest) -> Ou
     """The request's parser from its model's factory, or None (nothing to parse). A ``tools``
     entry the parser's library cannot read is the client's 400 naming ``tools``."""
     try:
+        choice = chat.tool_choice
         return processor_factory(
-            chat.tools,
-            chat.tool_choice if chat.tool_choice is not None else "auto",
+            chat.template_tools(),  # OpenAI's shapes, as the client sent them
+            "auto"
+            if choice is None
+            else choice
+            if isinstance(choice, str)
+            else choice.model_dump(),
             chat.template_messages(),
             bool(chat.stream),
         )
