@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dynamo.common.metrics import PAUSE_BUCKETS_S
 from dynamo.frontend import request_metrics as rm
-from tests.support import LauncherProcess, dashboard
+from tests.support import LauncherProcess, dashboard, wait_until
 from tests.support.pair import chat_body, expected_completion_tokens, stream_events
 from tests.support.pair import request as http_request
 from tests.support.processes import start_frontend, start_worker
@@ -111,6 +111,12 @@ def served(tmp_path_factory) -> Iterator[dict[str, Served]]:
             r"HTTP service listening on http://127\.0\.0\.1:(\d+)"
         ).group(1)
         logger.info("worker system port %s, frontend HTTP port %s", worker_port, frontend_port)
+        # Ready (readiness: --dyn-ready-min-models 1) once the frontend serves the model.
+        wait_until(
+            lambda: http_request("GET", f"http://127.0.0.1:{frontend_port}/health")[0] == 200,
+            deadline_s=60,
+            what="the frontend to serve the model",
+        )
         yield {
             "frontend": Served(frontend, f"http://127.0.0.1:{frontend_port}"),
             "worker": Served(worker, f"http://127.0.0.1:{worker_port}"),
