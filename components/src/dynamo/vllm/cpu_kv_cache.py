@@ -17,6 +17,7 @@ only for ``--engine vllm``, after vLLM is imported.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Mapping
@@ -64,6 +65,8 @@ def apply_cpu_default(engine_args: Any, env: Mapping[str, str] | None = None) ->
         return None
     if env.get(KV_SPACE_ENV, "") != "":
         return None
+    if _utilization_chosen(engine_args):
+        return None  # the user sized the cache by --gpu-memory-utilization: vLLM's rule applies
     try:
         model_config = engine_args.create_model_config()
         per_token = bytes_per_token(model_config, str(engine_args.kv_cache_dtype or "auto"))
@@ -86,6 +89,15 @@ def apply_cpu_default(engine_args: Any, env: Mapping[str, str] | None = None) ->
         KV_BYTES_FLAG,
     )
     return size
+
+
+def _utilization_chosen(engine_args: Any) -> bool:
+    """Whether ``--gpu-memory-utilization`` was given a value other than vLLM's default (on CPU
+    it is the share of the node's memory vLLM reserves for the KV cache)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(type(engine_args))}
+    default = defaults.get("gpu_memory_utilization", dataclasses.MISSING)
+    chosen = getattr(engine_args, "gpu_memory_utilization", default)
+    return default is not dataclasses.MISSING and chosen != default
 
 
 def _human(size: int) -> str:
