@@ -9,16 +9,17 @@ from dataclasses import dataclass
 from dynamo.common.bind_errors import is_host_error
 from dynamo.common.configuration import (
     Choice,
-    IntRange,
     Option,
     Surface,
-    Text,
     build_parser,
+    choice_option,
+    count_option,
     gc_options,
     host_option,
     parse_surface,
     port_option,
     prerequisites,
+    text_option,
 )
 from dynamo.common.configuration.drain_options import drain_option
 from dynamo.common.configuration.launcher_config import LauncherConfig
@@ -41,26 +42,24 @@ HTTP_PORT = port_option(
     "Port of the HTTP service (0 picks a free port and logs it)",
 )
 
-READY_MIN_MODELS = Option(
-    name="dyn-ready-min-models",
-    env_var="DYN_READY_MIN_MODELS",
-    default=1,
-    kind=IntRange(0, 100_000),
-    metavar="N",
-    help=(
+READY_MIN_MODELS = count_option(
+    "dyn-ready-min-models",
+    "DYN_READY_MIN_MODELS",
+    1,
+    (
         "GET /health (readiness) answers 503 until at least N models are served (found "
         "through discovery, their chat processor built); 0: ready as soon as the HTTP "
         "listener opens. GET /live (liveness) answers 200 regardless"
     ),
+    low=0,
+    high=100_000,
 )
 
-CHAT_PROCESSOR = Option(
-    name="dyn-chat-processor",
-    env_var="DYN_CHAT_PROCESSOR",
-    default="hf",
-    kind=Choice(("hf", "vllm", "sglang")),
-    metavar="NAME",
-    help=(
+CHAT_PROCESSOR = choice_option(
+    "dyn-chat-processor",
+    "DYN_CHAT_PROCESSOR",
+    "hf",
+    (
         "How the frontend applies each model's own tokenizer and chat template (from the "
         "model directory its worker registers): `hf` with the tokenizers and jinja2 "
         "libraries (small heap, no torch); `vllm` with vLLM's tokenizer and chat-template "
@@ -69,38 +68,40 @@ CHAT_PROCESSOR = Option(
         "tokenizer, template and tool-call/reasoning parser code, imported the same way "
         "(~0.5M objects; needs SGLang: scripts/setup_sglang_env.sh)"
     ),
+    kind=Choice(("hf", "vllm", "sglang")),
+    metavar="NAME",
 )
 
 OPTIONS = [
     HTTP_HOST,
     HTTP_PORT,
     *DISCOVERY_OPTIONS,
-    Option(
-        name="dyn-preprocess-workers",
-        env_var="DYN_PREPROCESS_WORKERS",
-        default=0,
-        kind=IntRange(0, 1024),
-        metavar="N",
-        help=(
+    count_option(
+        "dyn-preprocess-workers",
+        "DYN_PREPROCESS_WORKERS",
+        0,
+        (
             "Tokenise in a pool of N processes (each freezes its own heap at the end of its "
             "initializer); 0 tokenises in the frontend process, on a few threads, never on its "
             "event loop (chat templates are rendered on those threads in either case)"
         ),
+        low=0,
+        high=1024,
     ),
     CHAT_PROCESSOR,
     *SGLANG_OPTIONS,
     READY_MIN_MODELS,
-    Option(
-        name="dyn-max-models",
-        env_var="DYN_MAX_MODELS",
-        default=64,
-        kind=IntRange(1, 100_000),
-        metavar="N",
-        help=(
+    count_option(
+        "dyn-max-models",
+        "DYN_MAX_MODELS",
+        64,
+        (
             "Most distinct models the frontend serves at once (each holds its tokenizer and "
             "chat template in memory); a newly discovered model over the limit is refused with "
             "one WARNING and not served until one goes"
         ),
+        low=1,
+        high=100_000,
     ),
     Option(
         name="dyn-strict-request-fields",
@@ -112,29 +113,27 @@ OPTIONS = [
             "per field name per minute, as vLLM does (docs/openai-fields.md)"
         ),
     ),
-    Option(
-        name="dyn-model-dirs",
-        env_var="DYN_MODEL_DIRS",
-        default=None,
-        kind=Text("directory list"),
-        metavar="DIR[:DIR...]",
-        help=(
+    text_option(
+        "dyn-model-dirs",
+        "DYN_MODEL_DIRS",
+        (
             "Directories the frontend may load models from: a discovered model card whose "
             "tokenizer directory, tokenizer files or chat template resolve outside them is "
             "refused with one WARNING. Unset (the default): any directory, each card's files "
             "still confined to its own model directory (see docs/operator-guide.md, security)"
         ),
+        what="directory list",
+        metavar="DIR[:DIR...]",
     ),
-    Option(
-        name="router-mode",
-        env_var="DYN_ROUTER_MODE",
-        default="round-robin",
-        kind=Choice(("round-robin",)),
-        metavar="{round-robin}",
-        help=(
+    choice_option(
+        "router-mode",
+        "DYN_ROUTER_MODE",
+        "round-robin",
+        (
             "How requests are spread over a model's workers: round-robin (upstream Dynamo's "
             "default; its other modes, such as kv, are not available here)"
         ),
+        kind=Choice(("round-robin",)),
     ),
     *gc_options(flag_prefix="dyn-", env_prefix="DYN_"),
     drain_option(flag_prefix="dyn-", env_prefix="DYN_"),

@@ -18,49 +18,46 @@ The model card carries the worker's parser names (``--dyn-tool-call-parser`` /
 
 from __future__ import annotations
 
-from dynamo.common.configuration import Option, Text
+from dynamo.common.configuration import text_option
 
-TOOL_CALL_PARSER = Option(
-    name="tool-call-parser",
-    env_var="DYN_TOOL_CALL_PARSER",
-    default=None,
-    kind=Text("parser name"),
-    metavar="NAME",
-    help=(
+TOOL_CALL_PARSER = text_option(
+    "tool-call-parser",
+    "DYN_TOOL_CALL_PARSER",
+    (
         "With --dyn-chat-processor sglang: SGLang's tool-call parser, which finds the tool "
         "calls in the model's output (qwen25, hermes, llama3, ...: any name of SGLang's "
         "FunctionCallParser registry); with vllm: vLLM's (hermes, llama3_json, ...: its "
         "ToolParserManager). Overrides the worker's --dyn-tool-call-parser in the model card. "
         "Unset: the card's, else none"
     ),
+    what="parser name",
+    metavar="NAME",
 )
 
-REASONING_PARSER = Option(
-    name="reasoning-parser",
-    env_var="DYN_REASONING_PARSER",
-    default=None,
-    kind=Text("parser name"),
-    metavar="NAME",
-    help=(
+REASONING_PARSER = text_option(
+    "reasoning-parser",
+    "DYN_REASONING_PARSER",
+    (
         "With --dyn-chat-processor sglang: SGLang's reasoning parser, which splits the "
         "model's reasoning from its answer (deepseek-r1, qwen3, ...: any name of SGLang's "
         "ReasoningParser registry); with vllm: vLLM's (deepseek_r1, qwen3, ...: its "
         "ReasoningParserManager). Overrides the worker's --dyn-reasoning-parser in the model "
         "card. Unset: the card's, else none"
     ),
+    what="parser name",
+    metavar="NAME",
 )
 
-CHAT_TEMPLATE = Option(
-    name="chat-template",
-    env_var="DYN_CHAT_TEMPLATE",
-    default=None,
-    kind=Text("path"),
-    metavar="PATH",
-    help=(
+CHAT_TEMPLATE = text_option(
+    "chat-template",
+    "DYN_CHAT_TEMPLATE",
+    (
         "With --dyn-chat-processor sglang: a .jinja chat template that every model is rendered "
         "with instead of its own (and of its worker's --chat-template); SGLang's built-in "
         "template names are refused, as upstream"
     ),
+    what="path",
+    metavar="PATH",
 )
 
 SGLANG_OPTIONS = [TOOL_CALL_PARSER, REASONING_PARSER, CHAT_TEMPLATE]

@@ -9,24 +9,24 @@ from dataclasses import dataclass
 
 from dynamo.common.configuration import (
     Choice,
-    FiniteFloat,
-    IntRange,
     Option,
     Surface,
-    Text,
     build_parser,
+    choice_option,
+    count_option,
     gc_options,
     host_option,
+    milliseconds_option,
     parse_surface,
     port_option,
     prerequisites,
+    text_option,
 )
 from dynamo.common.configuration.drain_options import drain_option
 from dynamo.common.configuration.launcher_config import LauncherConfig
 from dynamo.common.configuration.prerequisites import Requires
 from dynamo.common.configuration.runtime_options import DISCOVERY_OPTIONS, DISCOVERY_REQUIREMENTS
 from dynamo.common.configuration.typed import typed_config
-from dynamo.common.configuration.values import MAX_WAIT_MS
 from dynamo.vllm import self_benchmark_args
 
 REQUEST_PLANE_HOST = host_option(
@@ -43,17 +43,18 @@ REQUEST_PLANE_PORT = port_option(
     "Port of the worker's request plane (0 picks a free port)",
 )
 
-TENSOR_PARALLEL_SIZE = Option(
-    name="tensor-parallel-size",
-    env_var="DYN_VLLM_TENSOR_PARALLEL_SIZE",
-    default=1,
-    kind=IntRange(1, 64),
-    metavar="R",
-    help=(
+TENSOR_PARALLEL_SIZE = count_option(
+    "tensor-parallel-size",
+    "DYN_VLLM_TENSOR_PARALLEL_SIZE",
+    1,
+    (
         "Ranks every forward pass runs on, in lockstep (a step ends when every rank is done). "
         "vLLM engine: passed on as vLLM's --tensor-parallel-size (a -tp/--tensor-parallel-size "
         "among vLLM's own arguments wins). Mock engine: R rank processes"
     ),
+    low=1,
+    high=64,
+    metavar="R",
 )
 
 SYSTEM_HOST = host_option(
@@ -74,95 +75,90 @@ SYSTEM_PORT = port_option(
     ),
 )
 
-MODEL = Option(
-    name="model",
-    env_var="DYN_VLLM_MODEL",
-    default=None,
-    kind=Text("model"),
-    metavar="MODEL",
-    help=(
+MODEL = text_option(
+    "model",
+    "DYN_VLLM_MODEL",
+    (
         "The model to serve (required). vLLM engine: vLLM's --model (a model directory or a "
         "Hugging Face id). Mock engine: a Hugging Face tokenizer directory (tokenizer.json), "
         "whose vocabulary the mock echoes and counts in, e.g. scripts/make_tiny_model.py "
         "--tokenizer-only"
     ),
+    what="model",
+    metavar="MODEL",
 )
 
-SERVED_MODEL_NAME = Option(
-    name="served-model-name",
-    env_var="DYN_VLLM_SERVED_MODEL_NAME",
-    default=None,
-    kind=Text("model name"),
-    metavar="NAME",
-    help=(
+SERVED_MODEL_NAME = text_option(
+    "served-model-name",
+    "DYN_VLLM_SERVED_MODEL_NAME",
+    (
         'The name the worker registers and clients put in "model" (unset: --model). vLLM '
         "engine: passed on as vLLM's --served-model-name"
     ),
+    what="model name",
+    metavar="NAME",
 )
 
-CHAT_TEMPLATE = Option(
-    name="chat-template",
-    env_var="DYN_VLLM_CHAT_TEMPLATE",
-    default=None,
-    kind=Text("path"),
-    metavar="FILE",
-    help=(
+CHAT_TEMPLATE = text_option(
+    "chat-template",
+    "DYN_VLLM_CHAT_TEMPLATE",
+    (
         "A Jinja chat template file the frontend renders instead of the model's own (vLLM "
         "serve's --chat-template); published in the model card (unset: the model's template)"
     ),
+    what="path",
+    metavar="FILE",
 )
 
 # Upstream's runtime args (ai-dynamo 1.6.1, common/configuration/groups/runtime_args.py), with
 # its env names: the worker names the parsers, the model card carries them to the frontend.
-TOOL_CALL_PARSER = Option(
-    name="dyn-tool-call-parser",
-    env_var="DYN_TOOL_CALL_PARSER",
-    default=None,
-    kind=Text("parser name"),
-    metavar="NAME",
-    help=(
+TOOL_CALL_PARSER = text_option(
+    "dyn-tool-call-parser",
+    "DYN_TOOL_CALL_PARSER",
+    (
         "The tool-call parser the frontend runs over this model's output, published in the "
         "model card (upstream's name); the frontend's --tool-call-parser overrides it. With "
         "--engine vllm a name vLLM's ToolParserManager does not have exits 2. Unset: none"
     ),
+    what="parser name",
+    metavar="NAME",
 )
 
-REASONING_PARSER = Option(
-    name="dyn-reasoning-parser",
-    env_var="DYN_REASONING_PARSER",
-    default=None,
-    kind=Text("parser name"),
-    metavar="NAME",
-    help=(
+REASONING_PARSER = text_option(
+    "dyn-reasoning-parser",
+    "DYN_REASONING_PARSER",
+    (
         "The reasoning parser the frontend runs over this model's output, published in the "
         "model card (upstream's name); the frontend's --reasoning-parser overrides it. With "
         "--engine vllm a name vLLM's ReasoningParserManager does not have exits 2. Unset: none"
     ),
+    what="parser name",
+    metavar="NAME",
 )
 
-MOCK_MAX_MODEL_LEN = Option(
-    name="mock-max-model-len",
-    env_var="DYN_VLLM_MOCK_MAX_MODEL_LEN",
-    default=None,
-    kind=IntRange(1, 10_000_000),
-    metavar="TOKENS",
-    help=(
+MOCK_MAX_MODEL_LEN = count_option(
+    "mock-max-model-len",
+    "DYN_VLLM_MOCK_MAX_MODEL_LEN",
+    None,
+    (
         "Mock engine: the context length (prompt + completion) it serves and publishes in the "
         "model card (unset: the model directory's config.json max_position_embeddings, else "
         "tokenizer_config.json model_max_length)"
     ),
+    low=1,
+    high=10_000_000,
+    metavar="TOKENS",
 )
 
-ENGINE = Option(
-    name="engine",
-    env_var="DYN_VLLM_ENGINE",
-    default="vllm",
-    kind=Choice(("vllm", "mock")),
-    metavar="{vllm,mock}",
-    help=(
+ENGINE = choice_option(
+    "engine",
+    "DYN_VLLM_ENGINE",
+    "vllm",
+    (
         "Engine behind the worker: vLLM's AsyncLLM (as upstream Dynamo runs it), or the "
         "built-in mock engine (tests, demos, benchmarks without vLLM)"
     ),
+    kind=Choice(("vllm", "mock")),
 )
 
 OPTIONS = [
@@ -176,36 +172,32 @@ OPTIONS = [
     *DISCOVERY_OPTIONS,
     REQUEST_PLANE_HOST,
     REQUEST_PLANE_PORT,
-    MOCK_TOKEN_MS := Option(
-        name="mock-token-ms",
-        env_var="DYN_VLLM_MOCK_TOKEN_MS",
-        default=5.0,
-        kind=FiniteFloat(minimum=0.0, maximum=MAX_WAIT_MS),
-        metavar="MS",
-        help="Mock engine: time per generated token, in milliseconds",
+    MOCK_TOKEN_MS := milliseconds_option(
+        "mock-token-ms",
+        "DYN_VLLM_MOCK_TOKEN_MS",
+        5.0,
+        "Mock engine: time per generated token, in milliseconds",
     ),
     MOCK_MAX_MODEL_LEN,
-    MOCK_INIT_MS := Option(
-        name="mock-init-ms",
-        env_var="DYN_VLLM_MOCK_INIT_MS",
-        default=0.0,
-        kind=FiniteFloat(minimum=0.0, maximum=MAX_WAIT_MS),
-        metavar="MS",
-        help=(
+    MOCK_INIT_MS := milliseconds_option(
+        "mock-init-ms",
+        "DYN_VLLM_MOCK_INIT_MS",
+        0.0,
+        (
             "Mock engine: how long engine init takes, in milliseconds, like a real engine "
             "loading its weights (to rehearse start-up probes: /live answers, /health is 503)"
         ),
     ),
-    MOCK_HEAP_OBJECTS := Option(
-        name="mock-heap-objects",
-        env_var="DYN_VLLM_MOCK_HEAP_OBJECTS",
-        default=0,
-        kind=IntRange(0, 50_000_000),
-        metavar="N",
-        help=(
+    MOCK_HEAP_OBJECTS := count_option(
+        "mock-heap-objects",
+        "DYN_VLLM_MOCK_HEAP_OBJECTS",
+        0,
+        (
             "Mock engine: build a synthetic long-lived heap of about N tracked objects at engine "
             "init, shaped like engine imports and tokenizer tables (for demos and benchmarks)"
         ),
+        low=0,
+        high=50_000_000,
     ),
     *gc_options(flag_prefix="", env_prefix="DYN_VLLM_"),
     drain_option(flag_prefix="", env_prefix="DYN_VLLM_"),

@@ -9,8 +9,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dynamo.common.configuration import Choice, FiniteFloat, IntRange, Option, Surface, Text
-from dynamo.common.configuration.values import MAX_WAIT_S
+from dynamo.common.configuration import (
+    Choice,
+    Option,
+    Surface,
+    choice_option,
+    count_option,
+    seconds_option,
+    text_option,
+)
 
 POLICY_OFF = "off"
 POLICY_FREEZE = "freeze"
@@ -31,29 +38,27 @@ class PolicyWord(Choice):
         return super().describe() + " (any case)"
 
 
-FPM_GC_POLICY = Option(
-    name="fpm-gc-policy",
-    env_var="DYN_FPM_GC_POLICY",
-    default=POLICY_OFF,
-    kind=PolicyWord(),
-    metavar="{off,freeze}",
-    help=(
+FPM_GC_POLICY = choice_option(
+    "fpm-gc-policy",
+    "DYN_FPM_GC_POLICY",
+    POLICY_OFF,
+    (
         "GC policy during the self-benchmark: 'freeze' disables automatic gen2 collections and "
         "freezes the heap so no full-collection pause lands in a measured window; everything is "
         "restored before serving"
     ),
+    kind=PolicyWord(),
 )
 
-FPM_GC_FREEZE_INTERVAL_S = Option(
-    name="fpm-gc-freeze-interval-s",
-    env_var="DYN_FPM_GC_FREEZE_INTERVAL_S",
-    default=60.0,
-    kind=FiniteFloat(minimum=1.0, maximum=MAX_WAIT_S),
-    metavar="SECONDS",
-    help=(
+FPM_GC_FREEZE_INTERVAL_S = seconds_option(
+    "fpm-gc-freeze-interval-s",
+    "DYN_FPM_GC_FREEZE_INTERVAL_S",
+    60.0,
+    (
         "With the 'freeze' policy: how often a background thread moves survivors into the "
         "permanent generation (a bare gc.freeze(), no heap walk)"
     ),
+    minimum=1.0,
 )
 
 
@@ -88,26 +93,25 @@ WORKER_EXTENSION_CLS = Option(
     ),
 )
 
-SELF_BENCHMARK_OUTPUT = Option(
-    name="self-benchmark-output",
-    env_var="DYN_VLLM_SELF_BENCHMARK_OUTPUT",
-    default=None,
-    kind=Text("file path"),
+SELF_BENCHMARK_OUTPUT = text_option(
+    "self-benchmark-output",
+    "DYN_VLLM_SELF_BENCHMARK_OUTPUT",
+    "Write one JSON line per self-benchmark point (with its wall time) to this file",
+    what="file path",
     metavar="PATH",
-    help="Write one JSON line per self-benchmark point (with its wall time) to this file",
 )
 
 OPTIONS = [
-    SELF_BENCHMARK_POINTS := Option(
-        name="self-benchmark-points",
-        env_var="DYN_VLLM_SELF_BENCHMARK_POINTS",
-        default=0,
-        kind=IntRange(0, 10_000_000),
-        metavar="N",
-        help=(
+    SELF_BENCHMARK_POINTS := count_option(
+        "self-benchmark-points",
+        "DYN_VLLM_SELF_BENCHMARK_POINTS",
+        0,
+        (
             "Before serving, time N forward passes over a sweep of (batch size x sequence "
             "length) points; 0 turns the self-benchmark off"
         ),
+        low=0,
+        high=10_000_000,
     ),
     SELF_BENCHMARK_OUTPUT,
     FPM_GC_POLICY,

@@ -4,7 +4,17 @@ configargparse patches ``argparse`` process-wide when imported, so it is importe
 """
 
 from .gc_options import gc_options
-from .options import Option, Surface, host_option, port_option
+from .options import (
+    Option,
+    Surface,
+    choice_option,
+    count_option,
+    host_option,
+    milliseconds_option,
+    port_option,
+    seconds_option,
+    text_option,
+)
 from .parser import DynamoArgParser, build_parser, parse_surface
 from .values import Choice, FiniteFloat, Host, IntRange, Text, parse_bool_word
 
@@ -18,9 +28,14 @@ __all__ = [
     "Surface",
     "Text",
     "build_parser",
+    "choice_option",
+    "count_option",
     "gc_options",
     "host_option",
+    "milliseconds_option",
     "parse_bool_word",
     "parse_surface",
     "port_option",
+    "seconds_option",
+    "text_option",
 ]

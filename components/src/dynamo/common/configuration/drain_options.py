@@ -6,21 +6,17 @@ The frontend reads it as ``--dyn-drain-timeout`` / ``DYN_DRAIN_TIMEOUT``, the wo
 
 from __future__ import annotations
 
-from .options import Option
-from .values import MAX_WAIT_S, FiniteFloat
+from .options import Option, seconds_option
 
 # The default fits the Kubernetes examples under docs/deploy: terminationGracePeriodSeconds 45
 # = the frontend's 5 s preStop pause + this + a margin for the endings and the exit.
 DEFAULT_DRAIN_TIMEOUT_S = 30.0
 
-DRAIN_TIMEOUT = Option(
-    name="drain-timeout",
-    env_var="DRAIN_TIMEOUT",
-    default=DEFAULT_DRAIN_TIMEOUT_S,
-    dest="drain_timeout",
-    kind=FiniteFloat(minimum=0.0, maximum=MAX_WAIT_S),
-    metavar="SECONDS",
-    help=(
+DRAIN_TIMEOUT = seconds_option(
+    "drain-timeout",
+    "DRAIN_TIMEOUT",
+    DEFAULT_DRAIN_TIMEOUT_S,
+    (
         "After SIGTERM, how long requests in flight may run before they are cut short: a "
         "stream then ends with a final error (an SSE error event and [DONE] from the frontend, "
         "an in-band error line from the worker), any other request gets 503, and the process "

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .options import Option
-from .values import MAX_WAIT_MS, FiniteFloat
+from .options import Option, milliseconds_option
 
 
 @dataclass(frozen=True)
@@ -33,17 +32,11 @@ FREEZE_GC_HEAP = Option(
     ),
 )
 
-GC_PAUSE_LOG_MS = Option(
-    name="gc-pause-log-ms",
-    env_var="GC_PAUSE_LOG_MS",
-    default=0.0,
-    dest="gc_pause_log_ms",
-    kind=FiniteFloat(minimum=0.0, maximum=MAX_WAIT_MS),
-    metavar="MS",
-    help=(
-        "Log a WARNING for every GC pause at least this many milliseconds long; 0 turns the "
-        "log off."
-    ),
+GC_PAUSE_LOG_MS = milliseconds_option(
+    "gc-pause-log-ms",
+    "GC_PAUSE_LOG_MS",
+    0.0,
+    ("Log a WARNING for every GC pause at least this many milliseconds long; 0 turns the log off."),
 )
 
 

@@ -13,7 +13,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from .values import Host, IntRange, undecodable_problem
+from .values import (
+    MAX_WAIT_MS,
+    MAX_WAIT_S,
+    Choice,
+    FiniteFloat,
+    Host,
+    IntRange,
+    Text,
+    undecodable_problem,
+)
 
 
 class ValueKind(Protocol):
@@ -129,16 +138,61 @@ class Surface:
     options: Sequence[Option]
 
 
+# Factories for the families of options: each fixes the value kind and the metavar of its family,
+# so a declaration says only what is its own (flag, env var, default, meaning, bounds).
+
+
 def host_option(name: str, env_var: str, default: str, help: str) -> Option:
     """An address a listener binds (checked, and a name resolved, at parse time)."""
-    return Option(
-        name=name, env_var=env_var, default=default, kind=Host(), metavar="HOST", help=help
-    )
+    return Option(name, env_var, default, help, Host(), metavar="HOST")
 
 
 def port_option(name: str, env_var: str, default: int | None, help: str) -> Option:
     """A listener's TCP port (0: a free one, which the listener logs)."""
-    return Option(
-        name=name, env_var=env_var, default=default, kind=IntRange(0, 65535), metavar="PORT",
-        help=help,
-    )  # fmt: skip
+    return Option(name, env_var, default, help, IntRange(0, 65535), metavar="PORT")
+
+
+def count_option(
+    name: str,
+    env_var: str,
+    default: int | None,
+    help: str,
+    *,
+    low: int,
+    high: int,
+    metavar: str = "N",
+) -> Option:
+    """A whole number from ``low`` to ``high`` (both included)."""
+    return Option(name, env_var, default, help, IntRange(low, high), metavar=metavar)
+
+
+def seconds_option(
+    name: str,
+    env_var: str,
+    default: float,
+    help: str,
+    *,
+    minimum: float = 0.0,
+    maximum: float = MAX_WAIT_S,
+) -> Option:
+    """A duration in seconds: a finite number, by default at most what ``threading`` waits."""
+    return Option(name, env_var, default, help, FiniteFloat(minimum, maximum), metavar="SECONDS")
+
+
+def milliseconds_option(name: str, env_var: str, default: float, help: str) -> Option:
+    """A duration in milliseconds, from 0 to what ``threading`` waits."""
+    return Option(name, env_var, default, help, FiniteFloat(0.0, MAX_WAIT_MS), metavar="MS")
+
+
+def text_option(name: str, env_var: str, help: str, *, what: str, metavar: str) -> Option:
+    """A name or a path, unset by default (``what`` names it in errors and in docs)."""
+    return Option(name, env_var, None, help, Text(what), metavar=metavar)
+
+
+def choice_option(
+    name: str, env_var: str, default: str, help: str, *, kind: Choice, metavar: str | None = None
+) -> Option:
+    """One word out of ``kind``'s; the metavar lists them (``{a,b}``) as argparse's choices do."""
+    if metavar is None:
+        metavar = "{" + ",".join(kind.words) + "}"
+    return Option(name, env_var, default, help, kind, metavar=metavar)

@@ -14,21 +14,20 @@ from dynamo.runtime.discovery.file_backend import HEARTBEATS_PER_TTL
 from dynamo.runtime.discovery.file_store import default_discovery_dir
 from dynamo.runtime.discovery.record import DEFAULT_MAX_RECORDS
 
-from .options import Option
+from .options import Option, choice_option, count_option, seconds_option, text_option
 from .prerequisites import Requires
-from .values import Choice, FiniteFloat, IntRange, Text
+from .values import Choice
 
-DISCOVERY_DIR = Option(
-    name="discovery-dir",
-    env_var="DYN_DISCOVERY_DIR",
-    default=None,
-    kind=Text("directory"),
-    metavar="DIR",
-    help=(
+DISCOVERY_DIR = text_option(
+    "discovery-dir",
+    "DYN_DISCOVERY_DIR",
+    (
         "--discovery-backend file: directory where workers publish one JSON record per "
         "registered model and the frontend watches for them (unset: "
         "$XDG_RUNTIME_DIR/dynamo/discovery, else <tmpdir>/dynamo-<user>/discovery)"
     ),
+    what="directory",
+    metavar="DIR",
 )
 
 # An hour: a dead worker keeps its traffic for up to one TTL, so anything longer is a typo. (etcd
@@ -36,19 +35,19 @@ DISCOVERY_DIR = Option(
 # TTL left the worker retrying a registration that could never succeed, not ready forever.)
 MAX_DISCOVERY_TTL_S = 3600.0
 
-DISCOVERY_TTL = Option(
-    name="discovery-ttl",
-    env_var="DYN_DISCOVERY_TTL",
-    default=DEFAULT_LEASE_TTL_S,
-    kind=FiniteFloat(minimum=1.0, maximum=MAX_DISCOVERY_TTL_S),
-    metavar="SECONDS",
-    help=(
+DISCOVERY_TTL = seconds_option(
+    "discovery-ttl",
+    "DYN_DISCOVERY_TTL",
+    DEFAULT_LEASE_TTL_S,
+    (
         "Lease of a discovery record, in seconds. file: a worker rewrites its record every 1/"
         f"{HEARTBEATS_PER_TTL} of this, and the frontend treats a record unchanged for longer "
         "as a dead worker and stops routing to it (give the frontend and its workers the same "
         "value). etcd: the TTL of the worker's lease (rounded up to whole seconds), which etcd "
         "deletes with the record unless the worker keeps it alive"
     ),
+    minimum=1.0,
+    maximum=MAX_DISCOVERY_TTL_S,
 )
 
 
@@ -97,17 +96,16 @@ class NamespaceKind:
         return "name (letters, digits, `.`, `_`, `-`)"
 
 
-DISCOVERY_BACKEND = Option(
-    name="discovery-backend",
-    env_var="DYN_DISCOVERY_BACKEND",
-    default="file",
-    kind=DiscoveryBackendKind(("file", "etcd")),
-    metavar="{file,etcd}",
-    help=(
+DISCOVERY_BACKEND = choice_option(
+    "discovery-backend",
+    "DYN_DISCOVERY_BACKEND",
+    "file",
+    (
         "Where workers publish their records and the frontend finds them: file (a directory "
         "shared by the processes of one machine, --discovery-dir) or etcd (a key per record "
         "with a lease of --discovery-ttl, for deployments beyond one machine, --etcd-endpoints)"
     ),
+    kind=DiscoveryBackendKind(("file", "etcd")),
 )
 
 ETCD_ENDPOINTS = Option(
@@ -136,18 +134,18 @@ NAMESPACE = Option(
     ),
 )
 
-DISCOVERY_MAX_RECORDS = Option(
-    name="discovery-max-records",
-    env_var="DYN_DISCOVERY_MAX_RECORDS",
-    default=DEFAULT_MAX_RECORDS,
-    kind=IntRange(1, 1_000_000),
-    metavar="N",
-    help=(
+DISCOVERY_MAX_RECORDS = count_option(
+    "discovery-max-records",
+    "DYN_DISCOVERY_MAX_RECORDS",
+    DEFAULT_MAX_RECORDS,
+    (
         "Most discovery records the frontend holds (each at most "
         f"{MAX_RECORD_BYTES // 1024} KiB): whoever can write records cannot make it hold more. "
         "Records past the limit (the last by file name or key) are ignored, with one WARNING a "
         "minute. Give every frontend of a deployment the same value"
     ),
+    low=1,
+    high=1_000_000,
 )
 
 # Every option both launchers read for discovery, in the order their help lists them.
