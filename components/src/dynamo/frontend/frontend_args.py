@@ -11,18 +11,15 @@ from dynamo.common.configuration import (
     Choice,
     Option,
     Surface,
-    build_parser,
     choice_option,
     count_option,
-    gc_options,
     host_option,
     parse_surface,
     port_option,
     prerequisites,
     text_option,
 )
-from dynamo.common.configuration.drain_options import drain_option
-from dynamo.common.configuration.launcher_config import LauncherConfig
+from dynamo.common.configuration.launcher_config import LauncherConfig, process_options
 from dynamo.common.configuration.runtime_options import DISCOVERY_OPTIONS, DISCOVERY_REQUIREMENTS
 from dynamo.common.configuration.typed import typed_config
 
@@ -135,8 +132,7 @@ OPTIONS = [
         ),
         kind=Choice(("round-robin",)),
     ),
-    *gc_options(flag_prefix="dyn-", env_prefix="DYN_"),
-    drain_option(flag_prefix="dyn-", env_prefix="DYN_"),
+    *process_options(flag_prefix="dyn-", env_prefix="DYN_"),
     Option(
         name="dyn-debug-gc-endpoint",
         env_var="DYN_DEBUG_GC_ENDPOINT",
@@ -217,7 +213,5 @@ def parse_args(
     """The frontend's configuration; bad input exits 2 (the parser says why), --help exits 0."""
     config = typed_config(FrontendConfig, parse_surface(SURFACE, argv, env))
     given = sys.argv[1:] if argv is None else argv
-    problem = prerequisites.command_line_problem(REQUIREMENTS, config, given)
-    if problem is not None:
-        build_parser(SURFACE).error(problem)
+    prerequisites.refuse_command_line_problem(SURFACE, REQUIREMENTS, config, given)
     return config

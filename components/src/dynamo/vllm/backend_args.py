@@ -14,7 +14,6 @@ from dynamo.common.configuration import (
     build_parser,
     choice_option,
     count_option,
-    gc_options,
     host_option,
     milliseconds_option,
     parse_surface,
@@ -22,8 +21,7 @@ from dynamo.common.configuration import (
     prerequisites,
     text_option,
 )
-from dynamo.common.configuration.drain_options import drain_option
-from dynamo.common.configuration.launcher_config import LauncherConfig
+from dynamo.common.configuration.launcher_config import LauncherConfig, process_options
 from dynamo.common.configuration.prerequisites import Requires
 from dynamo.common.configuration.runtime_options import DISCOVERY_OPTIONS, DISCOVERY_REQUIREMENTS
 from dynamo.common.configuration.typed import typed_config
@@ -199,8 +197,7 @@ OPTIONS = [
         low=0,
         high=50_000_000,
     ),
-    *gc_options(flag_prefix="", env_prefix="DYN_VLLM_"),
-    drain_option(flag_prefix="", env_prefix="DYN_VLLM_"),
+    *process_options(flag_prefix="", env_prefix="DYN_VLLM_"),
     SYSTEM_HOST,
     SYSTEM_PORT,
     DEBUG_GC_ENDPOINT := Option(
@@ -349,9 +346,7 @@ def parse_args(
             "directory or a Hugging Face id), with --engine mock a tokenizer directory"
         )
     config = typed_config(WorkerConfig, parsed, vllm_args=tuple(rest))
-    problem = prerequisites.command_line_problem(REQUIREMENTS, config, argv)
-    if problem is not None:
-        build_parser(_PARSED).error(problem)
+    prerequisites.refuse_command_line_problem(_PARSED, REQUIREMENTS, config, argv)
     return config
 
 

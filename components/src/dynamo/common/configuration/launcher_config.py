@@ -8,8 +8,19 @@ from dataclasses import dataclass
 from dynamo.runtime.discovery import DiscoverySettings
 from dynamo.runtime.discovery.etcd_endpoints import EtcdEndpoint
 
-from .gc_options import GcSettings
+from .drain_options import drain_option
+from .gc_options import GcSettings, gc_options
+from .options import Option
 from .runtime_options import discovery_settings
+
+
+def process_options(*, flag_prefix: str, env_prefix: str) -> list[Option]:
+    """What every launcher's process reads about its own life, under the launcher's naming: the
+    GC options, then the drain deadline."""
+    return [
+        *gc_options(flag_prefix=flag_prefix, env_prefix=env_prefix),
+        drain_option(flag_prefix=flag_prefix, env_prefix=env_prefix),
+    ]
 
 
 @dataclass(frozen=True)

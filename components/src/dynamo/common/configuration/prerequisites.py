@@ -21,7 +21,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .options import Option
+from .options import Option, Surface
+from .parser import build_parser
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,15 @@ def command_line_problem(
         if on_command_line(requirement.option, argv):
             return f"{requirement.message()}: give both, or neither"
     return None
+
+
+def refuse_command_line_problem(
+    surface: Surface, requirements: Iterable[Requires], config: Any, argv: Sequence[str]
+) -> None:
+    """Exit 2, the surface's parser saying why, at :func:`command_line_problem`'s answer."""
+    problem = command_line_problem(requirements, config, argv)
+    if problem is not None:
+        build_parser(surface).error(problem)
 
 
 def env_warnings(
