@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import openai
 import pytest
 
 from tests.support.pair import CLIENT_TIMEOUT_S, expected_completion
-from tests.support.processes import listening_url, start_frontend, start_worker
+from tests.support.processes import listening_url, run_python, start_frontend, start_worker
 
 pytestmark = pytest.mark.integration
 
@@ -138,14 +136,7 @@ def test_the_readmes_openai_example_runs_and_prints_what_it_says(client):
     )
     # The example's client reads proxies from the environment: none here (loopback only).
     env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        stdin=subprocess.DEVNULL,
-    )
+    done = run_python("-c", code, env=env, timeout_s=60)
     assert done.returncode == 0, done.stderr
     expected, _, _ = expected_completion(
         {"model": MODEL, "messages": [{"role": "user", "content": "Hello! ❄"}],

@@ -4,13 +4,16 @@
 the mock engine on the tiny tokenizer, or the real vLLM engine on a model directory),
 :func:`start_frontend` (``python -m dynamo.frontend`` on 127.0.0.1, an ephemeral port, watching
 that directory; optionally with the explicit-collect trace of tests/support/gc_trace) and
-:func:`listening_url` (the URL a launcher logged it listens on). Each returns the generic
+:func:`listening_url` (the URL a launcher logged it listens on); :func:`run_python` runs this
+interpreter to its end (a module's ``--check`` or ``--help``, a snippet). Each returns the generic
 :class:`LauncherProcess` of scripts/launcher_process.py, which any other child can use directly.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -104,3 +107,18 @@ def pid_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def run_python(
+    *args: str, env: Mapping[str, str] | None = None, timeout_s: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """This interpreter run with ``args`` to its end, its output captured as text and its stdin
+    closed (a child that asked for input would fail at once, not wait for the timeout)."""
+    return subprocess.run(
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout_s,
+        stdin=subprocess.DEVNULL,
+    )

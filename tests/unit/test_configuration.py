@@ -34,6 +34,7 @@ from dynamo.common.configuration.gc_options import FREEZE_GC_HEAP, GC_PAUSE_LOG_
 from dynamo.common.configuration.typed import option_fields, typed_config
 from dynamo.frontend import frontend_args
 from dynamo.vllm import backend_args, self_benchmark_args
+from tests.support.processes import run_python
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -644,14 +645,7 @@ def launcher_help(program: str, capsys) -> str:
     if importlib.util.find_spec(module + ".__main__") is None:
         return parse_args_help(program, capsys)
     env = {k: v for k, v in os.environ.items() if not k.startswith("DYN_")}
-    done = subprocess.run(
-        [sys.executable, "-m", module, "--help"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-    )
+    done = run_python("-m", module, "--help", env=env)
     assert done.returncode == 0, done.stderr
     return done.stdout
 

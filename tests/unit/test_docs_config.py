@@ -5,14 +5,13 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from dynamo.common.configuration import docs
 from dynamo.common.configuration.options import Option, Surface
+from tests.support.processes import run_python
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
@@ -28,13 +27,7 @@ def test_the_repository_pages_are_up_to_date():
 
 
 def test_the_check_command_passes_on_the_repository():
-    done = subprocess.run(
-        [sys.executable, "-m", "dynamo.common.configuration.docs", "--check"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-    )
+    done = run_python("-m", "dynamo.common.configuration.docs", "--check")
     assert done.returncode == 0, done.stdout + done.stderr
 
 

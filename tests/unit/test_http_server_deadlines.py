@@ -42,6 +42,18 @@ async def _slow_stream(request: web.Request) -> web.StreamResponse:
     return response
 
 
+def _trickle(writer: asyncio.StreamWriter, data: bytes) -> asyncio.Future:
+    """Start writing ``data`` one byte per TRICKLE_EVERY_S, as a slow client does (the caller
+    cancels it once it has what it waits for)."""
+
+    async def trickle():
+        for byte in data:
+            writer.write(bytes([byte]))
+            await asyncio.sleep(TRICKLE_EVERY_S)  # the slow client's pace
+
+    return asyncio.ensure_future(trickle())
+
+
 @contextlib.asynccontextmanager
 async def _serving(app: web.Application | None = None):
     """``app`` (by default :func:`_frontend_like_app`) behind a GuardedRunner with the small
@@ -107,12 +119,7 @@ def test_a_trickled_body_gets_408_in_the_openai_shape_and_the_connection_closes(
             writer.write(_post_head(len(body)))
             began = time.monotonic()
 
-            async def trickle():
-                for byte in body:
-                    writer.write(bytes([byte]))
-                    await asyncio.sleep(TRICKLE_EVERY_S)  # the slow client's pace
-
-            trickler = asyncio.ensure_future(trickle())
+            trickler = _trickle(writer, body)
             try:
                 status, headers, answer = await asyncio.wait_for(_read_response(reader), 10)
                 took = time.monotonic() - began
@@ -176,12 +183,7 @@ def test_a_later_head_sent_slowly_is_closed_but_an_idle_kept_alive_connection_is
             done, _ = await asyncio.wait([idle_wait], timeout=HEAD_S * 2)
             assert not done, "an idle kept-alive connection was closed by the head bound"
 
-            async def trickle():
-                for byte in b"GET /ok HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"y" * 100:
-                    slow_w.write(bytes([byte]))
-                    await asyncio.sleep(TRICKLE_EVERY_S)  # the slow client's pace
-
-            trickler = asyncio.ensure_future(trickle())
+            trickler = _trickle(slow_w, b"GET /ok HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"y" * 100)
             try:
                 took = await _closed(slow_r, 10)
             finally:
@@ -287,12 +289,7 @@ def test_leading_blank_lines_do_not_stop_the_head_clock(leading, dribble, kept_a
             writer.write(leading)
             began = time.monotonic()
 
-            async def trickle():
-                for byte in dribble:
-                    writer.write(bytes([byte]))
-                    await asyncio.sleep(TRICKLE_EVERY_S)  # the slow client's pace
-
-            trickler = asyncio.ensure_future(trickle())
+            trickler = _trickle(writer, dribble)
             try:
                 await _closed(reader, 10)
             finally:

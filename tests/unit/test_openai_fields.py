@@ -13,8 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -35,6 +33,7 @@ from dynamo.frontend.openai_tools import check_tool_choice
 from tests.support.answers import assert_openai_error
 from tests.support.clock import FakeClock
 from tests.support.frontend_fakes import MODEL, echo_worker, frontend
+from tests.support.processes import run_python
 from tests.support.tiny_model import tiny_card
 
 SNAPSHOT = Path(__file__).resolve().parents[1] / "data" / "vllm_openai_fields.json"
@@ -228,13 +227,7 @@ def test_the_fields_page_is_up_to_date():
     assert not openai_fields_docs.is_stale(openai_fields_docs.default_page()), (
         "run: python -m dynamo.frontend.openai_fields_docs"
     )
-    done = subprocess.run(
-        [sys.executable, "-m", "dynamo.frontend.openai_fields_docs", "--check"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-    )
+    done = run_python("-m", "dynamo.frontend.openai_fields_docs", "--check")
     assert done.returncode == 0, done.stdout + done.stderr
 
 
