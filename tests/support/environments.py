@@ -11,16 +11,22 @@ from pathlib import Path
 import pytest
 
 
-def package_gate(package: str, suite: Path, require_env: str, missing_reason: str):
-    """A ``pytest_collection_modifyitems`` hook for a suite: its tests marked ``package`` are
-    skipped when ``package`` cannot be imported (``missing_reason`` says how to get it,
-    ``{python}`` naming this interpreter), and the run stops when ``require_env`` is 1 (CI
-    built the environment)."""
+def package_gate(package: str, label: str, suite: Path):
+    """A ``pytest_collection_modifyitems`` hook for the suite of a package with an environment
+    of its own (``scripts/setup_<package>_env.sh`` makes ``.venv-<package>``): its tests marked
+    ``package`` are skipped when ``package`` cannot be imported (the reason says how to make that
+    environment), and the run stops when ``DYNAMO_REQUIRE_<PACKAGE>`` is 1 (CI, where it has just
+    built the environment: a missing package is then an error, not a skip)."""
+    require_env = f"DYNAMO_REQUIRE_{package.upper()}"
 
     def hook(config, items) -> None:
         if importlib.util.find_spec(package) is not None:
             return
-        reason = missing_reason.format(python=sys.executable)
+        reason = (
+            f"{label} is not installed in this Python environment ({sys.executable}); create its "
+            f"environment with scripts/setup_{package}_env.sh and run .venv-{package}/bin/python "
+            f"-m pytest -m {package} tests/{package}"
+        )
         if os.environ.get(require_env) == "1":
             raise pytest.UsageError(f"{require_env}=1 but {reason}")
         skip = pytest.mark.skip(reason=reason)

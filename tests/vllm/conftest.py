@@ -23,17 +23,8 @@ __all__ = ["OFFLINE_ENV", "VLLM_ARGS"]
 
 REPO = Path(__file__).resolve().parents[2]
 MAKE_TINY_MODEL = REPO / "scripts" / "make_tiny_model.py"
-# CI sets this where it has just built .venv-vllm: a missing vLLM is then an error, not a skip.
-REQUIRE_VLLM_ENV = "DYNAMO_REQUIRE_VLLM"
-VLLM_MISSING_REASON = (
-    "vLLM is not installed in this Python environment ({python}); create its environment with "
-    "scripts/setup_vllm_env.sh and run .venv-vllm/bin/python -m pytest -m vllm"
-)
-
-
-pytest_collection_modifyitems = package_gate(
-    "vllm", Path(__file__).parent, REQUIRE_VLLM_ENV, VLLM_MISSING_REASON
-)
+# DYNAMO_REQUIRE_VLLM=1 (CI, where it has just built .venv-vllm): a missing vLLM is an error.
+pytest_collection_modifyitems = package_gate("vllm", "vLLM", Path(__file__).parent)
 
 
 @pytest.fixture(scope="session")
