@@ -261,6 +261,17 @@ def add_interpreter_args(parser: argparse.ArgumentParser, default: str) -> None:
     )
 
 
+def parse_interpreter_args(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None, default: str
+) -> argparse.Namespace:
+    """The command line of the scripts that measure each interpreter in a child: ``parser``'s
+    own arguments, the interpreters' (:func:`add_interpreter_args`, ``default`` saying which
+    without ``--python``) and the mode's."""
+    add_interpreter_args(parser, default)
+    add_mode_args(parser)
+    return parser.parse_args(argv)
+
+
 def interpreters_to_measure(
     args: argparse.Namespace, *, prefer_venvs: bool = False
 ) -> list[tuple[str, str]]:

@@ -174,9 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     import bench_common as bc
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    bc.add_interpreter_args(parser, "pyenv's CPython 3.10-3.13 and setup_pythons.sh's 3.14, 3.15")
-    bc.add_mode_args(parser)
-    args = parser.parse_args(argv)
+    args = bc.parse_interpreter_args(
+        parser, argv, "pyenv's CPython 3.10-3.13 and setup_pythons.sh's 3.14, 3.15"
+    )
     mode = bc.mode_name(args)
     if args.child:
         print(json.dumps(measure(OBJECTS[mode], REPS[mode], REQUESTS[mode])))

@@ -245,11 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", help="comma-separated heap sizes (overrides the mode's)")
     parser.add_argument("--reps", type=int, help="repetitions per size (overrides the mode's)")
     parser.add_argument("--live-objects", type=int, help="unfrozen working set (overrides)")
-    bc.add_interpreter_args(
-        parser, "pyenv's CPython 3.10-3.13 and setup_pythons.sh's 3.14 and 3.15"
+    args = bc.parse_interpreter_args(
+        parser, argv, "pyenv's CPython 3.10-3.13 and setup_pythons.sh's 3.14 and 3.15"
     )
-    bc.add_mode_args(parser)
-    args = parser.parse_args(argv)
     mode = bc.mode_name(args)
     sizes = [int(float(s)) for s in args.sizes.split(",")] if args.sizes else SIZES[mode]
     reps = args.reps or REPS[mode]

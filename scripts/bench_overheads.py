@@ -272,9 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     import bench_common as bc
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    bc.add_interpreter_args(parser, "CPython 3.10-3.15 found (pyenv, setup_pythons.sh)")
-    bc.add_mode_args(parser)
-    args = parser.parse_args(argv)
+    args = bc.parse_interpreter_args(
+        parser, argv, "CPython 3.10-3.15 found (pyenv, setup_pythons.sh)"
+    )
     mode = bc.mode_name(args)
     settings = SETTINGS[mode]
 
