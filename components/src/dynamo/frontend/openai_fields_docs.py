@@ -13,6 +13,8 @@ import json
 import sys
 from pathlib import Path
 
+from dynamo.common import generated_pages
+
 from .openai_fields import CHAT, COMPLETION, FIELDS, Treatment
 
 GENERATED_NOTE = (
@@ -66,7 +68,7 @@ def default_page() -> Path:
 
 
 def is_stale(page: Path) -> bool:
-    return not page.exists() or page.read_text(encoding="utf-8") != render()
+    return generated_pages.is_stale(page, render())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,14 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--page", type=Path, default=default_page())
     parser.add_argument("--check", action="store_true", help="report a stale page, write nothing")
     args = parser.parse_args(argv)
-    if args.check:
-        if is_stale(args.page):
-            print(f"stale: {args.page} (run python -m dynamo.frontend.openai_fields_docs)")
-            return 1
-        return 0
-    args.page.write_text(render(), encoding="utf-8")
-    print(f"wrote {args.page}")
-    return 0
+    return generated_pages.write_or_check(
+        {args.page: render()},
+        check=args.check,
+        command="python -m dynamo.frontend.openai_fields_docs",
+    )
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ import importlib
 import sys
 from pathlib import Path
 
+from dynamo.common.generated_pages import is_stale, write_or_check
+
 from .options import Option, Surface
 from .prerequisites import Requires
 
@@ -115,13 +117,13 @@ def page_path(docs_dir: Path, surface: Surface) -> Path:
     return docs_dir / "configuration" / f"{surface.name}.md"
 
 
+def pages(docs_dir: Path) -> dict[Path, str]:
+    """Every configuration page under ``docs_dir``, rendered."""
+    return {page_path(docs_dir, surface): render(surface) for surface in surfaces()}
+
+
 def stale_pages(docs_dir: Path) -> list[Path]:
-    stale = []
-    for surface in surfaces():
-        path = page_path(docs_dir, surface)
-        if not path.exists() or path.read_text(encoding="utf-8") != render(surface):
-            stale.append(path)
-    return stale
+    return [path for path, text in pages(docs_dir).items() if is_stale(path, text)]
 
 
 def default_docs_dir() -> Path:
@@ -134,17 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--docs-dir", type=Path, default=default_docs_dir())
     parser.add_argument("--check", action="store_true", help="report stale pages, write nothing")
     args = parser.parse_args(argv)
-    if args.check:
-        stale = stale_pages(args.docs_dir)
-        for path in stale:
-            print(f"stale: {path} (run python -m dynamo.common.configuration.docs)")
-        return 1 if stale else 0
-    for surface in surfaces():
-        path = page_path(args.docs_dir, surface)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(render(surface), encoding="utf-8")
-        print(f"wrote {path}")
-    return 0
+    return write_or_check(
+        pages(args.docs_dir), check=args.check, command="python -m dynamo.common.configuration.docs"
+    )
 
 
 if __name__ == "__main__":
