@@ -19,6 +19,7 @@ import urllib.parse
 import pytest
 
 from tests.support import wait_until
+from tests.support.bad_requests import MALFORMED_HEADS
 from tests.support.processes import listening_url, start_frontend, start_worker
 
 pytestmark = pytest.mark.integration
@@ -144,11 +145,7 @@ def test_the_worker_drain_ends_cut_streams_with_an_in_band_error_line(pair):
 
 
 BAD_HEADS = [
-    b"GARBAGE\r\n\r\n",
-    b"GET / HTTP/1.1\r\nno colon here\r\n\r\n",
-    b"GET / HTTP/9.9\r\n\r\n",
-    b"GET /" + b"a" * 10000 + b" HTTP/1.1\r\n\r\n",
-    b"GET / HTTP/1.1\r\nHost: x\r\nX: " + b"b" * 10000 + b"\r\n\r\n",
+    *MALFORMED_HEADS,
     b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
     b"GET / HTTP/1.1\r\nHost: x\r\n\r\nGARBAGE AGAIN\r\n\r\n",
 ]

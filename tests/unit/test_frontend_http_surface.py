@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from dynamo.common.http_server import FRONTEND_MAX_BODY_BYTES
 from dynamo.frontend import openai_protocol as oai
 from tests.support.answers import assert_openai_error
+from tests.support.bad_requests import MALFORMED_HEADS
 from tests.support.frontend_fakes import MODEL, echo_worker, frontend
 from tests.support.tiny_model import tiny_card
 
@@ -274,11 +275,7 @@ def test_expect_100_continue_within_the_limit_gets_its_100_then_the_answer(card)
 # -- aiohttp's own answers -------------------------------------------------------------------
 
 MALFORMED = [
-    b"GARBAGE\r\n\r\n",
-    b"GET / HTTP/1.1\r\nno colon here\r\n\r\n",
-    b"GET / HTTP/9.9\r\n\r\n",
-    b"GET /" + b"a" * 10000 + b" HTTP/1.1\r\n\r\n",
-    b"GET / HTTP/1.1\r\nHost: x\r\nX: " + b"b" * 10000 + b"\r\n\r\n",
+    *MALFORMED_HEADS,
     b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2"
     b"\r\n\r\n{}",
     b"GET / HTTP/1.1\r\nHost: x\r\nX: a\x00b\r\n\r\n",
