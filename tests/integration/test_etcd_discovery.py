@@ -48,6 +48,14 @@ class Seen:
         self.removed.append(record)
 
 
+async def stop_and_withdraw(registration, *watchers) -> None:
+    """Stop the watchers, then withdraw the registration's record and close it."""
+    for watcher in watchers:
+        await watcher.stop()
+    await registration.unregister()
+    await registration.close()
+
+
 def warnings(caplog, text: str) -> list[str]:
     return [
         r.getMessage()
@@ -140,10 +148,7 @@ def test_namespaces_do_not_see_each_other(etcd_server):
                 lambda: seen_a.added and watch_b.state == "ok", deadline_s=DEADLINE_S
             )
         finally:
-            await watch_a.stop()
-            await watch_b.stop()
-            await reg.unregister()
-            await reg.close()
+            await stop_and_withdraw(reg, watch_a, watch_b)
 
     asyncio.run(scenario())
     assert [r.model for r in seen_a.added] == ["only-a"] and seen_b.added == []
@@ -239,9 +244,7 @@ def test_an_outage_keeps_the_known_instances_and_logs_once(etcd_server, caplog):
                 lambda: sorted(watcher.known) == keys == [record.instance_id], deadline_s=DEADLINE_S
             )
         finally:
-            await watcher.stop()
-            await registration.unregister()
-            await registration.close()
+            await stop_and_withdraw(registration, watcher)
 
     asyncio.run(scenario())
     assert len(warnings(caplog, "Discovery degraded: lost etcd")) == 1
@@ -418,10 +421,7 @@ def test_a_user_and_password_from_the_environment_authenticate_and_are_never_log
             )
             assert refused.state == "connecting" and watcher.state == "ok"
         finally:
-            await refused.stop()
-            await watcher.stop()
-            await registration.unregister()
-            await registration.close()
+            await stop_and_withdraw(registration, refused, watcher)
 
     asyncio.run(scenario())
     assert len(seen.added) == 1
