@@ -36,7 +36,7 @@ GC_PAUSE_LOG_MS = milliseconds_option(
     "gc-pause-log-ms",
     "GC_PAUSE_LOG_MS",
     0.0,
-    ("Log a WARNING for every GC pause at least this many milliseconds long; 0 turns the log off."),
+    "Log a WARNING for every GC pause at least this many milliseconds long; 0 turns the log off.",
 )
 
 

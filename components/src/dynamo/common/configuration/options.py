@@ -64,7 +64,8 @@ class Option:
         return (self.flag, "--no-" + self.name) if self.is_bool else (self.flag,)
 
     def renamed(self, *, name: str, env_var: str) -> Option:
-        """The same option under another flag and env var (one declaration, two surfaces)."""
+        """The same option under another flag and env var (one declaration, two surfaces); its
+        ``dest`` stays, so every surface fills the same field."""
         return replace(self, name=name, env_var=env_var)
 
     def source_label(self) -> str:
