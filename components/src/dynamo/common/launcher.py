@@ -197,6 +197,10 @@ class StopSignals:
 class Service(Protocol):
     """What a launcher builds and runs (see the module docstring)."""
 
+    # The name of its freeze in the log line, and the step that marks the phase ``serving``.
+    freeze_context: str
+    admission: str
+
     async def start(self, closer: Closer) -> None:
         """Build everything static; push each part opened onto ``closer``."""
 
@@ -208,13 +212,12 @@ class Service(Protocol):
         (its one deadline) and mark the phase ``draining``; return the exit code."""
 
 
-async def run_lifecycle(
-    service: Service, *, gc: GcSettings, context: str, admission: str, process_gc: ProcessGc
-) -> int:
+async def run_lifecycle(service: Service, *, gc: GcSettings, process_gc: ProcessGc) -> int:
     """Start, freeze at the quiescent point, admit, serve, drain, close; the exit code.
 
-    ``context`` names the freeze in its log line; ``admission`` is what marks the phase
-    ``serving`` (the step right after it). A signal during start-up ends it with exit 0.
+    The service's ``freeze_context`` names the freeze in its log line; its ``admission`` is
+    what marks the phase ``serving`` (the step right after it). A signal during start-up ends
+    it with exit 0.
     """
     signals = StopSignals(asyncio.get_running_loop(), _current_task())
     signals.install()
@@ -223,9 +226,11 @@ async def run_lifecycle(
         try:
             await service.start(closer)
             # The quiescent point: everything static is built, nothing is admitted yet.
-            froze = gc_freeze.maybe_freeze_gc_heap(gc.freeze_gc_heap, context=context)
+            froze = gc_freeze.maybe_freeze_gc_heap(
+                gc.freeze_gc_heap, context=service.freeze_context
+            )
             process_gc.state.froze = froze is not None
-            lifecycle.mark_serving(admission)
+            lifecycle.mark_serving(service.admission)
             await service.admit()
             signals.serving()
             code = await service.serve(signals)

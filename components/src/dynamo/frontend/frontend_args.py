@@ -25,6 +25,8 @@ from dynamo.common.configuration.typed import typed_config
 
 from .sglang_options import SGLANG_OPTIONS
 
+PROG = "python -m dynamo.frontend"
+
 HTTP_HOST = host_option(
     "http-host",
     "DYN_HTTP_HOST",
@@ -149,7 +151,7 @@ OPTIONS = [
 SURFACE = Surface(
     name="frontend",
     title="Frontend (`python -m dynamo.frontend`)",
-    program="python -m dynamo.frontend",
+    program=PROG,
     description=(
         "OpenAI-compatible HTTP frontend. It discovers workers, tokenises and routes requests, "
         "and freezes its GC heap once before it admits the first request."

@@ -37,13 +37,11 @@ from dynamo.runtime.discovery import (
 
 from . import frontend_args, sglang_checks
 from .chat_processor import import_processor_libraries
+from .frontend_args import PROG
 from .process import FrontendProcess
 from .sglang_processor import SETUP_COMMAND as SGLANG_SETUP_COMMAND
 
 logger = logging.getLogger(__name__)
-
-PROG = "python -m dynamo.frontend"
-FREEZE_CONTEXT = "frontend"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -93,8 +91,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             launcher.run_lifecycle(
                 frontend,
                 gc=config.gc,
-                context=FREEZE_CONTEXT,
-                admission="http listener",
                 process_gc=process_gc,
             )
         )

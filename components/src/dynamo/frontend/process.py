@@ -55,6 +55,9 @@ DISCOVERY_DEGRADED_METRIC = "dynamo_discovery_degraded"
 
 
 class FrontendProcess:
+    freeze_context = "frontend"
+    admission = "http listener"
+
     def __init__(
         self,
         config: FrontendConfig,

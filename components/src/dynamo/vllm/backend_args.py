@@ -27,6 +27,8 @@ from dynamo.common.configuration.runtime_options import DISCOVERY_OPTIONS, DISCO
 from dynamo.common.configuration.typed import typed_config
 from dynamo.vllm import self_benchmark_args
 
+PROG = "python -m dynamo.vllm"
+
 REQUEST_PLANE_HOST = host_option(
     "request-plane-host",
     "DYN_VLLM_REQUEST_PLANE_HOST",
@@ -216,7 +218,7 @@ OPTIONS = [
 SURFACE = Surface(
     name="vllm-worker",
     title="vLLM worker (`python -m dynamo.vllm`)",
-    program="python -m dynamo.vllm",
+    program=PROG,
     description=(
         "Inference worker. It initialises its engine, freezes its GC heap, registers its model "
         "for discovery and serves requests from the frontend."

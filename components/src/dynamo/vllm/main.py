@@ -31,16 +31,13 @@ from collections.abc import Sequence
 from dynamo.common import launcher, logging_setup
 from dynamo.runtime.discovery import Discovery, DiscoverySetupError, open_discovery
 from dynamo.vllm import backend_args, engine_factory, startup_checks
-from dynamo.vllm.backend_args import WorkerConfig
+from dynamo.vllm.backend_args import PROG, WorkerConfig
 from dynamo.vllm.engine import EngineInitFailed, EngineUnavailable
 from dynamo.vllm.engine_factory import EngineBuilder
 from dynamo.vllm.ranks import RankError
 from dynamo.vllm.worker_process import WorkerProcess
 
 logger = logging.getLogger(__name__)
-
-PROG = "python -m dynamo.vllm"
-FREEZE_CONTEXT = "vllm worker"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -94,8 +91,6 @@ async def run_worker(
         code = await launcher.run_lifecycle(
             worker,
             gc=config.gc,
-            context=FREEZE_CONTEXT,
-            admission="register_model",
             process_gc=process_gc,
         )
     finally:

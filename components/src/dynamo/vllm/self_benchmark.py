@@ -32,7 +32,6 @@ from dynamo.vllm.self_benchmark_hooks import policy_active
 
 logger = logging.getLogger(__name__)
 
-PROG = "python -m dynamo.vllm"
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 SEQ_LENS = (16, 32, 64, 128, 256, 512, 1024, 2048)
 SWEEP_SEED = 0

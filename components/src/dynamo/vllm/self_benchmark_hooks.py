@@ -13,14 +13,12 @@ import os
 import sys
 from typing import Any
 
-from dynamo.vllm.backend_args import WorkerConfig
+from dynamo.vllm.backend_args import PROG, WorkerConfig
 from dynamo.vllm.gc_policy_config import PolicyConfig, policy_env
 from dynamo.vllm.ranks import resolve_qualname
 from dynamo.vllm.self_benchmark_args import FPM_GC_POLICY, POLICY_FREEZE, WORKER_EXTENSION_CLS
 from dynamo.vllm.worker_extension import QUALNAME as POLICY_EXTENSION
 from dynamo.vllm.worker_extension import FpmGcWorkerExtension
-
-PROG = "python -m dynamo.vllm"
 
 
 class WorkerExtensionConflict(ValueError):

@@ -29,13 +29,13 @@ from dynamo.runtime.discovery import Discovery, DiscoveryDirError
 from dynamo.runtime.model_card import ModelCard
 from dynamo.vllm.backend_args import (
     CHAT_TEMPLATE,
+    PROG,
     REASONING_PARSER,
     TOOL_CALL_PARSER,
     WorkerConfig,
 )
 from dynamo.vllm.self_benchmark_args import SELF_BENCHMARK_OUTPUT, WORKER_EXTENSION_CLS
 
-PROG = "python -m dynamo.vllm"
 PARSER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 T = TypeVar("T")

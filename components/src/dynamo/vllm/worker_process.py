@@ -43,6 +43,9 @@ logger = logging.getLogger(__name__)
 
 
 class WorkerProcess:
+    freeze_context = "vllm worker"
+    admission = "register_model"
+
     def __init__(
         self,
         config: WorkerConfig,
