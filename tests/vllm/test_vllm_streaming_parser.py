@@ -209,3 +209,73 @@ def test_without_tools_a_tool_parser_alone_parses_nothing(qwen_markers):
     parsers = factory(qwen_markers, "hermes", None)
     assert parsers(None, "auto", [], True) is None
     assert parsers(TOOLS, "none", [], True) is None
+
+
+@pytest.mark.integration
+def test_the_openai_client_gets_each_part_streamed_before_the_finish(tmp_path):
+    """The real processes: a mock worker started with --dyn-tool-call-parser hermes and
+    --dyn-reasoning-parser qwen3, a frontend with --dyn-chat-processor vllm, the official
+    ``openai`` client with ``stream=True``. The mock engine answers with its prompt, one token
+    a step, so a user message carrying reasoning, words and a hermes call comes back as the
+    completion (the tiny model never writes one itself); the parts arrive in many chunks before
+    the finish chunk and join to the non-streamed answer's."""
+    import openai
+
+    from tests.support.pair import CLIENT_TIMEOUT_S
+    from tests.support.processes import listening_url, start_frontend, start_worker
+
+    model = "streamed-parsers"
+    discovery = tmp_path / "discovery"
+    worker = start_worker(
+        "worker", tmp_path, discovery, model,
+        "--dyn-tool-call-parser", "hermes", "--dyn-reasoning-parser", "qwen3",
+        mock_token_ms=1,
+    )  # fmt: skip
+    frontend = start_frontend("frontend", tmp_path, discovery, "--dyn-chat-processor", "vllm")
+    try:
+        url = listening_url(frontend, deadline_s=240.0)
+        frontend.wait_for_log(rf"Model added: model={model} ", deadline_s=120.0)
+        http = openai.DefaultHttpx2Client(trust_env=False, timeout=CLIENT_TIMEOUT_S)
+        with openai.OpenAI(
+            base_url=url + "/v1", api_key="unused", http_client=http, max_retries=0
+        ) as api:
+            request = {
+                "model": model,
+                "messages": [{"role": "user", "content": OUTPUTS["reasoning, content, a call"]}],
+                "tools": [TOOLS[0]],
+                "max_tokens": 256,
+            }
+            answer = api.chat.completions.create(**request).choices[0]
+            chunks = list(api.chat.completions.create(**request, stream=True))
+    finally:
+        codes = {"frontend": frontend.stop(), "worker": worker.stop()}
+    assert codes == {"frontend": 0, "worker": 0}, (codes, frontend.log())
+
+    assert answer.finish_reason == "tool_calls"
+    message = answer.message
+    reasoning = (message.model_extra or {}).get("reasoning_content")
+    assert "The user wants the weather." in reasoning and message.content == "Let me look."
+    choices = [(i, c.choices[0]) for i, c in enumerate(chunks) if c.choices]
+    (finish,) = [i for i, choice in choices if choice.finish_reason is not None]
+    assert choices[-1][1].finish_reason == "tool_calls"
+
+    def carrying(part) -> list[int]:
+        return [i for i, choice in choices if part(choice.delta)]
+
+    for part in (
+        lambda d: (d.model_extra or {}).get("reasoning_content"),
+        lambda d: d.content,
+        lambda d: d.tool_calls,
+    ):
+        where = carrying(part)
+        assert len(where) > 1 and max(where) < finish, where
+    deltas = [choice.delta for _, choice in choices]
+    assert "".join((d.model_extra or {}).get("reasoning_content") or "" for d in deltas) == (
+        reasoning
+    )
+    assert "".join(d.content or "" for d in deltas) == message.content
+    calls = [c for d in deltas for c in d.tool_calls or ()]
+    assert {c.index for c in calls} == {0} and calls[0].id and calls[0].type == "function"
+    assert "".join(c.function.name or "" for c in calls) == message.tool_calls[0].function.name
+    arguments = "".join(c.function.arguments or "" for c in calls)
+    assert json.loads(arguments) == json.loads(message.tool_calls[0].function.arguments)
