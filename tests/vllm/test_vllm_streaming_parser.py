@@ -99,6 +99,8 @@ def joined(deltas: list[ParsedDelta]) -> tuple[str, str, list[tuple[str, str, st
     """Content, reasoning and the calls (id, name, arguments) as a client assembles them."""
     calls: dict[int, dict] = {}
     for delta in deltas:
+        indexes = [piece["index"] for piece in delta.tool_calls]
+        assert len(set(indexes)) == len(indexes), "one entry per call in a chunk"
         for piece in delta.tool_calls:
             into = calls.setdefault(piece["index"], {"id": "", "name": "", "arguments": ""})
             if "id" in piece:

@@ -138,7 +138,8 @@ def _plain(message: Mapping[str, Any]) -> dict[str, Any]:
 def _markers(tokenizer: Any) -> re.Pattern[str] | None:
     """The tokenizer's added tokens (``<think>``, ``<tool_call>``, ...) as one pattern that
     cuts a text at them (longest first), or None when it has none."""
-    added = sorted(tokenizer.get_added_vocab(), key=len, reverse=True)
+    vocab = getattr(tokenizer, "get_added_vocab", None)  # transformers' tokenizers have it
+    added = sorted(vocab() if vocab is not None else (), key=len, reverse=True)
     return re.compile("(" + "|".join(map(re.escape, added)) + ")") if added else None
 
 
@@ -216,7 +217,13 @@ class VllmStreamingParser:
         parsed.content += delta.content or ""
         parsed.reasoning_content += delta.reasoning or ""
         for call in delta.tool_calls or ():
-            parsed.tool_calls.append(self._tool_call(call))
+            piece = self._tool_call(call)
+            last = parsed.tool_calls[-1] if parsed.tool_calls else None
+            if last is not None and last["index"] == piece["index"] and "id" not in piece:
+                for key, text in piece["function"].items():  # one entry per call and chunk
+                    last["function"][key] = last["function"].get(key, "") + text
+            else:
+                parsed.tool_calls.append(piece)
 
     def _tool_call(self, call: Any) -> dict[str, Any]:
         """A vLLM ``DeltaToolCall`` in OpenAI's shape; a call's first delta gets an id (vLLM's
