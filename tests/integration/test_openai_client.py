@@ -111,7 +111,32 @@ def test_sampling_fields_the_client_sends_are_served(client):
     [
         ({"logprobs": True, "top_logprobs": 2}, "logprobs"),
         ({"n": 2}, "n"),
+        # The mock engine does not sample: a constraint is refused by name (vLLM applies it).
         ({"response_format": {"type": "json_object"}}, "response_format"),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {}},
+                }
+            },
+            "response_format",
+        ),
+        ({"extra_body": {"structured_outputs": {"choice": ["a", "b"]}}}, "structured_outputs"),
+        (
+            {
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+                "tool_choice": {"type": "function", "function": {"name": "f"}},
+            },
+            "tool_choice",
+        ),
+        (
+            {
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+                "tool_choice": "required",
+            },
+            "tool_choice",
+        ),
         ({"logit_bias": {"5": 10}}, "logit_bias"),
         # Tools reach the template, but their calls are not parsed yet: auto is refused.
         (
