@@ -155,6 +155,22 @@ def test_a_refused_field_is_a_bad_request_naming_it(client, kwargs, param):
     assert param in str(error.message)
 
 
+@pytest.mark.parametrize(
+    "extra_body, param",
+    [
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"structured_outputs": {"regex": "[0-9]+"}}, "structured_outputs"),
+        ({"response_format": {"type": "structural_tag", "format": {}}}, "response_format"),
+    ],
+)
+def test_a_completions_constraint_the_mock_cannot_apply_is_a_bad_request_naming_it(
+    client, extra_body, param
+):
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.completions.create(model=MODEL, prompt="Hello", max_tokens=4, extra_body=extra_body)
+    assert raised.value.status_code == 400 and raised.value.param == param, raised.value.body
+
+
 def test_the_readmes_openai_example_runs_and_prints_what_it_says(client):
     (block,) = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
     assert README_URL in block and f'"{README_MODEL}"' in block
