@@ -14,6 +14,7 @@ import pytest
 from dynamo.frontend import openai_protocol as oai
 from dynamo.frontend.chat_processor import build_chat_processor
 from dynamo.frontend.forced_tool_calls import ForcedToolCalls, forced_tool_calls, parse_required
+from dynamo.frontend.output_parser import FirstCallOnly, ParsedDelta
 from dynamo.runtime.sampling import MAX_STRUCTURED_TEXT_BYTES, SamplingOptions, StructuredOutputs
 from tests.support.answers import assert_openai_error, sse_events
 from tests.support.frontend_fakes import MODEL, echo_worker, frontend, refusing_worker
@@ -173,9 +174,6 @@ def test_a_named_function_forces_its_arguments_object():
          "response_format"),
         ({"tools": TOOLS, "tool_choice": NAMED, "structured_outputs": {"regex": "a"}},
          "structured_outputs"),
-        ({"tools": TOOLS, "parallel_tool_calls": False}, "parallel_tool_calls"),
-        ({"tools": TOOLS, "tool_choice": "auto", "parallel_tool_calls": False},
-         "parallel_tool_calls"),
         ({"tools": TOOLS, "parallel_tool_calls": "no"}, "parallel_tool_calls"),
     ],
 )  # fmt: skip
@@ -185,11 +183,34 @@ def test_forced_tool_choices_refuse_what_they_cannot_honour_by_name(body, param)
     assert raised.value.status == 400 and raised.value.param == param, raised.value.message
 
 
-def test_parallel_tool_calls_true_or_false_without_calls_asks_nothing():
-    none = {"tools": TOOLS, "tool_choice": "none"}
-    for body in ({"parallel_tool_calls": True}, {"parallel_tool_calls": False},
-                 {**none, "parallel_tool_calls": False}):  # fmt: skip
-        assert constraint(body) == (None, None)
+def test_parallel_tool_calls_asks_no_constraint_unless_the_calls_are_forced():
+    for extra in ({}, {"tools": TOOLS, "tool_choice": "none"},
+                  {"tools": TOOLS, "tool_choice": "auto"}):  # fmt: skip
+        for parallel in (True, False):
+            assert constraint({**extra, "parallel_tool_calls": parallel}) == (None, None)
+
+
+class TwoCallsTwice:
+    """A tool-call parser that finds a call while streaming and two more at the end."""
+
+    def feed(self, text: str) -> ParsedDelta:
+        return ParsedDelta(content=text, tool_calls=[{"index": 0, "function": {"name": "a"}}])
+
+    def finish(self) -> ParsedDelta:
+        calls = [{"index": i, "function": {"name": n}} for i, n in ((1, "b"), (2, "c"))]
+        return ParsedDelta(content="end", tool_calls=calls)
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call_only_as_vllm_filters():
+    parser = FirstCallOnly(TwoCallsTwice())
+    first = parser.feed("x")
+    assert first.content == "x" and [c["function"]["name"] for c in first.tool_calls] == ["a"]
+    assert parser.feed("y").tool_calls == []
+    end = parser.finish()
+    assert end.content == "end" and end.tool_calls == []
+    assert parser.calls_finish_reason == "tool_calls"
+    named = forced_tool_calls(NAMED)
+    assert named is not None and FirstCallOnly(named).calls_finish_reason == "stop"
 
 
 # -- the forced calls' parser, on known outputs ------------------------------------------------
@@ -289,6 +310,21 @@ def test_forced_calls_come_back_as_tool_calls_with_vllms_finish_reason(
         assert message["content"] is None
     assert [c["function"] for c in calls] == [{"name": "f", "arguments": arguments}]
     assert reason == finish
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_parallel_tool_calls_false_answers_one_call_whatever_the_engine_wrote(card, stream):
+    two = '[{"name": "f", "parameters": {"a": 1}}, {"name": "g", "parameters": {}}]'
+    body = {"tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False}
+    status, answer, bodies = chat_through_echo(card, two, body, stream)
+    assert status == 200, answer
+    assert json.loads(bodies[0]["sampling"]["structured_outputs"]["json_schema"])["maxItems"] == 1
+    if stream:
+        deltas = [e["choices"][0]["delta"] for e in answer[:-1] if e["choices"]]
+        calls = [c for d in deltas for c in d.get("tool_calls", ())]
+    else:
+        calls = answer["choices"][0]["message"]["tool_calls"]
+    assert [c["function"]["name"] for c in calls] == ["f"]
 
 
 def test_a_plain_request_sends_no_constraint(card):

@@ -187,8 +187,8 @@ RULES: tuple[FieldRule, ...] = (
     ),
     applied(
         "parallel_tool_calls",
-        "false allows one call with tool_choice required (the schema's maxItems 1, as vLLM); "
-        "with tool_choice auto it is refused by name (the parsed calls are not cut)",
+        "false: the first tool call only (vLLM's rule), and with tool_choice required the "
+        "forced schema allows one (maxItems 1, as vLLM)",
         (CHAT,),
     ),
     applied("min_tokens", "the engine suppresses stop tokens until then"),

@@ -46,6 +46,29 @@ class OutputParser(Protocol):
         ...
 
 
+class FirstCallOnly:
+    """A request's parser with ``parallel_tool_calls`` false: its first tool call only, the
+    rest dropped (vLLM's ``maybe_filter_parallel_tool_calls``)."""
+
+    def __init__(self, parser: OutputParser) -> None:
+        self._parser = parser
+        self._calls = 0
+        # The wrapped parser's finish reason for its calls (see ParsedOutput), if it has one.
+        self.calls_finish_reason = getattr(parser, "calls_finish_reason", "tool_calls")
+
+    def _first(self, parsed: ParsedDelta) -> ParsedDelta:
+        kept = parsed.tool_calls[: max(0, 1 - self._calls)]
+        self._calls += len(kept)
+        parsed.tool_calls = kept
+        return parsed
+
+    def feed(self, text: str) -> ParsedDelta:
+        return self._first(self._parser.feed(text))
+
+    def finish(self) -> ParsedDelta:
+        return self._first(self._parser.finish())
+
+
 # One request's parser from its ``tools``, ``tool_choice`` and ``messages``, and whether it
 # streams (a non-streamed completion is parsed whole at the end); None: nothing to parse.
 OutputParserFactory = Callable[..., OutputParser | None]

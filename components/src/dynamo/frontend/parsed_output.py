@@ -23,11 +23,20 @@ from dynamo.runtime.log_budget import CauseBudgets
 from . import openai_protocol as oai
 from .forced_tool_calls import forced_tool_calls
 from .openai_tools import NamedToolChoice
-from .output_parser import OutputParser, ParsedDelta
+from .output_parser import FirstCallOnly, OutputParser, ParsedDelta
 from .responses import ChatResponder
 
 
 def output_parser(processor_factory: Any, chat: oai.ChatCompletionRequest) -> OutputParser | None:
+    """The request's parser, or None (nothing to parse); its first call only with
+    ``parallel_tool_calls`` false, as vLLM filters them."""
+    parser = _output_parser(processor_factory, chat)
+    if parser is not None and chat.parallel_tool_calls is False:
+        return FirstCallOnly(parser)
+    return parser
+
+
+def _output_parser(processor_factory: Any, chat: oai.ChatCompletionRequest) -> OutputParser | None:
     """The request's parser from its model's factory, or None (nothing to parse). A ``tools``
     entry the parser's library cannot read is the client's 400 naming ``tools``."""
     choice = chat.tool_choice

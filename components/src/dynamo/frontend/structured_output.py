@@ -34,7 +34,7 @@ from .openai_fields import FieldRefused
 class JsonSchemaSpec(BaseModel):
     """``response_format.json_schema``: OpenAI's fields, as vLLM takes them."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     name: Annotated[StrictStr, Field(min_length=1, max_length=256)]
     description: StrictStr | None = None
@@ -228,13 +228,6 @@ def constraint(request: Any) -> tuple[str, StructuredOutputs] | None:
     field = "structured_outputs" if request.structured_outputs else "response_format"
     tools, choice = getattr(request, "tools", None), getattr(request, "tool_choice", None)
     if not tools or choice in (None, "none", "auto"):
-        if tools and choice != "none" and getattr(request, "parallel_tool_calls", None) is False:
-            raise FieldRefused(
-                "parallel_tool_calls",
-                "`parallel_tool_calls` false is honoured with `tool_choice` required or a "
-                "named function only (the forced calls' schema allows one call)",
-                "unsupported_parameter",
-            )
         return (field, own) if own is not None else None
     shown = choice if isinstance(choice, str) else "a named function"
     if own is not None:
