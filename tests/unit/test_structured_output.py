@@ -101,6 +101,10 @@ def test_each_constraint_becomes_the_workers_structured_outputs(base, body, fiel
          "response_format", "invalid_value"),
         ({"structured_outputs": {"choice": ["x"] * 1025}}, "structured_outputs.choice",
          "invalid_value"),
+        ({"structured_outputs": {"choice": ["é" * 20000] * 2}}, "structured_outputs",
+         "invalid_value"),  # 64 KiB in all (UTF-8 bytes)
+        ({"structured_outputs": {"regex": "\ud800"}}, "structured_outputs.regex",
+         "invalid_value"),  # a lone surrogate (valid JSON): pydantic's 400, no crash
     ],
 )  # fmt: skip
 def test_a_bad_constraint_is_a_400_naming_the_clients_field(body, param, code):

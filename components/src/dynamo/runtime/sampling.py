@@ -58,8 +58,12 @@ MAX_CHOICES = 1024
 CONSTRAINTS = ("json_schema", "regex", "choice", "grammar", "json_object")
 
 
+def _utf8_size(value: str) -> int:
+    return len(value.encode("utf-8", "surrogatepass"))  # JSON allows lone surrogates
+
+
 def _bounded_text(value: str) -> str:
-    size = len(value.encode("utf-8", "surrogatepass"))
+    size = _utf8_size(value)
     if size > MAX_STRUCTURED_TEXT_BYTES:
         raise ValueError(f"is {size} bytes, over the limit of {MAX_STRUCTURED_TEXT_BYTES}")
     return value
@@ -95,7 +99,7 @@ class StructuredOutputs(BaseModel):
             raise ValueError(
                 "exactly one constraint of json, regex, choice, grammar, json_object must be set"
             )
-        if self.choice is not None and sum(len(c.encode()) for c in self.choice) > (
+        if self.choice is not None and sum(map(_utf8_size, self.choice)) > (
             MAX_STRUCTURED_TEXT_BYTES
         ):
             raise ValueError(f"choice is over the limit of {MAX_STRUCTURED_TEXT_BYTES} bytes")
