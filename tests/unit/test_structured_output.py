@@ -194,22 +194,31 @@ def test_parallel_tool_calls_asks_no_constraint_unless_the_calls_are_forced():
             assert constraint({**extra, "parallel_tool_calls": parallel}) == (None, None)
 
 
-class TwoCallsTwice:
-    """A tool-call parser that finds a call while streaming and two more at the end."""
+class StreamsThreeCalls:
+    """A tool-call parser that streams call 0 in deltas, then call 1, and ends with call 2."""
+
+    def __init__(self) -> None:
+        self.fed = 0
 
     def feed(self, text: str) -> ParsedDelta:
-        return ParsedDelta(content=text, tool_calls=[{"index": 0, "function": {"name": "a"}}])
+        self.fed += 1
+        if self.fed == 1:
+            return ParsedDelta(content=text, tool_calls=[{"index": 0, "function": {"name": "a"}}])
+        if self.fed == 2:  # the end of call 0's arguments, and the start of call 1
+            return ParsedDelta(tool_calls=[{"index": 0, "function": {"arguments": "{}"}},
+                                           {"index": 1, "function": {"name": "b"}}])  # fmt: skip
+        return ParsedDelta(tool_calls=[{"index": 1, "function": {"arguments": "{}"}}])
 
     def finish(self) -> ParsedDelta:
-        calls = [{"index": i, "function": {"name": n}} for i, n in ((1, "b"), (2, "c"))]
-        return ParsedDelta(content="end", tool_calls=calls)
+        return ParsedDelta(content="end", tool_calls=[{"index": 2, "function": {"name": "c"}}])
 
 
 def test_parallel_tool_calls_false_keeps_the_first_call_only_as_vllm_filters():
-    parser = FirstCallOnly(TwoCallsTwice())
+    parser = FirstCallOnly(StreamsThreeCalls())
     first = parser.feed("x")
-    assert first.content == "x" and [c["function"]["name"] for c in first.tool_calls] == ["a"]
-    assert parser.feed("y").tool_calls == []
+    assert first.content == "x" and first.tool_calls == [{"index": 0, "function": {"name": "a"}}]
+    assert parser.feed("y").tool_calls == [{"index": 0, "function": {"arguments": "{}"}}]
+    assert parser.feed("z").tool_calls == []
     end = parser.finish()
     assert end.content == "end" and end.tool_calls == []
     assert parser.calls_finish_reason == "tool_calls"

@@ -49,19 +49,18 @@ class OutputParser(Protocol):
 
 
 class FirstCallOnly:
-    """A request's parser with ``parallel_tool_calls`` false: its first tool call only, the
-    rest dropped (vLLM's ``maybe_filter_parallel_tool_calls``)."""
+    """A request's parser with ``parallel_tool_calls`` false: its first tool call only (the
+    entries of index 0, a whole call or its streamed deltas), the rest dropped, as vLLM's
+    ``maybe_filter_parallel_tool_calls`` filters them."""
 
     def __init__(self, parser: OutputParser) -> None:
         self._parser = parser
-        self._calls = 0
         # The wrapped parser's finish reason for its calls (see ParsedOutput), if it has one.
         self.calls_finish_reason = getattr(parser, "calls_finish_reason", "tool_calls")
 
-    def _first(self, parsed: ParsedDelta) -> ParsedDelta:
-        kept = parsed.tool_calls[: max(0, 1 - self._calls)]
-        self._calls += len(kept)
-        parsed.tool_calls = kept
+    @staticmethod
+    def _first(parsed: ParsedDelta) -> ParsedDelta:
+        parsed.tool_calls = [call for call in parsed.tool_calls if call.get("index") == 0]
         return parsed
 
     def feed(self, text: str) -> ParsedDelta:
