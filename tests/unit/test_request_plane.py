@@ -245,6 +245,12 @@ BAD_FIELDS = [
     ("sampling.allowed_token_ids", [-1]), ("sampling.allowed_token_ids", ["1"]),
     ("sampling.allowed_token_ids", [1] * 1025),
     ("sampling.bad_words", [""]), ("sampling.bad_words", [5]), ("sampling.bad_words", ["a"] * 65),
+    ("sampling.structured_outputs", {}),
+    ("sampling.structured_outputs", {"regex": "a", "choice": ["b"]}),
+    ("sampling.structured_outputs", {"regex": "a" * (64 * 1024 + 1)}),
+    ("sampling.structured_outputs", {"json_object": False}),
+    ("sampling.structured_outputs", {"choice": []}),
+    ("sampling.structured_outputs", {"structural_tag": "x", "regex": "a"}),
     ("sampling.best_of", 2),  # not a sampling option of the wire format
 ]  # fmt: skip
 

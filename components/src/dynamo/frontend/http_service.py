@@ -308,6 +308,8 @@ class FrontendService:
                 raise oai.service_unavailable(str(exc), detail=exc.detail) from exc
             except RequestRefused as exc:  # the engine's own check: the client's 400
                 param = refused_param(exc.field, prompt_param)
+                if param == "structured_outputs":  # set by response_format, tool_choice, ...
+                    param = req.structured_field or param
                 self.refusals.emit(
                     "refused",
                     "Request %s refused by a worker of model %s (field %s): %s",

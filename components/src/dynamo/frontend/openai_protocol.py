@@ -40,11 +40,12 @@ from dynamo.runtime.sampling import (
     SamplerFields,
     SamplingOptions,
     StopText,
+    StructuredOutputs,
     TokenCount,
     TokenId,
 )
 
-from . import openai_fields
+from . import openai_fields, structured_output
 from .openai_tools import NamedToolChoice, TemplateVariables, Tool, check_tool_choice_shape
 
 # The roles a chat message may have (vLLM's, plus OpenAI's "developer", passed to the template).
@@ -163,6 +164,10 @@ class _SamplingRequest(SamplerFields):
     skip_special_tokens: StrictBool | None = None
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
+    # vLLM's structured outputs (.structured_output); _structured: (client field, constraint).
+    response_format: structured_output.ResponseFormat | None = None
+    structured_outputs: structured_output.StructuredOutputsRequest | None = None
+    _structured: tuple[str, StructuredOutputs] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -173,6 +178,15 @@ class _SamplingRequest(SamplerFields):
             return data
         strict = bool(info.context and info.context.get("strict_fields"))
         return openai_fields.screen(cls.ENDPOINT, data, strict=strict)
+
+    @model_validator(mode="after")
+    def _structured_output(self) -> _SamplingRequest:
+        self._structured = structured_output.constraint(self)
+        return self
+
+    @property
+    def structured_field(self) -> str | None:  # the field a refusal of the constraint names
+        return self._structured[0] if self._structured else None
 
     @property
     def unknown_fields(self) -> tuple[str, ...]:
@@ -208,6 +222,7 @@ class _SamplingRequest(SamplerFields):
             logit_bias=self.logit_bias_pairs(),
             allowed_token_ids=tuple(self.allowed_token_ids or ()),
             bad_words=tuple(self.bad_words or ()),
+            structured_outputs=self._structured[1] if self._structured else None,
         )
 
     def logit_bias_pairs(self) -> tuple[tuple[int, float], ...]:
@@ -263,6 +278,7 @@ class ChatCompletionRequest(_SamplingRequest):
     documents: Annotated[list[dict[StrictStr, StrictStr]], Field(max_length=64)] | None = None
     tools: Annotated[list[Tool], Field(max_length=128)] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: StrictBool | None = None  # false: one call at most (with required)
     # Extra variables of the chat template (e.g. enable_thinking), as vLLM passes them.
     chat_template_kwargs: TemplateVariables | None = None
 

@@ -48,6 +48,28 @@ class OutputParser(Protocol):
         ...
 
 
+class FirstCallOnly:
+    """A request's parser with ``parallel_tool_calls`` false: its first tool call only (the
+    entries of index 0, a whole call or its streamed deltas), the rest dropped, as vLLM's
+    ``maybe_filter_parallel_tool_calls`` filters them."""
+
+    def __init__(self, parser: OutputParser) -> None:
+        self._parser = parser
+        # The wrapped parser's finish reason for its calls (see ParsedOutput), if it has one.
+        self.calls_finish_reason = getattr(parser, "calls_finish_reason", "tool_calls")
+
+    @staticmethod
+    def _first(parsed: ParsedDelta) -> ParsedDelta:
+        parsed.tool_calls = [call for call in parsed.tool_calls if call.get("index") == 0]
+        return parsed
+
+    def feed(self, text: str) -> ParsedDelta:
+        return self._first(self._parser.feed(text))
+
+    def finish(self) -> ParsedDelta:
+        return self._first(self._parser.finish())
+
+
 # One request's parser from its ``tools``, ``tool_choice`` and ``messages``, and whether it
 # streams (a non-streamed completion is parsed whole at the end); None: nothing to parse.
 OutputParserFactory = Callable[..., OutputParser | None]

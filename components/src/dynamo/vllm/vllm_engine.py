@@ -294,6 +294,14 @@ class VllmEngine:
                             "completion_tokens": produced,
                         }
                         return
+        except VLLMValidationError as exc:
+            # vLLM's own check of the request when it is added (a structured output's schema
+            # or grammar that does not compile): the client's 400, before any token.
+            if produced:
+                raise
+            structured = request.sampling.structured_outputs is not None
+            field = "sampling.structured_outputs" if structured else "sampling"
+            raise BadGenerateRequest(f"vLLM refused it: {one_line(exc)}", field=field) from None
         except EngineDeadError as exc:
             # vLLM's EngineCore is gone (it logged why): this stream ends with an in-band
             # error, and the worker, woken by wait_until_dead, logs the death once and exits.
