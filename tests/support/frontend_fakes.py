@@ -32,6 +32,12 @@ from dynamo.runtime.sampling import SamplingOptions
 MODEL = "tiny"
 
 
+def echo_logprobs(token_id: int, alternatives: int) -> list[list[float]]:
+    """The echo engine's logprobs of one token: the token at -0.25, then ``alternatives``
+    others (the ids after it) at -1, -2, ..."""
+    return [[token_id, -0.25]] + [[token_id + 1 + i, -1.0 - i] for i in range(alternatives)]
+
+
 class EchoEngine:
     """Streams ``output`` (default: the prompt's ids, over and over) ``chunk`` ids per item."""
 
@@ -67,7 +73,10 @@ class EchoEngine:
                         break
                 if self.token_s:
                     await asyncio.sleep(self.token_s)  # the engine's simulated compute
-                yield {"token_ids": step}
+                item: dict[str, Any] = {"token_ids": step}
+                if sampling.logprobs is not None:
+                    item["logprobs"] = [echo_logprobs(t, sampling.logprobs) for t in step]
+                yield item
         except (GeneratorExit, asyncio.CancelledError):
             self.requests_aborted += 1
             raise

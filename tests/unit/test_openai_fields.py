@@ -108,9 +108,7 @@ def test_a_refused_field_at_null_or_vllms_default_asks_for_nothing_and_is_accept
 @pytest.mark.parametrize(
     "endpoint, name, value",
     [
-        (CHAT, "logprobs", True),
-        (COMPLETION, "logprobs", 0),  # 0 asks for the sampled token's logprob: not false
-        (CHAT, "top_logprobs", 0.0),
+        (COMPLETION, "prompt_logprobs", 0),  # 0 asks for the prompt token's logprob
         (CHAT, "parallel_tool_calls", False),
         (CHAT, "spaces_between_special_tokens", False),
         (CHAT, "echo", True),
@@ -199,8 +197,7 @@ def _post(card, endpoint: str, body: dict, *, strict: bool = False) -> tuple[int
 @pytest.mark.parametrize(
     "endpoint, name, value",
     [
-        (CHAT, "logprobs", True),
-        (CHAT, "top_logprobs", 3),
+        (CHAT, "logprob_token_ids", [3]),
         (CHAT, "echo", True),
         (COMPLETION, "prompt_logprobs", 1),
     ],

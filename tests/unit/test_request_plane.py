@@ -245,6 +245,8 @@ BAD_FIELDS = [
     ("sampling.allowed_token_ids", [-1]), ("sampling.allowed_token_ids", ["1"]),
     ("sampling.allowed_token_ids", [1] * 1025),
     ("sampling.bad_words", [""]), ("sampling.bad_words", [5]), ("sampling.bad_words", ["a"] * 65),
+    ("sampling.logprobs", -1), ("sampling.logprobs", 21), ("sampling.logprobs", True),
+    ("sampling.logprobs", "2"),
     ("sampling.best_of", 2),  # not a sampling option of the wire format
 ]  # fmt: skip
 

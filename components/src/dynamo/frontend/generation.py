@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator
 
-from dynamo.runtime.request_plane import Finish, StreamItem
+from dynamo.runtime.request_plane import Finish, LogprobPosition, StreamItem
 from dynamo.runtime.sampling import SamplingOptions
 
 from . import openai_protocol as oai
@@ -56,6 +56,14 @@ class Generation:
         self._stream = stream
         self.completion_tokens = 0
         self.finish_reason: str | None = None
+        # The logprobs of the tokens counted since the last take_logprobs (when asked for):
+        # every counted token's, the stop token's too, as vLLM reports them.
+        self._logprobs: list[LogprobPosition] = []
+
+    def take_logprobs(self) -> list[LogprobPosition]:
+        """The logprobs of the tokens counted since the last call (none unless asked for)."""
+        taken, self._logprobs = self._logprobs, []
+        return taken
 
     async def pieces(self) -> AsyncIterator[str]:
         """The completion's text, piece by piece (an empty piece carries nothing), after the
@@ -69,8 +77,10 @@ class Generation:
         item = self._first
         while True:
             pieces = []
-            for token_id in item.token_ids:
+            for index, token_id in enumerate(item.token_ids):
                 self.completion_tokens += 1
+                if item.logprobs is not None:  # validated: one position per id
+                    self._logprobs.append(item.logprobs[index])
                 if self._stop_token(token_id):  # its text is in the output only if asked
                     if self._include_stop:
                         text = self._detokenizer.add((token_id,))

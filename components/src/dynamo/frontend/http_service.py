@@ -44,6 +44,7 @@ from .chat_processor import (
 )
 from .generation import Generation
 from .http_surface import bad_worker_response, failure_log, openai_errors, worker_failure
+from .logprobs import LogprobsFormatter, attach, formatter
 from .model_registry import ModelEntry, ModelRegistry
 from .openai_fields import FieldRefused, UnknownFieldLog
 from .openai_tools import check_tool_choice
@@ -328,12 +329,13 @@ class FrontendService:
                 include_stop_str_in_output=req.include_stop_str_in_output is True,
                 echo=echo,
             )  # fmt: skip
+            logprobs = formatter(req, entry.processor, chat=isinstance(responder, ChatResponder))
             try:
                 if req.stream:
                     return await self._stream(
-                        request, responder, generation, req.include_usage, track, parsed
+                        request, responder, generation, req.include_usage, track, parsed, logprobs
                     )
-                return await self._complete(responder, generation, track, parsed)
+                return await self._complete(responder, generation, track, parsed, logprobs)
             finally:
                 # Whatever ended the handler (done, a stop string, the request's limits, client
                 # gone, cancelled), the worker's stream is closed, which closes its connection
@@ -348,6 +350,7 @@ class FrontendService:
         generation: Generation,
         track: RequestTrack,
         parsed: ParsedOutput | None,
+        logprobs: LogprobsFormatter | None,
     ) -> web.Response:
         pieces = []
         try:
@@ -359,8 +362,12 @@ class FrontendService:
             raise worker_failure(exc, responder.completion_id) from exc
         finish_reason = generation.finish_reason or "stop"
         if parsed is not None:
-            return web.json_response(parsed.whole(text, finish_reason, generation.usage()))
-        return web.json_response(responder.whole(text, finish_reason, generation.usage()))
+            body = parsed.whole(text, finish_reason, generation.usage())
+        else:
+            body = responder.whole(text, finish_reason, generation.usage())
+        if logprobs is not None:
+            attach(body, logprobs.format(generation.take_logprobs()))
+        return web.json_response(body)
 
     async def _stream(
         self,
@@ -370,6 +377,7 @@ class FrontendService:
         include_usage: bool,
         track: RequestTrack,
         parsed: ParsedOutput | None,
+        logprobs: LogprobsFormatter | None,
     ) -> web.StreamResponse:
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -383,11 +391,14 @@ class FrontendService:
             try:
                 async for piece in generation.pieces():
                     track.tokens(generation.completion_tokens)
-                    if not piece:
+                    shown = logprobs and logprobs.format(generation.take_logprobs())
+                    if not piece and not shown:
                         continue
                     chunk = responder.piece(piece) if parsed is None else parsed.chunk(piece)
+                    if chunk is None and shown:  # held back by the parser: the logprobs go
+                        chunk = responder.piece("")
                     if chunk is not None:
-                        await send_event(response, chunk)
+                        await send_event(response, attach(chunk, shown or None))
                 finish_reason = generation.finish_reason or "stop"
                 if parsed is not None:
                     for chunk in parsed.closing_chunks():

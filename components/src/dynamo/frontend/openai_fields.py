@@ -74,7 +74,7 @@ def no_effect(name: str, reason: str, endpoints: tuple[str, ...] = _BOTH) -> Fie
 
 _SAMPLER = "passed to the engine's sampler with vLLM's range (the mock engine does not sample)"
 _NOT_YET = "not implemented by this server yet"
-_LOGPROBS = "log probabilities are not returned by this server yet"
+_PROMPT_LOGPROBS = "the prompt's log probabilities are not returned by this server yet"
 _TOOLS = "limiting the model to one tool call is not implemented by this server yet"
 _STRUCTURED = "structured output (guided decoding) is not implemented by this server yet"
 _MULTIMODAL = "this server serves text-only models"
@@ -174,6 +174,31 @@ RULES: tuple[FieldRule, ...] = (
         "words vLLM must not generate (at most 64); the mock engine refuses it by name",
     ),
     applied("min_tokens", "the engine suppresses stop tokens until then"),
+    applied(
+        "logprobs",
+        "true: each token's log probability in choices[].logprobs.content, as vLLM builds it "
+        "(the frontend decodes the token strings; -inf is -9999.0); the mock engine, which "
+        "has no distribution, refuses it by name",
+        (CHAT,),
+    ),
+    applied(
+        "top_logprobs",
+        "that many alternatives per token (0 to 20, vLLM's default --max-logprobs, with its "
+        "error above); needs logprobs true",
+        (CHAT,),
+    ),
+    applied(
+        "logprobs",
+        "that many alternatives per token (0 to 20, vLLM's default --max-logprobs, with its "
+        "error above) in choices[].logprobs {tokens, token_logprobs, top_logprobs, "
+        "text_offset}; with echo (the prompt's logprobs first) refused by name, not "
+        "implemented yet; the mock engine refuses it by name",
+        (COMPLETION,),
+    ),
+    applied(
+        "return_tokens_as_token_ids",
+        "logprobs' tokens as token_id:<id>, as in vLLM",
+    ),
     *(
         applied(name, _SAMPLER)
         for name in (
@@ -190,12 +215,8 @@ RULES: tuple[FieldRule, ...] = (
     # -- accepted without effect -----------------------------------------------------------
     no_effect("user", "OpenAI's end-user id for abuse monitoring; vLLM ignores it too"),
     # -- refused: what this server does not honour (yet) -----------------------------------
-    refused("logprobs", _LOGPROBS, False, endpoints=(CHAT,)),
-    refused("logprobs", _LOGPROBS, endpoints=(COMPLETION,)),
-    refused("top_logprobs", _LOGPROBS, 0, endpoints=(CHAT,)),
-    refused("prompt_logprobs", _LOGPROBS),
-    refused("logprob_token_ids", _LOGPROBS),
-    refused("return_tokens_as_token_ids", _LOGPROBS, False),
+    refused("prompt_logprobs", _PROMPT_LOGPROBS),
+    refused("logprob_token_ids", "logprobs of chosen token ids are " + _NOT_YET),
     refused(
         "spaces_between_special_tokens",
         "special tokens are always skipped when decoding here",

@@ -45,6 +45,7 @@ from dynamo.runtime.sampling import (
 )
 
 from . import openai_fields
+from .logprobs import ChatLogprobs, CompletionLogprobs
 from .openai_tools import NamedToolChoice, TemplateVariables, Tool, check_tool_choice_shape
 
 # The roles a chat message may have (vLLM's, plus OpenAI's "developer", passed to the template).
@@ -208,6 +209,7 @@ class _SamplingRequest(SamplerFields):
             logit_bias=self.logit_bias_pairs(),
             allowed_token_ids=tuple(self.allowed_token_ids or ()),
             bad_words=tuple(self.bad_words or ()),
+            logprobs=self.logprobs_asked(),  # type: ignore[attr-defined]  # each endpoint's mixin
         )
 
     def logit_bias_pairs(self) -> tuple[tuple[int, float], ...]:
@@ -253,7 +255,7 @@ class ChatMessage(BaseModel):
         return message
 
 
-class ChatCompletionRequest(_SamplingRequest):
+class ChatCompletionRequest(ChatLogprobs, _SamplingRequest):
     ENDPOINT = openai_fields.CHAT
 
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
@@ -298,7 +300,7 @@ class ChatCompletionRequest(_SamplingRequest):
         return [message.as_sent() for message in self.messages]
 
 
-class CompletionRequest(_SamplingRequest):
+class CompletionRequest(CompletionLogprobs, _SamplingRequest):
     ENDPOINT = openai_fields.COMPLETION
 
     # A text, or the prompt's token ids (as vLLM takes them); a list of one text is that text.

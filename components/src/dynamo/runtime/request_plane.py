@@ -20,7 +20,10 @@ Wire format v2 (one place, used by both ends):
   "length", "prompt_tokens": int, "completion_tokens": int}`` line. ``stop``: the engine ended on
   an EOS or stop token id, or on a stop string it matched itself; ``length``: ``max_tokens`` or
   the model's context length was reached. A failure after the stream started is sent as a final
-  ``{"error": str}`` line. Each line is one of the item models below (:class:`TokenStep`,
+  ``{"error": str}`` line. When the request asked for ``sampling.logprobs`` (k), every item
+  with ids carries ``"logprobs"``: per id, ``[[id, logprob], ...]``, the sampled id first, then
+  at most k alternatives (vLLM's order), each logprob finite, at most 0, -inf sent as -9999.0
+  (an addition of v2: an older worker is never asked for it, see ``ADDED_FIELDS``). Each line is one of the item models below (:class:`TokenStep`,
   :class:`Finish`, :class:`StreamError`).
 * ``GET <endpoint>/health`` answers 200 while the worker serves, 503 while it drains.
 
@@ -46,10 +49,18 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Annotated, Any, Literal
 
 import aiohttp
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+)
 
 from dynamo.runtime import peer_text
-from dynamo.runtime.sampling import SamplingOptions
+from dynamo.runtime.sampling import MAX_LOGPROBS, SamplingOptions
 
 logger = logging.getLogger(__name__)
 
@@ -80,11 +91,21 @@ MAX_LINE_BYTES = 64 * 1024
 # most about 64 KiB + 256 B x max_tokens for one request, whatever it sends.
 STREAM_BASE_BYTES = 64 * 1024
 STREAM_BYTES_PER_TOKEN = 256
+# With logprobs, each token carries up to k + 1 [id, logprob] pairs (~30 bytes each): the budget
+# grows by this much per pair, so asking for 20 alternatives allows ~1.6 KiB per token.
+STREAM_BYTES_PER_LOGPROB = 64
 # The bound of every count a worker reports (a 32-bit count: no context is longer).
 MAX_COUNT = 2**31 - 1
 
 TokenId = Annotated[StrictInt, Field(ge=0)]
 Count = Annotated[StrictInt, Field(ge=0, le=MAX_COUNT)]
+# vLLM's floor for -inf; JSON's NaN and Infinity are refused (allow_inf_nan is off).
+Logprob = Annotated[StrictFloat, Field(ge=-9999.0, le=0.0, allow_inf_nan=False)]
+# One generated token's log probabilities: the sampled id's, then the alternatives'.
+LogprobPosition = Annotated[
+    tuple[tuple[TokenId, Logprob], ...], Field(min_length=1, max_length=MAX_LOGPROBS + 1)
+]
+Logprobs = tuple[LogprobPosition, ...] | None
 
 
 class TokenStep(BaseModel):
@@ -93,6 +114,7 @@ class TokenStep(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
 
     token_ids: Annotated[tuple[TokenId, ...], Field(min_length=1)]
+    logprobs: Logprobs = None
 
 
 class Finish(BaseModel):
@@ -105,6 +127,7 @@ class Finish(BaseModel):
     prompt_tokens: Count
     completion_tokens: Count
     token_ids: tuple[TokenId, ...] = ()
+    logprobs: Logprobs = None
 
 
 class StreamError(BaseModel):
@@ -165,10 +188,13 @@ def validate_generate_request(body: Any) -> GenerateRequest:
         raise BadGenerateRequest(f"{field}: {error['msg']}", field=field) from None
 
 
-def parse_item(line: bytes, max_token_id: int | None = None) -> StreamItem:
+def parse_item(
+    line: bytes, max_token_id: int | None = None, logprobs: int | None = None
+) -> StreamItem:
     """One NDJSON line of a stream as its item; raises :class:`WorkerProtocolError` for
     anything that is not one (and :class:`WorkerUnavailable` for the worker's own error line).
-    ``max_token_id``: the largest id the model has (None: not checked)."""
+    ``max_token_id``: the largest id the model has (None: not checked); ``logprobs``: the
+    alternatives per token the request asked for (None: it asked for no logprobs)."""
     try:
         data = json.loads(line)
     except (ValueError, RecursionError):  # JSONDecodeError, UnicodeDecodeError, deep nesting
@@ -201,7 +227,42 @@ def parse_item(line: bytes, max_token_id: int | None = None) -> StreamItem:
                     f"worker sent token id {token_id}, outside the model's vocabulary (largest "
                     f"id {max_token_id})"
                 )
+    _check_logprobs(item, max_token_id, logprobs)
     return item
+
+
+def _check_logprobs(item: StreamItem, max_token_id: int | None, asked: int | None) -> None:
+    """An item's logprobs are what the request asked for: one position per id, the sampled id
+    first, at most ``asked`` alternatives, every id in the vocabulary."""
+    positions = item.logprobs
+    if positions is None:
+        if asked is not None and item.token_ids:
+            raise WorkerProtocolError("worker sent token ids without the logprobs asked for")
+        return
+    if asked is None:
+        raise WorkerProtocolError("worker sent logprobs the request did not ask for")
+    if len(positions) != len(item.token_ids):
+        raise WorkerProtocolError(
+            f"worker sent {len(positions)} logprob position(s) for {len(item.token_ids)} id(s)"
+        )
+    for token_id, position in zip(item.token_ids, positions):
+        if position[0][0] != token_id:
+            raise WorkerProtocolError(
+                f"worker sent logprobs whose first id {position[0][0]} is not the sampled id "
+                f"{token_id}"
+            )
+        if len(position) > asked + 1:
+            raise WorkerProtocolError(
+                f"worker sent {len(position) - 1} logprob alternatives, more than the {asked} "
+                "asked for"
+            )
+        if max_token_id is not None:
+            for alternative, _ in position:
+                if alternative > max_token_id:
+                    raise WorkerProtocolError(
+                        f"worker sent a logprob for token id {alternative}, outside the "
+                        f"model's vocabulary (largest id {max_token_id})"
+                    )
 
 
 def _refusal(status: int, text: str) -> RequestRefused | None:
@@ -253,7 +314,11 @@ async def generate(
     url = endpoint.rstrip("/") + GENERATE_PATH
     if isinstance(request, GenerateRequest):
         request = request.model_dump(mode="json")
-    budget = STREAM_BASE_BYTES + STREAM_BYTES_PER_TOKEN * int(request["sampling"]["max_tokens"])
+    logprobs = request["sampling"].get("logprobs")
+    per_token = STREAM_BYTES_PER_TOKEN
+    if logprobs is not None:
+        per_token += STREAM_BYTES_PER_LOGPROB * (int(logprobs) + 1)
+    budget = STREAM_BASE_BYTES + per_token * int(request["sampling"]["max_tokens"])
     try:
         async with session.post(url, json=request) as response:
             if response.status != 200:
@@ -262,7 +327,7 @@ async def generate(
             async for line in _lines(response.content, budget):
                 if finished:
                     raise WorkerProtocolError("worker sent a line after its finish line")
-                item = parse_item(line, max_token_id)
+                item = parse_item(line, max_token_id, logprobs)
                 finished = isinstance(item, Finish)
                 yield item
             if not finished:

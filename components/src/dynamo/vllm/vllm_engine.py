@@ -54,7 +54,7 @@ from dynamo.vllm.backend_args import WorkerConfig
 from dynamo.vllm.engine import EngineDied, EngineInitFailed
 from dynamo.vllm.process_watch import ending_stuck_children, first_exit
 from dynamo.vllm.vllm_args import engine_args_from_config, served_name_of
-from dynamo.vllm.vllm_sampling import sampling_params
+from dynamo.vllm.vllm_sampling import sampling_params, wire_logprobs
 
 logger = logging.getLogger(__name__)
 
@@ -282,7 +282,10 @@ class VllmEngine:
                     completion = output.outputs[0]
                     if completion.token_ids:
                         produced += len(completion.token_ids)
-                        yield {"token_ids": list(completion.token_ids)}
+                        step: dict[str, Any] = {"token_ids": list(completion.token_ids)}
+                        if params.logprobs is not None:
+                            step["logprobs"] = wire_logprobs(completion.logprobs or ())
+                        yield step
                     if output.finished:
                         finished = True
                         yield {

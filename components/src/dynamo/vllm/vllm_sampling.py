@@ -41,6 +41,17 @@ def sampling_params(options: SamplingOptions, model_defaults: dict[str, Any]) ->
         logit_bias=dict(options.logit_bias) or None,
         allowed_token_ids=list(options.allowed_token_ids) or None,
         bad_words=list(options.bad_words) or None,
+        logprobs=options.logprobs,
         output_kind=RequestOutputKind.DELTA,
         **chosen,
     )
+
+
+def wire_logprobs(positions: Any) -> list[list[list[float]]]:
+    """vLLM's sample logprobs of one output's new tokens (one ``{id: Logprob}`` per token, the
+    sampled id first) as the request plane carries them: ``[[id, logprob], ...]`` per token,
+    -inf floored to -9999.0 as vLLM's OpenAI server floors it (JSON has no infinity)."""
+    return [
+        [[token_id, max(entry.logprob, -9999.0)] for token_id, entry in position.items()]
+        for position in positions
+    ]
