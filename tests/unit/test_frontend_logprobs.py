@@ -98,8 +98,9 @@ def test_a_bad_logprobs_request_is_a_400_naming_its_field(card, kind, fields, pa
 def test_vllms_limit_is_refused_in_vllms_words(card):
     status, body, _ = completion(card, logprobs=25)
     error = assert_openai_error(body, status, 400, param="logprobs")
-    assert "Requested sample logprobs of 25, which is greater than max allowed: 20" in (
-        error["message"]
+    assert (
+        "Requested sample logprobs of 25, which is greater than max allowed: 20"
+        in (error["message"])
     )
 
 
@@ -111,7 +112,7 @@ def test_chat_logprobs_have_openais_shape(card, token):
     assert status == 200, body
     content = body["choices"][0]["logprobs"]["content"]
     assert [entry["token"] for entry in content] == [token(i) for i in OUTPUT]
-    for token_id, entry in zip(OUTPUT, content):
+    for token_id, entry in zip(OUTPUT, content, strict=True):
         assert entry["logprob"] == -0.25
         assert entry["bytes"] == list(token(token_id).encode())
         # The first top_logprobs entries of the position, the sampled token first (vLLM's).

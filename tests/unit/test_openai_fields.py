@@ -28,6 +28,7 @@ from dynamo.frontend.openai_fields import (
     FIELDS,
     FieldRefused,
     Treatment,
+    VLLM_REMOVED,
     UnknownFieldLog,
     applied_names,
 )
@@ -72,7 +73,7 @@ def test_every_field_of_vllms_request_model_is_classified_and_nothing_else(endpo
     assert snapshot()["vllm_version"]
     unclassified = vllm_names - set(FIELDS[endpoint])
     assert not unclassified, f"classify in dynamo/frontend/openai_fields.py: {unclassified}"
-    assert set(FIELDS[endpoint]) - vllm_names == set()
+    assert set(FIELDS[endpoint]) - vllm_names == VLLM_REMOVED
 
 
 @pytest.mark.parametrize("endpoint", ENDPOINTS)
@@ -109,6 +110,8 @@ def test_a_refused_field_at_null_or_vllms_default_asks_for_nothing_and_is_accept
     "endpoint, name, value",
     [
         (COMPLETION, "prompt_logprobs", 0),  # 0 asks for the prompt token's logprob
+        (COMPLETION, "best_of", 2),  # more than n: vLLM removed it, never ignored quietly
+        (CHAT, "best_of", 1.0),
         (CHAT, "parallel_tool_calls", False),
         (CHAT, "spaces_between_special_tokens", False),
         (CHAT, "echo", True),

@@ -175,9 +175,7 @@ class LogprobsFormatter:
         }
 
 
-def formatter(
-    request: Any, processor: ChatProcessor, *, chat: bool
-) -> LogprobsFormatter | None:
+def formatter(request: Any, processor: ChatProcessor, *, chat: bool) -> LogprobsFormatter | None:
     """The request's formatter, or None when it asked for no logprobs."""
     top = request.logprobs_asked()
     if top is None:

@@ -271,7 +271,17 @@ RULES: tuple[FieldRule, ...] = (
     refused("stream_interval", "tokens are streamed as the worker sends them"),
     refused("kv_transfer_params", _DISAGG),
     refused("ec_transfer_params", _DISAGG),
+    # -- a field vLLM removed (VLLM_REMOVED): unknown to it, but answering it quietly wrong
+    refused(
+        "best_of",
+        "vLLM removed best_of (the best of several completions) with its V0 engine; only "
+        "best_of equal to n (1) asks for nothing",
+        1,
+    ),
 )
+# Fields the installed vLLM no longer declares, classified here all the same: vLLM would ignore
+# them (an unknown field), which would be a quietly wrong answer.
+VLLM_REMOVED = frozenset({"best_of"})
 
 
 def _by_endpoint() -> dict[str, dict[str, FieldRule]]:

@@ -23,8 +23,8 @@ Wire format v2 (one place, used by both ends):
   ``{"error": str}`` line. When the request asked for ``sampling.logprobs`` (k), every item
   with ids carries ``"logprobs"``: per id, ``[[id, logprob], ...]``, the sampled id first, then
   at most k alternatives (vLLM's order), each logprob finite, at most 0, -inf sent as -9999.0
-  (an addition of v2: an older worker is never asked for it, see ``ADDED_FIELDS``). Each line is one of the item models below (:class:`TokenStep`,
-  :class:`Finish`, :class:`StreamError`).
+  (an addition of v2: an older worker is never asked for it, see ``ADDED_FIELDS``). Each line
+  is one of the item models below (:class:`TokenStep`, :class:`Finish`, :class:`StreamError`).
 * ``GET <endpoint>/health`` answers 200 while the worker serves, 503 while it drains.
 
 Closing the connection aborts the request in the worker (the handler's generator is cancelled):
@@ -245,7 +245,7 @@ def _check_logprobs(item: StreamItem, max_token_id: int | None, asked: int | Non
         raise WorkerProtocolError(
             f"worker sent {len(positions)} logprob position(s) for {len(item.token_ids)} id(s)"
         )
-    for token_id, position in zip(item.token_ids, positions):
+    for token_id, position in zip(item.token_ids, positions, strict=True):
         if position[0][0] != token_id:
             raise WorkerProtocolError(
                 f"worker sent logprobs whose first id {position[0][0]} is not the sampled id "

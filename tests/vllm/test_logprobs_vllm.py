@@ -1,0 +1,94 @@
+"""Logprobs from the real vLLM engine through the real frontend (the tiny model, greedy): the
+chat and completions shapes, whole and streamed, the count of alternatives, and vLLM's meaning
+(under greedy decoding the sampled token is the most likely one: its logprob is its first
+alternative's)."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+
+from tests.support.answers import sse_payload
+from tests.vllm.test_pair_real_model import SERVED, _opener, pair, post  # noqa: F401 - fixture
+
+pytestmark = [pytest.mark.vllm, pytest.mark.integration]
+
+MESSAGES = [{"role": "user", "content": "Tell me about snow and ice."}]
+GREEDY = {"model": SERVED, "max_tokens": 10, "temperature": 0, "ignore_eos": True}
+
+
+def stream(url: str, body: dict) -> list[dict]:
+    request = urllib.request.Request(
+        url, data=json.dumps({**body, "stream": True}).encode(),
+        headers={"Content-Type": "application/json"}, method="POST",
+    )  # fmt: skip
+    events = []
+    with _opener.open(request, timeout=120) as response:
+        for line in response:
+            payload = sse_payload(line)
+            if isinstance(payload, dict) and payload.get("choices"):
+                events.append(payload["choices"][0])
+    return events
+
+
+def test_chat_logprobs_from_vllm(pair):  # noqa: F811 - the imported fixture
+    url, _ = pair
+    body = {**GREEDY, "messages": MESSAGES, "logprobs": True, "top_logprobs": 3}
+    answer = post(url + "/v1/chat/completions", body)
+    choice = answer["choices"][0]
+    content = choice["logprobs"]["content"]
+    assert len(content) == answer["usage"]["completion_tokens"] == 10
+    assert "".join(entry["token"] for entry in content) == choice["message"]["content"]
+    for entry in content:
+        assert -9999.0 <= entry["logprob"] <= 0.0
+        assert entry["bytes"] == list(entry["token"].encode("utf-8", errors="replace"))
+        assert len(entry["top_logprobs"]) == 3
+        best = entry["top_logprobs"][0]  # greedy: the sampled token is the most likely
+        assert (best["token"], best["logprob"]) == (entry["token"], entry["logprob"])
+        ranked = [top["logprob"] for top in entry["top_logprobs"]]
+        assert ranked == sorted(ranked, reverse=True)
+    streamed = [
+        e for chunk in stream(url + "/v1/chat/completions", body)
+        if chunk.get("logprobs") for e in chunk["logprobs"]["content"]
+    ]  # fmt: skip
+    assert [e["token"] for e in streamed] == [e["token"] for e in content]
+    assert [e["logprob"] for e in streamed] == pytest.approx([e["logprob"] for e in content])
+
+
+def test_completion_logprobs_from_vllm(pair):  # noqa: F811 - the imported fixture
+    url, _ = pair
+    body = {**GREEDY, "prompt": "The quick brown fox", "logprobs": 2}
+    answer = post(url + "/v1/completions", body)
+    choice = answer["choices"][0]
+    logprobs = choice["logprobs"]
+    assert len(logprobs["tokens"]) == 10 and "".join(logprobs["tokens"]) == choice["text"]
+    for token, logprob, top in zip(
+        logprobs["tokens"], logprobs["token_logprobs"], logprobs["top_logprobs"], strict=True
+    ):
+        # logprobs + 1 entries (fewer only when two ids share a text), the sampled one among
+        # them with its own logprob, the best of them (greedy).
+        assert 1 <= len(top) <= 3 and top[token] == logprob == max(top.values())
+    assert logprobs["text_offset"][0] == 0
+    streamed = [c["logprobs"] for c in stream(url + "/v1/completions", body) if c["logprobs"]]
+    assert [t for lp in streamed for t in lp["tokens"]] == logprobs["tokens"]
+    assert [o for lp in streamed for o in lp["text_offset"]] == logprobs["text_offset"]
+
+
+def test_return_tokens_as_token_ids_from_vllm(pair):  # noqa: F811 - the imported fixture
+    url, _ = pair
+    body = {**GREEDY, "prompt": "The quick brown fox", "logprobs": 0,
+            "return_tokens_as_token_ids": True}  # fmt: skip
+    tokens = post(url + "/v1/completions", body)["choices"][0]["logprobs"]["tokens"]
+    assert len(tokens) == 10 and all(t.startswith("token_id:") for t in tokens)
+
+
+def test_more_alternatives_than_vllms_max_logprobs_is_a_400(pair):  # noqa: F811
+    url, _ = pair
+    with pytest.raises(urllib.error.HTTPError) as raised:
+        post(url + "/v1/completions", {**GREEDY, "prompt": "Hi", "logprobs": 21})
+    error = json.load(raised.value)["error"]
+    assert raised.value.code == 400 and error["param"] == "logprobs"
+    assert "greater than max allowed: 20" in error["message"]
