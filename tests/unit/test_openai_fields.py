@@ -26,9 +26,9 @@ from dynamo.frontend.openai_fields import (
     COMPLETION,
     ENDPOINTS,
     FIELDS,
+    VLLM_REMOVED,
     FieldRefused,
     Treatment,
-    VLLM_REMOVED,
     UnknownFieldLog,
     applied_names,
 )

@@ -18,7 +18,7 @@ vLLM's ``decoded_token``), or are ``token_id:<id>`` with ``return_tokens_as_toke
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Protocol
 
 from pydantic import BaseModel, Field, StrictBool, StrictInt, model_validator
 
@@ -27,8 +27,12 @@ from dynamo.runtime.sampling import MAX_LOGPROBS
 
 from .openai_fields import FieldRefused
 
-if TYPE_CHECKING:
-    from .chat_processor import ChatProcessor
+
+class Detokenizing(Protocol):
+    """What the formatter needs of a model's processor (a ChatProcessor)."""
+
+    def detokenizer(self, *, skip_special_tokens: bool = True) -> Any: ...
+
 
 # vLLM's floor for -inf (JSON has no infinity); the request plane already floors what it carries.
 LOGPROB_FLOOR = -9999.0
@@ -109,7 +113,7 @@ class LogprobsFormatter:
     """One request's logprobs in its endpoint's shape (see the module docstring)."""
 
     def __init__(
-        self, processor: ChatProcessor, top: int, *, chat: bool, as_token_ids: bool = False
+        self, processor: Detokenizing, top: int, *, chat: bool, as_token_ids: bool = False
     ) -> None:
         self._processor = processor
         self._top = top
@@ -175,7 +179,7 @@ class LogprobsFormatter:
         }
 
 
-def formatter(request: Any, processor: ChatProcessor, *, chat: bool) -> LogprobsFormatter | None:
+def formatter(request: Any, processor: Detokenizing, *, chat: bool) -> LogprobsFormatter | None:
     """The request's formatter, or None when it asked for no logprobs."""
     top = request.logprobs_asked()
     if top is None:
