@@ -112,7 +112,7 @@ def test_sampling_fields_the_client_sends_are_served(client):
         # The mock engine has no distribution: the worker refuses it, naming the field.
         ({"logprobs": True, "top_logprobs": 2}, "logprobs"),
         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),  # vLLM's max_logprobs
-        ({"n": 2}, "n"),
+        ({"n": 17}, "n"),  # at most 16 choices
         ({"response_format": {"type": "json_object"}}, "response_format"),
         ({"logit_bias": {"5": 10}}, "logit_bias"),
         # Tools reach the template, but their calls are not parsed yet: auto is refused.

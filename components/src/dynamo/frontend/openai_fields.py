@@ -125,7 +125,12 @@ RULES: tuple[FieldRule, ...] = (
         "continue_final_message, chat_template, tokenize) are refused by name",
         (CHAT,),
     ),
-    applied("n", "1 only: n > 1 is refused by name (multiple choices not implemented yet)"),
+    applied(
+        "n",
+        "n choices, each a request to the engine with the seed seed + index (vLLM's parallel "
+        "sampling), streamed interleaved by index; usage counts the prompt once; at most 16 "
+        "(this server's bound: vLLM has none), refused by name above",
+    ),
     applied("stop", "matched on the detokenized text by the frontend; never in the output"),
     applied("stream", "server-sent events, as vLLM sends them"),
     applied(
@@ -272,11 +277,10 @@ RULES: tuple[FieldRule, ...] = (
     refused("kv_transfer_params", _DISAGG),
     refused("ec_transfer_params", _DISAGG),
     # -- a field vLLM removed (VLLM_REMOVED): unknown to it, but answering it quietly wrong
-    refused(
+    applied(
         "best_of",
-        "vLLM removed best_of (the best of several completions) with its V0 engine; only "
-        "best_of equal to n (1) asks for nothing",
-        1,
+        "vLLM removed best_of (the best of several completions) with its V0 engine: equal to "
+        "n (or null) asks for nothing and is accepted; any other value is refused by name",
     ),
 )
 # Fields the installed vLLM no longer declares, classified here all the same: vLLM would ignore

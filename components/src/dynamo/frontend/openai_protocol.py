@@ -45,6 +45,7 @@ from dynamo.runtime.sampling import (
 )
 
 from . import openai_fields
+from .choice_fields import ChoicesFields
 from .logprobs import ChatLogprobs, CompletionLogprobs
 from .openai_tools import NamedToolChoice, TemplateVariables, Tool, check_tool_choice_shape
 
@@ -137,8 +138,6 @@ class _SamplingRequest(SamplerFields):
     model: Annotated[StrictStr, Field(min_length=1)]
     max_tokens: TokenCount | None = None
     stop: StopText | Annotated[list[StopText], Field(max_length=64)] | None = None
-    # Strict like every number here (a Literal[1] would take 1.0 and true); 1 only, for now.
-    n: Annotated[StrictInt, Field(ge=1, le=1)] | None = 1
     ignore_eos: StrictBool | None = False
     # Ids that end the completion too (finish_reason "stop", the id's text not in the output),
     # as in vLLM; with the model's EOS ids unless ignore_eos. Checked against the vocabulary.
@@ -255,7 +254,7 @@ class ChatMessage(BaseModel):
         return message
 
 
-class ChatCompletionRequest(ChatLogprobs, _SamplingRequest):
+class ChatCompletionRequest(ChatLogprobs, ChoicesFields, _SamplingRequest):
     ENDPOINT = openai_fields.CHAT
 
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
@@ -300,7 +299,7 @@ class ChatCompletionRequest(ChatLogprobs, _SamplingRequest):
         return [message.as_sent() for message in self.messages]
 
 
-class CompletionRequest(CompletionLogprobs, _SamplingRequest):
+class CompletionRequest(CompletionLogprobs, ChoicesFields, _SamplingRequest):
     ENDPOINT = openai_fields.COMPLETION
 
     # A text, or the prompt's token ids (as vLLM takes them); a list of one text is that text.
@@ -373,8 +372,6 @@ def parse_request(model: type[_SamplingRequest], body: Any, *, strict_fields: bo
     except ValidationError as exc:
         param, message = _first_error(exc)
         code = "missing_field" if exc.errors()[0]["type"] == "missing" else "invalid_value"
-        if param == "n":
-            message = "only `n` = 1 is supported"
         raise invalid_request(message, param=param, code=code) from None
 
 

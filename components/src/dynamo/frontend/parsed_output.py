@@ -58,9 +58,10 @@ class ParsedOutput:
     never a 500 or a stream cut short.
     """
 
-    def __init__(self, parser: OutputParser, responder: ChatResponder) -> None:
+    def __init__(self, parser: OutputParser, responder: ChatResponder, index: int = 0) -> None:
         self._parser: OutputParser | None = parser
         self._responder = responder
+        self._index = index  # the choice's (n > 1)
         self._tool_calls = False
 
     def _failed(self, exc: Exception) -> None:
@@ -111,6 +112,11 @@ class ParsedOutput:
 
     def whole(self, text: str, finish_reason: str, usage: dict) -> dict:
         """The non-streamed response: the whole text through the parser."""
+        choice = self.whole_choice(text, finish_reason)
+        return self._responder.envelope(self._responder.OBJECT, [choice], usage)
+
+    def whole_choice(self, text: str, finish_reason: str) -> dict:
+        """The non-streamed choice: the whole text through the parser."""
         fed = self._feed(text)
         end = self._finish()
         if self._parser is None:  # failed: the whole text, unparsed
@@ -127,8 +133,7 @@ class ParsedOutput:
         if calls:
             message["tool_calls"] = calls
         reason = self.finish_reason(finish_reason)
-        choice = {"index": 0, "message": message, "finish_reason": reason}
-        return self._responder.envelope(self._responder.OBJECT, [choice], usage)
+        return {"index": self._index, "message": message, "finish_reason": reason}
 
     def _chunk(self, parsed: ParsedDelta) -> dict | None:
         if not parsed:
@@ -141,5 +146,5 @@ class ParsedOutput:
         if parsed.tool_calls:
             delta["tool_calls"] = parsed.tool_calls
             self._tool_calls = True
-        choice = {"index": 0, "delta": delta, "finish_reason": None}
+        choice = {"index": self._index, "delta": delta, "finish_reason": None}
         return self._responder.envelope(self._responder.CHUNK_OBJECT, [choice])
