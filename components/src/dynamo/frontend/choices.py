@@ -95,7 +95,7 @@ async def merged(choices: Sequence[Choice]) -> AsyncIterator[AsyncIterator[tuple
         else:
             await queue.put((choice, None, None))
 
-    async def consume() -> AsyncIterator[tuple[Choice, Any]]:
+    async def consume() -> AsyncGenerator[tuple[Choice, Any], None]:
         done = 0
         while done < len(choices):
             choice, piece, failure = await queue.get()
@@ -114,7 +114,7 @@ async def merged(choices: Sequence[Choice]) -> AsyncIterator[AsyncIterator[tuple
         await asyncio.gather(*readers, return_exceptions=True)
 
 
-async def _single(choice: Choice) -> AsyncIterator[tuple[Choice, Any]]:
+async def _single(choice: Choice) -> AsyncGenerator[tuple[Choice, Any], None]:
     async for piece in choice.generation.pieces():
         yield choice, piece
     yield choice, None

@@ -306,7 +306,7 @@ class FrontendService:
             try:
                 opened = await open_all(
                     self._open(entry, responder, prompt_ids, prompt_param, sampling, index)
-                    for index in range(req.choices)
+                    for index in range(req.choices)  # type: ignore[attr-defined]  # ChoicesFields
                 )
                 for index, (first, stream) in enumerate(opened):
                     generation = Generation(
