@@ -92,3 +92,32 @@ def test_more_alternatives_than_vllms_max_logprobs_is_a_400(pair):  # noqa: F811
     error = json.load(raised.value)["error"]
     assert raised.value.code == 400 and error["param"] == "logprobs"
     assert "greater than max allowed: 20" in error["message"]
+
+
+def test_n_choices_from_vllm_differ_and_are_vllms_children(pair):  # noqa: F811
+    url, _ = pair
+    body = {"model": SERVED, "prompt": "The quick brown fox", "max_tokens": 12,
+            "temperature": 1.0, "seed": 7, "ignore_eos": True}  # fmt: skip
+    answer = post(url + "/v1/completions", {**body, "n": 3})
+    texts = [c["text"] for c in answer["choices"]]
+    assert [c["index"] for c in answer["choices"]] == [0, 1, 2]
+    assert len(set(texts)) > 1 and answer["usage"]["completion_tokens"] == 36
+    assert [c["text"] for c in post(url + "/v1/completions", {**body, "n": 3})["choices"]] == texts
+    # Choice i samples as vLLM's child i does: with the seed seed + i.
+    for index, text in enumerate(texts):
+        alone = post(url + "/v1/completions", {**body, "seed": 7 + index})
+        assert alone["choices"][0]["text"] == text
+
+
+def test_n_streamed_choices_with_logprobs_from_vllm(pair):  # noqa: F811
+    url, _ = pair
+    body = {**GREEDY, "messages": MESSAGES, "n": 2, "logprobs": True, "top_logprobs": 1}
+    whole = post(url + "/v1/chat/completions", body)
+    chunks = stream(url + "/v1/chat/completions", body)
+    for index in (0, 1):
+        mine = [c for c in chunks if c["index"] == index]
+        text = "".join(c["delta"].get("content") or "" for c in mine)
+        assert text == whole["choices"][index]["message"]["content"]
+        tokens = [e["token"] for c in mine if c.get("logprobs") for e in c["logprobs"]["content"]]
+        assert tokens == [e["token"] for e in whole["choices"][index]["logprobs"]["content"]]
+        assert [c["finish_reason"] for c in mine if c["finish_reason"]] == ["length"]
