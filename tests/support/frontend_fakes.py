@@ -76,6 +76,9 @@ class EchoEngine:
                 item: dict[str, Any] = {"token_ids": step}
                 if sampling.logprobs is not None:
                     item["logprobs"] = [echo_logprobs(t, sampling.logprobs) for t in step]
+                if sampling.prompt_logprobs is not None and len(produced) == len(step):
+                    k = sampling.prompt_logprobs  # the first item's: null for the first id
+                    item["prompt_logprobs"] = [None] + [echo_logprobs(t, k) for t in prompt[1:]]
                 yield item
         except (GeneratorExit, asyncio.CancelledError):
             self.requests_aborted += 1

@@ -13,7 +13,7 @@ import json
 import pytest
 
 from dynamo.frontend.chat_processor import build_chat_processor
-from dynamo.runtime.request_plane import WorkerProtocolError, parse_item
+from dynamo.runtime.request_plane import PromptLogprobs, WorkerProtocolError, parse_item
 from dynamo.runtime.sampling import SamplingOptions
 from tests.support.answers import assert_openai_error, sse_events
 from tests.support.frontend_fakes import MODEL, echo_worker, frontend
@@ -86,7 +86,6 @@ def test_the_worker_is_asked_for_logprobs_only_when_the_client_asked(card):
         ("chat", {"logprobs": True, "top_logprobs": -1}, "top_logprobs", "greater than"),
         ("chat", {"logprobs": 1}, "logprobs", "boolean"),
         ("completion", {"logprobs": True}, "logprobs", "integer"),
-        ("completion", {"logprobs": 1, "echo": True}, "logprobs", "echo"),
     ],
 )
 def test_a_bad_logprobs_request_is_a_400_naming_its_field(card, kind, fields, param, words):
@@ -148,6 +147,27 @@ def test_completion_logprobs_have_openais_shape(card, token):
     assert logprobs["text_offset"] == offsets
 
 
+def test_echo_with_logprobs_puts_the_prompts_first_the_first_null(card, token):
+    _, body, (sent,) = completion(card, logprobs=1, echo=True)
+    assert sent["sampling"]["prompt_logprobs"] == 1  # vLLM: as many as logprobs
+    prompt = sent["token_ids"]
+    logprobs = body["choices"][0]["logprobs"]
+    texts = [token(i) for i in [*prompt, *OUTPUT]]
+    assert logprobs["tokens"] == texts
+    assert logprobs["token_logprobs"] == [None] + [-0.25] * (len(texts) - 1)
+    assert logprobs["top_logprobs"][0] is None
+    assert logprobs["top_logprobs"][1] == {token(prompt[1]): -0.25, token(prompt[1] + 1): -1.0}
+    assert logprobs["text_offset"] == [sum(len(t) for t in texts[:n]) for n in range(len(texts))]
+    _, events, _ = completion(card, stream=True, logprobs=1, echo=True)
+    chunks = [e["choices"][0]["logprobs"] for e in events if isinstance(e, dict) and e["choices"]]
+    assert [t for lp in chunks if lp for t in lp["tokens"]] == texts
+
+
+def test_the_prompts_logprobs_are_asked_for_only_with_echo(card):
+    _, _, (sent,) = completion(card, logprobs=1)
+    assert "prompt_logprobs" not in sent["sampling"]
+
+
 def test_return_tokens_as_token_ids(card):
     _, body, _ = completion(card, logprobs=0, return_tokens_as_token_ids=True)
     assert body["choices"][0]["logprobs"]["tokens"] == [f"token_id:{i}" for i in OUTPUT]
@@ -207,6 +227,34 @@ def _item(**fields) -> bytes:
 )
 def test_a_worker_sending_bad_logprobs_breaks_the_wire_format(line, words):
     with pytest.raises(WorkerProtocolError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        parse_item(line, max_token_id=1000, logprobs=1)
+
+
+PROMPT = PromptLogprobs(token_ids=(3, 4, 5), alternatives=1)
+
+
+@pytest.mark.parametrize(
+    "prompt_logprobs, words",
+    [
+        (None, "no prompt logprobs"),
+        ([None, [[4, -1.0]]], "not one per prompt id"),
+        ([[[3, -1.0]], [[4, -1.0]], [[5, -1.0]]], "for the first prompt id"),
+        ([None, None, [[5, -1.0]]], "null prompt logprob after the first"),
+        ([None, [[4, -1.0]], [[6, -1.0]]], "not the sampled id"),
+        ([None, [[4, -1.0], [7, -2.0], [8, -3.0]], [[5, -1.0]]], "more than the 1 asked"),
+        ([None, [[4, float("nan")]], [[5, -1.0]]], "invalid item"),
+    ],
+)
+def test_a_worker_sending_bad_prompt_logprobs_breaks_the_wire_format(prompt_logprobs, words):
+    line = _item(logprobs=[[[5, -1.0]]], prompt_logprobs=prompt_logprobs)
+    with pytest.raises(WorkerProtocolError, match=words):
+        parse_item(line, max_token_id=1000, logprobs=1, prompt=PROMPT)
+
+
+def test_prompt_logprobs_on_a_later_item_break_the_wire_format():
+    line = _item(logprobs=[[[5, -1.0]]], prompt_logprobs=[None, [[4, -1.0]], [[5, -1.0]]])
+    assert parse_item(line, max_token_id=1000, logprobs=1, prompt=PROMPT).token_ids == (5,)
+    with pytest.raises(WorkerProtocolError, match="where none belong"):
         parse_item(line, max_token_id=1000, logprobs=1)
 
 

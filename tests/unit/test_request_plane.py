@@ -247,6 +247,8 @@ BAD_FIELDS = [
     ("sampling.bad_words", [""]), ("sampling.bad_words", [5]), ("sampling.bad_words", ["a"] * 65),
     ("sampling.logprobs", -1), ("sampling.logprobs", 21), ("sampling.logprobs", True),
     ("sampling.logprobs", "2"),
+    ("sampling.prompt_logprobs", -1), ("sampling.prompt_logprobs", 21),
+    ("sampling.prompt_logprobs", False),
     ("sampling.best_of", 2),  # not a sampling option of the wire format
 ]  # fmt: skip
 

@@ -12,7 +12,13 @@ import urllib.request
 import pytest
 
 from tests.support.answers import sse_payload
-from tests.vllm.test_pair_real_model import SERVED, _opener, pair, post  # noqa: F401 - fixture
+from tests.vllm.test_pair_real_model import (  # noqa: F401 - pair: the fixture
+    SERVED,
+    _opener,
+    pair,
+    post,
+    tiny_processor,
+)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration]
 
@@ -75,6 +81,28 @@ def test_completion_logprobs_from_vllm(pair):  # noqa: F811 - the imported fixtu
     streamed = [c["logprobs"] for c in stream(url + "/v1/completions", body) if c["logprobs"]]
     assert [t for lp in streamed for t in lp["tokens"]] == logprobs["tokens"]
     assert [o for lp in streamed for o in lp["text_offset"]] == logprobs["text_offset"]
+
+
+def test_echo_with_logprobs_from_vllm_puts_the_prompts_first(pair):  # noqa: F811
+    url, model = pair
+    prompt = "The quick brown fox"
+    ids = tiny_processor(model).encode_completion(prompt)
+    body = {**GREEDY, "prompt": prompt, "logprobs": 1, "echo": True}
+    choice = post(url + "/v1/completions", body)["choices"][0]
+    logprobs = choice["logprobs"]
+    assert choice["text"].startswith(prompt)
+    assert len(logprobs["tokens"]) == len(ids) + 10
+    assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None
+    for token, logprob, top in zip(
+        logprobs["tokens"][1:], logprobs["token_logprobs"][1:], logprobs["top_logprobs"][1:],
+        strict=True,
+    ):  # fmt: skip
+        assert top[token] == logprob and len(top) <= 2
+    streamed = [c["logprobs"] for c in stream(url + "/v1/completions", body) if c["logprobs"]]
+    assert [t for lp in streamed for t in lp["tokens"]] == logprobs["tokens"]
+    assert [t for lp in streamed for t in lp["token_logprobs"]] == pytest.approx(
+        logprobs["token_logprobs"]
+    )
 
 
 def test_return_tokens_as_token_ids_from_vllm(pair):  # noqa: F811 - the imported fixture

@@ -13,7 +13,7 @@ A per-request output parser (tool calls, reasoning) is fed with the text pieces 
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 
 from dynamo.runtime.request_plane import Finish, LogprobPosition, StreamItem
 from dynamo.runtime.sampling import SamplingOptions
@@ -44,8 +44,10 @@ class Generation:
         skip_special_tokens: bool = True,
         include_stop_str_in_output: bool = False,
         echo: str = "",
+        prompt_ids: Sequence[int] = (),
     ) -> None:
         self._echo = echo  # the prompt's text, first in the output (a completion's ``echo``)
+        self._prompt_ids = prompt_ids  # the echoed prompt's ids (for its logprobs)
         self._detokenizer = processor.detokenizer(skip_special_tokens=skip_special_tokens)
         self._stops = StopStringMatcher(sampling.stop, include=include_stop_str_in_output)
         self._include_stop = include_stop_str_in_output
@@ -58,9 +60,9 @@ class Generation:
         self.finish_reason: str | None = None
         # The logprobs of the tokens counted since the last take_logprobs (when asked for):
         # every counted token's, the stop token's too, as vLLM reports them.
-        self._logprobs: list[LogprobPosition] = []
+        self._logprobs: list[tuple[int, LogprobPosition | None]] = []
 
-    def take_logprobs(self) -> list[LogprobPosition]:
+    def take_logprobs(self) -> list[tuple[int, LogprobPosition | None]]:
         """The logprobs of the tokens counted since the last call (none unless asked for)."""
         taken, self._logprobs = self._logprobs, []
         return taken
@@ -69,6 +71,9 @@ class Generation:
         """The completion's text, piece by piece (an empty piece carries nothing), after the
         echoed prompt if the request asked for it."""
         if self._echo:
+            prompt = getattr(self._first, "prompt_logprobs", None)  # validated: one per id
+            if prompt is not None:
+                self._logprobs.extend(zip(self._prompt_ids, prompt, strict=True))
             yield self._echo
         async for piece in self._generated():
             yield piece
@@ -80,7 +85,7 @@ class Generation:
             for index, token_id in enumerate(item.token_ids):
                 self.completion_tokens += 1
                 if item.logprobs is not None:  # validated: one position per id
-                    self._logprobs.append(item.logprobs[index])
+                    self._logprobs.append((token_id, item.logprobs[index]))
                 if self._stop_token(token_id):  # its text is in the output only if asked
                     if self._include_stop:
                         text = self._detokenizer.add((token_id,))

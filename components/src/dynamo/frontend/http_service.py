@@ -313,7 +313,7 @@ class FrontendService:
                         entry.processor, sampling, len(prompt_ids), first, stream,
                         skip_special_tokens=req.skip_special_tokens is not False,
                         include_stop_str_in_output=req.include_stop_str_in_output is True,
-                        echo=echo,
+                        echo=echo, prompt_ids=prompt_ids,
                     )  # fmt: skip
                     parser = parsers[index] if index < len(parsers) else None
                     choices.append(

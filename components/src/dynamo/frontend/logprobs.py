@@ -49,6 +49,8 @@ def exceeded(count: int) -> str | None:
 
 
 LogprobsCount = Annotated[StrictInt, Field(ge=0)]
+# One token's logprobs: its id, and its position (None: the prompt's first token has none).
+Position = tuple[int, LogprobPosition | None]
 
 
 class _LogprobsFields(BaseModel):
@@ -62,6 +64,10 @@ class _LogprobsFields(BaseModel):
         """The alternatives per token to ask the engine for (vLLM's SamplingParams.logprobs),
         None for no logprobs."""
         raise NotImplementedError
+
+    def prompt_logprobs_asked(self) -> int | None:
+        """The same for the prompt's tokens (vLLM's SamplingParams.prompt_logprobs)."""
+        return None
 
     @model_validator(mode="after")
     def _logprobs_bounded(self) -> Any:
@@ -97,16 +103,9 @@ class CompletionLogprobs(_LogprobsFields):
     def logprobs_asked(self) -> int | None:
         return self.logprobs
 
-    @model_validator(mode="after")
-    def _not_with_echo(self) -> Any:
-        if self.logprobs is not None and getattr(self, "echo", None):
-            raise FieldRefused(
-                "logprobs",
-                "`logprobs` with `echo` (the prompt's logprobs first) is not supported by this "
-                "server yet",
-                "unsupported_parameter",
-            )
-        return self
+    def prompt_logprobs_asked(self) -> int | None:
+        # vLLM: echo with logprobs puts the prompt's logprobs first, with as many alternatives.
+        return self.logprobs if getattr(self, "echo", None) else None
 
 
 class LogprobsFormatter:
@@ -141,34 +140,37 @@ class LogprobsFormatter:
             "bytes": list(text.encode("utf-8", errors="replace")),
         }
 
-    def format(self, positions: Sequence[LogprobPosition]) -> dict[str, Any] | None:
+    def format(self, positions: Sequence[Position]) -> dict[str, Any] | None:
         """The choice's ``logprobs`` for these tokens' positions; None for none."""
         if not positions:
             return None
         return self.chat(positions) if self._chat else self.completion(positions)
 
-    def chat(self, positions: Sequence[LogprobPosition]) -> dict[str, Any]:
+    def chat(self, positions: Sequence[Position]) -> dict[str, Any]:
         content = []
-        for position in positions:
+        for _, position in positions:
+            assert position is not None, "a generated token's position always has logprobs"
             sampled_id, sampled = position[0]
             entry = self._entry(sampled_id, sampled)
             entry["top_logprobs"] = [self._entry(i, lp) for i, lp in position[: self._top]]
             content.append(entry)
         return {"content": content}
 
-    def completion(self, positions: Sequence[LogprobPosition]) -> dict[str, Any]:
+    def completion(self, positions: Sequence[Position]) -> dict[str, Any]:
         tokens: list[str] = []
         token_logprobs: list[float | None] = []
         top_logprobs: list[dict[str, float] | None] = []
         text_offset: list[int] = []
-        for position in positions:
-            sampled_id, sampled = position[0]
-            text = self.token(sampled_id)
+        for token_id, position in positions:
+            text = self.token(token_id)
             tokens.append(text)
-            token_logprobs.append(max(sampled, LOGPROB_FLOOR))
-            top_logprobs.append(
-                {self.token(i): max(lp, LOGPROB_FLOOR) for i, lp in position[: self._top + 1]}
-            )
+            if position is None:  # the prompt's first token: no context, no logprob (vLLM)
+                token_logprobs.append(None)
+                top_logprobs.append(None)
+            else:
+                token_logprobs.append(max(position[0][1], LOGPROB_FLOOR))
+                top = position[: self._top + 1]
+                top_logprobs.append({self.token(i): max(lp, LOGPROB_FLOOR) for i, lp in top})
             text_offset.append(self._offset)
             self._offset += len(text)
         return {

@@ -196,8 +196,8 @@ RULES: tuple[FieldRule, ...] = (
         "logprobs",
         "that many alternatives per token (0 to 20, vLLM's default --max-logprobs, with its "
         "error above) in choices[].logprobs {tokens, token_logprobs, top_logprobs, "
-        "text_offset}; with echo (the prompt's logprobs first) refused by name, not "
-        "implemented yet; the mock engine refuses it by name",
+        "text_offset}; with echo the prompt's come first (the first token's null), as in "
+        "vLLM; the mock engine refuses it by name",
         (COMPLETION,),
     ),
     applied(

@@ -209,6 +209,7 @@ class _SamplingRequest(SamplerFields):
             allowed_token_ids=tuple(self.allowed_token_ids or ()),
             bad_words=tuple(self.bad_words or ()),
             logprobs=self.logprobs_asked(),  # type: ignore[attr-defined]  # each endpoint's mixin
+            prompt_logprobs=self.prompt_logprobs_asked(),  # type: ignore[attr-defined]  # idem
         )
 
     def logit_bias_pairs(self) -> tuple[tuple[int, float], ...]:

@@ -51,7 +51,7 @@ MAX_LOGPROBS = 20
 LogprobCount = Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)]
 # Fields added to the wire format after its first release: sent only when set (not empty, not
 # None), so a worker that predates them still takes every request that does not use them.
-ADDED_FIELDS = ("logit_bias", "allowed_token_ids", "bad_words", "logprobs")
+ADDED_FIELDS = ("logit_bias", "allowed_token_ids", "bad_words", "logprobs", "prompt_logprobs")
 
 
 class SamplerFields(BaseModel):
@@ -96,6 +96,9 @@ class SamplingOptions(SamplerFields):
     # Log probabilities of each generated token and of this many alternatives (vLLM's
     # SamplingParams.logprobs; 0: the sampled token's only); None: none are returned.
     logprobs: LogprobCount | None = None
+    # The same for each prompt token (vLLM's SamplingParams.prompt_logprobs: a completion's
+    # echo with logprobs); None: none are returned.
+    prompt_logprobs: LogprobCount | None = None
 
     @model_serializer(mode="wrap")
     def _without_unset_additions(self, handler: Any) -> Any:

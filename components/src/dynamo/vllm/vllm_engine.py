@@ -272,6 +272,7 @@ class VllmEngine:
         request_id = self._next_request_id(request.request_id)
         produced = 0
         finished = False
+        prompt_sent = False  # the prompt's logprobs go on the first item
         try:
             # aclosing: leaving early closes vLLM's generator now (its own cleanup aborts the
             # request), not whenever the garbage collector finalises it.
@@ -285,6 +286,9 @@ class VllmEngine:
                         step: dict[str, Any] = {"token_ids": list(completion.token_ids)}
                         if params.logprobs is not None:
                             step["logprobs"] = wire_logprobs(completion.logprobs or ())
+                        if params.prompt_logprobs is not None and not prompt_sent:
+                            step["prompt_logprobs"] = wire_logprobs(output.prompt_logprobs or ())
+                            prompt_sent = True
                         yield step
                     if output.finished:
                         finished = True

@@ -42,16 +42,20 @@ def sampling_params(options: SamplingOptions, model_defaults: dict[str, Any]) ->
         allowed_token_ids=list(options.allowed_token_ids) or None,
         bad_words=list(options.bad_words) or None,
         logprobs=options.logprobs,
+        prompt_logprobs=options.prompt_logprobs,
         output_kind=RequestOutputKind.DELTA,
         **chosen,
     )
 
 
-def wire_logprobs(positions: Any) -> list[list[list[float]]]:
-    """vLLM's sample logprobs of one output's new tokens (one ``{id: Logprob}`` per token, the
-    sampled id first) as the request plane carries them: ``[[id, logprob], ...]`` per token,
-    -inf floored to -9999.0 as vLLM's OpenAI server floors it (JSON has no infinity)."""
+def wire_logprobs(positions: Any) -> list[list[list[float]] | None]:
+    """vLLM's logprobs of one output's new tokens, or of its prompt (one ``{id: Logprob}`` per
+    token, the sampled or prompt id first; a prompt's first is None) as the request plane
+    carries them: ``[[id, logprob], ...]`` per token, -inf floored to -9999.0 as vLLM's OpenAI
+    server floors it (JSON has no infinity)."""
     return [
-        [[token_id, max(entry.logprob, -9999.0)] for token_id, entry in position.items()]
+        None
+        if position is None
+        else [[token_id, max(entry.logprob, -9999.0)] for token_id, entry in position.items()]
         for position in positions
     ]
