@@ -110,11 +110,6 @@ class ParsedOutput:
     def finish_reason(self, reason: str) -> str:
         return "tool_calls" if self._tool_calls and reason == "stop" else reason
 
-    def whole(self, text: str, finish_reason: str, usage: dict) -> dict:
-        """The non-streamed response: the whole text through the parser."""
-        choice = self.whole_choice(text, finish_reason)
-        return self._responder.envelope(self._responder.OBJECT, [choice], usage)
-
     def whole_choice(self, text: str, finish_reason: str) -> dict:
         """The non-streamed choice: the whole text through the parser."""
         fed = self._feed(text)

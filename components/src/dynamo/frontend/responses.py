@@ -2,8 +2,9 @@
 
 A :class:`Responder` knows one endpoint's shapes (``chat.completion`` / ``text_completion`` and
 their chunks); the service hands it the text and the finish reason, and :func:`send_event`
-frames each chunk as ``data: <json>`` and a blank line. Per-choice state (``n`` > 1) and the
-fields an output parser adds (``tool_calls``, ``reasoning_content``) extend these shapes.
+frames each chunk as ``data: <json>`` and a blank line. Each choice has its ``index`` (``n`` > 1:
+:mod:`.choices`); the fields an output parser adds (``tool_calls``, ``reasoning_content``) and
+``logprobs`` (:mod:`.logprobs`) extend these shapes.
 """
 
 from __future__ import annotations
@@ -56,9 +57,6 @@ class Responder:
     def opening(self, index: int = 0) -> dict | None:
         """A first chunk sent before any text (chat: the assistant's role), or None."""
         return None
-
-    def whole(self, text: str, finish_reason: str, usage: dict) -> dict:
-        return self._body(self.OBJECT, [self.whole_choice(text, finish_reason)], usage)
 
     def piece(self, text: str, index: int = 0) -> dict:
         return self._body(self.CHUNK_OBJECT, [self.chunk_choice(text, None, index)])
