@@ -17,6 +17,7 @@ from tests.vllm.test_pair_real_model import (  # noqa: F401 - pair: the fixture
     _opener,
     pair,
     post,
+    serving,
     tiny_processor,
 )
 
@@ -149,3 +150,16 @@ def test_n_streamed_choices_with_logprobs_from_vllm(pair):  # noqa: F811
         tokens = [e["token"] for c in mine if c.get("logprobs") for e in c["logprobs"]["content"]]
         assert tokens == [e["token"] for e in whole["choices"][index]["logprobs"]["content"]]
         assert [c["finish_reason"] for c in mine if c["finish_reason"]] == ["length"]
+
+
+def test_a_worker_whose_vllm_allows_fewer_logprobs_refuses_more_naming_the_field(
+    tiny_model, tmp_path
+):
+    with serving(tiny_model, tmp_path, "--max-logprobs", "2") as url:
+        body = {**GREEDY, "prompt": "Hi", "logprobs": 3}
+        with pytest.raises(urllib.error.HTTPError) as raised:
+            post(url + "/v1/completions", body)
+        error = json.load(raised.value)["error"]
+        assert raised.value.code == 400 and error["param"] == "logprobs", error
+        allowed = post(url + "/v1/completions", {**body, "logprobs": 2})
+        assert len(allowed["choices"][0]["logprobs"]["tokens"]) == 10

@@ -50,6 +50,7 @@ except ImportError:  # a vLLM without the v1 engine's exceptions: nothing raises
 
 from dynamo.runtime.model_card import ModelCard, out_of_vocabulary
 from dynamo.runtime.request_plane import BadGenerateRequest, GenerateRequest
+from dynamo.runtime.sampling import SamplingOptions
 from dynamo.vllm.backend_args import WorkerConfig
 from dynamo.vllm.engine import EngineDied, EngineInitFailed
 from dynamo.vllm.process_watch import ending_stuck_children, first_exit
@@ -301,6 +302,14 @@ class VllmEngine:
                             "completion_tokens": produced,
                         }
                         return
+        except VLLMValidationError as exc:
+            if produced:
+                raise
+            # vLLM's own checks against its model config (more logprobs than its
+            # --max-logprobs): the client's 400, naming the sampling field when vLLM names one.
+            name = getattr(exc, "parameter", None)
+            field = f"sampling.{name}" if name in SamplingOptions.model_fields else "sampling"
+            raise BadGenerateRequest(f"sampling: {one_line(exc)}", field=field) from None
         except EngineDeadError as exc:
             # vLLM's EngineCore is gone (it logged why): this stream ends with an in-band
             # error, and the worker, woken by wait_until_dead, logs the death once and exits.
