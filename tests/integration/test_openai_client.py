@@ -126,7 +126,32 @@ def test_n_choices_reach_the_client_indexed_whole_and_streamed(client):
         ({"logprobs": True, "top_logprobs": 2}, "logprobs"),
         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),  # vLLM's max_logprobs
         ({"n": 17}, "n"),  # at most 16 choices
+        # The mock engine does not sample: a constraint is refused by name (vLLM applies it).
         ({"response_format": {"type": "json_object"}}, "response_format"),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {}},
+                }
+            },
+            "response_format",
+        ),
+        ({"extra_body": {"structured_outputs": {"choice": ["a", "b"]}}}, "structured_outputs"),
+        (
+            {
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+                "tool_choice": {"type": "function", "function": {"name": "f"}},
+            },
+            "tool_choice",
+        ),
+        (
+            {
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+                "tool_choice": "required",
+            },
+            "tool_choice",
+        ),
         ({"logit_bias": {"5": 10}}, "logit_bias"),
         # Tools reach the template, but their calls are not parsed yet: auto is refused.
         (
@@ -143,6 +168,22 @@ def test_a_refused_field_is_a_bad_request_naming_it(client, kwargs, param):
     error = raised.value
     assert error.status_code == 400 and error.param == param, error.body
     assert param in str(error.message)
+
+
+@pytest.mark.parametrize(
+    "extra_body, param",
+    [
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"structured_outputs": {"regex": "[0-9]+"}}, "structured_outputs"),
+        ({"response_format": {"type": "structural_tag", "format": {}}}, "response_format"),
+    ],
+)
+def test_a_completions_constraint_the_mock_cannot_apply_is_a_bad_request_naming_it(
+    client, extra_body, param
+):
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.completions.create(model=MODEL, prompt="Hello", max_tokens=4, extra_body=extra_body)
+    assert raised.value.status_code == 400 and raised.value.param == param, raised.value.body
 
 
 def test_the_readmes_openai_example_runs_and_prints_what_it_says(client):

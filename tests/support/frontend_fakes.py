@@ -27,7 +27,9 @@ from dynamo.frontend.model_registry import ModelRegistry
 from dynamo.frontend.worker_router import WorkerRouter, create_worker_session
 from dynamo.runtime.discovery import ModelRecord
 from dynamo.runtime.model_card import ModelCard
+from dynamo.runtime.request_plane import BadGenerateRequest
 from dynamo.runtime.sampling import SamplingOptions
+from dynamo.vllm.request_plane_server import add_request_plane_routes
 
 MODEL = "tiny"
 
@@ -164,3 +166,20 @@ async def frontend(
     finally:
         await session.close()
         await registry.aclose()
+
+
+@contextlib.asynccontextmanager
+async def refusing_worker(field: str, message: str):
+    """The worker's real request-plane routes in front of an engine that refuses every prompt
+    before its first item, as vLLM's own checks do (BadGenerateRequest naming ``field``)."""
+    calls = []
+
+    async def generate(request):
+        calls.append(request)
+        raise BadGenerateRequest(message, field=field)
+        yield  # pragma: no cover - an async generator that refuses before its first item
+
+    app = web.Application()
+    add_request_plane_routes(app, generate, lambda: True, served_model_name=MODEL)
+    async with TestServer(app, host="127.0.0.1") as server:
+        yield f"http://127.0.0.1:{server.port}", calls

@@ -9,23 +9,24 @@ engine.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import socket
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestServer
 
 from dynamo.common import lifecycle
 from dynamo.frontend.chat_processor import build_chat_processor
 from dynamo.frontend.hf_processor import RenderOptions
-from dynamo.runtime.request_plane import BadGenerateRequest
-from dynamo.vllm.request_plane_server import add_request_plane_routes
 from tests.support import wait_until_async
 from tests.support.answers import assert_openai_error, sse_events, streamed_pieces, streamed_text
-from tests.support.frontend_fakes import MODEL, echo_worker, frontend, request_plane_server
+from tests.support.frontend_fakes import (
+    MODEL,
+    echo_worker,
+    frontend,
+    refusing_worker,
+    request_plane_server,
+)
 from tests.support.tiny_model import BOS, build_tiny_tokenizer, tiny_card
 
 HELLO = [{"role": "user", "content": "héllo"}]
@@ -1028,23 +1029,6 @@ def test_a_failover_that_succeeds_logs_the_dead_instance_once(card, caplog):
     assert len(lines) == 1 and dead in lines[0].getMessage()
     assert "unavailable" in lines[0].getMessage()
     assert "not routed to for 1 s" in lines[0].getMessage()
-
-
-@contextlib.asynccontextmanager
-async def refusing_worker(field: str, message: str):
-    """The worker's real request-plane routes in front of an engine that refuses every prompt
-    before its first item, as vLLM's own checks do (BadGenerateRequest naming ``field``)."""
-    calls = []
-
-    async def generate(request):
-        calls.append(request)
-        raise BadGenerateRequest(message, field=field)
-        yield  # pragma: no cover - an async generator that refuses before its first item
-
-    app = web.Application()
-    add_request_plane_routes(app, generate, lambda: True, served_model_name=MODEL)
-    async with TestServer(app, host="127.0.0.1") as server:
-        yield f"http://127.0.0.1:{server.port}", calls
 
 
 @pytest.mark.parametrize(

@@ -51,12 +51,13 @@ def registry(parser_class) -> ModelRegistry:
         processor.output_parser = lambda tools=None, tool_choice="auto", messages=(), stream=True: (
             parser_class()
         )
+        processor.parses_tool_calls = True  # as a processor with a tool-call parser
         return processor
 
     return ModelRegistry(build)
 
 
-def ask(card, parser_class, stream: bool, *, eos: bool = True):
+def ask(card, parser_class, stream: bool, *, eos: bool = True, **extra):
     ids = build_chat_processor(card).tokenizer.encode(TEXT, add_special_tokens=False)
     output = [*ids, *card.eos_token_ids] if eos else ids
     body = {
@@ -64,6 +65,7 @@ def ask(card, parser_class, stream: bool, *, eos: bool = True):
         "messages": [{"role": "user", "content": "hi"}],
         "stream": stream,
         "max_tokens": 64 if eos else len(ids),
+        **extra,
     }
 
     async def scenario():
@@ -104,6 +106,24 @@ def test_a_stream_sends_what_was_held_then_the_calls_then_the_finish(card):
     assert deltas[0] == {"role": "assistant", "content": ""}
     assert deltas[1:3] == [{"reasoning_content": TEXT}, {"tool_calls": [CALL]}]
     assert events[-2]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+class CallsTwice(HoldsItAll):
+    def finish(self) -> ParsedDelta:
+        return ParsedDelta(tool_calls=[dict(CALL), {**CALL, "index": 1, "id": "call_2"}])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_parallel_tool_calls_false_answers_the_first_call_only(card, stream):
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    status, answer = ask(card, CallsTwice, stream, tools=tools, parallel_tool_calls=False)
+    assert status == 200, answer
+    if stream:
+        deltas = [e["choices"][0]["delta"] for e in answer[:-1] if e["choices"]]
+        calls = [c for d in deltas for c in d.get("tool_calls", ())]
+    else:
+        calls = answer["choices"][0]["message"]["tool_calls"]
+    assert calls == [CALL]
 
 
 def test_length_stays_length_with_calls(card):

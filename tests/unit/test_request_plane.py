@@ -249,6 +249,12 @@ BAD_FIELDS = [
     ("sampling.logprobs", "2"),
     ("sampling.prompt_logprobs", -1), ("sampling.prompt_logprobs", 21),
     ("sampling.prompt_logprobs", False),
+    ("sampling.structured_outputs", {}),
+    ("sampling.structured_outputs", {"regex": "a", "choice": ["b"]}),
+    ("sampling.structured_outputs", {"regex": "a" * (64 * 1024 + 1)}),
+    ("sampling.structured_outputs", {"json_object": False}),
+    ("sampling.structured_outputs", {"choice": []}),
+    ("sampling.structured_outputs", {"structural_tag": "x", "regex": "a"}),
     ("sampling.best_of", 2),  # not a sampling option of the wire format
 ]  # fmt: skip
 

@@ -102,8 +102,20 @@ def test_a_stream_carries_the_parsed_answer_before_its_finish(tiny_tokenizer_dir
     deltas = [e["choices"][0]["delta"] for e in events[:-1] if e["choices"]]
     assert "".join(d.get("reasoning_content", "") for d in deltas) == THINKING
     assert "".join(d.get("content") or "" for d in deltas) == SAID
-    assert_weather_call([c for d in deltas for c in d.get("tool_calls", [])])
+    assert_weather_call(assembled([c for d in deltas for c in d.get("tool_calls", [])]))
     assert events[-2]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def assembled(pieces: list[dict]) -> list[dict]:
+    """Streamed tool-call deltas joined by index, as a client joins them: the first carries the
+    id, type and name, the next ones pieces of the arguments."""
+    calls: dict[int, dict] = {}
+    for piece in pieces:
+        into = calls.setdefault(piece["index"], {"function": {"name": "", "arguments": ""}})
+        into.update({k: piece[k] for k in ("id", "type") if k in piece})
+        for key in ("name", "arguments"):
+            into["function"][key] += piece["function"].get(key) or ""
+    return list(calls.values())
 
 
 def test_the_cards_names_apply_and_a_name_vllm_lacks_is_served_without(tiny_tokenizer_dir, caplog):

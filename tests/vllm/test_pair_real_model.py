@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import urllib.error
 import urllib.request
 
 import pytest
@@ -133,3 +134,91 @@ def test_allowed_token_ids_and_bad_words_reach_vllms_sampler(pair):
     first = tokenizer.decode(tokenizer.encode(free, add_special_tokens=False)[:1])
     banned = post(url + "/v1/completions", {**body, "bad_words": [first.strip() or first]})
     assert not banned["choices"][0]["text"].startswith(first), (free, banned)
+
+
+# Structured outputs on vLLM's xgrammar backend. The tiny model is random: greedy decoding may
+# spend its budget on the whitespace a JSON grammar allows, so a few seeds are tried and every
+# answer that ended (stop) must be what was forced.
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+          "additionalProperties": False}  # fmt: skip
+SEEDS = (1, 2, 3, 4, 5)
+
+
+def finished_answers(url: str, body: dict) -> list[dict]:
+    answers = []
+    for seed in SEEDS:
+        answer = post(url + "/v1/chat/completions", {"model": SERVED, "max_tokens": 200,
+                      "temperature": 1.0, "seed": seed, **body})  # fmt: skip
+        if answer["choices"][0]["finish_reason"] != "length":
+            answers.append(answer["choices"][0])
+    assert answers, "no seed finished within max_tokens"
+    return answers
+
+
+MESSAGES = [{"role": "user", "content": "Is the sea blue?"}]
+
+
+def test_a_json_schema_answer_parses_and_validates_against_the_schema(pair):
+    import jsonschema
+
+    url, _ = pair
+    response_format = {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA,
+                       "strict": True}}  # fmt: skip
+    for choice in finished_answers(url, {"messages": MESSAGES, "response_format": response_format}):
+        jsonschema.validate(json.loads(choice["message"]["content"]), SCHEMA)
+
+
+def test_a_json_object_answer_is_a_json_object(pair):
+    url, _ = pair
+    body = {"messages": MESSAGES, "response_format": {"type": "json_object"}}
+    for choice in finished_answers(url, body):
+        assert isinstance(json.loads(choice["message"]["content"]), dict)
+
+
+def test_structured_outputs_regex_shapes_a_completion(pair):
+    url, _ = pair
+    body = {"model": SERVED, "prompt": "The number is", "max_tokens": 8, "temperature": 0,
+            "structured_outputs": {"regex": "[0-9]{3}"}}  # fmt: skip
+    completion = post(url + "/v1/completions", body)
+    assert re.fullmatch("[0-9]{3}", completion["choices"][0]["text"]), completion
+
+
+TOOLS = [{"type": "function", "function": {"name": "answer", "parameters": SCHEMA}}]
+
+
+def test_a_named_tool_call_parses_into_tool_calls_with_arguments_valid_for_the_tool(pair):
+    import jsonschema
+
+    url, _ = pair
+    body = {"messages": MESSAGES, "tools": TOOLS,
+            "tool_choice": {"type": "function", "function": {"name": "answer"}}}  # fmt: skip
+    for choice in finished_answers(url, body):
+        assert choice["finish_reason"] == "stop"  # OpenAI's and vLLM's rule for a named call
+        (call,) = choice["message"]["tool_calls"]
+        assert call["function"]["name"] == "answer"
+        jsonschema.validate(json.loads(call["function"]["arguments"]), SCHEMA)
+
+
+def test_tool_choice_required_with_one_call_parses_into_tool_calls(pair):
+    import jsonschema
+
+    url, _ = pair
+    body = {"messages": MESSAGES, "tools": TOOLS, "tool_choice": "required",
+            "parallel_tool_calls": False}  # fmt: skip
+    for choice in finished_answers(url, body):
+        assert choice["finish_reason"] == "tool_calls"
+        (call,) = choice["message"]["tool_calls"]
+        jsonschema.validate(json.loads(call["function"]["arguments"]), SCHEMA)
+
+
+def test_an_invalid_schema_is_a_400_naming_response_format(pair):
+    url, _ = pair
+    bad = {"name": "bad", "schema": {"type": "no-such-type"}}
+    response_format = {"type": "json_schema", "json_schema": bad}
+    body = {"model": SERVED, "messages": MESSAGES, "max_tokens": 8,
+            "response_format": response_format}  # fmt: skip
+    with pytest.raises(urllib.error.HTTPError) as raised:
+        post(url + "/v1/chat/completions", body)
+    assert raised.value.code == 400
+    error = json.load(raised.value)["error"]
+    assert error["param"] == "response_format" and "no-such-type" not in error["message"]

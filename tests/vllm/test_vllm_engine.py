@@ -14,12 +14,13 @@ import gc
 import json
 import logging
 import os
+import re
 from pathlib import Path
 
 import pytest
 
 from dynamo.runtime.request_plane import BadGenerateRequest, GenerateRequest
-from dynamo.runtime.sampling import SamplingOptions
+from dynamo.runtime.sampling import SamplingOptions, StructuredOutputs
 from dynamo.vllm import backend_args
 from dynamo.vllm.self_benchmark_args import POLICY_FREEZE
 from tests.vllm.conftest import OFFLINE_ENV, VLLM_ARGS
@@ -249,6 +250,53 @@ def test_sampling_vllm_refuses_is_a_bad_request(embedded):
     with pytest.raises(BadGenerateRequest, match="min_tokens") as excinfo:
         _collect(embedded, request)
     assert excinfo.value.field == "sampling"
+
+
+def test_a_structured_output_constraint_reaches_vllm_and_shapes_the_completion(
+    embedded, tiny_model
+):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    regex = StructuredOutputs(regex="[0-9]{3}")
+    items = _collect(embedded, plane_request([5, 6], 16, "regex", structured_outputs=regex))
+    assert items[-1]["finish_reason"] == "stop"
+    assert re.fullmatch("[0-9]{3}", tokenizer.decode(_tokens(items), skip_special_tokens=True))
+    choice = StructuredOutputs(choice=("yes", "no"))
+    items = _collect(embedded, plane_request([5, 6], 16, "choice", structured_outputs=choice))
+    assert tokenizer.decode(_tokens(items), skip_special_tokens=True) in ("yes", "no")
+
+
+def test_a_schema_vllm_cannot_compile_is_refused_naming_the_constraint(embedded):
+    bad = StructuredOutputs(json_schema='{"type": "no-such-type"}')
+    with pytest.raises(BadGenerateRequest) as excinfo:
+        _collect(embedded, plane_request([5], 4, "bad-schema", structured_outputs=bad))
+    assert excinfo.value.field == "sampling.structured_outputs"
+    assert "no-such-type" in str(excinfo.value)  # vLLM's words: the worker's log, not a client's
+
+
+def test_every_constraint_field_maps_onto_vllms_structured_outputs_params():
+    from vllm.sampling_params import StructuredOutputsParams
+
+    from dynamo.vllm.vllm_sampling import sampling_params, structured_outputs_params
+
+    assert structured_outputs_params(None) is None
+    options = {"disable_any_whitespace": True, "disable_additional_properties": True,
+               "whitespace_pattern": " ?"}  # fmt: skip
+    wire = StructuredOutputs(json_schema='{"type": "object"}', **options)
+    assert structured_outputs_params(wire) == StructuredOutputsParams(
+        json='{"type": "object"}', **options
+    )
+    for constraint, expected in [
+        ({"regex": "a+"}, {"regex": "a+"}), ({"choice": ("a", "b")}, {"choice": ["a", "b"]}),
+        ({"grammar": 'root ::= "a"'}, {"grammar": 'root ::= "a"'}),
+        ({"json_object": True}, {"json_object": True}),
+    ]:  # fmt: skip
+        mapped = structured_outputs_params(StructuredOutputs(**constraint))
+        assert mapped == StructuredOutputsParams(**expected)
+    options = SamplingOptions(max_tokens=3, structured_outputs=StructuredOutputs(regex="a"))
+    assert sampling_params(options, {}).structured_outputs == StructuredOutputsParams(regex="a")
+    assert sampling_params(SamplingOptions(max_tokens=3), {}).structured_outputs is None
 
 
 def test_closing_the_stream_aborts_the_request_in_vllm(embedded, caplog):

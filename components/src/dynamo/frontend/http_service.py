@@ -305,7 +305,7 @@ class FrontendService:
         try:
             try:
                 opened = await open_all(
-                    self._open(entry, responder, prompt_ids, prompt_param, sampling, index)
+                    self._open(entry, req, responder, prompt_ids, prompt_param, sampling, index)
                     for index in range(req.choices)  # type: ignore[attr-defined]  # ChoicesFields
                 )
                 for index, (first, stream) in enumerate(opened):
@@ -335,6 +335,7 @@ class FrontendService:
     async def _open(
         self,
         entry: ModelEntry,
+        req: oai._SamplingRequest,
         responder: Responder,
         prompt_ids: list[int],
         prompt_param: str,
@@ -360,6 +361,8 @@ class FrontendService:
             raise oai.service_unavailable(str(exc), detail=exc.detail) from exc
         except RequestRefused as exc:  # the engine's own check: the client's 400
             param = refused_param(exc.field, prompt_param)
+            if param == "structured_outputs":  # set by response_format, tool_choice, ...
+                param = req.structured_field or param
             self.refusals.emit(
                 "refused",
                 "Request %s refused by a worker of model %s (field %s): %s",

@@ -75,8 +75,11 @@ def no_effect(name: str, reason: str, endpoints: tuple[str, ...] = _BOTH) -> Fie
 _SAMPLER = "passed to the engine's sampler with vLLM's range (the mock engine does not sample)"
 _NOT_YET = "not implemented by this server yet"
 _PROMPT_LOGPROBS = "the prompt's log probabilities are not returned by this server yet"
-_TOOLS = "limiting the model to one tool call is not implemented by this server yet"
-_STRUCTURED = "structured output (guided decoding) is not implemented by this server yet"
+_STRUCTURED = (
+    "the engine forces the output into that shape (vLLM's structured outputs, compiled by "
+    "vLLM: an invalid schema is a 400 naming this field); schemas, regexes and grammars at "
+    "most 64 KiB; structural_tag is refused by name; the mock engine refuses it by name"
+)
 _MULTIMODAL = "this server serves text-only models"
 _DISAGG = "disaggregated serving (KV / encoder cache transfer) is not part of this server"
 _VLLM_ONLY = "a vLLM server extension this server does not implement"
@@ -103,7 +106,9 @@ RULES: tuple[FieldRule, ...] = (
         "none renders the tools without calls being parsed; auto (the default when tools are "
         "given) needs the model served with a tool-call parser (--tool-call-parser, or the "
         "worker's --dyn-tool-call-parser), else it is refused by name; required and a named "
-        "function need structured output, which this server does not do: refused by name",
+        "function force the output into calls with vLLM's JSON schema from the tools "
+        "(structured outputs: the mock engine refuses them by name), parsed into tool_calls "
+        "(finish_reason tool_calls for required, stop for a named function, as vLLM)",
         (CHAT,),
     ),
     applied(
@@ -178,6 +183,19 @@ RULES: tuple[FieldRule, ...] = (
         "bad_words",
         "words vLLM must not generate (at most 64); the mock engine refuses it by name",
     ),
+    applied("response_format", "json_object or json_schema (its schema): " + _STRUCTURED),
+    applied(
+        "structured_outputs",
+        "vLLM's fields (json, regex, choice, grammar, json_object, disable_any_whitespace, "
+        "disable_additional_properties, whitespace_pattern), one constraint, not with "
+        "response_format: " + _STRUCTURED,
+    ),
+    applied(
+        "parallel_tool_calls",
+        "false: the first tool call only (vLLM's rule), and with tool_choice required the "
+        "forced schema allows one (maxItems 1, as vLLM)",
+        (CHAT,),
+    ),
     applied("min_tokens", "the engine suppresses stop tokens until then"),
     applied(
         "logprobs",
@@ -227,9 +245,6 @@ RULES: tuple[FieldRule, ...] = (
         "special tokens are always skipped when decoding here",
         True,
     ),
-    refused("response_format", _STRUCTURED, {"type": "text"}),
-    refused("structured_outputs", _STRUCTURED),
-    refused("parallel_tool_calls", _TOOLS, True, endpoints=(CHAT,)),
     refused("reasoning_effort", "reasoning controls are " + _NOT_YET, endpoints=(CHAT,)),
     refused(
         "include_reasoning",

@@ -40,11 +40,12 @@ from dynamo.runtime.sampling import (
     SamplerFields,
     SamplingOptions,
     StopText,
+    StructuredOutputs,
     TokenCount,
     TokenId,
 )
 
-from . import openai_fields
+from . import openai_fields, structured_output
 from .choice_fields import ChoicesFields
 from .logprobs import ChatLogprobs, CompletionLogprobs
 from .openai_tools import NamedToolChoice, TemplateVariables, Tool, check_tool_choice_shape
@@ -163,6 +164,10 @@ class _SamplingRequest(SamplerFields):
     skip_special_tokens: StrictBool | None = None
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
+    # vLLM's structured outputs (.structured_output); _structured: (client field, constraint).
+    response_format: structured_output.ResponseFormat | None = None
+    structured_outputs: structured_output.StructuredOutputsRequest | None = None
+    _structured: tuple[str, StructuredOutputs] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -173,6 +178,15 @@ class _SamplingRequest(SamplerFields):
             return data
         strict = bool(info.context and info.context.get("strict_fields"))
         return openai_fields.screen(cls.ENDPOINT, data, strict=strict)
+
+    @model_validator(mode="after")
+    def _structured_output(self) -> _SamplingRequest:
+        self._structured = structured_output.constraint(self)
+        return self
+
+    @property
+    def structured_field(self) -> str | None:  # the field a refusal of the constraint names
+        return self._structured[0] if self._structured else None
 
     @property
     def unknown_fields(self) -> tuple[str, ...]:
@@ -210,6 +224,7 @@ class _SamplingRequest(SamplerFields):
             bad_words=tuple(self.bad_words or ()),
             logprobs=self.logprobs_asked(),  # type: ignore[attr-defined]  # each endpoint's mixin
             prompt_logprobs=self.prompt_logprobs_asked(),  # type: ignore[attr-defined]  # idem
+            structured_outputs=self._structured[1] if self._structured else None,
         )
 
     def logit_bias_pairs(self) -> tuple[tuple[int, float], ...]:
@@ -265,6 +280,7 @@ class ChatCompletionRequest(ChatLogprobs, ChoicesFields, _SamplingRequest):
     documents: Annotated[list[dict[StrictStr, StrictStr]], Field(max_length=64)] | None = None
     tools: Annotated[list[Tool], Field(max_length=128)] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: StrictBool | None = None  # false: one call at most (with required)
     # Extra variables of the chat template (e.g. enable_thinking), as vLLM passes them.
     chat_template_kwargs: TemplateVariables | None = None
 
@@ -382,30 +398,6 @@ def parse_chat_request(body: Any, *, strict_fields: bool = False) -> ChatComplet
 
 def parse_completion_request(body: Any, *, strict_fields: bool = False) -> CompletionRequest:
     return parse_request(CompletionRequest, body, strict_fields=strict_fields)
-
-
-def context_length_exceeded(*, context_length: int, prompt_tokens: int, param: str) -> ApiError:
-    # vLLM's wording (renderers/params.py), so clients that parse it keep working.
-    return invalid_request(
-        f"This model's maximum context length is {context_length} tokens. However, your "
-        f"prompt contains {prompt_tokens} input tokens, which exceeds this limit even without "
-        "any output tokens. Please reduce the length of the input prompt.",
-        param=param,
-        code="context_length_exceeded",
-    )
-
-
-def completion_too_long(
-    *, context_length: int, prompt_tokens: int, max_tokens: int, param: str
-) -> ApiError:
-    return invalid_request(
-        f"This model's maximum context length is {context_length} tokens. However, you "
-        f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, "
-        f"{max_tokens} for the completion). Please reduce the length of the prompt or "
-        f"`{param}`.",
-        param=param,
-        code="context_length_exceeded",
-    )
 
 
 # -- responses ------------------------------------------------------------------------------

@@ -4,10 +4,10 @@ shapes) and its ``chat_template_kwargs``.
 What this server honours of ``tool_choice``: the tools always reach the chat template; ``none``
 stops there; ``auto`` (the default when tools are given, as in vLLM) needs the model's processor
 to parse tool calls out of the output (a tool-call parser: ``--tool-call-parser`` or the
-worker's ``--dyn-tool-call-parser``); ``required`` and a named function need the output to be
-forced into a call (vLLM's structured outputs), which this server does not do, so they are
-refused by name rather than answered with a call the model may not make. Template variables
-that would bypass a request field are refused too."""
+worker's ``--dyn-tool-call-parser``); ``required`` and a named function force the output into
+calls with vLLM's JSON schema from the tools (:mod:`.structured_output`) and parse it
+(:mod:`.forced_tool_calls`), as vLLM does, with no tool-call parser. Template variables that
+would bypass a request field are refused too."""
 
 from __future__ import annotations
 
@@ -89,10 +89,5 @@ def check_tool_choice(
             '`tool_choice` "none" renders the tools into the prompt without parsing calls',
             "unsupported_parameter",
         )
-    shown = tool_choice if isinstance(tool_choice, str) else "a named function"
-    raise FieldRefused(
-        "tool_choice",
-        f"`tool_choice` {shown} needs the output forced into a call (structured outputs), "
-        'which this server does not do; use "auto" with a tool-call parser, or "none"',
-        "unsupported_parameter",
-    )
+    # required, or a named function: the output is forced into calls (structured outputs,
+    # see .structured_output) and parsed by .forced_tool_calls, with no tool-call parser.

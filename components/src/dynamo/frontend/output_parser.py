@@ -6,9 +6,11 @@ parser names in effect. The response path feeds it the completion's text as it i
 turns what comes back into OpenAI deltas:
 
 * ``content`` and ``reasoning_content`` go out as they come (streaming) or are joined (not);
-* ``tool_calls`` arrive whole, in OpenAI's shape, from :meth:`OutputParser.finish` (a call's
-  arguments are complete JSON only once the model has finished it); a completion that ends
-  with tool calls and ``finish_reason`` ``stop`` reports ``tool_calls``, as OpenAI and SGLang do.
+* ``tool_calls`` in OpenAI's shape: whole from :meth:`OutputParser.finish` (SGLang's parsers
+  here: a call's arguments are complete JSON only once the model has finished it), or as
+  streaming deltas from :meth:`OutputParser.feed` (vLLM's: a call's first delta has its id and
+  name, the next ones pieces of its arguments); a completion that ends with tool calls and
+  ``finish_reason`` ``stop`` reports ``tool_calls``, as OpenAI, vLLM and SGLang do.
 
 A non-streamed completion is fed the same way (its whole text in one :meth:`OutputParser.feed`,
 then :meth:`OutputParser.finish`), so both modes go through the same parser state.
@@ -46,9 +48,59 @@ class OutputParser(Protocol):
         ...
 
 
+class FirstCallOnly:
+    """A request's parser with ``parallel_tool_calls`` false: its first tool call only (the
+    entries of index 0, a whole call or its streamed deltas), the rest dropped, as vLLM's
+    ``maybe_filter_parallel_tool_calls`` filters them."""
+
+    def __init__(self, parser: OutputParser) -> None:
+        self._parser = parser
+        # The wrapped parser's finish reason for its calls (see ParsedOutput), if it has one.
+        self.calls_finish_reason = getattr(parser, "calls_finish_reason", "tool_calls")
+
+    @staticmethod
+    def _first(parsed: ParsedDelta) -> ParsedDelta:
+        parsed.tool_calls = [call for call in parsed.tool_calls if call.get("index") == 0]
+        return parsed
+
+    def feed(self, text: str) -> ParsedDelta:
+        return self._first(self._parser.feed(text))
+
+    def finish(self) -> ParsedDelta:
+        return self._first(self._parser.finish())
+
+
 # One request's parser from its ``tools``, ``tool_choice`` and ``messages``, and whether it
 # streams (a non-streamed completion is parsed whole at the end); None: nothing to parse.
 OutputParserFactory = Callable[..., OutputParser | None]
+
+
+@dataclass(frozen=True)
+class ParserRequest:
+    """What a request's parser is built from: ``tools`` and ``tool_choice`` in OpenAI's shapes,
+    its ``messages``, and whether it streams."""
+
+    tools: Tools = None
+    tool_choice: Any = "auto"
+    messages: Messages = ()
+    stream: bool = True
+
+
+class OutputParsers:
+    """A model's :data:`OutputParserFactory` as a class: the call's arguments, gathered in a
+    :class:`ParserRequest`, go to :meth:`build`, which a chat processor's factory overrides."""
+
+    def __call__(
+        self,
+        tools: Tools = None,
+        tool_choice: Any = "auto",
+        messages: Messages = (),
+        stream: bool = True,
+    ) -> OutputParser | None:
+        return self.build(ParserRequest(tools, tool_choice, messages, stream))
+
+    def build(self, request: ParserRequest) -> OutputParser | None:
+        raise NotImplementedError
 
 
 def no_output_parser(

@@ -21,15 +21,29 @@ from dynamo.runtime import peer_text
 from dynamo.runtime.log_budget import CauseBudgets
 
 from . import openai_protocol as oai
-from .output_parser import OutputParser, ParsedDelta
+from .forced_tool_calls import forced_tool_calls
+from .openai_tools import NamedToolChoice
+from .output_parser import FirstCallOnly, OutputParser, ParsedDelta
 from .responses import ChatResponder
 
 
 def output_parser(processor_factory: Any, chat: oai.ChatCompletionRequest) -> OutputParser | None:
+    """The request's parser, or None (nothing to parse); its first call only with
+    ``parallel_tool_calls`` false, as vLLM filters them."""
+    parser = _output_parser(processor_factory, chat)
+    if parser is not None and chat.parallel_tool_calls is False:
+        return FirstCallOnly(parser)
+    return parser
+
+
+def _output_parser(processor_factory: Any, chat: oai.ChatCompletionRequest) -> OutputParser | None:
     """The request's parser from its model's factory, or None (nothing to parse). A ``tools``
     entry the parser's library cannot read is the client's 400 naming ``tools``."""
+    choice = chat.tool_choice
+    if chat.tools and (choice == "required" or isinstance(choice, NamedToolChoice)):
+        # Forced into calls by the engine (structured outputs): no tool-call parser needed.
+        return forced_tool_calls(choice if isinstance(choice, str) else choice.model_dump())
     try:
-        choice = chat.tool_choice
         return processor_factory(
             chat.template_tools(),  # OpenAI's shapes, as the client sent them
             "auto"
@@ -63,6 +77,8 @@ class ParsedOutput:
         self._responder = responder
         self._index = index  # the choice's (n > 1)
         self._tool_calls = False
+        # A named tool_choice's calls end with "stop" (OpenAI's and vLLM's rule).
+        self._calls_reason = getattr(parser, "calls_finish_reason", "tool_calls")
 
     def _failed(self, exc: Exception) -> None:
         self._parser = None
@@ -108,7 +124,7 @@ class ParsedOutput:
         return chunks
 
     def finish_reason(self, reason: str) -> str:
-        return "tool_calls" if self._tool_calls and reason == "stop" else reason
+        return self._calls_reason if self._tool_calls and reason == "stop" else reason
 
     def whole_choice(self, text: str, finish_reason: str) -> dict:
         """The non-streamed choice: the whole text through the parser."""

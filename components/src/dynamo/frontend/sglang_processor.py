@@ -52,7 +52,7 @@ from typing import Any
 from dynamo.runtime.model_card import ModelCard
 
 from .hf_processor import PLAIN, ModelFilesError, RenderOptions, rendering_errors
-from .output_parser import Messages, OutputParser, OutputParserFactory, Tools
+from .output_parser import OutputParser, OutputParserFactory, OutputParsers, ParserRequest
 
 # What --dyn-chat-processor sglang imports at start-up, before the freeze (keep in step with
 # the packages of scripts/setup_sglang_env.sh).
@@ -326,7 +326,7 @@ def _is_named_tool_choice(tool_choice: Any) -> bool:
     )
 
 
-class SglangOutputParsers:
+class SglangOutputParsers(OutputParsers):
     """Builds each request's :class:`~dynamo.frontend.output_parser.OutputParser` for one model."""
 
     def __init__(self, tokenizer: Any, template_text: str, settings: SglangSettings) -> None:
@@ -339,17 +339,17 @@ class SglangOutputParsers:
             else False
         )
 
-    def __call__(
-        self,
-        tools: Tools = None,
-        tool_choice: Any = "auto",
-        messages: Messages = (),
-        stream: bool = True,
-    ) -> OutputParser | None:
+    def build(self, request: ParserRequest) -> OutputParser | None:
         """The request's parser, or None when it has nothing to parse (no reasoning parser, and
         no tools or ``tool_choice`` ``none``). ``tools`` and ``tool_choice`` in OpenAI's shape;
         ``messages`` for the number of earlier tool calls (Kimi's call ids count them);
         ``stream`` as the request asks (a non-streamed one is parsed whole at the end)."""
+        tools, tool_choice, messages, stream = (
+            request.tools,
+            request.tool_choice,
+            request.messages,
+            request.stream,
+        )
         from sglang.srt.entrypoints.openai.protocol import Tool
         from sglang.srt.function_call.function_call_parser import FunctionCallParser
         from sglang.srt.function_call.json_array_parser import JsonArrayParser

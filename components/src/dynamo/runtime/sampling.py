@@ -10,9 +10,10 @@ frontend accepts is one vLLM accepts.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -23,6 +24,7 @@ from pydantic import (
     ValidationInfo,
     field_validator,
     model_serializer,
+    model_validator,
 )
 
 # Strict: a JSON number (an integer is fine), never a string or a boolean ("0.5" and true are
@@ -51,7 +53,68 @@ MAX_LOGPROBS = 20
 LogprobCount = Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)]
 # Fields added to the wire format after its first release: sent only when set (not empty, not
 # None), so a worker that predates them still takes every request that does not use them.
-ADDED_FIELDS = ("logit_bias", "allowed_token_ids", "bad_words", "logprobs", "prompt_logprobs")
+ADDED_FIELDS = (
+    "logit_bias",
+    "allowed_token_ids",
+    "bad_words",
+    "structured_outputs",
+    "logprobs",
+    "prompt_logprobs",
+)
+# A schema, regex or grammar is text the worker's engine compiles: each is bounded (in UTF-8
+# bytes, as it travels), and so are a choice's options (docs/security.md).
+MAX_STRUCTURED_TEXT_BYTES = 64 * 1024
+MAX_CHOICES = 1024
+# StructuredOutputs' constraints: exactly one is set (vLLM's StructuredOutputsParams rule).
+CONSTRAINTS = ("json_schema", "regex", "choice", "grammar", "json_object")
+
+
+def _utf8_size(value: str) -> int:
+    return len(value.encode("utf-8", "surrogatepass"))  # JSON allows lone surrogates
+
+
+def _bounded_text(value: str) -> str:
+    size = _utf8_size(value)
+    if size > MAX_STRUCTURED_TEXT_BYTES:
+        raise ValueError(f"is {size} bytes, over the limit of {MAX_STRUCTURED_TEXT_BYTES}")
+    return value
+
+
+StructuredText = Annotated[StrictStr, Field(min_length=1), AfterValidator(_bounded_text)]
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's ``StructuredOutputsParams`` as the request plane carries it: one constraint the
+    engine compiles into a grammar. ``json_schema`` is vLLM's ``json`` (the schema's text: a
+    name pydantic's BaseModel keeps for itself). ``structural_tag`` is not carried (the
+    frontend refuses it)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    json_schema: StructuredText | None = None
+    regex: StructuredText | None = None
+    choice: Annotated[tuple[StructuredText, ...], Field(min_length=1, max_length=MAX_CHOICES)] | (
+        None
+    ) = None
+    grammar: StructuredText | None = None
+    json_object: Literal[True] | None = None
+    disable_any_whitespace: StrictBool = False
+    disable_additional_properties: StrictBool = False
+    whitespace_pattern: StructuredText | None = None
+
+    @model_validator(mode="after")
+    def _one_constraint(self) -> StructuredOutputs:
+        chosen = [name for name in CONSTRAINTS if getattr(self, name) is not None]
+        if len(chosen) != 1:
+            # vLLM's names (json is this model's json_schema): the client's error shows them.
+            raise ValueError(
+                "exactly one constraint of json, regex, choice, grammar, json_object must be set"
+            )
+        if self.choice is not None and sum(map(_utf8_size, self.choice)) > (
+            MAX_STRUCTURED_TEXT_BYTES
+        ):
+            raise ValueError(f"choice is over the limit of {MAX_STRUCTURED_TEXT_BYTES} bytes")
+        return self
 
 
 class SamplerFields(BaseModel):
@@ -93,6 +156,8 @@ class SamplingOptions(SamplerFields):
     allowed_token_ids: Annotated[tuple[TokenId, ...], Field(max_length=MAX_ALLOWED_TOKEN_IDS)] = ()
     # Words the sampler must not produce, as vLLM's bad_words.
     bad_words: Annotated[tuple[StopText, ...], Field(max_length=MAX_BAD_WORDS)] = ()
+    # The output forced into a shape (vLLM's structured outputs); None: free text.
+    structured_outputs: StructuredOutputs | None = None
     # Log probabilities of each generated token and of this many alternatives (vLLM's
     # SamplingParams.logprobs; 0: the sampled token's only); None: none are returned.
     logprobs: LogprobCount | None = None

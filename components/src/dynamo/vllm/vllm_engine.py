@@ -303,13 +303,17 @@ class VllmEngine:
                         }
                         return
         except VLLMValidationError as exc:
+            # vLLM's own check of the request when it is added (a structured output's schema
+            # or grammar that does not compile, more logprobs than its --max-logprobs): the
+            # client's 400, before any token, naming the sampling field vLLM names.
             if produced:
                 raise
-            # vLLM's own checks against its model config (more logprobs than its
-            # --max-logprobs): the client's 400, naming the sampling field when vLLM names one.
             name = getattr(exc, "parameter", None)
-            field = f"sampling.{name}" if name in SamplingOptions.model_fields else "sampling"
-            raise BadGenerateRequest(f"sampling: {one_line(exc)}", field=field) from None
+            if name not in SamplingOptions.model_fields:
+                structured = request.sampling.structured_outputs is not None
+                name = "structured_outputs" if structured else None
+            field = f"sampling.{name}" if name else "sampling"
+            raise BadGenerateRequest(f"vLLM refused it: {one_line(exc)}", field=field) from None
         except EngineDeadError as exc:
             # vLLM's EngineCore is gone (it logged why): this stream ends with an in-band
             # error, and the worker, woken by wait_until_dead, logs the death once and exits.

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from vllm import SamplingParams
-from vllm.sampling_params import RequestOutputKind
+from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
-from dynamo.runtime.sampling import SamplingOptions
+from dynamo.runtime.sampling import SamplingOptions, StructuredOutputs
 
 # SamplingOptions fields that fall back on the model's generation config when a request leaves
 # them unset (vLLM's ModelConfig.get_diff_sampling_param, as its OpenAI server applies them).
@@ -43,8 +43,26 @@ def sampling_params(options: SamplingOptions, model_defaults: dict[str, Any]) ->
         bad_words=list(options.bad_words) or None,
         logprobs=options.logprobs,
         prompt_logprobs=options.prompt_logprobs,
+        structured_outputs=structured_outputs_params(options.structured_outputs),
         output_kind=RequestOutputKind.DELTA,
         **chosen,
+    )
+
+
+def structured_outputs_params(wire: StructuredOutputs | None) -> StructuredOutputsParams | None:
+    """vLLM's ``StructuredOutputsParams`` for the request plane's constraint (its
+    ``json_schema`` is vLLM's ``json``, the schema's text, which vLLM's backends take)."""
+    if wire is None:
+        return None
+    return StructuredOutputsParams(
+        json=wire.json_schema,
+        regex=wire.regex,
+        choice=list(wire.choice) if wire.choice is not None else None,
+        grammar=wire.grammar,
+        json_object=wire.json_object,
+        disable_any_whitespace=wire.disable_any_whitespace,
+        disable_additional_properties=wire.disable_additional_properties,
+        whitespace_pattern=wire.whitespace_pattern,
     )
 
 
