@@ -104,11 +104,26 @@ def test_sampling_fields_the_client_sends_are_served(client):
     assert completion.choices[0].message.content is not None
 
 
+def test_n_choices_reach_the_client_indexed_whole_and_streamed(client):
+    completion = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=4, n=2, seed=3
+    )
+    assert [choice.index for choice in completion.choices] == [0, 1]
+    assert completion.usage is not None and completion.usage.completion_tokens <= 8
+    streamed = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=4, n=2, stream=True
+    )
+    finished = sorted(c.choices[0].index for c in streamed if c.choices[0].finish_reason)
+    assert finished == [0, 1]
+
+
 @pytest.mark.parametrize(
     "kwargs, param",
     [
+        # The mock engine has no distribution: the worker refuses it, naming the field.
         ({"logprobs": True, "top_logprobs": 2}, "logprobs"),
-        ({"n": 2}, "n"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),  # vLLM's max_logprobs
+        ({"n": 17}, "n"),  # at most 16 choices
         # The mock engine does not sample: a constraint is refused by name (vLLM applies it).
         ({"response_format": {"type": "json_object"}}, "response_format"),
         (

@@ -34,6 +34,12 @@ from dynamo.vllm.request_plane_server import add_request_plane_routes
 MODEL = "tiny"
 
 
+def echo_logprobs(token_id: int, alternatives: int) -> list[list[float]]:
+    """The echo engine's logprobs of one token: the token at -0.25, then ``alternatives``
+    others (the ids after it) at -1, -2, ..."""
+    return [[token_id, -0.25]] + [[token_id + 1 + i, -1.0 - i] for i in range(alternatives)]
+
+
 class EchoEngine:
     """Streams ``output`` (default: the prompt's ids, over and over) ``chunk`` ids per item."""
 
@@ -69,7 +75,13 @@ class EchoEngine:
                         break
                 if self.token_s:
                     await asyncio.sleep(self.token_s)  # the engine's simulated compute
-                yield {"token_ids": step}
+                item: dict[str, Any] = {"token_ids": step}
+                if sampling.logprobs is not None:
+                    item["logprobs"] = [echo_logprobs(t, sampling.logprobs) for t in step]
+                if sampling.prompt_logprobs is not None and len(produced) == len(step):
+                    k = sampling.prompt_logprobs  # the first item's: null for the first id
+                    item["prompt_logprobs"] = [None] + [echo_logprobs(t, k) for t in prompt[1:]]
+                yield item
         except (GeneratorExit, asyncio.CancelledError):
             self.requests_aborted += 1
             raise

@@ -130,7 +130,7 @@ BAD_FIELDS: list[tuple[str, list]] = [
     ("frequency_penalty", [3, -3, None and 0 or "x"]),
     ("repetition_penalty", [0, -1, "1"]),
     ("stop", [5, [""], "", [1, 2], ["a"] * 65, {"a": 1}]),
-    ("n", [2, 0, "1"]),
+    ("n", [17, 0, "1", 1.0, True]),  # at most 16 (choice_fields.MAX_N)
     ("ignore_eos", ["yes", 1]),
     ("min_tokens", [-1, 1.5, "2"]),
     ("stream", ["yes", 1]),

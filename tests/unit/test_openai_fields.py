@@ -24,6 +24,7 @@ from dynamo.frontend.openai_fields import (
     COMPLETION,
     ENDPOINTS,
     FIELDS,
+    VLLM_REMOVED,
     FieldRefused,
     Treatment,
     UnknownFieldLog,
@@ -71,7 +72,7 @@ def test_every_field_of_vllms_request_model_is_classified_and_nothing_else(endpo
     assert snapshot()["vllm_version"]
     unclassified = vllm_names - set(FIELDS[endpoint])
     assert not unclassified, f"classify in dynamo/frontend/openai_fields.py: {unclassified}"
-    assert set(FIELDS[endpoint]) - vllm_names == set()
+    assert set(FIELDS[endpoint]) - vllm_names == VLLM_REMOVED
 
 
 @pytest.mark.parametrize("endpoint", ENDPOINTS)
@@ -107,9 +108,9 @@ def test_a_refused_field_at_null_or_vllms_default_asks_for_nothing_and_is_accept
 @pytest.mark.parametrize(
     "endpoint, name, value",
     [
-        (CHAT, "logprobs", True),
-        (COMPLETION, "logprobs", 0),  # 0 asks for the sampled token's logprob: not false
-        (CHAT, "top_logprobs", 0.0),
+        (COMPLETION, "prompt_logprobs", 0),  # 0 asks for the prompt token's logprob
+        (COMPLETION, "best_of", 2),  # more than n: vLLM removed it, never ignored quietly
+        (CHAT, "best_of", 1.0),
         (CHAT, "spaces_between_special_tokens", False),
         (CHAT, "echo", True),
         (COMPLETION, "priority", 5),
@@ -198,8 +199,7 @@ def _post(card, endpoint: str, body: dict, *, strict: bool = False) -> tuple[int
 @pytest.mark.parametrize(
     "endpoint, name, value",
     [
-        (CHAT, "logprobs", True),
-        (CHAT, "top_logprobs", 3),
+        (CHAT, "logprob_token_ids", [3]),
         (CHAT, "echo", True),
         (COMPLETION, "prompt_logprobs", 1),
     ],

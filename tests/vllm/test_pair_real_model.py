@@ -6,6 +6,7 @@ own files and sends the request plane's v2 body.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import urllib.error
@@ -40,21 +41,30 @@ def tiny_processor(model: str):
     return build_chat_processor(card)
 
 
-@pytest.fixture(scope="module")
-def pair(tiny_model, tmp_path_factory):
-    directory = tmp_path_factory.mktemp("real-pair")
+@contextlib.contextmanager
+def serving(tiny_model: str, directory, *worker_args: str):
+    """A real-vLLM worker (``worker_args`` after the starter's) and a frontend; yields the
+    frontend's URL once it serves the model."""
     discovery = directory / "discovery"
-    worker = start_worker("worker", directory, discovery, SERVED, vllm_model=tiny_model)
+    worker = start_worker(
+        "worker", directory, discovery, SERVED, *worker_args, vllm_model=tiny_model
+    )
     frontend = start_frontend("frontend", directory, discovery)
     try:
         url = frontend.wait_for_log(LISTENING_LINE, deadline_s=START_DEADLINE_S).group(1)
         frontend.wait_for_log(
             r"Model added: model=" + re.escape(SERVED), deadline_s=START_DEADLINE_S
         )
-        yield url, tiny_model
+        yield url
     finally:
         frontend.stop()
         worker.stop(deadline_s=60)
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_model, tmp_path_factory):
+    with serving(tiny_model, tmp_path_factory.mktemp("real-pair")) as url:
+        yield url, tiny_model
 
 
 def test_the_served_name_is_the_one_in_v1_models(pair):

@@ -13,9 +13,9 @@ A per-request output parser (tool calls, reasoning) is fed with the text pieces 
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 
-from dynamo.runtime.request_plane import Finish, StreamItem
+from dynamo.runtime.request_plane import Finish, LogprobPosition, StreamItem
 from dynamo.runtime.sampling import SamplingOptions
 
 from . import openai_protocol as oai
@@ -44,8 +44,10 @@ class Generation:
         skip_special_tokens: bool = True,
         include_stop_str_in_output: bool = False,
         echo: str = "",
+        prompt_ids: Sequence[int] = (),
     ) -> None:
         self._echo = echo  # the prompt's text, first in the output (a completion's ``echo``)
+        self._prompt_ids = prompt_ids  # the echoed prompt's ids (for its logprobs)
         self._detokenizer = processor.detokenizer(skip_special_tokens=skip_special_tokens)
         self._stops = StopStringMatcher(sampling.stop, include=include_stop_str_in_output)
         self._include_stop = include_stop_str_in_output
@@ -56,11 +58,22 @@ class Generation:
         self._stream = stream
         self.completion_tokens = 0
         self.finish_reason: str | None = None
+        # The logprobs of the tokens counted since the last take_logprobs (when asked for):
+        # every counted token's, the stop token's too, as vLLM reports them.
+        self._logprobs: list[tuple[int, LogprobPosition | None]] = []
+
+    def take_logprobs(self) -> list[tuple[int, LogprobPosition | None]]:
+        """The logprobs of the tokens counted since the last call (none unless asked for)."""
+        taken, self._logprobs = self._logprobs, []
+        return taken
 
     async def pieces(self) -> AsyncIterator[str]:
         """The completion's text, piece by piece (an empty piece carries nothing), after the
         echoed prompt if the request asked for it."""
         if self._echo:
+            prompt = getattr(self._first, "prompt_logprobs", None)  # validated: one per id
+            if prompt is not None:
+                self._logprobs.extend(zip(self._prompt_ids, prompt, strict=True))
             yield self._echo
         async for piece in self._generated():
             yield piece
@@ -69,8 +82,10 @@ class Generation:
         item = self._first
         while True:
             pieces = []
-            for token_id in item.token_ids:
+            for index, token_id in enumerate(item.token_ids):
                 self.completion_tokens += 1
+                if item.logprobs is not None:  # validated: one position per id
+                    self._logprobs.append((token_id, item.logprobs[index]))
                 if self._stop_token(token_id):  # its text is in the output only if asked
                     if self._include_stop:
                         text = self._detokenizer.add((token_id,))

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -32,8 +32,10 @@ from dynamo.runtime.model_card import out_of_vocabulary
 from dynamo.runtime.request_plane import (
     GenerateRequest,
     RequestRefused,
+    StreamItem,
     WorkerUnavailable,
 )
+from dynamo.runtime.sampling import SamplingOptions
 
 from . import openai_protocol as oai
 from . import request_metrics as rm
@@ -42,13 +44,24 @@ from .chat_processor import (
     NoChatTemplate,
     OutOfVocabulary,
 )
+from .choices import (
+    Choice,
+    child_sampling,
+    choice_chunks,
+    close_all,
+    merged,
+    new_choice,
+    open_all,
+    usage,
+    whole_body,
+)
 from .generation import Generation
 from .http_surface import bad_worker_response, failure_log, openai_errors, worker_failure
 from .model_registry import ModelEntry, ModelRegistry
 from .openai_fields import FieldRefused, UnknownFieldLog
 from .openai_tools import check_tool_choice
 from .output_parser import OutputParser
-from .parsed_output import ParsedOutput, output_parser
+from .parsed_output import output_parser
 from .preprocess_pool import PreprocessPool
 from .preprocessing import Preprocessing
 from .prompt_budget import completion_budget, refused_param, truncated_prompt
@@ -227,10 +240,13 @@ class FrontendService:
                     param="messages",
                     code="chat_template_error",
                 ) from None
-            parser = output_parser(entry.processor.output_parser, chat)
+            # One parser per choice: each parses its own text.
+            parsers = [
+                output_parser(entry.processor.output_parser, chat) for _ in range(chat.choices)
+            ]
             prompt_ids = await self._encode(entry, prompt, chat, chat=True)
             return await self._serve(
-                request, entry, chat, prompt_ids, "messages", ChatResponder, track, parser
+                request, entry, chat, prompt_ids, "messages", ChatResponder, track, parsers
             )
 
     async def handle_completions(self, request: web.Request) -> web.StreamResponse:
@@ -259,7 +275,7 @@ class FrontendService:
         prompt_param: str,
         responder_class: type[Responder],
         track: RequestTrack,
-        parser: OutputParser | None = None,
+        parsers: Sequence[OutputParser | None] = (),
     ) -> web.StreamResponse:
         sent = prompt_ids
         prompt_ids = truncated_prompt(req, prompt_ids, entry.card.context_length)
@@ -282,96 +298,106 @@ class FrontendService:
         if found is not None:
             raise oai.invalid_request(found[1], param=f"allowed_token_ids[{found[0]}]")
         responder = responder_class(req.model, oai.new_completion_id(responder_class.ID_PREFIX))
-        # Tool calls and reasoning parsed out of a chat completion's text (ChatResponder only).
-        parsed = None
-        if parser is not None and isinstance(responder, ChatResponder):
-            parsed = ParsedOutput(parser, responder)
         sampling = req.sampling(max_tokens, entry.card.eos_token_ids)
-        # Built, not validated again: the ids are the tokenizer's (or checked against the
-        # vocabulary), the sampling options a validated model.
-        plane_request = GenerateRequest.model_construct(
-            request_id=responder.completion_id,
-            model=entry.card.served_model_name,
-            token_ids=prompt_ids,
-            sampling=sampling,
-        )
         self.in_flight += 1
         track.sent(len(prompt_ids))
+        choices: list[Choice] = []
         try:
             try:
-                first, stream = await self.router.open_stream(
-                    entry, plane_request, max_token_id=entry.processor.max_token_id
+                opened = await open_all(
+                    self._open(entry, req, responder, prompt_ids, prompt_param, sampling, index)
+                    for index in range(req.choices)  # type: ignore[attr-defined]  # ChoicesFields
                 )
-            except NoWorkerAvailable as exc:
-                if exc.bad_answers:
-                    raise bad_worker_response(str(exc), exc.detail) from exc
-                raise oai.service_unavailable(str(exc), detail=exc.detail) from exc
-            except RequestRefused as exc:  # the engine's own check: the client's 400
-                param = refused_param(exc.field, prompt_param)
-                if param == "structured_outputs":  # set by response_format, tool_choice, ...
-                    param = req.structured_field or param
-                self.refusals.emit(
-                    "refused",
-                    "Request %s refused by a worker of model %s (field %s): %s",
-                    responder.completion_id,
-                    peer_text.escape(entry.name),
-                    peer_text.escape(exc.field),
-                    exc,
-                )
-                raise oai.invalid_request(
-                    f"the model's engine refused the request's `{param}`"
-                    if param
-                    else "the model's engine refused the request's sampling fields",
-                    param=param,
-                ) from None
-            generation = Generation(
-                entry.processor, sampling, len(prompt_ids), first, stream,
-                skip_special_tokens=req.skip_special_tokens is not False,
-                include_stop_str_in_output=req.include_stop_str_in_output is True,
-                echo=echo,
-            )  # fmt: skip
-            try:
-                if req.stream:
-                    return await self._stream(
-                        request, responder, generation, req.include_usage, track, parsed
+                for index, (first, stream) in enumerate(opened):
+                    generation = Generation(
+                        entry.processor, sampling, len(prompt_ids), first, stream,
+                        skip_special_tokens=req.skip_special_tokens is not False,
+                        include_stop_str_in_output=req.include_stop_str_in_output is True,
+                        echo=echo, prompt_ids=prompt_ids,
+                    )  # fmt: skip
+                    parser = parsers[index] if index < len(parsers) else None
+                    choices.append(
+                        new_choice(
+                            index, req, entry.processor, responder, generation, stream, parser
+                        )
                     )
-                return await self._complete(responder, generation, track, parsed)
+                if req.stream:
+                    return await self._stream(request, responder, choices, req.include_usage, track)
+                return await self._complete(responder, choices, track)
             finally:
                 # Whatever ended the handler (done, a stop string, the request's limits, client
-                # gone, cancelled), the worker's stream is closed, which closes its connection
-                # and aborts the request in the worker.
-                await stream.aclose()
+                # gone, cancelled), every worker's stream is closed, which closes its
+                # connection and aborts the request in the worker.
+                await close_all([choice.stream for choice in choices])
         finally:
             self.in_flight -= 1
 
-    async def _complete(
+    async def _open(
         self,
+        entry: ModelEntry,
+        req: oai._SamplingRequest,
         responder: Responder,
-        generation: Generation,
-        track: RequestTrack,
-        parsed: ParsedOutput | None,
-    ) -> web.Response:
-        pieces = []
+        prompt_ids: list[int],
+        prompt_param: str,
+        sampling: SamplingOptions,
+        index: int,
+    ) -> tuple[StreamItem, AsyncGenerator[StreamItem, None]]:
+        """Choice ``index``'s stream, opened (its first item read)."""
+        # Built, not validated again: the ids are the tokenizer's (or checked against the
+        # vocabulary), the sampling options a validated model.
+        plane_request = GenerateRequest.model_construct(
+            request_id=responder.completion_id + (f"-{index}" if index else ""),
+            model=entry.card.served_model_name,
+            token_ids=prompt_ids,
+            sampling=child_sampling(sampling, index),
+        )
         try:
-            async for piece in generation.pieces():
-                track.tokens(generation.completion_tokens)
-                pieces.append(piece)
-            text = "".join(pieces)
+            return await self.router.open_stream(
+                entry, plane_request, max_token_id=entry.processor.max_token_id
+            )
+        except NoWorkerAvailable as exc:
+            if exc.bad_answers:
+                raise bad_worker_response(str(exc), exc.detail) from exc
+            raise oai.service_unavailable(str(exc), detail=exc.detail) from exc
+        except RequestRefused as exc:  # the engine's own check: the client's 400
+            param = refused_param(exc.field, prompt_param)
+            if param == "structured_outputs":  # set by response_format, tool_choice, ...
+                param = req.structured_field or param
+            self.refusals.emit(
+                "refused",
+                "Request %s refused by a worker of model %s (field %s): %s",
+                responder.completion_id,
+                peer_text.escape(entry.name),
+                peer_text.escape(exc.field),
+                exc,
+            )
+            raise oai.invalid_request(
+                f"the model's engine refused the request's `{param}`"
+                if param
+                else "the model's engine refused the request's sampling fields",
+                param=param,
+            ) from None
+
+    async def _complete(
+        self, responder: Responder, choices: list[Choice], track: RequestTrack
+    ) -> web.Response:
+        try:
+            async with merged(choices) as pieces:
+                async for choice, piece in pieces:
+                    track.tokens(sum(c.generation.completion_tokens for c in choices))
+                    if piece is not None:
+                        choice.pieces.append(piece)
         except (WorkerUnavailable, StopAsyncIteration) as exc:  # logged by the middleware
             raise worker_failure(exc, responder.completion_id) from exc
-        finish_reason = generation.finish_reason or "stop"
-        if parsed is not None:
-            return web.json_response(parsed.whole(text, finish_reason, generation.usage()))
-        return web.json_response(responder.whole(text, finish_reason, generation.usage()))
+        return web.json_response(whole_body(responder, choices))
 
     async def _stream(
         self,
         request: web.Request,
         responder: Responder,
-        generation: Generation,
+        choices: list[Choice],
         include_usage: bool,
         track: RequestTrack,
-        parsed: ParsedOutput | None,
     ) -> web.StreamResponse:
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -379,25 +405,18 @@ class FrontendService:
         await response.prepare(request)
         mark_stream(request, response)  # a drain that cuts it short ends it with an error event
         try:
-            opening = responder.opening()
-            if opening is not None:
-                await send_event(response, opening)
+            for choice in choices:
+                opening = responder.opening(choice.index)
+                if opening is not None:
+                    await send_event(response, opening)
             try:
-                async for piece in generation.pieces():
-                    track.tokens(generation.completion_tokens)
-                    if not piece:
-                        continue
-                    chunk = responder.piece(piece) if parsed is None else parsed.chunk(piece)
-                    if chunk is not None:
-                        await send_event(response, chunk)
-                finish_reason = generation.finish_reason or "stop"
-                if parsed is not None:
-                    for chunk in parsed.closing_chunks():
-                        await send_event(response, chunk)
-                    finish_reason = parsed.finish_reason(finish_reason)
-                await send_event(response, responder.finish(finish_reason))
+                async with merged(choices) as pieces:
+                    async for choice, piece in pieces:
+                        track.tokens(sum(c.generation.completion_tokens for c in choices))
+                        for chunk in choice_chunks(responder, choice, piece):
+                            await send_event(response, chunk)
                 if include_usage:
-                    await send_event(response, responder.usage(generation.usage()))
+                    await send_event(response, responder.usage(usage(choices)))
             except (WorkerUnavailable, StopAsyncIteration) as exc:
                 # Headers are gone: the failure travels in-band, then the stream ends.
                 error = worker_failure(exc, responder.completion_id)

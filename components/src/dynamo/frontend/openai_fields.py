@@ -74,7 +74,7 @@ def no_effect(name: str, reason: str, endpoints: tuple[str, ...] = _BOTH) -> Fie
 
 _SAMPLER = "passed to the engine's sampler with vLLM's range (the mock engine does not sample)"
 _NOT_YET = "not implemented by this server yet"
-_LOGPROBS = "log probabilities are not returned by this server yet"
+_PROMPT_LOGPROBS = "the prompt's log probabilities are not returned by this server yet"
 _STRUCTURED = (
     "the engine forces the output into that shape (vLLM's structured outputs, compiled by "
     "vLLM: an invalid schema is a 400 naming this field); schemas, regexes and grammars at "
@@ -130,7 +130,12 @@ RULES: tuple[FieldRule, ...] = (
         "continue_final_message, chat_template, tokenize) are refused by name",
         (CHAT,),
     ),
-    applied("n", "1 only: n > 1 is refused by name (multiple choices not implemented yet)"),
+    applied(
+        "n",
+        "n choices, each a request to the engine with the seed seed + index (vLLM's parallel "
+        "sampling), streamed interleaved by index; usage counts the prompt once; at most 16 "
+        "(this server's bound: vLLM has none), refused by name above",
+    ),
     applied("stop", "matched on the detokenized text by the frontend; never in the output"),
     applied("stream", "server-sent events, as vLLM sends them"),
     applied(
@@ -192,6 +197,31 @@ RULES: tuple[FieldRule, ...] = (
         (CHAT,),
     ),
     applied("min_tokens", "the engine suppresses stop tokens until then"),
+    applied(
+        "logprobs",
+        "true: each token's log probability in choices[].logprobs.content, as vLLM builds it "
+        "(the frontend decodes the token strings; -inf is -9999.0); the mock engine, which "
+        "has no distribution, refuses it by name",
+        (CHAT,),
+    ),
+    applied(
+        "top_logprobs",
+        "that many alternatives per token (0 to 20, vLLM's default --max-logprobs, with its "
+        "error above); needs logprobs true",
+        (CHAT,),
+    ),
+    applied(
+        "logprobs",
+        "that many alternatives per token (0 to 20, vLLM's default --max-logprobs, with its "
+        "error above) in choices[].logprobs {tokens, token_logprobs, top_logprobs, "
+        "text_offset}; with echo the prompt's come first (the first token's null), as in "
+        "vLLM; the mock engine refuses it by name",
+        (COMPLETION,),
+    ),
+    applied(
+        "return_tokens_as_token_ids",
+        "logprobs' tokens as token_id:<id>, as in vLLM",
+    ),
     *(
         applied(name, _SAMPLER)
         for name in (
@@ -208,12 +238,8 @@ RULES: tuple[FieldRule, ...] = (
     # -- accepted without effect -----------------------------------------------------------
     no_effect("user", "OpenAI's end-user id for abuse monitoring; vLLM ignores it too"),
     # -- refused: what this server does not honour (yet) -----------------------------------
-    refused("logprobs", _LOGPROBS, False, endpoints=(CHAT,)),
-    refused("logprobs", _LOGPROBS, endpoints=(COMPLETION,)),
-    refused("top_logprobs", _LOGPROBS, 0, endpoints=(CHAT,)),
-    refused("prompt_logprobs", _LOGPROBS),
-    refused("logprob_token_ids", _LOGPROBS),
-    refused("return_tokens_as_token_ids", _LOGPROBS, False),
+    refused("prompt_logprobs", _PROMPT_LOGPROBS),
+    refused("logprob_token_ids", "logprobs of chosen token ids are " + _NOT_YET),
     refused(
         "spaces_between_special_tokens",
         "special tokens are always skipped when decoding here",
@@ -265,7 +291,16 @@ RULES: tuple[FieldRule, ...] = (
     refused("stream_interval", "tokens are streamed as the worker sends them"),
     refused("kv_transfer_params", _DISAGG),
     refused("ec_transfer_params", _DISAGG),
+    # -- a field vLLM removed (VLLM_REMOVED): unknown to it, but answering it quietly wrong
+    applied(
+        "best_of",
+        "vLLM removed best_of (the best of several completions) with its V0 engine: equal to "
+        "n (or null) asks for nothing and is accepted; any other value is refused by name",
+    ),
 )
+# Fields the installed vLLM no longer declares, classified here all the same: vLLM would ignore
+# them (an unknown field), which would be a quietly wrong answer.
+VLLM_REMOVED = frozenset({"best_of"})
 
 
 def _by_endpoint() -> dict[str, dict[str, FieldRule]]:

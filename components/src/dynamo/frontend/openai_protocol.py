@@ -46,6 +46,8 @@ from dynamo.runtime.sampling import (
 )
 
 from . import openai_fields, structured_output
+from .choice_fields import ChoicesFields
+from .logprobs import ChatLogprobs, CompletionLogprobs
 from .openai_tools import NamedToolChoice, TemplateVariables, Tool, check_tool_choice_shape
 
 # The roles a chat message may have (vLLM's, plus OpenAI's "developer", passed to the template).
@@ -137,8 +139,6 @@ class _SamplingRequest(SamplerFields):
     model: Annotated[StrictStr, Field(min_length=1)]
     max_tokens: TokenCount | None = None
     stop: StopText | Annotated[list[StopText], Field(max_length=64)] | None = None
-    # Strict like every number here (a Literal[1] would take 1.0 and true); 1 only, for now.
-    n: Annotated[StrictInt, Field(ge=1, le=1)] | None = 1
     ignore_eos: StrictBool | None = False
     # Ids that end the completion too (finish_reason "stop", the id's text not in the output),
     # as in vLLM; with the model's EOS ids unless ignore_eos. Checked against the vocabulary.
@@ -222,6 +222,8 @@ class _SamplingRequest(SamplerFields):
             logit_bias=self.logit_bias_pairs(),
             allowed_token_ids=tuple(self.allowed_token_ids or ()),
             bad_words=tuple(self.bad_words or ()),
+            logprobs=self.logprobs_asked(),  # type: ignore[attr-defined]  # each endpoint's mixin
+            prompt_logprobs=self.prompt_logprobs_asked(),  # type: ignore[attr-defined]  # idem
             structured_outputs=self._structured[1] if self._structured else None,
         )
 
@@ -268,7 +270,7 @@ class ChatMessage(BaseModel):
         return message
 
 
-class ChatCompletionRequest(_SamplingRequest):
+class ChatCompletionRequest(ChatLogprobs, ChoicesFields, _SamplingRequest):
     ENDPOINT = openai_fields.CHAT
 
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
@@ -314,7 +316,7 @@ class ChatCompletionRequest(_SamplingRequest):
         return [message.as_sent() for message in self.messages]
 
 
-class CompletionRequest(_SamplingRequest):
+class CompletionRequest(CompletionLogprobs, ChoicesFields, _SamplingRequest):
     ENDPOINT = openai_fields.COMPLETION
 
     # A text, or the prompt's token ids (as vLLM takes them); a list of one text is that text.
@@ -387,8 +389,6 @@ def parse_request(model: type[_SamplingRequest], body: Any, *, strict_fields: bo
     except ValidationError as exc:
         param, message = _first_error(exc)
         code = "missing_field" if exc.errors()[0]["type"] == "missing" else "invalid_value"
-        if param == "n":
-            message = "only `n` = 1 is supported"
         raise invalid_request(message, param=param, code=code) from None
 
 
@@ -398,30 +398,6 @@ def parse_chat_request(body: Any, *, strict_fields: bool = False) -> ChatComplet
 
 def parse_completion_request(body: Any, *, strict_fields: bool = False) -> CompletionRequest:
     return parse_request(CompletionRequest, body, strict_fields=strict_fields)
-
-
-def context_length_exceeded(*, context_length: int, prompt_tokens: int, param: str) -> ApiError:
-    # vLLM's wording (renderers/params.py), so clients that parse it keep working.
-    return invalid_request(
-        f"This model's maximum context length is {context_length} tokens. However, your "
-        f"prompt contains {prompt_tokens} input tokens, which exceeds this limit even without "
-        "any output tokens. Please reduce the length of the input prompt.",
-        param=param,
-        code="context_length_exceeded",
-    )
-
-
-def completion_too_long(
-    *, context_length: int, prompt_tokens: int, max_tokens: int, param: str
-) -> ApiError:
-    return invalid_request(
-        f"This model's maximum context length is {context_length} tokens. However, you "
-        f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, "
-        f"{max_tokens} for the completion). Please reduce the length of the prompt or "
-        f"`{param}`.",
-        param=param,
-        code="context_length_exceeded",
-    )
 
 
 # -- responses ------------------------------------------------------------------------------

@@ -72,9 +72,10 @@ class ParsedOutput:
     never a 500 or a stream cut short.
     """
 
-    def __init__(self, parser: OutputParser, responder: ChatResponder) -> None:
+    def __init__(self, parser: OutputParser, responder: ChatResponder, index: int = 0) -> None:
         self._parser: OutputParser | None = parser
         self._responder = responder
+        self._index = index  # the choice's (n > 1)
         self._tool_calls = False
         # A named tool_choice's calls end with "stop" (OpenAI's and vLLM's rule).
         self._calls_reason = getattr(parser, "calls_finish_reason", "tool_calls")
@@ -125,8 +126,8 @@ class ParsedOutput:
     def finish_reason(self, reason: str) -> str:
         return self._calls_reason if self._tool_calls and reason == "stop" else reason
 
-    def whole(self, text: str, finish_reason: str, usage: dict) -> dict:
-        """The non-streamed response: the whole text through the parser."""
+    def whole_choice(self, text: str, finish_reason: str) -> dict:
+        """The non-streamed choice: the whole text through the parser."""
         fed = self._feed(text)
         end = self._finish()
         if self._parser is None:  # failed: the whole text, unparsed
@@ -143,8 +144,7 @@ class ParsedOutput:
         if calls:
             message["tool_calls"] = calls
         reason = self.finish_reason(finish_reason)
-        choice = {"index": 0, "message": message, "finish_reason": reason}
-        return self._responder.envelope(self._responder.OBJECT, [choice], usage)
+        return {"index": self._index, "message": message, "finish_reason": reason}
 
     def _chunk(self, parsed: ParsedDelta) -> dict | None:
         if not parsed:
@@ -157,5 +157,5 @@ class ParsedOutput:
         if parsed.tool_calls:
             delta["tool_calls"] = parsed.tool_calls
             self._tool_calls = True
-        choice = {"index": 0, "delta": delta, "finish_reason": None}
+        choice = {"index": self._index, "delta": delta, "finish_reason": None}
         return self._responder.envelope(self._responder.CHUNK_OBJECT, [choice])

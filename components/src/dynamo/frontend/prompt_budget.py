@@ -48,7 +48,7 @@ def completion_budget(
     if prompt_tokens == 0:
         raise oai.invalid_request("the prompt is empty", param=prompt_param)
     if prompt_tokens >= context:
-        raise oai.context_length_exceeded(
+        raise context_length_exceeded(
             context_length=context, prompt_tokens=prompt_tokens, param=prompt_param
         )
     room = context - prompt_tokens
@@ -58,7 +58,7 @@ def completion_budget(
     else:
         name, max_tokens = requested
         if max_tokens > room:
-            raise oai.completion_too_long(
+            raise completion_too_long(
                 context_length=context,
                 prompt_tokens=prompt_tokens,
                 max_tokens=max_tokens,
@@ -71,3 +71,27 @@ def completion_budget(
             param="min_tokens",
         )
     return max_tokens
+
+
+def context_length_exceeded(*, context_length: int, prompt_tokens: int, param: str) -> oai.ApiError:
+    # vLLM's wording (renderers/params.py), so clients that parse it keep working.
+    return oai.invalid_request(
+        f"This model's maximum context length is {context_length} tokens. However, your "
+        f"prompt contains {prompt_tokens} input tokens, which exceeds this limit even without "
+        "any output tokens. Please reduce the length of the input prompt.",
+        param=param,
+        code="context_length_exceeded",
+    )
+
+
+def completion_too_long(
+    *, context_length: int, prompt_tokens: int, max_tokens: int, param: str
+) -> oai.ApiError:
+    return oai.invalid_request(
+        f"This model's maximum context length is {context_length} tokens. However, you "
+        f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, "
+        f"{max_tokens} for the completion). Please reduce the length of the prompt or "
+        f"`{param}`.",
+        param=param,
+        code="context_length_exceeded",
+    )

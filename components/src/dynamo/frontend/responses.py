@@ -2,8 +2,9 @@
 
 A :class:`Responder` knows one endpoint's shapes (``chat.completion`` / ``text_completion`` and
 their chunks); the service hands it the text and the finish reason, and :func:`send_event`
-frames each chunk as ``data: <json>`` and a blank line. Per-choice state (``n`` > 1) and the
-fields an output parser adds (``tool_calls``, ``reasoning_content``) extend these shapes.
+frames each chunk as ``data: <json>`` and a blank line. Each choice has its ``index`` (``n`` > 1:
+:mod:`.choices`); the fields an output parser adds (``tool_calls``, ``reasoning_content``) and
+``logprobs`` (:mod:`.logprobs`) extend these shapes.
 """
 
 from __future__ import annotations
@@ -47,24 +48,21 @@ class Responder:
         """A body in this request's envelope, for choices shaped elsewhere (parsed output)."""
         return self._body(object_type, choices, usage)
 
-    def whole_choice(self, text: str, finish_reason: str) -> dict:
+    def whole_choice(self, text: str, finish_reason: str, index: int = 0) -> dict:
         raise NotImplementedError
 
-    def chunk_choice(self, text: str | None, finish_reason: str | None) -> dict:
+    def chunk_choice(self, text: str | None, finish_reason: str | None, index: int = 0) -> dict:
         raise NotImplementedError
 
-    def opening(self) -> dict | None:
+    def opening(self, index: int = 0) -> dict | None:
         """A first chunk sent before any text (chat: the assistant's role), or None."""
         return None
 
-    def whole(self, text: str, finish_reason: str, usage: dict) -> dict:
-        return self._body(self.OBJECT, [self.whole_choice(text, finish_reason)], usage)
+    def piece(self, text: str, index: int = 0) -> dict:
+        return self._body(self.CHUNK_OBJECT, [self.chunk_choice(text, None, index)])
 
-    def piece(self, text: str) -> dict:
-        return self._body(self.CHUNK_OBJECT, [self.chunk_choice(text, None)])
-
-    def finish(self, finish_reason: str) -> dict:
-        return self._body(self.CHUNK_OBJECT, [self.chunk_choice(None, finish_reason)])
+    def finish(self, finish_reason: str, index: int = 0) -> dict:
+        return self._body(self.CHUNK_OBJECT, [self.chunk_choice(None, finish_reason, index)])
 
     def usage(self, usage: dict) -> dict:
         """The last chunk of a stream with ``stream_options.include_usage``: no choice."""
@@ -76,16 +74,17 @@ class ChatResponder(Responder):
     OBJECT = "chat.completion"
     CHUNK_OBJECT = "chat.completion.chunk"
 
-    def whole_choice(self, text: str, finish_reason: str) -> dict:
+    def whole_choice(self, text: str, finish_reason: str, index: int = 0) -> dict:
         message = {"role": "assistant", "content": text}
-        return {"index": 0, "message": message, "finish_reason": finish_reason}
+        return {"index": index, "message": message, "finish_reason": finish_reason}
 
-    def chunk_choice(self, text: str | None, finish_reason: str | None) -> dict:
+    def chunk_choice(self, text: str | None, finish_reason: str | None, index: int = 0) -> dict:
         delta = {} if text is None else {"content": text}
-        return {"index": 0, "delta": delta, "finish_reason": finish_reason}
+        return {"index": index, "delta": delta, "finish_reason": finish_reason}
 
-    def opening(self) -> dict:
-        choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+    def opening(self, index: int = 0) -> dict:
+        delta = {"role": "assistant", "content": ""}
+        choice = {"index": index, "delta": delta, "finish_reason": None}
         return self._body(self.CHUNK_OBJECT, [choice])
 
 
@@ -93,11 +92,14 @@ class CompletionResponder(Responder):
     ID_PREFIX = "cmpl"
     OBJECT = CHUNK_OBJECT = "text_completion"
 
-    def whole_choice(self, text: str, finish_reason: str) -> dict:
-        return self.chunk_choice(text, finish_reason)  # a chunk has the whole response's shape
+    def whole_choice(self, text: str, finish_reason: str, index: int = 0) -> dict:
+        # A chunk has the whole response's shape.
+        return self.chunk_choice(text, finish_reason, index)
 
-    def chunk_choice(self, text: str | None, finish_reason: str | None) -> dict:
-        return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+    def chunk_choice(self, text: str | None, finish_reason: str | None, index: int = 0) -> dict:
+        return {
+            "index": index, "text": text or "", "logprobs": None, "finish_reason": finish_reason
+        }  # fmt: skip
 
 
 async def send_event(response: web.StreamResponse, payload: dict | str) -> None:

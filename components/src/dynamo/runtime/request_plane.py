@@ -20,8 +20,14 @@ Wire format v2 (one place, used by both ends):
   "length", "prompt_tokens": int, "completion_tokens": int}`` line. ``stop``: the engine ended on
   an EOS or stop token id, or on a stop string it matched itself; ``length``: ``max_tokens`` or
   the model's context length was reached. A failure after the stream started is sent as a final
-  ``{"error": str}`` line. Each line is one of the item models below (:class:`TokenStep`,
-  :class:`Finish`, :class:`StreamError`).
+  ``{"error": str}`` line. When the request asked for ``sampling.logprobs`` (k), every item
+  with ids carries ``"logprobs"``: per id, ``[[id, logprob], ...]``, the sampled id first, then
+  at most k alternatives (vLLM's order), each logprob finite, at most 0, -inf sent as -9999.0
+  (an addition of v2: an older worker is never asked for it, see ``ADDED_FIELDS``). With
+  ``sampling.prompt_logprobs`` (k), the first item carries ``"prompt_logprobs"``: one entry per
+  prompt id, null for the first (it has no context), then ``[[id, logprob], ...]`` with the
+  prompt's own id first and at most k alternatives. Each line
+  is one of the item models below (:class:`TokenStep`, :class:`Finish`, :class:`StreamError`).
 * ``GET <endpoint>/health`` answers 200 while the worker serves, 503 while it drains.
 
 Closing the connection aborts the request in the worker (the handler's generator is cancelled):
@@ -46,10 +52,18 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Annotated, Any, Literal
 
 import aiohttp
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+)
 
 from dynamo.runtime import peer_text
-from dynamo.runtime.sampling import SamplingOptions
+from dynamo.runtime.sampling import MAX_LOGPROBS, SamplingOptions
 
 logger = logging.getLogger(__name__)
 
@@ -80,11 +94,21 @@ MAX_LINE_BYTES = 64 * 1024
 # most about 64 KiB + 256 B x max_tokens for one request, whatever it sends.
 STREAM_BASE_BYTES = 64 * 1024
 STREAM_BYTES_PER_TOKEN = 256
+# With logprobs, each token carries up to k + 1 [id, logprob] pairs (~30 bytes each): the budget
+# grows by this much per pair, so asking for 20 alternatives allows ~1.6 KiB per token.
+STREAM_BYTES_PER_LOGPROB = 64
 # The bound of every count a worker reports (a 32-bit count: no context is longer).
 MAX_COUNT = 2**31 - 1
 
 TokenId = Annotated[StrictInt, Field(ge=0)]
 Count = Annotated[StrictInt, Field(ge=0, le=MAX_COUNT)]
+# vLLM's floor for -inf; JSON's NaN and Infinity are refused (allow_inf_nan is off).
+Logprob = Annotated[StrictFloat, Field(ge=-9999.0, le=0.0, allow_inf_nan=False)]
+# One generated token's log probabilities: the sampled id's, then the alternatives'.
+LogprobPosition = Annotated[
+    tuple[tuple[TokenId, Logprob], ...], Field(min_length=1, max_length=MAX_LOGPROBS + 1)
+]
+Logprobs = tuple[LogprobPosition, ...] | None
 
 
 class TokenStep(BaseModel):
@@ -93,6 +117,9 @@ class TokenStep(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
 
     token_ids: Annotated[tuple[TokenId, ...], Field(min_length=1)]
+    logprobs: Logprobs = None
+    # The first item's, when asked for: one per prompt id, None for the first.
+    prompt_logprobs: tuple[LogprobPosition | None, ...] | None = None
 
 
 class Finish(BaseModel):
@@ -105,6 +132,7 @@ class Finish(BaseModel):
     prompt_tokens: Count
     completion_tokens: Count
     token_ids: tuple[TokenId, ...] = ()
+    logprobs: Logprobs = None
 
 
 class StreamError(BaseModel):
@@ -165,10 +193,17 @@ def validate_generate_request(body: Any) -> GenerateRequest:
         raise BadGenerateRequest(f"{field}: {error['msg']}", field=field) from None
 
 
-def parse_item(line: bytes, max_token_id: int | None = None) -> StreamItem:
+def parse_item(
+    line: bytes,
+    max_token_id: int | None = None,
+    logprobs: int | None = None,
+    prompt: PromptLogprobs | None = None,
+) -> StreamItem:
     """One NDJSON line of a stream as its item; raises :class:`WorkerProtocolError` for
     anything that is not one (and :class:`WorkerUnavailable` for the worker's own error line).
-    ``max_token_id``: the largest id the model has (None: not checked)."""
+    ``max_token_id``: the largest id the model has (None: not checked); ``logprobs``: the
+    alternatives per token the request asked for (None: it asked for no logprobs); ``prompt``:
+    the prompt logprobs this item must carry (the first item's, when asked for), else None."""
     try:
         data = json.loads(line)
     except (ValueError, RecursionError):  # JSONDecodeError, UnicodeDecodeError, deep nesting
@@ -201,7 +236,75 @@ def parse_item(line: bytes, max_token_id: int | None = None) -> StreamItem:
                     f"worker sent token id {token_id}, outside the model's vocabulary (largest "
                     f"id {max_token_id})"
                 )
+    _check_logprobs(item, max_token_id, logprobs)
+    _check_prompt_logprobs(item, max_token_id, prompt)
     return item
+
+
+class PromptLogprobs(BaseModel):
+    """What the first item's ``prompt_logprobs`` must be: for these ``token_ids``, with at most
+    ``alternatives`` each."""
+
+    model_config = ConfigDict(frozen=True)
+
+    token_ids: tuple[int, ...]
+    alternatives: int
+
+
+def _check_prompt_logprobs(
+    item: StreamItem, max_token_id: int | None, asked: PromptLogprobs | None
+) -> None:
+    positions = getattr(item, "prompt_logprobs", None)
+    if asked is None:
+        if positions is not None:
+            raise WorkerProtocolError("worker sent prompt logprobs where none belong")
+        return
+    if positions is None or len(positions) != len(asked.token_ids):
+        raise WorkerProtocolError("worker sent no prompt logprobs, or not one per prompt id")
+    if positions[0] is not None:
+        raise WorkerProtocolError("worker sent prompt logprobs for the first prompt id")
+    for token_id, position in zip(asked.token_ids[1:], positions[1:], strict=True):
+        if position is None:
+            raise WorkerProtocolError("worker sent a null prompt logprob after the first")
+        _check_position(token_id, position, asked.alternatives, max_token_id)
+
+
+def _check_logprobs(item: StreamItem, max_token_id: int | None, asked: int | None) -> None:
+    """An item's logprobs are what the request asked for: one position per id, the sampled id
+    first, at most ``asked`` alternatives, every id in the vocabulary."""
+    positions = item.logprobs
+    if positions is None:
+        if asked is not None and item.token_ids:
+            raise WorkerProtocolError("worker sent token ids without the logprobs asked for")
+        return
+    if asked is None:
+        raise WorkerProtocolError("worker sent logprobs the request did not ask for")
+    if len(positions) != len(item.token_ids):
+        raise WorkerProtocolError(
+            f"worker sent {len(positions)} logprob position(s) for {len(item.token_ids)} id(s)"
+        )
+    for token_id, position in zip(item.token_ids, positions, strict=True):
+        _check_position(token_id, position, asked, max_token_id)
+
+
+def _check_position(
+    token_id: int, position: LogprobPosition, asked: int, max_token_id: int | None
+) -> None:
+    if position[0][0] != token_id:
+        raise WorkerProtocolError(
+            f"worker sent logprobs whose first id {position[0][0]} is not the sampled id {token_id}"
+        )
+    if len(position) > asked + 1:
+        raise WorkerProtocolError(
+            f"worker sent {len(position) - 1} logprob alternatives, more than the {asked} asked for"
+        )
+    if max_token_id is not None:
+        for alternative, _ in position:
+            if alternative > max_token_id:
+                raise WorkerProtocolError(
+                    f"worker sent a logprob for token id {alternative}, outside the "
+                    f"model's vocabulary (largest id {max_token_id})"
+                )
 
 
 def _refusal(status: int, text: str) -> RequestRefused | None:
@@ -253,16 +356,29 @@ async def generate(
     url = endpoint.rstrip("/") + GENERATE_PATH
     if isinstance(request, GenerateRequest):
         request = request.model_dump(mode="json")
-    budget = STREAM_BASE_BYTES + STREAM_BYTES_PER_TOKEN * int(request["sampling"]["max_tokens"])
+    logprobs = request["sampling"].get("logprobs")
+    per_token = STREAM_BYTES_PER_TOKEN
+    if logprobs is not None:
+        per_token += STREAM_BYTES_PER_LOGPROB * (int(logprobs) + 1)
+    budget = STREAM_BASE_BYTES + per_token * int(request["sampling"]["max_tokens"])
+    line_limit = MAX_LINE_BYTES
+    prompt: PromptLogprobs | None = None
+    if request["sampling"].get("prompt_logprobs") is not None:
+        alternatives = int(request["sampling"]["prompt_logprobs"])
+        prompt = PromptLogprobs(token_ids=tuple(request["token_ids"]), alternatives=alternatives)
+        extra = STREAM_BYTES_PER_LOGPROB * (alternatives + 1) * len(prompt.token_ids)
+        budget += extra
+        line_limit += extra  # they all come on the first line
     try:
         async with session.post(url, json=request) as response:
             if response.status != 200:
                 raise await _failure(response)
             finished = False
-            async for line in _lines(response.content, budget):
+            async for line in _lines(response.content, budget, line_limit):
                 if finished:
                     raise WorkerProtocolError("worker sent a line after its finish line")
-                item = parse_item(line, max_token_id)
+                item = parse_item(line, max_token_id, logprobs, prompt)
+                prompt = None  # the first item's only
                 finished = isinstance(item, Finish)
                 yield item
             if not finished:
@@ -292,8 +408,10 @@ async def _failure(response: aiohttp.ClientResponse) -> Exception:
     return WorkerUnavailable(f"worker answered {response.status}: {peer_text.escape(text)}")
 
 
-async def _lines(content: aiohttp.StreamReader, budget: int) -> AsyncIterator[bytes]:
-    """The non-blank lines of a stream, each at most :data:`MAX_LINE_BYTES`, all of them
+async def _lines(
+    content: aiohttp.StreamReader, budget: int, line_limit: int = MAX_LINE_BYTES
+) -> AsyncIterator[bytes]:
+    """The non-blank lines of a stream, each at most ``line_limit`` bytes, all of them
     within ``budget`` bytes; raises :class:`WorkerProtocolError` past either bound."""
     pending = bytearray()
     async for chunk in content.iter_any():
@@ -304,13 +422,13 @@ async def _lines(content: aiohttp.StreamReader, budget: int) -> AsyncIterator[by
             )
         pending += chunk
         while (end := pending.find(b"\n")) >= 0:
-            if end > MAX_LINE_BYTES:
+            if end > line_limit:
                 break
             line = bytes(pending[:end])
             del pending[: end + 1]
             if line.strip():
                 yield line
-        if len(pending) > MAX_LINE_BYTES and pending.find(b"\n", 0, MAX_LINE_BYTES + 1) < 0:
-            raise WorkerProtocolError(f"worker sent a line over {MAX_LINE_BYTES} bytes")
+        if len(pending) > line_limit and pending.find(b"\n", 0, line_limit + 1) < 0:
+            raise WorkerProtocolError(f"worker sent a line over {line_limit} bytes")
     if pending.strip():
         yield bytes(pending)  # the last line, without its newline

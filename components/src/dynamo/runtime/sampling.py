@@ -47,9 +47,20 @@ LogitBias = Annotated[StrictFloat, Field(ge=-100.0, le=100.0)]
 MAX_LOGIT_BIAS_TOKENS = 1024
 MAX_ALLOWED_TOKEN_IDS = 1024
 MAX_BAD_WORDS = 64
-# Fields added to the wire format after its first release: sent only when set, so a worker that
-# predates them still takes every request that does not use them.
-ADDED_FIELDS = ("logit_bias", "allowed_token_ids", "bad_words", "structured_outputs")
+# The most alternatives a request may ask for per token: vLLM's default --max-logprobs (a
+# worker whose vLLM allows fewer refuses more, naming sampling.logprobs).
+MAX_LOGPROBS = 20
+LogprobCount = Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)]
+# Fields added to the wire format after its first release: sent only when set (not empty, not
+# None), so a worker that predates them still takes every request that does not use them.
+ADDED_FIELDS = (
+    "logit_bias",
+    "allowed_token_ids",
+    "bad_words",
+    "structured_outputs",
+    "logprobs",
+    "prompt_logprobs",
+)
 # A schema, regex or grammar is text the worker's engine compiles: each is bounded (in UTF-8
 # bytes, as it travels), and so are a choice's options (docs/security.md).
 MAX_STRUCTURED_TEXT_BYTES = 64 * 1024
@@ -147,12 +158,18 @@ class SamplingOptions(SamplerFields):
     bad_words: Annotated[tuple[StopText, ...], Field(max_length=MAX_BAD_WORDS)] = ()
     # The output forced into a shape (vLLM's structured outputs); None: free text.
     structured_outputs: StructuredOutputs | None = None
+    # Log probabilities of each generated token and of this many alternatives (vLLM's
+    # SamplingParams.logprobs; 0: the sampled token's only); None: none are returned.
+    logprobs: LogprobCount | None = None
+    # The same for each prompt token (vLLM's SamplingParams.prompt_logprobs: a completion's
+    # echo with logprobs); None: none are returned.
+    prompt_logprobs: LogprobCount | None = None
 
     @model_serializer(mode="wrap")
     def _without_unset_additions(self, handler: Any) -> Any:
         data = handler(self)
         for name in ADDED_FIELDS:  # see ADDED_FIELDS
-            if not getattr(self, name):
+            if not is_set(getattr(self, name)):
                 data.pop(name, None)
         return data
 
@@ -164,3 +181,9 @@ class SamplingOptions(SamplerFields):
         if max_tokens is not None and value > max_tokens:
             raise ValueError(f"must be at most max_tokens ({max_tokens})")
         return value
+
+
+def is_set(value: Any) -> bool:
+    """Whether an added field's value asks for something (see :data:`ADDED_FIELDS`): ``0``
+    logprobs does (the sampled token's), an empty tuple or None does not."""
+    return value is not None and value != ()

@@ -41,7 +41,7 @@ from tokenizers.decoders import DecodeStream
 from dynamo.common.utils.synthetic_heap import TRACKED_PER_UNIT, build_synthetic_heap
 from dynamo.runtime.model_card import ModelCard, out_of_vocabulary
 from dynamo.runtime.request_plane import BadGenerateRequest, GenerateRequest
-from dynamo.runtime.sampling import ADDED_FIELDS, SamplingOptions
+from dynamo.runtime.sampling import ADDED_FIELDS, SamplingOptions, is_set
 from dynamo.vllm.backend_args import WorkerConfig
 from dynamo.vllm.mock_model import MockModel, load_mock_model
 
@@ -76,8 +76,10 @@ class MockCompletion:
         if found is not None:
             index, message = found
             raise BadGenerateRequest(message, field=f"token_ids.{index}")
-        for name in ADDED_FIELDS:  # the mock echoes: it cannot steer what it does not sample
-            if getattr(self.sampling, name):
+        # The mock echoes: it cannot steer what it does not sample, and has no distribution
+        # whose log probabilities it could report.
+        for name in ADDED_FIELDS:
+            if is_set(getattr(self.sampling, name)):
                 raise BadGenerateRequest(
                     f"the mock engine does not apply {name}", field=f"sampling.{name}"
                 )

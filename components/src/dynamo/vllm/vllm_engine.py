@@ -50,11 +50,12 @@ except ImportError:  # a vLLM without the v1 engine's exceptions: nothing raises
 
 from dynamo.runtime.model_card import ModelCard, out_of_vocabulary
 from dynamo.runtime.request_plane import BadGenerateRequest, GenerateRequest
+from dynamo.runtime.sampling import SamplingOptions
 from dynamo.vllm.backend_args import WorkerConfig
 from dynamo.vllm.engine import EngineDied, EngineInitFailed
 from dynamo.vllm.process_watch import ending_stuck_children, first_exit
 from dynamo.vllm.vllm_args import engine_args_from_config, served_name_of
-from dynamo.vllm.vllm_sampling import sampling_params
+from dynamo.vllm.vllm_sampling import sampling_params, wire_logprobs
 
 logger = logging.getLogger(__name__)
 
@@ -272,6 +273,7 @@ class VllmEngine:
         request_id = self._next_request_id(request.request_id)
         produced = 0
         finished = False
+        prompt_sent = False  # the prompt's logprobs go on the first item
         try:
             # aclosing: leaving early closes vLLM's generator now (its own cleanup aborts the
             # request), not whenever the garbage collector finalises it.
@@ -282,7 +284,13 @@ class VllmEngine:
                     completion = output.outputs[0]
                     if completion.token_ids:
                         produced += len(completion.token_ids)
-                        yield {"token_ids": list(completion.token_ids)}
+                        step: dict[str, Any] = {"token_ids": list(completion.token_ids)}
+                        if params.logprobs is not None:
+                            step["logprobs"] = wire_logprobs(completion.logprobs or ())
+                        if params.prompt_logprobs is not None and not prompt_sent:
+                            step["prompt_logprobs"] = wire_logprobs(output.prompt_logprobs or ())
+                            prompt_sent = True
+                        yield step
                     if output.finished:
                         finished = True
                         yield {
@@ -296,11 +304,15 @@ class VllmEngine:
                         return
         except VLLMValidationError as exc:
             # vLLM's own check of the request when it is added (a structured output's schema
-            # or grammar that does not compile): the client's 400, before any token.
+            # or grammar that does not compile, more logprobs than its --max-logprobs): the
+            # client's 400, before any token, naming the sampling field vLLM names.
             if produced:
                 raise
-            structured = request.sampling.structured_outputs is not None
-            field = "sampling.structured_outputs" if structured else "sampling"
+            name = getattr(exc, "parameter", None)
+            if name not in SamplingOptions.model_fields:
+                structured = request.sampling.structured_outputs is not None
+                name = "structured_outputs" if structured else None
+            field = f"sampling.{name}" if name else "sampling"
             raise BadGenerateRequest(f"vLLM refused it: {one_line(exc)}", field=field) from None
         except EngineDeadError as exc:
             # vLLM's EngineCore is gone (it logged why): this stream ends with an in-band

@@ -41,6 +41,8 @@ def sampling_params(options: SamplingOptions, model_defaults: dict[str, Any]) ->
         logit_bias=dict(options.logit_bias) or None,
         allowed_token_ids=list(options.allowed_token_ids) or None,
         bad_words=list(options.bad_words) or None,
+        logprobs=options.logprobs,
+        prompt_logprobs=options.prompt_logprobs,
         structured_outputs=structured_outputs_params(options.structured_outputs),
         output_kind=RequestOutputKind.DELTA,
         **chosen,
@@ -62,3 +64,16 @@ def structured_outputs_params(wire: StructuredOutputs | None) -> StructuredOutpu
         disable_additional_properties=wire.disable_additional_properties,
         whitespace_pattern=wire.whitespace_pattern,
     )
+
+
+def wire_logprobs(positions: Any) -> list[list[list[float]] | None]:
+    """vLLM's logprobs of one output's new tokens, or of its prompt (one ``{id: Logprob}`` per
+    token, the sampled or prompt id first; a prompt's first is None) as the request plane
+    carries them: ``[[id, logprob], ...]`` per token, -inf floored to -9999.0 as vLLM's OpenAI
+    server floors it (JSON has no infinity)."""
+    return [
+        None
+        if position is None
+        else [[token_id, max(entry.logprob, -9999.0)] for token_id, entry in position.items()]
+        for position in positions
+    ]

@@ -1,0 +1,179 @@
+"""A request's choices (``n``): each one a request-plane request of its own, as vLLM's parallel
+sampling makes ``n`` child requests (``vllm/v1/engine/parallel_sampling.py``).
+
+Child ``i`` gets the request's sampling options with the seed ``seed + i`` when a seed was
+given (vLLM's rule), and is routed like any request (the router may send the children to
+different instances of the model: each is a complete request on its own). Every choice has
+its own text, stop handling, finish reason, parsed output and logprobs; the usage counts the
+prompt once and sums the completion tokens, as vLLM does. The first child to fail fails the
+request, as a single request's failure would; leaving (done, failed, client gone) closes every
+child's stream, which aborts it in its worker.
+
+``n`` is bounded (:data:`dynamo.frontend.choice_fields.MAX_N`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dynamo.runtime.request_plane import StreamItem
+from dynamo.runtime.sampling import SamplingOptions
+
+from . import openai_protocol as oai
+from .generation import Generation
+from .logprobs import LogprobsFormatter, attach, formatter
+from .output_parser import OutputParser
+from .parsed_output import ParsedOutput
+from .responses import ChatResponder, Responder
+
+
+def child_sampling(sampling: SamplingOptions, index: int) -> SamplingOptions:
+    """Choice ``index``'s sampling options: the seed ``seed + index``, as vLLM's children."""
+    if sampling.seed is None or index == 0:
+        return sampling
+    return sampling.model_copy(update={"seed": sampling.seed + index})
+
+
+@dataclass
+class Choice:
+    index: int
+    generation: Generation
+    stream: AsyncGenerator[StreamItem, None]
+    parsed: ParsedOutput | None
+    logprobs: LogprobsFormatter | None
+    pieces: list[str]
+
+    def shown_logprobs(self) -> dict[str, Any] | None:
+        """The logprobs of the tokens counted since the last call, in the endpoint's shape."""
+        if self.logprobs is None:
+            return None
+        return self.logprobs.format(self.generation.take_logprobs())
+
+
+async def close_all(streams: Sequence[AsyncGenerator[StreamItem, None]]) -> None:
+    """Close every stream (each close aborts its request in the worker)."""
+    for stream in streams:
+        await stream.aclose()
+
+
+async def open_all(
+    opens: Iterable[Awaitable[tuple[StreamItem, AsyncGenerator[StreamItem, None]]]],
+) -> list[tuple[StreamItem, AsyncGenerator[StreamItem, None]]]:
+    """Every choice's stream, opened together (each waits for its first item); the first
+    failure is the request's, and the streams that did open are closed."""
+    opened = await asyncio.gather(*opens, return_exceptions=True)
+    failed = [o for o in opened if isinstance(o, BaseException)]
+    if failed:
+        await close_all([o[1] for o in opened if not isinstance(o, BaseException)])
+        raise failed[0]
+    return [o for o in opened if not isinstance(o, BaseException)]
+
+
+@contextlib.asynccontextmanager
+async def merged(choices: Sequence[Choice]) -> AsyncIterator[AsyncIterator[tuple[Choice, str]]]:
+    """The choices' text pieces as they come, ``(choice, piece)``, with ``(choice, None)`` once
+    a choice is done; the first failure (WorkerUnavailable, a stream that ended) is raised.
+    Leaving the context stops every reader before the caller closes the streams."""
+    if len(choices) == 1:  # no reader task: the one stream is read where it is consumed
+        async with contextlib.aclosing(_single(choices[0])) as single:
+            yield single
+        return
+    queue: asyncio.Queue[tuple[Choice, str | None, Exception | None]] = asyncio.Queue(
+        maxsize=2 * len(choices)
+    )
+
+    async def read(choice: Choice) -> None:
+        try:
+            async for piece in choice.generation.pieces():
+                await queue.put((choice, piece, None))
+        except Exception as exc:  # noqa: BLE001 - the consumer raises it (see the docstring)
+            await queue.put((choice, None, exc))
+        else:
+            await queue.put((choice, None, None))
+
+    async def consume() -> AsyncGenerator[tuple[Choice, Any], None]:
+        done = 0
+        while done < len(choices):
+            choice, piece, failure = await queue.get()
+            if failure is not None:
+                raise failure
+            done += piece is None
+            yield choice, piece
+
+    readers = [asyncio.ensure_future(read(choice)) for choice in choices]
+    try:
+        async with contextlib.aclosing(consume()) as pieces:
+            yield pieces
+    finally:
+        for reader in readers:
+            reader.cancel()
+        await asyncio.gather(*readers, return_exceptions=True)
+
+
+async def _single(choice: Choice) -> AsyncGenerator[tuple[Choice, Any], None]:
+    async for piece in choice.generation.pieces():
+        yield choice, piece
+    yield choice, None
+
+
+def usage(choices: Sequence[Choice]) -> dict:
+    """vLLM's usage of n choices: the prompt once, the completion tokens summed."""
+    return oai.usage(
+        choices[0].generation.prompt_tokens, sum(c.generation.completion_tokens for c in choices)
+    )
+
+
+def new_choice(
+    index: int,
+    req: Any,
+    processor: Any,
+    responder: Responder,
+    generation: Generation,
+    stream: AsyncGenerator[StreamItem, None],
+    parser: OutputParser | None,
+) -> Choice:
+    """Choice ``index`` of a request, reading ``generation`` (its stream's)."""
+    parsed = None
+    # Tool calls and reasoning parsed out of a chat's text (ChatResponder only).
+    if parser is not None and isinstance(responder, ChatResponder):
+        parsed = ParsedOutput(parser, responder, index)
+    logprobs = formatter(req, processor, chat=isinstance(responder, ChatResponder))
+    return Choice(index, generation, stream, parsed, logprobs, [])
+
+
+def whole_body(responder: Responder, choices: Sequence[Choice]) -> dict:
+    """The non-streamed response of every choice, read whole."""
+    bodies = []
+    for choice in choices:
+        text, reason = "".join(choice.pieces), choice.generation.finish_reason or "stop"
+        if choice.parsed is not None:
+            body = choice.parsed.whole_choice(text, reason)
+        else:
+            body = responder.whole_choice(text, reason, choice.index)
+        if choice.logprobs is not None:
+            body["logprobs"] = choice.shown_logprobs()
+        bodies.append(body)
+    return responder.envelope(responder.OBJECT, bodies, usage(choices))
+
+
+def choice_chunks(responder: Responder, choice: Choice, piece: str | None) -> list[dict]:
+    """The chunks of one choice's piece of text (None: the choice is done: what its parser
+    held back, then its finish)."""
+    parsed, index = choice.parsed, choice.index
+    if piece is None:
+        chunks = parsed.closing_chunks() if parsed is not None else []
+        reason = choice.generation.finish_reason or "stop"
+        if parsed is not None:
+            reason = parsed.finish_reason(reason)
+        return [*chunks, responder.finish(reason, index)]
+    shown = choice.shown_logprobs()
+    if not piece and not shown:
+        return []
+    chunk = responder.piece(piece, index) if parsed is None else parsed.chunk(piece)
+    if chunk is None and shown:  # held back by the parser: the logprobs go all the same
+        chunk = responder.piece("", index)
+    return [] if chunk is None else [attach(chunk, shown)]

@@ -1,0 +1,197 @@
+"""Log probabilities in OpenAI's shapes, as vLLM's OpenAI server builds them.
+
+The worker sends, with every generated token, the log probabilities of the sampled token and of
+up to ``k`` alternatives (``sampling.logprobs``; the request plane validates them: finite or
+vLLM's -9999.0 floor, ids in the vocabulary, at most ``k + 1`` per token, the sampled token
+first, as vLLM's sampler orders them). Here they become
+
+* chat: ``logprobs.content[{token, logprob, bytes, top_logprobs[{token, logprob, bytes}]}]``,
+  the first ``top_logprobs`` entries of each position (vLLM's ``_get_top_logprobs``);
+* completions: ``logprobs{tokens, token_logprobs, top_logprobs, text_offset}``, each position's
+  first ``logprobs + 1`` entries keyed by their text (vLLM's ``_create_completion_logprobs``),
+  ``text_offset`` counting on from one chunk to the next.
+
+Token strings are decoded one id at a time with the model's tokenizer, special tokens shown (as
+vLLM's ``decoded_token``), or are ``token_id:<id>`` with ``return_tokens_as_token_ids``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Annotated, Any, ClassVar, Protocol
+
+from pydantic import BaseModel, Field, StrictBool, StrictInt, model_validator
+
+from dynamo.runtime.request_plane import LogprobPosition
+from dynamo.runtime.sampling import MAX_LOGPROBS
+
+from .openai_fields import FieldRefused
+
+
+class Detokenizing(Protocol):
+    """What the formatter needs of a model's processor (a ChatProcessor)."""
+
+    def detokenizer(self, *, skip_special_tokens: bool = True) -> Any: ...
+
+
+# vLLM's floor for -inf (JSON has no infinity); the request plane already floors what it carries.
+LOGPROB_FLOOR = -9999.0
+
+
+def exceeded(count: int) -> str | None:
+    """vLLM's refusal of more alternatives than ``--max-logprobs`` (its default, 20), or None."""
+    if count > MAX_LOGPROBS:
+        return (
+            f"Requested sample logprobs of {count}, which is greater than max allowed: "
+            f"{MAX_LOGPROBS}"
+        )
+    return None
+
+
+LogprobsCount = Annotated[StrictInt, Field(ge=0)]
+# One token's logprobs: its id, and its position (None: the prompt's first token has none).
+Position = tuple[int, LogprobPosition | None]
+
+
+class _LogprobsFields(BaseModel):
+    """The logprobs fields of a request (mixed into each endpoint's request model)."""
+
+    # Logprobs' tokens as "token_id:<id>" instead of their text, as in vLLM.
+    return_tokens_as_token_ids: StrictBool | None = None
+    LOGPROBS_PARAM: ClassVar[str] = "logprobs"
+
+    def logprobs_asked(self) -> int | None:
+        """The alternatives per token to ask the engine for (vLLM's SamplingParams.logprobs),
+        None for no logprobs."""
+        raise NotImplementedError
+
+    def prompt_logprobs_asked(self) -> int | None:
+        """The same for the prompt's tokens (vLLM's SamplingParams.prompt_logprobs)."""
+        return None
+
+    @model_validator(mode="after")
+    def _logprobs_bounded(self) -> Any:
+        message = exceeded(self.logprobs_asked() or 0)
+        if message is not None:  # vLLM's words, after the field's name
+            param = self.LOGPROBS_PARAM
+            raise FieldRefused(param, f"`{param}`: {message}", "invalid_value")
+        return self
+
+
+class ChatLogprobs(_LogprobsFields):
+    logprobs: StrictBool | None = None
+    top_logprobs: LogprobsCount | None = None
+    LOGPROBS_PARAM: ClassVar[str] = "top_logprobs"
+
+    def logprobs_asked(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self) -> Any:
+        if self.top_logprobs and not self.logprobs:  # vLLM's rule, in its words
+            raise FieldRefused(
+                "top_logprobs",
+                "when using `top_logprobs`, `logprobs` must be set to true.",
+                "invalid_value",
+            )
+        return self
+
+
+class CompletionLogprobs(_LogprobsFields):
+    logprobs: LogprobsCount | None = None
+
+    def logprobs_asked(self) -> int | None:
+        return self.logprobs
+
+    def prompt_logprobs_asked(self) -> int | None:
+        # vLLM: echo with logprobs puts the prompt's logprobs first, with as many alternatives.
+        return self.logprobs if getattr(self, "echo", None) else None
+
+
+class LogprobsFormatter:
+    """One request's logprobs in its endpoint's shape (see the module docstring)."""
+
+    def __init__(
+        self, processor: Detokenizing, top: int, *, chat: bool, as_token_ids: bool = False
+    ) -> None:
+        self._processor = processor
+        self._top = top
+        self._chat = chat
+        self._as_token_ids = as_token_ids
+        self._texts: dict[int, str] = {}
+        self._offset = 0  # completions: the text_offset of the next token
+
+    def token(self, token_id: int) -> str:
+        if self._as_token_ids:
+            return f"token_id:{token_id}"
+        text = self._texts.get(token_id)
+        if text is None:
+            detokenizer = self._processor.detokenizer(skip_special_tokens=False)
+            text = detokenizer.add((token_id,)) + detokenizer.finish()
+            if len(self._texts) < 4096:
+                self._texts[token_id] = text
+        return text
+
+    def _entry(self, token_id: int, logprob: float) -> dict[str, Any]:
+        text = self.token(token_id)
+        return {
+            "token": text,
+            "logprob": max(logprob, LOGPROB_FLOOR),
+            "bytes": list(text.encode("utf-8", errors="replace")),
+        }
+
+    def format(self, positions: Sequence[Position]) -> dict[str, Any] | None:
+        """The choice's ``logprobs`` for these tokens' positions; None for none."""
+        if not positions:
+            return None
+        return self.chat(positions) if self._chat else self.completion(positions)
+
+    def chat(self, positions: Sequence[Position]) -> dict[str, Any]:
+        content = []
+        for _, position in positions:
+            assert position is not None, "a generated token's position always has logprobs"
+            sampled_id, sampled = position[0]
+            entry = self._entry(sampled_id, sampled)
+            entry["top_logprobs"] = [self._entry(i, lp) for i, lp in position[: self._top]]
+            content.append(entry)
+        return {"content": content}
+
+    def completion(self, positions: Sequence[Position]) -> dict[str, Any]:
+        tokens: list[str] = []
+        token_logprobs: list[float | None] = []
+        top_logprobs: list[dict[str, float] | None] = []
+        text_offset: list[int] = []
+        for token_id, position in positions:
+            text = self.token(token_id)
+            tokens.append(text)
+            if position is None:  # the prompt's first token: no context, no logprob (vLLM)
+                token_logprobs.append(None)
+                top_logprobs.append(None)
+            else:
+                token_logprobs.append(max(position[0][1], LOGPROB_FLOOR))
+                top = position[: self._top + 1]
+                top_logprobs.append({self.token(i): max(lp, LOGPROB_FLOOR) for i, lp in top})
+            text_offset.append(self._offset)
+            self._offset += len(text)
+        return {
+            "tokens": tokens,
+            "token_logprobs": token_logprobs,
+            "top_logprobs": top_logprobs,
+            "text_offset": text_offset,
+        }
+
+
+def formatter(request: Any, processor: Detokenizing, *, chat: bool) -> LogprobsFormatter | None:
+    """The request's formatter, or None when it asked for no logprobs."""
+    top = request.logprobs_asked()
+    if top is None:
+        return None
+    as_ids = request.return_tokens_as_token_ids is True
+    return LogprobsFormatter(processor, top, chat=chat, as_token_ids=as_ids)
+
+
+def attach(body: dict[str, Any], logprobs: dict[str, Any] | None) -> dict[str, Any]:
+    """``body``'s (one) choice with ``logprobs`` set, when there are some."""
+    if logprobs is not None:
+        body["choices"][0]["logprobs"] = logprobs
+    return body
