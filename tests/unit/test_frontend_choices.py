@@ -14,6 +14,7 @@ import contextlib
 
 import pytest
 
+from dynamo.frontend.worker_router import WorkerRouter
 from dynamo.runtime.sampling import SamplingOptions
 from tests.support import wait_until_async
 from tests.support.answers import assert_openai_error, sse_events
@@ -22,6 +23,7 @@ from tests.support.tiny_model import tiny_card
 
 HELLO = [{"role": "user", "content": "hello"}]
 TOKENS = 4
+ANSWER_DEADLINE_S = 30  # far below WORKER_READ_TIMEOUT_S, what a choice still opening waits
 
 
 @pytest.fixture
@@ -31,13 +33,26 @@ def card(tiny_tokenizer_dir):
 
 class SeededEngine:
     """Answers ``TOKENS`` ids starting at 10 + seed (seed 0 when none); ``fail_seed`` fails
-    in-band after its first id; ``hold`` keeps every stream open after its first id."""
+    in-band after its first id; ``hold`` keeps every stream open after its first id;
+    ``fail_first`` fails that seed before its first id, ``hold_first`` holds those seeds
+    before theirs (still opening). ``first_sent``: the seeds whose first id went out."""
 
-    def __init__(self, fail_seed: int | None = None, hold: bool = False) -> None:
+    def __init__(
+        self,
+        fail_seed: int | None = None,
+        hold: bool = False,
+        *,
+        fail_first: int | None = None,
+        hold_first: frozenset[int] = frozenset(),
+    ) -> None:
         self.fail_seed = fail_seed
         self.hold = hold
+        self.fail_first = fail_first
+        self.hold_first = hold_first
         self.bodies: list[dict] = []
         self.aborted = 0
+        self.aborted_seeds: list[int] = []
+        self.first_sent: list[int] = []
 
     async def generate(self, body: dict):
         sampling = SamplingOptions.model_validate(body["sampling"])
@@ -45,12 +60,18 @@ class SeededEngine:
         seed = sampling.seed or 0
         produced = 0
         try:
+            if seed == self.fail_first:
+                raise RuntimeError("engine failed before its first token")
+            if seed in self.hold_first:
+                await asyncio.Event().wait()
             for i in range(min(TOKENS, sampling.max_tokens)):
                 token = 10 + seed + i
                 item: dict = {"token_ids": [token]}
                 if sampling.logprobs is not None:
                     item["logprobs"] = [echo_logprobs(token, sampling.logprobs)]
                 yield item
+                if produced == 0:
+                    self.first_sent.append(seed)
                 produced += 1
                 if token in sampling.stop_token_ids and not sampling.ignore_eos:
                     break
@@ -60,6 +81,7 @@ class SeededEngine:
                     await asyncio.Event().wait()
         except (GeneratorExit, asyncio.CancelledError):
             self.aborted += 1
+            self.aborted_seeds.append(seed)
             raise
         yield {"finish_reason": "stop" if produced < TOKENS else "length",
                "prompt_tokens": 3, "completion_tokens": produced}  # fmt: skip
@@ -174,6 +196,73 @@ def test_every_child_is_closed_when_the_client_goes(card):
 
     asyncio.run(scenario())
     assert len(engine.bodies) == 3
+
+
+@pytest.fixture
+def held(monkeypatch):
+    """Every stream the router opens, held here as any other holder might (a log record's
+    traceback, a debugger): dropping the last reference cannot close it, only an explicit
+    close does, so a test sees whether the frontend closed it."""
+    streams: list = []
+    open_stream = WorkerRouter.open_stream
+
+    async def holding(self, *args, **kwargs):
+        first, stream = await open_stream(self, *args, **kwargs)
+        streams.append(stream)
+        return first, stream
+
+    monkeypatch.setattr(WorkerRouter, "open_stream", holding)
+    return streams
+
+
+def test_a_childs_failure_while_others_open_closes_them_at_once(card, held):
+    # Choice 0 (seed 0) opens and holds; choice 1 fails before its first token; choice 2 is
+    # still opening (it would for WORKER_READ_TIMEOUT_S). The request fails at once, and
+    # choice 0's and 2's streams are aborted.
+    engine = SeededEngine(hold=True, fail_first=1, hold_first=frozenset({2}))
+
+    async def scenario():
+        async with (
+            request_plane_server(engine.generate) as endpoint,
+            frontend(card, endpoint) as client,
+        ):
+            body = {"model": MODEL, "messages": HELLO, "n": 3, "seed": 0}
+            response = await asyncio.wait_for(
+                client.post("/v1/chat/completions", json=body), timeout=ANSWER_DEADLINE_S
+            )
+            assert_openai_error(await response.json(), response.status, 503)
+            await wait_until_async(
+                lambda: engine.aborted == 2, deadline_s=10, what="choices 0 and 2 aborted"
+            )
+
+    asyncio.run(scenario())
+    assert sorted(engine.aborted_seeds) == [0, 2] and len(held) == 1
+
+
+def test_every_child_is_closed_when_the_client_goes_while_they_open(card, held):
+    # Choice 0 has opened (its first token read), choice 1 is still opening when the client
+    # hangs up: both are aborted by the frontend, not left to whoever drops them last.
+    engine = SeededEngine(hold=True, hold_first=frozenset({1}))
+
+    async def scenario():
+        async with (
+            request_plane_server(engine.generate) as endpoint,
+            frontend(card, endpoint) as client,
+        ):
+            body = {"model": MODEL, "messages": HELLO, "n": 2, "seed": 0, "stream": True}
+            request = asyncio.ensure_future(client.post("/v1/chat/completions", json=body))
+            await wait_until_async(
+                lambda: engine.first_sent == [0] and len(engine.bodies) == 2 and held,
+                deadline_s=10,
+                what="choice 0 open, choice 1 opening",
+            )
+            request.cancel()  # the client's connection is closed
+            with contextlib.suppress(asyncio.CancelledError):
+                await request
+            await wait_until_async(lambda: engine.aborted == 2, deadline_s=10, what="2 aborts")
+
+    asyncio.run(scenario())
+    assert sorted(engine.aborted_seeds) == [0, 1]
 
 
 @pytest.mark.parametrize(

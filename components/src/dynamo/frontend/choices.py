@@ -16,7 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Iterable, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Coroutine,
+    Iterable,
+    Sequence,
+)
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,22 +62,57 @@ class Choice:
 
 
 async def close_all(streams: Sequence[AsyncGenerator[StreamItem, None]]) -> None:
-    """Close every stream (each close aborts its request in the worker)."""
-    for stream in streams:
-        await stream.aclose()
+    """Close every stream (each close aborts its request in the worker), all of them even when
+    the caller is cancelled meanwhile (the closing goes on, shielded) or one close fails."""
+    await _finish(_close_each(streams))
 
 
 async def open_all(
     opens: Iterable[Awaitable[tuple[StreamItem, AsyncGenerator[StreamItem, None]]]],
 ) -> list[tuple[StreamItem, AsyncGenerator[StreamItem, None]]]:
-    """Every choice's stream, opened together (each waits for its first item); the first
-    failure is the request's, and the streams that did open are closed."""
-    opened = await asyncio.gather(*opens, return_exceptions=True)
-    failed = [o for o in opened if isinstance(o, BaseException)]
-    if failed:
-        await close_all([o[1] for o in opened if not isinstance(o, BaseException)])
-        raise failed[0]
-    return [o for o in opened if not isinstance(o, BaseException)]
+    """Every choice's stream, opened together (each waits for its first item). The first
+    failure is the request's: the choices still opening are cancelled (each closes its own
+    stream) and those already open are closed, at once; so are they all when the caller is
+    cancelled (a client gone) while they open."""
+    tasks = [asyncio.ensure_future(open_) for open_ in opens]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        failures = [task.exception() for task in tasks if task in done]  # in index order
+        failure = next((f for f in failures if f is not None), None)
+        if failure is not None:
+            raise failure
+        return [task.result() for task in tasks]
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await _finish(_discard(tasks))
+        raise
+
+
+async def _close_each(streams: Sequence[AsyncGenerator[StreamItem, None]]) -> None:
+    results = await asyncio.gather(*(s.aclose() for s in streams), return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+
+
+async def _discard(tasks: Sequence[asyncio.Future]) -> None:
+    """Wait for every opening to end (cancelled ones close their own stream), then close the
+    streams that did open."""
+    await asyncio.gather(*tasks, return_exceptions=True)
+    opened = [t.result()[1] for t in tasks if not t.cancelled() and t.exception() is None]
+    await _close_each(opened)
+
+
+_finishing: set[asyncio.Future] = set()  # closings in flight (the loop holds tasks weakly)
+
+
+async def _finish(closing: Coroutine[Any, Any, None]) -> None:
+    """Run ``closing`` to its end even if the caller is cancelled while waiting for it."""
+    task = asyncio.ensure_future(closing)
+    _finishing.add(task)
+    task.add_done_callback(_finishing.discard)
+    await asyncio.shield(task)
 
 
 @contextlib.asynccontextmanager

@@ -302,12 +302,14 @@ class FrontendService:
         self.in_flight += 1
         track.sent(len(prompt_ids))
         choices: list[Choice] = []
+        streams: list[AsyncGenerator[StreamItem, None]] = []
         try:
             try:
                 opened = await open_all(
                     self._open(entry, req, responder, prompt_ids, prompt_param, sampling, index)
                     for index in range(req.choices)  # type: ignore[attr-defined]  # ChoicesFields
                 )
+                streams = [stream for _, stream in opened]
                 for index, (first, stream) in enumerate(opened):
                     generation = Generation(
                         entry.processor, sampling, len(prompt_ids), first, stream,
@@ -328,7 +330,7 @@ class FrontendService:
                 # Whatever ended the handler (done, a stop string, the request's limits, client
                 # gone, cancelled), every worker's stream is closed, which closes its
                 # connection and aborts the request in the worker.
-                await close_all([choice.stream for choice in choices])
+                await close_all(streams)
         finally:
             self.in_flight -= 1
 

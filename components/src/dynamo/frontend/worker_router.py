@@ -32,6 +32,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator, Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 
@@ -98,6 +99,35 @@ class NoWorkerAvailable(Exception):
         self.bad_answers = bad_answers
 
 
+class WatchedStream(AsyncGenerator[StreamItem, None]):
+    """The rest of a worker's stream, each item under the same liveness watch as the first
+    (:meth:`WorkerRouter._next`). Closing it closes the worker's stream (its connection, which
+    aborts the request in the worker) at once, whether or not it was ever read: an async
+    generator never started would skip its ``finally`` and leave the connection to a
+    collection."""
+
+    def __init__(
+        self, router: WorkerRouter, record: ModelRecord, stream: AsyncGenerator[StreamItem, None]
+    ) -> None:
+        self._router = router
+        self._record = record
+        self._stream = stream
+
+    async def asend(self, value: None) -> StreamItem:
+        try:
+            return await self._router._next(self._record, self._stream)
+        except BaseException:  # ended, failed or cancelled: the connection goes at once
+            await self._stream.aclose()
+            raise
+
+    async def athrow(self, typ: Any, val: Any = None, tb: Any = None) -> StreamItem:
+        await self._stream.aclose()
+        raise typ if val is None else val
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+
 @dataclass
 class _Bench:
     until: float
@@ -161,7 +191,7 @@ class WorkerRouter:
                 await stream.aclose()
                 raise
             self._succeeded(record)
-            return first, self._watched(record, stream)
+            return first, WatchedStream(self, record, stream)
         name = peer_text.escape(entry.name)
         if not failures:
             detail = f"model {name}: every instance failed recently ({benched} not retried yet)"
@@ -185,20 +215,6 @@ class WorkerRouter:
         good = [record for record in rest if _key(record) in self._good]
         yield from good
         yield from (record for record in rest if _key(record) not in self._good)
-
-    async def _watched(
-        self, record: ModelRecord, stream: AsyncGenerator[StreamItem, None]
-    ) -> AsyncGenerator[StreamItem, None]:
-        """The rest of ``stream``, each item under the same liveness watch as the first."""
-        try:
-            while True:
-                try:
-                    item = await self._next(record, stream)
-                except StopAsyncIteration:
-                    return
-                yield item
-        finally:
-            await stream.aclose()
 
     async def _next(
         self, record: ModelRecord, stream: AsyncGenerator[StreamItem, None]
