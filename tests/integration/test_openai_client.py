@@ -123,6 +123,7 @@ def test_n_choices_reach_the_client_indexed_whole_and_streamed(client):
         # The mock engine has no distribution: the worker refuses it, naming the field.
         ({"logprobs": True, "top_logprobs": 2}, "logprobs"),
         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),  # vLLM's max_logprobs
+        ({"extra_body": {"prompt_logprobs": 0}}, "prompt_logprobs"),
         ({"n": 17}, "n"),  # at most 16 choices
         # The mock engine does not sample: a constraint is refused by name (vLLM applies it).
         ({"response_format": {"type": "json_object"}}, "response_format"),

@@ -81,6 +81,7 @@ class EchoEngine:
                 if sampling.prompt_logprobs is not None and len(produced) == len(step):
                     k = sampling.prompt_logprobs  # the first item's: null for the first id
                     item["prompt_logprobs"] = [None] + [echo_logprobs(t, k) for t in prompt[1:]]
+                    item["prompt_ranks"] = [None] + [1] * (len(prompt) - 1)  # -0.25: the top
                 yield item
         except (GeneratorExit, asyncio.CancelledError):
             self.requests_aborted += 1

@@ -13,6 +13,7 @@ import json
 import pytest
 
 from dynamo.frontend.chat_processor import build_chat_processor
+from dynamo.frontend.logprobs import prompt_logprobs
 from dynamo.runtime.request_plane import PromptLogprobs, WorkerProtocolError, parse_item
 from dynamo.runtime.sampling import SamplingOptions
 from tests.support.answers import assert_openai_error, sse_events
@@ -46,7 +47,8 @@ def post(card, path, body, *, stream=False):
             echo_worker(output=OUTPUT) as (engine, endpoint),
             frontend(card, endpoint) as client,
         ):
-            response = await client.post(path, json={"model": MODEL, **body, "stream": stream})
+            # A body's own "stream" wins (a refusal of it is parsed as the 400 it is).
+            response = await client.post(path, json={"model": MODEL, "stream": stream, **body})
             answer = await sse_events(response) if stream else await response.json()
             return response.status, answer, engine.bodies
 
@@ -243,6 +245,7 @@ PROMPT = PromptLogprobs(token_ids=(3, 4, 5), alternatives=1)
         ([None, [[4, -1.0]], [[6, -1.0]]], "not the sampled id"),
         ([None, [[4, -1.0], [7, -2.0], [8, -3.0]], [[5, -1.0]]], "more than the 1 asked"),
         ([None, [[4, float("nan")]], [[5, -1.0]]], "invalid item"),
+        ([None, [[4, -1.0]], [[5, -1.0]]], "no prompt ranks"),
     ],
 )
 def test_a_worker_sending_bad_prompt_logprobs_breaks_the_wire_format(prompt_logprobs, words):
@@ -251,8 +254,29 @@ def test_a_worker_sending_bad_prompt_logprobs_breaks_the_wire_format(prompt_logp
         parse_item(line, max_token_id=1000, logprobs=1, prompt=PROMPT)
 
 
+@pytest.mark.parametrize(
+    "ranks, words",
+    [
+        ([None, 1], "not one per prompt logprob"),
+        ([1, 1, 1], "not one per prompt logprob"),
+        ([None, 0, 1], "invalid item"),
+        ([None, 1, 2**31], "invalid item"),
+        ([None, "1", 1], "invalid item"),
+    ],
+)
+def test_a_worker_sending_bad_prompt_ranks_breaks_the_wire_format(ranks, words):
+    good = [None, [[4, -1.0]], [[5, -1.0]]]
+    line = _item(logprobs=[[[5, -1.0]]], prompt_logprobs=good, prompt_ranks=ranks)
+    with pytest.raises(WorkerProtocolError, match=words):
+        parse_item(line, max_token_id=1000, logprobs=1, prompt=PROMPT)
+
+
 def test_prompt_logprobs_on_a_later_item_break_the_wire_format():
-    line = _item(logprobs=[[[5, -1.0]]], prompt_logprobs=[None, [[4, -1.0]], [[5, -1.0]]])
+    line = _item(
+        logprobs=[[[5, -1.0]]],
+        prompt_logprobs=[None, [[4, -1.0]], [[5, -1.0]]],
+        prompt_ranks=[None, 1, 3],
+    )
     assert parse_item(line, max_token_id=1000, logprobs=1, prompt=PROMPT).token_ids == (5,)
     with pytest.raises(WorkerProtocolError, match="where none belong"):
         parse_item(line, max_token_id=1000, logprobs=1)
@@ -315,3 +339,80 @@ def test_the_stream_budget_grows_with_the_logprobs_asked_for(card):
     status, body = asyncio.run(scenario())
     assert status == 200, body
     assert len(body["choices"][0]["logprobs"]["tokens"]) == 64
+
+
+# --- prompt_logprobs: vLLM's shape and rules --------------------------------------------------
+
+
+def _prompt_entries(token, prompt, k):
+    """What vLLM returns for the echo engine's prompt logprobs: the prompt id at -0.25, rank 1,
+    then the k ids after it at -1, -2, ..., ranks 2.. (the prompt's own rank left out)."""
+    return [None] + [
+        {
+            str(p + i): {
+                "logprob": -0.25 if i == 0 else -float(i),
+                "rank": i + 1,
+                "decoded_token": token(p + i),
+            }
+            for i in range(k + 1)
+        }
+        for p in prompt[1:]
+    ]
+
+
+def test_chat_prompt_logprobs_are_the_responses_in_vllms_shape(card, token):
+    status, body, (sent,) = chat(card, prompt_logprobs=1)
+    assert status == 200, body
+    assert sent["sampling"]["prompt_logprobs"] == 1 and "logprobs" not in sent["sampling"]
+    assert body["prompt_logprobs"] == _prompt_entries(token, sent["token_ids"], 1)
+    assert all("prompt_logprobs" not in choice for choice in body["choices"])
+
+
+def test_completion_prompt_logprobs_are_each_choices(card, token):
+    status, body, sent = completion(card, prompt_logprobs=0, n=2)
+    assert status == 200, body
+    expected = _prompt_entries(token, sent[0]["token_ids"], 0)
+    assert [c["prompt_logprobs"] for c in body["choices"]] == [expected, expected]
+    assert "prompt_logprobs" not in body and body["choices"][0]["logprobs"] is None
+
+
+def test_prompt_logprobs_say_how_many_alternatives_echo_with_logprobs_asks_for(card):
+    _, body, (sent,) = completion(card, logprobs=1, echo=True, prompt_logprobs=2)
+    assert sent["sampling"]["prompt_logprobs"] == 2  # vLLM: prompt_logprobs over logprobs
+    assert len(body["choices"][0]["prompt_logprobs"][1]) == 3
+    assert len(body["choices"][0]["logprobs"]["top_logprobs"][1]) == 2  # logprobs + 1 shown
+
+
+def test_prompt_logprobs_zero_streams_without_them_as_vllm(card):
+    status, events, (sent,) = chat(card, stream=True, prompt_logprobs=0)
+    assert status == 200 and sent["sampling"]["prompt_logprobs"] == 0
+    assert not any("prompt_logprobs" in json.dumps(e) for e in events)
+
+
+@pytest.mark.parametrize(
+    "fields, words",
+    [
+        ({"prompt_logprobs": 21}, "Requested prompt logprobs of 21, which is greater than max"),
+        ({"prompt_logprobs": -1}, "whole vocabulary (-1), which is greater than max allowed: 20"),
+        ({"prompt_logprobs": -2}, "must be a positive value or -1"),
+        ({"prompt_logprobs": 1, "stream": True}, "not available when `stream=True`"),
+        ({"prompt_logprobs": -1, "stream": True}, "not available when `stream=True`"),
+        ({"prompt_logprobs": "1"}, "prompt_logprobs"),
+        ({"prompt_logprobs": 1.0}, "prompt_logprobs"),
+        ({"prompt_logprobs": True}, "prompt_logprobs"),
+    ],
+)
+def test_prompt_logprobs_bounds_are_vllms_400s_naming_the_field(card, fields, words):
+    for path, base in (("/v1/chat/completions", {"messages": HELLO}), ("/v1/completions", {})):
+        base = base or {"prompt": "hello"}
+        status, body, sent = post(card, path, {**base, **fields})  # its "stream" as sent
+        error = assert_openai_error(body, status, 400, param="prompt_logprobs")
+        assert words in error["message"] and sent == []
+
+
+def test_prompt_ranks_leave_the_prompts_own_rank_out_of_the_alternatives(card):
+    processor = build_chat_processor(card)
+    position = ((9, -1.5), (4, -0.5), (7, -2.0))  # the prompt's id 9 is second in the vocabulary
+    (first, entries) = prompt_logprobs(processor, [None, position], [None, 2])
+    assert first is None
+    assert {k: v["rank"] for k, v in entries.items()} == {"9": 2, "4": 1, "7": 3}

@@ -108,7 +108,6 @@ def test_a_refused_field_at_null_or_vllms_default_asks_for_nothing_and_is_accept
 @pytest.mark.parametrize(
     "endpoint, name, value",
     [
-        (COMPLETION, "prompt_logprobs", 0),  # 0 asks for the prompt token's logprob
         (COMPLETION, "best_of", 2),  # more than n: vLLM removed it, never ignored quietly
         (CHAT, "best_of", 1.0),
         (CHAT, "spaces_between_special_tokens", False),
@@ -201,7 +200,6 @@ def _post(card, endpoint: str, body: dict, *, strict: bool = False) -> tuple[int
     [
         (CHAT, "logprob_token_ids", [3]),
         (CHAT, "echo", True),
-        (COMPLETION, "prompt_logprobs", 1),
     ],
 )
 def test_over_http_a_refusal_is_a_400_in_the_openai_shape_and_reaches_no_worker(

@@ -389,7 +389,8 @@ def test_without_ranks_nothing_can_die_and_the_wait_is_cancellable():
     "name, value",
     [("logit_bias", ((5, 1.0),)), ("allowed_token_ids", (5,)), ("bad_words", ("snow",)),
      ("structured_outputs", {"regex": "[0-9]+"}),
-     ("logprobs", 0)],  # no distribution to report: even the sampled token's is refused
+     ("logprobs", 0),  # no distribution to report: even the sampled token's is refused
+     ("prompt_logprobs", 0)],
 )  # fmt: skip
 def test_the_mock_refuses_what_it_cannot_apply_naming_the_field(name, value):
     from dynamo.runtime.request_plane import BadGenerateRequest

@@ -32,7 +32,7 @@ from dynamo.runtime.sampling import SamplingOptions
 
 from . import openai_protocol as oai
 from .generation import Generation
-from .logprobs import LogprobsFormatter, attach, formatter
+from .logprobs import LogprobsFormatter, attach, formatter, prompt_logprobs
 from .output_parser import OutputParser
 from .parsed_output import ParsedOutput
 from .responses import ChatResponder, Responder
@@ -53,6 +53,8 @@ class Choice:
     parsed: ParsedOutput | None
     logprobs: LogprobsFormatter | None
     pieces: list[str]
+    # vLLM's prompt_logprobs (a whole response's, when asked for).
+    prompt: list[dict[str, dict[str, Any]] | None] | None = None
 
     def shown_logprobs(self) -> dict[str, Any] | None:
         """The logprobs of the tokens counted since the last call, in the endpoint's shape."""
@@ -184,7 +186,11 @@ def new_choice(
     if parser is not None and isinstance(responder, ChatResponder):
         parsed = ParsedOutput(parser, responder, index)
     logprobs = formatter(req, processor, chat=isinstance(responder, ChatResponder))
-    return Choice(index, generation, stream, parsed, logprobs, [])
+    prompt = None
+    positions, ranks = generation.prompt_logprobs()
+    if positions is not None and not req.stream:  # vLLM streams none
+        prompt = prompt_logprobs(processor, positions, ranks)
+    return Choice(index, generation, stream, parsed, logprobs, [], prompt)
 
 
 def whole_body(responder: Responder, choices: Sequence[Choice]) -> dict:
@@ -198,8 +204,14 @@ def whole_body(responder: Responder, choices: Sequence[Choice]) -> dict:
             body = responder.whole_choice(text, reason, choice.index)
         if choice.logprobs is not None:
             body["logprobs"] = choice.shown_logprobs()
+        chat = isinstance(responder, ChatResponder)
+        if choice.prompt is not None and not chat:  # vLLM: each completion choice's
+            body["prompt_logprobs"] = choice.prompt
         bodies.append(body)
-    return responder.envelope(responder.OBJECT, bodies, usage(choices))
+    whole = responder.envelope(responder.OBJECT, bodies, usage(choices))
+    if choices[0].prompt is not None and isinstance(responder, ChatResponder):
+        whole["prompt_logprobs"] = choices[0].prompt  # vLLM: the response's, once
+    return whole
 
 
 def choice_chunks(responder: Responder, choice: Choice, piece: str | None) -> list[dict]:

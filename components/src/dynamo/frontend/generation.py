@@ -14,6 +14,7 @@ A per-request output parser (tool calls, reasoning) is fed with the text pieces 
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from typing import Any
 
 from dynamo.runtime.request_plane import Finish, LogprobPosition, StreamItem
 from dynamo.runtime.sampling import SamplingOptions
@@ -61,6 +62,14 @@ class Generation:
         # The logprobs of the tokens counted since the last take_logprobs (when asked for):
         # every counted token's, the stop token's too, as vLLM reports them.
         self._logprobs: list[tuple[int, LogprobPosition | None]] = []
+
+    def prompt_logprobs(self) -> tuple[Any, Any]:
+        """The prompt's logprobs and ranks the worker sent on its first item (None, None when
+        the request asked for none); validated: one per prompt id, the first None."""
+        return (
+            getattr(self._first, "prompt_logprobs", None),
+            getattr(self._first, "prompt_ranks", None),
+        )
 
     def take_logprobs(self) -> list[tuple[int, LogprobPosition | None]]:
         """The logprobs of the tokens counted since the last call (none unless asked for)."""

@@ -17,6 +17,7 @@ vLLM's ``decoded_token``), or are ``token_id:<id>`` with ``return_tokens_as_toke
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Annotated, Any, ClassVar, Protocol
 
@@ -58,6 +59,8 @@ class _LogprobsFields(BaseModel):
 
     # Logprobs' tokens as "token_id:<id>" instead of their text, as in vLLM.
     return_tokens_as_token_ids: StrictBool | None = None
+    # The prompt's logprobs with this many alternatives (vLLM's, -1: the whole vocabulary).
+    prompt_logprobs: StrictInt | None = None
     LOGPROBS_PARAM: ClassVar[str] = "logprobs"
 
     def logprobs_asked(self) -> int | None:
@@ -67,7 +70,7 @@ class _LogprobsFields(BaseModel):
 
     def prompt_logprobs_asked(self) -> int | None:
         """The same for the prompt's tokens (vLLM's SamplingParams.prompt_logprobs)."""
-        return None
+        return self.prompt_logprobs
 
     @model_validator(mode="after")
     def _logprobs_bounded(self) -> Any:
@@ -75,6 +78,31 @@ class _LogprobsFields(BaseModel):
         if message is not None:  # vLLM's words, after the field's name
             param = self.LOGPROBS_PARAM
             raise FieldRefused(param, f"`{param}`: {message}", "invalid_value")
+        return self
+
+    @model_validator(mode="after")
+    def _prompt_logprobs_bounded(self) -> Any:
+        """vLLM's rules for ``prompt_logprobs``, in its words."""
+        asked = self.prompt_logprobs
+        if asked is None:
+            return self
+        message = None
+        if getattr(self, "stream", None) and (asked > 0 or asked == -1):
+            message = "`prompt_logprobs` are not available when `stream=True`."
+        elif asked < -1:
+            message = "`prompt_logprobs` must be a positive value or -1."
+        elif asked == -1:  # the vocabulary, always over the bound (vLLM's default)
+            message = (
+                "`prompt_logprobs`: Requested prompt logprobs of the whole vocabulary (-1), "
+                f"which is greater than max allowed: {MAX_LOGPROBS}"
+            )
+        elif asked > MAX_LOGPROBS:
+            message = (
+                f"`prompt_logprobs`: Requested prompt logprobs of {asked}, which is greater "
+                f"than max allowed: {MAX_LOGPROBS}"
+            )
+        if message is not None:
+            raise FieldRefused("prompt_logprobs", message, "invalid_value")
         return self
 
 
@@ -104,7 +132,10 @@ class CompletionLogprobs(_LogprobsFields):
         return self.logprobs
 
     def prompt_logprobs_asked(self) -> int | None:
-        # vLLM: echo with logprobs puts the prompt's logprobs first, with as many alternatives.
+        # vLLM: echo with logprobs puts the prompt's logprobs first, with as many alternatives
+        # unless prompt_logprobs says how many.
+        if self.prompt_logprobs is not None:
+            return self.prompt_logprobs
         return self.logprobs if getattr(self, "echo", None) else None
 
 
@@ -188,6 +219,30 @@ def formatter(request: Any, processor: Detokenizing, *, chat: bool) -> LogprobsF
         return None
     as_ids = request.return_tokens_as_token_ids is True
     return LogprobsFormatter(processor, top, chat=chat, as_token_ids=as_ids)
+
+
+def prompt_logprobs(
+    processor: Detokenizing, positions: Sequence[Any], ranks: Sequence[int | None]
+) -> list[dict[str, dict[str, Any]] | None]:
+    """vLLM's ``prompt_logprobs``: per prompt token, None for the first, then ``{token_id:
+    {logprob, rank, decoded_token}}``, the prompt's own id first with its rank, the alternatives
+    ranked 1..k without the prompt's own rank (vLLM's dictionary merges the two)."""
+    names = LogprobsFormatter(processor, 0, chat=False)
+    result: list[dict[str, dict[str, Any]] | None] = []
+    for position, rank in zip(positions, ranks, strict=True):  # validated: one per prompt id
+        if position is None:
+            result.append(None)
+            continue
+        alternatives = (r for r in itertools.count(1) if r != rank)
+        entries: dict[str, dict[str, Any]] = {}
+        for index, (alternative, logprob) in enumerate(position):
+            entries[str(alternative)] = {
+                "logprob": max(logprob, LOGPROB_FLOOR),
+                "rank": rank if index == 0 else next(alternatives),
+                "decoded_token": names.token(alternative),
+            }
+        result.append(entries)
+    return result
 
 
 def attach(body: dict[str, Any], logprobs: dict[str, Any] | None) -> dict[str, Any]:

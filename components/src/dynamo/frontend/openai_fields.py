@@ -74,7 +74,6 @@ def no_effect(name: str, reason: str, endpoints: tuple[str, ...] = _BOTH) -> Fie
 
 _SAMPLER = "passed to the engine's sampler with vLLM's range (the mock engine does not sample)"
 _NOT_YET = "not implemented by this server yet"
-_PROMPT_LOGPROBS = "the prompt's log probabilities are not returned by this server yet"
 _STRUCTURED = (
     "the engine forces the output into that shape (vLLM's structured outputs, compiled by "
     "vLLM: an invalid schema is a 400 naming this field); schemas, regexes and grammars at "
@@ -238,7 +237,14 @@ RULES: tuple[FieldRule, ...] = (
     # -- accepted without effect -----------------------------------------------------------
     no_effect("user", "OpenAI's end-user id for abuse monitoring; vLLM ignores it too"),
     # -- refused: what this server does not honour (yet) -----------------------------------
-    refused("prompt_logprobs", _PROMPT_LOGPROBS),
+    applied(
+        "prompt_logprobs",
+        "each prompt token's log probability and that many alternatives (0 to 20, vLLM's "
+        "default --max-logprobs; -1 is the whole vocabulary, over that bound), as vLLM returns "
+        "them: [null, {token_id: {logprob, rank, decoded_token}}, ...] in the chat response's "
+        "prompt_logprobs, in each completion choice's; refused with stream above 0 (vLLM's "
+        "rule); the mock engine refuses it by name",
+    ),
     refused("logprob_token_ids", "logprobs of chosen token ids are " + _NOT_YET),
     refused(
         "spaces_between_special_tokens",

@@ -26,7 +26,9 @@ Wire format v2 (one place, used by both ends):
   (an addition of v2: an older worker is never asked for it, see ``ADDED_FIELDS``). With
   ``sampling.prompt_logprobs`` (k), the first item carries ``"prompt_logprobs"``: one entry per
   prompt id, null for the first (it has no context), then ``[[id, logprob], ...]`` with the
-  prompt's own id first and at most k alternatives. Each line
+  prompt's own id first and at most k alternatives, and ``"prompt_ranks"``: the rank of each
+  prompt id among the vocabulary's (null for the first; the alternatives are ranks 1..k, the
+  prompt's own id left out of them when it is one). Each line
   is one of the item models below (:class:`TokenStep`, :class:`Finish`, :class:`StreamError`).
 * ``GET <endpoint>/health`` answers 200 while the worker serves, 503 while it drains.
 
@@ -120,6 +122,8 @@ class TokenStep(BaseModel):
     logprobs: Logprobs = None
     # The first item's, when asked for: one per prompt id, None for the first.
     prompt_logprobs: tuple[LogprobPosition | None, ...] | None = None
+    # With them: each prompt id's rank in the vocabulary (vLLM's Logprob.rank), None for the first.
+    prompt_ranks: tuple[Annotated[StrictInt, Field(ge=1, le=MAX_COUNT)] | None, ...] | None = None
 
 
 class Finish(BaseModel):
@@ -255,8 +259,9 @@ def _check_prompt_logprobs(
     item: StreamItem, max_token_id: int | None, asked: PromptLogprobs | None
 ) -> None:
     positions = getattr(item, "prompt_logprobs", None)
+    ranks = getattr(item, "prompt_ranks", None)
     if asked is None:
-        if positions is not None:
+        if positions is not None or ranks is not None:
             raise WorkerProtocolError("worker sent prompt logprobs where none belong")
         return
     if positions is None or len(positions) != len(asked.token_ids):
@@ -267,6 +272,8 @@ def _check_prompt_logprobs(
         if position is None:
             raise WorkerProtocolError("worker sent a null prompt logprob after the first")
         _check_position(token_id, position, asked.alternatives, max_token_id)
+    if ranks is None or [r is None for r in ranks] != [p is None for p in positions]:
+        raise WorkerProtocolError("worker sent no prompt ranks, or not one per prompt logprob")
 
 
 def _check_logprobs(item: StreamItem, max_token_id: int | None, asked: int | None) -> None:
@@ -366,7 +373,7 @@ async def generate(
     if request["sampling"].get("prompt_logprobs") is not None:
         alternatives = int(request["sampling"]["prompt_logprobs"])
         prompt = PromptLogprobs(token_ids=tuple(request["token_ids"]), alternatives=alternatives)
-        extra = STREAM_BYTES_PER_LOGPROB * (alternatives + 1) * len(prompt.token_ids)
+        extra = (STREAM_BYTES_PER_LOGPROB * (alternatives + 1) + 16) * len(prompt.token_ids)
         budget += extra
         line_limit += extra  # they all come on the first line
     try:

@@ -55,7 +55,7 @@ from dynamo.vllm.backend_args import WorkerConfig
 from dynamo.vllm.engine import EngineDied, EngineInitFailed
 from dynamo.vllm.process_watch import ending_stuck_children, first_exit
 from dynamo.vllm.vllm_args import engine_args_from_config, served_name_of
-from dynamo.vllm.vllm_sampling import sampling_params, wire_logprobs
+from dynamo.vllm.vllm_sampling import sampling_params, wire_logprobs, wire_ranks
 
 logger = logging.getLogger(__name__)
 
@@ -289,6 +289,7 @@ class VllmEngine:
                             step["logprobs"] = wire_logprobs(completion.logprobs or ())
                         if params.prompt_logprobs is not None and not prompt_sent:
                             step["prompt_logprobs"] = wire_logprobs(output.prompt_logprobs or ())
+                            step["prompt_ranks"] = wire_ranks(output.prompt_logprobs or ())
                             prompt_sent = True
                         yield step
                     if output.finished:

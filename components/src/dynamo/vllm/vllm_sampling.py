@@ -77,3 +77,11 @@ def wire_logprobs(positions: Any) -> list[list[list[float]] | None]:
         else [[token_id, max(entry.logprob, -9999.0)] for token_id, entry in position.items()]
         for position in positions
     ]
+
+
+def wire_ranks(positions: Any) -> list[int | None]:
+    """The rank of each prompt id (the first entry of each of vLLM's prompt positions), as the
+    request plane carries them next to the prompt's logprobs."""
+    return [
+        None if position is None else next(iter(position.values())).rank for position in positions
+    ]
