@@ -163,3 +163,54 @@ def test_a_worker_whose_vllm_allows_fewer_logprobs_refuses_more_naming_the_field
         assert raised.value.code == 400 and error["param"] == "logprobs", error
         allowed = post(url + "/v1/completions", {**body, "logprobs": 2})
         assert len(allowed["choices"][0]["logprobs"]["tokens"]) == 10
+
+
+def _check_prompt_logprobs(positions: list, ids: list[int], k: int) -> None:
+    """vLLM's prompt_logprobs: one per prompt id, the first null, then ``{id: {logprob, rank,
+    decoded_token}}`` with the prompt's own id first and the k best ranked 1..k."""
+    assert len(positions) == len(ids) and positions[0] is None
+    for token_id, position in zip(ids[1:], positions[1:], strict=True):
+        entries = list(position.items())
+        assert entries[0][0] == str(token_id) and entries[0][1]["rank"] >= 1
+        best = sorted(entries, key=lambda e: e[1]["rank"])
+        ranks = [e[1]["rank"] for e in best if e[0] != str(token_id) or e[1]["rank"] <= k]
+        assert sorted(set(ranks)) == list(range(1, k + 1))  # the k best, each once
+        logprobs = [e[1]["logprob"] for e in best]
+        assert logprobs == sorted(logprobs, reverse=True)  # rank order is logprob order
+        assert all(-9999.0 <= e[1]["logprob"] <= 0.0 for e in entries)
+        assert all(isinstance(e[1]["decoded_token"], str) for e in entries)
+
+
+def test_prompt_logprobs_from_vllm_in_both_endpoints(pair):  # noqa: F811 - the fixture
+    url, model = pair
+    prompt = "The quick brown fox"
+    ids = tiny_processor(model).encode_completion(prompt)
+    body = {**GREEDY, "prompt": prompt, "prompt_logprobs": 2, "n": 2}
+    answer = post(url + "/v1/completions", body)
+    assert "prompt_logprobs" not in answer
+    first, second = (c["prompt_logprobs"] for c in answer["choices"])
+    _check_prompt_logprobs(first, ids, 2)
+    assert second == first  # vLLM: each choice's is the request's
+    # The prompt's own logprobs are those echo with logprobs reports for the prompt's tokens.
+    echo = post(url + "/v1/completions", {**GREEDY, "prompt": prompt, "logprobs": 0, "echo": True})
+    echoed = echo["choices"][0]["logprobs"]["token_logprobs"][1 : len(ids)]
+    own = [position[str(i)]["logprob"] for i, position in zip(ids[1:], first[1:], strict=True)]
+    assert own == pytest.approx(echoed)
+    chat = post(url + "/v1/chat/completions", {**GREEDY, "messages": MESSAGES, "prompt_logprobs": 0})
+    positions = chat["prompt_logprobs"]
+    assert len(positions) == chat["usage"]["prompt_tokens"] and positions[0] is None
+    assert all(len(p) == 1 and next(iter(p.values()))["rank"] >= 1 for p in positions[1:])
+    assert all("prompt_logprobs" not in c for c in chat["choices"])
+
+
+def test_prompt_logprobs_bounds_from_vllm_are_400s(pair):  # noqa: F811 - the fixture
+    url, _ = pair
+    for extra, words in (
+        ({"prompt_logprobs": 21}, "greater than max allowed: 20"),
+        ({"prompt_logprobs": 1, "stream": True}, "not available when `stream=True`"),
+    ):
+        with pytest.raises(urllib.error.HTTPError) as raised:
+            post(url + "/v1/completions", {**GREEDY, "prompt": "Hi", **extra})
+        error = json.load(raised.value)["error"]
+        assert raised.value.code == 400 and error["param"] == "prompt_logprobs", error
+        assert words in error["message"]
