@@ -196,7 +196,9 @@ def test_prompt_logprobs_from_vllm_in_both_endpoints(pair):  # noqa: F811 - the 
     echoed = echo["choices"][0]["logprobs"]["token_logprobs"][1 : len(ids)]
     own = [position[str(i)]["logprob"] for i, position in zip(ids[1:], first[1:], strict=True)]
     assert own == pytest.approx(echoed)
-    chat = post(url + "/v1/chat/completions", {**GREEDY, "messages": MESSAGES, "prompt_logprobs": 0})
+    chat = post(
+        url + "/v1/chat/completions", {**GREEDY, "messages": MESSAGES, "prompt_logprobs": 0}
+    )
     positions = chat["prompt_logprobs"]
     assert len(positions) == chat["usage"]["prompt_tokens"] and positions[0] is None
     assert all(len(p) == 1 and next(iter(p.values()))["rank"] >= 1 for p in positions[1:])
