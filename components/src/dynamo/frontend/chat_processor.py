@@ -48,6 +48,7 @@ from .hf_processor import (
 )
 from .model_files import MAX_TEMPLATE_BYTES, ModelFiles
 from .output_parser import OutputParserFactory, no_output_parser
+from .token_strings import TokenStrings
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +98,11 @@ class Tokenizer(Protocol):
 
     def detokenizer(self, *, skip_special_tokens: bool = True) -> Detokenizer: ...
 
+    @property
+    def backend(self) -> Any:
+        """The ``tokenizers`` (Rust) tokenizer underneath (logprobs' token strings)."""
+        ...
+
 
 class Template(Protocol):
     def render(
@@ -127,6 +133,7 @@ class ChatProcessor:
         self.output_parser: OutputParserFactory = output_parsers or no_output_parser
         # Whether that parser turns tool calls in the output into tool_calls (tool_choice auto).
         self.parses_tool_calls = parses_tool_calls
+        self._token_strings: TokenStrings | None = None
 
     @property
     def model(self) -> str:
@@ -184,6 +191,12 @@ class ChatProcessor:
 
     def detokenizer(self, *, skip_special_tokens: bool = True) -> Detokenizer:
         return self.tokenizer.detokenizer(skip_special_tokens=skip_special_tokens)
+
+    def token_strings(self) -> TokenStrings:
+        """Logprobs' token strings as vLLM builds them (:mod:`.token_strings`)."""
+        if self._token_strings is None:
+            self._token_strings = TokenStrings(self.tokenizer.backend)
+        return self._token_strings
 
 
 def import_processor_libraries(kind: str) -> str:
@@ -247,6 +260,10 @@ class _VllmTokenizer:
 
     def detokenizer(self, *, skip_special_tokens: bool = True) -> Detokenizer:
         return StreamDetokenizer(self._backend, skip_special_tokens=skip_special_tokens)
+
+    @property
+    def backend(self) -> Any:
+        return self._backend
 
 
 class _VllmTemplate:

@@ -186,6 +186,8 @@ def new_choice(
     if parser is not None and isinstance(responder, ChatResponder):
         parsed = ParsedOutput(parser, responder, index)
     logprobs = formatter(req, processor, chat=isinstance(responder, ChatResponder))
+    if logprobs is not None:
+        logprobs.prompt_positions = generation.echoed_positions()
     prompt = None
     positions, ranks = generation.prompt_logprobs()
     if positions is not None and not req.stream:  # vLLM streams none

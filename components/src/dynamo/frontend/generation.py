@@ -71,6 +71,12 @@ class Generation:
             getattr(self._first, "prompt_ranks", None),
         )
 
+    def echoed_positions(self) -> int:
+        """How many of the logprobs positions taken first are the echoed prompt's."""
+        if self._echo and getattr(self._first, "prompt_logprobs", None) is not None:
+            return len(self._prompt_ids)
+        return 0
+
     def take_logprobs(self) -> list[tuple[int, LogprobPosition | None]]:
         """The logprobs of the tokens counted since the last call (none unless asked for)."""
         taken, self._logprobs = self._logprobs, []

@@ -233,6 +233,10 @@ class HfTokenizer:
     def detokenizer(self, *, skip_special_tokens: bool = True) -> StreamDetokenizer:
         return StreamDetokenizer(self._tokenizer, skip_special_tokens=skip_special_tokens)
 
+    @property
+    def backend(self) -> Tokenizer:
+        return self._tokenizer
+
 
 class StreamDetokenizer:
     """Incremental decoding of one completion; special tokens (EOS, ...) are not shown unless

@@ -11,8 +11,9 @@ first, as vLLM's sampler orders them). Here they become
   first ``logprobs + 1`` entries keyed by their text (vLLM's ``_create_completion_logprobs``),
   ``text_offset`` counting on from one chunk to the next.
 
-Token strings are decoded one id at a time with the model's tokenizer, special tokens shown (as
-vLLM's ``decoded_token``), or are ``token_id:<id>`` with ``return_tokens_as_token_ids``.
+Token strings are vLLM's ``decoded_token`` (:mod:`.token_strings`: each id alone, special tokens
+shown, SentencePiece leading spaces restored, a split UTF-8 character completed from the
+sequence's preceding ids), or ``token_id:<id>`` with ``return_tokens_as_token_ids``.
 """
 
 from __future__ import annotations
@@ -27,12 +28,13 @@ from dynamo.runtime.request_plane import LogprobPosition
 from dynamo.runtime.sampling import MAX_LOGPROBS
 
 from .openai_fields import FieldRefused
+from .token_strings import MAX_CONTEXT, TokenStrings
 
 
 class Detokenizing(Protocol):
     """What the formatter needs of a model's processor (a ChatProcessor)."""
 
-    def detokenizer(self, *, skip_special_tokens: bool = True) -> Any: ...
+    def token_strings(self) -> TokenStrings: ...
 
 
 # vLLM's floor for -inf (JSON has no infinity); the request plane already floors what it carries.
@@ -140,31 +142,39 @@ class CompletionLogprobs(_LogprobsFields):
 
 
 class LogprobsFormatter:
-    """One request's logprobs in its endpoint's shape (see the module docstring)."""
+    """One choice's logprobs in its endpoint's shape (see the module docstring). The first
+    ``prompt_positions`` positions it is given are the echoed prompt's (the first of them
+    None), the rest the generated tokens': each has its own context for token strings."""
 
     def __init__(
         self, processor: Detokenizing, top: int, *, chat: bool, as_token_ids: bool = False
     ) -> None:
-        self._processor = processor
+        self._strings = processor.token_strings()
         self._top = top
         self._chat = chat
         self._as_token_ids = as_token_ids
-        self._texts: dict[int, str] = {}
         self._offset = 0  # completions: the text_offset of the next token
+        self.prompt_positions = 0
+        self._formatted = 0
+        self._contexts: tuple[list[int], list[int]] = ([], [])  # the prompt's, the generated
 
-    def token(self, token_id: int) -> str:
+    def _strings_of(self, token_id: int, position: LogprobPosition | None) -> dict[int, str]:
+        """The strings of a position's ids (vLLM's, :mod:`.token_strings`), in its context."""
+        prompt = self._formatted < self.prompt_positions
+        self._formatted += 1
         if self._as_token_ids:
-            return f"token_id:{token_id}"
-        text = self._texts.get(token_id)
-        if text is None:
-            detokenizer = self._processor.detokenizer(skip_special_tokens=False)
-            text = detokenizer.add((token_id,)) + detokenizer.finish()
-            if len(self._texts) < 4096:
-                self._texts[token_id] = text
-        return text
+            ids = [token_id] + [i for i, _ in position or ()]
+            return {i: f"token_id:{i}" for i in ids}
+        if position is None:  # the prompt's first: decoded alone (vLLM's completions server)
+            return {token_id: self._strings.decode([token_id])}
+        context = self._contexts[0 if prompt else 1]
+        texts = {i: self._strings.token(i, context) for i, _ in position}
+        context.append(token_id)
+        del context[:-MAX_CONTEXT]
+        return texts
 
-    def _entry(self, token_id: int, logprob: float) -> dict[str, Any]:
-        text = self.token(token_id)
+    @staticmethod
+    def _entry(text: str, logprob: float) -> dict[str, Any]:
         return {
             "token": text,
             "logprob": max(logprob, LOGPROB_FLOOR),
@@ -179,11 +189,12 @@ class LogprobsFormatter:
 
     def chat(self, positions: Sequence[Position]) -> dict[str, Any]:
         content = []
-        for _, position in positions:
+        for token_id, position in positions:
             assert position is not None, "a generated token's position always has logprobs"
+            texts = self._strings_of(token_id, position)
             sampled_id, sampled = position[0]
-            entry = self._entry(sampled_id, sampled)
-            entry["top_logprobs"] = [self._entry(i, lp) for i, lp in position[: self._top]]
+            entry = self._entry(texts[sampled_id], sampled)
+            entry["top_logprobs"] = [self._entry(texts[i], lp) for i, lp in position[: self._top]]
             content.append(entry)
         return {"content": content}
 
@@ -193,7 +204,8 @@ class LogprobsFormatter:
         top_logprobs: list[dict[str, float] | None] = []
         text_offset: list[int] = []
         for token_id, position in positions:
-            text = self.token(token_id)
+            texts = self._strings_of(token_id, position)
+            text = texts[token_id]
             tokens.append(text)
             if position is None:  # the prompt's first token: no context, no logprob (vLLM)
                 token_logprobs.append(None)
@@ -201,7 +213,7 @@ class LogprobsFormatter:
             else:
                 token_logprobs.append(max(position[0][1], LOGPROB_FLOOR))
                 top = position[: self._top + 1]
-                top_logprobs.append({self.token(i): max(lp, LOGPROB_FLOOR) for i, lp in top})
+                top_logprobs.append({texts[i]: max(lp, LOGPROB_FLOOR) for i, lp in top})
             text_offset.append(self._offset)
             self._offset += len(text)
         return {
@@ -227,7 +239,8 @@ def prompt_logprobs(
     """vLLM's ``prompt_logprobs``: per prompt token, None for the first, then ``{token_id:
     {logprob, rank, decoded_token}}``, the prompt's own id first with its rank, the alternatives
     ranked 1..k without the prompt's own rank (vLLM's dictionary merges the two)."""
-    names = LogprobsFormatter(processor, 0, chat=False)
+    strings = processor.token_strings()
+    context: list[int] = []  # the prompt's ids so far (vLLM's context for a split character)
     result: list[dict[str, dict[str, Any]] | None] = []
     for position, rank in zip(positions, ranks, strict=True):  # validated: one per prompt id
         if position is None:
@@ -239,9 +252,11 @@ def prompt_logprobs(
             entries[str(alternative)] = {
                 "logprob": max(logprob, LOGPROB_FLOOR),
                 "rank": rank if index == 0 else next(alternatives),
-                "decoded_token": names.token(alternative),
+                "decoded_token": strings.token(alternative, context),
             }
         result.append(entries)
+        context.append(position[0][0])
+        del context[:-MAX_CONTEXT]
     return result
 
 

@@ -204,6 +204,28 @@ class SglangTokenizer:
     def detokenizer(self, *, skip_special_tokens: bool = True) -> SglangDetokenizer:
         return SglangDetokenizer(self._tokenizer, self.max_token_id, skip_special_tokens)
 
+    @property
+    def backend(self) -> Any:
+        backend = getattr(self._tokenizer, "backend_tokenizer", None)  # a fast tokenizer's
+        return _SlowBackend(self._tokenizer) if backend is None else backend
+
+
+class _SlowBackend:
+    """A slow (Python) transformers tokenizer with the ``tokenizers`` calls token strings make;
+    it has no pre-tokenizer config (no leading-space marker, as vLLM finds none)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return str(self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self._tokenizer.convert_ids_to_tokens(token_id)
+
+    def to_str(self) -> str:
+        return "{}"
+
 
 class SglangDetokenizer:
     """One completion, decoded as upstream decodes it (see the module docstring). An id the
