@@ -10,10 +10,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer
 
 from dynamo.frontend.token_strings import TokenStrings
 from tests.support.frontend_fakes import MODEL, echo_worker, frontend
+from tests.support.metaspace_tokenizer import metaspace_tokenizer
 from tests.support.tiny_model import tiny_card
 
 SNOW = "snow ❄ ice"  # ❄ is three bytes, each its own token in the tiny vocabulary
@@ -25,17 +26,6 @@ STRINGS = ["s", "n", "ow", " ", "", "", "❄", " i", "c", "e"]
 @pytest.fixture
 def tiny(tiny_tokenizer_dir):
     return Tokenizer.from_file(str(tiny_tokenizer_dir / "tokenizer.json"))
-
-
-def metaspace_tokenizer() -> Tokenizer:
-    """A SentencePiece-style BPE (Metaspace pre-tokenizer and decoder, as Mistral's and T5's
-    tokenizer.json have), trained on a few words."""
-    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
-    tokenizer.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
-    trainer = trainers.BpeTrainer(vocab_size=120, special_tokens=["<unk>"], show_progress=False)
-    tokenizer.train_from_iterator(["the snow and the ice in the north"] * 8, trainer=trainer)
-    return tokenizer
 
 
 def test_a_split_character_is_completed_by_its_last_byte_from_the_sequences_context(tiny):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.test_token_strings import metaspace_tokenizer
+from tests.support.metaspace_tokenizer import metaspace_tokenizer
 
 pytestmark = [pytest.mark.vllm]
 
