@@ -416,3 +416,36 @@ def test_prompt_ranks_leave_the_prompts_own_rank_out_of_the_alternatives(card):
     (first, entries) = prompt_logprobs(processor, [None, position], [None, 2])
     assert first is None
     assert {k: v["rank"] for k, v in entries.items()} == {"9": 2, "4": 1, "7": 3}
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"prompt_ranks": [None, 0, 1]},  # ranks count from 1
+        {"prompt_ranks": [None, 1, 2**31]},  # over any vocabulary
+        {},  # logprobs without their ranks
+        {"prompt_ranks": [None, 1]},  # not one per prompt id
+        {"prompt_ranks": [None, 1, 1]},  # well-formed
+    ],
+)
+def test_a_hostile_workers_prompt_ranks_are_a_502_never_passed_on(card, extra):
+    prompt = [None, [[6, -1.0]], [[7, -1.0]]]
+    line = json.dumps({"token_ids": [5], "prompt_logprobs": prompt, **extra}).encode() + b"\n"
+    finish = b'{"finish_reason": "length", "prompt_tokens": 3, "completion_tokens": 1}\n'
+
+    async def scenario():
+        async with (
+            hostile_worker(raw([line, finish])) as worker,
+            frontend(card, worker.endpoint) as client,
+        ):
+            response = await client.post(
+                "/v1/completions",
+                json={"model": MODEL, "prompt": [5, 6, 7], "prompt_logprobs": 0, "max_tokens": 4},
+            )
+            return response.status, await response.json()
+
+    status, body = asyncio.run(scenario())
+    if extra.get("prompt_ranks") == [None, 1, 1]:  # the control: a well-formed answer
+        assert status == 200 and body["choices"][0]["prompt_logprobs"][2]["7"]["rank"] == 1
+    else:
+        assert_openai_error(body, status, 502)
