@@ -104,6 +104,21 @@ def test_sampling_fields_the_client_sends_are_served(client):
     assert completion.choices[0].message.content is not None
 
 
+def test_reasoning_effort_is_served_and_a_value_vllm_lacks_is_a_bad_request_naming_it(client):
+    # The tiny model's template reads neither reasoning_effort nor enable_thinking: same answer.
+    # (That they reach a template that reads them: the unit and the vllm-marked tests.)
+    completion = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=8, reasoning_effort="low"
+    )
+    text, _, _ = expected_completion({"model": MODEL, "messages": MESSAGES, "max_tokens": 8})
+    assert completion.choices[0].message.content == text
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.chat.completions.create(
+            model=MODEL, messages=MESSAGES, max_tokens=4, extra_body={"reasoning_effort": "lots"}
+        )
+    assert raised.value.status_code == 400 and raised.value.param == "reasoning_effort"
+
+
 def test_n_choices_reach_the_client_indexed_whole_and_streamed(client):
     completion = client.chat.completions.create(
         model=MODEL, messages=MESSAGES, max_tokens=4, n=2, seed=3

@@ -817,6 +817,46 @@ def test_add_generation_prompt_chat_template_kwargs_and_tools_reach_the_template
     assert "`tools`" in error["message"]
 
 
+def test_reasoning_effort_reaches_the_template_with_enable_thinking_as_vllm_renders_it(
+    tiny_tokenizer_dir, tmp_path
+):
+    template = tmp_path / "effort.jinja"
+    template.write_text(
+        "{{ messages[0].content }}|{{ reasoning_effort | default('unset') }}|"
+        "{{ enable_thinking | default('unset') }}",
+        encoding="utf-8",
+    )
+    card = tiny_card(tiny_tokenizer_dir, MODEL, chat_template_path=str(template))
+    processor = build_chat_processor(card)
+    cases = [
+        ({}, "héllo|unset|unset"),
+        ({"reasoning_effort": "low"}, "héllo|low|True"),
+        ({"reasoning_effort": "none"}, "héllo|none|False"),
+        # The client's enable_thinking stays; the field wins over the same template variable.
+        ({"reasoning_effort": "none", "chat_template_kwargs": {"enable_thinking": True}},
+         "héllo|none|True"),
+        ({"reasoning_effort": "max", "chat_template_kwargs": {"reasoning_effort": "low"}},
+         "héllo|max|True"),
+        ({"chat_template_kwargs": {"reasoning_effort": "low"}}, "héllo|low|unset"),
+    ]  # fmt: skip
+
+    async def scenario():
+        async with echo_worker() as (engine, endpoint), frontend(card, endpoint) as client:
+            for extra, _ in cases:
+                response = await client.post("/v1/chat/completions", json=chat(2, **extra))
+                assert response.status == 200, await response.text()
+            bad = await client.post(
+                "/v1/chat/completions", json=chat(2, reasoning_effort="extreme")
+            )
+            return engine.bodies, bad.status, await bad.json(), engine.requests_started
+
+    bodies, status, bad, started = run(scenario)
+    for body, (_, prompt) in zip(bodies, cases, strict=True):
+        assert body["token_ids"] == processor.encode_chat(prompt)
+    error = assert_openai_error(bad, status, 400, param="reasoning_effort")
+    assert "'xhigh'" in error["message"] and started == len(cases)
+
+
 def test_unknown_model_is_404_model_not_found(card):
     async def scenario():
         async with echo_worker() as (_, endpoint), frontend(card, endpoint) as client:

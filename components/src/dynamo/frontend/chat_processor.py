@@ -143,8 +143,8 @@ class ChatProcessor:
         return self.template.render(messages, options)
 
     def render_chat(self, chat: ChatCompletionRequest) -> str:
-        """The prompt of a chat request, with its ``add_generation_prompt`` and
-        ``chat_template_kwargs``. A template that joins content parts its own way (SGLang's)
+        """The prompt of a chat request, with its ``add_generation_prompt``,
+        ``chat_template_kwargs`` and ``reasoning_effort``. A template that joins content parts its own way (SGLang's)
         takes the messages as sent; the others take them joined."""
         if getattr(self.template, "takes_content_parts", False):
             messages = chat.messages_as_sent()
@@ -152,7 +152,7 @@ class ChatProcessor:
             messages = chat.template_messages()
         options = RenderOptions(
             add_generation_prompt=chat.add_generation_prompt is not False,
-            variables=chat.chat_template_kwargs or {},
+            variables=chat.template_variables(),
             tools=chat.template_tools(),
             documents=chat.documents,
             continue_final_message=chat.continue_final_message is True,

@@ -122,6 +122,13 @@ RULES: tuple[FieldRule, ...] = (
         "the chat template's documents (RAG templates), as vLLM passes them; at most 64",
         (CHAT,),
     ),
+    applied(
+        "reasoning_effort",
+        "none, minimal, low, medium, high, xhigh or max (vLLM's values): a variable of the chat "
+        "template, which also gets enable_thinking (false for none) unless "
+        "chat_template_kwargs sets it, as vLLM renders it",
+        (CHAT,),
+    ),
     applied("add_generation_prompt", "the chat template's variable (default true)", (CHAT,)),
     applied(
         "chat_template_kwargs",
@@ -245,7 +252,6 @@ RULES: tuple[FieldRule, ...] = (
         "special tokens are always skipped when decoding here",
         True,
     ),
-    refused("reasoning_effort", "reasoning controls are " + _NOT_YET, endpoints=(CHAT,)),
     refused(
         "include_reasoning",
         "leaving reasoning out is not implemented (a reasoning parser puts it in "

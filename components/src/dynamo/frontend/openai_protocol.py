@@ -283,6 +283,20 @@ class ChatCompletionRequest(ChatLogprobs, ChoicesFields, _SamplingRequest):
     parallel_tool_calls: StrictBool | None = None  # false: one call at most (with required)
     # Extra variables of the chat template (e.g. enable_thinking), as vLLM passes them.
     chat_template_kwargs: TemplateVariables | None = None
+    # vLLM 0.32's values; the template reads it (and enable_thinking), as vLLM renders it.
+    reasoning_effort: (
+        Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None
+    ) = None
+
+    def template_variables(self) -> dict[str, Any]:
+        """The template's extra variables as vLLM's ``build_chat_params`` merges them: the
+        client's ``chat_template_kwargs``, then ``reasoning_effort`` and, unless the client set
+        it, ``enable_thinking`` (false for ``none``)."""
+        variables = dict(self.chat_template_kwargs or {})
+        if self.reasoning_effort is not None:
+            variables["reasoning_effort"] = self.reasoning_effort
+            variables.setdefault("enable_thinking", self.reasoning_effort != "none")
+        return variables
 
     @property
     def requested_max_tokens(self) -> tuple[str, int] | None:
