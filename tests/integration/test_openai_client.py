@@ -119,6 +119,21 @@ def test_reasoning_effort_is_served_and_a_value_vllm_lacks_is_a_bad_request_nami
     assert raised.value.status_code == 400 and raised.value.param == "reasoning_effort"
 
 
+def test_include_reasoning_false_is_served_whole_and_streamed(client):
+    # The mock pair parses no reasoning: the answer is all content, as without the field
+    # (its dropping is the unit tests' and the vllm-marked suite's).
+    text, _, _ = expected_completion({"model": MODEL, "messages": MESSAGES, "max_tokens": 8})
+    body = {"include_reasoning": False}
+    whole = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=8, extra_body=body
+    )
+    assert whole.choices[0].message.content == text
+    streamed = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=8, stream=True, extra_body=body
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == text
+
+
 def test_n_choices_reach_the_client_indexed_whole_and_streamed(client):
     completion = client.chat.completions.create(
         model=MODEL, messages=MESSAGES, max_tokens=4, n=2, seed=3

@@ -142,6 +142,8 @@ def new_choice(
     if parser is not None and isinstance(responder, ChatResponder):
         parsed = ParsedOutput(parser, responder, index)
     logprobs = formatter(req, processor, chat=isinstance(responder, ChatResponder))
+    if parsed is not None and getattr(req, "include_reasoning", None) is False:
+        logprobs = None  # vLLM hides them with the reasoning (their token strings would show it)
     return Choice(index, generation, stream, parsed, logprobs, [])
 
 

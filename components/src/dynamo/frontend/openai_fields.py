@@ -129,6 +129,13 @@ RULES: tuple[FieldRule, ...] = (
         "chat_template_kwargs sets it, as vLLM renders it",
         (CHAT,),
     ),
+    applied(
+        "include_reasoning",
+        "false: no reasoning_content (a streamed piece that was only reasoning is no chunk), "
+        "and, when the model's output is parsed, no logprobs either (their tokens would show "
+        "the reasoning), as vLLM hides them",
+        (CHAT,),
+    ),
     applied("add_generation_prompt", "the chat template's variable (default true)", (CHAT,)),
     applied(
         "chat_template_kwargs",
@@ -251,13 +258,6 @@ RULES: tuple[FieldRule, ...] = (
         "spaces_between_special_tokens",
         "special tokens are always skipped when decoding here",
         True,
-    ),
-    refused(
-        "include_reasoning",
-        "leaving reasoning out is not implemented (a reasoning parser puts it in "
-        "reasoning_content)",
-        True,
-        endpoints=(CHAT,),
     ),
     refused("thinking_token_budget", "reasoning controls are " + _NOT_YET),
     refused("use_beam_search", "beam search is " + _NOT_YET, False),

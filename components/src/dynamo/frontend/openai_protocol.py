@@ -287,6 +287,7 @@ class ChatCompletionRequest(ChatLogprobs, ChoicesFields, _SamplingRequest):
     reasoning_effort: (
         Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None
     ) = None
+    include_reasoning: StrictBool | None = None  # false: no reasoning_content, as vLLM
 
     def template_variables(self) -> dict[str, Any]:
         """The template's extra variables as vLLM's ``build_chat_params`` merges them: the
