@@ -158,6 +158,8 @@ def whole_body(responder: Responder, choices: Sequence[Choice]) -> dict:
             body = responder.whole_choice(text, reason, choice.index)
         if choice.logprobs is not None:
             body["logprobs"] = choice.shown_logprobs()
+        if choice.generation.token_ids is not None:  # return_token_ids
+            body["token_ids"] = choice.generation.token_ids
         bodies.append(body)
     return responder.envelope(responder.OBJECT, bodies, usage(choices))
 
@@ -171,11 +173,21 @@ def choice_chunks(responder: Responder, choice: Choice, piece: str | None) -> li
         reason = choice.generation.finish_reason or "stop"
         if parsed is not None:
             reason = parsed.finish_reason(reason)
-        return [*chunks, responder.finish(reason, index)]
+        return [*chunks, with_ids(responder.finish(reason, index), choice.generation)]
     shown = choice.shown_logprobs()
-    if not piece and not shown:
+    ids = choice.generation.take_token_ids()  # None unless return_token_ids
+    if not piece and not shown and not ids:
         return []
     chunk = responder.piece(piece, index) if parsed is None else parsed.chunk(piece)
-    if chunk is None and shown:  # held back by the parser: the logprobs go all the same
+    if chunk is None and (shown or ids):  # held back by the parser: they go all the same
         chunk = responder.piece("", index)
-    return [] if chunk is None else [attach(chunk, shown)]
+    return [] if chunk is None else [with_ids(attach(chunk, shown), choice.generation, ids)]
+
+
+def with_ids(chunk: dict, generation: Generation, ids: list[int] | None = None) -> dict:
+    """The chunk with its choice's ``token_ids`` (those since the last chunk), as vLLM's
+    ``return_token_ids`` puts them; as it was when they are not returned."""
+    ids = generation.take_token_ids() if ids is None else ids
+    if ids is not None:
+        chunk["choices"][0]["token_ids"] = ids
+    return chunk

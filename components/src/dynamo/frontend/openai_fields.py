@@ -136,6 +136,19 @@ RULES: tuple[FieldRule, ...] = (
         "the reasoning), as vLLM hides them",
         (CHAT,),
     ),
+    applied(
+        "return_token_ids",
+        "true: the prompt's ids (chat: the body's prompt_token_ids; completions: each "
+        "choice's) and each choice's generated ids (its token_ids, the stop token's too; "
+        "streamed: those of each chunk), where vLLM puts them; with include_reasoning false "
+        "on a parsed chat, the choice's ids are hidden as vLLM hides them",
+    ),
+    applied(
+        "return_prompt_text",
+        "true: the prompt the chat template rendered, as the body's prompt_text (streamed: on "
+        "each choice's first chunk), as in vLLM",
+        (CHAT,),
+    ),
     applied("add_generation_prompt", "the chat template's variable (default true)", (CHAT,)),
     applied(
         "chat_template_kwargs",
@@ -285,11 +298,7 @@ RULES: tuple[FieldRule, ...] = (
     refused("request_id", "the frontend names every request itself (chatcmpl-/cmpl-<uuid>)"),
     refused("session_id", "sessions are " + _NOT_YET),
     refused("cache_salt", "prefix-cache salting is " + _NOT_YET),
-    refused("return_token_ids", "token ids are not returned by this server", False),
     refused("return_token_offsets", "token offsets are not returned by this server", False),
-    refused(
-        "return_prompt_text", "the prompt is not returned by this server", False, endpoints=(CHAT,)
-    ),
     refused("routed_experts_prompt_start", _VLLM_ONLY, 0),
     refused("watermarking", _VLLM_ONLY, False),
     refused("repetition_detection", _VLLM_ONLY),

@@ -47,6 +47,7 @@ from dynamo.runtime.sampling import (
 
 from . import openai_fields, structured_output
 from .choice_fields import ChoicesFields
+from .returned_fields import ReturnedFields
 from .logprobs import ChatLogprobs, CompletionLogprobs
 from .openai_tools import NamedToolChoice, TemplateVariables, Tool, check_tool_choice_shape
 
@@ -128,7 +129,7 @@ class StreamOptions(BaseModel):
         return value
 
 
-class _SamplingRequest(SamplerFields):
+class _SamplingRequest(ReturnedFields, SamplerFields):
     """Fields /v1/chat/completions and /v1/completions share. Only the fields
     :mod:`.openai_fields` says are applied are declared here; the rest are screened by that
     table before validation, and unknown ones kept (their names only) as extras."""
@@ -288,6 +289,7 @@ class ChatCompletionRequest(ChatLogprobs, ChoicesFields, _SamplingRequest):
         Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None
     ) = None
     include_reasoning: StrictBool | None = None  # false: no reasoning_content, as vLLM
+    return_prompt_text: StrictBool | None = None  # the rendered prompt in the response
 
     def template_variables(self) -> dict[str, Any]:
         """The template's extra variables as vLLM's ``build_chat_params`` merges them: the
