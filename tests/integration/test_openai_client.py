@@ -134,6 +134,34 @@ def test_include_reasoning_false_is_served_whole_and_streamed(client):
     assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == text
 
 
+def test_return_token_ids_reach_the_client_whole_and_streamed(client):
+    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 8}
+    text, _, _ = expected_completion(body)
+    extra = {"return_token_ids": True, "return_prompt_text": True}
+    whole = client.chat.completions.create(**body, extra_body=extra)
+    prompt_ids, prompt_text = (
+        whole.model_extra["prompt_token_ids"],
+        whole.model_extra["prompt_text"],
+    )
+    assert prompt_ids and MESSAGES[0]["content"] in prompt_text
+    ids = whole.choices[0].model_extra["token_ids"]
+    assert len(ids) == whole.usage.completion_tokens and whole.choices[0].message.content == text
+    chunks = [c for c in client.chat.completions.create(**body, stream=True, extra_body=extra)]
+    assert chunks[0].model_extra["prompt_token_ids"] == prompt_ids
+    streamed = [
+        i for c in chunks if c.choices for i in c.choices[0].model_extra.get("token_ids", [])
+    ]
+    assert streamed == ids
+    completion = client.completions.create(
+        model=MODEL, prompt="Hello", max_tokens=4, extra_body={"return_token_ids": True}
+    )
+    choice = completion.choices[0].model_extra
+    assert (
+        choice["prompt_token_ids"]
+        and len(choice["token_ids"]) == completion.usage.completion_tokens
+    )
+
+
 def test_n_choices_reach_the_client_indexed_whole_and_streamed(client):
     completion = client.chat.completions.create(
         model=MODEL, messages=MESSAGES, max_tokens=4, n=2, seed=3

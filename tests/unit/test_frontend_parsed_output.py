@@ -167,6 +167,15 @@ def test_include_reasoning_false_drops_the_reasoning_and_its_logprobs_as_vllm(ca
         assert bool(logprobs) is include
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_include_reasoning_false_hides_the_generated_ids_not_the_prompts(card, stream):
+    status, answer = ask(card, ThinksFirst, stream, return_token_ids=True, include_reasoning=False)
+    assert status == 200, answer
+    bodies = [e for e in answer if isinstance(e, dict)] if stream else [answer]
+    assert "prompt_token_ids" in bodies[0]
+    assert not any("token_ids" in c for body in bodies for c in body["choices"])
+
+
 def test_length_stays_length_with_calls(card):
     status, body = ask(card, HoldsItAll, stream=False, eos=False)
     assert status == 200 and body["choices"][0]["finish_reason"] == "length"

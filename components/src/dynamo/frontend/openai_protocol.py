@@ -285,9 +285,9 @@ class ChatCompletionRequest(ChatLogprobs, ChoicesFields, _SamplingRequest):
     # Extra variables of the chat template (e.g. enable_thinking), as vLLM passes them.
     chat_template_kwargs: TemplateVariables | None = None
     # vLLM 0.32's values; the template reads it (and enable_thinking), as vLLM renders it.
-    reasoning_effort: (
-        Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None
-    ) = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = (
+        None
+    )
     include_reasoning: StrictBool | None = None  # false: no reasoning_content, as vLLM
     return_prompt_text: StrictBool | None = None  # the rendered prompt in the response
 
