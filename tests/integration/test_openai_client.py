@@ -162,6 +162,17 @@ def test_return_token_ids_reach_the_client_whole_and_streamed(client):
     )
 
 
+def test_a_chats_echo_reaches_the_client_first_whole_and_streamed(client):
+    messages = [*MESSAGES, {"role": "assistant", "content": "Frozen"}]
+    body = {"model": MODEL, "messages": messages, "max_tokens": 6}
+    plain = client.chat.completions.create(**body).choices[0].message.content
+    echo = {"echo": True}
+    whole = client.chat.completions.create(**body, extra_body=echo).choices[0].message.content
+    assert whole == "Frozen" + plain
+    streamed = client.chat.completions.create(**body, stream=True, extra_body=echo)
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == whole
+
+
 def test_n_choices_reach_the_client_indexed_whole_and_streamed(client):
     completion = client.chat.completions.create(
         model=MODEL, messages=MESSAGES, max_tokens=4, n=2, seed=3
@@ -214,7 +225,7 @@ def test_n_choices_reach_the_client_indexed_whole_and_streamed(client):
             {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
             "tool_choice",
         ),
-        ({"extra_body": {"echo": True}}, "echo"),
+        ({"extra_body": {"use_beam_search": True}}, "use_beam_search"),
         ({"extra_body": {"not_a_field": 1}}, "not_a_field"),  # strict mode: unknown refused
     ],
 )

@@ -90,3 +90,34 @@ def test_return_prompt_text_is_unknown_to_completions_as_to_vllm(card):
     status, body, _ = completion(card, return_prompt_text=True)
     assert status == 200 and "prompt_text" not in body
     assert all("prompt_text" not in choice for choice in body["choices"])
+
+
+CONTINUED = [*HELLO, {"role": "assistant", "content": "Snow is"}]
+
+
+@pytest.mark.parametrize(
+    "messages, fields, echoed",
+    [
+        (CONTINUED, {}, "Snow is"),  # the answer continues the assistant's message
+        (HELLO, {"add_generation_prompt": False}, "hello"),  # it continues the user's
+        (HELLO, {}, ""),  # a new assistant message: nothing to echo
+        (CONTINUED, {"echo": False}, ""),
+    ],
+)
+def test_a_chats_echo_puts_the_last_messages_content_first_as_vllm(card, messages, fields, echoed):
+    fields = {"echo": True, **fields, "messages": messages, "n": 2, "seed": 0}
+    _, plain, _ = chat(card, **{**fields, "echo": False})
+    status, whole, _ = chat(card, **fields)
+    assert status == 200, whole
+    for index, choice in enumerate(whole["choices"]):
+        assert (
+            choice["message"]["content"] == echoed + plain["choices"][index]["message"]["content"]
+        )
+    _, events, _ = chat(card, stream=True, **fields)
+    for index, chunks in by_choice(events).items():
+        deltas = [choice["delta"] for _, choice in chunks]
+        assert deltas[0] == {"role": "assistant", "content": ""}
+        if echoed:  # its own chunk, right after the role's
+            assert deltas[1] == {"content": echoed}
+        text = "".join(delta.get("content") or "" for delta in deltas)
+        assert text == whole["choices"][index]["message"]["content"]

@@ -281,7 +281,7 @@ class FrontendService:
         sent = prompt_ids
         prompt_ids = truncated_prompt(req, prompt_ids, entry.card.context_length)
         echo = ""
-        if getattr(req, "echo", None):  # a completion's: the prompt as sent, if it was text
+        if isinstance(req, oai.CompletionRequest) and req.echo:  # the prompt as sent, if text
             text = getattr(req, "prompt", None)
             as_sent = isinstance(text, str) and prompt_ids is sent
             echo = text if as_sent else entry.processor.tokenizer.decode(prompt_ids)
@@ -298,6 +298,7 @@ class FrontendService:
             raise oai.invalid_request(found[1], param=f"allowed_token_ids[{found[0]}]")
         responder = responder_class(req.model, oai.new_completion_id(responder_class.ID_PREFIX))
         responder.return_prompt(*req.returned_prompt(prompt_ids, prompt_text))
+        responder.echo = req.echoed_content() if isinstance(req, oai.ChatCompletionRequest) else ""
         sampling = req.sampling(max_tokens, entry.card.eos_token_ids)
         self.in_flight += 1
         track.sent(len(prompt_ids))
@@ -406,10 +407,8 @@ class FrontendService:
         await response.prepare(request)
         mark_stream(request, response)  # a drain that cuts it short ends it with an error event
         try:
-            for choice in choices:
-                opening = responder.opening(choice.index)
-                if opening is not None:
-                    await send_event(response, opening)
+            for opening in responder.openings(len(choices)):
+                await send_event(response, opening)
             try:
                 async with merged(choices) as pieces:
                     async for choice, piece in pieces:

@@ -275,7 +275,13 @@ RULES: tuple[FieldRule, ...] = (
     refused("thinking_token_budget", "reasoning controls are " + _NOT_YET),
     refused("use_beam_search", "beam search is " + _NOT_YET, False),
     refused("length_penalty", "a beam-search setting; beam search is " + _NOT_YET, 1.0, 1),
-    refused("echo", "echoing the last message is " + _NOT_YET, False, endpoints=(CHAT,)),
+    applied(
+        "echo",
+        "true: the last message's content first in each choice's content when the answer "
+        "continues its role (the last message is the assistant's, or add_generation_prompt is "
+        "false), whole and as a chunk after the role's, as in vLLM",
+        (CHAT,),
+    ),
     applied(
         "echo",
         "the prompt comes first in the text (as sent, or decoded from its ids when they were "

@@ -53,6 +53,7 @@ from .openai_tools import NamedToolChoice, TemplateVariables, Tool, check_tool_c
 
 # The roles a chat message may have (vLLM's, plus OpenAI's "developer", passed to the template).
 ROLES = ("system", "developer", "user", "assistant", "tool")
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
 
 
 class ApiError(Exception):
@@ -285,11 +286,10 @@ class ChatCompletionRequest(ChatLogprobs, ChoicesFields, _SamplingRequest):
     # Extra variables of the chat template (e.g. enable_thinking), as vLLM passes them.
     chat_template_kwargs: TemplateVariables | None = None
     # vLLM 0.32's values; the template reads it (and enable_thinking), as vLLM renders it.
-    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = (
-        None
-    )
+    reasoning_effort: ReasoningEffort | None = None
     include_reasoning: StrictBool | None = None  # false: no reasoning_content, as vLLM
     return_prompt_text: StrictBool | None = None  # the rendered prompt in the response
+    echo: StrictBool | None = None  # the last message's content first (echoed_content)
 
     def template_variables(self) -> dict[str, Any]:
         """The template's extra variables as vLLM's ``build_chat_params`` merges them: the
@@ -321,6 +321,13 @@ class ChatCompletionRequest(ChatLogprobs, ChoicesFields, _SamplingRequest):
                 "invalid_value",
             )
         return self
+
+    def echoed_content(self) -> str:
+        """``echo``: the last message's content if the answer continues its role (vLLM's: the
+        assistant's with a generation prompt, else the last message's); else nothing."""
+        last = self.messages[-1]
+        role = "assistant" if self.add_generation_prompt is not False else last.role
+        return str(last.for_template()["content"]) if self.echo and last.role == role else ""
 
     def template_tools(self) -> list[dict[str, Any]] | None:
         """The tools as the client sent them (what the template renders), or None."""

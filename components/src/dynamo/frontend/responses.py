@@ -37,6 +37,7 @@ class Responder:
         self.created = int(time.time())
         self._prompt_fields: dict = {}  # return_token_ids / return_prompt_text asked for them
         self._prompt_shown: set[int] = set()  # the choices whose first body had them
+        self.echo = ""  # a chat's echo: the last message's content, first in each choice's
 
     def return_prompt(self, token_ids: list[int] | None, text: str | None = None) -> None:
         """Put the prompt's ids (``return_token_ids``) and text (``return_prompt_text``) where
@@ -63,6 +64,9 @@ class Responder:
         }
         if usage is not None:
             body["usage"] = usage
+        if self.echo and object_type != self.CHUNK_OBJECT:  # whole: first in each message
+            for choice in choices:
+                choice["message"]["content"] = self.echo + (choice["message"]["content"] or "")
         return self._with_prompt(body)
 
     def envelope(self, object_type: str, choices: list[dict], usage: dict | None = None) -> dict:
@@ -78,6 +82,14 @@ class Responder:
     def opening(self, index: int = 0) -> dict | None:
         """A first chunk sent before any text (chat: the assistant's role), or None."""
         return None
+
+    def openings(self, choices: int) -> list[dict]:
+        """The chunks sent before any text: each choice's opening, then (chat's ``echo``) each
+        choice's echoed content, as vLLM sends them."""
+        chunks = [self.opening(index) for index in range(choices)]
+        if self.echo:
+            chunks += [self.piece(self.echo, index) for index in range(choices)]
+        return [chunk for chunk in chunks if chunk is not None]
 
     def piece(self, text: str, index: int = 0) -> dict:
         return self._body(self.CHUNK_OBJECT, [self.chunk_choice(text, None, index)])
