@@ -144,8 +144,8 @@ class ChatProcessor:
 
     def render_chat(self, chat: ChatCompletionRequest) -> str:
         """The prompt of a chat request, with its ``add_generation_prompt``,
-        ``chat_template_kwargs`` and ``reasoning_effort``. A template that joins content parts its own way (SGLang's)
-        takes the messages as sent; the others take them joined."""
+        ``chat_template_kwargs`` and ``reasoning_effort``. A template that joins content parts
+        its own way (SGLang's) takes the messages as sent; the others take them joined."""
         if getattr(self.template, "takes_content_parts", False):
             messages = chat.messages_as_sent()
         else:

@@ -282,9 +282,8 @@ class FrontendService:
         prompt_ids = truncated_prompt(req, prompt_ids, entry.card.context_length)
         echo = ""
         if isinstance(req, oai.CompletionRequest) and req.echo:  # the prompt as sent, if text
-            text = getattr(req, "prompt", None)
-            as_sent = isinstance(text, str) and prompt_ids is sent
-            echo = text if as_sent else entry.processor.tokenizer.decode(prompt_ids)
+            text = req.prompt if isinstance(req.prompt, str) and prompt_ids is sent else None
+            echo = entry.processor.tokenizer.decode(prompt_ids) if text is None else text
         max_tokens = completion_budget(req, entry.card, len(prompt_ids), prompt_param)
         max_token_id = entry.processor.max_token_id
         found = out_of_vocabulary(req.stop_token_ids or (), max_token_id)

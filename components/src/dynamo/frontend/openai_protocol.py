@@ -47,9 +47,9 @@ from dynamo.runtime.sampling import (
 
 from . import openai_fields, structured_output
 from .choice_fields import ChoicesFields
-from .returned_fields import ReturnedFields
 from .logprobs import ChatLogprobs, CompletionLogprobs
 from .openai_tools import NamedToolChoice, TemplateVariables, Tool, check_tool_choice_shape
+from .returned_fields import ReturnedFields
 
 # The roles a chat message may have (vLLM's, plus OpenAI's "developer", passed to the template).
 ROLES = ("system", "developer", "user", "assistant", "tool")
