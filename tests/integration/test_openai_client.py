@@ -99,7 +99,14 @@ def test_sampling_fields_the_client_sends_are_served(client):
         n=1,
         logprobs=False,  # vLLM's default: asks for nothing, so it is served
         user="someone",
-        extra_body={"top_k": 5, "min_p": 0.1, "repetition_penalty": 1.1, "min_tokens": 1},
+        extra_body={
+            "top_k": 5,
+            "min_p": 0.1,
+            "repetition_penalty": 1.1,
+            "min_tokens": 1,
+            "skip_special_tokens": False,
+            "spaces_between_special_tokens": False,
+        },
     )
     assert completion.choices[0].message.content is not None
 

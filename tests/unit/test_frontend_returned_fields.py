@@ -121,3 +121,26 @@ def test_a_chats_echo_puts_the_last_messages_content_first_as_vllm(card, message
             assert deltas[1] == {"content": echoed}
         text = "".join(delta.get("content") or "" for delta in deltas)
         assert text == whole["choices"][index]["message"]["content"]
+
+
+@pytest.mark.parametrize(
+    "spaces, text", [(True, "hello <a> <b> world"), (False, "hello <a><b> world")]
+)
+def test_spaces_between_special_tokens_false_joins_added_tokens_in_a_row(spaces, text):
+    """vLLM's rule (its FastIncrementalDetokenizer; compared with it in the vllm suite): an
+    added token right after another is its bare content, on a decoder that spaces tokens."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    from dynamo.frontend.hf_processor import StreamDetokenizer
+
+    tokenizer = Tokenizer(models.WordLevel({"[UNK]": 0, "hello": 1, "world": 2}, "[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.decoder = decoders.WordPiece()
+    tokenizer.add_special_tokens([AddedToken("<a>", special=True), AddedToken("<b>", special=True)])
+    ids = tokenizer.encode("hello <a><b> world").ids
+    detokenizer = StreamDetokenizer(
+        tokenizer, skip_special_tokens=False, spaces_between_special_tokens=spaces
+    )
+    assert "".join(detokenizer.add([i]) for i in ids) + detokenizer.finish() == text
+    skipping = StreamDetokenizer(tokenizer, spaces_between_special_tokens=spaces)
+    assert "".join(skipping.add([i]) for i in ids) == "hello world"  # skipped: no effect

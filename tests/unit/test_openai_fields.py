@@ -111,7 +111,6 @@ def test_a_refused_field_at_null_or_vllms_default_asks_for_nothing_and_is_accept
         (COMPLETION, "prompt_logprobs", 0),  # 0 asks for the prompt token's logprob
         (COMPLETION, "best_of", 2),  # more than n: vLLM removed it, never ignored quietly
         (CHAT, "best_of", 1.0),
-        (CHAT, "spaces_between_special_tokens", False),
         (CHAT, "use_beam_search", True),
         (COMPLETION, "priority", 5),
         (CHAT, "response_format", {"type": "structural_tag", "format": {}}),

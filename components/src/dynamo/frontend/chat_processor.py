@@ -95,7 +95,9 @@ class Tokenizer(Protocol):
 
     def decode(self, ids: Sequence[int]) -> str: ...
 
-    def detokenizer(self, *, skip_special_tokens: bool = True) -> Detokenizer: ...
+    def detokenizer(
+        self, *, skip_special_tokens: bool = True, spaces_between_special_tokens: bool = True
+    ) -> Detokenizer: ...
 
 
 class Template(Protocol):
@@ -182,8 +184,13 @@ class ChatProcessor:
         if found is not None:
             raise OutOfVocabulary(found[1])
 
-    def detokenizer(self, *, skip_special_tokens: bool = True) -> Detokenizer:
-        return self.tokenizer.detokenizer(skip_special_tokens=skip_special_tokens)
+    def detokenizer(
+        self, *, skip_special_tokens: bool = True, spaces_between_special_tokens: bool = True
+    ) -> Detokenizer:
+        return self.tokenizer.detokenizer(
+            skip_special_tokens=skip_special_tokens,
+            spaces_between_special_tokens=spaces_between_special_tokens,
+        )
 
 
 def import_processor_libraries(kind: str) -> str:
@@ -245,8 +252,14 @@ class _VllmTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return self._tokenizer.decode(list(ids), skip_special_tokens=True)
 
-    def detokenizer(self, *, skip_special_tokens: bool = True) -> Detokenizer:
-        return StreamDetokenizer(self._backend, skip_special_tokens=skip_special_tokens)
+    def detokenizer(
+        self, *, skip_special_tokens: bool = True, spaces_between_special_tokens: bool = True
+    ) -> Detokenizer:
+        return StreamDetokenizer(
+            self._backend,
+            skip_special_tokens=skip_special_tokens,
+            spaces_between_special_tokens=spaces_between_special_tokens,
+        )
 
 
 class _VllmTemplate:

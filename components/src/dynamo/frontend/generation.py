@@ -42,6 +42,7 @@ class Generation:
         stream: AsyncGenerator[StreamItem, None],
         *,
         skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool | None = True,  # None: vLLM's default, true
         include_stop_str_in_output: bool = False,
         echo: str = "",
         prompt_ids: Sequence[int] = (),
@@ -49,7 +50,10 @@ class Generation:
     ) -> None:
         self._echo = echo  # the prompt's text, first in the output (a completion's ``echo``)
         self._prompt_ids = prompt_ids  # the echoed prompt's ids (for its logprobs)
-        self._detokenizer = processor.detokenizer(skip_special_tokens=skip_special_tokens)
+        self._detokenizer = processor.detokenizer(
+            skip_special_tokens=skip_special_tokens,
+            spaces_between_special_tokens=spaces_between_special_tokens is not False,
+        )
         self._stops = StopStringMatcher(sampling.stop, include=include_stop_str_in_output)
         self._include_stop = include_stop_str_in_output
         self._sampling = sampling

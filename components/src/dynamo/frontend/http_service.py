@@ -313,6 +313,7 @@ class FrontendService:
                     generation = Generation(
                         entry.processor, sampling, len(prompt_ids), first, stream,
                         skip_special_tokens=req.skip_special_tokens is not False,
+                        spaces_between_special_tokens=req.spaces_between_special_tokens,
                         include_stop_str_in_output=req.include_stop_str_in_output is True,
                         echo=echo, prompt_ids=prompt_ids,
                         keep_token_ids=req.returns_token_ids(parser is not None),

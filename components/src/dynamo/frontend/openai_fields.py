@@ -149,6 +149,12 @@ RULES: tuple[FieldRule, ...] = (
         "each choice's first chunk), as in vLLM",
         (CHAT,),
     ),
+    applied(
+        "spaces_between_special_tokens",
+        "false, with skip_special_tokens false: two added tokens in a row are decoded without "
+        "the space between them, as vLLM's fast incremental detokenizer does (the sglang "
+        "processor passes it to the tokenizer's decode, as SGLang does)",
+    ),
     applied("add_generation_prompt", "the chat template's variable (default true)", (CHAT,)),
     applied(
         "chat_template_kwargs",
@@ -267,11 +273,6 @@ RULES: tuple[FieldRule, ...] = (
     # -- refused: what this server does not honour (yet) -----------------------------------
     refused("prompt_logprobs", _PROMPT_LOGPROBS),
     refused("logprob_token_ids", "logprobs of chosen token ids are " + _NOT_YET),
-    refused(
-        "spaces_between_special_tokens",
-        "special tokens are always skipped when decoding here",
-        True,
-    ),
     refused("thinking_token_budget", "reasoning controls are " + _NOT_YET),
     refused("use_beam_search", "beam search is " + _NOT_YET, False),
     refused("length_penalty", "a beam-search setting; beam search is " + _NOT_YET, 1.0, 1),

@@ -49,7 +49,7 @@ from . import openai_fields, structured_output
 from .choice_fields import ChoicesFields
 from .logprobs import ChatLogprobs, CompletionLogprobs
 from .openai_tools import NamedToolChoice, TemplateVariables, Tool, check_tool_choice_shape
-from .returned_fields import ReturnedFields
+from .output_fields import OutputFields
 
 # The roles a chat message may have (vLLM's, plus OpenAI's "developer", passed to the template).
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -130,7 +130,7 @@ class StreamOptions(BaseModel):
         return value
 
 
-class _SamplingRequest(ReturnedFields, SamplerFields):
+class _SamplingRequest(OutputFields, SamplerFields):
     """Fields /v1/chat/completions and /v1/completions share. Only the fields
     :mod:`.openai_fields` says are applied are declared here; the rest are screened by that
     table before validation, and unknown ones kept (their names only) as extras."""

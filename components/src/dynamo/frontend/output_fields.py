@@ -1,7 +1,10 @@
-"""``return_token_ids`` (both endpoints) and ``return_prompt_text`` (chat): vLLM's fields that put
-the prompt's ids and text, and each choice's generated ids, in the response. Where they go is
-:meth:`~dynamo.frontend.responses.Responder.return_prompt` (the prompt's) and
-:mod:`.choices` (each choice's ids, which :class:`~dynamo.frontend.generation.Generation` keeps).
+"""vLLM's request fields that shape what the frontend returns, not what the engine samples.
+
+``return_token_ids`` (both endpoints) and ``return_prompt_text`` (chat) put the prompt's ids and
+text, and each choice's generated ids, in the response: the prompt's through
+:meth:`~dynamo.frontend.responses.Responder.return_prompt`, each choice's in :mod:`.choices` (the
+ids :class:`~dynamo.frontend.generation.Generation` keeps). ``spaces_between_special_tokens``
+is the detokenizer's (:class:`~dynamo.frontend.hf_processor.StreamDetokenizer`).
 """
 
 from __future__ import annotations
@@ -9,8 +12,11 @@ from __future__ import annotations
 from pydantic import BaseModel, StrictBool
 
 
-class ReturnedFields(BaseModel):
+class OutputFields(BaseModel):
     """Mixed into each endpoint's request model (``return_prompt_text``: the chat's own)."""
+
+    # False (with skip_special_tokens false): no space between two added tokens, as vLLM.
+    spaces_between_special_tokens: StrictBool | None = None
 
     # vLLM's: the prompt's ids and each choice's generated ids in the response.
     return_token_ids: StrictBool | None = None
