@@ -252,14 +252,8 @@ class _VllmTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return self._tokenizer.decode(list(ids), skip_special_tokens=True)
 
-    def detokenizer(
-        self, *, skip_special_tokens: bool = True, spaces_between_special_tokens: bool = True
-    ) -> Detokenizer:
-        return StreamDetokenizer(
-            self._backend,
-            skip_special_tokens=skip_special_tokens,
-            spaces_between_special_tokens=spaces_between_special_tokens,
-        )
+    def detokenizer(self, **flags: bool) -> Detokenizer:
+        return StreamDetokenizer(self._backend, **flags)
 
 
 class _VllmTemplate:

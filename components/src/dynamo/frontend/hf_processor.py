@@ -230,14 +230,9 @@ class HfTokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         return self._tokenizer.decode(list(ids), skip_special_tokens=True)
 
-    def detokenizer(
-        self, *, skip_special_tokens: bool = True, spaces_between_special_tokens: bool = True
-    ) -> StreamDetokenizer:
-        return StreamDetokenizer(
-            self._tokenizer,
-            skip_special_tokens=skip_special_tokens,
-            spaces_between_special_tokens=spaces_between_special_tokens,
-        )
+    def detokenizer(self, **flags: bool) -> StreamDetokenizer:
+        """One completion's decoder (``flags``: :class:`StreamDetokenizer`'s, the request's)."""
+        return StreamDetokenizer(self._tokenizer, **flags)
 
 
 class StreamDetokenizer:
