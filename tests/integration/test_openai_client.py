@@ -99,9 +99,85 @@ def test_sampling_fields_the_client_sends_are_served(client):
         n=1,
         logprobs=False,  # vLLM's default: asks for nothing, so it is served
         user="someone",
-        extra_body={"top_k": 5, "min_p": 0.1, "repetition_penalty": 1.1, "min_tokens": 1},
+        extra_body={
+            "top_k": 5,
+            "min_p": 0.1,
+            "repetition_penalty": 1.1,
+            "min_tokens": 1,
+            "skip_special_tokens": False,
+            "spaces_between_special_tokens": False,
+        },
     )
     assert completion.choices[0].message.content is not None
+
+
+def test_reasoning_effort_is_served_and_a_value_vllm_lacks_is_a_bad_request_naming_it(client):
+    # The tiny model's template reads neither reasoning_effort nor enable_thinking: same answer.
+    # (That they reach a template that reads them: the unit and the vllm-marked tests.)
+    completion = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=8, reasoning_effort="low"
+    )
+    text, _, _ = expected_completion({"model": MODEL, "messages": MESSAGES, "max_tokens": 8})
+    assert completion.choices[0].message.content == text
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.chat.completions.create(
+            model=MODEL, messages=MESSAGES, max_tokens=4, extra_body={"reasoning_effort": "lots"}
+        )
+    assert raised.value.status_code == 400 and raised.value.param == "reasoning_effort"
+
+
+def test_include_reasoning_false_is_served_whole_and_streamed(client):
+    # The mock pair parses no reasoning: the answer is all content, as without the field
+    # (its dropping is the unit tests' and the vllm-marked suite's).
+    text, _, _ = expected_completion({"model": MODEL, "messages": MESSAGES, "max_tokens": 8})
+    body = {"include_reasoning": False}
+    whole = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=8, extra_body=body
+    )
+    assert whole.choices[0].message.content == text
+    streamed = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=8, stream=True, extra_body=body
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == text
+
+
+def test_return_token_ids_reach_the_client_whole_and_streamed(client):
+    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 8}
+    text, _, _ = expected_completion(body)
+    extra = {"return_token_ids": True, "return_prompt_text": True}
+    whole = client.chat.completions.create(**body, extra_body=extra)
+    prompt_ids, prompt_text = (
+        whole.model_extra["prompt_token_ids"],
+        whole.model_extra["prompt_text"],
+    )
+    assert prompt_ids and MESSAGES[0]["content"] in prompt_text
+    ids = whole.choices[0].model_extra["token_ids"]
+    assert len(ids) == whole.usage.completion_tokens and whole.choices[0].message.content == text
+    chunks = [c for c in client.chat.completions.create(**body, stream=True, extra_body=extra)]
+    assert chunks[0].model_extra["prompt_token_ids"] == prompt_ids
+    streamed = [
+        i for c in chunks if c.choices for i in c.choices[0].model_extra.get("token_ids", [])
+    ]
+    assert streamed == ids
+    completion = client.completions.create(
+        model=MODEL, prompt="Hello", max_tokens=4, extra_body={"return_token_ids": True}
+    )
+    choice = completion.choices[0].model_extra
+    assert (
+        choice["prompt_token_ids"]
+        and len(choice["token_ids"]) == completion.usage.completion_tokens
+    )
+
+
+def test_a_chats_echo_reaches_the_client_first_whole_and_streamed(client):
+    messages = [*MESSAGES, {"role": "assistant", "content": "Frozen"}]
+    body = {"model": MODEL, "messages": messages, "max_tokens": 6}
+    plain = client.chat.completions.create(**body).choices[0].message.content
+    echo = {"echo": True}
+    whole = client.chat.completions.create(**body, extra_body=echo).choices[0].message.content
+    assert whole == "Frozen" + plain
+    streamed = client.chat.completions.create(**body, stream=True, extra_body=echo)
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == whole
 
 
 def test_n_choices_reach_the_client_indexed_whole_and_streamed(client):
@@ -157,7 +233,7 @@ def test_n_choices_reach_the_client_indexed_whole_and_streamed(client):
             {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
             "tool_choice",
         ),
-        ({"extra_body": {"echo": True}}, "echo"),
+        ({"extra_body": {"use_beam_search": True}}, "use_beam_search"),
         ({"extra_body": {"not_a_field": 1}}, "not_a_field"),  # strict mode: unknown refused
     ],
 )

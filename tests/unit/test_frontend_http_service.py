@@ -772,19 +772,38 @@ def test_a_template_that_raises_is_a_400_with_its_message(tiny_tokenizer_dir, tm
     assert "a system message comes first" in error["message"]
 
 
+def templated_prompts(tiny_tokenizer_dir, tmp_path, template_text, cases, bad_fields):
+    """Each case's chat (its extra fields) through the frontend to a worker, with the model's
+    template ``template_text``: the ids each prompt reached the worker as (checked against the
+    case's expected prompt), then the status and body of a chat with ``bad_fields``."""
+    template = tmp_path / "variables.jinja"
+    template.write_text(template_text, encoding="utf-8")
+    card = tiny_card(tiny_tokenizer_dir, MODEL, chat_template_path=str(template))
+    processor = build_chat_processor(card)
+
+    async def scenario():
+        async with echo_worker() as (engine, endpoint), frontend(card, endpoint) as client:
+            for extra, _ in cases:
+                response = await client.post("/v1/chat/completions", json=chat(2, **extra))
+                assert response.status == 200, await response.text()
+            bad = await client.post("/v1/chat/completions", json=chat(2, **bad_fields))
+            return engine.bodies, bad.status, await bad.json()
+
+    bodies, status, bad = run(scenario)
+    for body, (_, prompt) in zip(bodies, cases, strict=True):
+        assert body["token_ids"] == processor.encode_chat(prompt.replace("<s>", BOS))
+    return status, bad
+
+
 def test_add_generation_prompt_chat_template_kwargs_and_tools_reach_the_template(
     tiny_tokenizer_dir, tmp_path
 ):
-    template = tmp_path / "variables.jinja"
-    template.write_text(
+    template = (
         "{% for doc in documents or [] %}[{{ doc.title }}]{% endfor %}"
         "{% for tool in tools or [] %}{{ tool.function.name }}:{{ tool.function.parameters "
         "| tojson }};{% endfor %}{{ messages[0].content }}|{{ greeting | default('none') }}|"
-        "{{ bos_token }}{% if add_generation_prompt %}|GEN{% endif %}",
-        encoding="utf-8",
+        "{{ bos_token }}{% if add_generation_prompt %}|GEN{% endif %}"
     )
-    card = tiny_card(tiny_tokenizer_dir, MODEL, chat_template_path=str(template))
-    processor = build_chat_processor(card)
     cases = [
         ({}, "héllo|none|<s>|GEN"),
         ({"add_generation_prompt": False}, "héllo|none|<s>"),
@@ -798,23 +817,34 @@ def test_add_generation_prompt_chat_template_kwargs_and_tools_reach_the_template
         ({"documents": [{"title": "T1", "text": "x"}, {"title": "T2"}]},
          "[T1][T2]héllo|none|<s>|GEN"),
     ]  # fmt: skip
-
-    async def scenario():
-        async with echo_worker() as (engine, endpoint), frontend(card, endpoint) as client:
-            for extra, _ in cases:
-                response = await client.post("/v1/chat/completions", json=chat(2, **extra))
-                assert response.status == 200, await response.text()
-            bad = await client.post(
-                "/v1/chat/completions",
-                json=chat(2, chat_template_kwargs={"greeting": "x", "tools": [{"a": 1}]}),
-            )
-            return engine.bodies, bad.status, await bad.json()
-
-    bodies, status, bad = run(scenario)
-    for body, (_, prompt) in zip(bodies, cases, strict=True):
-        assert body["token_ids"] == processor.encode_chat(prompt.replace("<s>", BOS))
+    bad_fields = {"chat_template_kwargs": {"greeting": "x", "tools": [{"a": 1}]}}
+    status, bad = templated_prompts(tiny_tokenizer_dir, tmp_path, template, cases, bad_fields)
     error = assert_openai_error(bad, status, 400, param="chat_template_kwargs")
     assert "`tools`" in error["message"]
+
+
+def test_reasoning_effort_reaches_the_template_with_enable_thinking_as_vllm_renders_it(
+    tiny_tokenizer_dir, tmp_path
+):
+    template = (
+        "{{ messages[0].content }}|{{ reasoning_effort | default('unset') }}|"
+        "{{ enable_thinking | default('unset') }}"
+    )
+    cases = [
+        ({}, "héllo|unset|unset"),
+        ({"reasoning_effort": "low"}, "héllo|low|True"),
+        ({"reasoning_effort": "none"}, "héllo|none|False"),
+        # The client's enable_thinking stays; the field wins over the same template variable.
+        ({"reasoning_effort": "none", "chat_template_kwargs": {"enable_thinking": True}},
+         "héllo|none|True"),
+        ({"reasoning_effort": "max", "chat_template_kwargs": {"reasoning_effort": "low"}},
+         "héllo|max|True"),
+        ({"chat_template_kwargs": {"reasoning_effort": "low"}}, "héllo|low|unset"),
+    ]  # fmt: skip
+    bad_fields = {"reasoning_effort": "extreme"}  # not one of vLLM's values
+    status, bad = templated_prompts(tiny_tokenizer_dir, tmp_path, template, cases, bad_fields)
+    error = assert_openai_error(bad, status, 400, param="reasoning_effort")
+    assert "'xhigh'" in error["message"]
 
 
 def test_unknown_model_is_404_model_not_found(card):

@@ -126,6 +126,56 @@ def test_parallel_tool_calls_false_answers_the_first_call_only(card, stream):
     assert calls == [CALL]
 
 
+class ThinksFirst:
+    """The first four characters are reasoning, the rest content, piece by piece."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    def feed(self, text: str) -> ParsedDelta:
+        thought = text[: max(0, 4 - self.seen)]
+        self.seen += len(text)
+        return ParsedDelta(content=text[len(thought) :], reasoning_content=thought)
+
+    def finish(self) -> ParsedDelta:
+        return ParsedDelta()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_include_reasoning_false_drops_the_reasoning_and_its_logprobs_as_vllm(card, stream):
+    answers = {
+        include: ask(card, ThinksFirst, stream, logprobs=True, include_reasoning=include)
+        for include in (True, False)
+    }
+    for include, (status, answer) in answers.items():
+        assert status == 200, answer
+        if stream:
+            choices = [e["choices"][0] for e in answer[:-1] if e["choices"]]
+            deltas = [c["delta"] for c in choices[1:] if c["finish_reason"] is None]
+            reasoning = "".join(d.get("reasoning_content", "") for d in deltas)
+            content = "".join(d.get("content", "") for d in deltas)
+            logprobs = [c.get("logprobs") for c in choices if c.get("logprobs")]
+            if not include:  # a piece that was only reasoning is no chunk
+                assert all(d.get("content") for d in deltas), deltas
+        else:
+            message = answer["choices"][0]["message"]
+            reasoning, content = message.get("reasoning_content", ""), message["content"]
+            logprobs = [answer["choices"][0].get("logprobs")] if include else []
+            assert ("reasoning_content" in message) is include
+            assert answer["choices"][0].get("logprobs") is None or include
+        assert content == TEXT[4:] and reasoning == (TEXT[:4] if include else "")
+        assert bool(logprobs) is include
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_include_reasoning_false_hides_the_generated_ids_not_the_prompts(card, stream):
+    status, answer = ask(card, ThinksFirst, stream, return_token_ids=True, include_reasoning=False)
+    assert status == 200, answer
+    bodies = [e for e in answer if isinstance(e, dict)] if stream else [answer]
+    assert "prompt_token_ids" in bodies[0]
+    assert not any("token_ids" in c for body in bodies for c in body["choices"])
+
+
 def test_length_stays_length_with_calls(card):
     status, body = ask(card, HoldsItAll, stream=False, eos=False)
     assert status == 200 and body["choices"][0]["finish_reason"] == "length"

@@ -110,8 +110,7 @@ def test_a_refused_field_at_null_or_vllms_default_asks_for_nothing_and_is_accept
     [
         (COMPLETION, "best_of", 2),  # more than n: vLLM removed it, never ignored quietly
         (CHAT, "best_of", 1.0),
-        (CHAT, "spaces_between_special_tokens", False),
-        (CHAT, "echo", True),
+        (CHAT, "use_beam_search", True),
         (COMPLETION, "priority", 5),
         (CHAT, "response_format", {"type": "structural_tag", "format": {}}),
         (COMPLETION, "structured_outputs", {"structural_tag": "{}"}),
@@ -199,7 +198,7 @@ def _post(card, endpoint: str, body: dict, *, strict: bool = False) -> tuple[int
     "endpoint, name, value",
     [
         (CHAT, "logprob_token_ids", [3]),
-        (CHAT, "echo", True),
+        (CHAT, "use_beam_search", True),
     ],
 )
 def test_over_http_a_refusal_is_a_400_in_the_openai_shape_and_reaches_no_worker(

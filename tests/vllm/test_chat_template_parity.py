@@ -209,3 +209,46 @@ def test_continue_final_message_renders_as_transformers_renders_it(
     options = RenderOptions(add_generation_prompt=False, continue_final_message=True)
     got = processor.render(messages, options)
     assert got == want and got.rstrip().endswith("Snow on the frozen")
+
+
+@pytest.mark.parametrize("kind", ["hf", "vllm"])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"reasoning_effort": "high"},
+        {"reasoning_effort": "none"},
+        {"reasoning_effort": "none", "chat_template_kwargs": {"enable_thinking": True}},
+        {"reasoning_effort": "max", "chat_template_kwargs": {"reasoning_effort": "low"}},
+        {"chat_template_kwargs": {"reasoning_effort": "low"}},
+    ],
+)
+def test_reasoning_effort_renders_as_vllms_chat_params_render_it(
+    reference, tiny_model, tmp_path, kind, fields
+):
+    """The template variables of a request with ``reasoning_effort`` are vLLM's own
+    (``ChatCompletionRequest.build_chat_params``), and render as transformers renders them."""
+    from vllm.entrypoints.openai.chat_completion.protocol import (
+        ChatCompletionRequest as VllmChatRequest,
+    )
+
+    from dynamo.frontend.openai_protocol import parse_chat_request
+
+    path = tmp_path / "effort.jinja"
+    path.write_text(
+        "{{ messages[0].content }}|{{ reasoning_effort | default('unset') }}|"
+        "{{ enable_thinking | default('unset') }}",
+        encoding="utf-8",
+    )
+    body = {"model": "m", "messages": CONVERSATIONS[0], **fields}
+    vllm_kwargs = (
+        VllmChatRequest.model_validate(body).build_chat_params(None, "auto").chat_template_kwargs
+    )
+    want = reference.apply_chat_template(
+        CONVERSATIONS[0], chat_template=path.read_text(encoding="utf-8"), tokenize=False,
+        **vllm_kwargs,
+    )  # fmt: skip
+    request = parse_chat_request(body)
+    processor = build_chat_processor(card(tiny_model, str(path)), kind)
+    assert processor.render_chat(request) == want
+    effort = fields.get("reasoning_effort")
+    assert f"|{effort or 'low'}|" in want  # the template saw it

@@ -106,6 +106,26 @@ def test_a_stream_carries_the_parsed_answer_before_its_finish(tiny_tokenizer_dir
     assert events[-2]["choices"][0]["finish_reason"] == "tool_calls"
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_include_reasoning_false_drops_what_vllms_reasoning_parser_found(
+    tiny_tokenizer_dir, stream
+):
+    card = tiny_card(tiny_tokenizer_dir, MODEL)
+    request = {**body(stream=stream), "include_reasoning": False}
+    status, answer = ask(card, request, registry("hermes", "qwen3"))
+    assert status == 200, answer
+    if stream:
+        deltas = [e["choices"][0]["delta"] for e in answer[:-1] if e["choices"]]
+        assert not any("reasoning_content" in d for d in deltas), deltas
+        assert "".join(d.get("content") or "" for d in deltas) == SAID
+        calls = assembled([c for d in deltas for c in d.get("tool_calls", [])])
+    else:
+        message = answer["choices"][0]["message"]
+        assert "reasoning_content" not in message and message["content"] == SAID
+        calls = message["tool_calls"]
+    assert_weather_call(calls)
+
+
 def assembled(pieces: list[dict]) -> list[dict]:
     """Streamed tool-call deltas joined by index, as a client joins them: the first carries the
     id, type and name, the next ones pieces of the arguments."""

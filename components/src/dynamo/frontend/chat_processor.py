@@ -96,7 +96,9 @@ class Tokenizer(Protocol):
 
     def decode(self, ids: Sequence[int]) -> str: ...
 
-    def detokenizer(self, *, skip_special_tokens: bool = True) -> Detokenizer: ...
+    def detokenizer(
+        self, *, skip_special_tokens: bool = True, spaces_between_special_tokens: bool = True
+    ) -> Detokenizer: ...
 
     @property
     def backend(self) -> Any:
@@ -150,16 +152,16 @@ class ChatProcessor:
         return self.template.render(messages, options)
 
     def render_chat(self, chat: ChatCompletionRequest) -> str:
-        """The prompt of a chat request, with its ``add_generation_prompt`` and
-        ``chat_template_kwargs``. A template that joins content parts its own way (SGLang's)
-        takes the messages as sent; the others take them joined."""
+        """The prompt of a chat request, with its ``add_generation_prompt``,
+        ``chat_template_kwargs`` and ``reasoning_effort``. A template that joins content parts
+        its own way (SGLang's) takes the messages as sent; the others take them joined."""
         if getattr(self.template, "takes_content_parts", False):
             messages = chat.messages_as_sent()
         else:
             messages = chat.template_messages()
         options = RenderOptions(
             add_generation_prompt=chat.add_generation_prompt is not False,
-            variables=chat.chat_template_kwargs or {},
+            variables=chat.template_variables(),
             tools=chat.template_tools(),
             documents=chat.documents,
             continue_final_message=chat.continue_final_message is True,
@@ -189,8 +191,13 @@ class ChatProcessor:
         if found is not None:
             raise OutOfVocabulary(found[1])
 
-    def detokenizer(self, *, skip_special_tokens: bool = True) -> Detokenizer:
-        return self.tokenizer.detokenizer(skip_special_tokens=skip_special_tokens)
+    def detokenizer(
+        self, *, skip_special_tokens: bool = True, spaces_between_special_tokens: bool = True
+    ) -> Detokenizer:
+        return self.tokenizer.detokenizer(
+            skip_special_tokens=skip_special_tokens,
+            spaces_between_special_tokens=spaces_between_special_tokens,
+        )
 
     def token_strings(self) -> TokenStrings:
         """Logprobs' token strings as vLLM builds them (:mod:`.token_strings`)."""
@@ -258,8 +265,8 @@ class _VllmTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return self._tokenizer.decode(list(ids), skip_special_tokens=True)
 
-    def detokenizer(self, *, skip_special_tokens: bool = True) -> Detokenizer:
-        return StreamDetokenizer(self._backend, skip_special_tokens=skip_special_tokens)
+    def detokenizer(self, **flags: bool) -> Detokenizer:
+        return StreamDetokenizer(self._backend, **flags)
 
     @property
     def backend(self) -> Any:

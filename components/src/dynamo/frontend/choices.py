@@ -186,6 +186,8 @@ def new_choice(
     if parser is not None and isinstance(responder, ChatResponder):
         parsed = ParsedOutput(parser, responder, index)
     logprobs = formatter(req, processor, chat=isinstance(responder, ChatResponder))
+    if parsed is not None and getattr(req, "include_reasoning", None) is False:
+        logprobs = None  # vLLM hides them with the reasoning (their token strings would show it)
     if logprobs is not None:
         logprobs.prompt_positions = generation.echoed_positions()
     prompt = None
@@ -209,6 +211,8 @@ def whole_body(responder: Responder, choices: Sequence[Choice]) -> dict:
         chat = isinstance(responder, ChatResponder)
         if choice.prompt is not None and not chat:  # vLLM: each completion choice's
             body["prompt_logprobs"] = choice.prompt
+        if choice.generation.token_ids is not None:  # return_token_ids
+            body["token_ids"] = choice.generation.token_ids
         bodies.append(body)
     whole = responder.envelope(responder.OBJECT, bodies, usage(choices))
     if choices[0].prompt is not None and isinstance(responder, ChatResponder):
@@ -225,11 +229,21 @@ def choice_chunks(responder: Responder, choice: Choice, piece: str | None) -> li
         reason = choice.generation.finish_reason or "stop"
         if parsed is not None:
             reason = parsed.finish_reason(reason)
-        return [*chunks, responder.finish(reason, index)]
+        return [*chunks, with_ids(responder.finish(reason, index), choice.generation)]
     shown = choice.shown_logprobs()
-    if not piece and not shown:
+    ids = choice.generation.take_token_ids()  # None unless return_token_ids
+    if not piece and not shown and not ids:
         return []
     chunk = responder.piece(piece, index) if parsed is None else parsed.chunk(piece)
-    if chunk is None and shown:  # held back by the parser: the logprobs go all the same
+    if chunk is None and (shown or ids):  # held back by the parser: they go all the same
         chunk = responder.piece("", index)
-    return [] if chunk is None else [attach(chunk, shown)]
+    return [] if chunk is None else [with_ids(attach(chunk, shown), choice.generation, ids)]
+
+
+def with_ids(chunk: dict, generation: Generation, ids: list[int] | None = None) -> dict:
+    """The chunk with its choice's ``token_ids`` (those since the last chunk), as vLLM's
+    ``return_token_ids`` puts them; as it was when they are not returned."""
+    ids = generation.take_token_ids() if ids is None else ids
+    if ids is not None:
+        chunk["choices"][0]["token_ids"] = ids
+    return chunk

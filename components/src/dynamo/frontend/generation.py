@@ -43,13 +43,18 @@ class Generation:
         stream: AsyncGenerator[StreamItem, None],
         *,
         skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool | None = True,  # None: vLLM's default, true
         include_stop_str_in_output: bool = False,
         echo: str = "",
         prompt_ids: Sequence[int] = (),
+        keep_token_ids: bool = False,
     ) -> None:
         self._echo = echo  # the prompt's text, first in the output (a completion's ``echo``)
         self._prompt_ids = prompt_ids  # the echoed prompt's ids (for its logprobs)
-        self._detokenizer = processor.detokenizer(skip_special_tokens=skip_special_tokens)
+        self._detokenizer = processor.detokenizer(
+            skip_special_tokens=skip_special_tokens,
+            spaces_between_special_tokens=spaces_between_special_tokens is not False,
+        )
         self._stops = StopStringMatcher(sampling.stop, include=include_stop_str_in_output)
         self._include_stop = include_stop_str_in_output
         self._sampling = sampling
@@ -62,6 +67,9 @@ class Generation:
         # The logprobs of the tokens counted since the last take_logprobs (when asked for):
         # every counted token's, the stop token's too, as vLLM reports them.
         self._logprobs: list[tuple[int, LogprobPosition | None]] = []
+        # Every counted token's id, the stop token's too (``return_token_ids``), when kept.
+        self.token_ids: list[int] | None = [] if keep_token_ids else None
+        self._ids_taken = 0
 
     def prompt_logprobs(self) -> tuple[Any, Any]:
         """The prompt's logprobs and ranks the worker sent on its first item (None, None when
@@ -82,6 +90,13 @@ class Generation:
         taken, self._logprobs = self._logprobs, []
         return taken
 
+    def take_token_ids(self) -> list[int] | None:
+        """The ids counted since the last call, or None when they are not returned."""
+        if self.token_ids is None:
+            return None
+        taken, self._ids_taken = self.token_ids[self._ids_taken :], len(self.token_ids)
+        return taken
+
     async def pieces(self) -> AsyncIterator[str]:
         """The completion's text, piece by piece (an empty piece carries nothing), after the
         echoed prompt if the request asked for it."""
@@ -99,6 +114,8 @@ class Generation:
             pieces = []
             for index, token_id in enumerate(item.token_ids):
                 self.completion_tokens += 1
+                if self.token_ids is not None:
+                    self.token_ids.append(token_id)
                 if item.logprobs is not None:  # validated: one position per id
                     self._logprobs.append((token_id, item.logprobs[index]))
                 if self._stop_token(token_id):  # its text is in the output only if asked

@@ -230,8 +230,9 @@ class HfTokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         return self._tokenizer.decode(list(ids), skip_special_tokens=True)
 
-    def detokenizer(self, *, skip_special_tokens: bool = True) -> StreamDetokenizer:
-        return StreamDetokenizer(self._tokenizer, skip_special_tokens=skip_special_tokens)
+    def detokenizer(self, **flags: bool) -> StreamDetokenizer:
+        """One completion's decoder (``flags``: :class:`StreamDetokenizer`'s, the request's)."""
+        return StreamDetokenizer(self._tokenizer, **flags)
 
     @property
     def backend(self) -> Tokenizer:
@@ -245,14 +246,30 @@ class StreamDetokenizer:
     ``add`` returns the text the new ids complete; a partial character stays inside the
     ``DecodeStream`` until the id that completes it arrives. An id the vocabulary does not know
     (a worker bug) is dropped rather than failing the whole stream.
+
+    With ``skip_special_tokens`` and ``spaces_between_special_tokens`` both false, an added
+    token right after another is its bare content, without the space the decoder would put
+    between them: vLLM's ``FastIncrementalDetokenizer`` does exactly this.
     """
 
-    def __init__(self, tokenizer: Tokenizer, *, skip_special_tokens: bool = True) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        *,
+        skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool = True,
+    ) -> None:
         self._tokenizer = tokenizer
         self._skip_special_tokens = skip_special_tokens
         self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
         self._vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
         self._held: list[int] = []  # ids since the last text: an incomplete character
+        # The added tokens' contents by id when no space goes between them, else None.
+        self._added: dict[int, str] | None = None
+        self._last_added = False
+        if not (skip_special_tokens or spaces_between_special_tokens):
+            decoder = tokenizer.get_added_tokens_decoder()
+            self._added = {i: token.content for i, token in decoder.items()} or None
 
     def add(self, ids: Iterable[int]) -> str:
         pieces = []
@@ -260,6 +277,11 @@ class StreamDetokenizer:
             if not 0 <= token_id < self._vocab_size:
                 continue
             text = self._stream.step(self._tokenizer, token_id)
+            if self._added is not None:
+                added = self._added.get(token_id)
+                if added is not None and self._last_added:
+                    text = added  # vLLM: the raw token, without the space before it
+                self._last_added = added is not None
             if text is None:
                 self._held.append(token_id)
             else:

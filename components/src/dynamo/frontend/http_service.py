@@ -246,7 +246,7 @@ class FrontendService:
             ]
             prompt_ids = await self._encode(entry, prompt, chat, chat=True)
             return await self._serve(
-                request, entry, chat, prompt_ids, "messages", ChatResponder, track, parsers
+                request, entry, chat, prompt_ids, "messages", ChatResponder, track, parsers, prompt
             )
 
     async def handle_completions(self, request: web.Request) -> web.StreamResponse:
@@ -276,16 +276,14 @@ class FrontendService:
         responder_class: type[Responder],
         track: RequestTrack,
         parsers: Sequence[OutputParser | None] = (),
+        prompt_text: str = "",
     ) -> web.StreamResponse:
         sent = prompt_ids
         prompt_ids = truncated_prompt(req, prompt_ids, entry.card.context_length)
         echo = ""
-        if getattr(req, "echo", None):  # a completion's: the prompt as sent, if it was text
-            text = getattr(req, "prompt", None)
-            if isinstance(text, str) and prompt_ids is sent:
-                echo = text
-            else:
-                echo = entry.processor.tokenizer.decode(prompt_ids)
+        if isinstance(req, oai.CompletionRequest) and req.echo:  # the prompt as sent, if text
+            text = req.prompt if isinstance(req.prompt, str) and prompt_ids is sent else None
+            echo = entry.processor.tokenizer.decode(prompt_ids) if text is None else text
         max_tokens = completion_budget(req, entry.card, len(prompt_ids), prompt_param)
         max_token_id = entry.processor.max_token_id
         found = out_of_vocabulary(req.stop_token_ids or (), max_token_id)
@@ -298,6 +296,8 @@ class FrontendService:
         if found is not None:
             raise oai.invalid_request(found[1], param=f"allowed_token_ids[{found[0]}]")
         responder = responder_class(req.model, oai.new_completion_id(responder_class.ID_PREFIX))
+        responder.return_prompt(*req.returned_prompt(prompt_ids, prompt_text))
+        responder.echo = req.echoed_content() if isinstance(req, oai.ChatCompletionRequest) else ""
         sampling = req.sampling(max_tokens, entry.card.eos_token_ids)
         self.in_flight += 1
         track.sent(len(prompt_ids))
@@ -311,13 +311,15 @@ class FrontendService:
                 )
                 streams = [stream for _, stream in opened]
                 for index, (first, stream) in enumerate(opened):
+                    parser = parsers[index] if index < len(parsers) else None
                     generation = Generation(
                         entry.processor, sampling, len(prompt_ids), first, stream,
                         skip_special_tokens=req.skip_special_tokens is not False,
+                        spaces_between_special_tokens=req.spaces_between_special_tokens,
                         include_stop_str_in_output=req.include_stop_str_in_output is True,
                         echo=echo, prompt_ids=prompt_ids,
+                        keep_token_ids=req.returns_token_ids(parser is not None),
                     )  # fmt: skip
-                    parser = parsers[index] if index < len(parsers) else None
                     choices.append(
                         new_choice(
                             index, req, entry.processor, responder, generation, stream, parser
@@ -407,10 +409,8 @@ class FrontendService:
         await response.prepare(request)
         mark_stream(request, response)  # a drain that cuts it short ends it with an error event
         try:
-            for choice in choices:
-                opening = responder.opening(choice.index)
-                if opening is not None:
-                    await send_event(response, opening)
+            for opening in responder.openings(len(choices)):
+                await send_event(response, opening)
             try:
                 async with merged(choices) as pieces:
                     async for choice, piece in pieces:

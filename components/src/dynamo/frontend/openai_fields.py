@@ -121,6 +121,39 @@ RULES: tuple[FieldRule, ...] = (
         "the chat template's documents (RAG templates), as vLLM passes them; at most 64",
         (CHAT,),
     ),
+    applied(
+        "reasoning_effort",
+        "none, minimal, low, medium, high, xhigh or max (vLLM's values): a variable of the chat "
+        "template, which also gets enable_thinking (false for none) unless "
+        "chat_template_kwargs sets it, as vLLM renders it",
+        (CHAT,),
+    ),
+    applied(
+        "include_reasoning",
+        "false: no reasoning_content (a streamed piece that was only reasoning is no chunk), "
+        "and, when the model's output is parsed, no logprobs either (their tokens would show "
+        "the reasoning), as vLLM hides them",
+        (CHAT,),
+    ),
+    applied(
+        "return_token_ids",
+        "true: the prompt's ids (chat: the body's prompt_token_ids; completions: each "
+        "choice's) and each choice's generated ids (its token_ids, the stop token's too; "
+        "streamed: those of each chunk), where vLLM puts them; with include_reasoning false "
+        "on a parsed chat, the choice's ids are hidden as vLLM hides them",
+    ),
+    applied(
+        "return_prompt_text",
+        "true: the prompt the chat template rendered, as the body's prompt_text (streamed: on "
+        "each choice's first chunk), as in vLLM",
+        (CHAT,),
+    ),
+    applied(
+        "spaces_between_special_tokens",
+        "false, with skip_special_tokens false: two added tokens in a row are decoded without "
+        "the space between them, as vLLM's fast incremental detokenizer does (the sglang "
+        "processor passes it to the tokenizer's decode, as SGLang does)",
+    ),
     applied("add_generation_prompt", "the chat template's variable (default true)", (CHAT,)),
     applied(
         "chat_template_kwargs",
@@ -248,23 +281,16 @@ RULES: tuple[FieldRule, ...] = (
         "rule); the mock engine refuses it by name",
     ),
     refused("logprob_token_ids", "logprobs of chosen token ids are " + _NOT_YET),
-    refused(
-        "spaces_between_special_tokens",
-        "special tokens are always skipped when decoding here",
-        True,
-    ),
-    refused("reasoning_effort", "reasoning controls are " + _NOT_YET, endpoints=(CHAT,)),
-    refused(
-        "include_reasoning",
-        "leaving reasoning out is not implemented (a reasoning parser puts it in "
-        "reasoning_content)",
-        True,
-        endpoints=(CHAT,),
-    ),
     refused("thinking_token_budget", "reasoning controls are " + _NOT_YET),
     refused("use_beam_search", "beam search is " + _NOT_YET, False),
     refused("length_penalty", "a beam-search setting; beam search is " + _NOT_YET, 1.0, 1),
-    refused("echo", "echoing the last message is " + _NOT_YET, False, endpoints=(CHAT,)),
+    applied(
+        "echo",
+        "true: the last message's content first in each choice's content when the answer "
+        "continues its role (the last message is the assistant's, or add_generation_prompt is "
+        "false), whole and as a chunk after the role's, as in vLLM",
+        (CHAT,),
+    ),
     applied(
         "echo",
         "the prompt comes first in the text (as sent, or decoded from its ids when they were "
@@ -287,11 +313,7 @@ RULES: tuple[FieldRule, ...] = (
     refused("request_id", "the frontend names every request itself (chatcmpl-/cmpl-<uuid>)"),
     refused("session_id", "sessions are " + _NOT_YET),
     refused("cache_salt", "prefix-cache salting is " + _NOT_YET),
-    refused("return_token_ids", "token ids are not returned by this server", False),
     refused("return_token_offsets", "token offsets are not returned by this server", False),
-    refused(
-        "return_prompt_text", "the prompt is not returned by this server", False, endpoints=(CHAT,)
-    ),
     refused("routed_experts_prompt_start", _VLLM_ONLY, 0),
     refused("watermarking", _VLLM_ONLY, False),
     refused("repetition_detection", _VLLM_ONLY),

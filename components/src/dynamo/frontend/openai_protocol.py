@@ -49,9 +49,11 @@ from . import openai_fields, structured_output
 from .choice_fields import ChoicesFields
 from .logprobs import ChatLogprobs, CompletionLogprobs
 from .openai_tools import NamedToolChoice, TemplateVariables, Tool, check_tool_choice_shape
+from .output_fields import OutputFields
 
 # The roles a chat message may have (vLLM's, plus OpenAI's "developer", passed to the template).
 ROLES = ("system", "developer", "user", "assistant", "tool")
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
 
 
 class ApiError(Exception):
@@ -128,7 +130,7 @@ class StreamOptions(BaseModel):
         return value
 
 
-class _SamplingRequest(SamplerFields):
+class _SamplingRequest(OutputFields, SamplerFields):
     """Fields /v1/chat/completions and /v1/completions share. Only the fields
     :mod:`.openai_fields` says are applied are declared here; the rest are screened by that
     table before validation, and unknown ones kept (their names only) as extras."""
@@ -283,6 +285,21 @@ class ChatCompletionRequest(ChatLogprobs, ChoicesFields, _SamplingRequest):
     parallel_tool_calls: StrictBool | None = None  # false: one call at most (with required)
     # Extra variables of the chat template (e.g. enable_thinking), as vLLM passes them.
     chat_template_kwargs: TemplateVariables | None = None
+    # vLLM 0.32's values; the template reads it (and enable_thinking), as vLLM renders it.
+    reasoning_effort: ReasoningEffort | None = None
+    include_reasoning: StrictBool | None = None  # false: no reasoning_content, as vLLM
+    return_prompt_text: StrictBool | None = None  # the rendered prompt in the response
+    echo: StrictBool | None = None  # the last message's content first (echoed_content)
+
+    def template_variables(self) -> dict[str, Any]:
+        """The template's extra variables as vLLM's ``build_chat_params`` merges them: the
+        client's ``chat_template_kwargs``, then ``reasoning_effort`` and, unless the client set
+        it, ``enable_thinking`` (false for ``none``)."""
+        variables = dict(self.chat_template_kwargs or {})
+        if self.reasoning_effort is not None:
+            variables["reasoning_effort"] = self.reasoning_effort
+            variables.setdefault("enable_thinking", self.reasoning_effort != "none")
+        return variables
 
     @property
     def requested_max_tokens(self) -> tuple[str, int] | None:
@@ -304,6 +321,13 @@ class ChatCompletionRequest(ChatLogprobs, ChoicesFields, _SamplingRequest):
                 "invalid_value",
             )
         return self
+
+    def echoed_content(self) -> str:
+        """``echo``: the last message's content if the answer continues its role (vLLM's: the
+        assistant's with a generation prompt, else the last message's); else nothing."""
+        last = self.messages[-1]
+        role = "assistant" if self.add_generation_prompt is not False else last.role
+        return str(last.for_template()["content"]) if self.echo and last.role == role else ""
 
     def template_tools(self) -> list[dict[str, Any]] | None:
         """The tools as the client sent them (what the template renders), or None."""

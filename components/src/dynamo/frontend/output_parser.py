@@ -70,6 +70,26 @@ class FirstCallOnly:
         return self._first(self._parser.finish())
 
 
+class WithoutReasoning:
+    """A request's parser with ``include_reasoning`` false: its reasoning dropped, as vLLM's
+    ``parse_delta`` / ``parse`` drop it (a streamed piece that was only reasoning is no chunk)."""
+
+    def __init__(self, parser: OutputParser) -> None:
+        self._parser = parser
+        self.calls_finish_reason = getattr(parser, "calls_finish_reason", "tool_calls")
+
+    @staticmethod
+    def _drop(parsed: ParsedDelta) -> ParsedDelta:
+        parsed.reasoning_content = ""
+        return parsed
+
+    def feed(self, text: str) -> ParsedDelta:
+        return self._drop(self._parser.feed(text))
+
+    def finish(self) -> ParsedDelta:
+        return self._drop(self._parser.finish())
+
+
 # One request's parser from its ``tools``, ``tool_choice`` and ``messages``, and whether it
 # streams (a non-streamed completion is parsed whole at the end); None: nothing to parse.
 OutputParserFactory = Callable[..., OutputParser | None]

@@ -24,16 +24,19 @@ from dynamo.runtime.log_budget import CauseBudgets
 from . import openai_protocol as oai
 from .forced_tool_calls import forced_tool_calls
 from .openai_tools import NamedToolChoice
-from .output_parser import FirstCallOnly, OutputParser, ParsedDelta
+from .output_parser import FirstCallOnly, OutputParser, ParsedDelta, WithoutReasoning
 from .responses import ChatResponder
 
 
 def output_parser(processor_factory: Any, chat: oai.ChatCompletionRequest) -> OutputParser | None:
     """The request's parser, or None (nothing to parse); its first call only with
-    ``parallel_tool_calls`` false, as vLLM filters them."""
+    ``parallel_tool_calls`` false, as vLLM filters them; no reasoning with ``include_reasoning``
+    false, as vLLM drops it."""
     parser = _output_parser(processor_factory, chat)
     if parser is not None and chat.parallel_tool_calls is False:
-        return FirstCallOnly(parser)
+        parser = FirstCallOnly(parser)
+    if parser is not None and chat.include_reasoning is False:
+        parser = WithoutReasoning(parser)
     return parser
 
 

@@ -27,10 +27,32 @@ class Responder:
     OBJECT = ""
     CHUNK_OBJECT = ""
 
+    # Where vLLM puts ``prompt_token_ids`` / ``prompt_text``: True, the body's (chat); False,
+    # each choice's (completions).
+    PROMPT_AT_TOP = False
+
     def __init__(self, model: str, completion_id: str) -> None:
         self.model = model
         self.completion_id = completion_id
         self.created = int(time.time())
+        self._prompt_fields: dict = {}  # return_token_ids / return_prompt_text asked for them
+        self._prompt_shown: set[int] = set()  # the choices whose first body had them
+        self.echo = ""  # a chat's echo: the last message's content, first in each choice's
+
+    def return_prompt(self, token_ids: list[int] | None, text: str | None = None) -> None:
+        """Put the prompt's ids (``return_token_ids``) and text (``return_prompt_text``) where
+        vLLM puts them, on each choice's first body (the whole one, or its first chunk)."""
+        fields = {"prompt_token_ids": token_ids, "prompt_text": text}
+        self._prompt_fields = {k: v for k, v in fields.items() if v is not None}
+
+    def _with_prompt(self, body: dict) -> dict:
+        first = [c for c in body["choices"] if c["index"] not in self._prompt_shown]
+        if not self._prompt_fields or not first:
+            return body
+        self._prompt_shown.update(c["index"] for c in first)
+        for into in [body] if self.PROMPT_AT_TOP else first:
+            into.update(self._prompt_fields)
+        return body
 
     def _body(self, object_type: str, choices: list[dict], usage: dict | None = None) -> dict:
         body = {
@@ -42,7 +64,10 @@ class Responder:
         }
         if usage is not None:
             body["usage"] = usage
-        return body
+        if self.echo and object_type != self.CHUNK_OBJECT:  # whole: first in each message
+            for choice in choices:
+                choice["message"]["content"] = self.echo + (choice["message"]["content"] or "")
+        return self._with_prompt(body)
 
     def envelope(self, object_type: str, choices: list[dict], usage: dict | None = None) -> dict:
         """A body in this request's envelope, for choices shaped elsewhere (parsed output)."""
@@ -57,6 +82,14 @@ class Responder:
     def opening(self, index: int = 0) -> dict | None:
         """A first chunk sent before any text (chat: the assistant's role), or None."""
         return None
+
+    def openings(self, choices: int) -> list[dict]:
+        """The chunks sent before any text: each choice's opening, then (chat's ``echo``) each
+        choice's echoed content, as vLLM sends them."""
+        chunks = [self.opening(index) for index in range(choices)]
+        if self.echo:
+            chunks += [self.piece(self.echo, index) for index in range(choices)]
+        return [chunk for chunk in chunks if chunk is not None]
 
     def piece(self, text: str, index: int = 0) -> dict:
         return self._body(self.CHUNK_OBJECT, [self.chunk_choice(text, None, index)])
@@ -73,6 +106,7 @@ class ChatResponder(Responder):
     ID_PREFIX = "chatcmpl"
     OBJECT = "chat.completion"
     CHUNK_OBJECT = "chat.completion.chunk"
+    PROMPT_AT_TOP = True
 
     def whole_choice(self, text: str, finish_reason: str, index: int = 0) -> dict:
         message = {"role": "assistant", "content": text}

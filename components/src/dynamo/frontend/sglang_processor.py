@@ -201,8 +201,12 @@ class SglangTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return self._tokenizer.decode(list(ids), skip_special_tokens=True)
 
-    def detokenizer(self, *, skip_special_tokens: bool = True) -> SglangDetokenizer:
-        return SglangDetokenizer(self._tokenizer, self.max_token_id, skip_special_tokens)
+    def detokenizer(
+        self, *, skip_special_tokens: bool = True, spaces_between_special_tokens: bool = True
+    ) -> SglangDetokenizer:
+        return SglangDetokenizer(
+            self._tokenizer, self.max_token_id, skip_special_tokens, spaces_between_special_tokens
+        )
 
     @property
     def backend(self) -> Any:
@@ -231,10 +235,17 @@ class SglangDetokenizer:
     """One completion, decoded as upstream decodes it (see the module docstring). An id the
     vocabulary does not have (a worker bug) is dropped, as the other processors do."""
 
-    def __init__(self, tokenizer: Any, max_token_id: int, skip_special_tokens: bool) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        max_token_id: int,
+        skip_special_tokens: bool,
+        spaces_between_special_tokens: bool = True,
+    ) -> None:
         self._tokenizer = tokenizer
         self._max_token_id = max_token_id
         self._skip_special_tokens = skip_special_tokens
+        self._spaces = spaces_between_special_tokens  # passed to decode, as SGLang's manager
         self._context: list[int] = []  # the ids of the last piece emitted
         self._pending: list[int] = []  # ids not emitted yet
 
@@ -248,7 +259,11 @@ class SglangDetokenizer:
     def _decode(self, ids: list[int]) -> str:
         if not ids:
             return ""
-        return self._tokenizer.decode(ids, skip_special_tokens=self._skip_special_tokens)
+        return self._tokenizer.decode(
+            ids,
+            skip_special_tokens=self._skip_special_tokens,
+            spaces_between_special_tokens=self._spaces,
+        )
 
     def _emit(self, *, final: bool) -> str:
         if not self._pending:
