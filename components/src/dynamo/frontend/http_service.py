@@ -298,6 +298,8 @@ class FrontendService:
         if found is not None:
             raise oai.invalid_request(found[1], param=f"allowed_token_ids[{found[0]}]")
         responder = responder_class(req.model, oai.new_completion_id(responder_class.ID_PREFIX))
+        if isinstance(responder, ChatResponder) and isinstance(req, oai.ChatCompletionRequest):
+            responder.role = req.response_role
         sampling = req.sampling(max_tokens, entry.card.eos_token_ids)
         self.in_flight += 1
         track.sent(len(prompt_ids))

@@ -285,6 +285,12 @@ class ChatCompletionRequest(ChatLogprobs, ChoicesFields, _SamplingRequest):
     chat_template_kwargs: TemplateVariables | None = None
 
     @property
+    def response_role(self) -> str:
+        """The answer's role: the assistant's, or without a generation prompt the last
+        message's (vLLM's ``get_chat_request_role``)."""
+        return self.messages[-1].role if self.add_generation_prompt is False else "assistant"
+
+    @property
     def requested_max_tokens(self) -> tuple[str, int] | None:
         # The newer name wins when both are given, as in OpenAI's and vLLM's servers.
         if self.max_completion_tokens is not None:

@@ -73,9 +73,11 @@ class ChatResponder(Responder):
     ID_PREFIX = "chatcmpl"
     OBJECT = "chat.completion"
     CHUNK_OBJECT = "chat.completion.chunk"
+    # The answer's role: the request's ChatCompletionRequest.response_role (vLLM's rule).
+    role = "assistant"
 
     def whole_choice(self, text: str, finish_reason: str, index: int = 0) -> dict:
-        message = {"role": "assistant", "content": text}
+        message = {"role": self.role, "content": text}
         return {"index": index, "message": message, "finish_reason": finish_reason}
 
     def chunk_choice(self, text: str | None, finish_reason: str | None, index: int = 0) -> dict:
@@ -83,7 +85,7 @@ class ChatResponder(Responder):
         return {"index": index, "delta": delta, "finish_reason": finish_reason}
 
     def opening(self, index: int = 0) -> dict:
-        delta = {"role": "assistant", "content": ""}
+        delta = {"role": self.role, "content": ""}
         choice = {"index": index, "delta": delta, "finish_reason": None}
         return self._body(self.CHUNK_OBJECT, [choice])
 
