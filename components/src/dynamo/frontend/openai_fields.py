@@ -122,7 +122,12 @@ RULES: tuple[FieldRule, ...] = (
         "the chat template's documents (RAG templates), as vLLM passes them; at most 64",
         (CHAT,),
     ),
-    applied("add_generation_prompt", "the chat template's variable (default true)", (CHAT,)),
+    applied(
+        "add_generation_prompt",
+        "the chat template's variable (default true); false: the answer takes the last "
+        "message's role, as in vLLM",
+        (CHAT,),
+    ),
     applied(
         "chat_template_kwargs",
         "extra variables of the chat template (at most 64), as in vLLM; those that would "
