@@ -75,6 +75,10 @@ CASES = [
     _case("chat-logprobs", CHAT, {**_chat(), **GREEDY, "logprobs": True, "top_logprobs": 3}),
     _case("completion-logprobs", COMPLETION, {**PROMPT, **GREEDY, "logprobs": 3}),
     _case("completion-echo", COMPLETION, {**PROMPT, **GREEDY, "echo": True}),
+    # echo with max_tokens 0: the prompt alone, with its logprobs (evaluation harnesses score
+    # prompts this way).
+    _case("completion-echo-only", COMPLETION,
+          {**PROMPT, "temperature": 0, "max_tokens": 0, "echo": True, "logprobs": 1}),
     _case("completion-echo-logprobs", COMPLETION,
           {**PROMPT, **GREEDY, "echo": True, "logprobs": 1}),
     _case("chat-n-seed", CHAT, {**_chat(), "temperature": 1.0, "seed": 7, "n": 3, "max_tokens": 8}),
@@ -128,6 +132,8 @@ REFUSED = [
 REFUSED_BY_BOTH = [
     pytest.param(COMPLETION, {**PROMPT, "temperature": 0, "max_tokens": 300}, "max_tokens",
                  id="max-tokens-past-the-context"),
+    pytest.param(COMPLETION, {**PROMPT, "temperature": 0, "max_tokens": 0}, "max_tokens",
+                 id="max-tokens-0-without-echo"),
     # vLLM's SamplingParams: "n must be 1 when using greedy sampling". Ours makes n greedy
     # children (each n=1, so vLLM never sees n) and answers n equal choices. The check belongs
     # with n's others in frontend/choice_fields.py (resp2's work in progress).

@@ -298,8 +298,7 @@ class FrontendService:
         if found is not None:
             raise oai.invalid_request(found[1], param=f"allowed_token_ids[{found[0]}]")
         responder = responder_class(req.model, oai.new_completion_id(responder_class.ID_PREFIX))
-        if isinstance(responder, ChatResponder) and isinstance(req, oai.ChatCompletionRequest):
-            responder.role = req.response_role
+        responder.role = getattr(req, "response_role", responder.role)  # a chat's: its role
         sampling = req.sampling(max_tokens, entry.card.eos_token_ids)
         self.in_flight += 1
         track.sent(len(prompt_ids))
@@ -316,6 +315,7 @@ class FrontendService:
                         skip_special_tokens=req.skip_special_tokens is not False,
                         include_stop_str_in_output=req.include_stop_str_in_output is True,
                         echo=echo, prompt_ids=prompt_ids,
+                        echo_only=getattr(req, "echo_only", False),
                     )  # fmt: skip
                     parser = parsers[index] if index < len(parsers) else None
                     choices.append(

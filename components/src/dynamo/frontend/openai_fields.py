@@ -92,7 +92,8 @@ RULES: tuple[FieldRule, ...] = (
     applied(
         "max_tokens",
         "capped by the model's context; unset: the rest of the context (vLLM's completions "
-        "default to 16)",
+        "default to 16); 0 with a completion's echo: the prompt alone (its logprobs too), as "
+        "vLLM answers it",
     ),
     applied("max_completion_tokens", "wins over max_tokens, as in vLLM", (CHAT,)),
     applied(

@@ -26,6 +26,8 @@ class Responder:
     ID_PREFIX = "cmpl"
     OBJECT = ""
     CHUNK_OBJECT = ""
+    # A chat answer's role: the request's ChatCompletionRequest.response_role (vLLM's rule).
+    role = "assistant"
 
     def __init__(self, model: str, completion_id: str) -> None:
         self.model = model
@@ -73,8 +75,6 @@ class ChatResponder(Responder):
     ID_PREFIX = "chatcmpl"
     OBJECT = "chat.completion"
     CHUNK_OBJECT = "chat.completion.chunk"
-    # The answer's role: the request's ChatCompletionRequest.response_role (vLLM's rule).
-    role = "assistant"
 
     def whole_choice(self, text: str, finish_reason: str, index: int = 0) -> dict:
         message = {"role": self.role, "content": text}
