@@ -29,7 +29,8 @@ pytestmark = [pytest.mark.vllm, pytest.mark.integration]
 START_DEADLINE_S = 360.0
 LOGPROB_TOLERANCE = 1e-3  # two engines, the same weights: float noise only
 
-# Keys whose values differ between the two servers on purpose, at any depth of the answer.
+# Keys whose values differ between the two servers on purpose, at any depth of the answer
+# (docs/openai-fields.md lists these differences under its field rules).
 IGNORED_KEYS = {
     "id",  # a fresh id per request on each server (chatcmpl-/cmpl-<uuid>)
     "created",  # each server's clock
