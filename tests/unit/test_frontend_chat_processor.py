@@ -67,14 +67,17 @@ def test_one_id_at_a_time_never_shows_half_a_character(processor):
     assert [detokenizer.add([i]) for i in ids] == [""] * (len(ids) - 1) + ["🧊"]
 
 
-def test_special_tokens_are_hidden_and_an_unfinished_character_ends_as_fffd(processor):
+def test_special_tokens_are_hidden_and_an_unfinished_character_is_dropped_as_vllm_does(
+    processor,
+):
     eos = processor.card.eos_token_ids[0]
     ids = processor.encode_completion("ok") + [eos]
     detokenizer = processor.detokenizer()
     assert detokenizer.add(ids) + detokenizer.finish() == "ok"
     cut = processor.encode_completion("🧊")[:-1]
     detokenizer = processor.detokenizer()
-    assert detokenizer.add(cut) == "" and detokenizer.finish() == "\ufffd"
+    # vLLM's detokenizer never flushes it (tests/vllm/test_vllm_conformance.py, n-seed).
+    assert detokenizer.add(cut) == "" and detokenizer.finish() == ""
     # An id outside the vocabulary (a worker bug) is dropped, not a crash.
     detokenizer = processor.detokenizer()
     assert detokenizer.add([10**6, -1] + processor.encode_completion("x")) == "x"

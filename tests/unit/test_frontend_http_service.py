@@ -391,6 +391,31 @@ def test_echo_puts_the_prompt_first_whole_and_streamed(card, processor):
     assert run(scenario) == [text for _, text in cases for _ in (False, True)]
 
 
+def test_echo_with_max_tokens_0_answers_the_prompt_alone_as_vllm_does(card, processor):
+    output = processor.tokenizer.encode(" and more", add_special_tokens=False)
+
+    async def scenario():
+        async with (
+            echo_worker(output=output) as (_, endpoint),
+            frontend(card, endpoint) as client,
+        ):
+            body = {"model": MODEL, "prompt": "Once upon", "max_tokens": 0, "echo": True}
+            whole = await (await client.post("/v1/completions", json=body)).json()
+            events = await sse_events(
+                await client.post("/v1/completions", json={**body, "stream": True})
+            )
+            refused = await client.post("/v1/completions", json={**body, "echo": False})
+            return whole, events, refused.status, (await refused.json())["error"]
+
+    whole, events, status, error = run(scenario)
+    # The engine generates one token (counted, as vLLM counts it), never shown.
+    assert whole["choices"][0]["text"] == "Once upon"
+    assert whole["usage"]["completion_tokens"] == 1
+    chunks = [e for e in events if isinstance(e, dict) and e["choices"]]
+    assert "".join(e["choices"][0]["text"] for e in chunks) == "Once upon"
+    assert status == 400 and error["param"] == "max_tokens"
+
+
 def test_continue_final_message_ends_the_prompt_inside_it(card, processor):
     messages = [*HELLO, {"role": "assistant", "content": "Once upon"}]
 

@@ -48,8 +48,11 @@ class Generation:
         echo: str = "",
         prompt_ids: Sequence[int] = (),
         keep_token_ids: bool = False,
+        echo_only: bool = False,
     ) -> None:
         self._echo = echo  # the prompt's text, first in the output (a completion's ``echo``)
+        # echo with max_tokens 0: the generated token is counted, not shown (vLLM's answer).
+        self._echo_only = echo_only
         self._prompt_ids = prompt_ids  # the echoed prompt's ids (for its logprobs)
         self._detokenizer = processor.detokenizer(
             skip_special_tokens=skip_special_tokens,
@@ -106,7 +109,8 @@ class Generation:
                 self._logprobs.extend(zip(self._prompt_ids, prompt, strict=True))
             yield self._echo
         async for piece in self._generated():
-            yield piece
+            if not self._echo_only:
+                yield piece
 
     async def _generated(self) -> AsyncIterator[str]:
         item = self._first
@@ -114,9 +118,9 @@ class Generation:
             pieces = []
             for index, token_id in enumerate(item.token_ids):
                 self.completion_tokens += 1
-                if self.token_ids is not None:
+                if self.token_ids is not None and not self._echo_only:
                     self.token_ids.append(token_id)
-                if item.logprobs is not None:  # validated: one position per id
+                if item.logprobs is not None and not self._echo_only:  # one per id
                     self._logprobs.append((token_id, item.logprobs[index]))
                 if self._stop_token(token_id):  # its text is in the output only if asked
                     if self._include_stop:

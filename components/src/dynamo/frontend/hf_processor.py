@@ -244,8 +244,11 @@ class StreamDetokenizer:
     ``skip_special_tokens`` is false (the request's field, as vLLM's detokenizer takes it).
 
     ``add`` returns the text the new ids complete; a partial character stays inside the
-    ``DecodeStream`` until the id that completes it arrives. An id the vocabulary does not know
-    (a worker bug) is dropped rather than failing the whole stream.
+    ``DecodeStream`` until the id that completes it arrives, and one the stream ends on is never
+    shown: vLLM's detokenizer (the same ``DecodeStream``) drops it, so the text and a partial
+    id's logprob token string are vLLM's (a partial character in the middle, which the next id
+    cannot complete, shows as U+FFFD in both). An id the vocabulary does not know (a worker
+    bug) is dropped rather than failing the whole stream.
 
     With ``skip_special_tokens`` and ``spaces_between_special_tokens`` both false, an added
     token right after another is its bare content, without the space the decoder would put
@@ -260,10 +263,8 @@ class StreamDetokenizer:
         spaces_between_special_tokens: bool = True,
     ) -> None:
         self._tokenizer = tokenizer
-        self._skip_special_tokens = skip_special_tokens
         self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
         self._vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
-        self._held: list[int] = []  # ids since the last text: an incomplete character
         # The added tokens' contents by id when no space goes between them, else None.
         self._added: dict[int, str] | None = None
         self._last_added = False
@@ -282,17 +283,10 @@ class StreamDetokenizer:
                 if added is not None and self._last_added:
                     text = added  # vLLM: the raw token, without the space before it
                 self._last_added = added is not None
-            if text is None:
-                self._held.append(token_id)
-            else:
-                self._held.clear()
+            if text is not None:
                 pieces.append(text)
         return "".join(pieces)
 
     def finish(self) -> str:
-        """The end of the stream: a character left incomplete decodes as a full decode would
-        (U+FFFD), so the streamed text equals ``decode`` of every id."""
-        held, self._held = self._held, []
-        if not held:
-            return ""
-        return self._tokenizer.decode(held, skip_special_tokens=self._skip_special_tokens)
+        """The end of the stream: a character left incomplete is dropped, as vLLM drops it."""
+        return ""

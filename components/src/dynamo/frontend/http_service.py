@@ -298,6 +298,7 @@ class FrontendService:
         responder = responder_class(req.model, oai.new_completion_id(responder_class.ID_PREFIX))
         responder.return_prompt(*req.returned_prompt(prompt_ids, prompt_text))
         responder.echo = req.echoed_content() if isinstance(req, oai.ChatCompletionRequest) else ""
+        responder.role = getattr(req, "response_role", responder.role)  # a chat's: its role
         sampling = req.sampling(max_tokens, entry.card.eos_token_ids)
         self.in_flight += 1
         track.sent(len(prompt_ids))
@@ -319,6 +320,7 @@ class FrontendService:
                         include_stop_str_in_output=req.include_stop_str_in_output is True,
                         echo=echo, prompt_ids=prompt_ids,
                         keep_token_ids=req.returns_token_ids(parser is not None),
+                        echo_only=getattr(req, "echo_only", False),
                     )  # fmt: skip
                     choices.append(
                         new_choice(
@@ -434,6 +436,7 @@ class FrontendService:
                 await send_event(response, error.body())
             await send_event(response, "[DONE]")
             await response.write_eof()
+            track.answered = True
         except ConnectionResetError:
             # The client closed its connection; the caller's finally aborts the worker's side.
             track.fail(rm.CANCELLED)

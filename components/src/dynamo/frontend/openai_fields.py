@@ -91,7 +91,8 @@ RULES: tuple[FieldRule, ...] = (
     applied(
         "max_tokens",
         "capped by the model's context; unset: the rest of the context (vLLM's completions "
-        "default to 16)",
+        "default to 16); 0 with a completion's echo: the prompt alone (its logprobs too), as "
+        "vLLM answers it",
     ),
     applied("max_completion_tokens", "wins over max_tokens, as in vLLM", (CHAT,)),
     applied(
@@ -154,7 +155,12 @@ RULES: tuple[FieldRule, ...] = (
         "the space between them, as vLLM's fast incremental detokenizer does (the sglang "
         "processor passes it to the tokenizer's decode, as SGLang does)",
     ),
-    applied("add_generation_prompt", "the chat template's variable (default true)", (CHAT,)),
+    applied(
+        "add_generation_prompt",
+        "the chat template's variable (default true); false: the answer takes the last "
+        "message's role, as in vLLM",
+        (CHAT,),
+    ),
     applied(
         "chat_template_kwargs",
         "extra variables of the chat template (at most 64), as in vLLM; those that would "

@@ -49,6 +49,15 @@ def render() -> str:
         "field name per minute (at most ten such lines a minute), as vLLM accepts it; with "
         "`--dyn-strict-request-fields` (`DYN_STRICT_REQUEST_FIELDS`) it is a 400 "
         "(`code` `unknown_parameter`, `param` the field).",
+        "",
+        "The answers are vLLM's own server's, field by field, whole and streamed "
+        "(tests/vllm/test_vllm_conformance.py sends both the same requests), except: no "
+        "`system_fingerprint`; none of vLLM's response extensions that the refused fields ask "
+        "for (`token_ids`, `prompt_token_ids`, `prompt_logprobs`, `kv_transfer_params`); "
+        "no `stop_reason` yet; a stream's `finish_reason` comes in a chunk of its own after "
+        "the last text (as OpenAI's server sends it; vLLM puts it in the last text's chunk); "
+        "`n` > 1 under greedy decoding is answered (vLLM refuses it); error messages are worded "
+        "differently (the same status; ours always names the field in `param`).",
     ]
     for endpoint, path in _ENDPOINTS:
         lines += ["", f"## `{path}`", "", "| field | treatment | accepted values | why |"]

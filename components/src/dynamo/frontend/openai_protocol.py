@@ -302,6 +302,12 @@ class ChatCompletionRequest(ChatLogprobs, ChoicesFields, _SamplingRequest):
         return variables
 
     @property
+    def response_role(self) -> str:
+        """The answer's role: the assistant's, or without a generation prompt the last
+        message's (vLLM's ``get_chat_request_role``)."""
+        return self.messages[-1].role if self.add_generation_prompt is False else "assistant"
+
+    @property
     def requested_max_tokens(self) -> tuple[str, int] | None:
         # The newer name wins when both are given, as in OpenAI's and vLLM's servers.
         if self.max_completion_tokens is not None:
@@ -350,12 +356,27 @@ class CompletionRequest(CompletionLogprobs, ChoicesFields, _SamplingRequest):
         | Annotated[list[StrictStr], Field(min_length=1, max_length=1)]
     )
     echo: StrictBool | None = None
+    # 0 with echo: the prompt alone (its logprobs, for scoring), as vLLM answers it.
+    max_tokens: Annotated[StrictInt, Field(ge=0)] | None = None
 
     @model_validator(mode="after")
     def _one_prompt(self) -> CompletionRequest:
         if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str):
             self.prompt = self.prompt[0]
+        if self.max_tokens == 0 and not self.echo:
+            raise openai_fields.FieldRefused(
+                "max_tokens", "`max_tokens` must be at least 1 (0 only with echo)", "invalid_value"
+            )
         return self
+
+    @property
+    def echo_only(self) -> bool:
+        """The prompt alone is answered; the engine generates one token (vLLM's way)."""
+        return bool(self.echo) and self.max_tokens == 0
+
+    @property
+    def requested_max_tokens(self) -> tuple[str, int] | None:
+        return ("max_tokens", 1) if self.echo_only else super().requested_max_tokens
 
 
 def _param(loc: tuple) -> str | None:

@@ -140,7 +140,7 @@ class ParsedOutput:
         reasoning = fed.reasoning_content + end.reasoning_content
         calls = fed.tool_calls + end.tool_calls
         self._tool_calls = bool(calls)
-        message: dict[str, Any] = {"role": "assistant", "content": content or None}
+        message: dict[str, Any] = {"role": self._responder.role, "content": content or None}
         if not calls and message["content"] is None:
             message["content"] = ""
         if reasoning:

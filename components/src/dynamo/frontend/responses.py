@@ -26,6 +26,8 @@ class Responder:
     ID_PREFIX = "cmpl"
     OBJECT = ""
     CHUNK_OBJECT = ""
+    # A chat answer's role: the request's ChatCompletionRequest.response_role (vLLM's rule).
+    role = "assistant"
 
     # Where vLLM puts ``prompt_token_ids`` / ``prompt_text``: True, the body's (chat); False,
     # each choice's (completions).
@@ -109,7 +111,7 @@ class ChatResponder(Responder):
     PROMPT_AT_TOP = True
 
     def whole_choice(self, text: str, finish_reason: str, index: int = 0) -> dict:
-        message = {"role": "assistant", "content": text}
+        message = {"role": self.role, "content": text}
         return {"index": index, "message": message, "finish_reason": finish_reason}
 
     def chunk_choice(self, text: str | None, finish_reason: str | None, index: int = 0) -> dict:
@@ -117,7 +119,7 @@ class ChatResponder(Responder):
         return {"index": index, "delta": delta, "finish_reason": finish_reason}
 
     def opening(self, index: int = 0) -> dict:
-        delta = {"role": "assistant", "content": ""}
+        delta = {"role": self.role, "content": ""}
         choice = {"index": index, "delta": delta, "finish_reason": None}
         return self._body(self.CHUNK_OBJECT, [choice])
 
