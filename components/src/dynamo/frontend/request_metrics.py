@@ -198,7 +198,8 @@ class RequestMetrics:
             track.fail(error_type(exc.status))
             raise
         except (asyncio.CancelledError, ConnectionResetError):
-            track.fail(CANCELLED)
+            if not track.answered:  # a client gone after the whole answer was sent is no failure
+                track.fail(CANCELLED)
             raise
         except BaseException:
             track.fail(INTERNAL)
@@ -221,6 +222,9 @@ class RequestTrack:
         self._prompt_tokens: int | None = None
         self._tokens = 0
         self._last: float | None = None
+        # The whole answer is written (a stream's last event): what happens after (the
+        # workers' streams closing, the client going) does not change the outcome.
+        self.answered = False
 
     def served(self, model: str) -> None:
         """The request names a model the registry serves: from here on it is in flight."""
