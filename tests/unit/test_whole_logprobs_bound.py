@@ -73,6 +73,17 @@ def test_the_echoed_prompts_logprobs_count_too(card):
         completion_budget(parse(body), card, 30000, "prompt")
 
 
+def test_a_streams_echoed_prompt_logprobs_count_they_come_on_one_line(card):
+    """Streamed, the completion's logprobs are sent as they come, but the prompt's arrive on
+    the first line of each choice's stream, read whole."""
+    body = {**COMPLETION, "logprobs": 20, "echo": True, "stream": True, "max_tokens": 8}
+    parse = oai.parse_completion_request
+    assert completion_budget(parse(body), card, 40000, "prompt") == 8
+    with pytest.raises(oai.ApiError) as raised:
+        completion_budget(parse({**body, "n": 2}), card, 40000, "prompt")
+    assert raised.value.param == "logprobs"
+
+
 def test_the_frontend_answers_the_400_before_asking_a_worker(card):
     async def scenario():
         async with echo_worker() as (engine, endpoint), frontend(card, endpoint) as client:
