@@ -2,14 +2,15 @@
 ``content``, ``reasoning_content`` and ``tool_calls`` in OpenAI's chat shapes.
 
 The response path (:mod:`dynamo.frontend.http_service`) builds one :class:`ParsedOutput` per
-chat request whose model's processor parses output (``--dyn-chat-processor sglang`` with
-``--tool-call-parser`` / ``--reasoning-parser``) and feeds it the completion's text as it is
-decoded. Streaming, each piece becomes a chunk with what the parser let through (content,
-reasoning), and the end one chunk with what it held back and one with the tool calls, whole
-(a call's arguments are complete JSON only once the model has finished it); not streaming, the
-whole text is fed at once and the message carries all three. A completion that ends
-(``stop``) with tool calls reports ``finish_reason`` ``tool_calls``, as OpenAI, vLLM and
-SGLang do.
+chat choice whose request has a parser (the model's processor parses output: ``--dyn-chat-processor
+vllm`` or ``sglang`` with a tool-call or reasoning parser; or ``tool_choice`` forces calls) and
+feeds it the completion's text as it is decoded. Streaming, each piece becomes a chunk with what
+the parser let through: content and reasoning as they come, and tool calls either as deltas
+(vLLM's parsers: a call's id and name first, then pieces of its arguments) or whole at the end
+(SGLang's parsers and forced calls: a call's arguments are complete JSON only once the model has
+finished it); the end adds one chunk with what the parser held back. Not streaming, the whole
+text is fed at once and the message carries all three. A completion that ends (``stop``) with
+tool calls reports ``finish_reason`` ``tool_calls``, as OpenAI, vLLM and SGLang do.
 """
 
 from __future__ import annotations
