@@ -400,3 +400,19 @@ def test_a_deeply_nested_tool_schema_is_sent_or_refused_by_name_never_a_500(card
     else:
         assert status == 200, text
         assert json.loads(bodies[0]["sampling"]["structured_outputs"]["json_schema"])
+
+
+@pytest.mark.parametrize("defs", [[1, 2], "x", 5, True, None])
+def test_required_with_defs_that_are_not_an_object_is_a_400_naming_tools(card, defs):
+    """``tool_choice`` required lifts each function's ``$defs`` into the forced schema: defs
+    that are not an object were an AttributeError (a 500)."""
+    params = {"type": "object", "$defs": defs}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": params}}]
+    status, answer, bodies = chat_through_echo(
+        card, "[]", {"tools": tools, "tool_choice": "required"}, stream=False
+    )
+    if defs is None:  # absent, as vLLM reads it
+        assert status == 200, answer
+        return
+    assert_openai_error(answer, status, 400, param="tools")
+    assert "$defs" in answer["error"]["message"] and not bodies

@@ -174,7 +174,13 @@ def _required_schema(
         # Python, four frames a level: a RecursionError, a 500, at half the body's depth).
         params = dict(function.get("parameters") or {}) or None
         if isinstance(params, dict):
-            for name, definition in (params.pop("$defs", None) or {}).items():
+            lifted = params.pop("$defs", None) or {}
+            if not isinstance(lifted, dict):
+                raise FieldRefused(
+                    "tools", "`tools`: a function's parameters `$defs` must be an object",
+                    "invalid_value",
+                )  # fmt: skip
+            for name, definition in lifted.items():
                 if name in defs and defs[name] != definition:
                     raise FieldRefused(
                         "tools",
