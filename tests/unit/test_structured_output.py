@@ -369,3 +369,50 @@ def test_a_worker_refusing_the_constraint_is_a_400_naming_the_clients_field(card
     error = assert_openai_error(answer, status, 400, param=param)
     assert f"`{param}`" in error["message"] and "Grammar error" not in error["message"]
     assert calls == 1
+
+
+def _nested_schema_text(depth: int) -> str:
+    """A schema nested ``depth`` objects deep (twice as many JSON levels), as text: written
+    without json.dumps, which would recurse as deep."""
+    return '{"type": "object", "properties": {"a": ' * depth + '{"type": "string"}' + "}}" * depth
+
+
+@pytest.mark.parametrize("depth", [200, 300, 400, 450])
+@pytest.mark.parametrize("choice", ["required", NAMED], ids=["required", "named"])
+def test_a_deeply_nested_tool_schema_is_sent_or_refused_by_name_never_a_500(card, choice, depth):
+    """A client's tool parameters nested as deep as the body decoder takes: the forced schema
+    is built without a RecursionError (a 500), sent, or refused naming ``tool_choice``."""
+    schema = _nested_schema_text(depth)
+    head = json.dumps({**CHAT, "max_tokens": 8, "tool_choice": choice})
+    data = head[:-1] + ', "tools": [{"type": "function", "function": {"name": "f", "parameters": '
+    data += schema + "}}]}"
+
+    async def scenario():
+        async with echo_worker() as (engine, endpoint), frontend(card, endpoint) as client:
+            response = await client.post(
+                "/v1/chat/completions", data=data, headers={"Content-Type": "application/json"}
+            )
+            return response.status, await response.text(), engine.bodies
+
+    status, text, bodies = asyncio.run(scenario())
+    if status == 400:
+        assert_openai_error(json.loads(text), status, 400, param="tool_choice")
+    else:
+        assert status == 200, text
+        assert json.loads(bodies[0]["sampling"]["structured_outputs"]["json_schema"])
+
+
+@pytest.mark.parametrize("defs", [[1, 2], "x", 5, True, None])
+def test_required_with_defs_that_are_not_an_object_is_a_400_naming_tools(card, defs):
+    """``tool_choice`` required lifts each function's ``$defs`` into the forced schema: defs
+    that are not an object were an AttributeError (a 500)."""
+    params = {"type": "object", "$defs": defs}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": params}}]
+    status, answer, bodies = chat_through_echo(
+        card, "[]", {"tools": tools, "tool_choice": "required"}, stream=False
+    )
+    if defs is None:  # absent, as vLLM reads it
+        assert status == 200, answer
+        return
+    assert_openai_error(answer, status, 400, param="tools")
+    assert "$defs" in answer["error"]["message"] and not bodies

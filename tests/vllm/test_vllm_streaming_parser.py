@@ -281,3 +281,40 @@ def test_the_openai_client_gets_each_part_streamed_before_the_finish(tmp_path):
     assert "".join(c.function.name or "" for c in calls) == message.tool_calls[0].function.name
     arguments = "".join(c.function.arguments or "" for c in calls)
     assert json.loads(arguments) == json.loads(message.tool_calls[0].function.arguments)
+
+
+def _with_added(tmp_path, name: str, added: list[str]):
+    from tokenizers import AddedToken, Tokenizer
+    from vllm.tokenizers import get_tokenizer
+
+    directory = build_tiny_tokenizer(tmp_path / name)
+    path = directory / "tokenizer.json"
+    tokenizer = Tokenizer.from_file(str(path))
+    tokenizer.add_tokens([AddedToken(m, special=False, normalized=False) for m in added])
+    tokenizer.save(str(path))
+    return get_tokenizer(str(directory))
+
+
+def test_a_tokenizer_with_thousands_of_added_tokens_costs_a_piece_its_length(tmp_path):
+    """A card's tokenizer is a peer's file: 40000 added tokens beside Qwen's markers. A 64 KiB
+    piece (a stream line's bound) is cut at the markers at the cost of the markers alone (a
+    pattern of every added token took ten times as long: seconds), and the stream still joins
+    to the whole parse."""
+    import random
+    import string
+    import time
+
+    rng = random.Random(0)
+    others = sorted({"".join(rng.choices(string.ascii_letters, k=8)) for _ in range(40000)})
+    piece = "<think>" + "x " * 32768 + "</think>"
+    elapsed = {}
+    for name, added in [("few", MARKERS), ("many", [*MARKERS, *others])]:
+        parsers = factory(_with_added(tmp_path, name, added), "hermes", "qwen3")
+        text = OUTPUTS["reasoning, content, a call"]
+        same(streamed(parsers, [text[:20], text[20:]]), whole(parsers, text))
+        parser = parsers(TOOLS, "auto", [], True)
+        started = time.perf_counter()
+        delta = parser.feed(piece)
+        elapsed[name] = time.perf_counter() - started
+        assert delta.reasoning_content == "x " * 32768
+    assert elapsed["many"] < 3 * elapsed["few"] + 0.1, elapsed

@@ -70,7 +70,38 @@ def completion_budget(
             f"`min_tokens` ({min_tokens}) must be at most `max_tokens` ({max_tokens})",
             param="min_tokens",
         )
+    _whole_logprobs_bounded(req, max_tokens, prompt_tokens)
     return max_tokens
+
+
+# The logprob entries a response may hold at once (a choice's tokens times the entries of
+# each, over its n choices): about 450 bytes of the frontend's memory each while it is built.
+MAX_WHOLE_LOGPROBS = 1 << 20
+
+
+def _whole_logprobs_bounded(req: oai._SamplingRequest, max_tokens: int, prompt_tokens: int) -> None:
+    """A 400 naming the logprobs field when a response would hold more than
+    :data:`MAX_WHOLE_LOGPROBS` entries at once: not streamed, n x max_tokens x (k + 1) and the
+    echoed prompt's; streamed, the echoed prompt's only (they come on one line of each choice's
+    stream, read whole), the rest being sent as it comes."""
+    if not isinstance(req, oai.ChatCompletionRequest | oai.CompletionRequest):
+        return  # the endpoints' requests carry logprobs and n
+    top = req.logprobs_asked()
+    if top is None:
+        return
+    prompt_top = req.prompt_logprobs_asked()
+    per_choice = 0 if prompt_top is None else prompt_tokens * (prompt_top + 1)
+    if not req.stream:
+        per_choice += max_tokens * (top + 1)
+    entries = (req.n or 1) * per_choice
+    if entries > MAX_WHOLE_LOGPROBS:
+        param = req.LOGPROBS_PARAM
+        raise oai.invalid_request(
+            f"`{param}`: a response holds at most {MAX_WHOLE_LOGPROBS} logprobs at once (n x "
+            "(max_tokens, unless streamed, + the echoed prompt's tokens) x (alternatives + 1) "
+            f"is {entries}): stream it, or ask for fewer tokens, choices or alternatives",
+            param=param,
+        )
 
 
 def context_length_exceeded(*, context_length: int, prompt_tokens: int, param: str) -> oai.ApiError:

@@ -12,7 +12,6 @@ refused by name: its own validation is xgrammar's, which the frontend does not l
 
 from __future__ import annotations
 
-import copy
 import json
 from typing import Annotated, Any, Literal
 
@@ -95,7 +94,12 @@ class StructuredOutputsRequest(BaseModel):
 
 
 def _schema_text(schema: dict[str, Any] | str, field: str) -> StructuredOutputs:
-    text = schema if isinstance(schema, str) else json.dumps(schema, ensure_ascii=False)
+    try:
+        text = schema if isinstance(schema, str) else json.dumps(schema, ensure_ascii=False)
+    except RecursionError:  # the body decoder's depth, a few levels deeper inside a schema
+        raise FieldRefused(
+            field, f"`{field}`: the schema is nested too deeply", "invalid_value"
+        ) from None
     return _wire(field, json_schema=text)
 
 
@@ -166,9 +170,17 @@ def _required_schema(
     defs: dict[str, Any] = {}
     alternatives = []
     for function in functions:
-        params = copy.deepcopy(function.get("parameters")) or None
+        # A shallow copy: only its top-level $defs is taken out (a deep copy recursed in
+        # Python, four frames a level: a RecursionError, a 500, at half the body's depth).
+        params = dict(function.get("parameters") or {}) or None
         if isinstance(params, dict):
-            for name, definition in (params.pop("$defs", None) or {}).items():
+            lifted = params.pop("$defs", None) or {}
+            if not isinstance(lifted, dict):
+                raise FieldRefused(
+                    "tools", "`tools`: a function's parameters `$defs` must be an object",
+                    "invalid_value",
+                )  # fmt: skip
+            for name, definition in lifted.items():
                 if name in defs and defs[name] != definition:
                     raise FieldRefused(
                         "tools",

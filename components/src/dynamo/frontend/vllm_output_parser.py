@@ -38,7 +38,6 @@ wrote, as ``parse`` does for the whole text.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -135,12 +134,32 @@ def _plain(message: Mapping[str, Any]) -> dict[str, Any]:
     return {"role": message.get("role", "user"), "content": message.get("content") or ""}
 
 
-def _markers(tokenizer: Any) -> re.Pattern[str] | None:
-    """The tokenizer's added tokens (``<think>``, ``<tool_call>``, ...) as one pattern that
-    cuts a text at them (longest first), or None when it has none."""
+def _markers(tokenizer: Any) -> dict[int, str]:
+    """The tokenizer's added tokens (``<think>``, ``<tool_call>``, ...) by id, empty when it
+    has none. A peer's tokenizer may add thousands: a piece is cut at them by the ids its
+    encoding (the tokenizer's own linear matching) gives, not by a pattern of every one (an
+    alternation costs each position of a piece a try of every token: seconds a piece)."""
     vocab = getattr(tokenizer, "get_added_vocab", None)  # transformers' tokenizers have it
-    added = sorted(vocab() if vocab is not None else (), key=len, reverse=True)
-    return re.compile("(" + "|".join(map(re.escape, added)) + ")") if added else None
+    added = vocab() if vocab is not None else {}
+    return {id_: text for text, id_ in added.items() if text}
+
+
+def _cut(text: str, ids: list[int], markers: dict[int, str]) -> list[str]:
+    """``text`` cut before and after each added token its encoding ``ids`` hold, in order;
+    a token not found as written (an added token the tokenizer matches after normalising)
+    ends the cutting, so each search starts where the last ended: linear in the text."""
+    parts, start = [], 0
+    for id_ in ids:
+        marker = markers.get(id_)
+        if marker is None:
+            continue
+        at = text.find(marker, start)
+        if at < 0:
+            break
+        parts += [text[start:at], marker]
+        start = at + len(marker)
+    parts.append(text[start:])
+    return [part for part in parts if part]
 
 
 class VllmOutputParser:
@@ -183,9 +202,7 @@ class VllmStreamingParser:
     """One stream's vLLM parser: each piece through ``parse_delta`` as it comes (see the
     module docstring for the deltas and the ids they are given)."""
 
-    def __init__(
-        self, parser: Any, request: Any, tokenizer: Any, markers: re.Pattern[str] | None
-    ) -> None:
+    def __init__(self, parser: Any, request: Any, tokenizer: Any, markers: dict[int, str]) -> None:
         self._parser = parser
         self._request = request
         self._tokenizer = tokenizer
@@ -195,11 +212,16 @@ class VllmStreamingParser:
 
     def feed(self, text: str) -> ParsedDelta:
         parsed = ParsedDelta()
-        parts = [text] if self._markers is None else self._markers.split(text)
+        if not text:
+            return parsed
+        ids = self._tokenizer.encode(text, add_special_tokens=False)
+        parts = _cut(text, ids, self._markers) if self._markers else [text]
+        if len(parts) == 1:
+            self._add(parsed, self._delta(text, ids, finished=False))
+            return parsed
         for part in parts:
-            if part:
-                ids = self._tokenizer.encode(part, add_special_tokens=False)
-                self._add(parsed, self._delta(part, ids, finished=False))
+            part_ids = self._tokenizer.encode(part, add_special_tokens=False)
+            self._add(parsed, self._delta(part, part_ids, finished=False))
         return parsed
 
     def finish(self) -> ParsedDelta:

@@ -421,6 +421,8 @@ async def _lines(
     """The non-blank lines of a stream, each at most ``line_limit`` bytes, all of them
     within ``budget`` bytes; raises :class:`WorkerProtocolError` past either bound."""
     pending = bytearray()
+    searched = 0  # pending[:searched] has no newline: each byte is searched once (a line
+    # trickled in small chunks would otherwise be searched whole at each: quadratic)
     async for chunk in content.iter_any():
         budget -= len(chunk)
         if budget < 0:
@@ -428,13 +430,16 @@ async def _lines(
                 "worker sent more than the stream's budget of bytes for its max_tokens"
             )
         pending += chunk
-        while (end := pending.find(b"\n")) >= 0:
+        while (end := pending.find(b"\n", searched)) >= 0:
             if end > line_limit:
                 break
             line = bytes(pending[:end])
             del pending[: end + 1]
+            searched = 0
             if line.strip():
                 yield line
+        else:
+            searched = len(pending)
         if len(pending) > line_limit and pending.find(b"\n", 0, line_limit + 1) < 0:
             raise WorkerProtocolError(f"worker sent a line over {line_limit} bytes")
     if pending.strip():
