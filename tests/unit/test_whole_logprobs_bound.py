@@ -84,6 +84,18 @@ def test_a_streams_echoed_prompt_logprobs_count_they_come_on_one_line(card):
     assert raised.value.param == "logprobs"
 
 
+@pytest.mark.parametrize("endpoint", ["chat", "completion"])
+def test_prompt_logprobs_alone_count_too(card, endpoint):
+    """``prompt_logprobs`` without ``logprobs``: the prompt's entries are held all the same."""
+    base = CHAT if endpoint == "chat" else COMPLETION
+    parse = oai.parse_chat_request if endpoint == "chat" else oai.parse_completion_request
+    body = {**base, "prompt_logprobs": 20, "max_tokens": 8}
+    assert completion_budget(parse(body), card, 40000, "prompt") == 8
+    with pytest.raises(oai.ApiError) as raised:
+        completion_budget(parse({**body, "n": 2}), card, 40000, "prompt")
+    assert raised.value.status == 400 and raised.value.param == "prompt_logprobs"
+
+
 def test_the_frontend_answers_the_400_before_asking_a_worker(card):
     async def scenario():
         async with echo_worker() as (engine, endpoint), frontend(card, endpoint) as client:

@@ -86,16 +86,15 @@ def _whole_logprobs_bounded(req: oai._SamplingRequest, max_tokens: int, prompt_t
     stream, read whole), the rest being sent as it comes."""
     if not isinstance(req, oai.ChatCompletionRequest | oai.CompletionRequest):
         return  # the endpoints' requests carry logprobs and n
-    top = req.logprobs_asked()
-    if top is None:
+    top, prompt_top = req.logprobs_asked(), req.prompt_logprobs_asked()
+    if top is None and prompt_top is None:
         return
-    prompt_top = req.prompt_logprobs_asked()
     per_choice = 0 if prompt_top is None else prompt_tokens * (prompt_top + 1)
-    if not req.stream:
+    if not req.stream and top is not None:
         per_choice += max_tokens * (top + 1)
     entries = (req.n or 1) * per_choice
     if entries > MAX_WHOLE_LOGPROBS:
-        param = req.LOGPROBS_PARAM
+        param = req.LOGPROBS_PARAM if top is not None else "prompt_logprobs"
         raise oai.invalid_request(
             f"`{param}`: a response holds at most {MAX_WHOLE_LOGPROBS} logprobs at once (n x "
             "(max_tokens, unless streamed, + the echoed prompt's tokens) x (alternatives + 1) "
