@@ -28,7 +28,6 @@ from dynamo.common.request_drain import mark_stream
 from dynamo.runtime import peer_text
 from dynamo.runtime.discovery import RecordWatcher
 from dynamo.runtime.log_budget import CauseBudgets
-from dynamo.runtime.model_card import out_of_vocabulary
 from dynamo.runtime.request_plane import (
     GenerateRequest,
     RequestRefused,
@@ -64,7 +63,12 @@ from .output_parser import OutputParser
 from .parsed_output import output_parser
 from .preprocess_pool import PreprocessPool
 from .preprocessing import Preprocessing
-from .prompt_budget import completion_budget, refused_param, truncated_prompt
+from .prompt_budget import (
+    completion_budget,
+    refused_param,
+    token_ids_within_vocabulary,
+    truncated_prompt,
+)
 from .request_body import expect_handler, read_json_body
 from .request_metrics import RequestMetrics, RequestTrack
 from .responses import ChatResponder, CompletionResponder, Responder, send_event
@@ -285,16 +289,7 @@ class FrontendService:
             text = req.prompt if isinstance(req.prompt, str) and prompt_ids is sent else None
             echo = entry.processor.tokenizer.decode(prompt_ids) if text is None else text
         max_tokens = completion_budget(req, entry.card, len(prompt_ids), prompt_param)
-        max_token_id = entry.processor.max_token_id
-        found = out_of_vocabulary(req.stop_token_ids or (), max_token_id)
-        if found is not None:
-            raise oai.invalid_request(found[1], param=f"stop_token_ids[{found[0]}]")
-        found = out_of_vocabulary([t for t, _ in req.logit_bias_pairs()], max_token_id)
-        if found is not None:
-            raise oai.invalid_request(found[1], param="logit_bias")
-        found = out_of_vocabulary(req.allowed_token_ids or (), max_token_id)
-        if found is not None:
-            raise oai.invalid_request(found[1], param=f"allowed_token_ids[{found[0]}]")
+        token_ids_within_vocabulary(req, entry.processor.max_token_id)
         responder = responder_class(req.model, oai.new_completion_id(responder_class.ID_PREFIX))
         responder.return_prompt(*req.returned_prompt(prompt_ids, prompt_text))
         responder.echo = req.echoed_content() if isinstance(req, oai.ChatCompletionRequest) else ""

@@ -1,7 +1,9 @@
-"""The OpenAI wire format: request models (pydantic), response shapes, the error shape.
+"""The OpenAI wire format: request models (pydantic) and response shapes.
 
 What the frontend serves: ``/v1/models``, ``/v1/chat/completions`` and ``/v1/completions``
-(whole and streamed), and the error shape ``{"error": {"message", "type", "param", "code"}}``.
+(whole and streamed); the error shape ``{"error": {"message", "type", "param", "code"}}`` is
+:mod:`.openai_errors`' (the names are read here too, as ``oai.invalid_request`` and so on, by
+the request path).
 
 The request models take the sampling fields vLLM's OpenAI server takes, with vLLM's ranges (they
 are :class:`~dynamo.runtime.sampling.SamplingOptions`' own, so a request accepted here is one the
@@ -48,63 +50,21 @@ from dynamo.runtime.sampling import (
 from . import openai_fields, structured_output
 from .choice_fields import ChoicesFields
 from .logprobs import ChatLogprobs, CompletionLogprobs
+
+# Re-exported: the request path reads the errors as oai.invalid_request and so on.
+from .openai_errors import (  # noqa: F401 - re-exported (see above)
+    ApiError,
+    error_body,
+    invalid_request,
+    model_not_found,
+    service_unavailable,
+)
 from .openai_tools import NamedToolChoice, TemplateVariables, Tool, check_tool_choice_shape
 from .output_fields import OutputFields
 
 # The roles a chat message may have (vLLM's, plus OpenAI's "developer", passed to the template).
 ROLES = ("system", "developer", "user", "assistant", "tool")
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
-
-
-class ApiError(Exception):
-    """An error answered to the client in the OpenAI shape."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        type: str,
-        param: str | None = None,
-        code: str | None = None,
-        detail: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type
-        self.param = param
-        self.code = code
-        self.detail = detail  # for the log only (instances tried, their errors); None: message
-
-    def body(self) -> dict:
-        return error_body(self.message, type=self.type, param=self.param, code=self.code)
-
-
-def error_body(
-    message: str, *, type: str, param: str | None = None, code: str | None = None
-) -> dict:
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
-
-
-def invalid_request(message: str, *, param: str | None = None, code: str = "invalid_value"):
-    return ApiError(400, message, type="invalid_request_error", param=param, code=code)
-
-
-def model_not_found(model: str) -> ApiError:
-    return ApiError(
-        404,
-        f"The model `{model}` does not exist or has no worker registered.",
-        type="invalid_request_error",
-        param="model",
-        code="model_not_found",
-    )
-
-
-def service_unavailable(
-    message: str, *, code: str = "worker_unavailable", detail: str | None = None
-) -> ApiError:
-    return ApiError(503, message, type="service_unavailable_error", code=code, detail=detail)
 
 
 # -- requests -------------------------------------------------------------------------------

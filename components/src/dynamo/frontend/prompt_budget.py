@@ -1,10 +1,11 @@
 """What a request may cost its worker, decided before it is sent: the prompt cut as the client
 asked (``truncate_prompt_tokens``), the completion's ``max_tokens`` within the model's context
-(vLLM's rules and wording for the 400s), and which OpenAI field a worker's refusal is about."""
+(vLLM's rules and wording for the 400s), the ids a request names within the model's vocabulary,
+and which OpenAI field a worker's refusal is about."""
 
 from __future__ import annotations
 
-from dynamo.runtime.model_card import ModelCard
+from dynamo.runtime.model_card import ModelCard, out_of_vocabulary
 
 from . import openai_protocol as oai
 
@@ -125,3 +126,17 @@ def completion_too_long(
         param=param,
         code="context_length_exceeded",
     )
+
+
+def token_ids_within_vocabulary(req: oai._SamplingRequest, max_token_id: int) -> None:
+    """A 400 naming the first id of ``stop_token_ids``, ``logit_bias`` or ``allowed_token_ids``
+    that the model's vocabulary does not have (its largest id ``max_token_id``)."""
+    found = out_of_vocabulary(req.stop_token_ids or (), max_token_id)
+    if found is not None:
+        raise oai.invalid_request(found[1], param=f"stop_token_ids[{found[0]}]")
+    found = out_of_vocabulary([t for t, _ in req.logit_bias_pairs()], max_token_id)
+    if found is not None:
+        raise oai.invalid_request(found[1], param="logit_bias")
+    found = out_of_vocabulary(req.allowed_token_ids or (), max_token_id)
+    if found is not None:
+        raise oai.invalid_request(found[1], param=f"allowed_token_ids[{found[0]}]")

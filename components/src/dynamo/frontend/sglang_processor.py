@@ -53,6 +53,7 @@ from dynamo.runtime.model_card import ModelCard
 
 from .hf_processor import PLAIN, ModelFilesError, RenderOptions, rendering_errors
 from .output_parser import OutputParser, OutputParserFactory, OutputParsers, ParserRequest
+from .token_strings import SlowBackend
 
 # What --dyn-chat-processor sglang imports at start-up, before the freeze (keep in step with
 # the packages of scripts/setup_sglang_env.sh).
@@ -211,24 +212,7 @@ class SglangTokenizer:
     @property
     def backend(self) -> Any:
         backend = getattr(self._tokenizer, "backend_tokenizer", None)  # a fast tokenizer's
-        return _SlowBackend(self._tokenizer) if backend is None else backend
-
-
-class _SlowBackend:
-    """A slow (Python) transformers tokenizer with the ``tokenizers`` calls token strings make;
-    it has no pre-tokenizer config (no leading-space marker, as vLLM finds none)."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self._tokenizer = tokenizer
-
-    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
-        return str(self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
-
-    def id_to_token(self, token_id: int) -> str | None:
-        return self._tokenizer.convert_ids_to_tokens(token_id)
-
-    def to_str(self) -> str:
-        return "{}"
+        return SlowBackend(self._tokenizer) if backend is None else backend
 
 
 class SglangDetokenizer:
@@ -381,12 +365,8 @@ class SglangOutputParsers(OutputParsers):
         no tools or ``tool_choice`` ``none``). ``tools`` and ``tool_choice`` in OpenAI's shape;
         ``messages`` for the number of earlier tool calls (Kimi's call ids count them);
         ``stream`` as the request asks (a non-streamed one is parsed whole at the end)."""
-        tools, tool_choice, messages, stream = (
-            request.tools,
-            request.tool_choice,
-            request.messages,
-            request.stream,
-        )
+        tools, tool_choice, messages = request.tools, request.tool_choice, request.messages
+        stream = request.stream
         from sglang.srt.entrypoints.openai.protocol import Tool
         from sglang.srt.function_call.function_call_parser import FunctionCallParser
         from sglang.srt.function_call.json_array_parser import JsonArrayParser

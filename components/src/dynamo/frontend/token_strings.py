@@ -114,3 +114,21 @@ class TokenStrings:
                 common += 1
             return whole[common:]
         return ""
+
+
+class SlowBackend:
+    """A slow (Python) transformers tokenizer (the sglang processor may have one) with the
+    ``tokenizers`` calls token strings make; it has no pre-tokenizer config (no leading-space
+    marker, as vLLM finds none)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return str(self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self._tokenizer.convert_ids_to_tokens(token_id)
+
+    def to_str(self) -> str:
+        return "{}"
