@@ -116,7 +116,9 @@ def test_a_chats_echo_puts_the_last_messages_content_first_as_vllm(card, message
     _, events, _ = chat(card, stream=True, **fields)
     for index, chunks in by_choice(events).items():
         deltas = [choice["delta"] for _, choice in chunks]
-        assert deltas[0] == {"role": "assistant", "content": ""}
+        # vLLM's role: the last message's without a generation prompt, else the assistant's.
+        role = messages[-1]["role"] if fields.get("add_generation_prompt") is False else "assistant"
+        assert deltas[0] == {"role": role, "content": ""}
         if echoed:  # its own chunk, right after the role's
             assert deltas[1] == {"content": echoed}
         text = "".join(delta.get("content") or "" for delta in deltas)
