@@ -147,7 +147,10 @@ def test_streamed_choices_interleave_by_index_each_with_its_finish(card):
         assert mine[0]["delta"]["role"] == "assistant"
         text = "".join(c["delta"].get("content") or "" for c in mine)
         assert text == whole["choices"][index]["message"]["content"]
+        # The finish rides the last token's chunk (vLLM's shape), and nothing of the choice
+        # follows it (the reader runs ahead of the writer: "last" is read with each piece).
         assert [c["finish_reason"] for c in mine if c["finish_reason"]] == ["length"]
+        assert mine[-1]["finish_reason"] == "length" and mine[-1]["delta"].get("content")
     usage = [e for e in events if isinstance(e, dict) and e.get("usage")]
     assert usage[-1]["usage"]["completion_tokens"] == 2 * TOKENS and events[-1] == "[DONE]"
 
@@ -159,7 +162,29 @@ def test_each_choice_has_its_own_stop_and_finish_reason(card):
     assert status == 200, body
     reasons = [c["finish_reason"] for c in body["choices"]]
     assert reasons == ["stop", "stop", "length"]
+    # vLLM's stop_reason: the stop token id that ended the choice, null for length.
+    assert [c["stop_reason"] for c in body["choices"]] == [11, 11, None]
     assert body["usage"]["completion_tokens"] == 2 + 1 + TOKENS  # stop tokens counted (vLLM)
+    stop_at_11 = {"n": 3, "seed": 0, "stop_token_ids": [11], "ignore_eos": False}
+    _, events, _ = completion(card, stream=True, **stop_at_11)
+    ends = {
+        e["choices"][0]["index"]: e["choices"][0]
+        for e in events
+        if isinstance(e, dict) and e["choices"] and e["choices"][0]["finish_reason"]
+    }
+    ended = [(ends[i]["finish_reason"], ends[i]["stop_reason"]) for i in range(3)]
+    assert ended == [("stop", 11), ("stop", 11), ("length", None)]
+
+
+def test_the_models_eos_ends_a_choice_without_a_stop_reason(card):
+    """vLLM checks the model's EOS id before the stop ids: ending on it is ``stop`` with no
+    ``stop_reason``, even when the client listed it among its stop ids."""
+    eos_card = card.model_copy(update={"eos_token_ids": (11, 12)})
+    status, body, _ = completion(eos_card, n=3, seed=0, ignore_eos=False, stop_token_ids=[11])
+    assert status == 200, body
+    ended = [(c["finish_reason"], c["stop_reason"]) for c in body["choices"]]
+    # Choice 2 (12, 13, ...) ends on the card's second EOS id: vLLM's stop ids hold it.
+    assert ended == [("stop", None), ("stop", None), ("stop", 12)]
 
 
 def test_each_choice_has_its_own_logprobs(card):
@@ -273,12 +298,19 @@ def test_every_child_is_closed_when_the_client_goes_while_they_open(card, held):
         ({"n": 2, "best_of": 3}, "best_of"),
         ({"best_of": 2}, "best_of"),
         ({"n": 2, "seed": 2**63 - 1}, "seed"),
+        ({"n": 2, "temperature": 0}, "n"),  # vLLM: n must be 1 when using greedy sampling
+        ({"n": 3, "temperature": 1e-6}, "n"),
     ],
 )
 def test_the_bounds_of_n_and_best_of_are_400s_naming_the_field(card, fields, param):
     status, body, engine = completion(card, **fields)
     error = assert_openai_error(body, status, 400, param=param)
     assert param in error["message"] and engine.bodies == []
+
+
+def test_greedy_sampling_with_one_choice_or_an_unset_temperature_is_taken(card):
+    assert completion(card, temperature=0)[0] == 200
+    assert completion(card, n=2)[0] == 200  # the model's default temperature: not greedy here
 
 
 def test_best_of_equal_to_n_asks_for_nothing(card):

@@ -616,10 +616,12 @@ def test_a_stop_string_ends_the_completion_before_it_and_never_leaks(
         assert not any("f" in piece for piece in pieces)  # not even the start of "fox"
         finish = [e for e in body if isinstance(e, dict) and e["choices"]][-1]
         assert finish["choices"][0]["finish_reason"] == "stop"
+        assert finish["choices"][0]["stop_reason"] == "fox"  # vLLM's: the stop string found
         usage = body[-2]["usage"]
     else:
         assert body["choices"][0]["message"]["content"] == "The quick brown "
         assert body["choices"][0]["finish_reason"] == "stop"
+        assert body["choices"][0]["stop_reason"] == "fox"
         usage = body["usage"]
     # The model's tokens up to the one that completed "fox".
     upto = len(processor.encode_completion("The quick brown fox"))

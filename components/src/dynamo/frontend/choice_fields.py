@@ -13,6 +13,9 @@ from pydantic import BaseModel, Field, StrictInt, model_validator
 from .openai_fields import FieldRefused
 
 MAX_N = 16
+# Below this temperature vLLM samples greedily (vllm/sampling_params.py's _SAMPLING_EPS), and
+# refuses n > 1: n greedy choices would be n copies of one.
+GREEDY_BELOW = 1e-5
 # The largest seed vLLM takes (a C long): seed + n - 1 must fit.
 MAX_SEED = 2**63 - 1
 
@@ -35,6 +38,13 @@ class ChoicesFields(BaseModel):
                 "n",
                 f"`n` must be at most {MAX_N} on this server (each choice is a request to the "
                 "model's engine)",
+                "invalid_value",
+            )
+        temperature = getattr(self, "temperature", None)
+        if self.choices > 1 and temperature is not None and temperature < GREEDY_BELOW:
+            raise FieldRefused(
+                "n",
+                f"`n` must be 1 when using greedy sampling (temperature 0), got {self.choices}",
                 "invalid_value",
             )
         if self.best_of is not None and self.best_of != self.choices:

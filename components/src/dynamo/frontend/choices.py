@@ -55,6 +55,7 @@ class Choice:
     pieces: list[str]
     # vLLM's prompt_logprobs (a whole response's, when asked for).
     prompt: list[dict[str, dict[str, Any]] | None] | None = None
+    finished: bool = False  # its stream's finishing chunk was sent
 
     def shown_logprobs(self) -> dict[str, Any] | None:
         """The logprobs of the tokens counted since the last call, in the endpoint's shape."""
@@ -118,35 +119,39 @@ async def _finish(closing: Coroutine[Any, Any, None]) -> None:
 
 
 @contextlib.asynccontextmanager
-async def merged(choices: Sequence[Choice]) -> AsyncIterator[AsyncIterator[tuple[Choice, str]]]:
-    """The choices' text pieces as they come, ``(choice, piece)``, with ``(choice, None)`` once
-    a choice is done; the first failure (WorkerUnavailable, a stream that ended) is raised.
-    Leaving the context stops every reader before the caller closes the streams."""
+async def merged(
+    choices: Sequence[Choice],
+) -> AsyncIterator[AsyncIterator[tuple[Choice, str | None, bool]]]:
+    """The choices' text pieces as they come, ``(choice, piece, last)`` (``last``: the output
+    ends with this piece), with ``(choice, None, True)`` once a choice is done; the first
+    failure (WorkerUnavailable, a stream that ended) is raised. Leaving the context stops every
+    reader before the caller closes the streams."""
     if len(choices) == 1:  # no reader task: the one stream is read where it is consumed
         async with contextlib.aclosing(_single(choices[0])) as single:
             yield single
         return
-    queue: asyncio.Queue[tuple[Choice, str | None, Exception | None]] = asyncio.Queue(
+    queue: asyncio.Queue[tuple[Choice, str | None, bool, Exception | None]] = asyncio.Queue(
         maxsize=2 * len(choices)
     )
 
     async def read(choice: Choice) -> None:
         try:
             async for piece in choice.generation.pieces():
-                await queue.put((choice, piece, None))
+                # Whether it is the last is read now: the reader runs ahead of the consumer.
+                await queue.put((choice, piece, _ended(choice), None))
         except Exception as exc:  # noqa: BLE001 - the consumer raises it (see the docstring)
-            await queue.put((choice, None, exc))
+            await queue.put((choice, None, True, exc))
         else:
-            await queue.put((choice, None, None))
+            await queue.put((choice, None, True, None))
 
-    async def consume() -> AsyncGenerator[tuple[Choice, Any], None]:
+    async def consume() -> AsyncGenerator[tuple[Choice, str | None, bool], None]:
         done = 0
         while done < len(choices):
-            choice, piece, failure = await queue.get()
+            choice, piece, last, failure = await queue.get()
             if failure is not None:
                 raise failure
             done += piece is None
-            yield choice, piece
+            yield choice, piece, last
 
     readers = [asyncio.ensure_future(read(choice)) for choice in choices]
     try:
@@ -158,10 +163,16 @@ async def merged(choices: Sequence[Choice]) -> AsyncIterator[AsyncIterator[tuple
         await asyncio.gather(*readers, return_exceptions=True)
 
 
-async def _single(choice: Choice) -> AsyncGenerator[tuple[Choice, Any], None]:
+async def _single(choice: Choice) -> AsyncGenerator[tuple[Choice, str | None, bool], None]:
     async for piece in choice.generation.pieces():
-        yield choice, piece
-    yield choice, None
+        yield choice, piece, _ended(choice)
+    yield choice, None, True
+
+
+def _ended(choice: Choice) -> bool:
+    """Whether the piece the choice's generation just yielded is its output's last (it sets
+    its finish reason before yielding that one)."""
+    return choice.generation.finish_reason is not None
 
 
 def usage(choices: Sequence[Choice]) -> dict:
@@ -213,6 +224,7 @@ def whole_body(responder: Responder, choices: Sequence[Choice]) -> dict:
             body["prompt_logprobs"] = choice.prompt
         if choice.generation.token_ids is not None:  # return_token_ids
             body["token_ids"] = choice.generation.token_ids
+        body["stop_reason"] = choice.generation.stop_reason  # vLLM's, null when none
         bodies.append(body)
     whole = responder.envelope(responder.OBJECT, bodies, usage(choices))
     if choices[0].prompt is not None and isinstance(responder, ChatResponder):
@@ -220,23 +232,41 @@ def whole_body(responder: Responder, choices: Sequence[Choice]) -> dict:
     return whole
 
 
-def choice_chunks(responder: Responder, choice: Choice, piece: str | None) -> list[dict]:
-    """The chunks of one choice's piece of text (None: the choice is done: what its parser
-    held back, then its finish)."""
-    parsed, index = choice.parsed, choice.index
-    if piece is None:
-        chunks = parsed.closing_chunks() if parsed is not None else []
-        reason = choice.generation.finish_reason or "stop"
-        if parsed is not None:
-            reason = parsed.finish_reason(reason)
-        return [*chunks, with_ids(responder.finish(reason, index), choice.generation)]
+def choice_chunks(
+    responder: Responder, choice: Choice, piece: str | None, last: bool = False
+) -> list[dict]:
+    """The chunks of one choice's piece of text (``last``: the output ends with it; None: the
+    choice is done). The output's end (what the parser held back, then the finish reason and
+    stop reason) rides the last piece's chunk, as vLLM sends it; a chunk of its own when that
+    piece showed nothing."""
+    if choice.finished:
+        return []
+    chunks = [] if piece is None else _piece_chunks(responder, choice, piece)
+    if piece is not None and not last:
+        return chunks
+    choice.finished = True
+    parsed, generation = choice.parsed, choice.generation
+    if parsed is not None:
+        chunks += parsed.closing_chunks()
+    reason = generation.finish_reason or "stop"
+    if parsed is not None:
+        reason = parsed.finish_reason(reason)
+    if not chunks:
+        chunks = [with_ids(responder.finish(reason, choice.index), generation)]
+    ending = chunks[-1]["choices"][0]
+    ending["finish_reason"], ending["stop_reason"] = reason, generation.stop_reason
+    return chunks
+
+
+def _piece_chunks(responder: Responder, choice: Choice, piece: str) -> list[dict]:
     shown = choice.shown_logprobs()
     ids = choice.generation.take_token_ids()  # None unless return_token_ids
     if not piece and not shown and not ids:
         return []
-    chunk = responder.piece(piece, index) if parsed is None else parsed.chunk(piece)
+    parsed = choice.parsed
+    chunk = responder.piece(piece, choice.index) if parsed is None else parsed.chunk(piece)
     if chunk is None and (shown or ids):  # held back by the parser: they go all the same
-        chunk = responder.piece("", index)
+        chunk = responder.piece("", choice.index)
     return [] if chunk is None else [with_ids(attach(chunk, shown), choice.generation, ids)]
 
 

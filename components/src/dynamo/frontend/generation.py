@@ -49,6 +49,7 @@ class Generation:
         prompt_ids: Sequence[int] = (),
         keep_token_ids: bool = False,
         echo_only: bool = False,
+        eos_ids: Sequence[int] = (),
     ) -> None:
         self._echo = echo  # the prompt's text, first in the output (a completion's ``echo``)
         # echo with max_tokens 0: the generated token is counted, not shown (vLLM's answer).
@@ -62,11 +63,17 @@ class Generation:
         self._include_stop = include_stop_str_in_output
         self._sampling = sampling
         self._stop_ids = frozenset(sampling.stop_token_ids)
+        # The model's own end-of-sequence id (the card's first EOS id, the tokenizer's), which
+        # vLLM checks before the stop ids: ending on it gives no stop_reason.
+        self._eos_id = None if sampling.ignore_eos or not eos_ids else eos_ids[0]
         self.prompt_tokens = prompt_tokens
         self._first = first
         self._stream = stream
         self.completion_tokens = 0
         self.finish_reason: str | None = None
+        # vLLM's stop_reason: the stop string or the request's stop token id that ended the
+        # output (None for the end-of-sequence token and for length).
+        self.stop_reason: str | int | None = None
         # The logprobs of the tokens counted since the last take_logprobs (when asked for):
         # every counted token's, the stop token's too, as vLLM reports them.
         self._logprobs: list[tuple[int, LogprobPosition | None]] = []
@@ -128,6 +135,7 @@ class Generation:
                         pieces.append(self._stops.feed(text, check=False))
                     pieces.append(self._end())
                     self.finish_reason = "stop"
+                    self.stop_reason = None if token_id == self._eos_id else token_id
                     yield "".join(pieces)
                     return
                 text = self._detokenizer.add((token_id,))
@@ -135,22 +143,30 @@ class Generation:
                 check = self.completion_tokens > self._sampling.min_tokens
                 pieces.append(self._stops.feed(text, check=check))
                 if self._stops.stopped:
-                    self.finish_reason = "stop"
+                    self._stopped_by_string()
                     yield "".join(pieces)
                     return
                 reason = self._limit()
                 if reason is not None:
                     pieces.append(self._end())
-                    self.finish_reason = "stop" if self._stops.stopped else reason
+                    self.finish_reason = reason
+                    self._stopped_by_string()
                     yield "".join(pieces)
                     return
             if isinstance(item, Finish):
                 pieces.append(self._end())
-                self.finish_reason = "stop" if self._stops.stopped else item.finish_reason
+                self.finish_reason = item.finish_reason
+                self._stopped_by_string()
                 yield "".join(pieces)
                 return
             yield "".join(pieces)
             item = await self._stream.__anext__()
+
+    def _stopped_by_string(self) -> None:
+        """A stop string found in the text (the one held back, at the end, too) ends the output
+        whatever else did: ``stop``, the string its reason."""
+        if self._stops.stopped:
+            self.finish_reason, self.stop_reason = "stop", self._stops.matched
 
     def _stop_token(self, token_id: int) -> bool:
         """Whether the token just counted is a stop token that ends the completion, as vLLM

@@ -313,7 +313,7 @@ class FrontendService:
                         skip_special_tokens=req.skip_special_tokens is not False,
                         spaces_between_special_tokens=req.spaces_between_special_tokens,
                         include_stop_str_in_output=req.include_stop_str_in_output is True,
-                        echo=echo, prompt_ids=prompt_ids,
+                        echo=echo, prompt_ids=prompt_ids, eos_ids=entry.card.eos_token_ids,
                         keep_token_ids=req.returns_token_ids(parser is not None),
                         echo_only=getattr(req, "echo_only", False),
                     )  # fmt: skip
@@ -384,7 +384,7 @@ class FrontendService:
     ) -> web.Response:
         try:
             async with merged(choices) as pieces:
-                async for choice, piece in pieces:
+                async for choice, piece, _ in pieces:
                     track.tokens(sum(c.generation.completion_tokens for c in choices))
                     if piece is not None:
                         choice.pieces.append(piece)
@@ -410,9 +410,9 @@ class FrontendService:
                 await send_event(response, opening)
             try:
                 async with merged(choices) as pieces:
-                    async for choice, piece in pieces:
+                    async for choice, piece, last in pieces:
                         track.tokens(sum(c.generation.completion_tokens for c in choices))
-                        for chunk in choice_chunks(responder, choice, piece):
+                        for chunk in choice_chunks(responder, choice, piece, last):
                             await send_event(response, chunk)
                 if include_usage:
                     await send_event(response, responder.usage(usage(choices)))

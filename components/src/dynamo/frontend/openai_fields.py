@@ -172,9 +172,14 @@ RULES: tuple[FieldRule, ...] = (
         "n",
         "n choices, each a request to the engine with the seed seed + index (vLLM's parallel "
         "sampling), streamed interleaved by index; usage counts the prompt once; at most 16 "
-        "(this server's bound: vLLM has none), refused by name above",
+        "(this server's bound: vLLM has none), refused by name above and above 1 with "
+        "temperature 0 (vLLM's rule: greedy choices would be one answer n times)",
     ),
-    applied("stop", "matched on the detokenized text by the frontend; never in the output"),
+    applied(
+        "stop",
+        "matched on the detokenized text by the frontend; never in the output; the string "
+        "found is the choice's stop_reason, as in vLLM",
+    ),
     applied("stream", "server-sent events, as vLLM sends them"),
     applied(
         "stream_options",
@@ -184,7 +189,8 @@ RULES: tuple[FieldRule, ...] = (
     applied(
         "stop_token_ids",
         "end the completion as the EOS ids do (finish_reason stop, the id's text not in the "
-        "output), as in vLLM; at most 64, each within the model's vocabulary",
+        "output; the id is the choice's stop_reason, as in vLLM); at most 64, each within the "
+        "model's vocabulary",
     ),
     applied(
         "skip_special_tokens",
@@ -294,7 +300,8 @@ RULES: tuple[FieldRule, ...] = (
         "echo",
         "true: the last message's content first in each choice's content when the answer "
         "continues its role (the last message is the assistant's, or add_generation_prompt is "
-        "false), whole and as a chunk after the role's, as in vLLM",
+        "false), whole and as a chunk after the role's, as in vLLM (whose whole answer also "
+        "carries the prompt's logprobs unasked: here only when prompt_logprobs asks)",
         (CHAT,),
     ),
     applied(

@@ -51,13 +51,14 @@ def render() -> str:
         "(`code` `unknown_parameter`, `param` the field).",
         "",
         "The answers are vLLM's own server's, field by field, whole and streamed "
-        "(tests/vllm/test_vllm_conformance.py sends both the same requests), except: no "
-        "`system_fingerprint`; none of vLLM's response extensions that the refused fields ask "
-        "for (`token_ids`, `prompt_token_ids`, `prompt_logprobs`, `kv_transfer_params`); "
-        "no `stop_reason` yet; a stream's `finish_reason` comes in a chunk of its own after "
-        "the last text (as OpenAI's server sends it; vLLM puts it in the last text's chunk); "
-        "`n` > 1 under greedy decoding is answered (vLLM refuses it); error messages are worded "
-        "differently (the same status; ours always names the field in `param`).",
+        "(tests/vllm/test_vllm_conformance.py sends both the same requests), `stop_reason` "
+        "and a stream's finish on its last text's chunk included, except: no "
+        "`system_fingerprint`; no `kv_transfer_params` (refused); a chat's `echo` returns no "
+        "`prompt_logprobs` unless asked (vLLM's does); a streamed completion's "
+        "`stop_reason` is on its finishing chunk only (vLLM also sends it, null, on the others); "
+        "completions without `max_tokens` may use the rest of the context (vLLM stops them at "
+        "16); error messages are worded differently (the same status; ours always names the "
+        "field in `param`).",
     ]
     for endpoint, path in _ENDPOINTS:
         lines += ["", f"## `{path}`", "", "| field | treatment | accepted values | why |"]

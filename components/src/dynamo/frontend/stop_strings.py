@@ -21,6 +21,7 @@ class StopStringMatcher:
         self._longest = max((len(s) for s in self._stops), default=0)
         self._pending = ""  # text not yet sent: it may be the start of a stop string
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the output
 
     def feed(self, text: str, *, check: bool = True) -> str:
         """The part of ``text`` (plus what was held) that is safe to send now.
@@ -42,6 +43,7 @@ class StopStringMatcher:
         if found:
             cut, minus_length = min(found)  # the earliest; at one place, the longest
             self.stopped = True
+            self.matched = window[cut : cut - minus_length]
             self._pending = ""
             return window[: cut - minus_length if self._include else cut]
         hold = self._partial_match_length(window)
