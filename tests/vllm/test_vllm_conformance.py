@@ -3,10 +3,10 @@ on real vLLM), both on the tiny model, get the same requests through the officia
 client, and their answers must agree field by field, whole and streamed (the chunks joined).
 
 Greedy decoding (temperature 0) makes the two answers one; a seed does where sampling matters
-(``n`` > 1). What differs on purpose is named in :data:`IGNORED_KEYS` (with why) and in the
-cases' own ``xfail`` reasons; a field our server refuses by name is checked to be a 400 naming
-it (:data:`REFUSED`). Cost: one vLLM server and one pair for the module, the suite's CPU
-settings (bench_common.VLLM_ARGS), about twenty short requests per side.
+(``n`` > 1). What differs on purpose is named in :data:`IGNORED_KEYS` (with why) and checked
+by the tests named "as documented"; a field our server refuses by name is
+checked to be a 400 naming it (:data:`REFUSED`). Cost: one vLLM server and one pair for the
+module, the suite's CPU settings (bench_common.VLLM_ARGS), about thirty short requests a side.
 """
 
 from __future__ import annotations
@@ -35,12 +35,7 @@ IGNORED_KEYS = {
     "id",  # a fresh id per request on each server (chatcmpl-/cmpl-<uuid>)
     "created",  # each server's clock
     "system_fingerprint",  # vLLM names its build (vllm-<version>-<hash>); ours sets none
-    # vLLM's extensions to the response, which our server does not return (docs/openai-fields.md:
-    # return_token_ids, prompt_logprobs, kv_transfer_params refused by name): the prompt's and
-    # the completion's token ids, prompt logprobs, disaggregation parameters.
-    "prompt_token_ids",
-    "token_ids",
-    "prompt_logprobs",
+    # vLLM's disaggregation parameters (kv_transfer_params is refused by name here).
     "kv_transfer_params",
     "service_tier",  # OpenAI's, accepted without effect (vLLM answers null)
 }
@@ -51,17 +46,12 @@ def _chat(content: str = "Tell me about snow and ice.") -> dict:
 
 
 PROMPT = {"prompt": "The quick brown fox"}
+CONTINUED = {  # a chat whose answer continues the assistant's last message
+    "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Well,"}],
+    "add_generation_prompt": False, "continue_final_message": True,
+}  # fmt: skip
 GREEDY = {"temperature": 0, "max_tokens": 10}
 CHAT, COMPLETION = "chat", "completion"
-
-# vLLM's choices carry stop_reason (its extension: the stop string or the client's stop token id
-# that ended the completion; null for EOS and length). Ours never do; the choice bodies are
-# built in frontend/choices.py (resp2's work in progress).
-NO_STOP_REASON = pytest.mark.xfail(
-    strict=True,
-    reason="choices[].stop_reason (the matched stop string or stop_token_ids id) missing from "
-    "ours; vLLM returns it whole and streamed; built in frontend/choices.py (resp2)",
-)
 
 
 def _case(name: str, endpoint: str, body: dict, *marks) -> Any:
@@ -74,6 +64,10 @@ CASES = [
     _case("completion-plain", COMPLETION, {**PROMPT, **GREEDY}),
     _case("chat-max-tokens-1", CHAT, {**_chat(), "temperature": 0, "max_tokens": 1}),
     _case("chat-logprobs", CHAT, {**_chat(), **GREEDY, "logprobs": True, "top_logprobs": 3}),
+    _case("completion-prompt-logprobs-0", COMPLETION, {**PROMPT, **GREEDY, "prompt_logprobs": 0}),
+    _case("chat-return-token-ids", CHAT, {**_chat(), **GREEDY, "return_token_ids": True}),
+    _case("completion-return-token-ids", COMPLETION,
+          {**PROMPT, **GREEDY, "return_token_ids": True}),
     _case("completion-logprobs", COMPLETION, {**PROMPT, **GREEDY, "logprobs": 3}),
     _case("completion-echo", COMPLETION, {**PROMPT, **GREEDY, "echo": True}),
     # echo with max_tokens 0: the prompt alone, with its logprobs (evaluation harnesses score
@@ -88,6 +82,9 @@ CASES = [
     # The trailing id of choice 1 (seed 4) is half a character: vLLM drops it from the text.
     _case("completion-n-best-of-seed", COMPLETION,
           {**PROMPT, "temperature": 1.0, "seed": 3, "n": 2, "best_of": 2, "max_tokens": 10}),
+    # echo: the last message's content first, when the answer continues its role (vLLM then
+    # returns the prompt's logprobs unasked: ours when asked, see the test below).
+    _case("chat-echo", CHAT, {**CONTINUED, **GREEDY, "echo": True, "prompt_logprobs": 0}),
     # Without a generation prompt the answer takes the last message's role (vLLM's rule).
     _case("chat-no-generation-prompt", CHAT, {**_chat(), **GREEDY, "add_generation_prompt": False}),
     _case("chat-continue-final-message", CHAT,
@@ -120,13 +117,19 @@ CASES = [
            "structured_outputs": {"choice": ["snow", "ice", "water"]}}),
 ]  # fmt: skip
 
+# Answered whole only: vLLM's prompt_logprobs above 0 are refused when streaming (by both).
+WHOLE_ONLY = [
+    _case("chat-prompt-logprobs", CHAT, {**_chat(), **GREEDY, "prompt_logprobs": 2}),
+    _case("completion-prompt-logprobs", COMPLETION, {**PROMPT, **GREEDY, "prompt_logprobs": 1}),
+    _case("completion-prompt-logprobs-echo", COMPLETION,
+          {**PROMPT, **GREEDY, "prompt_logprobs": 2, "echo": True, "logprobs": 1}),
+]  # fmt: skip
+
 # Refused by name here, answered by vLLM: (endpoint, field, value) (docs/openai-fields.md says
 # why for each).
 REFUSED = [
-    (CHAT, "prompt_logprobs", 1),
-    (COMPLETION, "prompt_logprobs", 1),
     (COMPLETION, "use_beam_search", True),
-    (CHAT, "echo", True),
+    (COMPLETION, "kv_transfer_params", {"do_remote_prefill": False}),
 ]
 
 # Refused by both servers: (endpoint, body, the field our 400 names).
@@ -135,12 +138,10 @@ REFUSED_BY_BOTH = [
                  id="max-tokens-past-the-context"),
     pytest.param(COMPLETION, {**PROMPT, "temperature": 0, "max_tokens": 0}, "max_tokens",
                  id="max-tokens-0-without-echo"),
-    # vLLM's SamplingParams: "n must be 1 when using greedy sampling". Ours makes n greedy
-    # children (each n=1, so vLLM never sees n) and answers n equal choices. The check belongs
-    # with n's others in frontend/choice_fields.py (resp2's work in progress).
-    pytest.param(CHAT, {**_chat(), **GREEDY, "n": 2}, "n", id="n-greedy", marks=pytest.mark.xfail(
-        strict=True, reason="n > 1 with temperature 0: vLLM 400 (n must be 1 when using greedy "
-        "sampling), ours 200 with n equal choices; frontend/choice_fields.py (resp2)")),
+    # vLLM's SamplingParams: "n must be 1 when using greedy sampling".
+    pytest.param(CHAT, {**_chat(), **GREEDY, "n": 2}, "n", id="n-greedy"),
+    pytest.param(CHAT, {**_chat(), **GREEDY, "prompt_logprobs": 1, "stream": True},
+                 "prompt_logprobs", id="prompt-logprobs-streamed"),
 ]  # fmt: skip
 
 # The fields the client's create() takes as arguments, by endpoint; the rest go in extra_body.
@@ -273,6 +274,22 @@ def test_the_same_answer_as_vllms_server(clients, endpoint, body, stream):
     assert_same(answer(ours, endpoint, body), answer(theirs, endpoint, body))
 
 
+@pytest.mark.parametrize(("endpoint", "body"), WHOLE_ONLY)
+def test_the_same_whole_answer_as_vllms_server(clients, endpoint, body):
+    ours, theirs = clients
+    assert_same(whole(ours, endpoint, body), whole(theirs, endpoint, body))
+
+
+def test_a_chats_echo_returns_the_prompts_logprobs_only_when_asked_as_documented(clients):
+    """On purpose (docs/openai-fields.md, echo): vLLM's chat echo also asks its engine for the
+    prompt's logprobs (top_logprobs of them) and returns them unasked; ours returns them when
+    prompt_logprobs asks (the case chat-echo above), not otherwise."""
+    ours, theirs = clients
+    body = {**CONTINUED, **GREEDY, "echo": True}
+    assert whole(theirs, CHAT, body).get("prompt_logprobs")
+    assert whole(ours, CHAT, body).get("prompt_logprobs") is None
+
+
 def _middle(text: str) -> str:
     return text[len(text) // 2 : len(text) // 2 + 2]
 
@@ -287,12 +304,11 @@ def _word(text: str) -> str:
 # must then end on a stop: a stop string and a stop token inside it, a bias and an allow-list
 # that change it, a banned word of it.
 DERIVED = [
-    pytest.param(lambda text, ids: {"stop": [_middle(text)]}, True, id="stop",
-                 marks=NO_STOP_REASON),
+    pytest.param(lambda text, ids: {"stop": [_middle(text)]}, True, id="stop"),
     pytest.param(lambda text, ids: {"stop": [_middle(text)], "include_stop_str_in_output": True},
-                 True, id="stop-included", marks=NO_STOP_REASON),
+                 True, id="stop-included"),
     pytest.param(lambda text, ids: {"stop_token_ids": [ids[len(ids) // 2]]}, True,
-                 id="stop-token-ids", marks=NO_STOP_REASON),
+                 id="stop-token-ids"),
     pytest.param(lambda text, ids: {"logit_bias": {str(ids[0] + 1): 100}}, False,
                  id="logit-bias"),
     pytest.param(lambda text, ids: {"allowed_token_ids": [ids[-1], ids[-1] + 1, ids[-1] + 2]},
@@ -344,20 +360,16 @@ def test_a_field_we_refuse_is_a_400_naming_it_where_vllm_answers(clients, endpoi
 @pytest.mark.parametrize(("endpoint", "body", "field"), REFUSED_BY_BOTH)
 def test_what_vllm_refuses_is_a_400_naming_the_field(clients, endpoint, body, field):
     ours, theirs = clients
+    body = dict(body)
+    stream = body.pop("stream", False)
     with pytest.raises(openai.BadRequestError):
-        whole(theirs, endpoint, body)
+        call(theirs, endpoint, body, stream=stream)
     with pytest.raises(openai.BadRequestError) as raised:
-        whole(ours, endpoint, body)
+        call(ours, endpoint, body, stream=stream)
     error = raised.value.body
     assert isinstance(error, dict) and error.get("param") == field, error
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="streamed finish_reason: vLLM sends it on the last token's chunk, ours on a chunk of "
-    "its own after it (empty delta / text, as OpenAI's server does); built in "
-    "frontend/choices.py (resp2)",
-)
 @pytest.mark.parametrize("endpoint", [CHAT, COMPLETION])
 def test_the_finish_reason_rides_the_last_tokens_chunk_as_in_vllm(clients, endpoint):
     """Chunk boundaries are otherwise free (the tests above join them): this is the one shape
