@@ -147,7 +147,9 @@ def test_n_choices_from_vllm_differ_and_are_vllms_children(pair):  # noqa: F811
 
 def test_n_streamed_choices_with_logprobs_from_vllm(pair):  # noqa: F811
     url, _ = pair
-    body = {**GREEDY, "messages": MESSAGES, "n": 2, "logprobs": True, "top_logprobs": 1}
+    # Seeded (n > 1 under greedy sampling is refused, as vLLM refuses it): the same each time.
+    body = {**GREEDY, "temperature": 1.0, "seed": 5, "messages": MESSAGES, "n": 2,
+            "logprobs": True, "top_logprobs": 1}  # fmt: skip
     whole = post(url + "/v1/chat/completions", body)
     chunks = stream(url + "/v1/chat/completions", body)
     for index in (0, 1):
@@ -157,6 +159,7 @@ def test_n_streamed_choices_with_logprobs_from_vllm(pair):  # noqa: F811
         tokens = [e["token"] for c in mine if c.get("logprobs") for e in c["logprobs"]["content"]]
         assert tokens == [e["token"] for e in whole["choices"][index]["logprobs"]["content"]]
         assert [c["finish_reason"] for c in mine if c["finish_reason"]] == ["length"]
+        assert mine[-1]["finish_reason"] == "length"  # on the last token's chunk, as vLLM
 
 
 def test_a_worker_whose_vllm_allows_fewer_logprobs_refuses_more_naming_the_field(
@@ -192,7 +195,8 @@ def test_prompt_logprobs_from_vllm_in_both_endpoints(pair):  # noqa: F811 - the 
     url, model = pair
     prompt = "The quick brown fox"
     ids = tiny_processor(model).encode_completion(prompt)
-    body = {**GREEDY, "prompt": prompt, "prompt_logprobs": 2, "n": 2}
+    body = {**GREEDY, "temperature": 1.0, "seed": 5, "prompt": prompt, "prompt_logprobs": 2,
+            "n": 2}  # fmt: skip
     answer = post(url + "/v1/completions", body)
     assert "prompt_logprobs" not in answer
     first, second = (c["prompt_logprobs"] for c in answer["choices"])
