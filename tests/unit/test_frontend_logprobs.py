@@ -222,6 +222,8 @@ def _item(**fields) -> bytes:
         (_item(logprobs=[[[5, -1.0], [6, -2.0], [7, -3.0]]]), "more than the 1 asked for"),
         (_item(logprobs=[[[6, -1.0]]]), "not the sampled id"),
         (_item(logprobs=[[[5, -1.0], [10**6, -2.0]]]), "outside the model's vocabulary"),
+        # The frontend ranks alternatives by their order: vLLM's top k, best first, each once.
+        (_item(logprobs=[[[5, -1.0], [5, -1.0]]]), "repeated or out of rank order"),
         (_item(logprobs=[[[5, -1.0]], [[5, -1.0]]]), "2 logprob position(s) for 1 id(s)"),
         (_item(), "without the logprobs asked for"),
         (_item(logprobs=[[[5, -1.0]] * 22]), "invalid item"),  # over MAX_LOGPROBS + 1
@@ -230,6 +232,23 @@ def _item(**fields) -> bytes:
 def test_a_worker_sending_bad_logprobs_breaks_the_wire_format(line, words):
     with pytest.raises(WorkerProtocolError, match=words.replace("(", r"\(").replace(")", r"\)")):
         parse_item(line, max_token_id=1000, logprobs=1)
+
+
+@pytest.mark.parametrize(
+    "position",
+    [
+        [[5, -1.0], [7, -0.5], [7, -0.5]],  # an alternative twice
+        [[5, -1.0], [7, -2.0], [8, -0.5]],  # the second alternative better than the first
+    ],
+)
+def test_alternatives_repeated_or_out_of_rank_order_break_the_wire_format(position):
+    with pytest.raises(WorkerProtocolError, match="repeated or out of rank order"):
+        parse_item(_item(logprobs=[position]), max_token_id=1000, logprobs=2)
+
+
+def test_alternatives_in_rank_order_ties_included_are_taken():
+    for position in ([[5, -3.0], [7, -0.5], [8, -0.5], [9, -9999.0]], [[5, -0.1]]):
+        assert parse_item(_item(logprobs=[position]), max_token_id=1000, logprobs=3)
 
 
 PROMPT = PromptLogprobs(token_ids=(3, 4, 5), alternatives=1)

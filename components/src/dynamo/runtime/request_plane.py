@@ -305,13 +305,17 @@ def _check_position(
         raise WorkerProtocolError(
             f"worker sent {len(position) - 1} logprob alternatives, more than the {asked} asked for"
         )
-    if max_token_id is not None:
-        for alternative, _ in position:
-            if alternative > max_token_id:
-                raise WorkerProtocolError(
-                    f"worker sent a logprob for token id {alternative}, outside the "
-                    f"model's vocabulary (largest id {max_token_id})"
-                )
+    ids = [alternative for alternative, _ in position]
+    if max_token_id is not None and max(ids) > max_token_id:
+        raise WorkerProtocolError(
+            f"worker sent a logprob for token id {max(ids)}, outside the model's vocabulary "
+            f"(largest id {max_token_id})"
+        )
+    # vLLM's alternatives are its top k, best first, each id once: the frontend ranks them by
+    # their order, so any other order or a repeated id would be a quietly wrong answer.
+    ranked = [logprob for _, logprob in position[1:]]
+    if len(set(ids)) != len(ids) or ranked != sorted(ranked, reverse=True):
+        raise WorkerProtocolError("worker sent logprob alternatives repeated or out of rank order")
 
 
 def _refusal(status: int, text: str) -> RequestRefused | None:
