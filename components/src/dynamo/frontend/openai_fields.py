@@ -281,9 +281,6 @@ RULES: tuple[FieldRule, ...] = (
             "repetition_penalty",
         )
     ),
-    # -- accepted without effect -----------------------------------------------------------
-    no_effect("user", "OpenAI's end-user id for abuse monitoring; vLLM ignores it too"),
-    # -- refused: what this server does not honour (yet) -----------------------------------
     applied(
         "prompt_logprobs",
         "each prompt token's log probability and that many alternatives (0 to 20, vLLM's "
@@ -292,10 +289,6 @@ RULES: tuple[FieldRule, ...] = (
         "prompt_logprobs, in each completion choice's; refused with stream above 0 (vLLM's "
         "rule); the mock engine refuses it by name",
     ),
-    refused("logprob_token_ids", "logprobs of chosen token ids are " + _NOT_YET),
-    refused("thinking_token_budget", "reasoning controls are " + _NOT_YET),
-    refused("use_beam_search", "beam search is " + _NOT_YET, False),
-    refused("length_penalty", "a beam-search setting; beam search is " + _NOT_YET, 1.0, 1),
     applied(
         "echo",
         "true: the last message's content first in each choice's content when the answer "
@@ -310,6 +303,13 @@ RULES: tuple[FieldRule, ...] = (
         "given or truncated), whole and in the first streamed chunk, as in vLLM",
         (COMPLETION,),
     ),
+    # -- accepted without effect -----------------------------------------------------------
+    no_effect("user", "OpenAI's end-user id for abuse monitoring; vLLM ignores it too"),
+    # -- refused: what this server does not honour (yet) -----------------------------------
+    refused("logprob_token_ids", "logprobs of chosen token ids are " + _NOT_YET),
+    refused("thinking_token_budget", "reasoning controls are " + _NOT_YET),
+    refused("use_beam_search", "beam search is " + _NOT_YET, False),
+    refused("length_penalty", "a beam-search setting; beam search is " + _NOT_YET, 1.0, 1),
     refused("suffix", "suffixes are not supported (nor by vLLM)", endpoints=(COMPLETION,)),
     refused(
         "chat_template",
