@@ -316,3 +316,20 @@ def test_greedy_sampling_with_one_choice_or_an_unset_temperature_is_taken(card):
 def test_best_of_equal_to_n_asks_for_nothing(card):
     status, body, _ = completion(card, n=2, best_of=2)
     assert status == 200 and len(body["choices"]) == 2
+
+
+def test_an_echo_only_stream_finishes_on_the_echoed_prompts_chunk(card):
+    """vLLM (echo, max_tokens 0) streams one chunk: the prompt, with finish_reason length."""
+    status, events, _ = completion(card, stream=True, echo=True, max_tokens=0)
+    assert status == 200
+    chunks = [e for e in events if isinstance(e, dict) and e["choices"]]
+    assert len(chunks) == 1, chunks
+    assert chunks[0]["choices"][0]["text"] == "hello"
+    assert chunks[0]["choices"][0]["finish_reason"] == "length"
+
+
+def test_every_streamed_completion_chunk_has_a_stop_reason(card):
+    """vLLM's completion chunks set stop_reason on each (null until the end), as logprobs."""
+    status, events, _ = completion(card, stream=True)
+    chunks = [e["choices"][0] for e in events if isinstance(e, dict) and e["choices"]]
+    assert all("stop_reason" in c for c in chunks), chunks

@@ -110,13 +110,16 @@ class Generation:
     async def pieces(self) -> AsyncIterator[str]:
         """The completion's text, piece by piece (an empty piece carries nothing), after the
         echoed prompt if the request asked for it."""
+        if self._echo_only:  # its token counted first: the echo is the last piece (vLLM's)
+            async for _ in self._generated():
+                pass
         if self._echo:
             prompt = getattr(self._first, "prompt_logprobs", None)  # validated: one per id
             if prompt is not None:
                 self._logprobs.extend(zip(self._prompt_ids, prompt, strict=True))
             yield self._echo
-        async for piece in self._generated():
-            if not self._echo_only:
+        if not self._echo_only:
+            async for piece in self._generated():
                 yield piece
 
     async def _generated(self) -> AsyncIterator[str]:

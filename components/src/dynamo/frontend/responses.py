@@ -134,7 +134,8 @@ class CompletionResponder(Responder):
 
     def chunk_choice(self, text: str | None, finish_reason: str | None, index: int = 0) -> dict:
         return {
-            "index": index, "text": text or "", "logprobs": None, "finish_reason": finish_reason
+            "index": index, "text": text or "", "logprobs": None, "finish_reason": finish_reason,
+            "stop_reason": None,  # vLLM sets it on every completion chunk: null until the end
         }  # fmt: skip
 
 
