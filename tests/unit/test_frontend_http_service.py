@@ -358,6 +358,40 @@ def test_include_stop_str_in_output_keeps_the_stop_as_vllm_does(card, processor,
     assert run(scenario) == [expected, expected]
 
 
+def test_a_stop_string_in_an_included_stop_tokens_text_ends_there_as_in_vllm(card, processor):
+    """vLLM checks the text of a stop token it shows (include_stop_str_in_output) for stop
+    strings: one found there ends the text after it and is the stop_reason, not the id. (The
+    tiny tokenizer spells "three" " th", "re", "e": "ree" ends in the stop token's text.)"""
+    ids = processor.tokenizer.encode("one two three four", add_special_tokens=False)
+    third = next(k for k in range(len(ids)) if processor.tokenizer.decode(ids[: k + 1])
+                 .endswith("three"))  # fmt: skip
+    full = processor.tokenizer.decode(ids[: third + 1])
+    fields = {"stop_token_ids": [ids[third]], "stop": ["ree"], "include_stop_str_in_output": True}
+
+    async def scenario():
+        async with (
+            echo_worker(output=ids) as (_, endpoint),
+            frontend(card, endpoint) as client,
+        ):
+            whole = await client.post(
+                "/v1/chat/completions", json=chat(len(ids), ignore_eos=True, **fields)
+            )
+            streamed = await client.post(
+                "/v1/chat/completions",
+                json=chat(len(ids), stream=True, ignore_eos=True, **fields),
+            )
+            return await whole.json(), await sse_events(streamed)
+
+    whole, events = run(scenario)
+    expected = full[: full.index("ree") + len("ree")]
+    assert whole["choices"][0]["message"]["content"] == expected
+    assert whole["choices"][0]["stop_reason"] == "ree"
+    assert streamed_text(events) == expected
+    (ending,) = [e["choices"][0] for e in events if isinstance(e, dict) and e.get("choices")
+                 and e["choices"][0]["finish_reason"]]  # fmt: skip
+    assert (ending["finish_reason"], ending["stop_reason"]) == ("stop", "ree")
+
+
 def test_echo_puts_the_prompt_first_whole_and_streamed(card, processor):
     output = processor.tokenizer.encode(" and more", add_special_tokens=False)
     ids = processor.tokenizer.encode("Once upon", add_special_tokens=False)

@@ -133,12 +133,14 @@ class Generation:
                 if item.logprobs is not None and not self._echo_only:  # one per id
                     self._logprobs.append((token_id, item.logprobs[index]))
                 if self._stop_token(token_id):  # its text is in the output only if asked
-                    if self._include_stop:
+                    if self._include_stop:  # and then checked for stop strings (vLLM's)
                         text = self._detokenizer.add((token_id,))
-                        pieces.append(self._stops.feed(text, check=False))
+                        check = self.completion_tokens > self._sampling.min_tokens
+                        pieces.append(self._stops.feed(text, check=check))
                     pieces.append(self._end())
                     self.finish_reason = "stop"
                     self.stop_reason = None if token_id == self._eos_id else token_id
+                    self._stopped_by_string()  # a stop string in its text wins, as in vLLM
                     yield "".join(pieces)
                     return
                 text = self._detokenizer.add((token_id,))
