@@ -392,6 +392,26 @@ def test_a_stop_string_in_an_included_stop_tokens_text_ends_there_as_in_vllm(car
     assert (ending["finish_reason"], ending["stop_reason"]) == ("stop", "ree")
 
 
+def test_a_stop_string_may_start_before_min_tokens_and_end_after_as_in_vllm(card, processor):
+    """vLLM matches stop strings that end in text past min_tokens, looking back into the text
+    before (" t" is the second token, "w" the third: with min_tokens 2, " tw" ends the
+    output after "one"); one wholly before min_tokens does not stop it ("one")."""
+    ids = processor.tokenizer.encode("one two three four", add_special_tokens=False)
+
+    async def scenario():
+        async with (
+            echo_worker(output=ids) as (_, endpoint),
+            frontend(card, endpoint) as client,
+        ):
+            straddling = await whole_and_streamed(client, len(ids), stop=[" tw"], min_tokens=2)
+            before = await whole_and_streamed(client, len(ids), stop=["one"], min_tokens=2)
+            return straddling, before
+
+    straddling, before = run(scenario)
+    assert straddling == ["one", "one"]
+    assert before == ["one two three four"] * 2
+
+
 def test_echo_puts_the_prompt_first_whole_and_streamed(card, processor):
     output = processor.tokenizer.encode(" and more", add_special_tokens=False)
     ids = processor.tokenizer.encode("Once upon", add_special_tokens=False)

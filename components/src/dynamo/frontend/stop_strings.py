@@ -20,6 +20,9 @@ class StopStringMatcher:
         self._include = include
         self._longest = max((len(s) for s in self._stops), default=0)
         self._pending = ""  # text not yet sent: it may be the start of a stop string
+        # How much of the pending text came unchecked (before min_tokens were out): a stop
+        # string may start there but must end in checked text, as vLLM matches it.
+        self._unchecked = 0
         self.stopped = False
         self.matched: str | None = None  # the stop string that ended the output
 
@@ -28,18 +31,26 @@ class StopStringMatcher:
 
         After a stop string is found, :attr:`stopped` is true and everything from the stop
         string on is discarded (later calls return ""). ``check=False``: text that cannot end
-        the output (generated before ``min_tokens`` were out, as vLLM has it) is sent whole,
-        with what was held, and is never matched later.
+        the output (generated before ``min_tokens`` were out, as vLLM has it) is never matched
+        alone, but a stop string may start in it and end in checked text (vLLM looks back
+        from the checked text), so its tail that could start one is held all the same.
         """
         if self.stopped:
             return ""
         if not self._stops:
             return text
-        if not check:
-            window, self._pending = self._pending + text, ""
-            return window
         window = self._pending + text
-        found = [(i, -len(s)) for i, s in ((window.find(s), s) for s in self._stops) if i >= 0]
+        if not check:
+            hold = self._partial_match_length(window)
+            self._pending = window[len(window) - hold :] if hold else ""
+            self._unchecked = hold
+            return window[: len(window) - hold]
+        unchecked, self._unchecked = self._unchecked, 0
+        found = [
+            (i, -len(s))
+            for i, s in ((window.find(s, max(0, unchecked - len(s) + 1)), s) for s in self._stops)
+            if i >= 0
+        ]
         if found:
             cut, minus_length = min(found)  # the earliest; at one place, the longest
             self.stopped = True
