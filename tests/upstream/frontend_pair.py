@@ -153,5 +153,10 @@ class Frontend:
         with urllib.request.urlopen(url, timeout=10) as answer:
             return answer.read().decode()
 
+    def debug_gc_state(self) -> dict:
+        """``GET /debug/gc/state`` on upstream's HTTP port (``DYN_DEBUG_GC_ENDPOINT=1``)."""
+        with urllib.request.urlopen(self.base_url + "/debug/gc/state", timeout=30) as answer:
+            return json.load(answer)
+
     def stop(self) -> None:
         self.process.stop()

@@ -51,6 +51,7 @@ def test_the_extension_freezes_before_http_and_the_frontend_serves(frontends):
             "DYN_GC_PAUSE_LOG_MS": "1",
             "DYN_GC_METRICS_PORT": "0",
             "DYN_GC_METRICS_HOST": "127.0.0.1",
+            "DYN_DEBUG_GC_ENDPOINT": "1",
         },
     )
     frontend.wait_http()
@@ -69,6 +70,9 @@ def test_the_extension_freezes_before_http_and_the_frontend_serves(frontends):
         if line.startswith("dynamo_gc_frozen_objects ")
     )
     assert frozen > 10_000  # upstream's start-up heap (tens of thousands of objects)
+    state = frontend.debug_gc_state()  # the extension's route, on upstream's HTTP port
+    assert state["phase"] == "serving"
+    assert state["frozen_objects"] > 10_000  # a frozen object whose last reference goes is freed
 
 
 def test_both_activation_ways_at_once_freeze_once(frontends):

@@ -10,9 +10,10 @@ What it does there, once per process however many ways it was named: read the tw
 (from ``python -m dynamo_gc.frontend``'s flags when that launcher configured them, else from the
 env vars), install the pause logger and the metrics, wrap the preprocess pool's initializer,
 collect and freeze, and mark the process ``serving`` (so the model watcher's
-``chat_engine_factory``, which runs later, cannot freeze). It returns no routes: upstream's
-extension routes answer JSON, which Prometheus cannot scrape, so the ``dynamo_gc_*`` metrics get
-a port of their own when ``DYN_GC_METRICS_PORT`` asks for one (see :mod:`.metrics_server`).
+``chat_engine_factory``, which runs later, cannot freeze). Upstream's extension routes answer
+JSON, which Prometheus cannot scrape, so the ``dynamo_gc_*`` metrics get a port of their own when
+``DYN_GC_METRICS_PORT`` asks for one (see :mod:`.metrics_server`); the only route returned is
+``GET /debug/gc/state``, and only when ``DYN_DEBUG_GC_ENDPOINT`` asks for it.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 
 from dynamo_gc import lifecycle
 from dynamo_gc.freeze import maybe_freeze_gc_heap
-from dynamo_gc.metrics import DynamoMetrics
+from dynamo_gc.metrics import DEBUG_GC_STATE_PATH, DynamoMetrics, debug_gc_state
 from dynamo_gc.pause_logger import install_gc_pause_logger
 from dynamo_gc.upstream import frontend_settings, metrics_server, preprocess_pool
 from dynamo_gc.upstream.frontend_settings import FrontendGcConfig
@@ -76,7 +77,20 @@ def gc_freeze_routes() -> list:
             return []
         config = _configured if _configured is not None else frontend_settings.from_env()
         _activation = _activate(config)
-    return []
+    return debug_routes() if config.debug_gc_endpoint else []
+
+
+def debug_routes() -> list:
+    """``GET /debug/gc/state`` as an upstream ``FrontendRoute`` (JSON, walks the heap)."""
+    from dynamo.llm import FrontendRoute  # upstream's; only ever called in its frontend
+
+    def state(_context: object) -> dict:
+        return debug_gc_state()
+
+    logger.warning(
+        "Debug endpoint enabled: GET %s walks the heap to count its objects", DEBUG_GC_STATE_PATH
+    )
+    return [FrontendRoute("GET", DEBUG_GC_STATE_PATH, state)]
 
 
 def _activate(config: FrontendGcConfig) -> Activation:

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from dynamo_gc.configuration.gc_options import GcSettings, gc_options
-from dynamo_gc.configuration.options import Surface, host_option, port_option
+from dynamo_gc.configuration.options import Option, Surface, host_option, port_option
 from dynamo_gc.configuration.parser import DynamoArgParser, build_parser
 
 PROGRAM = "python -m dynamo_gc.frontend"
@@ -40,6 +40,18 @@ GC_METRICS_HOST = host_option(
     "interface by default, so a Prometheus in the cluster can scrape it).",
 )
 
+DEBUG_GC_ENDPOINT = Option(
+    name="dyn-debug-gc-endpoint",
+    env_var="DYN_DEBUG_GC_ENDPOINT",
+    default=False,
+    dest="debug_gc_endpoint",
+    help=(
+        "Serve GET /debug/gc/state on upstream's HTTP port (JSON: serving phase, frozen "
+        "objects, tracked objects per generation, pause counters). Each call walks the heap, "
+        "pausing the process for tens of milliseconds: for diagnosis, keep off in production"
+    ),
+)
+
 SURFACE = Surface(
     name="upstream-frontend",
     title="Upstream ai-dynamo frontend (python -m dynamo_gc.frontend, gc-freeze extension)",
@@ -48,7 +60,12 @@ SURFACE = Surface(
         "Upstream ai-dynamo's frontend with its GC heap frozen before HTTP admits requests. "
         "Every argument not listed here is upstream's (listed after these)."
     ),
-    options=[*gc_options(flag_prefix="dyn-", env_prefix="DYN_"), GC_METRICS_PORT, GC_METRICS_HOST],
+    options=[
+        *gc_options(flag_prefix="dyn-", env_prefix="DYN_"),
+        GC_METRICS_PORT,
+        GC_METRICS_HOST,
+        DEBUG_GC_ENDPOINT,
+    ],
 )
 
 
@@ -59,6 +76,7 @@ class FrontendGcConfig:
     gc: GcSettings
     metrics_host: str
     metrics_port: int | None
+    debug_gc_endpoint: bool = False
 
 
 def _parser(program: str) -> DynamoArgParser:
@@ -74,6 +92,7 @@ def _config(namespace: argparse.Namespace) -> FrontendGcConfig:
         ),
         metrics_host=namespace.dyn_gc_metrics_host,
         metrics_port=namespace.dyn_gc_metrics_port,
+        debug_gc_endpoint=namespace.debug_gc_endpoint,
     )
 
 
