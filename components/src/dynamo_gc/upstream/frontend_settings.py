@@ -96,6 +96,14 @@ def _config(namespace: argparse.Namespace) -> FrontendGcConfig:
     )
 
 
+def parse_args(
+    argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
+) -> argparse.Namespace:
+    """Our options alone (no upstream argument), as the configuration tests read each program."""
+    env_vars = dict(os.environ if env is None else env)
+    return _parser(PROGRAM).parse_args([] if argv is None else list(argv), env_vars=env_vars)
+
+
 def from_env(env: Mapping[str, str] | None = None) -> FrontendGcConfig:
     """The options from their env vars; a bad value exits 2 naming the env var and the flag."""
     env_vars = dict(os.environ if env is None else env)
