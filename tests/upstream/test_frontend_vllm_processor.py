@@ -71,6 +71,9 @@ def test_the_vllm_processor_frontend_freezes_its_heap_before_http(served, tmp_pa
         state = frontend.debug_gc_state()
         assert state["phase"] == "serving"
         assert state["frozen_objects"] <= frozen_at_start  # no second freeze added any
+        # What stays collectable: the per-model state (about 7k objects with the tiny model)
+        # and the requests' garbage, a small fraction of the frozen heap (docs/ai-dynamo.md).
+        assert sum(state["generation_objects"]) < frozen_at_start // 10
         assert frontend.process.count(FROZEN) == 1
         assert "freeze refused" not in frontend.process.log()
     finally:
