@@ -126,15 +126,29 @@ class UpstreamPair:
             frontend_args += ["--dyn-chat-processor", args.chat_processor]
         frontend_args += ["--http-host", "127.0.0.1", "--http-port", str(self.port)]
         self.frontend = LauncherProcess(
-            "frontend", module, frontend_args, log_dir=work_dir,
-            env={**env, **gc_env}, python=args.upstream_python,
+            "frontend",
+            module,
+            frontend_args,
+            log_dir=work_dir,
+            env={**env, **gc_env},
+            python=args.upstream_python,
         )
         self.worker = LauncherProcess(
             "mocker",
             "dynamo.mocker",
-            ["--model-path", str(model_dir), "--model-name", MODEL, "--discovery-backend",
-             "file", "--speedup-ratio", str(args.speedup_ratio)],
-            log_dir=work_dir, env=env, python=args.upstream_python,
+            [
+                "--model-path",
+                str(model_dir),
+                "--model-name",
+                MODEL,
+                "--discovery-backend",
+                "file",
+                "--speedup-ratio",
+                str(args.speedup_ratio),
+            ],
+            log_dir=work_dir,
+            env=env,
+            python=args.upstream_python,
         )
 
     def wait_ready(self) -> None:
@@ -169,8 +183,9 @@ def run_arm(arm: str, args, model_dir: Path, work_dir: Path) -> dict:
         state = pair.gc_state()  # the model is registered: its per-model state is built
         metrics_url = f"http://127.0.0.1:{pair.metrics_port}/metrics"
         offset, before = pair.frontend.log_size(), gc_counters(metrics_url)
-        load = run_client(pair.base_url + "/v1/chat/completions", args.rate, args.duration,
-                          args.seed, args)
+        load = run_client(
+            pair.base_url + "/v1/chat/completions", args.rate, args.duration, args.seed, args
+        )
         pair.frontend.check_alive()
         after = gc_counters(metrics_url)
         pauses = pauses_in(pair.frontend.log_bytes(offset, pair.frontend.log_size()))
@@ -182,7 +197,8 @@ def run_arm(arm: str, args, model_dir: Path, work_dir: Path) -> dict:
             **load,
             "latency_ms": {
                 f"p{q:g}": 1000 * bc.percentile(latencies, q) for q in (50, 99, 99.9, 99.99)
-            } | {"max": 1000 * max(latencies) if latencies else float("nan")},
+            }
+            | {"max": 1000 * max(latencies) if latencies else float("nan")},
             "pauses_ge_50ms": len(pauses),
             "max_pause_ms": max((p["ms"] for p in pauses), default=0.0),
             "pauses": pauses,
@@ -210,23 +226,34 @@ def probe(args, model_dir: Path, work_dir: Path) -> dict:
         from serving_load import client_argv
 
         client = subprocess.Popen(
-            client_argv(pair.base_url + "/v1/chat/completions", args.rate, args.probe_limit,
-                        args.seed, args),
+            client_argv(
+                pair.base_url + "/v1/chat/completions", args.rate, args.probe_limit, args.seed, args
+            ),
             stdout=subprocess.DEVNULL,
         )
         try:
+
             def first_gen2() -> float | None:
                 pair.frontend.check_alive()
-                gen2 = [g for g, _ms in PAUSE_LINE.findall(
-                    pair.frontend.log_bytes(offset, pair.frontend.log_size())) if g == b"2"]
+                gen2 = [
+                    g
+                    for g, _ms in PAUSE_LINE.findall(
+                        pair.frontend.log_bytes(offset, pair.frontend.log_size())
+                    )
+                    if g == b"2"
+                ]
                 if gen2:
                     return time.monotonic() - started
                 if client.poll() is not None:
                     return -1.0
                 return None
 
-            seconds = wait_until(first_gen2, deadline_s=args.probe_limit + 60,
-                                 what="a full collection >= 50 ms", poll_s=1.0)
+            seconds = wait_until(
+                first_gen2,
+                deadline_s=args.probe_limit + 60,
+                what="a full collection >= 50 ms",
+                poll_s=1.0,
+            )
         finally:
             client.terminate()
             client.wait(timeout=30)
@@ -237,22 +264,41 @@ def probe(args, model_dir: Path, work_dir: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--upstream-python", default=str(DEFAULT_UPSTREAM_PYTHON),
-                        help="python of the upstream environment (scripts/setup_upstream_env.sh)")
-    parser.add_argument("--way", choices=("extension", "launcher"), default="extension",
-                        help="how the frontend gets the adapter (both arms the same way)")
-    parser.add_argument("--chat-processor", choices=("vllm", "default"), default="vllm",
-                        help="the frontend's chat processor (default: upstream's Rust one, "
-                        "whose small Python heap shows little; the A/B is for vllm)")
-    parser.add_argument("--probe", action="store_true",
-                        help="only time a stock frontend's first full collection under load")
-    parser.add_argument("--probe-limit", type=float, default=900.0,
-                        help="with --probe: seconds of load at most")
+    parser.add_argument(
+        "--upstream-python",
+        default=str(DEFAULT_UPSTREAM_PYTHON),
+        help="python of the upstream environment (scripts/setup_upstream_env.sh)",
+    )
+    parser.add_argument(
+        "--way",
+        choices=("extension", "launcher"),
+        default="extension",
+        help="how the frontend gets the adapter (both arms the same way)",
+    )
+    parser.add_argument(
+        "--chat-processor",
+        choices=("vllm", "default"),
+        default="vllm",
+        help="the frontend's chat processor (default: upstream's Rust one, "
+        "whose small Python heap shows little; the A/B is for vllm)",
+    )
+    parser.add_argument(
+        "--probe",
+        action="store_true",
+        help="only time a stock frontend's first full collection under load",
+    )
+    parser.add_argument(
+        "--probe-limit", type=float, default=900.0, help="with --probe: seconds of load at most"
+    )
     parser.add_argument("--rate", type=float, help="offered requests per second")
     parser.add_argument("--duration", type=float, help="seconds of load per arm")
     parser.add_argument("--passes", type=int, help="rounds of both arms (in both orders)")
-    parser.add_argument("--speedup-ratio", type=float, default=1000.0,
-                        help="the mocker's speed-up (its token time divided by this)")
+    parser.add_argument(
+        "--speedup-ratio",
+        type=float,
+        default=1000.0,
+        help="the mocker's speed-up (its token time divided by this)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=30.0, help="request timeout, seconds")
     parser.add_argument("--messages", type=int, default=8, help="chat turns per request")
@@ -261,8 +307,10 @@ def main(argv: list[str] | None = None) -> int:
     bc.add_mode_args(parser)
     args = parser.parse_args(argv)
     if not Path(args.upstream_python).exists():
-        parser.error(f"--upstream-python {args.upstream_python} does not exist: "
-                     "run scripts/setup_upstream_env.sh")
+        parser.error(
+            f"--upstream-python {args.upstream_python} does not exist: "
+            "run scripts/setup_upstream_env.sh"
+        )
     mode = MODES[bc.mode_name(args)]
     args.rate = args.rate or mode["rate"]
     args.duration = args.duration or mode["duration_s"]
@@ -273,10 +321,16 @@ def main(argv: list[str] | None = None) -> int:
     work_root = Path(tempfile.mkdtemp(prefix="ab-upstream-"))
     try:
         model_dir = tiny_model(work_root / "model")
-        result = bc.new_result(NAME, bc.mode_name(args), way=args.way, rate=args.rate,
-                               chat_processor=args.chat_processor,
-                               duration_s=args.duration, speedup_ratio=args.speedup_ratio,
-                               command=" ".join(["python", "scripts/ab_upstream.py", *(argv or sys.argv[1:])]))
+        result = bc.new_result(
+            NAME,
+            bc.mode_name(args),
+            way=args.way,
+            rate=args.rate,
+            chat_processor=args.chat_processor,
+            duration_s=args.duration,
+            speedup_ratio=args.speedup_ratio,
+            command=" ".join(["python", "scripts/ab_upstream.py", *(argv or sys.argv[1:])]),
+        )
         if args.probe:
             result["probe"] = probe(args, model_dir, work_root / "probe")
             print(json.dumps(result["probe"]))
@@ -290,11 +344,37 @@ def main(argv: list[str] | None = None) -> int:
                     run["pass"] = index + 1
                     runs.append(run)
         result["runs"] = runs
-        headers = ["arm", "pass", "rps", "p50", "p99", "p99.9", "p99.99", "max", "gen2",
-                   ">=50ms", "max pause", "RSS MB", "frozen", "unfrozen"]
-        rows = [[r["arm"], r["pass"], r["achieved_rps"], *r["latency_ms"].values(),
-                 r["collections"].get("gen2"), r["pauses_ge_50ms"], r["max_pause_ms"],
-                 r["rss_mb"], r["frozen_at_start"], r["unfrozen_after_model"]] for r in runs]
+        headers = [
+            "arm",
+            "pass",
+            "rps",
+            "p50",
+            "p99",
+            "p99.9",
+            "p99.99",
+            "max",
+            "gen2",
+            ">=50ms",
+            "max pause",
+            "RSS MB",
+            "frozen",
+            "unfrozen",
+        ]
+        rows = [
+            [
+                r["arm"],
+                r["pass"],
+                r["achieved_rps"],
+                *r["latency_ms"].values(),
+                r["collections"].get("gen2"),
+                r["pauses_ge_50ms"],
+                r["max_pause_ms"],
+                r["rss_mb"],
+                r["frozen_at_start"],
+                r["unfrozen_after_model"],
+            ]
+            for r in runs
+        ]
         print(bc.format_table(headers, rows))
         return bc.finish(args, NAME, result, None)
     finally:

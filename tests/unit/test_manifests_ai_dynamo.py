@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from dynamo_gc.configuration.values import parse_bool_word
 from dynamo_gc.upstream import frontend_settings
 
@@ -61,7 +60,9 @@ def test_there_is_an_ai_dynamo_frontend_example():
     assert frontend_services()
 
 
-@pytest.mark.parametrize(("where", "program", "env"), frontend_services(), ids=lambda v: str(v)[:40])
+@pytest.mark.parametrize(
+    ("where", "program", "env"), frontend_services(), ids=lambda v: str(v)[:40]
+)
 def test_every_env_var_exists_and_its_value_is_accepted(where, program, env):
     declared = ours()
     for name, value in env.items():

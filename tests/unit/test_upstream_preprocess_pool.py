@@ -18,17 +18,19 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 
 import pytest
-
 from dynamo_gc import lifecycle
 from dynamo_gc.configuration.gc_options import GcSettings
 from dynamo_gc.upstream import preprocess_pool
 from dynamo_gc.upstream.preprocess_pool import Initializer
+
 from tests.unit import upstream_pool_target
 
 TARGET = Initializer(upstream_pool_target.__name__, "_init_worker")
 ON = GcSettings(freeze_gc_heap=True, gc_pause_log_ms=0.0)
 OFF = GcSettings(freeze_gc_heap=False, gc_pause_log_ms=0.0)
-START_METHODS = [m for m in ("spawn", "forkserver", "fork") if m in multiprocessing.get_all_start_methods()]
+START_METHODS = [
+    m for m in ("spawn", "forkserver", "fork") if m in multiprocessing.get_all_start_methods()
+]
 
 
 @pytest.fixture(autouse=True)
@@ -106,12 +108,8 @@ def test_a_module_of_that_name_without_upstreams_pool_is_left_alone():
     assert preprocess_pool.wrap_initializer(ON, Initializer(TARGET.module, "missing")) is False
 
 
-def test_upstreams_processor_without_the_initializer_is_an_exit_2_naming_it(
-    monkeypatch, capsys
-):
-    monkeypatch.setattr(
-        upstream_pool_target, preprocess_pool.POOL_OWNER, object(), raising=False
-    )
+def test_upstreams_processor_without_the_initializer_is_an_exit_2_naming_it(monkeypatch, capsys):
+    monkeypatch.setattr(upstream_pool_target, preprocess_pool.POOL_OWNER, object(), raising=False)
     with pytest.raises(SystemExit) as exited:
         preprocess_pool.wrap_initializer(ON, Initializer(TARGET.module, "missing"))
     assert exited.value.code == 2

@@ -18,9 +18,21 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "ab_upstream.py"
 
 def test_the_upstream_ab_runs_both_arms_in_both_orders(tmp_path):
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--smoke", "--chat-processor", "default",
-         "--upstream-python", sys.executable, "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--smoke",
+            "--chat-processor",
+            "default",
+            "--upstream-python",
+            sys.executable,
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((tmp_path / "ab_upstream-smoke.json").read_text())

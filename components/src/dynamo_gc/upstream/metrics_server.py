@@ -14,9 +14,8 @@ import logging
 import threading
 from typing import Any
 
-from prometheus_client import start_http_server
-
 from dynamo_gc.metrics import DynamoMetrics
+from prometheus_client import start_http_server
 
 logger = logging.getLogger(__name__)
 

@@ -7,10 +7,10 @@ In ai-dynamo 1.6.1 only the ``sglang`` chat processor has the pool: the model wa
 model is registered). The ``vllm`` processor refuses ``--dyn-preprocess-workers`` outright.
 
 The global is replaced with a ``functools.partial`` of :func:`freezing_init_worker`, the
-global's location and the GC settings. The partial pickles by reference to *this* module's function, so under ``spawn`` and
-``forkserver`` the child imports ``dynamo_gc`` and runs our wrapper, which runs upstream's
-initializer (fresh in that child, so never the wrapper itself) and then freezes. Under ``fork``
-the child inherits the wrapper and the saved original.
+global's location and the GC settings. The partial pickles by reference to *this* module's
+function, so under ``spawn`` and ``forkserver`` the child imports ``dynamo_gc`` and runs our
+wrapper, which runs upstream's initializer (fresh in that child, so never the wrapper itself)
+and then freezes. Under ``fork`` the child inherits the wrapper and the saved original.
 
 A pool process is new and has admitted nothing when its initializer ends, so it is a quiescent
 point even though the frontend that forks it is already serving: a forked child inherits the
