@@ -28,13 +28,15 @@ import socket
 from aiohttp import web
 from prometheus_client import Gauge
 
-from dynamo.common import lifecycle, logging_setup
+from dynamo.common import logging_setup
 from dynamo.common.http_server import GuardedRunner
 from dynamo.common.launcher import Closer, OptionUnusable, StartupFailed, StopSignals
 from dynamo.common.listener_socket import bound_sockets
-from dynamo.common.metrics import DynamoMetrics, debug_gc_route, metrics_route
+from dynamo.common.metrics_routes import debug_gc_route, metrics_route
 from dynamo.common.request_drain import END_BOUND_S
 from dynamo.runtime.discovery import STATE_DEGRADED, Discovery, RecordWatcher
+from dynamo_gc import lifecycle
+from dynamo_gc.metrics import DynamoMetrics
 
 from . import frontend_args
 from .chat_processor import build_chat_processor
