@@ -34,6 +34,7 @@ from dynamo.common.configuration.gc_options import FREEZE_GC_HEAP, GC_PAUSE_LOG_
 from dynamo.common.configuration.typed import option_fields, typed_config
 from dynamo.frontend import frontend_args
 from dynamo.vllm import backend_args, self_benchmark_args
+from dynamo_gc.upstream import frontend_settings
 from tests.support.processes import run_python
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,6 +52,8 @@ def parse_worker(argv=None, env=None) -> backend_args.WorkerConfig:
 PARSERS: dict[str, Callable[..., Any]] = {
     "python -m dynamo.frontend": frontend_args.parse_args,
     "python -m dynamo.vllm": parse_worker,
+    # upstream ai-dynamo's frontend through the adapter: its own options only
+    "python -m dynamo_gc.frontend": frontend_settings.parse_args,
 }
 MAIN_MODULES = {
     "python -m dynamo.frontend": "dynamo.frontend",
