@@ -116,3 +116,31 @@ def test_upstreams_processor_without_the_initializer_is_an_exit_2_naming_it(monk
     err = capsys.readouterr().err
     assert f"{TARGET.module}.missing" in err
     assert "ai-dynamo" in err
+
+
+class _FactoryWithoutTheGlobal:
+    async def chat_engine_factory(self):
+        return None
+
+
+class _FactoryReadingTheGlobal:
+    async def chat_engine_factory(self):
+        return _init_worker  # noqa: F821 - only its name is read, as upstream's factory reads it
+
+
+def test_a_factory_that_no_longer_reads_the_global_is_an_exit_2(monkeypatch, capsys):
+    monkeypatch.setattr(
+        upstream_pool_target, preprocess_pool.POOL_OWNER, _FactoryWithoutTheGlobal, raising=False
+    )
+    with pytest.raises(SystemExit) as exited:
+        preprocess_pool.wrap_initializer(ON, TARGET)
+    assert exited.value.code == 2
+    assert "chat_engine_factory" in capsys.readouterr().err
+
+
+def test_a_factory_that_reads_the_global_gets_it_wrapped(monkeypatch):
+    monkeypatch.setattr(
+        upstream_pool_target, preprocess_pool.POOL_OWNER, _FactoryReadingTheGlobal, raising=False
+    )
+    assert preprocess_pool.wrap_initializer(ON, TARGET)
+    assert isinstance(upstream_pool_target._init_worker, functools.partial)
