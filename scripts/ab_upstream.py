@@ -335,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
             result["probe"] = probe(args, model_dir, work_root / "probe")
             print(json.dumps(result["probe"]))
             return bc.finish(args, NAME + "_probe", result, None)
-        runs = []
+        runs: list[dict] = []
         for index in range(args.passes):
             for order in (ARMS, tuple(reversed(ARMS))):
                 for arm in order:

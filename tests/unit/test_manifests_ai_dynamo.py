@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from dynamo_gc.configuration.values import parse_bool_word
 from dynamo_gc.upstream import frontend_settings
 

@@ -15,6 +15,7 @@ import logging
 import urllib.request
 
 import pytest
+
 from dynamo_gc import lifecycle
 from dynamo_gc.configuration.gc_options import GcSettings
 from dynamo_gc.freeze import freeze_gc_heap, last_freeze

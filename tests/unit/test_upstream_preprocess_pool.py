@@ -18,11 +18,11 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 
 import pytest
+
 from dynamo_gc import lifecycle
 from dynamo_gc.configuration.gc_options import GcSettings
 from dynamo_gc.upstream import preprocess_pool
 from dynamo_gc.upstream.preprocess_pool import Initializer
-
 from tests.unit import upstream_pool_target
 
 TARGET = Initializer(upstream_pool_target.__name__, "_init_worker")

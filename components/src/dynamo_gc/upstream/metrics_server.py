@@ -14,8 +14,9 @@ import logging
 import threading
 from typing import Any
 
-from dynamo_gc.metrics import DynamoMetrics
 from prometheus_client import start_http_server
+
+from dynamo_gc.metrics import DynamoMetrics
 
 logger = logging.getLogger(__name__)
 
