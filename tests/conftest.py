@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from dynamo.common import logging_setup
-from dynamo.vllm import gc_policy
-from dynamo_gc import gc_state, lifecycle
+from dynamo_gc import bench_policy, gc_state, lifecycle
+
+try:
+    from dynamo.common import logging_setup
+except ImportError:  # tests/upstream run beside upstream ai-dynamo, whose `dynamo` is not ours
+    logging_setup = None  # type: ignore[assignment]
 
 
 @pytest.fixture(autouse=True)
@@ -21,11 +24,12 @@ def restore_gc_state():
     saved_gc = gc_state.snapshot_gc_state()
     phase_state = lifecycle.snapshot_phase_state()
     yield
-    gc_policy.stop_gc_policy()  # the benchmark policy's thread and saved thresholds are global
+    bench_policy.stop_gc_policy()  # the benchmark policy's thread and saved thresholds are global
     gc_state.restore_gc_state(saved_gc)
     lifecycle.restore_phase_state(phase_state)
     # A launcher's main() run in-process installs a stderr handler bound to this test's capture.
-    logging_setup.remove_logging_handler()
+    if logging_setup is not None:
+        logging_setup.remove_logging_handler()
 
 
 @pytest.fixture
