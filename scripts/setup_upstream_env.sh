@@ -135,7 +135,11 @@ if [ ! -f "$project_stamp" ]; then
   if [ "$WITH_VLLM" = 1 ]; then
     constraints=("torch==$TORCH_VERSION")
   fi
-  "${pip[@]}" install -e ".[test]" "${constraints[@]}"
+  # Strict editable mode: setuptools' default (lenient) mode puts components/src itself on
+  # sys.path, which would expose this repository's own `dynamo` launchers over upstream's.
+  # Strict links only the packages the root distribution declares (dynamo_gc); a module added
+  # under dynamo_gc later needs this step again (remove the stamp).
+  "${pip[@]}" install -e ".[test]" "${constraints[@]}" --config-settings editable_mode=strict
   # The point of this environment: the layer beside upstream, not over it.
   if ! "$python" - <<'EOF' >&2
 import sys
