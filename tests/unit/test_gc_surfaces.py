@@ -176,7 +176,7 @@ def test_a_bad_pause_value_exits_2_naming_flag_env_and_value(named, value, capsy
 def test_a_bad_freeze_env_exits_2_naming_flag_and_env(named, value, capsys):
     surface, (flag, _, env, _, _), _ = named
     for call in (
-        lambda: split_gc_args([flag], surface, {env: value}, prog=PROG),  # refused even then
+        lambda: split_gc_args(["--other"], surface, {env: value}, prog=PROG),
         lambda: gc_settings_from_env(surface, {env: value}, prog=PROG),
     ):
         with pytest.raises(SystemExit) as raised:
@@ -215,6 +215,8 @@ def test_a_missing_pause_value_exits_2(named, tail, capsys):
         (["PAUSE", "4.5"], {"FREEZE_ENV": "no"}),
         (["YES", "PAUSE=0.25"], {"FREEZE_ENV": "off", "PAUSE_ENV": "9"}),
         (["NO", "YES"], {"PAUSE_ENV": " 3 "}),
+        # Given on the command line, an option does not read its env var, not even a bad one.
+        (["NO", "PAUSE", "2"], {"FREEZE_ENV": "maybe", "PAUSE_ENV": "abc"}),
     ],
 )
 def test_same_settings_as_our_launchers_parser(named, argv, env):

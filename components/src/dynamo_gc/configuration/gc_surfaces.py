@@ -87,13 +87,17 @@ def _value(option: Option, text: str, prog: str) -> Any:
         _fail(prog, str(exc))
 
 
-def _from_env(surface: GcSurface, env: Mapping[str, str], prog: str) -> dict[str, Any]:
+def _from_env(
+    surface: GcSurface, env: Mapping[str, str], prog: str, *, given: Mapping[str, Any] = {}
+) -> dict[str, Any]:
+    """The env vars of the options the command line did not give (those it gave win, and their
+    env var is not read at all, as in our launchers' parser)."""
     values: dict[str, Any] = {}
     freeze_text = env.get(surface.freeze.env_var)
-    if freeze_text is not None:
+    if freeze_text is not None and surface.freeze.dest not in given:
         values[surface.freeze.dest] = _bool_from_env(surface.freeze, freeze_text, prog)
     pause_text = env.get(surface.pause_log_ms.env_var)
-    if pause_text is not None:
+    if pause_text is not None and surface.pause_log_ms.dest not in given:
         values[surface.pause_log_ms.dest] = _value(surface.pause_log_ms, pause_text, prog)
     return values
 
@@ -125,10 +129,10 @@ def split_gc_args(
     """Take this surface's GC flags out of ``argv``; return the settings and the other words.
 
     Precedence as on our launchers: the command line, then the env var, then the default (the
-    last of repeated flags wins). A bad value, a value given to the boolean (``--x=0``), a
-    missing value, or a bad env value exits 2 before anything is applied, naming the flag and
-    the env var. The env is read even when the flags are given, so a bad env value is refused
-    either way, as our launchers' parser does.
+    last of repeated flags wins; an option given on the command line does not read its env var,
+    as our launchers' parser does not). A bad value, a value given to the boolean (``--x=0``), a
+    missing value, or a bad env value that is read exits 2 before anything is applied, naming
+    the flag and the env var.
     """
     env = os.environ if environ is None else environ
     prog = prog or _default_prog()
@@ -162,7 +166,7 @@ def split_gc_args(
         else:
             rest.append(word)
         i += 1
-    values = _from_env(surface, env, prog)
+    values = _from_env(surface, env, prog, given=given)
     values.update(given)
     return _settings(surface, values), rest
 
