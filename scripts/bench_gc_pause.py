@@ -60,7 +60,7 @@ print(json.dumps({
 """
 
 
-# --- child: runs under each interpreter; stdlib + dynamo.common.utils only ----------------------
+# --- child: runs under each interpreter; stdlib, dynamo_gc and dynamo.common.utils only ---------
 
 
 def measure(sizes: list[int], reps: int, live_objects: int) -> dict:

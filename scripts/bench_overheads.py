@@ -9,7 +9,7 @@ dependencies are there; else pyenv's bare interpreter, without the metrics arm) 
    fire) with a frozen start-up heap, as in serving. Arms: ``none`` (no GC callback), ``logger``
    (``install_gc_pause_logger(50)``, as the launchers install it), ``noop-callback`` (an empty
    ``gc.callbacks`` entry: what CPython itself charges for calling any callback) and, where
-   ``dynamo.common.metrics`` imports, ``logger+metrics`` (``on_pause=DynamoMetrics.observe_pause``).
+   ``dynamo_gc.metrics`` imports, ``logger+metrics`` (``on_pause=DynamoMetrics.observe_pause``).
    Repetitions are interleaved (the arms' order rotates each round) and the cost is the median of
    the per-round ratios ``t(arm) / t(none) - 1``. The cost per collection of the callback itself is
    also timed directly (no workload noise) and multiplied by the collections the loop triggers.
@@ -109,7 +109,7 @@ def measure_logger(settings: dict, start_up_heap: int) -> dict:
     metrics_error = None
     try:
         from dynamo_gc.metrics import DynamoMetrics
-    except ImportError as exc:  # a bare interpreter without prometheus_client / aiohttp
+    except ImportError as exc:  # a bare interpreter without prometheus_client
         metrics_error = f"{type(exc).__name__}: {exc}"
 
     heap = build_synthetic_heap(start_up_heap)

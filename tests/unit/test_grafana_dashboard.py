@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from dynamo.frontend.request_metrics import RequestMetrics
+from dynamo.frontend.serving.request_metrics import RequestMetrics
 from dynamo_gc.metrics import DynamoMetrics
 from tests.support import dashboard
 

@@ -12,6 +12,8 @@ nothing but the standard library, ConfigArgParse and prometheus_client:
   undoes at exit;
 * :mod:`dynamo_gc.metrics`: the ``dynamo_gc_*`` Prometheus metrics (no HTTP: whoever serves them
   adds the route);
+* :mod:`dynamo_gc.process_gc`: a launcher's one start-up call (metrics attached, pause logger
+  installed), undone by ``ProcessGcState``;
 * :mod:`dynamo_gc.configuration`: option declarations, value kinds, the strict parser, and the
   two GC options per surface;
 * :mod:`dynamo_gc.bench_policy` and :mod:`dynamo_gc.bench_policy_config`: the self-benchmark's GC

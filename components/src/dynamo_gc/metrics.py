@@ -10,7 +10,7 @@ Where each value comes from (no heap walk anywhere on these paths):
   pause logger's ``on_pause`` sink, called from ``gc.callbacks`` for every collection. It bumps
   plain integers; the histogram is assembled only when scraped.
 * ``dynamo_gc_frozen_objects`` / ``dynamo_gc_freeze_seconds``: set once per freeze by the freeze
-  observer from the :class:`~dynamo.common.utils.FreezeRecord`; a scrape reads the
+  observer from the :class:`~dynamo_gc.freeze.FreezeRecord`; a scrape reads the
   stored numbers and never calls ``gc.get_freeze_count()`` (a walk of the permanent generation).
 * ``dynamo_gc_freeze_enabled``: the process's freeze option, 1 or 0.
 * ``dynamo_serving_phase{phase}``: 1 for the current phase, 0 for the others, updated by a

@@ -63,8 +63,8 @@ class FpmGcWorkerExtension:
     ``dynamo.vllm.worker_extension.FpmGcWorkerExtension`` (the same class) as vLLM's
     ``worker_extension_cls``; see :mod:`dynamo.vllm.worker_extension` for how ranks load it. It
     has no ``__init__`` and keeps no state on ``self`` (vLLM never calls an extension's
-    initialiser): the state lives in this module, one per process. The first three methods
-    return what upstream's return.
+    initialiser): the state lives in :mod:`dynamo_gc.bench_policy`, one per process. The first
+    three methods return what upstream's return.
     """
 
     def fpm_gc_start(self) -> bool:

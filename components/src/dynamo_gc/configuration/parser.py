@@ -156,7 +156,7 @@ def short_usage_error(parser: argparse.ArgumentParser, message: str) -> NoReturn
     parser.exit(2, f"{parser.prog}: error: {message}\n(run {parser.prog} --help for the options)\n")
 
 
-class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """Help lines wrapped at spaces only: a flag or a value such as ``round-robin`` is never
     split at its hyphen across two lines (operators copy them from --help)."""
 
@@ -170,7 +170,7 @@ def build_parser(surface: Surface, *, extra_options: Sequence[Option] = ()) -> D
         prog=surface.program,
         description=surface.description,
         options=options,
-        formatter_class=_HelpFormatter,
+        formatter_class=HelpFormatter,
         # Only explicit env_var= options read the environment: no silent auto prefix.
         auto_env_var_prefix=None,
         args_for_setting_config_path=[],
