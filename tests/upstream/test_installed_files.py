@@ -73,4 +73,6 @@ def test_upstreams_dynamo_tree_holds_only_upstreams_files():
         for path in root.rglob("*")
         if path.is_file() and "__pycache__" not in path.parts and path.resolve() not in listed
     ]
-    assert not strangers, f"files under upstream's dynamo/ that no upstream RECORD lists: {strangers}"
+    assert not strangers, (
+        f"files under upstream's dynamo/ that no upstream RECORD lists: {strangers}"
+    )
