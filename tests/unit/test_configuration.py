@@ -34,6 +34,8 @@ from dynamo.common.configuration.gc_options import FREEZE_GC_HEAP, GC_PAUSE_LOG_
 from dynamo.common.configuration.typed import option_fields, typed_config
 from dynamo.frontend import frontend_args
 from dynamo.vllm import backend_args, self_benchmark_args
+from dynamo_gc import mocker as upstream_mocker
+from dynamo_gc import vllm as upstream_vllm
 from dynamo_gc.upstream import frontend_settings
 from tests.support.processes import run_python
 
@@ -54,6 +56,9 @@ PARSERS: dict[str, Callable[..., Any]] = {
     "python -m dynamo.vllm": parse_worker,
     # upstream ai-dynamo's frontend through the adapter: its own options only
     "python -m dynamo_gc.frontend": frontend_settings.parse_args,
+    # upstream ai-dynamo's workers through the adapters: their GC options only
+    "python -m dynamo_gc.vllm": upstream_vllm.parse_args,
+    "python -m dynamo_gc.mocker": upstream_mocker.parse_args,
 }
 MAIN_MODULES = {
     "python -m dynamo.frontend": "dynamo.frontend",
@@ -104,8 +109,18 @@ GC_SURFACES = [
         "--gc-pause-log-ms",
         "DYN_VLLM_GC_PAUSE_LOG_MS",
     ),
+    *(
+        GcSurface(
+            program,
+            "--freeze-gc-heap",
+            "DYN_VLLM_FREEZE_GC_HEAP",
+            "--gc-pause-log-ms",
+            "DYN_VLLM_GC_PAUSE_LOG_MS",
+        )
+        for program in ("python -m dynamo_gc.vllm", "python -m dynamo_gc.mocker")
+    ),
 ]
-GC_IDS = ["frontend", "vllm"]
+GC_IDS = ["frontend", "vllm", "upstream-vllm", "upstream-mocker"]
 
 
 def expect_exit_2(capsys, parse, argv, env) -> str:
