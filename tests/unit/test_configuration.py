@@ -659,8 +659,8 @@ def parse_args_help(program: str, capsys) -> str:
 
 def launcher_help(program: str, capsys) -> str:
     """``python -m <module> --help`` once the launcher exists, else parse_args' own help."""
-    module = MAIN_MODULES[program]
-    if importlib.util.find_spec(module + ".__main__") is None:
+    module = MAIN_MODULES.get(program)  # the upstream adapters' --help needs ai-dynamo
+    if module is None or importlib.util.find_spec(module + ".__main__") is None:
         return parse_args_help(program, capsys)
     env = {k: v for k, v in os.environ.items() if not k.startswith("DYN_")}
     done = run_python("-m", module, "--help", env=env)
