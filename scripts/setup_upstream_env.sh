@@ -127,19 +127,19 @@ if [ "$WITH_VLLM" = 1 ] && [ ! -f "$vllm_stamp" ]; then
 fi
 
 # Step 3: the dynamo-gc layer (this repository's root distribution), editable, with its test
-# extra; redone when pyproject.toml changes.
-project_stamp="$VENV/.project-$(cksum pyproject.toml | cut -d' ' -f1)"
+# extra. Editable in setuptools' strict mode: the default (lenient) mode puts all of
+# components/src on sys.path, where our own `dynamo` package would shadow upstream's. Strict mode
+# links the layer's files one by one, so a new file needs this step again: it is redone when
+# pyproject.toml or the layer's list of files changes.
+layer_files=$(cd components/src && find dynamo_gc -name '*.py' | sort | cksum | cut -d' ' -f1)
+project_stamp="$VENV/.project-$(cksum pyproject.toml | cut -d' ' -f1)-$layer_files"
 if [ ! -f "$project_stamp" ]; then
   log "installing the dynamo-gc layer (editable, with its test extra) into $VENV"
   constraints=()
   if [ "$WITH_VLLM" = 1 ]; then
     constraints=("torch==$TORCH_VERSION")
   fi
-  # Strict editable mode: setuptools' default (lenient) mode puts components/src itself on
-  # sys.path, which would expose this repository's own `dynamo` launchers over upstream's.
-  # Strict links only the packages the root distribution declares (dynamo_gc); a module added
-  # under dynamo_gc later needs this step again (remove the stamp).
-  "${pip[@]}" install -e ".[test]" "${constraints[@]}" --config-settings editable_mode=strict
+  "${pip[@]}" install --config-settings editable_mode=strict -e ".[test]" "${constraints[@]}"
   # The point of this environment: the layer beside upstream, not over it.
   if ! "$python" - <<'EOF' >&2
 import sys

@@ -76,9 +76,7 @@ def first(pattern: str, log: str) -> int:
     return match.start()
 
 
-def test_freezes_before_the_engine_is_served_and_upstreams_frontend_answers(
-    model_dir, tmp_path
-):
+def test_freezes_before_the_engine_is_served_and_upstreams_frontend_answers(model_dir, tmp_path):
     kv_dir = tmp_path / "kv"
     kv_dir.mkdir()
     mocker = LauncherProcess(

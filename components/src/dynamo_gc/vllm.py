@@ -7,12 +7,21 @@ Wrapping that global before upstream's ``main()`` runs puts the freeze there, on
 See :mod:`dynamo_gc.upstream.worker_cli`.
 """
 
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+
+from dynamo_gc.upstream import worker_settings
 from dynamo_gc.upstream.hooks import ModuleGlobalHook
 from dynamo_gc.upstream.worker_cli import WorkerAdapter, run
 from dynamo_gc.upstream.worker_settings import VLLM_SURFACE
 
+# The options this program declares (docs/configuration/ is generated from it).
+SURFACE = VLLM_SURFACE
+
 ADAPTER = WorkerAdapter(
-    surface=VLLM_SURFACE,
+    surface=SURFACE,
     hook=ModuleGlobalHook(
         module="dynamo.vllm.main", name="register_vllm_model", caller="worker", coroutine=True
     ),
@@ -20,6 +29,13 @@ ADAPTER = WorkerAdapter(
     freeze_context="upstream vLLM worker, after engine init, before register_vllm_model",
     admission="upstream vLLM worker registers its model",
 )
+
+
+def parse_args(
+    argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
+) -> argparse.Namespace:
+    """The GC options alone, as the configuration tests read every program."""
+    return worker_settings.parse_args(SURFACE, argv, env)
 
 
 def main() -> None:

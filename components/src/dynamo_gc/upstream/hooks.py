@@ -46,8 +46,11 @@ def _code_objects(code: types.CodeType) -> Iterator[types.CodeType]:
 
 
 def looks_up_global(function: Any, name: str) -> bool:
-    """True when ``function`` (or a function nested in it) loads the name ``name``."""
-    code = getattr(function, "__code__", None)
+    """True when ``function`` (or a function nested in it) loads the name ``name``.
+
+    ``function`` may also be a code object (the tests read upstream's file without importing it).
+    """
+    code = function if isinstance(function, types.CodeType) else getattr(function, "__code__", None)
     if code is None:
         return False
     return any(name in each.co_names for each in _code_objects(code))

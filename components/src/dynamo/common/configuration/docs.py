@@ -24,6 +24,8 @@ SURFACE_MODULES = (
     "dynamo.vllm.backend_args",
     "dynamo.vllm.self_benchmark_args",
     "dynamo_gc.upstream.frontend_settings",
+    "dynamo_gc.vllm",
+    "dynamo_gc.mocker",
 )
 
 GENERATED_NOTE = (
