@@ -191,3 +191,26 @@ def test_at_exit_the_heap_is_unfrozen_and_the_pause_logger_leaves(monkeypatch):
 
     assert gc.get_freeze_count() == 0
     assert installed_gc_pause_logger() is None
+
+
+@pytest.mark.parametrize(
+    ("argv", "rest"),
+    [
+        # everything after `--` is upstream's, even a word that looks like ours
+        (
+            ["--http-port", "1", "--", "--dyn-freeze-gc-heap"],
+            ["--http-port", "1", "--", "--dyn-freeze-gc-heap"],
+        ),
+        # an abbreviation of ours is not ours: upstream sees (and refuses) it
+        (["--dyn-gc-pause", "5"], ["--dyn-gc-pause", "5"]),
+        # upstream's negative values and vLLM's flags stay in place, in order
+        (
+            ["--dyn-chat-processor", "vllm", "--max-model-len", "-1"],
+            ["--dyn-chat-processor", "vllm", "--max-model-len", "-1"],
+        ),
+    ],
+)
+def test_only_our_exact_flags_are_taken_out(argv, rest):
+    config, left = frontend_settings.split_args(argv, env={})
+    assert left == rest
+    assert config.gc == GcSettings(freeze_gc_heap=True, gc_pause_log_ms=0.0)
