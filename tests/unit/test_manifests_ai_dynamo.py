@@ -61,7 +61,9 @@ def test_there_is_an_ai_dynamo_frontend_example():
     assert frontend_services()
 
 
-@pytest.mark.parametrize(("where", "program", "env"), frontend_services(), ids=lambda v: str(v)[:40])
+@pytest.mark.parametrize(
+    ("where", "program", "env"), frontend_services(), ids=lambda v: str(v)[:40]
+)
 def test_every_env_var_exists_and_its_value_is_accepted(where, program, env):
     declared = ours()
     for name, value in env.items():

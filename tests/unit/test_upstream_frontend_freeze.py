@@ -178,3 +178,16 @@ def test_upstreams_arguments_get_the_extension_in_the_http_mode_only():
 def test_the_settings_the_launcher_configures_are_the_gc_settings():
     config, _ = frontend_settings.split_args(["--dyn-gc-pause-log-ms", "5"])
     assert config.gc == GcSettings(freeze_gc_heap=True, gc_pause_log_ms=5.0)
+
+
+def test_at_exit_the_heap_is_unfrozen_and_the_pause_logger_leaves(monkeypatch):
+    # Frozen objects are never finalized, not even by the final collections at exit.
+    monkeypatch.setenv("DYN_GC_PAUSE_LOG_MS", "10")
+    frontend_freeze.gc_freeze_routes()
+    activation = frontend_freeze.activation()
+    assert activation is not None and gc.get_freeze_count() > 0
+
+    activation.process_state.restore()  # what upstream's process runs at exit (atexit)
+
+    assert gc.get_freeze_count() == 0
+    assert installed_gc_pause_logger() is None

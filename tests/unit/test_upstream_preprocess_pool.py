@@ -28,7 +28,9 @@ from tests.unit import upstream_pool_target
 TARGET = Initializer(upstream_pool_target.__name__, "_init_worker")
 ON = GcSettings(freeze_gc_heap=True, gc_pause_log_ms=0.0)
 OFF = GcSettings(freeze_gc_heap=False, gc_pause_log_ms=0.0)
-START_METHODS = [m for m in ("spawn", "forkserver", "fork") if m in multiprocessing.get_all_start_methods()]
+START_METHODS = [
+    m for m in ("spawn", "forkserver", "fork") if m in multiprocessing.get_all_start_methods()
+]
 
 
 @pytest.fixture(autouse=True)
@@ -106,15 +108,39 @@ def test_a_module_of_that_name_without_upstreams_pool_is_left_alone():
     assert preprocess_pool.wrap_initializer(ON, Initializer(TARGET.module, "missing")) is False
 
 
-def test_upstreams_processor_without_the_initializer_is_an_exit_2_naming_it(
-    monkeypatch, capsys
-):
-    monkeypatch.setattr(
-        upstream_pool_target, preprocess_pool.POOL_OWNER, object(), raising=False
-    )
+def test_upstreams_processor_without_the_initializer_is_an_exit_2_naming_it(monkeypatch, capsys):
+    monkeypatch.setattr(upstream_pool_target, preprocess_pool.POOL_OWNER, object(), raising=False)
     with pytest.raises(SystemExit) as exited:
         preprocess_pool.wrap_initializer(ON, Initializer(TARGET.module, "missing"))
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert f"{TARGET.module}.missing" in err
     assert "ai-dynamo" in err
+
+
+class _FactoryWithoutTheGlobal:
+    async def chat_engine_factory(self):
+        return None
+
+
+class _FactoryReadingTheGlobal:
+    async def chat_engine_factory(self):
+        return _init_worker  # noqa: F821 - only its name is read, as upstream's factory reads it
+
+
+def test_a_factory_that_no_longer_reads_the_global_is_an_exit_2(monkeypatch, capsys):
+    monkeypatch.setattr(
+        upstream_pool_target, preprocess_pool.POOL_OWNER, _FactoryWithoutTheGlobal, raising=False
+    )
+    with pytest.raises(SystemExit) as exited:
+        preprocess_pool.wrap_initializer(ON, TARGET)
+    assert exited.value.code == 2
+    assert "chat_engine_factory" in capsys.readouterr().err
+
+
+def test_a_factory_that_reads_the_global_gets_it_wrapped(monkeypatch):
+    monkeypatch.setattr(
+        upstream_pool_target, preprocess_pool.POOL_OWNER, _FactoryReadingTheGlobal, raising=False
+    )
+    assert preprocess_pool.wrap_initializer(ON, TARGET)
+    assert isinstance(upstream_pool_target._init_worker, functools.partial)

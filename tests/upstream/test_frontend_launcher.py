@@ -9,7 +9,13 @@ import sys
 
 import pytest
 
-from tests.upstream.frontend_pair import FROZEN, HTTP_STARTED, Frontend, start_mocker, tiny_model_dir
+from tests.upstream.frontend_pair import (
+    FROZEN,
+    HTTP_STARTED,
+    Frontend,
+    start_mocker,
+    tiny_model_dir,
+)
 
 pytestmark = [pytest.mark.upstream, pytest.mark.integration]
 
@@ -35,8 +41,14 @@ def frontends(served, tmp_path):
     started: list[Frontend] = []
 
     def start(args: list[str], env: dict[str, str] | None = None) -> Frontend:
-        frontend = Frontend(LAUNCHER, args, kv_dir=served, log_dir=tmp_path, env=env,
-                            name=f"frontend-{len(started)}")
+        frontend = Frontend(
+            LAUNCHER,
+            args,
+            kv_dir=served,
+            log_dir=tmp_path,
+            env=env,
+            name=f"frontend-{len(started)}",
+        )
         started.append(frontend)
         return frontend
 
@@ -55,7 +67,9 @@ def test_the_launcher_freezes_before_http_and_serves(frontends):
     # the flag is absent, so the env var applies: off
     assert frontend.process.count(FROZEN) == 0
 
-    on = frontends(["--dyn-freeze-gc-heap", "--dyn-gc-pause-log-ms", "1"], {"DYN_FREEZE_GC_HEAP": "0"})
+    on = frontends(
+        ["--dyn-freeze-gc-heap", "--dyn-gc-pause-log-ms", "1"], {"DYN_FREEZE_GC_HEAP": "0"}
+    )
     on.wait_http()
     on.wait_model()
     on.chat()

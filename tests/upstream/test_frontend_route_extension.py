@@ -1,13 +1,19 @@
-"""An unchanged upstream ``python -m dynamo.frontend`` with ``DYN_FRONTEND_ROUTE_EXTENSIONS=gc-freeze``
-(the entry point of the dynamo-gc distribution): upstream's real frontend and mocker on loopback,
-the official ``openai`` client.
+"""An unchanged upstream ``python -m dynamo.frontend`` with
+``DYN_FRONTEND_ROUTE_EXTENSIONS=gc-freeze`` (the entry point of the dynamo-gc distribution):
+upstream's real frontend and mocker on loopback, the official ``openai`` client.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from tests.upstream.frontend_pair import FROZEN, HTTP_STARTED, Frontend, start_mocker, tiny_model_dir
+from tests.upstream.frontend_pair import (
+    FROZEN,
+    HTTP_STARTED,
+    Frontend,
+    start_mocker,
+    tiny_model_dir,
+)
 
 pytestmark = [pytest.mark.upstream, pytest.mark.integration]
 
@@ -33,8 +39,9 @@ def frontends(served, tmp_path):
     started: list[Frontend] = []
 
     def start(args: list[str], env: dict[str, str], module: str = UPSTREAM) -> Frontend:
-        frontend = Frontend(module, args, kv_dir=served, log_dir=tmp_path, env=env,
-                            name=f"frontend-{len(started)}")
+        frontend = Frontend(
+            module, args, kv_dir=served, log_dir=tmp_path, env=env, name=f"frontend-{len(started)}"
+        )
         started.append(frontend)
         return frontend
 

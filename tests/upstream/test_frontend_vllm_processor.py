@@ -16,7 +16,13 @@ import os
 
 import pytest
 
-from tests.upstream.frontend_pair import FROZEN, HTTP_STARTED, Frontend, start_mocker, tiny_model_dir
+from tests.upstream.frontend_pair import (
+    FROZEN,
+    HTTP_STARTED,
+    Frontend,
+    start_mocker,
+    tiny_model_dir,
+)
 
 REQUIRE_ENV = "DYNAMO_REQUIRE_UPSTREAM_VLLM"
 _MISSING = importlib.util.find_spec("vllm") is None
@@ -53,11 +59,17 @@ def served(tmp_path_factory):
 def test_the_vllm_processor_frontend_freezes_its_heap_before_http(served, tmp_path, way):
     env = {"DYN_DEBUG_GC_ENDPOINT": "1", "DYN_GC_PAUSE_LOG_MS": "50"}
     if way == "route extension":
-        frontend = Frontend("dynamo.frontend", VLLM_ARGS, kv_dir=served, log_dir=tmp_path,
-                            env={**env, "DYN_FRONTEND_ROUTE_EXTENSIONS": "gc-freeze"})
+        frontend = Frontend(
+            "dynamo.frontend",
+            VLLM_ARGS,
+            kv_dir=served,
+            log_dir=tmp_path,
+            env={**env, "DYN_FRONTEND_ROUTE_EXTENSIONS": "gc-freeze"},
+        )
     else:
-        frontend = Frontend("dynamo_gc.frontend", VLLM_ARGS, kv_dir=served, log_dir=tmp_path,
-                            env=env)
+        frontend = Frontend(
+            "dynamo_gc.frontend", VLLM_ARGS, kv_dir=served, log_dir=tmp_path, env=env
+        )
     try:
         frontend.process.wait_for_log(HTTP_STARTED, deadline_s=START_DEADLINE_S)
         assert 0 <= frontend.position(FROZEN) < frontend.position(HTTP_STARTED)

@@ -9,10 +9,13 @@ point upstream calls its route providers (after ``make_engine``, before HTTP sta
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Sequence
 
 from dynamo_gc.upstream import frontend_freeze, frontend_hooks, frontend_settings
+
+logger = logging.getLogger(__name__)
 
 UPSTREAM_PROGRAM = "python -m dynamo_gc.frontend"
 ROUTE_EXTENSION_FLAG = "--frontend-route-extension"
@@ -40,5 +43,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     config, rest = frontend_settings.split_args(args)
     upstream_main = frontend_hooks.upstream_frontend_main()  # exit 2 on an unsupported version
     frontend_freeze.configure(config)
-    sys.argv = [UPSTREAM_PROGRAM, *upstream_argv(rest)]
+    upstream_args = upstream_argv(rest)
+    if frontend_freeze.EXTENSION_NAME not in upstream_args:
+        logger.warning(
+            "GC heap not frozen: upstream's %s mode serves no HTTP and calls no route extension, "
+            "the only point where the adapter freezes",
+            " / ".join(word for word in rest if word in NON_HTTP_MODES),
+        )
+    sys.argv = [UPSTREAM_PROGRAM, *upstream_args]
     upstream_main()

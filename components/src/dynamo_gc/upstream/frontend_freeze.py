@@ -18,12 +18,14 @@ JSON, which Prometheus cannot scrape, so the ``dynamo_gc_*`` metrics get a port 
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 from dataclasses import dataclass
 
 from dynamo_gc import lifecycle
 from dynamo_gc.freeze import maybe_freeze_gc_heap
+from dynamo_gc.gc_state import ProcessGcState
 from dynamo_gc.metrics import DEBUG_GC_STATE_PATH, DynamoMetrics, debug_gc_state
 from dynamo_gc.pause_logger import install_gc_pause_logger
 from dynamo_gc.upstream import frontend_settings, metrics_server, preprocess_pool
@@ -44,6 +46,7 @@ class Activation:
     frozen: int | None
     metrics: DynamoMetrics
     metrics_port: int | None
+    process_state: ProcessGcState  # undone at interpreter exit
 
 
 _lock = threading.Lock()
@@ -103,7 +106,13 @@ def _activate(config: FrontendGcConfig) -> Activation:
         metrics_port = metrics_server.serve(metrics, config.metrics_host, config.metrics_port)
     frozen = maybe_freeze_gc_heap(settings.freeze_gc_heap, context=FREEZE_CONTEXT)
     lifecycle.mark_serving(ADMISSION)
-    return Activation(config, frozen, metrics, metrics_port)
+    # Upstream's main owns shutdown; at interpreter exit (after it returns) the heap is unfrozen,
+    # so the final collections can finalize what the freeze kept (vLLM's native objects would
+    # otherwise be reported as leaked), and the pause logger leaves before the last lines.
+    process_state = ProcessGcState(metrics)
+    process_state.froze = frozen is not None
+    atexit.register(process_state.restore)
+    return Activation(config, frozen, metrics, metrics_port, process_state)
 
 
 def reset_for_tests() -> None:
@@ -111,6 +120,7 @@ def reset_for_tests() -> None:
     global _activation, _configured
     with _lock:
         if _activation is not None:
+            atexit.unregister(_activation.process_state.restore)
             _activation.metrics.detach()
         _activation = None
         _configured = None

@@ -20,8 +20,9 @@ from dynamo_gc.configuration.options import Option, Surface, host_option, port_o
 from dynamo_gc.configuration.parser import DynamoArgParser, build_parser
 
 PROGRAM = "python -m dynamo_gc.frontend"
-# How the route-extension path names itself in an error: the operator ran upstream's command.
-EXTENSION_PROGRAM = "dynamo.frontend (gc-freeze route extension)"
+# The route-extension path's errors name the adapter's launcher too: the operator ran upstream's
+# command, and `python -m dynamo_gc.frontend --help` is where the options are listed.
+EXTENSION_PROGRAM = PROGRAM
 
 GC_METRICS_PORT = port_option(
     "dyn-gc-metrics-port",

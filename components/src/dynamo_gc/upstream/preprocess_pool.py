@@ -7,10 +7,10 @@ In ai-dynamo 1.6.1 only the ``sglang`` chat processor has the pool: the model wa
 model is registered). The ``vllm`` processor refuses ``--dyn-preprocess-workers`` outright.
 
 The global is replaced with a ``functools.partial`` of :func:`freezing_init_worker`, the
-global's location and the GC settings. The partial pickles by reference to *this* module's function, so under ``spawn`` and
-``forkserver`` the child imports ``dynamo_gc`` and runs our wrapper, which runs upstream's
-initializer (fresh in that child, so never the wrapper itself) and then freezes. Under ``fork``
-the child inherits the wrapper and the saved original.
+global's location and the GC settings. The partial pickles by reference to *this* module's
+function, so under ``spawn`` and ``forkserver`` the child imports ``dynamo_gc`` and runs our
+wrapper, which runs upstream's initializer (fresh in that child, so never the wrapper itself)
+and then freezes. Under ``fork`` the child inherits the wrapper and the saved original.
 
 A pool process is new and has admitted nothing when its initializer ends, so it is a quiescent
 point even though the frontend that forks it is already serving: a forked child inherits the
@@ -26,13 +26,14 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from dynamo_gc import lifecycle
 from dynamo_gc.configuration.gc_options import GcSettings
 from dynamo_gc.freeze import maybe_freeze_gc_heap
 from dynamo_gc.pause_logger import install_gc_pause_logger
+from dynamo_gc.upstream.hooks import looks_up_global
+from dynamo_gc.upstream.versions import refuse
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ INITIALIZER = "_init_worker"
 # The class that builds the pool: with it and without the initializer, upstream changed.
 POOL_OWNER = "SglangEngineFactory"
 FREEZE_CONTEXT = "upstream preprocess worker, end of its pool initializer"
+PROGRAM = "dynamo_gc (gc-freeze route extension)"
 
 
 @dataclass(frozen=True)
@@ -96,13 +98,20 @@ def wrap_initializer(settings: GcSettings, target: Initializer = Initializer()) 
     if module is None:
         return False
     current = getattr(module, target.name, None)
+    owner = getattr(module, POOL_OWNER, None)
     if not callable(current):
-        if not hasattr(module, POOL_OWNER):
+        if owner is None:
             return False  # a module of that name that is not upstream's processor
         # The symbol this adapter hooks is gone in this upstream version: say so, never a
         # silent no-op that leaves the pool unfrozen.
-        print(_missing_symbol_message(target), file=sys.stderr, flush=True)
-        raise SystemExit(2)
+        refuse(PROGRAM, f"{target.module}.{target.name}", "is missing")
+    factory = getattr(owner, "chat_engine_factory", None)
+    if owner is not None and not looks_up_global(factory, target.name):
+        refuse(
+            PROGRAM,
+            f"{target.module}.{POOL_OWNER}.chat_engine_factory",
+            f"no longer builds its pool with the module global {target.name}",
+        )
     if _is_ours(current):
         return True
     _original = current
@@ -120,14 +129,3 @@ def unwrap_initializer(target: Initializer = Initializer()) -> None:
         setattr(module, target.name, _original)
     _original = None
     _wrapped_in_pid = None
-
-
-def _missing_symbol_message(target: Initializer) -> str:
-    try:
-        found = version("ai-dynamo")
-    except PackageNotFoundError:
-        found = "(not installed)"
-    return (
-        f"dynamo_gc: error: ai-dynamo {found} has no callable {target.module}.{target.name}; "
-        "its preprocess pool cannot be frozen with this version (supported: 1.6.1)"
-    )
