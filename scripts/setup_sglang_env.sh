@@ -109,7 +109,8 @@ if [ ! -f "$project_stamp" ] || [ "$current" != "$expected" ]; then
   if [ -n "$current" ] && [ "$current" != "$expected" ]; then
     log "$VENV has dynamo from ${current%/components/src/dynamo}; re-installing from $CHECKOUT"
   fi
-  log "installing this project (editable, with its test extra) into $VENV (pip then lists" \
+  log "installing this project (the GC layer with its test extra, and the launchers; editable)" \
+    "into $VENV (pip then lists" \
     "SGLang's server and GPU dependencies as missing: they are left out on purpose)"
   "${pip[@]}" install -e ".[test]" -e ./components "torch==$TORCH_VERSION"
   rm -f "$VENV"/.project-*

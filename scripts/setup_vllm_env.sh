@@ -54,7 +54,7 @@ fi
 # editable; redone only when either pyproject.toml changes.
 project_stamp="$VENV/.project-$(cat pyproject.toml components/pyproject.toml | cksum | cut -d' ' -f1)"
 if [ ! -f "$project_stamp" ]; then
-  log "installing this project (editable, with its test extra) into $VENV"
+  log "installing this project (the GC layer with its test extra, and the launchers; editable) into $VENV"
   "${pip[@]}" install -e ".[test]" -e ./components "torch==$TORCH_VERSION"
   rm -f "$VENV"/.project-*
   touch "$project_stamp"
