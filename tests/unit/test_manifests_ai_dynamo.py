@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from dynamo_gc import mocker as upstream_mocker
+from dynamo_gc import vllm as upstream_vllm
 from dynamo_gc.configuration.values import parse_bool_word
 from dynamo_gc.upstream import frontend_settings
 
@@ -33,8 +35,12 @@ UPSTREAM_ENV_VARS = {
     "DYN_SDK_DISABLE_ANSI_LOGGING": "the runtime's logging: plain text instead of colours",
     "DYN_LOG": "the runtime's log level",
 }
-# The vLLM worker adapter's env vars (issue 28: the worker options under the DYN_VLLM_ prefix).
-WORKER_ENV_VARS = {"DYN_VLLM_FREEZE_GC_HEAP", "DYN_VLLM_GC_PAUSE_LOG_MS"}
+# The worker adapters' env vars, from their declarations (python -m dynamo_gc.vllm / .mocker).
+WORKER_ENV_VARS = {
+    option.env_var
+    for surface in (upstream_vllm.SURFACE, upstream_mocker.SURFACE)
+    for option in surface.options
+}
 PROGRAMS = ("dynamo.frontend", "dynamo_gc.frontend")
 DYN_NAME = re.compile(r"\bDYN_[A-Z0-9_]*[A-Z0-9]\b")
 

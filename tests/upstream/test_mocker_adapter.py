@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import urllib.request
 
 import pytest
 from launcher_process import LauncherProcess
@@ -82,7 +83,15 @@ def test_freezes_before_the_engine_is_served_and_upstreams_frontend_answers(mode
     mocker = LauncherProcess(
         "mocker",
         ADAPTER,
-        [*mocker_args(model_dir), "--gc-pause-log-ms", "1"],
+        [
+            *mocker_args(model_dir),
+            "--gc-pause-log-ms",
+            "1",
+            "--gc-metrics-port",
+            "0",
+            "--gc-metrics-host",
+            "127.0.0.1",
+        ],
         log_dir=tmp_path,
         env=loopback_env(kv_dir),
     )
@@ -99,6 +108,14 @@ def test_freezes_before_the_engine_is_served_and_upstreams_frontend_answers(mode
         assert first(DISCOVERY_REGISTER, log) > frozen
         assert mocker.count(FROZEN) == 1
         assert "GC pause logger installed" in log[:frozen]
+        # the dynamo_gc_* metrics, scraped from the adapter's own port
+        port = mocker.wait_for_log(r"GC metrics served on http://127\.0\.0\.1:(\d+)/metrics")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port.group(1)}/metrics", timeout=10) as r:
+            scraped = r.read().decode()
+        frozen_objects = re.search(r"^dynamo_gc_frozen_objects (\S+)$", scraped, re.M)
+        assert frozen_objects is not None and float(frozen_objects.group(1)) > 0, scraped
+        assert re.search(r'^dynamo_serving_phase\{phase="serving"\} 1\.0$', scraped, re.M)
+        assert re.search(r"^dynamo_gc_freeze_enabled 1\.0$", scraped, re.M)
     finally:
         frontend.stop()
         mocker.stop()
@@ -135,8 +152,18 @@ def test_the_flag_overrides_the_env_var(mockers):
         ([], {"DYN_VLLM_GC_PAUSE_LOG_MS": "soon"}, "--gc-pause-log-ms"),
         ([], {"DYN_VLLM_FREEZE_GC_HEAP": "maybe"}, "--freeze-gc-heap"),
         (["--freeze-gc-heap=yes"], {}, "--freeze-gc-heap"),
+        (["--gc-metrics-port", "70000"], {}, "DYN_VLLM_GC_METRICS_PORT"),
+        ([], {"DYN_VLLM_GC_METRICS_PORT": "http"}, "--gc-metrics-port"),
     ],
-    ids=["negative", "nan", "env-not-a-number", "env-not-a-bool", "valued-boolean"],
+    ids=[
+        "negative",
+        "nan",
+        "env-not-a-number",
+        "env-not-a-bool",
+        "valued-boolean",
+        "port-out-of-range",
+        "env-port-not-a-number",
+    ],
 )
 def test_bad_values_exit_2_before_upstream_starts(mockers, args, env, named):
     mocker = mockers(args, env)

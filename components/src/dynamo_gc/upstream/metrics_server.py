@@ -24,11 +24,18 @@ _lock = threading.Lock()
 _server: Any = None
 
 
-def serve(metrics: DynamoMetrics, host: str, port: int) -> int:
+def serve(
+    metrics: DynamoMetrics,
+    host: str,
+    port: int,
+    *,
+    option: str = "--dyn-gc-metrics-port / DYN_GC_METRICS_PORT",
+) -> int:
     """Serve ``metrics`` on ``host:port`` (0: a free port) and return the bound port.
 
     A port that cannot be bound is an error at start-up (before upstream's HTTP service starts),
-    never a silently missing scrape target.
+    never a silently missing scrape target; the message names ``option`` (the flag and env var
+    of the program that asked for the port).
     """
     global _server
     with _lock:
@@ -38,8 +45,7 @@ def serve(metrics: DynamoMetrics, host: str, port: int) -> int:
             server, _thread = start_http_server(port, addr=host, registry=metrics.registry)
         except OSError as exc:
             raise SystemExit(
-                f"dynamo_gc: cannot serve the GC metrics on {host}:{port} "
-                f"(--dyn-gc-metrics-port / DYN_GC_METRICS_PORT): {exc}"
+                f"dynamo_gc: cannot serve the GC metrics on {host}:{port} ({option}): {exc}"
             ) from None
         _server = server
     bound = int(server.server_port)

@@ -4,8 +4,9 @@ upstream's own ``python -m`` entry point runs as always.
 Order, so that nothing is half-applied: ``--help`` prints ours then upstream's; otherwise the GC
 options are parsed (bad value: exit 2, before upstream is imported), the hooked symbol is
 resolved and checked against the installed ai-dynamo (exit 2 naming the version and the symbol),
-the pause logger and metrics are installed, the global is wrapped, and upstream's ``__main__`` runs
-with the remaining arguments.
+the pause logger and metrics are installed (and served on their own port when
+``--gc-metrics-port`` asks: upstream's worker ``/metrics`` is its Rust runtime's), the global is
+wrapped, and upstream's ``__main__`` runs with the remaining arguments.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dynamo_gc.configuration.options import Surface
-from dynamo_gc.upstream import hooks, versions, worker_freeze, worker_settings
+from dynamo_gc.upstream import hooks, metrics_server, versions, worker_freeze, worker_settings
 from dynamo_gc.upstream.hooks import ModuleGlobalHook
 
 
@@ -43,10 +44,18 @@ def run(adapter: WorkerAdapter, argv: Sequence[str] | None = None) -> None:
         print("Upstream ai-dynamo's own options follow.\n", flush=True)
         _run_upstream(adapter, ["--help"])
         return
-    settings, rest = worker_settings.split_args(adapter.surface, args)
+    config, rest = worker_settings.split_args(adapter.surface, args)
+    settings = config.gc
     hooks.resolve(program, adapter.hook)
     versions.warn_if_unchecked(program)
-    worker_freeze.install_observers(settings)
+    metrics = worker_freeze.install_observers(settings)
+    if config.metrics_port is not None:
+        metrics_server.serve(
+            metrics,
+            config.metrics_host,
+            config.metrics_port,
+            option="--gc-metrics-port / DYN_VLLM_GC_METRICS_PORT",
+        )
     freeze = worker_freeze.FreezeOnce(
         settings, context=adapter.freeze_context, admission=adapter.admission
     )

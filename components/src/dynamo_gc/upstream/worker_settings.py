@@ -14,16 +14,36 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from dynamo_gc.configuration.gc_options import GcSettings
 from dynamo_gc.configuration.gc_surfaces import WORKER_GC, gc_help, split_gc_args
-from dynamo_gc.configuration.options import Surface
-from dynamo_gc.configuration.parser import DynamoArgParser, build_parser
+from dynamo_gc.configuration.options import Surface, host_option, port_option
+from dynamo_gc.configuration.parser import DynamoArgParser, HelpFormatter, build_parser
 
 VLLM_PROGRAM = "python -m dynamo_gc.vllm"
 MOCKER_PROGRAM = "python -m dynamo_gc.mocker"
 
-WORKER_GC_OPTIONS = list(WORKER_GC.options)
+GC_METRICS_PORT = port_option(
+    "gc-metrics-port",
+    "DYN_VLLM_GC_METRICS_PORT",
+    None,
+    "Serve the dynamo_gc_* metrics (Prometheus text, GET /metrics) on this port; 0 picks a free "
+    "port and logs it. Unset: not served (the freeze and the pause log work without it).",
+)
+
+GC_METRICS_HOST = host_option(
+    "gc-metrics-host",
+    "DYN_VLLM_GC_METRICS_HOST",
+    "0.0.0.0",
+    "Address the dynamo_gc_* metrics port listens on (every interface by default, so a "
+    "Prometheus in the cluster can scrape it).",
+)
+
+# The metrics port is the adapter's own: upstream's worker /metrics is served by its Rust
+# runtime from its own registry.
+METRICS_OPTIONS = [GC_METRICS_PORT, GC_METRICS_HOST]
+WORKER_GC_OPTIONS = [*WORKER_GC.options, *METRICS_OPTIONS]
 
 VLLM_SURFACE = Surface(
     name="upstream-vllm",
@@ -48,15 +68,48 @@ MOCKER_SURFACE = Surface(
 )
 
 
+@dataclass(frozen=True)
+class WorkerGcConfig:
+    """What the adapter does in upstream's worker process."""
+
+    gc: GcSettings
+    metrics_host: str
+    metrics_port: int | None
+
+
 def _parser(surface: Surface) -> DynamoArgParser:
     return build_parser(surface)
 
 
+def _metrics_parser(surface: Surface) -> DynamoArgParser:
+    """The metrics options alone, without -h (``--help`` is the adapter's, before upstream's)."""
+    parser = DynamoArgParser(
+        prog=surface.program,
+        usage=argparse.SUPPRESS,
+        add_help=False,
+        options=METRICS_OPTIONS,
+        formatter_class=HelpFormatter,
+        auto_env_var_prefix=None,
+        args_for_setting_config_path=[],
+    )
+    group = parser.add_argument_group("GC metrics port (dynamo_gc)")
+    for option in METRICS_OPTIONS:
+        option.add_to(group)
+    return parser
+
+
 def split_args(
     surface: Surface, argv: Sequence[str], env: Mapping[str, str] | None = None
-) -> tuple[GcSettings, list[str]]:
-    """Our options out of ``argv`` (flags, then env vars, then defaults), and upstream's rest."""
-    return split_gc_args(argv, WORKER_GC, env, prog=surface.program)
+) -> tuple[WorkerGcConfig, list[str]]:
+    """Our options out of ``argv`` (flags, then env vars, then defaults), and upstream's rest.
+
+    The GC options with the layer's splitter (exactly our flags); the metrics port and host
+    with the strict parser, from what is left. A bad value exits 2 naming flag and env var.
+    """
+    env_vars = dict(os.environ if env is None else env)
+    gc, rest = split_gc_args(argv, WORKER_GC, env_vars, prog=surface.program)
+    namespace, rest = _metrics_parser(surface).parse_known_args(rest, env_vars=env_vars)
+    return WorkerGcConfig(gc, namespace.gc_metrics_host, namespace.gc_metrics_port), rest
 
 
 def parse_args(
@@ -70,4 +123,6 @@ def parse_args(
 def format_help(surface: Surface) -> str:
     """What ``--help`` shows before upstream's own help."""
     usage = f"usage: {surface.program} [GC options] <upstream's arguments>"
-    return f"{usage}\n\n{surface.description}\n\n{gc_help(WORKER_GC)}"
+    # the parser closes every help with its precedence note, which gc_help's block already has
+    metrics = _metrics_parser(surface).format_help().split("\n\n In general")[0].strip("\n")
+    return f"{usage}\n\n{surface.description}\n\n{gc_help(WORKER_GC)}\n{metrics}\n"
