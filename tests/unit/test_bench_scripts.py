@@ -196,3 +196,18 @@ def test_bench_pool_start_smoke(tmp_path):
         assert start_s > 0
         frozen = result["methods"][method]["frozen"]
         assert len(frozen) == 1 and frozen[0] > 0  # the child's own freeze
+
+
+def test_ab_upstream_probe_reads_a_pause_line_only_once_it_is_whole():
+    import ab_upstream  # scripts/ is on sys.path (pytest's pythonpath)
+    from serving_pair import pauses_in
+
+    line = b"WARN pause_logger._log_pause: GC gen2 pause 376.7 ms (collected=1 uncollectable=0)\n"
+    log = b"INFO request completed\n" + line
+    cut = log.index(b"376.7") + 3  # the line is still being written: "... pause 376" so far
+    first = ab_upstream.complete_lines(log[:cut])
+    assert first == b"INFO request completed\n"
+    # the next scan starts where the complete lines ended and sees the whole line
+    second = ab_upstream.complete_lines(log[len(first) :])
+    assert pauses_in(first) == [] and pauses_in(second) == [{"generation": 2, "ms": 376.7}]
+    assert ab_upstream.complete_lines(b"no newline yet") == b""
