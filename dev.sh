@@ -4,8 +4,10 @@
 #
 #   ./dev.sh icebox [args...]   start the "icebox" pair: a frontend and a mock worker on loopback,
 #                               GC heaps frozen, pause logger on; Ctrl-C stops both
-#   ./dev.sh test [pytest args] run the test suite
+#   ./dev.sh test [pytest args] run the test suite, on every core (pytest-xdist's -n auto;
+#                               `-n 0` runs it in this one process)
 #   ./dev.sh lint               ruff (lint, format check) and mypy over components/, scripts/, tests/
+#   ./dev.sh venv               only set up the virtual environment; prints its python
 #
 # PYTHON=/path/to/python3.X picks the interpreter (default: python3); each version gets its own
 # .venv-3.X so switching is cheap.
@@ -32,7 +34,9 @@ ensure_venv() {
   stamp="$venv/.installed-$(cksum pyproject.toml | cut -d' ' -f1)"
   if [ ! -f "$stamp" ]; then
     echo "dev.sh: installing the package and its test and lint extras into $venv" >&2
-    "$venv/bin/python" -m pip install --quiet -e ".[test,lint]" >&2
+    # One editable install at a time per checkout (CI builds several venvs at once): setuptools
+    # writes its egg-info and build directories into the source tree.
+    flock components/src "$venv/bin/python" -m pip install --quiet -e ".[test,lint]" >&2
     rm -f "$venv"/.installed-*
     touch "$stamp"
   fi
@@ -50,7 +54,9 @@ case "$command" in
     ensure_venv
     echo "dev.sh: running the tests on $("$VENV_PYTHON" -V)" >&2
     set +e
-    "$VENV_PYTHON" -m pytest "$@"
+    # Both cores by default (the arguments after it may say otherwise: a later -n wins); tests
+    # that must not overlap share an xdist_group, which --dist loadgroup keeps on one worker.
+    "$VENV_PYTHON" -m pytest -n auto --dist loadgroup "$@"
     rc=$?
     set -e
     if [ "$rc" -eq 5 ]; then
@@ -58,6 +64,10 @@ case "$command" in
       exit 1
     fi
     exit "$rc"
+    ;;
+  venv)
+    ensure_venv
+    echo "$VENV_PYTHON"
     ;;
   lint)
     ensure_venv
