@@ -110,7 +110,8 @@ if [ ! -f "$project_stamp" ] || [ "$current" != "$expected" ]; then
   fi
   log "installing this project (editable, with its test extra) into $VENV (pip then lists" \
     "SGLang's server and GPU dependencies as missing: they are left out on purpose)"
-  "${pip[@]}" install -e ".[test]" "torch==$TORCH_VERSION"
+  # One editable install at a time per checkout (setuptools writes into the source tree).
+  flock components/src "${pip[@]}" install -e ".[test]" "torch==$TORCH_VERSION"
   rm -f "$VENV"/.project-*
   touch "$project_stamp"
 fi
