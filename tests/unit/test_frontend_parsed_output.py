@@ -45,9 +45,11 @@ class Breaks:
         raise AssertionError("never reached once feed failed")
 
 
-def registry(parser_class) -> ModelRegistry:
+def registry(parser_class, reasoning_field: str | None = None) -> ModelRegistry:
     def build(card):
         processor = build_chat_processor(card)
+        if reasoning_field is not None:  # as the vllm processor names it
+            processor.reasoning_field = reasoning_field
         processor.output_parser = lambda tools=None, tool_choice="auto", messages=(), stream=True: (
             parser_class()
         )
@@ -57,7 +59,7 @@ def registry(parser_class) -> ModelRegistry:
     return ModelRegistry(build)
 
 
-def ask(card, parser_class, stream: bool, *, eos: bool = True, **extra):
+def ask(card, parser_class, stream: bool, *, eos: bool = True, field=None, **extra):
     ids = build_chat_processor(card).tokenizer.encode(TEXT, add_special_tokens=False)
     output = [*ids, *card.eos_token_ids] if eos else ids
     body = {
@@ -71,7 +73,7 @@ def ask(card, parser_class, stream: bool, *, eos: bool = True, **extra):
     async def scenario():
         async with (
             echo_worker(output=output, chunk=2) as (_, endpoint),
-            frontend(card, endpoint, registry=registry(parser_class)) as client,
+            frontend(card, endpoint, registry=registry(parser_class, field)) as client,
         ):
             response = await client.post("/v1/chat/completions", json=body)
             if stream:
@@ -106,6 +108,23 @@ def test_a_stream_sends_what_was_held_then_the_calls_then_the_finish(card):
     assert deltas[0] == {"role": "assistant", "content": ""}
     assert deltas[1:3] == [{"reasoning_content": TEXT}, {"tool_calls": [CALL]}]
     assert events[-2]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_the_hf_processor_names_the_reasoning_as_upstream_dynamo_and_sglang_do(card):
+    assert build_chat_processor(card).reasoning_field == "reasoning_content"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_reasoning_goes_out_under_the_processors_field_name(card, stream):
+    status, answer = ask(card, HoldsItAll, stream, field="reasoning")
+    assert status == 200, answer
+    if stream:
+        deltas = [e["choices"][0]["delta"] for e in answer[:-1] if e["choices"]]
+        assert {"reasoning": TEXT} in deltas, deltas
+        assert not any("reasoning_content" in d for d in deltas), deltas
+    else:
+        message = answer["choices"][0]["message"]
+        assert message["reasoning"] == TEXT and "reasoning_content" not in message
 
 
 class CallsTwice(HoldsItAll):

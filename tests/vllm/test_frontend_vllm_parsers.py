@@ -89,7 +89,7 @@ def test_a_whole_answer_is_split_by_vllms_parsers(tiny_tokenizer_dir):
     status, answer = ask(card, body(), registry("hermes", "qwen3"))
     assert status == 200, answer
     choice = answer["choices"][0]
-    assert choice["message"]["reasoning_content"] == THINKING
+    assert choice["message"]["reasoning"] == THINKING
     assert choice["message"]["content"] == SAID
     assert_weather_call(choice["message"]["tool_calls"])
     assert choice["finish_reason"] == "tool_calls"
@@ -100,7 +100,7 @@ def test_a_stream_carries_the_parsed_answer_before_its_finish(tiny_tokenizer_dir
     status, events = ask(card, body(stream=True), registry("hermes", "qwen3"))
     assert status == 200 and events[-1] == "[DONE]"
     deltas = [e["choices"][0]["delta"] for e in events[:-1] if e["choices"]]
-    assert "".join(d.get("reasoning_content", "") for d in deltas) == THINKING
+    assert "".join(d.get("reasoning", "") for d in deltas) == THINKING
     assert "".join(d.get("content") or "" for d in deltas) == SAID
     assert_weather_call(assembled([c for d in deltas for c in d.get("tool_calls", [])]))
     assert events[-2]["choices"][0]["finish_reason"] == "tool_calls"
@@ -116,12 +116,12 @@ def test_include_reasoning_false_drops_what_vllms_reasoning_parser_found(
     assert status == 200, answer
     if stream:
         deltas = [e["choices"][0]["delta"] for e in answer[:-1] if e["choices"]]
-        assert not any("reasoning_content" in d for d in deltas), deltas
+        assert not any("reasoning" in d for d in deltas), deltas
         assert "".join(d.get("content") or "" for d in deltas) == SAID
         calls = assembled([c for d in deltas for c in d.get("tool_calls", [])])
     else:
         message = answer["choices"][0]["message"]
-        assert "reasoning_content" not in message and message["content"] == SAID
+        assert "reasoning" not in message and message["content"] == SAID
         calls = message["tool_calls"]
     assert_weather_call(calls)
 

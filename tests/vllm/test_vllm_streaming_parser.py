@@ -255,7 +255,7 @@ def test_the_openai_client_gets_each_part_streamed_before_the_finish(tmp_path):
 
     assert answer.finish_reason == "tool_calls"
     message = answer.message
-    reasoning = (message.model_extra or {}).get("reasoning_content")
+    reasoning = (message.model_extra or {}).get("reasoning")
     assert "The user wants the weather." in reasoning and message.content == "Let me look."
     choices = [(i, c.choices[0]) for i, c in enumerate(chunks) if c.choices]
     (finish,) = [i for i, choice in choices if choice.finish_reason is not None]
@@ -265,14 +265,14 @@ def test_the_openai_client_gets_each_part_streamed_before_the_finish(tmp_path):
         return [i for i, choice in choices if part(choice.delta)]
 
     for part in (
-        lambda d: (d.model_extra or {}).get("reasoning_content"),
+        lambda d: (d.model_extra or {}).get("reasoning"),
         lambda d: d.content,
         lambda d: d.tool_calls,
     ):
         where = carrying(part)
         assert len(where) > 1 and max(where) < finish, where
     deltas = [choice.delta for _, choice in choices]
-    assert "".join((d.model_extra or {}).get("reasoning_content") or "" for d in deltas) == (
+    assert "".join((d.model_extra or {}).get("reasoning") or "" for d in deltas) == (
         reasoning
     )
     assert "".join(d.content or "" for d in deltas) == message.content

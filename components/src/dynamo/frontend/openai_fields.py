@@ -131,7 +131,7 @@ RULES: tuple[FieldRule, ...] = (
     ),
     applied(
         "include_reasoning",
-        "false: no reasoning_content (a streamed piece that was only reasoning is no chunk), "
+        "false: no reasoning field (a streamed piece that was only reasoning is no chunk), "
         "and, when the model's output is parsed, no logprobs either (their tokens would show "
         "the reasoning), as vLLM hides them",
         (CHAT,),

@@ -59,6 +59,13 @@ def render() -> str:
         "completions without `max_tokens` may use the rest of the context (vLLM stops them at "
         "16); error messages are worded differently (the same status; ours always names the "
         "field in `param`).",
+        "",
+        "A chat's parsed reasoning (a model served with a reasoning parser) comes back in the "
+        "field its processor's engine names it, whole (`message`) and streamed (`delta`): "
+        "`reasoning` with `--dyn-chat-processor vllm` (vLLM 0.32's server answers `reasoning`; "
+        "it reads `reasoning_content` only as a deprecated input), `reasoning_content` with "
+        "`sglang` (SGLang's server) and with `hf` (upstream Dynamo's default, its "
+        "`--reasoning-field-name`).",
     ]
     for endpoint, path in _ENDPOINTS:
         lines += ["", f"## `{path}`", "", "| field | treatment | accepted values | why |"]

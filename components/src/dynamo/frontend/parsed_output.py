@@ -1,5 +1,7 @@
 """A chat completion's output through its :class:`~dynamo.frontend.output_parser.OutputParser`:
-``content``, ``reasoning_content`` and ``tool_calls`` in OpenAI's chat shapes.
+``content``, the reasoning and ``tool_calls`` in OpenAI's chat shapes; the reasoning's field is
+named as the processor's engine names it (``reasoning`` with ``vllm``, ``reasoning_content``
+with ``sglang`` and ``hf``: :data:`~.chat_processor.REASONING_FIELDS`).
 
 The response path (:mod:`dynamo.frontend.http_service`) builds one :class:`ParsedOutput` per
 chat choice whose request has a parser (the model's processor parses output: ``--dyn-chat-processor
@@ -76,8 +78,17 @@ class ParsedOutput:
     never a 500 or a stream cut short.
     """
 
-    def __init__(self, parser: OutputParser, responder: ChatResponder, index: int = 0) -> None:
+    def __init__(
+        self,
+        parser: OutputParser,
+        responder: ChatResponder,
+        index: int = 0,
+        *,
+        reasoning_field: str = "reasoning_content",
+    ) -> None:
         self._parser: OutputParser | None = parser
+        # The reasoning's key in a message / delta: the processor's engine's name for it.
+        self._reasoning_field = reasoning_field
         self._responder = responder
         self._index = index  # the choice's (n > 1)
         self._tool_calls = False
@@ -144,7 +155,7 @@ class ParsedOutput:
         if not calls and message["content"] is None:
             message["content"] = ""
         if reasoning:
-            message["reasoning_content"] = reasoning
+            message[self._reasoning_field] = reasoning
         if calls:
             message["tool_calls"] = calls
         reason = self.finish_reason(finish_reason)
@@ -155,7 +166,7 @@ class ParsedOutput:
             return None
         delta: dict[str, Any] = {}
         if parsed.reasoning_content:
-            delta["reasoning_content"] = parsed.reasoning_content
+            delta[self._reasoning_field] = parsed.reasoning_content
         if parsed.content:
             delta["content"] = parsed.content
         if parsed.tool_calls:
