@@ -50,9 +50,7 @@ def registry(parser_class, reasoning_field: str | None = None) -> ModelRegistry:
         processor = build_chat_processor(card)
         if reasoning_field is not None:  # as the vllm processor names it
             processor.reasoning_field = reasoning_field
-        processor.output_parser = lambda tools=None, tool_choice="auto", messages=(), stream=True: (
-            parser_class()
-        )
+        processor.output_parser = lambda *args, **context: parser_class()
         processor.parses_tool_calls = True  # as a processor with a tool-call parser
         return processor
 

@@ -244,11 +244,13 @@ class FrontendService:
                     param="messages",
                     code="chat_template_error",
                 ) from None
-            # One parser per choice: each parses its own text.
-            parsers = [
-                output_parser(entry.processor.output_parser, chat) for _ in range(chat.choices)
-            ]
             prompt_ids = await self._encode(entry, prompt, chat, chat=True)
+            # One parser per choice: each parses its own text (it is given the prompt's ids,
+            # as vLLM's server gives its parsers).
+            parsers = [
+                output_parser(entry.processor.output_parser, chat, prompt_ids)
+                for _ in range(chat.choices)
+            ]
             return await self._serve(
                 request, entry, chat, prompt_ids, "messages", ChatResponder, track, parsers, prompt
             )

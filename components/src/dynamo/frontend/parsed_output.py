@@ -18,6 +18,7 @@ tool calls reports ``finish_reason`` ``tool_calls``, as OpenAI, vLLM and SGLang 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from dynamo.runtime import peer_text
@@ -29,12 +30,19 @@ from .openai_tools import NamedToolChoice
 from .output_parser import FirstCallOnly, OutputParser, ParsedDelta, WithoutReasoning
 from .responses import ChatResponder
 
+# The request's fields, besides tools and messages, that vLLM's parsers read off the request.
+PARSER_FIELDS = ("chat_template_kwargs", "reasoning_effort", "include_reasoning",
+                 "parallel_tool_calls")  # fmt: skip
 
-def output_parser(processor_factory: Any, chat: oai.ChatCompletionRequest) -> OutputParser | None:
+
+def output_parser(
+    processor_factory: Any, chat: oai.ChatCompletionRequest, prompt_ids: Sequence[int] = ()
+) -> OutputParser | None:
     """The request's parser, or None (nothing to parse); its first call only with
     ``parallel_tool_calls`` false, as vLLM filters them; no reasoning with ``include_reasoning``
-    false, as vLLM drops it."""
-    parser = _output_parser(processor_factory, chat)
+    false, as vLLM drops it. The parser is given what vLLM gives its own: the template's
+    variables as the prompt was rendered with them, the prompt's ids, the request's fields."""
+    parser = _output_parser(processor_factory, chat, prompt_ids)
     if parser is not None and chat.parallel_tool_calls is False:
         parser = FirstCallOnly(parser)
     if parser is not None and chat.include_reasoning is False:
@@ -42,7 +50,9 @@ def output_parser(processor_factory: Any, chat: oai.ChatCompletionRequest) -> Ou
     return parser
 
 
-def _output_parser(processor_factory: Any, chat: oai.ChatCompletionRequest) -> OutputParser | None:
+def _output_parser(
+    processor_factory: Any, chat: oai.ChatCompletionRequest, prompt_ids: Sequence[int]
+) -> OutputParser | None:
     """The request's parser from its model's factory, or None (nothing to parse). A ``tools``
     entry the parser's library cannot read is the client's 400 naming ``tools``."""
     choice = chat.tool_choice
@@ -59,6 +69,13 @@ def _output_parser(processor_factory: Any, chat: oai.ChatCompletionRequest) -> O
             else choice.model_dump(),
             chat.template_messages(),
             bool(chat.stream),
+            variables=chat.template_variables(),
+            prompt_ids=prompt_ids,
+            fields={
+                name: value
+                for name in PARSER_FIELDS
+                if (value := getattr(chat, name, None)) is not None
+            },
         )
     except ValueError as exc:  # pydantic's ValidationError is one
         first = str(exc).splitlines()[0] if str(exc) else "invalid tool definition"
