@@ -77,7 +77,9 @@ _NOT_YET = "not implemented by this server yet"
 _STRUCTURED = (
     "the engine forces the output into that shape (vLLM's structured outputs, compiled by "
     "vLLM: an invalid schema is a 400 naming this field); schemas, regexes and grammars at "
-    "most 64 KiB; structural_tag is refused by name; the mock engine refuses it by name"
+    "most 64 KiB; structured_outputs.structural_tag is xgrammar's structural tag as JSON text "
+    "(an object, at most 64 KiB), applied as vLLM applies it, and response_format's "
+    "structural_tag type is refused by name; the mock engine refuses them by name"
 )
 _MULTIMODAL = "this server serves text-only models"
 _DISAGG = "disaggregated serving (KV / encoder cache transfer) is not part of this server"
