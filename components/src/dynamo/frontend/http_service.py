@@ -60,7 +60,7 @@ from .model_registry import ModelEntry, ModelRegistry
 from .openai_fields import FieldRefused, UnknownFieldLog
 from .openai_tools import check_tool_choice
 from .output_parser import OutputParser
-from .parsed_output import output_parser
+from .parsed_output import adjust_for_parsers, output_parser
 from .preprocess_pool import PreprocessPool
 from .preprocessing import Preprocessing
 from .prompt_budget import (
@@ -230,6 +230,9 @@ class FrontendService:
                     chat.tool_choice,
                     parses_tool_calls=entry.processor.parses_tool_calls,
                 )
+                if hasattr(entry.processor.output_parser, "adjusted"):
+                    # vLLM's parsers build a grammar here: off the loop, as rendering is.
+                    await self._off_loop(adjust_for_parsers, entry.processor.output_parser, chat)
             except FieldRefused as exc:
                 raise oai.invalid_request(exc.message, param=exc.param, code=exc.code) from None
             try:

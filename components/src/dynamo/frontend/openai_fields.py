@@ -108,9 +108,13 @@ RULES: tuple[FieldRule, ...] = (
         "none renders the tools without calls being parsed; auto (the default when tools are "
         "given) needs the model served with a tool-call parser (--tool-call-parser, or the "
         "worker's --dyn-tool-call-parser), else it is refused by name; required and a named "
-        "function force the output into calls with vLLM's JSON schema from the tools "
-        "(structured outputs: the mock engine refuses them by name), parsed into tool_calls "
-        "(finish_reason tool_calls for required, stop for a named function, as vLLM)",
+        "function force the output into calls (structured outputs: the mock engine refuses "
+        "them by name), parsed into tool_calls (finish_reason tool_calls for required, stop "
+        "for a named function, as vLLM): with --dyn-chat-processor vllm and a tool-call "
+        "parser, forced as vLLM 0.32 forces them (its parser's adjust_request: hermes' "
+        "<tool_call> structural tag with free JSON arguments) and parsed by vLLM's parsers, "
+        "the reasoning first, the arguments streamed as they come; otherwise forced with "
+        "vLLM's JSON schema from the tools and handed out whole at the end",
         (CHAT,),
     ),
     applied(

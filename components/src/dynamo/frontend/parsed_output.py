@@ -9,8 +9,8 @@ vllm`` or ``sglang`` with a tool-call or reasoning parser; or ``tool_choice`` fo
 feeds it the completion's text as it is decoded. Streaming, each piece becomes a chunk with what
 the parser let through: content and reasoning as they come, and tool calls either as deltas
 (vLLM's parsers: a call's id and name first, then pieces of its arguments) or whole at the end
-(SGLang's parsers and forced calls: a call's arguments are complete JSON only once the model has
-finished it); the end adds one chunk with what the parser held back. Not streaming, the whole
+(SGLang's parsers and :mod:`.forced_tool_calls`: a call's arguments are complete JSON only once
+the model has finished it); the end adds one chunk with what the parser held back. Not streaming, the whole
 text is fed at once and the message carries all three. A completion that ends (``stop``) with
 tool calls reports ``finish_reason`` ``tool_calls``, as OpenAI, vLLM and SGLang do.
 """
@@ -27,8 +27,15 @@ from dynamo.runtime.log_budget import CauseBudgets
 from . import openai_protocol as oai
 from .forced_tool_calls import forced_tool_calls
 from .openai_tools import NamedToolChoice
-from .output_parser import FirstCallOnly, OutputParser, ParsedDelta, WithoutReasoning
+from .output_parser import (
+    FirstCallOnly,
+    OutputParser,
+    ParsedDelta,
+    ParserRequest,
+    WithoutReasoning,
+)
 from .responses import ChatResponder
+from .structured_output import from_vllm
 
 # The request's fields, besides tools and messages, that vLLM's parsers read off the request.
 PARSER_FIELDS = ("chat_template_kwargs", "reasoning_effort", "include_reasoning",
@@ -50,33 +57,68 @@ def output_parser(
     return parser
 
 
+def _tool_choice(chat: oai.ChatCompletionRequest) -> Any:
+    """The request's ``tool_choice`` in OpenAI's shape (unset: auto)."""
+    choice = chat.tool_choice
+    if choice is None:
+        return "auto"
+    return choice if isinstance(choice, str) else choice.model_dump()
+
+
+def parser_request(chat: oai.ChatCompletionRequest, prompt_ids: Sequence[int] = ()) -> Any:
+    """The request as a parser factory is called with it: (args, keywords)."""
+    args = (chat.template_tools(), _tool_choice(chat), chat.template_messages(), bool(chat.stream))
+    keywords = {
+        "variables": chat.template_variables(),
+        "prompt_ids": prompt_ids,
+        "fields": {
+            name: value
+            for name in PARSER_FIELDS
+            if (value := getattr(chat, name, None)) is not None
+        },
+    }
+    return args, keywords
+
+
+def adjust_for_parsers(processor_factory: Any, chat: oai.ChatCompletionRequest) -> None:
+    """Changes the request as vLLM's server changes it for its parsers before sampling it
+    (the factory's ``adjusted``, only the ``vllm`` processor's has one): a forced call's
+    constraint becomes the one vLLM's tool parser forces (hermes: a ``<tool_call>``
+    structural tag with free JSON arguments, not the JSON schema of the tools), and
+    ``skip_special_tokens`` what a reasoning parser asks for. A client's own constraint
+    (with ``tool_choice`` auto) is kept. Raises FieldRefused for a constraint over the
+    bounds (the client's 400 naming ``tool_choice``)."""
+    adjusted = getattr(processor_factory, "adjusted", None)
+    if adjusted is None:
+        return
+    (tools, choice, messages, stream), keywords = parser_request(chat)
+    found = adjusted(ParserRequest(tools, choice, messages, stream, **keywords),
+                     chat.skip_special_tokens)  # fmt: skip
+    if found is None:
+        return
+    structured, chat.skip_special_tokens = found
+    if _forced(chat) and getattr(processor_factory, "forces_tool_calls", False):
+        chat.force_constraint("tool_choice", from_vllm(structured, "tool_choice"))
+
+
+def _forced(chat: oai.ChatCompletionRequest) -> bool:
+    choice = chat.tool_choice
+    return bool(chat.tools) and (choice == "required" or isinstance(choice, NamedToolChoice))
+
+
 def _output_parser(
     processor_factory: Any, chat: oai.ChatCompletionRequest, prompt_ids: Sequence[int]
 ) -> OutputParser | None:
     """The request's parser from its model's factory, or None (nothing to parse). A ``tools``
-    entry the parser's library cannot read is the client's 400 naming ``tools``."""
-    choice = chat.tool_choice
-    if chat.tools and (choice == "required" or isinstance(choice, NamedToolChoice)):
-        # Forced into calls by the engine (structured outputs): no tool-call parser needed.
-        return forced_tool_calls(choice if isinstance(choice, str) else choice.model_dump())
+    entry the parser's library cannot read is the client's 400 naming ``tools``. A forced call
+    goes through the model's own parsers when they force calls as their engine does (vLLM's:
+    the reasoning first, the call's arguments streamed), else through :mod:`.forced_tool_calls`
+    (the engine forced the tools' JSON schema: no tool-call parser needed)."""
+    if _forced(chat) and not getattr(processor_factory, "forces_tool_calls", False):
+        return forced_tool_calls(_tool_choice(chat))
+    args, keywords = parser_request(chat, prompt_ids)
     try:
-        return processor_factory(
-            chat.template_tools(),  # OpenAI's shapes, as the client sent them
-            "auto"
-            if choice is None
-            else choice
-            if isinstance(choice, str)
-            else choice.model_dump(),
-            chat.template_messages(),
-            bool(chat.stream),
-            variables=chat.template_variables(),
-            prompt_ids=prompt_ids,
-            fields={
-                name: value
-                for name in PARSER_FIELDS
-                if (value := getattr(chat, name, None)) is not None
-            },
-        )
+        return processor_factory(*args, **keywords)
     except ValueError as exc:  # pydantic's ValidationError is one
         first = str(exc).splitlines()[0] if str(exc) else "invalid tool definition"
         raise oai.invalid_request(f"`tools` is not valid: {first}", param="tools") from None

@@ -169,6 +169,26 @@ def from_request(
     return _wire("structured_outputs", **options)
 
 
+def from_vllm(params: Any, field: str) -> StructuredOutputs | None:
+    """vLLM's ``StructuredOutputsParams`` (what its parsers' ``adjust_request`` set) as the
+    request plane carries it, with the same bounds as a client's (a 400 naming ``field``)."""
+    if params is None:
+        return None
+    options: dict[str, Any] = {
+        name: getattr(params, name, None)
+        for name in ("regex", "grammar", "structural_tag", "whitespace_pattern")
+    }
+    schema = getattr(params, "json", None)
+    if schema is not None:
+        options["json_schema"] = schema if isinstance(schema, str) else json.dumps(schema)
+    choice = getattr(params, "choice", None)
+    options["choice"] = tuple(choice) if choice is not None else None
+    options["json_object"] = True if getattr(params, "json_object", None) else None
+    for flag in ("disable_any_whitespace", "disable_additional_properties"):
+        options[flag] = bool(getattr(params, flag, False))
+    return _wire(field, **options)
+
+
 # -- forced tool calls ------------------------------------------------------------------------
 
 

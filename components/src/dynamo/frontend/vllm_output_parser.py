@@ -114,7 +114,42 @@ class VllmOutputParsers(OutputParsers):
         self._tokenizer = tokenizer
         self.parses_tool_calls = parser_cls.tool_parser_cls is not None
         self._parses_reasoning = parser_cls.reasoning_parser_cls is not None
+        # vLLM's own parser parses a forced call (tool_choice required or named) after the
+        # reasoning, as vLLM's server does; the frontend's ForcedToolCalls is then not used.
+        self.forces_tool_calls = self.parses_tool_calls
         self._markers = _markers(tokenizer)
+
+    def adjusted(
+        self, request: ParserRequest, skip_special_tokens: bool | None
+    ) -> tuple[Any, bool | None] | None:
+        """What vLLM's server changes in a request before sampling it (its renderer calls the
+        parser's ``adjust_request``): vLLM's ``StructuredOutputsParams`` forcing the calls (a
+        tool parser with an xgrammar format, hermes' among them, forces ``required`` / a named
+        function with a structural tag, the arguments free JSON) or None, and the
+        ``skip_special_tokens`` to decode with (a reasoning parser that reads its markers in
+        the text sets it false). None: vLLM leaves the request alone."""
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+        tools, tool_choice = request.tools, request.tool_choice
+        if not (
+            self._parser_cls.always_adjust_request
+            or self._parses_reasoning
+            or (tools and tool_choice != "none")
+        ):
+            return None
+        body: dict[str, Any] = {"model": "model", "messages": [{"role": "user", "content": ""}]}
+        if tools:
+            body |= {"tools": list(tools), "tool_choice": tool_choice}
+            if request.fields.get("parallel_tool_calls") is not None:
+                body["parallel_tool_calls"] = request.fields["parallel_tool_calls"]
+        if skip_special_tokens is not None:
+            body["skip_special_tokens"] = skip_special_tokens
+        chat = ChatCompletionRequest.model_validate(body)
+        parser = self._parser_cls(
+            self._tokenizer, chat.tools, chat_template_kwargs=dict(request.variables)
+        )
+        chat = parser.adjust_request(chat)
+        return chat.structured_outputs, chat.skip_special_tokens
 
     def build(self, request: ParserRequest) -> OutputParser | None:
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
@@ -137,9 +172,14 @@ class VllmOutputParsers(OutputParsers):
         variables = dict(request.variables)
         parser = self._parser_cls(self._tokenizer, chat.tools, chat_template_kwargs=variables)
         prompt = list(request.prompt_ids)
+        built: VllmStreamingParser | VllmOutputParser
         if request.stream:
-            return VllmStreamingParser(parser, chat, self._tokenizer, self._markers, prompt)
-        return VllmOutputParser(parser, chat, self._tokenizer, calls, prompt)
+            built = VllmStreamingParser(parser, chat, self._tokenizer, self._markers, prompt)
+        else:
+            built = VllmOutputParser(parser, chat, self._tokenizer, calls, prompt)
+        # A named function's calls end with "stop", required's with "tool_calls" (vLLM's rule).
+        built.calls_finish_reason = "stop" if isinstance(tool_choice, Mapping) else "tool_calls"
+        return built
 
 
 def _plain(message: Mapping[str, Any]) -> dict[str, Any]:
@@ -176,6 +216,8 @@ def _cut(text: str, ids: list[int], markers: dict[int, str]) -> list[str]:
 
 class VllmOutputParser:
     """One whole completion's vLLM parser: gathers the text, parses it at :meth:`finish`."""
+
+    calls_finish_reason = "tool_calls"
 
     def __init__(
         self, parser: Any, request: Any, tokenizer: Any, calls: bool, prompt_ids: list[int]
@@ -217,6 +259,8 @@ class VllmOutputParser:
 class VllmStreamingParser:
     """One stream's vLLM parser: each piece through ``parse_delta`` as it comes (see the
     module docstring for the deltas and the ids they are given)."""
+
+    calls_finish_reason = "tool_calls"
 
     def __init__(
         self,
