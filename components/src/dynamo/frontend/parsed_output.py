@@ -9,9 +9,9 @@ vllm`` or ``sglang`` with a tool-call or reasoning parser; or ``tool_choice`` fo
 feeds it the completion's text as it is decoded. Streaming, each piece becomes a chunk with what
 the parser let through: content and reasoning as they come, and tool calls either as deltas
 (vLLM's parsers: a call's id and name first, then pieces of its arguments) or whole at the end
-(SGLang's parsers and :mod:`.forced_tool_calls`: a call's arguments are complete JSON only once
-the model has finished it); the end adds one chunk with what the parser held back. Not streaming, the whole
-text is fed at once and the message carries all three. A completion that ends (``stop``) with
+(SGLang's parsers and :mod:`.forced_tool_calls`: a call's arguments are complete JSON only
+once the model has finished it); the end adds one chunk with what the parser held back. Not
+streaming, the whole text is fed at once and the message carries all three. A completion that ends (``stop``) with
 tool calls reports ``finish_reason`` ``tool_calls``, as OpenAI, vLLM and SGLang do.
 """
 
