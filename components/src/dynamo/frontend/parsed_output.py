@@ -11,8 +11,9 @@ the parser let through: content and reasoning as they come, and tool calls eithe
 (vLLM's parsers: a call's id and name first, then pieces of its arguments) or whole at the end
 (SGLang's parsers and :mod:`.forced_tool_calls`: a call's arguments are complete JSON only
 once the model has finished it); the end adds one chunk with what the parser held back. Not
-streaming, the whole text is fed at once and the message carries all three. A completion that ends (``stop``) with
-tool calls reports ``finish_reason`` ``tool_calls``, as OpenAI, vLLM and SGLang do.
+streaming, the whole text is fed at once and the message carries all three. A completion that
+ends (``stop``) with tool calls reports ``finish_reason`` ``tool_calls``, as OpenAI, vLLM and
+SGLang do.
 """
 
 from __future__ import annotations
