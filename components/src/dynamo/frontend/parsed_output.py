@@ -212,7 +212,8 @@ class ParsedOutput:
         calls = fed.tool_calls + end.tool_calls
         self._tool_calls = bool(calls)
         message: dict[str, Any] = {"role": self._responder.role, "content": content or None}
-        if not calls and message["content"] is None:
+        if not calls and not reasoning and message["content"] is None:
+            # An answer that was all reasoning has no content (null), as vLLM's parsers leave it.
             message["content"] = ""
         if reasoning:
             message[self._reasoning_field] = reasoning
