@@ -138,6 +138,8 @@ def test_the_constraint_reaches_the_worker_only_when_set_so_older_workers_intero
     wire = steered.model_dump(mode="json")
     assert wire["structured_outputs"]["regex"] == "a"
     assert SamplingOptions.model_validate(wire) == steered  # the worker's validation
+    # structural_tag is newer: a worker from before it (extra="forbid") never sees the key.
+    assert "structural_tag" not in wire["structured_outputs"]
 
 
 def test_required_forces_an_array_of_calls_built_from_the_tools_as_vllm_builds_it():

@@ -103,6 +103,15 @@ class StructuredOutputs(BaseModel):
     disable_additional_properties: StrictBool = False
     whitespace_pattern: StructuredText | None = None
 
+    @model_serializer(mode="wrap")
+    def _without_an_unset_tag(self, handler: Any) -> Any:
+        # structural_tag is newer than the rest: sent only when set, so that a worker from
+        # before it (extra="forbid") still takes the other constraints.
+        data = handler(self)
+        if self.structural_tag is None:
+            data.pop("structural_tag", None)
+        return data
+
     @model_validator(mode="after")
     def _one_constraint(self) -> StructuredOutputs:
         chosen = [name for name in CONSTRAINTS if getattr(self, name) is not None]
