@@ -141,6 +141,9 @@ class ChatProcessor:
         # Whether that parser turns tool calls in the output into tool_calls (tool_choice auto).
         self.parses_tool_calls = parses_tool_calls
         self.reasoning_field = REASONING_FIELDS.get(kind, "reasoning_content")
+        # A whole answer's message in vLLM's shape (its tool calls without an index, a forced
+        # call's content "" rather than null), as vLLM's server builds it.
+        self.answers_as_vllm = kind == "vllm"
         self._token_strings: TokenStrings | None = None
 
     @property

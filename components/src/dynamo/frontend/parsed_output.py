@@ -145,10 +145,16 @@ class ParsedOutput:
         index: int = 0,
         *,
         reasoning_field: str = "reasoning_content",
+        vllm_message: bool = False,
+        forced: bool = False,
     ) -> None:
         self._parser: OutputParser | None = parser
         # The reasoning's key in a message / delta: the processor's engine's name for it.
         self._reasoning_field = reasoning_field
+        # A whole message as vLLM's server builds it (see whole_choice), and whether the
+        # request forced its calls (tool_choice required or a named function).
+        self._vllm_message = vllm_message
+        self._forced = forced
         self._responder = responder
         self._index = index  # the choice's (n > 1)
         self._tool_calls = False
@@ -217,6 +223,11 @@ class ParsedOutput:
             message["content"] = ""
         if reasoning:
             message[self._reasoning_field] = reasoning
+        if self._vllm_message:
+            # vLLM's message: its ToolCall has no index, and a forced call's content is "".
+            calls = [{k: v for k, v in call.items() if k != "index"} for call in calls]
+            if self._forced and message["content"] is None:
+                message["content"] = ""
         if calls:
             message["tool_calls"] = calls
         reason = self.finish_reason(finish_reason)
