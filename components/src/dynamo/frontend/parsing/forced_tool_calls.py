@@ -5,7 +5,7 @@ choices), for the processors whose own parsers do not force calls (``hf``, ``sgl
 and parse them (:meth:`~.vllm_output_parser.VllmOutputParsers.adjusted`).
 
 The worker's engine forced the output into a JSON schema built from the tools
-(:func:`~dynamo.frontend.structured_output.forced_tool_schema`): for ``required`` an array of
+(:func:`~dynamo.frontend.openai.structured_output.forced_tool_schema`): for ``required`` an array of
 ``{"name", "parameters"}`` objects, one per call; for a named function the arguments object of
 that one call. The text is held back while it streams and becomes the calls at the end (a
 call's arguments are complete JSON only then), the :class:`~.output_parser.OutputParser`

@@ -1,9 +1,10 @@
-"""A chat completion's output through its :class:`~dynamo.frontend.output_parser.OutputParser`:
-``content``, the reasoning and ``tool_calls`` in OpenAI's chat shapes; the reasoning's field is
-named as the processor's engine names it (``reasoning`` with ``vllm``, ``reasoning_content``
-with ``sglang`` and ``hf``: :data:`~.chat_processor.REASONING_FIELDS`).
+"""A chat completion's output through its
+:class:`~dynamo.frontend.parsing.output_parser.OutputParser`: ``content``, the reasoning and
+``tool_calls`` in OpenAI's chat shapes; the reasoning's field is named as the processor's engine
+names it (``reasoning`` with ``vllm``, ``reasoning_content`` with ``sglang`` and ``hf``:
+:data:`~dynamo.frontend.processors.chat_processor.REASONING_FIELDS`).
 
-The response path (:mod:`dynamo.frontend.http_service`) builds one :class:`ParsedOutput` per
+The response path (:mod:`dynamo.frontend.serving.http_service`) builds one :class:`ParsedOutput` per
 chat choice whose request has a parser (the model's processor parses output: ``--dyn-chat-processor
 vllm`` or ``sglang`` with a tool-call or reasoning parser; or ``tool_choice`` forces calls) and
 feeds it the completion's text as it is decoded. Streaming, each piece becomes a chunk with what
@@ -22,12 +23,14 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from dynamo.frontend.openai import protocol as oai
+from dynamo.frontend.openai.responses import ChatResponder
+from dynamo.frontend.openai.structured_output import from_vllm
+from dynamo.frontend.openai.tools import NamedToolChoice
 from dynamo.runtime import peer_text
 from dynamo.runtime.log_budget import CauseBudgets
 
-from . import openai_protocol as oai
 from .forced_tool_calls import forced_tool_calls
-from .openai_tools import NamedToolChoice
 from .output_parser import (
     FirstCallOnly,
     OutputParser,
@@ -35,8 +38,6 @@ from .output_parser import (
     ParserRequest,
     WithoutReasoning,
 )
-from .responses import ChatResponder
-from .structured_output import from_vllm
 
 # The request's fields, besides tools and messages, that vLLM's parsers read off the request.
 PARSER_FIELDS = ("chat_template_kwargs", "reasoning_effort", "include_reasoning",
