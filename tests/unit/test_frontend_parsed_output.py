@@ -225,3 +225,57 @@ def test_a_tool_choice_that_is_none_of_openais_is_a_400_naming_it(card, tool_cho
 
     status, body = asyncio.run(scenario())
     assert status == 400 and body["error"]["param"] == "tool_choice", body
+
+
+class ForcingParsers:
+    """A processor's factory whose parsers force calls themselves (as the vllm processor's with
+    a tool-call parser): its ``adjusted`` names the constraint and skip_special_tokens the
+    worker must get; its parser sees the forced request with what vLLM's parsers are given."""
+
+    TAG = '{"type": "structural_tag", "format": {"type": "const_string", "value": "x"}}'
+
+    def __init__(self) -> None:
+        self.built: list[tuple[tuple, dict]] = []
+        self.forces_tool_calls = True
+
+    def adjusted(self, request, skip_special_tokens):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(structural_tag=self.TAG), False
+
+    def __call__(self, *args, **context):
+        self.built.append((args, context))
+        return HoldsItAll()
+
+
+def test_a_forced_call_is_forced_and_parsed_as_the_processors_parsers_say(card):
+    parsers = ForcingParsers()
+
+    def build(card_):
+        processor = build_chat_processor(card_)
+        processor.output_parser = parsers
+        return processor
+
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "tools": tools,
+            "tool_choice": "required", "chat_template_kwargs": {"enable_thinking": False},
+            "max_tokens": 8}  # fmt: skip
+
+    async def scenario():
+        async with (
+            echo_worker(output=[5, 6, 7], chunk=2) as (engine, endpoint),
+            frontend(card, endpoint, registry=ModelRegistry(build)) as client,
+        ):
+            response = await client.post("/v1/chat/completions", json=body)
+            return response.status, await response.json(), engine.bodies
+
+    status, answer, bodies = asyncio.run(scenario())
+    assert status == 200, answer
+    assert answer["choices"][0]["message"]["tool_calls"] == [CALL]  # the factory's parser
+    (sent,) = bodies
+    forced = sent["sampling"]["structured_outputs"]  # the factory's, not the tools' schema
+    assert forced["structural_tag"] == ForcingParsers.TAG and forced["json_schema"] is None
+    ((args, context),) = parsers.built
+    assert args[1] == "required" and context["variables"] == {"enable_thinking": False}
+    assert context["fields"]["chat_template_kwargs"] == {"enable_thinking": False}
+    assert list(context["prompt_ids"]) == sent["token_ids"]  # the prompt's ids, as vLLM's
