@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from dynamo.common import lifecycle, logging_setup
+from dynamo.common import lifecycle, logging_setup, startup_signals
 from dynamo.common.configuration import Option, prerequisites, upstream
 from dynamo.common.configuration.gc_options import GcSettings
 from dynamo.common.metrics import DynamoMetrics
@@ -190,7 +190,7 @@ class StopSignals:
             logger.info("Received %s: draining", name)
             self._stop.set()
         else:
-            logger.info("Received %s during start-up: abandoning start-up", name)
+            logger.info("Received %s during start-up: stopping", name)
             self._startup_task.cancel()
 
 
@@ -240,7 +240,9 @@ async def run_lifecycle(service: Service, *, gc: GcSettings, process_gc: Process
         if signals.received is None:
             raise
         _consume_cancellation()
-        logger.info("Stopped during start-up (%s): nothing was admitted", signals.received)
+        startup_signals.stopped_during_startup()
+        # DEBUG: the signal's own line said it all (one line per stop).
+        logger.debug("Stopped during start-up (%s): nothing was admitted", signals.received)
         return 1 if closer.failed else 0
     finally:
         signals.uninstall()
