@@ -13,7 +13,7 @@ row), and checked at start-up, after SGLang is imported, against SGLang's own re
 
 The model card carries the worker's parser names (``--dyn-tool-call-parser`` /
 ``--dyn-reasoning-parser``); the flags here override them, as upstream's do
-(:mod:`dynamo.frontend.card_parsers`).
+(:mod:`dynamo.frontend.processors.card_parsers`).
 """
 
 from __future__ import annotations

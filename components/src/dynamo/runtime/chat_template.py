@@ -1,6 +1,6 @@
 """The Jinja environment chat templates are rendered in, shared by the frontend (which renders
-them, :mod:`dynamo.frontend.hf_processor`) and the worker (which checks at start-up that its
-``--chat-template`` compiles, so a broken one exits 2 instead of failing every request).
+them, :mod:`dynamo.frontend.processors.hf_processor`) and the worker (which checks at start-up that
+its ``--chat-template`` compiles, so a broken one exits 2 instead of failing every request).
 
 It is the one ``transformers``' ``apply_chat_template`` builds
 (``transformers/utils/chat_template_utils.py``): an ``ImmutableSandboxedEnvironment`` with

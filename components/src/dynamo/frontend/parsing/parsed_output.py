@@ -1,7 +1,8 @@
-"""A chat completion's output through its :class:`~dynamo.frontend.output_parser.OutputParser`:
+"""A chat completion's output through its
+:class:`~dynamo.frontend.parsing.output_parser.OutputParser`:
 ``content``, ``reasoning_content`` and ``tool_calls`` in OpenAI's chat shapes.
 
-The response path (:mod:`dynamo.frontend.http_service`) builds one :class:`ParsedOutput` per
+The response path (:mod:`dynamo.frontend.serving.http_service`) builds one :class:`ParsedOutput` per
 chat choice whose request has a parser (the model's processor parses output: ``--dyn-chat-processor
 vllm`` or ``sglang`` with a tool-call or reasoning parser; or ``tool_choice`` forces calls) and
 feeds it the completion's text as it is decoded. Streaming, each piece becomes a chunk with what
@@ -18,14 +19,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from dynamo.frontend.openai import protocol as oai
+from dynamo.frontend.openai.responses import ChatResponder
+from dynamo.frontend.openai.tools import NamedToolChoice
 from dynamo.runtime import peer_text
 from dynamo.runtime.log_budget import CauseBudgets
 
-from . import openai_protocol as oai
 from .forced_tool_calls import forced_tool_calls
-from .openai_tools import NamedToolChoice
 from .output_parser import FirstCallOnly, OutputParser, ParsedDelta, WithoutReasoning
-from .responses import ChatResponder
 
 
 def output_parser(processor_factory: Any, chat: oai.ChatCompletionRequest) -> OutputParser | None:

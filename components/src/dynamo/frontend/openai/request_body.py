@@ -19,7 +19,7 @@ from aiohttp import hdrs, web
 from dynamo.common.http_server import RequestBodyTimeout, is_malformed_http
 from dynamo.runtime import peer_text
 
-from . import openai_protocol as oai
+from . import protocol as oai
 
 # What a request body may say in Content-Encoding: nothing, or that it is not encoded.
 IDENTITY = ("", "identity")

@@ -6,8 +6,8 @@ stops there; ``auto`` (the default when tools are given, as in vLLM) needs the m
 to parse tool calls out of the output (a tool-call parser: ``--tool-call-parser`` or the
 worker's ``--dyn-tool-call-parser``); ``required`` and a named function force the output into
 calls with vLLM's JSON schema from the tools (:mod:`.structured_output`) and parse it
-(:mod:`.forced_tool_calls`), as vLLM does, with no tool-call parser. Template variables that
-would bypass a request field are refused too."""
+(:mod:`dynamo.frontend.parsing.forced_tool_calls`), as vLLM does, with no tool-call parser. Template
+variables that would bypass a request field are refused too."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictStr
 
-from .openai_fields import FieldRefused
+from .fields import FieldRefused
 
 # chat_template_kwargs that would bypass a request field (or the server's own template).
 RESERVED_TEMPLATE_VARIABLES = frozenset(

@@ -2,13 +2,13 @@
 
 What the frontend serves: ``/v1/models``, ``/v1/chat/completions`` and ``/v1/completions``
 (whole and streamed); the error shape ``{"error": {"message", "type", "param", "code"}}`` is
-:mod:`.openai_errors`' (the names are read here too, as ``oai.invalid_request`` and so on, by
+:mod:`.errors`' (the names are read here too, as ``oai.invalid_request`` and so on, by
 the request path).
 
 The request models take the sampling fields vLLM's OpenAI server takes, with vLLM's ranges (they
 are :class:`~dynamo.runtime.sampling.SamplingOptions`' own, so a request accepted here is one the
 worker and vLLM accept). A bad value is a 400 naming the field in ``param``. Every other field
-of vLLM's request models is classified in :mod:`.openai_fields` (refused by name, or accepted
+of vLLM's request models is classified in :mod:`.fields` (refused by name, or accepted
 without effect), which the models read before they validate; a field vLLM does not know either
 is accepted and logged (:attr:`_SamplingRequest.unknown_fields`), or refused in strict mode.
 Numbers are strict: ``"5"`` is not 5, ``true`` is not 1, and ``NaN``/``Infinity`` are refused.
@@ -47,20 +47,21 @@ from dynamo.runtime.sampling import (
     TokenId,
 )
 
-from . import openai_fields, structured_output
+from . import fields as openai_fields
+from . import structured_output
 from .choice_fields import ChoicesFields
-from .logprobs import ChatLogprobs, CompletionLogprobs
 
 # Re-exported: the request path reads the errors as oai.invalid_request and so on.
-from .openai_errors import (  # noqa: F401 - re-exported (see above)
+from .errors import (  # noqa: F401 - re-exported (see above)
     ApiError,
     error_body,
     invalid_request,
     model_not_found,
     service_unavailable,
 )
-from .openai_tools import NamedToolChoice, TemplateVariables, Tool, check_tool_choice_shape
+from .logprobs import ChatLogprobs, CompletionLogprobs
 from .output_fields import OutputFields
+from .tools import NamedToolChoice, TemplateVariables, Tool, check_tool_choice_shape
 
 # The roles a chat message may have (vLLM's, plus OpenAI's "developer", passed to the template).
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -92,7 +93,7 @@ class StreamOptions(BaseModel):
 
 class _SamplingRequest(OutputFields, SamplerFields):
     """Fields /v1/chat/completions and /v1/completions share. Only the fields
-    :mod:`.openai_fields` says are applied are declared here; the rest are screened by that
+    :mod:`.fields` says are applied are declared here; the rest are screened by that
     table before validation, and unknown ones kept (their names only) as extras."""
 
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
@@ -277,7 +278,7 @@ class ChatCompletionRequest(ChatLogprobs, ChoicesFields, _SamplingRequest):
     @model_validator(mode="after")
     def _choices_honoured(self) -> ChatCompletionRequest:
         """A ``tool_choice`` needs tools (whether the model's processor can honour it is
-        known once the model is: :func:`~dynamo.frontend.openai_tools.check_tool_choice`). A
+        known once the model is: :func:`~dynamo.frontend.openai.tools.check_tool_choice`). A
         final message is continued only without a generation prompt (vLLM's rule)."""
         check_tool_choice_shape(self.tools, self.tool_choice)
         if self.continue_final_message and self.add_generation_prompt is not False:

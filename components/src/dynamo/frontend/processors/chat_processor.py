@@ -30,9 +30,13 @@ from dynamo.runtime import peer_text
 from dynamo.runtime.model_card import ModelCard, out_of_vocabulary
 
 if TYPE_CHECKING:
-    from .openai_protocol import ChatCompletionRequest
+    from dynamo.frontend.openai.protocol import ChatCompletionRequest
 
-from . import card_parsers, sglang_processor, vllm_output_parser
+from dynamo.frontend.openai.token_strings import TokenStrings
+from dynamo.frontend.parsing import vllm_output_parser
+from dynamo.frontend.parsing.output_parser import OutputParserFactory, no_output_parser
+
+from . import card_parsers, sglang_processor
 from .hf_processor import (
     PLAIN,
     ChatTemplateError,
@@ -47,8 +51,6 @@ from .hf_processor import (
     special_tokens,
 )
 from .model_files import MAX_TEMPLATE_BYTES, ModelFiles
-from .output_parser import OutputParserFactory, no_output_parser
-from .token_strings import TokenStrings
 
 logger = logging.getLogger(__name__)
 
@@ -200,7 +202,8 @@ class ChatProcessor:
         )
 
     def token_strings(self) -> TokenStrings:
-        """Logprobs' token strings as vLLM builds them (:mod:`.token_strings`)."""
+        """Logprobs' token strings as vLLM builds them
+        (:mod:`dynamo.frontend.openai.token_strings`)."""
         if self._token_strings is None:
             self._token_strings = TokenStrings(self.tokenizer.backend)
         return self._token_strings

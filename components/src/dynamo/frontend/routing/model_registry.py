@@ -29,11 +29,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from dynamo.frontend.processors.chat_processor import ChatProcessor
 from dynamo.runtime import peer_text
 from dynamo.runtime.discovery import ModelRecord
 from dynamo.runtime.model_card import ModelCard
-
-from .chat_processor import ChatProcessor
 
 logger = logging.getLogger(__name__)
 

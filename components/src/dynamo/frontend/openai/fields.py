@@ -3,7 +3,7 @@
 The reference is vLLM's OpenAI server (its ``ChatCompletionRequest`` and ``CompletionRequest``):
 every field those models declare is classified here, for each endpoint, as
 
-* **applied**: the request models (:mod:`.openai_protocol`) declare it and it has its effect;
+* **applied**: the request models (:mod:`.protocol`) declare it and it has its effect;
 * **refused**: this server does not honour it, so a value that asks for something (anything but
   vLLM's default, listed in ``neutral``, or ``null``) is a 400 in the OpenAI error shape whose
   ``param`` and message name the field, with the reason: never dropped quietly;

@@ -27,7 +27,7 @@ from pydantic import BaseModel, Field, StrictBool, StrictInt, model_validator
 from dynamo.runtime.request_plane import LogprobPosition
 from dynamo.runtime.sampling import MAX_LOGPROBS
 
-from .openai_fields import FieldRefused
+from .fields import FieldRefused
 from .token_strings import MAX_CONTEXT, TokenStrings
 
 

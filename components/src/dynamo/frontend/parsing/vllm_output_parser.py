@@ -1,4 +1,5 @@
-"""The :class:`~dynamo.frontend.output_parser.OutputParser` of ``--dyn-chat-processor vllm``:
+"""The :class:`~dynamo.frontend.parsing.output_parser.OutputParser` of ``--dyn-chat-processor
+vllm``:
 vLLM's own tool-call and reasoning parsers, composed and driven as vLLM's OpenAI server does.
 
 ``vllm.parser.ParserManager.get_parser(tool_parser_name=, reasoning_parser_name=,

@@ -4,7 +4,7 @@ OpenAI shape.
 * :func:`http_runner`: the listener of the HTTP service: the bounds every listener has
   (:mod:`dynamo.common.http_server`), aiohttp's own errors (a request it cannot parse) in the
   OpenAI shape too, and request bodies never decompressed (a compressed one is refused, 415, by
-  :mod:`.request_body`: it can cost no more memory than its own bytes).
+  :mod:`dynamo.frontend.openai.request_body`: it can cost no more memory than its own bytes).
 * :func:`openai_errors`: the middleware that answers every error a route raises, aiohttp's
   404/405/413 included, in the OpenAI shape; a 5xx logs one WARNING, budgeted per cause.
 * :func:`worker_failure`: a worker's failure as a client sees it: generic (no instance, address
@@ -20,11 +20,10 @@ from typing import Any
 from aiohttp import web
 
 from dynamo.common.http_server import GuardedRunner
+from dynamo.frontend.openai import protocol as oai
+from dynamo.frontend.routing.worker_router import LOG_INTERVAL_S
 from dynamo.runtime.log_budget import CauseBudgets
 from dynamo.runtime.request_plane import WorkerProtocolError
-
-from . import openai_protocol as oai
-from .worker_router import LOG_INTERVAL_S
 
 logger = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from pydantic import (
 
 from dynamo.runtime.sampling import MAX_CHOICES, StructuredOutputs, StructuredText
 
-from .openai_fields import FieldRefused
+from .fields import FieldRefused
 
 
 class JsonSchemaSpec(BaseModel):

@@ -45,7 +45,7 @@ from contextlib import contextmanager
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from . import openai_protocol as oai
+from dynamo.frontend.openai import protocol as oai
 
 PREFIX = "dynamo_frontend"
 REQUESTS_TOTAL = f"{PREFIX}_requests_total"

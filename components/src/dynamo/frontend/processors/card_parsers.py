@@ -19,11 +19,12 @@ import dataclasses
 import logging
 from collections.abc import Callable
 
+from dynamo.frontend.parsing import vllm_output_parser
 from dynamo.runtime import peer_text
 from dynamo.runtime.log_budget import CauseBudgets
 from dynamo.runtime.model_card import ModelCard
 
-from . import sglang_processor, vllm_output_parser
+from . import sglang_processor
 
 logger = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
-"""The :class:`~dynamo.frontend.output_parser.OutputParser` of ``--dyn-chat-processor sglang``:
-SGLang's own tool-call and reasoning parsers, one set per request.
+"""The :class:`~dynamo.frontend.parsing.output_parser.OutputParser` of ``--dyn-chat-processor
+sglang``: SGLang's own tool-call and reasoning parsers, one set per request.
 
 Imported only where SGLang is (the processor imports this module when it builds a parser).
 The parsers are SGLang's, used as SGLang's OpenAI server and upstream Dynamo's SGLang processor

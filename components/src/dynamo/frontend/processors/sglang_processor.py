@@ -49,11 +49,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dynamo.frontend.openai.token_strings import SlowBackend
+from dynamo.frontend.parsing.output_parser import (
+    OutputParser,
+    OutputParserFactory,
+    OutputParsers,
+    ParserRequest,
+)
 from dynamo.runtime.model_card import ModelCard
 
 from .hf_processor import PLAIN, ModelFilesError, RenderOptions, rendering_errors
-from .output_parser import OutputParser, OutputParserFactory, OutputParsers, ParserRequest
-from .token_strings import SlowBackend
 
 # What --dyn-chat-processor sglang imports at start-up, before the freeze (keep in step with
 # the packages of scripts/setup_sglang_env.sh).
@@ -65,7 +70,7 @@ SGLANG_MODULES = (
     "sglang.srt.function_call.function_call_parser",
     "sglang.srt.function_call.json_array_parser",
     "sglang.srt.parser.reasoning_parser",
-    "dynamo.frontend.sglang_output_parser",
+    "dynamo.frontend.parsing.sglang_output_parser",
 )
 SETUP_COMMAND = "scripts/setup_sglang_env.sh"
 # A template that iterates over content parts (SGLang's detector calls it "openai") and a
@@ -348,7 +353,8 @@ def _is_named_tool_choice(tool_choice: Any) -> bool:
 
 
 class SglangOutputParsers(OutputParsers):
-    """Builds each request's :class:`~dynamo.frontend.output_parser.OutputParser` for one model."""
+    """Builds each request's :class:`~dynamo.frontend.parsing.output_parser.OutputParser` for one
+    model."""
 
     def __init__(self, tokenizer: Any, template_text: str, settings: SglangSettings) -> None:
         self._tokenizer = tokenizer
@@ -372,7 +378,7 @@ class SglangOutputParsers(OutputParsers):
         from sglang.srt.function_call.json_array_parser import JsonArrayParser
         from sglang.srt.parser.reasoning_parser import ReasoningParser
 
-        from .sglang_output_parser import SglangOutputParser
+        from dynamo.frontend.parsing.sglang_output_parser import SglangOutputParser
 
         sglang_tools = [Tool.model_validate(tool) for tool in tools or ()]
         forced = tool_choice == "required" or _is_named_tool_choice(tool_choice)

@@ -9,7 +9,7 @@ prompt once and sums the completion tokens, as vLLM does. The first child to fai
 request, as a single request's failure would; leaving (done, failed, client gone) closes every
 child's stream, which aborts it in its worker.
 
-``n`` is bounded (:data:`dynamo.frontend.choice_fields.MAX_N`).
+``n`` is bounded (:data:`dynamo.frontend.openai.choice_fields.MAX_N`).
 """
 
 from __future__ import annotations
@@ -27,15 +27,15 @@ from collections.abc import (
 from dataclasses import dataclass
 from typing import Any
 
+from dynamo.frontend.openai import protocol as oai
+from dynamo.frontend.openai.logprobs import LogprobsFormatter, attach, formatter, prompt_logprobs
+from dynamo.frontend.openai.responses import ChatResponder, Responder
+from dynamo.frontend.parsing.output_parser import OutputParser
+from dynamo.frontend.parsing.parsed_output import ParsedOutput
 from dynamo.runtime.request_plane import StreamItem
 from dynamo.runtime.sampling import SamplingOptions
 
-from . import openai_protocol as oai
 from .generation import Generation
-from .logprobs import LogprobsFormatter, attach, formatter, prompt_logprobs
-from .output_parser import OutputParser
-from .parsed_output import ParsedOutput
-from .responses import ChatResponder, Responder
 
 
 def child_sampling(sampling: SamplingOptions, index: int) -> SamplingOptions:

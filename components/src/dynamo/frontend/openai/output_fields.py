@@ -2,9 +2,10 @@
 
 ``return_token_ids`` (both endpoints) and ``return_prompt_text`` (chat) put the prompt's ids and
 text, and each choice's generated ids, in the response: the prompt's through
-:meth:`~dynamo.frontend.responses.Responder.return_prompt`, each choice's in :mod:`.choices` (the
-ids :class:`~dynamo.frontend.generation.Generation` keeps). ``spaces_between_special_tokens``
-is the detokenizer's (:class:`~dynamo.frontend.hf_processor.StreamDetokenizer`).
+:meth:`~dynamo.frontend.openai.responses.Responder.return_prompt`, each choice's in
+:mod:`dynamo.frontend.serving.choices` (the ids
+:class:`~dynamo.frontend.serving.generation.Generation` keeps). ``spaces_between_special_tokens``
+is the detokenizer's (:class:`~dynamo.frontend.processors.hf_processor.StreamDetokenizer`).
 """
 
 from __future__ import annotations

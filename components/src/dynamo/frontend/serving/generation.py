@@ -16,11 +16,11 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any
 
+from dynamo.frontend.openai import protocol as oai
+from dynamo.frontend.processors.chat_processor import ChatProcessor
 from dynamo.runtime.request_plane import Finish, LogprobPosition, StreamItem
 from dynamo.runtime.sampling import SamplingOptions
 
-from . import openai_protocol as oai
-from .chat_processor import ChatProcessor
 from .stop_strings import StopStringMatcher
 
 

@@ -25,6 +25,33 @@ from aiohttp import web
 from dynamo.common import lifecycle
 from dynamo.common.http_server import FRONTEND_MAX_BODY_BYTES
 from dynamo.common.request_drain import mark_stream
+from dynamo.frontend.openai import protocol as oai
+from dynamo.frontend.openai.fields import FieldRefused, UnknownFieldLog
+from dynamo.frontend.openai.prompt_budget import (
+    completion_budget,
+    refused_param,
+    token_ids_within_vocabulary,
+    truncated_prompt,
+)
+from dynamo.frontend.openai.request_body import expect_handler, read_json_body
+from dynamo.frontend.openai.responses import (
+    ChatResponder,
+    CompletionResponder,
+    Responder,
+    send_event,
+)
+from dynamo.frontend.openai.tools import check_tool_choice
+from dynamo.frontend.parsing.output_parser import OutputParser
+from dynamo.frontend.parsing.parsed_output import output_parser
+from dynamo.frontend.processors.chat_processor import (
+    ChatTemplateError,
+    NoChatTemplate,
+    OutOfVocabulary,
+)
+from dynamo.frontend.processors.preprocess_pool import PreprocessPool
+from dynamo.frontend.processors.preprocessing import Preprocessing
+from dynamo.frontend.routing.model_registry import ModelEntry, ModelRegistry
+from dynamo.frontend.routing.worker_router import LOG_INTERVAL_S, NoWorkerAvailable, WorkerRouter
 from dynamo.runtime import peer_text
 from dynamo.runtime.discovery import RecordWatcher
 from dynamo.runtime.log_budget import CauseBudgets
@@ -36,13 +63,7 @@ from dynamo.runtime.request_plane import (
 )
 from dynamo.runtime.sampling import SamplingOptions
 
-from . import openai_protocol as oai
 from . import request_metrics as rm
-from .chat_processor import (
-    ChatTemplateError,
-    NoChatTemplate,
-    OutOfVocabulary,
-)
 from .choices import (
     Choice,
     child_sampling,
@@ -56,23 +77,7 @@ from .choices import (
 )
 from .generation import Generation
 from .http_surface import bad_worker_response, failure_log, openai_errors, worker_failure
-from .model_registry import ModelEntry, ModelRegistry
-from .openai_fields import FieldRefused, UnknownFieldLog
-from .openai_tools import check_tool_choice
-from .output_parser import OutputParser
-from .parsed_output import output_parser
-from .preprocess_pool import PreprocessPool
-from .preprocessing import Preprocessing
-from .prompt_budget import (
-    completion_budget,
-    refused_param,
-    token_ids_within_vocabulary,
-    truncated_prompt,
-)
-from .request_body import expect_handler, read_json_body
 from .request_metrics import RequestMetrics, RequestTrack
-from .responses import ChatResponder, CompletionResponder, Responder, send_event
-from .worker_router import LOG_INTERVAL_S, NoWorkerAvailable, WorkerRouter
 
 logger = logging.getLogger(__name__)
 

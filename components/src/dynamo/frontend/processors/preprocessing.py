@@ -16,9 +16,9 @@ import functools
 from collections.abc import Callable
 from typing import TypeVar
 
+from dynamo.frontend.openai import protocol as oai
 from dynamo.runtime import peer_text
 
-from . import openai_protocol as oai
 from .chat_processor import ChatProcessor, ModelFilesError
 from .preprocess_pool import PreprocessPool, PreprocessPoolError
 

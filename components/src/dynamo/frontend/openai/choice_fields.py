@@ -1,7 +1,8 @@
 """The request fields that say how many choices to make: ``n`` and ``best_of``.
 
 ``n`` is bounded (:data:`MAX_N`): vLLM has no bound, but here each choice is a request to the
-engine and a stream to read (:mod:`.choices`), so one client request must not become thousands.
+engine and a stream to read (:mod:`dynamo.frontend.serving.choices`), so one client request must not
+become thousands.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, StrictInt, model_validator
 
-from .openai_fields import FieldRefused
+from .fields import FieldRefused
 
 MAX_N = 16
 # Below this temperature vLLM samples greedily (vllm/sampling_params.py's _SAMPLING_EPS), and

@@ -3,8 +3,8 @@
 A :class:`Responder` knows one endpoint's shapes (``chat.completion`` / ``text_completion`` and
 their chunks); the service hands it the text and the finish reason, and :func:`send_event`
 frames each chunk as ``data: <json>`` and a blank line. Each choice has its ``index`` (``n`` > 1:
-:mod:`.choices`); the fields an output parser adds (``tool_calls``, ``reasoning_content``) and
-``logprobs`` (:mod:`.logprobs`) extend these shapes.
+:mod:`dynamo.frontend.serving.choices`); the fields an output parser adds (``tool_calls``,
+``reasoning_content``) and ``logprobs`` (:mod:`.logprobs`) extend these shapes.
 """
 
 from __future__ import annotations

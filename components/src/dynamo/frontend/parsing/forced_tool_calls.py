@@ -3,7 +3,7 @@
 choices).
 
 The worker's engine forced the output into a JSON schema built from the tools
-(:func:`~dynamo.frontend.structured_output.forced_tool_schema`): for ``required`` an array of
+(:func:`~dynamo.frontend.openai.structured_output.forced_tool_schema`): for ``required`` an array of
 ``{"name", "parameters"}`` objects, one per call; for a named function the arguments object of
 that one call. The text is held back while it streams and becomes the calls at the end (a
 call's arguments are complete JSON only then), the :class:`~.output_parser.OutputParser`

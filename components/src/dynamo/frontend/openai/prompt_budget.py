@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dynamo.runtime.model_card import ModelCard, out_of_vocabulary
 
-from . import openai_protocol as oai
+from . import protocol as oai
 
 
 def refused_param(field: str, prompt_param: str) -> str | None:

@@ -13,8 +13,7 @@ import json
 from aiohttp import web
 
 from dynamo.common.request_drain import RequestDrain
-
-from . import openai_protocol as oai
+from dynamo.frontend.openai import protocol as oai
 
 CUT_SHORT_MESSAGE = (
     "the frontend is shutting down: the request was cut short at the end of its drain"
