@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dynamo.common import lifecycle, logging_setup
+from dynamo.common import lifecycle, logging_setup, startup_signals
 from dynamo.common.utils import gc_freeze
 from dynamo.vllm import gc_policy
 
@@ -26,6 +26,8 @@ def restore_gc_state():
     lifecycle.restore_phase_state(phase_state)
     # A launcher's main() run in-process installs a stderr handler bound to this test's capture.
     logging_setup.remove_logging_handler()
+    # ... and, stopped by a signal during start-up, notes it for its __main__'s quick exit.
+    startup_signals.forget_stop()
 
 
 @pytest.fixture

@@ -209,3 +209,32 @@ def wait_gone(pid: int) -> None:
             return True
 
     wait_until(gone, deadline_s=60, what=f"process {pid} to be killed")
+
+
+def test_a_normal_exit_raises_system_exit():
+    assert not startup_signals.was_stopped_during_startup()
+    with pytest.raises(SystemExit) as exc:
+        startup_signals.exit_process(3)
+    assert exc.value.code == 3
+
+
+def test_after_a_stop_during_start_up_the_process_exits_at_once(tmp_path):
+    """The atexit callbacks run and the output is flushed; the interpreter's teardown does not
+    (a finaliser that would print at teardown prints nothing)."""
+    script = (
+        "import atexit, sys\n"
+        "from dynamo.common import startup_signals\n"
+        "atexit.register(lambda: print('atexit ran'))\n"
+        "class Finalised:\n"
+        "    def __del__(self):\n"
+        "        print('torn down')\n"
+        "keep = Finalised()\n"
+        "print('buffered', end='')\n"
+        "startup_signals.stopped_during_startup()\n"
+        "startup_signals.exit_process(0)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "bufferedatexit ran\n"

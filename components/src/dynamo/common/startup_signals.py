@@ -83,6 +83,16 @@ def stopped_during_startup() -> None:
     _stopped_during_startup = True
 
 
+def was_stopped_during_startup() -> bool:
+    return _stopped_during_startup
+
+
+def forget_stop() -> None:
+    """Forget a stop during start-up (a test that ran a launcher's ``main`` in its process)."""
+    global _stopped_during_startup
+    _stopped_during_startup = False
+
+
 def exit_process(code: int) -> NoReturn:
     """End the process with ``code``: as usual (``SystemExit``), but after a stop during
     start-up at once, once the ``atexit`` callbacks have run and the output is flushed. The
