@@ -170,14 +170,15 @@ def test_vllm_help_shows_vllms_groups_after_the_workers_options():
         ("--help=all", "--enforce-eager", None),
     ],
 )
-def test_help_with_a_keyword_prints_that_part_of_vllms_arguments(search, shown, not_shown):
-    result = run_python("-m", "dynamo.vllm", "--model", "/m", search)
-    assert result.returncode == 0, result.stderr
-    assert shown in result.stdout, result.stdout
-    assert not_shown is None or not_shown not in result.stdout
-    assert "--mock-token-ms" not in result.stdout  # vLLM's part alone, as vLLM prints it
-    assert "ignored explicit argument" not in result.stderr
-    assert "Triton is installed" not in result.stdout + result.stderr
+def test_help_with_a_keyword_prints_that_part_of_vllms_arguments(search, shown, not_shown, capsys):
+    with pytest.raises(SystemExit) as exc:
+        backend_args.parse_args(["--model", "/m", search], env={})
+    assert exc.value.code == 0
+    out, err = capsys.readouterr()
+    assert shown in out, out
+    assert not_shown is None or not_shown not in out
+    assert "--mock-token-ms" not in out  # vLLM's part alone, as vLLM prints it
+    assert "ignored explicit argument" not in err
 
 
 def test_help_with_a_keyword_and_the_mock_engine_names_both(capsys):
