@@ -234,6 +234,10 @@ def port_problem(port: int) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Both launchers would refuse to start beside ai-dynamo; say so once, before anything starts.
+    from dynamo.common.coexistence import refuse_beside_upstream
+
+    refuse_beside_upstream("icebox")
     args = parse_args(argv)
     run_dir = Path(tempfile.mkdtemp(prefix="icebox-"))
     discovery_dir = run_dir / "discovery"

@@ -22,12 +22,13 @@ import yaml
 from dynamo.common import logging_setup
 from dynamo.common.configuration import Option, build_parser, parse_bool_word
 from dynamo.common.configuration.docs import all_options, surfaces
-from dynamo.common.configuration.options import Surface
+from dynamo_gc.configuration.options import Surface
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
 DEPLOY = DOCS / "deploy"
-SOURCE = REPO / "components" / "src" / "dynamo"
+# Our launchers and the GC layer under them.
+SOURCES = (REPO / "components" / "src" / "dynamo", REPO / "components" / "src" / "dynamo_gc")
 
 # Env vars in the manifests that belong to other software, each with the reason it is there.
 FOREIGN_ENV_VARS = {
@@ -57,8 +58,16 @@ class Launch:
     env: dict[str, str | None] = field(default_factory=dict)  # None: valueFrom (not literal)
 
 
+# Upstream ai-dynamo's programs, with the adapter's options: tests/unit/test_manifests_ai_dynamo.py.
+AI_DYNAMO_DEPLOY = DEPLOY / "ai-dynamo"
+
+
 def manifest_files() -> list[Path]:
-    return sorted(p for p in DEPLOY.rglob("*") if p.suffix in (".yaml", ".yml"))
+    return sorted(
+        p
+        for p in DEPLOY.rglob("*")
+        if p.suffix in (".yaml", ".yml") and AI_DYNAMO_DEPLOY not in p.parents
+    )
 
 
 def _env_list(entries, where: str) -> dict[str, str | None]:
@@ -290,6 +299,8 @@ def markdown_pages() -> list[Path]:
 def test_docs_name_only_declared_env_vars(page):
     if page.name == "upstream.md":
         pytest.skip("names upstream's env vars on purpose: tests/unit/test_docs_upstream.py")
+    if page.name == "ai-dynamo.md":
+        pytest.skip("names upstream's env vars on purpose: tests/unit/test_manifests_ai_dynamo.py")
     declared = {option.env_var for option in all_options()} | {logging_setup.DYN_LOG}
     unknown = set()
     for name in DYN_NAME.findall(page.read_text(encoding="utf-8")):
@@ -302,9 +313,9 @@ def test_docs_name_only_declared_env_vars(page):
 
 
 def _string_constants() -> list[str]:
-    """Every string literal of the package, implicit concatenations joined (as the AST has them)."""
+    """Every string literal of the sources, implicit concatenations joined (as the AST has them)."""
     constants = []
-    for path in SOURCE.rglob("*.py"):
+    for path in (path for source in SOURCES for path in source.rglob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         constants += [
             node.value

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dynamo.common.configuration.values import MAX_WAIT_MS, MAX_WAIT_S, FiniteFloat, IntRange
 from dynamo.frontend import frontend_args
 from dynamo.vllm import backend_args
+from dynamo_gc.configuration.values import MAX_WAIT_MS, MAX_WAIT_S, FiniteFloat, IntRange
 
 
 def test_whole_limits_print_as_whole_numbers():

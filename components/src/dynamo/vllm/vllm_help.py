@@ -54,7 +54,7 @@ def vllm_arg_parser(*, for_help: bool = False) -> Any:
     except ImportError:  # vLLM releases before the utils split
         from vllm.utils import FlexibleArgumentParser  # type: ignore[no-redef]
 
-    from dynamo.common.configuration.parser import short_usage_error
+    from dynamo_gc.configuration.parser import short_usage_error
 
     if for_help:
         parser = FlexibleArgumentParser(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .options import Option, seconds_option
+from dynamo_gc.configuration.options import Option, seconds_option
 
 # The default fits the Kubernetes examples under docs/deploy: terminationGracePeriodSeconds 45
 # = the frontend's 5 s preStop pause + this + a margin for the endings and the exit.
