@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# The project's two commands (icebox and test, as the README shows them) and one helper for
-# contributors (lint). Each sets itself up on a fresh clone (a virtual environment per Python
+# The project's two commands (icebox and test, as the README shows them) and helpers for
+# contributors (lint, venv). Each sets itself up on a fresh clone (a virtual environment per Python
 # version, with the package and its test and lint extras) and is harmless to run twice.
 #
 #   ./dev.sh icebox [args...]   start the "icebox" pair: a frontend and a mock worker on loopback,
 #                               GC heaps frozen, pause logger on; Ctrl-C stops both
-#   ./dev.sh test [pytest args] run the test suite
+#   ./dev.sh test [pytest args] run the test suite, on every core (pytest-xdist's -n auto;
+#                               `-n 0` runs it in this one process)
 #   ./dev.sh lint               ruff (lint, format check) and mypy over components/, scripts/, tests/
+#   ./dev.sh venv               only set up the virtual environment; prints its python
 #   ./dev.sh help               this text
 #
 # PYTHON=/path/to/python3.X picks the interpreter (default: python3); each version gets its own
@@ -34,7 +36,10 @@ ensure_venv() {
   stamp="$venv/.installed-$(cat pyproject.toml components/pyproject.toml | cksum | cut -d' ' -f1)"
   if [ ! -f "$stamp" ]; then
     echo "dev.sh: installing the GC layer (with the test and lint extras) and the launchers into $venv" >&2
-    "$venv/bin/python" -m pip install --quiet -e ".[test,lint]" -e ./components >&2
+    # One editable install at a time per checkout (CI builds several venvs at once): setuptools
+    # writes its egg-info and build directories into the source tree.
+    flock components/src \
+      "$venv/bin/python" -m pip install --quiet -e ".[test,lint]" -e ./components >&2
     rm -f "$venv"/.installed-*
     touch "$stamp"
   fi
@@ -52,7 +57,9 @@ case "$command" in
     ensure_venv
     echo "dev.sh: running the tests on $("$VENV_PYTHON" -V)" >&2
     set +e
-    "$VENV_PYTHON" -m pytest "$@"
+    # Both cores by default (the arguments after it may say otherwise: a later -n wins); tests
+    # that must not overlap share an xdist_group, which --dist loadgroup keeps on one worker.
+    "$VENV_PYTHON" -m pytest -n auto --dist loadgroup "$@"
     rc=$?
     set -e
     if [ "$rc" -eq 5 ]; then
@@ -60,6 +67,10 @@ case "$command" in
       exit 1
     fi
     exit "$rc"
+    ;;
+  venv)
+    ensure_venv
+    echo "$VENV_PYTHON"
     ;;
   lint)
     ensure_venv
