@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The project's two commands (icebox and test, as the README shows them) and two helpers for
-# contributors and CI (lint, venv). Each sets itself up on a fresh clone (a virtual environment per Python
+# The project's two commands (icebox and test, as the README shows them) and helpers for
+# contributors (lint, venv). Each sets itself up on a fresh clone (a virtual environment per Python
 # version, with the package and its test and lint extras) and is harmless to run twice.
 #
 #   ./dev.sh icebox [args...]   start the "icebox" pair: a frontend and a mock worker on loopback,

@@ -48,6 +48,6 @@ def test_help_prints_the_usage_with_exit_0(word):
 
 def test_the_header_counts_its_commands_right():
     text = "\n".join(header())
-    assert "two commands (icebox and test" in text and "two helpers for" in text
+    assert "two commands (icebox and test" in text and "helpers for" in text
     listed = [line.split()[1] for line in header() if line.strip().startswith("./dev.sh ")]
     assert listed == ["icebox", "test", "lint", "venv", "help"]
