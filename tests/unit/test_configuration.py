@@ -364,7 +364,8 @@ def test_every_boolean_rejects_a_bad_env_value(program, capsys):
 # Tried on every option whose kind this file does not know: the ones its own parse rejects must
 # make the surface exit 2 too, so a new kind is tested without editing this file.
 GENERIC_JUNK = ["", "  ", "abc", "nan", "-1", "1.5", "bogus value", "a..b", "\x00"]
-GENERIC_GOOD = ["some-value", "package.module.Class", "1", "2", "on", "localhost", "127.0.0.1"]
+# "/" last: an existing directory, for --dyn-model-dirs (every other kind takes an earlier word)
+GENERIC_GOOD = ["some-value", "package.module.Class", "1", "2", "on", "localhost", "127.0.0.1", "/"]
 
 
 def _rejects(option: Option, text: str) -> bool:

@@ -17,12 +17,12 @@ from dynamo.common.configuration import (
     parse_surface,
     port_option,
     prerequisites,
-    text_option,
 )
 from dynamo.common.configuration.launcher_config import LauncherConfig, process_options
 from dynamo.common.configuration.runtime_options import DISCOVERY_OPTIONS, DISCOVERY_REQUIREMENTS
 from dynamo.common.configuration.typed import typed_config
 
+from .model_files import ModelDirectories
 from .sglang_options import SGLANG_OPTIONS
 
 PROG = "python -m dynamo.frontend"
@@ -112,16 +112,18 @@ OPTIONS = [
             "per field name per minute, as vLLM does (docs/openai-fields.md)"
         ),
     ),
-    text_option(
+    Option(
         "dyn-model-dirs",
         "DYN_MODEL_DIRS",
+        None,
         (
-            "Directories the frontend may load models from: a discovered model card whose "
-            "tokenizer directory, tokenizer files or chat template resolve outside them is "
-            "refused with one WARNING. Unset (the default): any directory, each card's files "
-            "still confined to its own model directory (see docs/operator-guide.md, security)"
+            "Directories the frontend may load models from (each must exist): a discovered "
+            "model card whose tokenizer directory, tokenizer files or chat template resolve "
+            "outside them is refused with one WARNING; the chat template must be a Jinja file "
+            "either way. Unset (the default): any directory, each card's files still confined "
+            "to its own model directory (see docs/operator-guide.md, security)"
         ),
-        what="directory list",
+        ModelDirectories(),
         metavar="DIR[:DIR...]",
     ),
     choice_option(
@@ -188,7 +190,7 @@ class FrontendConfig(LauncherConfig):
     dyn_max_models: int
     dyn_ready_min_models: int
     dyn_strict_request_fields: bool
-    dyn_model_dirs: str | None
+    dyn_model_dirs: tuple[str, ...] | None
     router_mode: str
 
     @property

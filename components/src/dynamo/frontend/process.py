@@ -41,7 +41,6 @@ from .chat_processor import build_chat_processor
 from .frontend_args import FrontendConfig
 from .http_service import FrontendService
 from .http_surface import http_runner
-from .model_files import parse_model_dirs
 from .model_registry import ModelRegistry
 from .preprocess_pool import PreprocessPool, PreprocessPoolError
 from .request_metrics import RequestMetrics
@@ -100,7 +99,7 @@ class FrontendProcess:
                 build_chat_processor,
                 kind=config.dyn_chat_processor,
                 sglang=self.sglang,
-                model_dirs=parse_model_dirs(config.dyn_model_dirs),
+                model_dirs=config.dyn_model_dirs or (),
             ),
             max_models=config.dyn_max_models,
         )
