@@ -105,7 +105,14 @@ class FrontendProcess:
         )
         closer.push("chat processor builds", registry.aclose)
         # dynamo_frontend_* (upstream's request metrics) next to the GC metrics on /metrics
-        request_metrics = None if self.metrics is None else RequestMetrics(self.metrics.registry)
+        # Labels follow what is served: a served model's series stay, long-gone ones go.
+        request_metrics = (
+            None
+            if self.metrics is None
+            else RequestMetrics(
+                self.metrics.registry, is_served=lambda name: registry.get(name) is not None
+            )
+        )
         service = self.service = FrontendService(
             registry,
             WorkerRouter(session),
