@@ -113,9 +113,11 @@ class FrontendProcess:
                 self.metrics.registry, is_served=lambda name: registry.get(name) is not None
             )
         )
+        router = WorkerRouter(session)
+        closer.push("worker router", router.aclose)
         service = self.service = FrontendService(
             registry,
-            WorkerRouter(session),
+            router,
             pool,
             request_metrics,
             ready_min_models=config.dyn_ready_min_models,
