@@ -32,9 +32,11 @@ recently used of the gone ones, and beyond that gives its label up: its series a
 the registry (so /metrics stops showing them) when a newer model needs a label, never while one
 of its requests is in flight. A request whose model the registry does not serve (a typo, a 404,
 a body that does not parse) is counted under :data:`UNKNOWN_MODEL`. The other labels take
-values from fixed sets. Upstream reads its bucket ranges from ``DYN_METRICS_*`` environment variables; this
-frontend uses upstream's defaults and no overrides (one declared option per setting is the
-project's rule, and nobody has asked for them yet).
+values from fixed sets.
+
+Upstream reads its bucket ranges from ``DYN_METRICS_*`` environment variables; this frontend
+uses upstream's defaults and no overrides (one declared option per setting is the project's
+rule, and nobody has asked for them yet).
 """
 
 from __future__ import annotations
