@@ -155,6 +155,12 @@ class ChatProcessor:
         """The prompt of a chat request, with its ``add_generation_prompt``,
         ``chat_template_kwargs`` and ``reasoning_effort``. A template that joins content parts
         its own way (SGLang's) takes the messages as sent; the others take them joined."""
+        return self.render(*self.render_inputs(chat))
+
+    def render_inputs(
+        self, chat: ChatCompletionRequest
+    ) -> tuple[Sequence[Mapping[str, Any]], RenderOptions]:
+        """What :meth:`render_chat` renders: the messages and the options."""
         if getattr(self.template, "takes_content_parts", False):
             messages = chat.messages_as_sent()
         else:
@@ -166,7 +172,7 @@ class ChatProcessor:
             documents=chat.documents,
             continue_final_message=chat.continue_final_message is True,
         )
-        return self.render(messages, options)
+        return messages, options
 
     def encode_chat(self, prompt: str) -> list[int]:
         # The template already wrote BOS and the like: transformers' apply_chat_template

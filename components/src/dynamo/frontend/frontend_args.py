@@ -24,6 +24,7 @@ from dynamo.common.configuration.typed import typed_config
 
 from .model_files import ModelDirectories
 from .sglang_options import SGLANG_OPTIONS
+from .template_options import TEMPLATE_OPTIONS
 
 PROG = "python -m dynamo.frontend"
 
@@ -89,6 +90,7 @@ OPTIONS = [
     ),
     CHAT_PROCESSOR,
     *SGLANG_OPTIONS,
+    *TEMPLATE_OPTIONS,
     READY_MIN_MODELS,
     count_option(
         "dyn-max-models",
@@ -191,6 +193,9 @@ class FrontendConfig(LauncherConfig):
     dyn_ready_min_models: int
     dyn_strict_request_fields: bool
     dyn_model_dirs: tuple[str, ...] | None
+    dyn_template_processes: int
+    dyn_template_timeout: float
+    dyn_template_memory_mb: int
     router_mode: str
 
     @property

@@ -31,7 +31,7 @@ import jinja2
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
-from dynamo.runtime.chat_template import chat_template_environment
+from dynamo.runtime.chat_template import TemplateValueTooLarge, chat_template_environment
 from dynamo.runtime.tokenizer_config import token_text
 
 from .model_files import (
@@ -98,6 +98,8 @@ def rendering_errors() -> Iterator[None]:
     have (every processor renders through this, whichever library runs the template)."""
     try:
         yield
+    except TemplateValueTooLarge:
+        raise  # a bound of the frontend's, not the template rejecting the request
     except jinja2.exceptions.TemplateError as exc:
         raise ChatTemplateError(str(exc)) from None
     except (TypeError, ValueError, LookupError, AttributeError) as exc:
@@ -163,6 +165,15 @@ class HfChatTemplate:
             raise ModelFilesError(f"the chat template does not compile: {exc}") from None
         self._variables = dict(variables)
         self._source = source
+
+    @property
+    def source(self) -> str:
+        return self._source
+
+    @property
+    def variables(self) -> dict[str, str]:
+        """The model's own template variables (its special tokens)."""
+        return self._variables
 
     def render(self, messages: Sequence[Mapping[str, Any]], options: RenderOptions = PLAIN) -> str:
         messages = list(messages)

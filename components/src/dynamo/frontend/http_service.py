@@ -72,6 +72,7 @@ from .prompt_budget import (
 from .request_body import expect_handler, read_json_body
 from .request_metrics import RequestMetrics, RequestTrack
 from .responses import ChatResponder, CompletionResponder, Responder, send_event
+from .template_sandbox import TemplateLimitExceeded, TemplateSandbox
 from .worker_router import LOG_INTERVAL_S, NoWorkerAvailable, WorkerRouter
 
 logger = logging.getLogger(__name__)
@@ -94,6 +95,7 @@ class FrontendService:
         preprocess_pool: PreprocessPool | None = None,
         request_metrics: RequestMetrics | None = None,
         *,
+        template_sandbox: TemplateSandbox | None = None,
         ready_min_models: int = 1,
         strict_request_fields: bool = False,
     ) -> None:
@@ -116,8 +118,7 @@ class FrontendService:
         # before its first look at the store.
         self.discovery_watcher: RecordWatcher | None = None
         # Rendering and tokenising, never on the event loop.
-        self.preprocessing = Preprocessing(preprocess_pool)
-        self._off_loop = self.preprocessing.run
+        self.preprocessing = Preprocessing(preprocess_pool, template_sandbox)
 
     def close(self) -> None:
         self.preprocessing.close()
@@ -233,7 +234,9 @@ class FrontendService:
             except FieldRefused as exc:
                 raise oai.invalid_request(exc.message, param=exc.param, code=exc.code) from None
             try:
-                prompt = await self._off_loop(entry.processor.render_chat, chat)
+                prompt = await self.preprocessing.render_chat(entry.processor, chat)
+            except TemplateLimitExceeded as exc:
+                raise oai.service_unavailable(str(exc), code="chat_template_limit") from None
             except NoChatTemplate as exc:
                 raise oai.invalid_request(
                     str(exc), param="messages", code="no_chat_template"

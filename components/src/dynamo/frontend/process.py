@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import socket
@@ -46,6 +47,7 @@ from .preprocess_pool import PreprocessPool, PreprocessPoolError
 from .request_metrics import RequestMetrics
 from .sglang_processor import SglangSettings
 from .stream_drain import frontend_drain
+from .template_sandbox import TemplateSandbox
 from .worker_router import WorkerRouter, create_worker_session
 
 logger = logging.getLogger(__name__)
@@ -92,6 +94,27 @@ class FrontendProcess:
                 pool.start()
             except PreprocessPoolError as exc:
                 raise StartupFailed(f"Frontend start-up failed: {exc}") from None
+        sandbox = None
+        if config.dyn_template_processes > 0 and config.dyn_chat_processor == "hf":
+            sandbox = TemplateSandbox(
+                config.dyn_template_processes,
+                timeout_s=config.dyn_template_timeout,
+                memory_mb=config.dyn_template_memory_mb,
+            )
+            closer.push("template render processes", sandbox.aclose)
+            try:
+                await asyncio.to_thread(sandbox.start)
+            except RuntimeError as exc:
+                raise StartupFailed(f"Frontend start-up failed: {exc}") from None
+            logger.info(
+                "Template render processes ready: processes=%d pids=%s timeout_s=%g "
+                "memory_mb=%d per_model=%d",
+                sandbox.processes,
+                sandbox.pids(),
+                sandbox.timeout_s,
+                config.dyn_template_memory_mb,
+                sandbox.per_model,
+            )
         session = create_worker_session()
         closer.push("worker client session", session.close)
         registry = ModelRegistry(
@@ -120,6 +143,7 @@ class FrontendProcess:
             router,
             pool,
             request_metrics,
+            template_sandbox=sandbox,
             ready_min_models=config.dyn_ready_min_models,
             strict_request_fields=config.dyn_strict_request_fields,
         )
