@@ -119,3 +119,24 @@ def test_a_template_that_raises_is_still_the_clients_400(tiny_tokenizer_dir, tmp
     (status, answer), (fits, _) = asyncio.run(asyncio.wait_for(scenario(), DEADLINE_S))
     assert status == 400 and answer["error"]["code"] == "chat_template_error"
     assert "only one message" in answer["error"]["message"] and fits == 200
+
+
+def test_without_render_processes_a_value_bomb_is_still_a_503_naming_the_model(
+    tiny_tokenizer_dir, tmp_path, caplog
+):
+    """--dyn-template-processes 0: rendered on the frontend's threads, the value bound holds."""
+    path = tmp_path / "conversation.jinja"
+    path.write_text(BOMBS["conversation"], encoding="utf-8")
+    card = tiny_card(tiny_tokenizer_dir, "conversation", chat_template_path=str(path))
+
+    async def scenario():
+        async with echo_worker() as (_, endpoint):
+            async with frontend(card, endpoint) as client:
+                return await post(client, "conversation", TWO), await post(
+                    client, "conversation", ONE
+                )
+
+    (status, answer), (fits, _) = asyncio.run(asyncio.wait_for(scenario(), DEADLINE_S))
+    assert status == 503 and answer["error"]["code"] == "chat_template_limit"
+    assert "`conversation`" in answer["error"]["message"] and fits == 200
+    assert "Chat template of model conversation was stopped" in caplog.text

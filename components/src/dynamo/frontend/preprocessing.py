@@ -17,12 +17,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
 from dynamo.runtime import peer_text
+from dynamo.runtime.chat_template import TemplateValueTooLarge
 
 from . import openai_protocol as oai
 from .chat_processor import ChatProcessor, ModelFilesError
 from .hf_processor import HfChatTemplate
 from .preprocess_pool import PreprocessPool, PreprocessPoolError
-from .template_sandbox import TemplateSandbox
+from .template_sandbox import TemplateSandbox, unsandboxed_value_too_large
 
 if TYPE_CHECKING:
     from .openai_protocol import ChatCompletionRequest
@@ -63,7 +64,10 @@ class Preprocessing:
         thread. Raises NoChatTemplate, ChatTemplateError or TemplateLimitExceeded."""
         template = processor.template
         if self.sandbox is None or not isinstance(template, HfChatTemplate):
-            return await self.run(processor.render_chat, chat)
+            try:
+                return await self.run(processor.render_chat, chat)
+            except TemplateValueTooLarge as exc:
+                raise unsandboxed_value_too_large(processor.model, exc) from None
         messages, options = await self.run(processor.render_inputs, chat)
         return await self.sandbox.render(processor.model, template, messages, options)
 

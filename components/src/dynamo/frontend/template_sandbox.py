@@ -60,6 +60,25 @@ class TemplateLimitExceeded(Exception):
     ``str()`` is for the client (it names the model, never the template)."""
 
 
+def value_too_large(model: str) -> TemplateLimitExceeded:
+    """The client's error for a template that tried to build a value over the bound."""
+    return TemplateLimitExceeded(
+        f"the chat template of model `{model}` builds a value over the frontend's bound "
+        "rendering these messages"
+    )
+
+
+_unsandboxed_log = CauseBudgets(logger, lines=1, interval_s=LOG_INTERVAL_S)
+
+
+def unsandboxed_value_too_large(model: str, exc: TemplateValueTooLarge) -> TemplateLimitExceeded:
+    """The same, for a template rendered on a frontend thread (no render processes): logged."""
+    _unsandboxed_log.emit(
+        "value", "Chat template of model %s was stopped: %s", peer_text.escape(model), exc
+    )
+    return value_too_large(model)
+
+
 # -- the child process -------------------------------------------------------------------------
 
 
@@ -235,10 +254,7 @@ class TemplateSandbox:
             raise ChatTemplateError(text)
         if kind == "value":  # refused before it was built: the process is fine
             self._breach(kind, name, f"was stopped: {text}")
-            raise TemplateLimitExceeded(
-                f"the chat template of model `{model}` builds a value over the frontend's bound "
-                "rendering these messages"
-            )
+            raise value_too_large(model)
         what = {
             "timeout": f"took over {self.timeout_s:g} s",
             "memory": f"went over {self.memory_bytes >> 20} MiB",
