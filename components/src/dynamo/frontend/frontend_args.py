@@ -83,7 +83,8 @@ OPTIONS = [
         (
             "Tokenise in a pool of N processes (each freezes its own heap at the end of its "
             "initializer); 0 tokenises in the frontend process, on a few threads, never on its "
-            "event loop (chat templates are rendered on those threads in either case)"
+            "event loop (chat templates render in the template render processes with the hf "
+            "processor, see --dyn-template-processes, else on those threads)"
         ),
         low=0,
         high=1024,

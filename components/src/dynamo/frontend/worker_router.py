@@ -183,12 +183,18 @@ class WorkerRouter:
         candidates = [record for record in entry.route_order() if not self._is_benched(record)]
         benched = len(entry.instances) - len(candidates)
         tried: set[tuple[str, str]] = set()
+        probed: list[str] = []  # the dead the scout's sweeps found, described
         while len(failures) < MAX_ATTEMPTS:
             record = self._next_choice(candidates, tried)
             if record is None:
                 untried = [r for r in candidates if _key(r) not in tried]
                 untried.sort(key=lambda r: _key(r) in self._benched)  # suspects last
-                record = await self._scout.find(entry.name, untried) if untried else None
+                if not untried:
+                    break
+                sweep = await self._scout.find(entry.name, untried)
+                if sweep.dead_count:
+                    probed.append(sweep.describe_dead())
+                record = sweep.found
                 if record is None or _key(record) in tried:
                     break
             tried.add(_key(record))
@@ -220,7 +226,8 @@ class WorkerRouter:
         raise NoWorkerAvailable(
             f"no worker instance of model `{entry.name}` could take the request",
             detail=f"model {name}: {len(failures)} instance(s) tried, {benched} benched: "
-            + "; ".join(failures),
+            + "; ".join(failures)
+            + "".join(f"; health probe unanswered: {dead}" for dead in probed),
             bad_answers=protocol_errors == len(failures),
         )
 
