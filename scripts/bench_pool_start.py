@@ -28,7 +28,7 @@ def child(method: str, workers: int, processor: str) -> dict:
     import logging
     import time
 
-    from dynamo.frontend.preprocess_pool import PreprocessPool
+    from dynamo.frontend.processors.preprocess_pool import PreprocessPool
 
     started = time.perf_counter()
     pool = PreprocessPool(

@@ -46,11 +46,14 @@ def build_steps(tokenizer_dir: str) -> list[dict]:
     import dynamo.frontend.main  # noqa: F401 - the frontend's own import heap
 
     steps.append({"step": "frontend", "tracked": tracked()})
-    from dynamo.frontend.chat_processor import build_chat_processor, import_processor_libraries
+    from dynamo.frontend.processors.chat_processor import (
+        build_chat_processor,
+        import_processor_libraries,
+    )
 
     steps.append({"step": "+ sglang", "note": import_processor_libraries("sglang")})
     steps[-1]["tracked"] = tracked()
-    from dynamo.frontend.sglang_processor import SglangSettings
+    from dynamo.frontend.processors.sglang_processor import SglangSettings
     from dynamo.vllm.mock_model import load_mock_model
 
     card = load_mock_model(tokenizer_dir, served_model_name="bench").card

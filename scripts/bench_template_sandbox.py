@@ -38,8 +38,8 @@ async def measure(rounds: int, renders: int) -> dict[str, list[float]]:
 
     from make_tiny_model import CHAT_TEMPLATE
 
-    from dynamo.frontend.hf_processor import HfChatTemplate, RenderOptions
-    from dynamo.frontend.template_sandbox import TemplateSandbox
+    from dynamo.frontend.processors.hf_processor import HfChatTemplate, RenderOptions
+    from dynamo.frontend.processors.template_sandbox import TemplateSandbox
 
     template = HfChatTemplate(CHAT_TEMPLATE, {"bos_token": "<s>", "eos_token": "</s>"})
     messages, options = conversation(), RenderOptions()

@@ -35,7 +35,7 @@ SGLANG_VERSION=0.5.23
 TORCH_VERSION=2.14.1
 TORCHVISION_VERSION=0.29.1
 # What SGLang's frontend modules import, beyond torch (see above). Keep in step with the list
-# of modules in dynamo.frontend.sglang_processor.SGLANG_MODULES.
+# of modules in dynamo.frontend.processors.sglang_processor.SGLANG_MODULES.
 SGLANG_FRONTEND_PACKAGES=(
   "transformers==5.19.0"
   "tokenizers==0.23.2"

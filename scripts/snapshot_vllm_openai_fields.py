@@ -1,6 +1,6 @@
 """Write tests/data/vllm_openai_fields.json: the field names of the installed vLLM's OpenAI
 request models, with its version, for the default suite's check that every one of them is
-classified in dynamo.frontend.openai_fields (the vllm-marked suite reads the installed vLLM
+classified in dynamo.frontend.openai.fields (the vllm-marked suite reads the installed vLLM
 itself and fails when this snapshot is stale).
 
     $(scripts/setup_vllm_env.sh) scripts/snapshot_vllm_openai_fields.py

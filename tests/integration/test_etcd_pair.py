@@ -27,7 +27,8 @@ pytestmark = pytest.mark.integration
 TTL = "2"
 
 
-# dynamo.frontend.model_registry's line when a model's last instance goes; group 1: its time.
+# dynamo.frontend.routing.model_registry's line when a model's last instance goes; group 1: its
+# time.
 REMOVED_LINE = r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \S+ pid=\d+ \S+: Model removed: model=%s "
 
 

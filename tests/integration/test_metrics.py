@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dynamo.common.metrics import PAUSE_BUCKETS_S
-from dynamo.frontend import request_metrics as rm
+from dynamo.frontend.serving import request_metrics as rm
 from tests.support import LauncherProcess, dashboard, wait_until
 from tests.support.pair import chat_body, expected_completion_tokens, stream_events
 from tests.support.pair import request as http_request
@@ -24,8 +24,8 @@ from tests.support.processes import start_frontend, start_worker
 from tests.unit.test_metrics import STABLE_FAMILIES
 
 # The frontend's own: whether discovery is cut off from its store (0 with a readable directory).
-# And upstream's request metrics (dynamo.frontend.request_metrics); the parser names a counter's
-# family without its "_total".
+# And upstream's request metrics (dynamo.frontend.serving.request_metrics); the parser names a
+# counter's family without its "_total".
 FRONTEND_FAMILIES: dict[str, tuple[str, set[str]]] = {
     "dynamo_discovery_degraded": ("gauge", set()),
     "dynamo_frontend_requests": (

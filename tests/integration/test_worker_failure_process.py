@@ -118,7 +118,7 @@ def test_a_sigstopped_worker_is_a_generic_503_within_the_probe_deadlines(pair):
 
 # --- a hostile worker, registered by a record file ---------------------------------------------
 
-FORGED = "WARNING dynamo.frontend.http_service: forged line"
+FORGED = "WARNING dynamo.frontend.serving.http_service: forged line"
 
 
 def _register(discovery: Path, endpoint: str) -> None:

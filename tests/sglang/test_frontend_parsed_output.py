@@ -14,8 +14,11 @@ import uuid
 
 import pytest
 
-from dynamo.frontend.chat_processor import build_chat_processor, import_processor_libraries
-from dynamo.frontend.model_registry import ModelRegistry
+from dynamo.frontend.processors.chat_processor import (
+    build_chat_processor,
+    import_processor_libraries,
+)
+from dynamo.frontend.routing.model_registry import ModelRegistry
 from tests.sglang.test_sglang_output_parser import TOOL_CALL, WEATHER
 from tests.support.answers import sse_events
 from tests.support.frontend_fakes import MODEL, echo_worker, frontend
@@ -36,7 +39,7 @@ def card(tiny_tokenizer):
 
 
 def sglang_registry(tool_call_parser="qwen25", reasoning_parser="deepseek-r1") -> ModelRegistry:
-    from dynamo.frontend.sglang_processor import SglangSettings
+    from dynamo.frontend.processors.sglang_processor import SglangSettings
 
     settings = SglangSettings(tool_call_parser, reasoning_parser)
     return ModelRegistry(lambda card: build_chat_processor(card, "sglang", settings))
@@ -177,7 +180,7 @@ def test_the_openai_client_reads_the_parsed_answer(card):
 
 def card_registry(settings_args=()) -> ModelRegistry:
     """The sglang processor as the frontend builds it; ``settings_args``: its own flags."""
-    from dynamo.frontend.sglang_processor import SglangSettings
+    from dynamo.frontend.processors.sglang_processor import SglangSettings
 
     settings = SglangSettings(*settings_args)
     return ModelRegistry(lambda card: build_chat_processor(card, "sglang", settings))
@@ -211,7 +214,7 @@ def test_a_card_name_sglang_lacks_is_logged_and_the_model_served_without_it(tiny
     )
     n = len(output_ids(card, OUTPUT))
     body = {"model": model, "messages": MESSAGES, "tools": [WEATHER], "max_tokens": n}
-    with caplog.at_level(logging.WARNING, logger="dynamo.frontend.card_parsers"):
+    with caplog.at_level(logging.WARNING, logger="dynamo.frontend.processors.card_parsers"):
         status, answer = ask(card, {**body, "ignore_eos": True}, registry=card_registry())
         # Served without a tool-call parser: tool_choice auto (the default with tools) would be
         # a quietly unparsed answer, so it is refused by name; "none" is served.
@@ -223,7 +226,11 @@ def test_a_card_name_sglang_lacks_is_logged_and_the_model_served_without_it(tiny
     message = answer["choices"][0]["message"]
     assert message["reasoning_content"] == THINKING  # the name SGLang has still applies
     assert "tool_calls" not in message and message["content"] == SAID + TOOL_CALL
-    warned = [r.getMessage() for r in caplog.records if r.name == "dynamo.frontend.card_parsers"]
+    warned = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "dynamo.frontend.processors.card_parsers"
+    ]
     assert len(warned) == 1 and "qwen99" in warned[0] and model in warned[0], warned
 
 
@@ -232,10 +239,10 @@ def test_the_frontends_flags_override_the_card(tiny_tokenizer, caplog):
     card = tiny_card(tiny_tokenizer, model, tool_call_parser="qwen99", reasoning_parser="qwen99")
     n = len(output_ids(card, OUTPUT))
     body = {"model": model, "messages": MESSAGES, "tools": [WEATHER], "max_tokens": n}
-    with caplog.at_level(logging.WARNING, logger="dynamo.frontend.card_parsers"):
+    with caplog.at_level(logging.WARNING, logger="dynamo.frontend.processors.card_parsers"):
         status, answer = ask(
             card, {**body, "ignore_eos": True}, registry=card_registry(("qwen25", "deepseek-r1"))
         )
     assert status == 200, answer
     assert_weather_call(answer["choices"][0]["message"]["tool_calls"])
-    assert not [r for r in caplog.records if r.name == "dynamo.frontend.card_parsers"]
+    assert not [r for r in caplog.records if r.name == "dynamo.frontend.processors.card_parsers"]

@@ -9,8 +9,11 @@ import json
 
 import pytest
 
-from dynamo.frontend.chat_processor import build_chat_processor, import_processor_libraries
-from dynamo.frontend.output_parser import ParsedDelta
+from dynamo.frontend.parsing.output_parser import ParsedDelta
+from dynamo.frontend.processors.chat_processor import (
+    build_chat_processor,
+    import_processor_libraries,
+)
 from dynamo.runtime.sampling import SamplingOptions
 from dynamo.vllm.mock_engine import mock_completion
 from dynamo.vllm.mock_model import load_mock_model
@@ -36,7 +39,7 @@ def model(tiny_tokenizer):
 
 
 def processor(model, tool_call_parser=None, reasoning_parser=None):
-    from dynamo.frontend.sglang_processor import SglangSettings
+    from dynamo.frontend.processors.sglang_processor import SglangSettings
 
     settings = SglangSettings(tool_call_parser, reasoning_parser)
     return build_chat_processor(model.card, "sglang", settings)
@@ -146,7 +149,7 @@ def test_nothing_to_parse_gives_no_parser(model):
 
 
 def test_kimi_k2_call_ids_count_the_earlier_calls(model):
-    from dynamo.frontend.sglang_output_parser import tool_call_id
+    from dynamo.frontend.parsing.sglang_output_parser import tool_call_id
 
     assert tool_call_id("kimi_k2", "get_weather", 0, 2) == "functions.get_weather:2"
     assert tool_call_id("qwen25", "get_weather", 0, 2).startswith("call_")

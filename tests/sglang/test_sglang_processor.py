@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from dynamo.frontend.chat_processor import build_chat_processor, import_processor_libraries
-from dynamo.frontend.hf_processor import ModelFilesError
-from dynamo.frontend.openai_protocol import parse_chat_request
+from dynamo.frontend.openai.protocol import parse_chat_request
+from dynamo.frontend.processors.chat_processor import (
+    build_chat_processor,
+    import_processor_libraries,
+)
+from dynamo.frontend.processors.hf_processor import ModelFilesError
 from dynamo.vllm.mock_model import load_mock_model
 from tests.sglang.sglang_reference import sglang_prompt_ids
 
@@ -26,7 +29,7 @@ MESSAGES = [
 @pytest.fixture(scope="module")
 def sglang():
     import_processor_libraries("sglang")
-    from dynamo.frontend import sglang_processor
+    from dynamo.frontend.processors import sglang_processor
 
     return sglang_processor
 

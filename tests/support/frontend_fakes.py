@@ -20,11 +20,11 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from aiohttp.web_runner import BaseRunner
 
-from dynamo.frontend.chat_processor import build_chat_processor
-from dynamo.frontend.http_service import FrontendService
-from dynamo.frontend.http_surface import http_runner
-from dynamo.frontend.model_registry import ModelRegistry
-from dynamo.frontend.worker_router import WorkerRouter, create_worker_session
+from dynamo.frontend.processors.chat_processor import build_chat_processor
+from dynamo.frontend.routing.model_registry import ModelRegistry
+from dynamo.frontend.routing.worker_router import WorkerRouter, create_worker_session
+from dynamo.frontend.serving.http_service import FrontendService
+from dynamo.frontend.serving.http_surface import http_runner
 from dynamo.runtime.discovery import ModelRecord
 from dynamo.runtime.model_card import ModelCard
 from dynamo.runtime.request_plane import BadGenerateRequest

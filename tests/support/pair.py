@@ -14,7 +14,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 
-from dynamo.frontend.chat_processor import build_chat_processor
+from dynamo.frontend.processors.chat_processor import build_chat_processor
 from dynamo.runtime.sampling import SamplingOptions
 from dynamo.vllm.mock_engine import mock_completion
 from dynamo.vllm.mock_model import load_mock_model

@@ -10,7 +10,7 @@ import uuid
 import pytest
 from pydantic import ValidationError
 
-from dynamo.frontend.chat_processor import build_chat_processor
+from dynamo.frontend.processors.chat_processor import build_chat_processor
 from dynamo.runtime.model_card import ModelCard
 from tests.support.tiny_model import tiny_card
 
@@ -34,10 +34,14 @@ def test_a_processor_without_parsers_serves_the_model_and_says_so(tiny_tokenizer
     # A model name of its own: the WARNING is budgeted per model and name, process-wide.
     model = f"model-{uuid.uuid4().hex[:8]}\x1b[31m"
     card = tiny_card(tiny_tokenizer_dir, model, tool_call_parser="hermes", reasoning_parser="qwen3")
-    with caplog.at_level(logging.WARNING, logger="dynamo.frontend.card_parsers"):
+    with caplog.at_level(logging.WARNING, logger="dynamo.frontend.processors.card_parsers"):
         processor = build_chat_processor(card, "hf")
     assert processor.output_parser() is None
-    lines = [r.getMessage() for r in caplog.records if r.name == "dynamo.frontend.card_parsers"]
+    lines = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "dynamo.frontend.processors.card_parsers"
+    ]
     assert any("tool-call parser hermes" in line and "hf" in line for line in lines), lines
     assert any("reasoning parser qwen3" in line for line in lines), lines
     assert all("\x1b" not in line for line in lines)  # the peer's text, escaped

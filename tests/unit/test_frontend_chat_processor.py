@@ -12,18 +12,18 @@ import random
 import pytest
 from tokenizers import Tokenizer
 
-from dynamo.frontend.chat_processor import (
+from dynamo.frontend.processors.chat_processor import (
     ChatTemplateError,
     ModelFilesError,
     NoChatTemplate,
     build_chat_processor,
 )
-from dynamo.frontend.hf_processor import (
+from dynamo.frontend.processors.hf_processor import (
     HfChatTemplate,
     find_chat_template,
     special_tokens,
 )
-from dynamo.frontend.stop_strings import StopStringMatcher
+from dynamo.frontend.serving.stop_strings import StopStringMatcher
 from dynamo.runtime.tokenizer_config import token_text
 from tests.support.tiny_model import BOS, EOS, build_tiny_tokenizer, tiny_card
 

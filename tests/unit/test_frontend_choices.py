@@ -14,7 +14,7 @@ import contextlib
 
 import pytest
 
-from dynamo.frontend.worker_router import WorkerRouter
+from dynamo.frontend.routing.worker_router import WorkerRouter
 from dynamo.runtime.sampling import SamplingOptions
 from tests.support import wait_until_async
 from tests.support.answers import assert_openai_error, sse_events

@@ -13,8 +13,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from dynamo.frontend import worker_router
-from dynamo.frontend.hf_processor import ModelFilesError
+from dynamo.frontend.processors.hf_processor import ModelFilesError
+from dynamo.frontend.routing import worker_router
 from tests.support import wait_until_async
 from tests.support.frontend_fakes import MODEL, echo_worker, frontend
 from tests.support.tiny_model import tiny_card
@@ -143,7 +143,7 @@ def test_a_stop_string_does_not_end_the_completion_before_min_tokens(card):
     """vLLM matches stop strings only in text generated once min_tokens are out (v1's
     detokenizer, vllm PR 22014: min_tokens=5, stop="e" -> " is Lee, and I'm a stud"); the
     frontend, authoritative for stop strings, must not cut a completion shorter."""
-    from dynamo.frontend.chat_processor import build_chat_processor
+    from dynamo.frontend.processors.chat_processor import build_chat_processor
 
     processor = build_chat_processor(card)
     ids = processor.tokenizer.encode(

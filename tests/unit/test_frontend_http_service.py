@@ -16,8 +16,8 @@ import socket
 import pytest
 
 from dynamo.common import lifecycle
-from dynamo.frontend.chat_processor import build_chat_processor
-from dynamo.frontend.hf_processor import RenderOptions
+from dynamo.frontend.processors.chat_processor import build_chat_processor
+from dynamo.frontend.processors.hf_processor import RenderOptions
 from tests.support import wait_until_async
 from tests.support.answers import assert_openai_error, sse_events, streamed_pieces, streamed_text
 from tests.support.frontend_fakes import (
@@ -492,7 +492,7 @@ def test_continue_final_message_ends_the_prompt_inside_it(card, processor):
 
 
 def test_add_special_tokens_follows_the_request_with_vllms_defaults(card, mocker):
-    from dynamo.frontend.hf_processor import HfTokenizer
+    from dynamo.frontend.processors.hf_processor import HfTokenizer
 
     # The tiny tokenizer adds no special tokens either way: the flag the tokenizer got is the
     # observable (a spy: the real tokenizer still encodes).

@@ -17,7 +17,7 @@ import pytest
 from pydantic import BaseModel
 
 from dynamo.common.http_server import FRONTEND_MAX_BODY_BYTES
-from dynamo.frontend import openai_protocol as oai
+from dynamo.frontend.openai import protocol as oai
 from tests.support.answers import assert_openai_error
 from tests.support.bad_requests import MALFORMED_HEADS
 from tests.support.frontend_fakes import MODEL, echo_worker, frontend

@@ -12,8 +12,8 @@ import json
 
 import pytest
 
-from dynamo.frontend.chat_processor import build_chat_processor
-from dynamo.frontend.logprobs import prompt_logprobs
+from dynamo.frontend.openai.logprobs import prompt_logprobs
+from dynamo.frontend.processors.chat_processor import build_chat_processor
 from dynamo.runtime.request_plane import PromptLogprobs, WorkerProtocolError, parse_item
 from dynamo.runtime.sampling import SamplingOptions
 from tests.support.answers import assert_openai_error, sse_events

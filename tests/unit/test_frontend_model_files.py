@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from dynamo.frontend.chat_processor import build_chat_processor, model_files
 from dynamo.frontend.frontend_args import parse_args as parse_frontend
-from dynamo.frontend.model_files import (
+from dynamo.frontend.processors.chat_processor import build_chat_processor, model_files
+from dynamo.frontend.processors.model_files import (
     MAX_CONFIG_BYTES,
     MAX_TEMPLATE_BYTES,
     MAX_TOKENIZER_BYTES,

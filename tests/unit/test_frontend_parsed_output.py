@@ -11,9 +11,9 @@ import logging
 
 import pytest
 
-from dynamo.frontend.chat_processor import build_chat_processor
-from dynamo.frontend.model_registry import ModelRegistry
-from dynamo.frontend.output_parser import ParsedDelta
+from dynamo.frontend.parsing.output_parser import ParsedDelta
+from dynamo.frontend.processors.chat_processor import build_chat_processor
+from dynamo.frontend.routing.model_registry import ModelRegistry
 from tests.support.answers import sse_events
 from tests.support.frontend_fakes import MODEL, echo_worker, frontend
 from tests.support.tiny_model import tiny_card
@@ -183,7 +183,7 @@ def test_length_stays_length_with_calls(card):
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_parser_that_fails_leaves_the_answer_unparsed_not_broken(card, stream, caplog):
-    with caplog.at_level(logging.WARNING, logger="dynamo.frontend.parsed_output"):
+    with caplog.at_level(logging.WARNING, logger="dynamo.frontend.parsing.parsed_output"):
         status, answer = ask(card, Breaks, stream=stream)
     assert status == 200, answer
     if stream:

@@ -18,11 +18,11 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from dynamo.common import lifecycle
 from dynamo.common.utils import gc_freeze
-from dynamo.frontend.chat_processor import build_chat_processor
-from dynamo.frontend.http_service import FrontendService
-from dynamo.frontend.model_registry import ModelRegistry
-from dynamo.frontend.preprocess_pool import PreprocessPool, PreprocessPoolError
-from dynamo.frontend.worker_router import WorkerRouter, create_worker_session
+from dynamo.frontend.processors.chat_processor import build_chat_processor
+from dynamo.frontend.processors.preprocess_pool import PreprocessPool, PreprocessPoolError
+from dynamo.frontend.routing.model_registry import ModelRegistry
+from dynamo.frontend.routing.worker_router import WorkerRouter, create_worker_session
+from dynamo.frontend.serving.http_service import FrontendService
 from dynamo.runtime.discovery import ModelRecord
 from tests.support import wait_until, wait_until_async
 from tests.support.frontend_fakes import echo_worker
@@ -214,7 +214,7 @@ def pool_child_dead(pool: PreprocessPool) -> bool:
 
 def test_a_worker_process_keeps_a_bounded_cache_of_tokenizers(tiny_tokenizer_dir, mocker):
     """In-process (the worker module's functions, as a pool process runs them)."""
-    from dynamo.frontend import preprocess_worker
+    from dynamo.frontend.processors import preprocess_worker
 
     mocker.patch.object(preprocess_worker, "_tokenizers", type(preprocess_worker._tokenizers)())
     preprocess_worker.initialize_preprocess_worker(False, 0.0, logging.INFO, None)

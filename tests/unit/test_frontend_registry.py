@@ -16,10 +16,10 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from dynamo.common import lifecycle
-from dynamo.frontend.chat_processor import ModelFilesError, build_chat_processor
-from dynamo.frontend.http_service import FrontendService
-from dynamo.frontend.model_registry import ModelRegistry
-from dynamo.frontend.worker_router import WorkerRouter, create_worker_session
+from dynamo.frontend.processors.chat_processor import ModelFilesError, build_chat_processor
+from dynamo.frontend.routing.model_registry import ModelRegistry
+from dynamo.frontend.routing.worker_router import WorkerRouter, create_worker_session
+from dynamo.frontend.serving.http_service import FrontendService
 from dynamo.runtime.discovery.file_store import DiscoveryStore
 from dynamo.runtime.discovery.file_watcher import DiscoveryWatcher
 from dynamo.runtime.discovery.record import ModelRecord

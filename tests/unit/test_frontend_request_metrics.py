@@ -9,8 +9,8 @@ import asyncio
 import pytest
 from prometheus_client import generate_latest
 
-from dynamo.frontend import request_metrics as rm
-from dynamo.frontend.chat_processor import build_chat_processor
+from dynamo.frontend.processors.chat_processor import build_chat_processor
+from dynamo.frontend.serving import request_metrics as rm
 from tests.support.frontend_fakes import MODEL, echo_worker, frontend, request_plane_server
 from tests.support.tiny_model import tiny_card
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from dynamo.frontend.chat_processor import build_chat_processor
+from dynamo.frontend.processors.chat_processor import build_chat_processor
 from tests.support.tiny_model import tiny_card
 from tests.unit.test_frontend_choices import HELLO, MODEL, TOKENS, chat, completion
 
@@ -133,7 +133,7 @@ def test_spaces_between_special_tokens_false_joins_added_tokens_in_a_row(spaces,
     added token right after another is its bare content, on a decoder that spaces tokens."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-    from dynamo.frontend.hf_processor import StreamDetokenizer
+    from dynamo.frontend.processors.hf_processor import StreamDetokenizer
 
     tokenizer = Tokenizer(models.WordLevel({"[UNK]": 0, "hello": 1, "world": 2}, "[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()

@@ -11,9 +11,9 @@ import logging
 
 import pytest
 
-from dynamo.frontend.chat_processor import build_chat_processor
-from dynamo.frontend.model_registry import ModelRegistry
-from dynamo.frontend.template_sandbox import TemplateSandbox
+from dynamo.frontend.processors.chat_processor import build_chat_processor
+from dynamo.frontend.processors.template_sandbox import TemplateSandbox
+from dynamo.frontend.routing.model_registry import ModelRegistry
 from tests.support.frontend_fakes import echo_worker, frontend, record
 from tests.support.tiny_model import tiny_card
 

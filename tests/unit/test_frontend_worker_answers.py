@@ -23,11 +23,11 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from dynamo.frontend import worker_router
-from dynamo.frontend.chat_processor import build_chat_processor
-from dynamo.frontend.http_service import FrontendService
-from dynamo.frontend.model_registry import ModelRegistry
-from dynamo.frontend.worker_router import WorkerRouter, create_worker_session
+from dynamo.frontend.processors.chat_processor import build_chat_processor
+from dynamo.frontend.routing import worker_router
+from dynamo.frontend.routing.model_registry import ModelRegistry
+from dynamo.frontend.routing.worker_router import WorkerRouter, create_worker_session
+from dynamo.frontend.serving.http_service import FrontendService
 from tests.support import wait_until_async
 from tests.support.answers import assert_openai_error, sse_events, streamed_text
 from tests.support.clock import FakeClock

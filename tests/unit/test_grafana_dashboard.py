@@ -11,7 +11,7 @@ import json
 import pytest
 
 from dynamo.common.metrics import DynamoMetrics
-from dynamo.frontend.request_metrics import RequestMetrics
+from dynamo.frontend.serving.request_metrics import RequestMetrics
 from tests.support import dashboard
 
 

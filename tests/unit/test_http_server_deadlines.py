@@ -18,8 +18,8 @@ import pytest
 from aiohttp import web
 
 from dynamo.common.http_server import GuardedRunner, RequestBodyTimeout
-from dynamo.frontend.http_surface import openai_errors
-from dynamo.frontend.request_body import read_json_body
+from dynamo.frontend.openai.request_body import read_json_body
+from dynamo.frontend.serving.http_surface import openai_errors
 from dynamo.vllm.request_plane_server import add_request_plane_routes
 
 HEAD_S = 0.6

@@ -1,4 +1,4 @@
-"""The request-field table (dynamo.frontend.openai_fields): every field of vLLM's OpenAI request
+"""The request-field table (dynamo.frontend.openai.fields): every field of vLLM's OpenAI request
 models classified, the request models declaring exactly the applied ones, refusals naming the
 field in the OpenAI error shape, unknown fields logged on a budget or refused in strict mode,
 and docs/openai-fields.md generated from the table.
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from dynamo.frontend import openai_fields_docs
-from dynamo.frontend import openai_protocol as oai
-from dynamo.frontend.openai_fields import (
+from dynamo.frontend.openai import fields_docs as openai_fields_docs
+from dynamo.frontend.openai import protocol as oai
+from dynamo.frontend.openai.fields import (
     CHAT,
     COMPLETION,
     ENDPOINTS,
@@ -30,7 +30,7 @@ from dynamo.frontend.openai_fields import (
     UnknownFieldLog,
     applied_names,
 )
-from dynamo.frontend.openai_tools import check_tool_choice
+from dynamo.frontend.openai.tools import check_tool_choice
 from tests.support.answers import assert_openai_error
 from tests.support.clock import FakeClock
 from tests.support.frontend_fakes import MODEL, echo_worker, frontend
@@ -71,7 +71,7 @@ def test_every_field_of_vllms_request_model_is_classified_and_nothing_else(endpo
     vllm_names = set(snapshot()[endpoint])
     assert snapshot()["vllm_version"]
     unclassified = vllm_names - set(FIELDS[endpoint])
-    assert not unclassified, f"classify in dynamo/frontend/openai_fields.py: {unclassified}"
+    assert not unclassified, f"classify in dynamo/frontend/openai/fields.py: {unclassified}"
     assert set(FIELDS[endpoint]) - vllm_names == VLLM_REMOVED
 
 
@@ -163,7 +163,7 @@ def test_stream_options_fields_outside_vllms_are_refused_by_name():
 def test_an_unknown_field_is_logged_once_per_name_per_interval_and_escaped(caplog):
     clock = FakeClock()
     log = UnknownFieldLog(lines=3, interval_s=60.0, clock=clock)
-    with caplog.at_level(logging.WARNING, logger="dynamo.frontend.openai_fields"):
+    with caplog.at_level(logging.WARNING, logger="dynamo.frontend.openai.fields"):
         for _ in range(5):
             log.seen(CHAT, ("metadata", "line\nbreak"))
         assert len(caplog.records) == 2
@@ -211,7 +211,7 @@ def test_over_http_a_refusal_is_a_400_in_the_openai_shape_and_reaches_no_worker(
 
 def test_over_http_an_unknown_field_is_served_by_default_and_refused_when_strict(card, caplog):
     body = {**BASE[CHAT], "max_tokens": 3, "store": True}
-    with caplog.at_level(logging.WARNING, logger="dynamo.frontend.openai_fields"):
+    with caplog.at_level(logging.WARNING, logger="dynamo.frontend.openai.fields"):
         status, answer, _ = _post(card, CHAT, body)
     assert status == 200, answer
     assert any("store" in record.getMessage() for record in caplog.records)
@@ -222,9 +222,9 @@ def test_over_http_an_unknown_field_is_served_by_default_and_refused_when_strict
 
 def test_the_fields_page_is_up_to_date():
     assert not openai_fields_docs.is_stale(openai_fields_docs.default_page()), (
-        "run: python -m dynamo.frontend.openai_fields_docs"
+        "run: python -m dynamo.frontend.openai.fields_docs"
     )
-    done = run_python("-m", "dynamo.frontend.openai_fields_docs", "--check")
+    done = run_python("-m", "dynamo.frontend.openai.fields_docs", "--check")
     assert done.returncode == 0, done.stdout + done.stderr
 
 

@@ -1,11 +1,11 @@
-""":class:`~dynamo.frontend.output_parser.OutputParsers`: the one call signature of the chat
+""":class:`~dynamo.frontend.parsing.output_parser.OutputParsers`: the one call signature of the chat
 processors' parser factories (vLLM's and SGLang's build from the :class:`ParserRequest`)."""
 
 from __future__ import annotations
 
 import pytest
 
-from dynamo.frontend.output_parser import OutputParser, OutputParsers, ParserRequest
+from dynamo.frontend.parsing.output_parser import OutputParser, OutputParsers, ParserRequest
 
 TOOLS = [{"type": "function", "function": {"name": "f"}}]
 MESSAGES = [{"role": "user", "content": "hi"}]

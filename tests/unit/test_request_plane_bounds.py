@@ -18,7 +18,7 @@ import zlib
 
 import pytest
 
-from dynamo.frontend.worker_router import create_worker_session
+from dynamo.frontend.routing.worker_router import create_worker_session
 from dynamo.runtime import request_plane
 from dynamo.runtime.request_plane import (
     ERROR_BODY_LIMIT,

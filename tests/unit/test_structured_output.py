@@ -11,10 +11,14 @@ import json
 
 import pytest
 
-from dynamo.frontend import openai_protocol as oai
-from dynamo.frontend.chat_processor import build_chat_processor
-from dynamo.frontend.forced_tool_calls import ForcedToolCalls, forced_tool_calls, parse_required
-from dynamo.frontend.output_parser import FirstCallOnly, ParsedDelta
+from dynamo.frontend.openai import protocol as oai
+from dynamo.frontend.parsing.forced_tool_calls import (
+    ForcedToolCalls,
+    forced_tool_calls,
+    parse_required,
+)
+from dynamo.frontend.parsing.output_parser import FirstCallOnly, ParsedDelta
+from dynamo.frontend.processors.chat_processor import build_chat_processor
 from dynamo.runtime.sampling import MAX_STRUCTURED_TEXT_BYTES, SamplingOptions, StructuredOutputs
 from tests.support.answers import assert_openai_error, sse_events
 from tests.support.frontend_fakes import MODEL, echo_worker, frontend, refusing_worker

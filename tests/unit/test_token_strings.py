@@ -1,4 +1,4 @@
-"""Logprobs' token strings as vLLM builds them (dynamo.frontend.token_strings), with real
+"""Logprobs' token strings as vLLM builds them (dynamo.frontend.openai.token_strings), with real
 tokenizers: the tiny model's byte-level BPE (a multi-byte character split across tokens) and a
 SentencePiece-style one (a Metaspace pre-tokenizer, whose decoder strips a lone token's
 leading space) trained here with ``tokenizers``; then through the frontend, where the echo
@@ -12,7 +12,7 @@ import asyncio
 import pytest
 from tokenizers import Tokenizer
 
-from dynamo.frontend.token_strings import TokenStrings
+from dynamo.frontend.openai.token_strings import TokenStrings
 from tests.support.frontend_fakes import MODEL, echo_worker, frontend
 from tests.support.metaspace_tokenizer import metaspace_tokenizer
 from tests.support.tiny_model import tiny_card

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from tokenizers import AddedToken, Tokenizer
 
-from dynamo.frontend.vllm_output_parser import VllmStreamingParser, _markers
+from dynamo.frontend.parsing.vllm_output_parser import VllmStreamingParser, _markers
 
 
 class AddedVocabTokenizer:

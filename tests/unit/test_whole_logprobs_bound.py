@@ -12,8 +12,8 @@ import asyncio
 
 import pytest
 
-from dynamo.frontend import openai_protocol as oai
-from dynamo.frontend.prompt_budget import MAX_WHOLE_LOGPROBS, completion_budget
+from dynamo.frontend.openai import protocol as oai
+from dynamo.frontend.openai.prompt_budget import MAX_WHOLE_LOGPROBS, completion_budget
 from tests.support.answers import assert_openai_error
 from tests.support.frontend_fakes import MODEL, echo_worker, frontend
 from tests.support.tiny_model import tiny_card

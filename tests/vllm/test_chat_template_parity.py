@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from dynamo.frontend.chat_processor import ChatTemplateError, build_chat_processor
-from dynamo.frontend.hf_processor import RenderOptions
+from dynamo.frontend.processors.chat_processor import ChatTemplateError, build_chat_processor
+from dynamo.frontend.processors.hf_processor import RenderOptions
 from dynamo.runtime.model_card import ModelCard
 
 pytestmark = pytest.mark.vllm
@@ -231,7 +231,7 @@ def test_reasoning_effort_renders_as_vllms_chat_params_render_it(
         ChatCompletionRequest as VllmChatRequest,
     )
 
-    from dynamo.frontend.openai_protocol import parse_chat_request
+    from dynamo.frontend.openai.protocol import parse_chat_request
 
     path = tmp_path / "effort.jinja"
     path.write_text(

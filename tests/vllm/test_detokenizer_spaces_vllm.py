@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-from dynamo.frontend.hf_processor import HfTokenizer, StreamDetokenizer
+from dynamo.frontend.processors.hf_processor import HfTokenizer, StreamDetokenizer
 
 pytestmark = pytest.mark.vllm
 

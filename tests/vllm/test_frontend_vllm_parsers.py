@@ -14,9 +14,12 @@ import uuid
 
 import pytest
 
-from dynamo.frontend.chat_processor import build_chat_processor, import_processor_libraries
-from dynamo.frontend.model_registry import ModelRegistry
-from dynamo.frontend.sglang_processor import SglangSettings
+from dynamo.frontend.processors.chat_processor import (
+    build_chat_processor,
+    import_processor_libraries,
+)
+from dynamo.frontend.processors.sglang_processor import SglangSettings
+from dynamo.frontend.routing.model_registry import ModelRegistry
 from tests.support.answers import sse_events
 from tests.support.frontend_fakes import MODEL, echo_worker, frontend
 from tests.support.tiny_model import tiny_card
@@ -146,7 +149,7 @@ def test_the_cards_names_apply_and_a_name_vllm_lacks_is_served_without(tiny_toke
 
     model = f"tiny-{uuid.uuid4().hex[:8]}"  # the WARNING is budgeted per model and name
     card = tiny_card(tiny_tokenizer_dir, model, tool_call_parser="qwen99")
-    with caplog.at_level(logging.WARNING, logger="dynamo.frontend.card_parsers"):
+    with caplog.at_level(logging.WARNING, logger="dynamo.frontend.processors.card_parsers"):
         status, answer = ask(card, body(model), registry())
     assert any("qwen99" in r.getMessage() for r in caplog.records)
     # Served without a tool-call parser: tools with tool_choice auto (the default) would be a

@@ -1,5 +1,5 @@
 """The request-field table against the installed vLLM: a field vLLM adds fails here until it is
-classified in dynamo/frontend/openai_fields.py, and the checked-in snapshot of the names (the
+classified in dynamo/frontend/openai/fields.py, and the checked-in snapshot of the names (the
 default suite's reference) must be this vLLM's (regenerate it with
 scripts/snapshot_vllm_openai_fields.py)."""
 
@@ -11,7 +11,7 @@ import pytest
 from pydantic_core import PydanticUndefined
 from snapshot_vllm_openai_fields import SNAPSHOT, installed_fields
 
-from dynamo.frontend.openai_fields import (
+from dynamo.frontend.openai.fields import (
     CHAT,
     COMPLETION,
     ENDPOINTS,
@@ -34,7 +34,7 @@ def vllm_models() -> dict:
 def test_every_field_of_the_installed_vllm_is_classified(endpoint):
     names = set(vllm_models()[endpoint].model_fields)
     unclassified = names - set(FIELDS[endpoint])
-    assert not unclassified, f"classify in dynamo/frontend/openai_fields.py: {unclassified}"
+    assert not unclassified, f"classify in dynamo/frontend/openai/fields.py: {unclassified}"
     assert set(FIELDS[endpoint]) - names == VLLM_REMOVED, "a field vLLM no longer has"
 
 

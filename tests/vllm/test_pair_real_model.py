@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 
-from dynamo.frontend.chat_processor import build_chat_processor
+from dynamo.frontend.processors.chat_processor import build_chat_processor
 from dynamo.runtime.model_card import ModelCard
 from tests.support.processes import LISTENING_LINE, start_frontend, start_worker
 

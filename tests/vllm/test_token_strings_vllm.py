@@ -1,4 +1,4 @@
-"""The frontend's logprob token strings (dynamo.frontend.token_strings) are vLLM's: for every
+"""The frontend's logprob token strings (dynamo.frontend.openai.token_strings) are vLLM's: for every
 id of a text (and with the sequence before it as context) the string vLLM's own functions give
 (``convert_ids_list_to_tokens``, then ``LogprobsProcessor._verify_tokens``), with the tiny
 model's tokenizer as vLLM loads it and with a SentencePiece-style (Metaspace) one."""
@@ -32,7 +32,7 @@ def vllm_strings(tokenizer, ids: list[int]) -> list[str]:
 
 
 def ours(backend, ids: list[int]) -> list[str]:
-    from dynamo.frontend.token_strings import TokenStrings
+    from dynamo.frontend.openai.token_strings import TokenStrings
 
     strings = TokenStrings(backend)
     return [strings.token(token_id, ids[:index]) for index, token_id in enumerate(ids)]

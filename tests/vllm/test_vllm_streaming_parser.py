@@ -1,6 +1,6 @@
 """``--dyn-chat-processor vllm`` streams what vLLM's parsers find as the text comes
-(:class:`~dynamo.frontend.vllm_output_parser.VllmStreamingParser`): joined, a stream's content,
-reasoning and tool calls are what the whole text parses to, wherever the pieces were cut.
+(:class:`~dynamo.frontend.parsing.vllm_output_parser.VllmStreamingParser`): joined, a stream's
+content, reasoning and tool calls are what the whole text parses to, wherever the pieces were cut.
 
 Real tokenizers only: the tiny model's (``<think>`` / ``<tool_call>`` are spelt out in ordinary
 tokens there, so a piece can end inside a tag) and the same with Qwen's markers added as tokens
@@ -15,8 +15,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from dynamo.frontend.output_parser import ParsedDelta
-from dynamo.frontend.vllm_output_parser import (
+from dynamo.frontend.parsing.output_parser import ParsedDelta
+from dynamo.frontend.parsing.vllm_output_parser import (
     VllmOutputParser,
     VllmStreamingParser,
     vllm_output_parsers,

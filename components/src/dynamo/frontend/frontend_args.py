@@ -21,8 +21,8 @@ from dynamo.common.configuration import (
 from dynamo.common.configuration.launcher_config import LauncherConfig, process_options
 from dynamo.common.configuration.runtime_options import DISCOVERY_OPTIONS, DISCOVERY_REQUIREMENTS
 from dynamo.common.configuration.typed import typed_config
+from dynamo.frontend.processors.model_files import ModelDirectories
 
-from .model_files import ModelDirectories
 from .sglang_options import SGLANG_OPTIONS
 from .template_options import TEMPLATE_OPTIONS
 

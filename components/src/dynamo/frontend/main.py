@@ -28,6 +28,8 @@ from collections.abc import Sequence
 
 from dynamo.common import launcher, logging_setup
 from dynamo.common.configuration.runtime_options import DISCOVERY_DIR
+from dynamo.frontend.processors.chat_processor import import_processor_libraries
+from dynamo.frontend.processors.sglang_processor import SETUP_COMMAND as SGLANG_SETUP_COMMAND
 from dynamo.runtime.discovery import (
     Discovery,
     DiscoveryDirError,
@@ -36,10 +38,8 @@ from dynamo.runtime.discovery import (
 )
 
 from . import frontend_args, sglang_checks
-from .chat_processor import import_processor_libraries
 from .frontend_args import PROG
 from .process import FrontendProcess
-from .sglang_processor import SETUP_COMMAND as SGLANG_SETUP_COMMAND
 
 logger = logging.getLogger(__name__)
 

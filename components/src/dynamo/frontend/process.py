@@ -16,7 +16,8 @@
   (new connections are refused from here on: in Kubernetes a preStop hook keeps the pod serving
   until its endpoints are gone, see docs/deploy/), lets in-flight requests finish until the
   deadline, cuts the rest short (a stream ends with an SSE error event and ``[DONE]``, see
-  :mod:`dynamo.frontend.stream_drain`), then stops the preprocess pool and the client session.
+  :mod:`dynamo.frontend.serving.stream_drain`), then stops the preprocess pool and the client
+  session.
 """
 
 from __future__ import annotations
@@ -35,20 +36,20 @@ from dynamo.common.launcher import Closer, OptionUnusable, StartupFailed, StopSi
 from dynamo.common.listener_socket import bound_sockets
 from dynamo.common.metrics import DynamoMetrics, debug_gc_route, metrics_route
 from dynamo.common.request_drain import END_BOUND_S
+from dynamo.frontend.processors.chat_processor import build_chat_processor
+from dynamo.frontend.processors.preprocess_pool import PreprocessPool, PreprocessPoolError
+from dynamo.frontend.processors.sglang_processor import SglangSettings
+from dynamo.frontend.processors.template_sandbox import TemplateSandbox
+from dynamo.frontend.routing.model_registry import ModelRegistry
+from dynamo.frontend.routing.worker_router import WorkerRouter, create_worker_session
+from dynamo.frontend.serving.http_service import FrontendService
+from dynamo.frontend.serving.http_surface import http_runner
+from dynamo.frontend.serving.request_metrics import RequestMetrics
+from dynamo.frontend.serving.stream_drain import frontend_drain
 from dynamo.runtime.discovery import STATE_DEGRADED, Discovery, RecordWatcher
 
 from . import frontend_args
-from .chat_processor import build_chat_processor
 from .frontend_args import FrontendConfig
-from .http_service import FrontendService
-from .http_surface import http_runner
-from .model_registry import ModelRegistry
-from .preprocess_pool import PreprocessPool, PreprocessPoolError
-from .request_metrics import RequestMetrics
-from .sglang_processor import SglangSettings
-from .stream_drain import frontend_drain
-from .template_sandbox import TemplateSandbox
-from .worker_router import WorkerRouter, create_worker_session
 
 logger = logging.getLogger(__name__)
 

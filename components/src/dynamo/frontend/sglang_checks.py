@@ -11,9 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 from dynamo.common.configuration import Option
+from dynamo.frontend.parsing import vllm_output_parser
+from dynamo.frontend.processors import sglang_processor
 from dynamo.runtime.chat_template import compile_problem
 
-from . import sglang_processor, vllm_output_parser
 from .frontend_args import FrontendConfig
 from .sglang_options import CHAT_TEMPLATE, REASONING_PARSER, SGLANG_OPTIONS, TOOL_CALL_PARSER
 

@@ -13,7 +13,7 @@ row), and checked at start-up, after SGLang is imported, against SGLang's own re
 
 The model card carries the worker's parser names (``--dyn-tool-call-parser`` /
 ``--dyn-reasoning-parser``); the flags here override them, as upstream's do
-(:mod:`dynamo.frontend.card_parsers`).
+(:mod:`dynamo.frontend.processors.card_parsers`).
 
 One env var, one meaning: ``DYN_TOOL_CALL_PARSER`` / ``DYN_REASONING_PARSER`` are the worker's
 (upstream's names for ``--dyn-tool-call-parser`` / ``--dyn-reasoning-parser``). Upstream's

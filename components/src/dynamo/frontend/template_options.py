@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from dynamo.common.configuration import count_option, seconds_option
-
-from .template_sandbox import DEFAULT_MEMORY_MB, DEFAULT_PROCESSES, DEFAULT_TIMEOUT_S
+from dynamo.frontend.processors.template_sandbox import (
+    DEFAULT_MEMORY_MB,
+    DEFAULT_PROCESSES,
+    DEFAULT_TIMEOUT_S,
+)
 
 TEMPLATE_PROCESSES = count_option(
     "dyn-template-processes",

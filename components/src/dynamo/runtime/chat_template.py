@@ -1,6 +1,6 @@
 """The Jinja environment chat templates are rendered in, shared by the frontend (which renders
-them, :mod:`dynamo.frontend.hf_processor`) and the worker (which checks at start-up that its
-``--chat-template`` compiles, so a broken one exits 2 instead of failing every request).
+them, :mod:`dynamo.frontend.processors.hf_processor`) and the worker (which checks at start-up that
+its ``--chat-template`` compiles, so a broken one exits 2 instead of failing every request).
 
 It is the one ``transformers``' ``apply_chat_template`` builds
 (``transformers/utils/chat_template_utils.py``): an ``ImmutableSandboxedEnvironment`` with
@@ -16,7 +16,7 @@ change what a real template renders:
   are intercepted (which Jinja never folds) and every filter and test is wrapped to take the
   render context (which Jinja never calls at compile time either). So compiling costs time and
   memory linear in the source (at most 1 MiB), and every expression is evaluated when
-  rendering, where the frontend bounds it (:mod:`dynamo.frontend.template_sandbox`).
+  rendering, where the frontend bounds it (:mod:`dynamo.frontend.processors.template_sandbox`).
 * **Bounded growth.** ``*``, ``**`` and ``+`` are intercepted (the sandbox's
   ``intercepted_binops``): a string, list or number they would make larger than
   :data:`MAX_VALUE_SIZE` is refused before it is allocated (a

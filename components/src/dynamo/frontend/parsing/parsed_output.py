@@ -1,0 +1,166 @@
+"""A chat completion's output through its
+:class:`~dynamo.frontend.parsing.output_parser.OutputParser`:
+``content``, ``reasoning_content`` and ``tool_calls`` in OpenAI's chat shapes.
+
+The response path (:mod:`dynamo.frontend.serving.http_service`) builds one :class:`ParsedOutput` per
+chat choice whose request has a parser (the model's processor parses output: ``--dyn-chat-processor
+vllm`` or ``sglang`` with a tool-call or reasoning parser; or ``tool_choice`` forces calls) and
+feeds it the completion's text as it is decoded. Streaming, each piece becomes a chunk with what
+the parser let through: content and reasoning as they come, and tool calls either as deltas
+(vLLM's parsers: a call's id and name first, then pieces of its arguments) or whole at the end
+(SGLang's parsers and forced calls: a call's arguments are complete JSON only once the model has
+finished it); the end adds one chunk with what the parser held back. Not streaming, the whole
+text is fed at once and the message carries all three. A completion that ends (``stop``) with
+tool calls reports ``finish_reason`` ``tool_calls``, as OpenAI, vLLM and SGLang do.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from dynamo.frontend.openai import protocol as oai
+from dynamo.frontend.openai.responses import ChatResponder
+from dynamo.frontend.openai.tools import NamedToolChoice
+from dynamo.runtime import peer_text
+from dynamo.runtime.log_budget import CauseBudgets
+
+from .forced_tool_calls import forced_tool_calls
+from .output_parser import FirstCallOnly, OutputParser, ParsedDelta, WithoutReasoning
+
+
+def output_parser(processor_factory: Any, chat: oai.ChatCompletionRequest) -> OutputParser | None:
+    """The request's parser, or None (nothing to parse); its first call only with
+    ``parallel_tool_calls`` false, as vLLM filters them; no reasoning with ``include_reasoning``
+    false, as vLLM drops it."""
+    parser = _output_parser(processor_factory, chat)
+    if parser is not None and chat.parallel_tool_calls is False:
+        parser = FirstCallOnly(parser)
+    if parser is not None and chat.include_reasoning is False:
+        parser = WithoutReasoning(parser)
+    return parser
+
+
+def _output_parser(processor_factory: Any, chat: oai.ChatCompletionRequest) -> OutputParser | None:
+    """The request's parser from its model's factory, or None (nothing to parse). A ``tools``
+    entry the parser's library cannot read is the client's 400 naming ``tools``."""
+    choice = chat.tool_choice
+    if chat.tools and (choice == "required" or isinstance(choice, NamedToolChoice)):
+        # Forced into calls by the engine (structured outputs): no tool-call parser needed.
+        return forced_tool_calls(choice if isinstance(choice, str) else choice.model_dump())
+    try:
+        return processor_factory(
+            chat.template_tools(),  # OpenAI's shapes, as the client sent them
+            "auto"
+            if choice is None
+            else choice
+            if isinstance(choice, str)
+            else choice.model_dump(),
+            chat.template_messages(),
+            bool(chat.stream),
+        )
+    except ValueError as exc:  # pydantic's ValidationError is one
+        first = str(exc).splitlines()[0] if str(exc) else "invalid tool definition"
+        raise oai.invalid_request(f"`tools` is not valid: {first}", param="tools") from None
+
+
+logger = logging.getLogger(__name__)
+_failures = CauseBudgets(logger, lines=1, interval_s=60.0)
+
+
+class ParsedOutput:
+    """One chat request's parsed output, in OpenAI's shapes (see the module docstring).
+
+    The text parsed is the model's (a worker's answer: a peer's words), and a parser library
+    can fail on text it did not expect: then the request goes on unparsed (what is fed from
+    there on is content; what the parser held back is lost) with one WARNING per interval,
+    never a 500 or a stream cut short.
+    """
+
+    def __init__(self, parser: OutputParser, responder: ChatResponder, index: int = 0) -> None:
+        self._parser: OutputParser | None = parser
+        self._responder = responder
+        self._index = index  # the choice's (n > 1)
+        self._tool_calls = False
+        # A named tool_choice's calls end with "stop" (OpenAI's and vLLM's rule).
+        self._calls_reason = getattr(parser, "calls_finish_reason", "tool_calls")
+
+    def _failed(self, exc: Exception) -> None:
+        self._parser = None
+        _failures.emit(
+            type(exc).__name__,
+            "Output parser failed on request %s (%s: %s); the rest of its answer is unparsed",
+            self._responder.completion_id,
+            type(exc).__name__,
+            peer_text.escape(exc),
+        )
+
+    def _feed(self, text: str) -> ParsedDelta:
+        if self._parser is not None:
+            try:
+                return self._parser.feed(text)
+            except Exception as exc:  # noqa: BLE001 - any library error: see the class docstring
+                self._failed(exc)
+        return ParsedDelta(content=text)
+
+    def _finish(self) -> ParsedDelta:
+        if self._parser is not None:
+            try:
+                return self._parser.finish()
+            except Exception as exc:  # noqa: BLE001 - any library error: see the class docstring
+                self._failed(exc)
+        return ParsedDelta()
+
+    def chunk(self, text: str) -> dict | None:
+        """The chunk for a piece of text, or None when the parser held it all back."""
+        return self._chunk(self._feed(text))
+
+    def closing_chunks(self) -> list[dict]:
+        """What the parser held back, then the tool calls: the chunks before the finish."""
+        end = self._finish()
+        chunks = []
+        held = ParsedDelta(content=end.content, reasoning_content=end.reasoning_content)
+        held_chunk = self._chunk(held)
+        if held_chunk is not None:
+            chunks.append(held_chunk)
+        calls = self._chunk(ParsedDelta(tool_calls=end.tool_calls))
+        if calls is not None:
+            chunks.append(calls)
+        return chunks
+
+    def finish_reason(self, reason: str) -> str:
+        return self._calls_reason if self._tool_calls and reason == "stop" else reason
+
+    def whole_choice(self, text: str, finish_reason: str) -> dict:
+        """The non-streamed choice: the whole text through the parser."""
+        fed = self._feed(text)
+        end = self._finish()
+        if self._parser is None:  # failed: the whole text, unparsed
+            fed, end = ParsedDelta(content=text), ParsedDelta()
+        content = fed.content + end.content
+        reasoning = fed.reasoning_content + end.reasoning_content
+        calls = fed.tool_calls + end.tool_calls
+        self._tool_calls = bool(calls)
+        message: dict[str, Any] = {"role": self._responder.role, "content": content or None}
+        if not calls and message["content"] is None:
+            message["content"] = ""
+        if reasoning:
+            message["reasoning_content"] = reasoning
+        if calls:
+            message["tool_calls"] = calls
+        reason = self.finish_reason(finish_reason)
+        return {"index": self._index, "message": message, "finish_reason": reason}
+
+    def _chunk(self, parsed: ParsedDelta) -> dict | None:
+        if not parsed:
+            return None
+        delta: dict[str, Any] = {}
+        if parsed.reasoning_content:
+            delta["reasoning_content"] = parsed.reasoning_content
+        if parsed.content:
+            delta["content"] = parsed.content
+        if parsed.tool_calls:
+            delta["tool_calls"] = parsed.tool_calls
+            self._tool_calls = True
+        choice = {"index": self._index, "delta": delta, "finish_reason": None}
+        return self._responder.envelope(self._responder.CHUNK_OBJECT, [choice])
