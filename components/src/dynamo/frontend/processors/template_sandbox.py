@@ -38,7 +38,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from dynamo.runtime import peer_text
-from dynamo.runtime.chat_template import TemplateValueTooLarge
+from dynamo.runtime.chat_template import MAX_VALUE_SIZE, TemplateValueTooLarge
 from dynamo.runtime.log_budget import CauseBudgets
 
 from .hf_processor import ChatTemplateError, HfChatTemplate, ModelFilesError, RenderOptions
@@ -108,7 +108,13 @@ def _serve(conn: Connection, memory_bytes: int) -> None:
                 while len(templates) > CACHED_TEMPLATES:
                     templates.popitem(last=False)
             templates.move_to_end(key)
-            answer: tuple[str, str] = ("ok", template.render(messages, options))
+            text = template.render(messages, options)
+            if len(text) > MAX_VALUE_SIZE:  # what goes back to the frontend is bounded too
+                raise TemplateValueTooLarge(
+                    f"the rendered prompt is {len(text)} characters, over the frontend's bound "
+                    f"of {MAX_VALUE_SIZE}"
+                )
+            answer: tuple[str, str] = ("ok", text)
         except TemplateValueTooLarge as exc:
             answer = ("value", str(exc))
         except ChatTemplateError as exc:
@@ -181,6 +187,7 @@ class TemplateSandbox:
         self._in_use: dict[str, int] = {}
         self._turns: asyncio.Condition | None = None
         self._lock = threading.Lock()
+        self._closed = False  # no process is replaced once closing
         self._log = CauseBudgets(logger, lines=1, interval_s=LOG_INTERVAL_S)
 
     def start(self) -> None:
@@ -268,7 +275,7 @@ class TemplateSandbox:
         """In a thread: render, and after a breach replace the process (returned: the one that
         takes the slot)."""
         kind, text = process.render(payload, self.timeout_s)
-        if kind in ("timeout", "died", "memory"):
+        if kind in ("timeout", "died", "memory") and not self._closed:
             process.kill()
             fresh = _Process(self.memory_bytes)
             with self._lock:
@@ -293,6 +300,7 @@ class TemplateSandbox:
 
     def close(self) -> None:
         """Stop the processes (requests in flight get EOF: a 503)."""
+        self._closed = True
         for process in self._all:
             process.kill()
         self._threads.shutdown(wait=False, cancel_futures=True)
