@@ -523,6 +523,10 @@ ENABLERS: dict[str, dict[str, str]] = {
     "self_benchmark_output": _BENCH,
     "fpm_gc_policy": _BENCH,
     "fpm_gc_freeze_interval_s": {**_BENCH, "DYN_FPM_GC_POLICY": "freeze"},
+    # the default processor (hf)
+    "dyn_template_processes": {},
+    "dyn_template_timeout": {},
+    "dyn_template_memory_mb": {},
 }
 
 

@@ -7,9 +7,10 @@ one. When a request's first attempt failed and no instance is known to serve, th
 the scout instead: it sends ``GET /health`` to the model's untried instances, at most
 :data:`SCOUT_CONCURRENCY` at a time, and hands back the first that answers without a 5xx (a
 draining worker answers 503); each that does not answer in time is reported dead (the router
-benches it, so the next requests skip it). One sweep per model at a time, shared by every request that needs
-it, so the work is per instance (each probed at most once per sweep, a sweep at most every
-bench period), not per request; a request waits for a sweep at most :data:`SCOUT_WAIT_S`.
+benches it, so the next requests skip it). One sweep per model at a time, shared by every
+request that needs it, so the work is per instance (each probed at most once per sweep, a sweep
+at most every bench period), not per request; a request waits for a sweep at most
+:data:`SCOUT_WAIT_S`.
 """
 
 from __future__ import annotations
