@@ -140,3 +140,23 @@ def test_without_render_processes_a_value_bomb_is_still_a_503_naming_the_model(
     assert status == 503 and answer["error"]["code"] == "chat_template_limit"
     assert "`conversation`" in answer["error"]["message"] and fits == 200
     assert "Chat template of model conversation was stopped" in caplog.text
+
+
+@pytest.mark.parametrize("sandboxed", [True, False], ids=["render processes", "threads"])
+def test_a_template_recursing_without_end_is_the_clients_400(
+    tiny_tokenizer_dir, tmp_path, sandbox, sandboxed
+):
+    path = tmp_path / "recursive.jinja"
+    path.write_text("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", encoding="utf-8")
+    card = tiny_card(tiny_tokenizer_dir, "recursive", chat_template_path=str(path))
+
+    async def scenario():
+        async with echo_worker() as (_, endpoint):
+            used = sandbox if sandboxed else None
+            async with frontend(card, endpoint, template_sandbox=used) as client:
+                return await post(client, "recursive", ONE)
+
+    status, answer = asyncio.run(asyncio.wait_for(scenario(), DEADLINE_S))
+    assert status == 400 and answer["error"]["code"] == "chat_template_error"
+    assert "RecursionError" in answer["error"]["message"]
+    assert sandbox.replaced == 0

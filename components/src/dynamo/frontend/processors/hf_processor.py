@@ -102,7 +102,8 @@ def rendering_errors() -> Iterator[None]:
         raise  # a bound of the frontend's, not the template rejecting the request
     except jinja2.exceptions.TemplateError as exc:
         raise ChatTemplateError(str(exc)) from None
-    except (TypeError, ValueError, LookupError, AttributeError) as exc:
+    except (TypeError, ValueError, LookupError, AttributeError, RecursionError) as exc:
+        # RecursionError: a macro that calls itself without end (Python's own depth bound).
         raise ChatTemplateError(f"{type(exc).__name__}: {exc}") from None
 
 

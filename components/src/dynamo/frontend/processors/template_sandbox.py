@@ -121,9 +121,11 @@ def _serve(conn: Connection, memory_bytes: int) -> None:
             answer = ("template", str(exc))
         except ModelFilesError as exc:  # does not compile
             answer = ("template", str(exc))
-        except (MemoryError, RecursionError) as exc:
+        except MemoryError as exc:
             templates.clear()
             answer = ("memory", type(exc).__name__)
+        except Exception as exc:  # noqa: BLE001 - whatever else a template raises: the client's
+            answer = ("template", f"{type(exc).__name__}: {exc}")
         conn.send(answer)
 
 
