@@ -11,7 +11,7 @@ import logging
 
 import pytest
 
-from dynamo.frontend.processors.chat_processor import build_chat_processor
+from dynamo.frontend.processors.chat_processor import ModelFilesError, build_chat_processor
 from dynamo.frontend.processors.template_sandbox import TemplateSandbox
 from dynamo.frontend.routing.model_registry import ModelRegistry
 from tests.support.frontend_fakes import echo_worker, frontend, record
@@ -160,3 +160,25 @@ def test_a_template_recursing_without_end_is_the_clients_400(
     assert status == 400 and answer["error"]["code"] == "chat_template_error"
     assert "RecursionError" in answer["error"]["message"]
     assert sandbox.replaced == 0
+
+
+def test_a_template_whose_compiling_breaks_a_bound_is_refused_at_registration(
+    tiny_tokenizer_dir, tmp_path, sandbox
+):
+    """Jinja's compiler is costly on a hostile source (a megabyte of ``{{ x }}``: 90 s and over
+    1 GB in the frontend): with render processes, a card's template compiles in one, bounded,
+    before its model is served; a real template still registers."""
+    bomb = tmp_path / "compile.jinja"
+    bomb.write_text("{{ x }}" * 140_000, encoding="utf-8")
+    card = tiny_card(tiny_tokenizer_dir, "compile", chat_template_path=str(bomb))
+    with pytest.raises(ModelFilesError, match="took over 3 s to compile"):
+        build_chat_processor(card, template_check=sandbox.check_compiles)
+    broken = tmp_path / "broken.jinja"
+    broken.write_text("{% for %}", encoding="utf-8")
+    card = tiny_card(tiny_tokenizer_dir, "broken", chat_template_path=str(broken))
+    with pytest.raises(ModelFilesError, match="does not compile"):
+        build_chat_processor(card, template_check=sandbox.check_compiles)
+    good = tmp_path / "good.jinja"
+    good.write_text(FITS, encoding="utf-8")
+    card = tiny_card(tiny_tokenizer_dir, "good", chat_template_path=str(good))
+    assert build_chat_processor(card, template_check=sandbox.check_compiles).template is not None

@@ -124,6 +124,8 @@ class FrontendProcess:
                 kind=config.dyn_chat_processor,
                 sglang=self.sglang,
                 model_dirs=config.dyn_model_dirs or (),
+                # A peer's template compiles in a bounded process before its model is served.
+                template_check=None if sandbox is None else sandbox.check_compiles,
             ),
             max_models=config.dyn_max_models,
         )

@@ -23,7 +23,7 @@ from __future__ import annotations
 import importlib
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from dynamo.runtime import peer_text
@@ -233,12 +233,24 @@ def import_processor_libraries(kind: str) -> str:
 # -- hf -------------------------------------------------------------------------------------
 
 
-def _build_hf(card: ModelCard, files: ModelFiles) -> tuple[Tokenizer, Template | None]:
+# Checks that a template compiles, in a bounded place (the template render processes' check):
+# raises ModelFilesError when it does not, or breaks a bound while compiling.
+TemplateCheck = Callable[[str, Mapping[str, str]], None]
+
+
+def _build_hf(
+    card: ModelCard, files: ModelFiles, template_check: TemplateCheck | None = None
+) -> tuple[Tokenizer, Template | None]:
     tokenizer = HfTokenizer(files)
     config = read_tokenizer_config(files)
     source = find_chat_template(files, config, card.chat_template_path)
-    template = None if source is None else HfChatTemplate(source, special_tokens(config))
-    return tokenizer, template
+    if source is None:
+        return tokenizer, None
+    variables = special_tokens(config)
+    if template_check is None:
+        return tokenizer, HfChatTemplate(source, variables)  # compiled here: unbounded
+    template_check(source, variables)
+    return tokenizer, HfChatTemplate(source, variables, compiled=False)
 
 
 # -- vllm ------------------------------------------------------------------------------------
@@ -346,11 +358,13 @@ def build_chat_processor(
     kind: str = DEFAULT_CHAT_PROCESSOR,
     sglang: sglang_processor.SglangSettings | None = None,
     model_dirs: Sequence[str] = (),
+    template_check: TemplateCheck | None = None,
 ) -> ChatProcessor:
     """The chat engine factory: one model's processor. Raises ModelFilesError (also for a card
     naming files it may not: :func:`model_files`). ``sglang``: the frontend's parser options
     (and, for ``kind="sglang"``, its --chat-template), for the processors that parse output
-    (``sglang``, ``vllm``); ``model_dirs``: the operator's ``--dyn-model-dirs``."""
+    (``sglang``, ``vllm``); ``model_dirs``: the operator's ``--dyn-model-dirs``;
+    ``template_check``: where an ``hf`` template is compiled to check it (None: here)."""
     started = time.perf_counter()
     files = model_files(card, model_dirs)
     tokenizer: Tokenizer
@@ -377,7 +391,10 @@ def build_chat_processor(
         parses_tool_calls = parsers is not None and parsers.parses_tool_calls
     else:
         card_parsers.warn_unparsed(card, kind)
-        tokenizer, template = _BUILDERS[kind](card, files)
+        if kind == "hf":
+            tokenizer, template = _build_hf(card, files, template_check)
+        else:
+            tokenizer, template = _BUILDERS[kind](card, files)
     processor = ChatProcessor(
         card, kind, tokenizer, template, parsers, parses_tool_calls=parses_tool_calls
     )

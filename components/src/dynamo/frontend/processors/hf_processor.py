@@ -159,13 +159,24 @@ def find_chat_template(
 
 
 class HfChatTemplate:
-    def __init__(self, source: str, variables: Mapping[str, str]) -> None:
-        try:
-            self._template = chat_template_environment().from_string(source)
-        except jinja2.exceptions.TemplateError as exc:
-            raise ModelFilesError(f"the chat template does not compile: {exc}") from None
+    """A model's template. ``compiled=False``: not compiled here (a peer's template compiles
+    and renders in the template render processes, :mod:`.template_sandbox`, which compiled it
+    once already to check it); it compiles at its first render in this process, if any."""
+
+    def __init__(self, source: str, variables: Mapping[str, str], *, compiled: bool = True) -> None:
         self._variables = dict(variables)
         self._source = source
+        self._compiled: jinja2.Template | None = None
+        if compiled:
+            self._compile()
+
+    def _compile(self) -> jinja2.Template:
+        if self._compiled is None:
+            try:
+                self._compiled = chat_template_environment().from_string(self._source)
+            except jinja2.exceptions.TemplateError as exc:
+                raise ModelFilesError(f"the chat template does not compile: {exc}") from None
+        return self._compiled
 
     @property
     def source(self) -> str:
@@ -183,7 +194,7 @@ class HfChatTemplate:
         with rendering_errors():
             # The request's variables after the model's (bos_token, ...), as transformers
             # passes apply_chat_template's kwargs.
-            return self._template.render(
+            return self._compile().render(
                 messages=messages, **{**self._variables, **options.template_kwargs()}
             )
 

@@ -18,6 +18,11 @@ this project's template environment, nothing of the frontend's state), and:
   its turn: a model whose template is slow, however many requests it gets, leaves a process to
   every other model.
 
+* **Compiling.** Jinja's compiler is costly on a hostile source, so at registration a card's
+  template is compiled in a fresh process under the same bounds
+  (:meth:`TemplateSandbox.check_compiles`); one that does not compile in them refuses its model,
+  and the frontend never compiles it itself.
+
 Each breach is one WARNING per cause per minute (``Chat template of model %s ...``), naming the
 model, never the template's text. A template that raises (its ``raise_exception``) or fails on
 the request's messages is the client's 400, as before.
@@ -102,6 +107,10 @@ def _serve(conn: Connection, memory_bytes: int) -> None:
         except (EOFError, OSError):
             return
         try:
+            if messages is None:  # compile only: the registration's check
+                HfChatTemplate(source, variables)
+                conn.send(("ok", ""))
+                continue
             template = templates.get(key)
             if template is None:
                 template = templates[key] = HfChatTemplate(source, variables)
@@ -295,6 +304,30 @@ class TemplateSandbox:
             what,
             self.timeout_s,
             self.memory_bytes >> 20,
+        )
+
+    def check_compiles(self, source: str, variables: Mapping[str, str]) -> None:
+        """Blocking (the registry's build thread): compile ``source`` in a fresh process under
+        the same bounds as a render; raises ModelFilesError when it does not compile or breaks
+        a bound (the model is refused). Jinja's compiler is itself costly on a hostile source:
+        a megabyte of ``{{ x }}`` took 90 s and over 1 GB."""
+        process = _Process(self.memory_bytes)
+        try:
+            kind, text = process.render(
+                ("check", source, dict(variables), None, None), self.timeout_s
+            )
+        finally:
+            process.kill()
+        if kind == "ok":
+            return
+        if kind == "template":
+            raise ModelFilesError(text)
+        what = {
+            "timeout": f"took over {self.timeout_s:g} s to compile",
+            "memory": f"went over {self.memory_bytes >> 20} MiB compiling",
+        }.get(kind, f"killed the process compiling it ({text})")
+        raise ModelFilesError(
+            f"the chat template {what} (--dyn-template-timeout / --dyn-template-memory-mb)"
         )
 
     async def aclose(self) -> None:
