@@ -144,7 +144,7 @@ def _serve(conn: Connection, memory_bytes: int) -> None:
 class _Process:
     """One render process and the frontend's end of its pipe (used by one request at a time)."""
 
-    def __init__(self, memory_bytes: int) -> None:
+    def __init__(self, memory_bytes: int, *, wait: bool = True) -> None:
         context = multiprocessing.get_context("spawn")
         self.conn, child = context.Pipe()
         self.process = context.Process(
@@ -152,10 +152,19 @@ class _Process:
         )
         self.process.start()
         child.close()
-        if not self.conn.poll(START_TIMEOUT_S):
-            self.kill()
-            raise RuntimeError("a template render process did not start in time")
-        self.conn.recv()
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Until the process has limited itself and said so (blocking)."""
+        try:
+            if self.conn.poll(START_TIMEOUT_S):
+                self.conn.recv()
+                return
+        except (EOFError, OSError):
+            pass
+        self.kill()
+        raise RuntimeError("a template render process did not start in time")
 
     def render(self, payload: tuple, timeout_s: float) -> tuple[str, str]:
         """Blocking: the process's answer, or ("timeout", ...) / ("died", ...)."""
@@ -203,7 +212,15 @@ class TemplateSandbox:
 
     def start(self) -> None:
         """Start every process (blocking: call before serving, or in a thread)."""
-        self._all = [_Process(self.memory_bytes) for _ in range(self.processes)]
+        started = [_Process(self.memory_bytes, wait=False) for _ in range(self.processes)]
+        try:
+            for process in started:  # they start side by side
+                process.wait_ready()
+        except RuntimeError:
+            for process in started:
+                process.kill()
+            raise
+        self._all = started
 
     def pids(self) -> list[int | None]:
         return [p.process.pid for p in self._all]
@@ -288,7 +305,11 @@ class TemplateSandbox:
         kind, text = process.render(payload, self.timeout_s)
         if kind in ("timeout", "died", "memory") and not self._closed:
             process.kill()
-            fresh = _Process(self.memory_bytes)
+            try:
+                fresh = _Process(self.memory_bytes)
+            except RuntimeError as exc:  # the slot keeps the dead one: its next use retries
+                logger.error("A template render process could not be replaced: %s", exc)
+                return kind, text, process
             with self._lock:
                 self._all[self._all.index(process)] = fresh
                 self.replaced += 1
