@@ -182,3 +182,47 @@ def test_a_template_whose_compiling_breaks_a_bound_is_refused_at_registration(
     good.write_text(FITS, encoding="utf-8")
     card = tiny_card(tiny_tokenizer_dir, "good", chat_template_path=str(good))
     assert build_chat_processor(card, template_check=sandbox.check_compiles).template is not None
+
+
+def test_many_hostile_models_leave_a_process_to_a_proven_one(tiny_tokenizer_dir, tmp_path):
+    """A peer may register many models with slow templates: the models not yet proven share all
+    but one process, so a model whose template has rendered within the bounds keeps one."""
+    sandbox = TemplateSandbox(3, timeout_s=TIMEOUT_S, memory_mb=256)
+    sandbox.start()
+    cards = {}
+    for name, source in {
+        "healthy": FITS,
+        **{f"loops{i}": BOMBS["loops"] for i in range(3)},
+    }.items():
+        path = tmp_path / f"{name}.jinja"
+        path.write_text(source, encoding="utf-8")
+        cards[name] = tiny_card(tiny_tokenizer_dir, name, chat_template_path=str(path))
+
+    async def scenario():
+        async with echo_worker() as (_, endpoint):
+            registry = ModelRegistry(build_chat_processor)
+            for card in cards.values():
+                registry.add_instance(record(card, endpoint, card.served_model_name))
+            await registry.wait_idle()
+            async with frontend(
+                cards["healthy"], registry=registry, template_sandbox=sandbox
+            ) as client:
+                first = await post(client, "healthy", TWO)  # proves the healthy model
+                bombs = [
+                    asyncio.ensure_future(post(client, f"loops{i}", TWO))
+                    for i in range(3)
+                    for _ in range(2)
+                ]
+                healthy = await post(client, "healthy", TWO)
+                bombs_running = not all(bomb.done() for bomb in bombs)
+                statuses = [status for status, _ in await asyncio.gather(*bombs)]
+                return first[0], healthy[0], bombs_running, statuses
+
+    try:
+        first, healthy, bombs_running, statuses = asyncio.run(
+            asyncio.wait_for(scenario(), DEADLINE_S)
+        )
+    finally:
+        sandbox.close()
+    assert (first, healthy) == (200, 200) and bombs_running
+    assert set(statuses) == {503}

@@ -16,7 +16,9 @@ this project's template environment, nothing of the frontend's state), and:
 * **Share.** One model's renders use at most :attr:`TemplateSandbox.per_model` of the processes
   at once (all but one, when there are two or more), and a request waits at most the timeout for
   its turn: a model whose template is slow, however many requests it gets, leaves a process to
-  every other model.
+  every other model. And the models not yet *proven* (whose template has not rendered within
+  the bounds since they were new or last breached one) share those ``per_model`` processes
+  between them: however many hostile models a peer registers, a proven model keeps a process.
 
 * **Compiling.** Jinja's compiler is costly on a hostile source, so at registration a card's
   template is compiled in a fresh process under the same bounds
@@ -58,6 +60,8 @@ CACHED_TEMPLATES = 32
 # How long a new process may take to start and report ready.
 START_TIMEOUT_S = 60.0
 LOG_INTERVAL_S = 60.0
+# Models remembered as proven (their template rendered within the bounds), the oldest forgotten.
+MAX_PROVEN = 4096
 
 
 class TemplateLimitExceeded(Exception):
@@ -205,6 +209,11 @@ class TemplateSandbox:
             max_workers=processes, thread_name_prefix="template-render"
         )
         self._in_use: dict[str, int] = {}
+        # Models whose template has rendered within the bounds, and not breached one since; the
+        # others (new ones, and those that breached) share per_model processes between them, so
+        # any number of hostile models leave a process to the proven ones.
+        self._proven: OrderedDict[str, None] = OrderedDict()
+        self._unproven_in_use = 0
         self._turns: asyncio.Condition | None = None
         self._lock = threading.Lock()
         self._closed = False  # no process is replaced once closing
@@ -245,11 +254,21 @@ class TemplateSandbox:
         idle = self._queue()
         assert self._turns is not None
         name = peer_text.escape(model)
+        unproven = False
+        kind, text = "busy", ""  # until a process has answered
+
+        def my_turn() -> bool:
+            if self._in_use.get(model, 0) >= self.per_model:
+                return False
+            return model in self._proven or self._unproven_in_use < self.per_model
+
         try:
             async with asyncio.timeout(self.timeout_s):
                 async with self._turns:
-                    await self._turns.wait_for(lambda: self._in_use.get(model, 0) < self.per_model)
+                    await self._turns.wait_for(my_turn)
                     self._in_use[model] = self._in_use.get(model, 0) + 1
+                    unproven = model not in self._proven
+                    self._unproven_in_use += unproven
         except TimeoutError:
             self._breach("busy", name, "every render process it may use stayed busy")
             raise TemplateLimitExceeded(
@@ -268,7 +287,7 @@ class TemplateSandbox:
             key = hashlib.sha256(template.source.encode("utf-8", "surrogatepass")).hexdigest()
             payload = (key, template.source, template.variables, list(messages), options)
             loop = asyncio.get_running_loop()
-            slot = process
+            slot, kind = process, "died"  # unless the render returns
             try:
                 kind, text, slot = await loop.run_in_executor(
                     self._threads, self._render_or_replace, process, payload
@@ -282,6 +301,8 @@ class TemplateSandbox:
                     self._in_use[model] = left
                 else:
                     del self._in_use[model]
+                self._unproven_in_use -= unproven
+                self._judge(model, kind)
                 self._turns.notify_all()
         if kind == "ok":
             return text
@@ -298,6 +319,19 @@ class TemplateSandbox:
         raise TemplateLimitExceeded(
             f"the chat template of model `{model}` {what} rendering these messages"
         )
+
+    def _judge(self, model: str, kind: str) -> None:
+        """A render that ran within the bounds proves its model; one that breached them (or
+        died) makes it unproven again; one that never got a process says nothing."""
+        if kind == "busy":
+            return
+        if kind in ("ok", "template", "value"):
+            self._proven[model] = None
+            self._proven.move_to_end(model)
+            while len(self._proven) > MAX_PROVEN:
+                self._proven.popitem(last=False)
+        else:
+            self._proven.pop(model, None)
 
     def _render_or_replace(self, process: _Process, payload: tuple) -> tuple[str, str, _Process]:
         """In a thread: render, and after a breach replace the process (returned: the one that
