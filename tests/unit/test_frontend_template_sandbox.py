@@ -184,9 +184,9 @@ def test_a_template_whose_compiling_breaks_a_bound_is_refused_at_registration(
     assert build_chat_processor(card, template_check=sandbox.check_compiles).template is not None
 
 
-def test_many_hostile_models_leave_a_process_to_a_proven_one(tiny_tokenizer_dir, tmp_path):
-    """A peer may register many models with slow templates: the models not yet proven share all
-    but one process, so a model whose template has rendered within the bounds keeps one."""
+def test_many_hostile_models_leave_a_process_to_the_others(tiny_tokenizer_dir, tmp_path):
+    """A peer may register many models with slow templates: once each has breached a bound, they
+    share all but one process between them, so every other model keeps one."""
     sandbox = TemplateSandbox(3, timeout_s=TIMEOUT_S, memory_mb=256)
     sandbox.start()
     cards = {}
@@ -207,7 +207,10 @@ def test_many_hostile_models_leave_a_process_to_a_proven_one(tiny_tokenizer_dir,
             async with frontend(
                 cards["healthy"], registry=registry, template_sandbox=sandbox
             ) as client:
-                first = await post(client, "healthy", TWO)  # proves the healthy model
+                first = await post(client, "healthy", TWO)
+                # Each hostile model's first slow render makes it a suspect.
+                firsts = [post(client, f"loops{i}", TWO) for i in range(3)]
+                assert {status for status, _ in await asyncio.gather(*firsts)} == {503}
                 bombs = [
                     asyncio.ensure_future(post(client, f"loops{i}", TWO))
                     for i in range(3)

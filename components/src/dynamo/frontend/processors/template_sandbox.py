@@ -16,9 +16,9 @@ this project's template environment, nothing of the frontend's state), and:
 * **Share.** One model's renders use at most :attr:`TemplateSandbox.per_model` of the processes
   at once (all but one, when there are two or more), and a request waits at most the timeout for
   its turn: a model whose template is slow, however many requests it gets, leaves a process to
-  every other model. And the models not yet *proven* (whose template has not rendered within
-  the bounds since they were new or last breached one) share those ``per_model`` processes
-  between them: however many hostile models a peer registers, a proven model keeps a process.
+  every other model. And the *suspects* (models whose last render breached a bound) share those
+  ``per_model`` processes between them: however many hostile models a peer registers, once each
+  has breached a bound the other models keep a process.
 
 * **Compiling.** Jinja's compiler is costly on a hostile source, so at registration a card's
   template is compiled in a fresh process under the same bounds
@@ -60,8 +60,8 @@ CACHED_TEMPLATES = 32
 # How long a new process may take to start and report ready.
 START_TIMEOUT_S = 60.0
 LOG_INTERVAL_S = 60.0
-# Models remembered as proven (their template rendered within the bounds), the oldest forgotten.
-MAX_PROVEN = 4096
+# Models remembered as suspects (their last render breached a bound), the oldest forgotten.
+MAX_SUSPECTS = 4096
 
 
 class TemplateLimitExceeded(Exception):
@@ -209,11 +209,11 @@ class TemplateSandbox:
             max_workers=processes, thread_name_prefix="template-render"
         )
         self._in_use: dict[str, int] = {}
-        # Models whose template has rendered within the bounds, and not breached one since; the
-        # others (new ones, and those that breached) share per_model processes between them, so
-        # any number of hostile models leave a process to the proven ones.
-        self._proven: OrderedDict[str, None] = OrderedDict()
-        self._unproven_in_use = 0
+        # Models whose last render breached a bound (a timeout, the memory limit): between them
+        # they use per_model processes at most, so any number of hostile models leave a process
+        # to the others. A render within the bounds clears the mark.
+        self._suspects: OrderedDict[str, None] = OrderedDict()
+        self._suspects_in_use = 0
         self._turns: asyncio.Condition | None = None
         self._lock = threading.Lock()
         self._closed = False  # no process is replaced once closing
@@ -254,21 +254,21 @@ class TemplateSandbox:
         idle = self._queue()
         assert self._turns is not None
         name = peer_text.escape(model)
-        unproven = False
+        suspect = False
         kind, text = "busy", ""  # until a process has answered
 
         def my_turn() -> bool:
             if self._in_use.get(model, 0) >= self.per_model:
                 return False
-            return model in self._proven or self._unproven_in_use < self.per_model
+            return model not in self._suspects or self._suspects_in_use < self.per_model
 
         try:
             async with asyncio.timeout(self.timeout_s):
                 async with self._turns:
                     await self._turns.wait_for(my_turn)
                     self._in_use[model] = self._in_use.get(model, 0) + 1
-                    unproven = model not in self._proven
-                    self._unproven_in_use += unproven
+                    suspect = model in self._suspects
+                    self._suspects_in_use += suspect
         except TimeoutError:
             self._breach("busy", name, "every render process it may use stayed busy")
             raise TemplateLimitExceeded(
@@ -301,7 +301,7 @@ class TemplateSandbox:
                     self._in_use[model] = left
                 else:
                     del self._in_use[model]
-                self._unproven_in_use -= unproven
+                self._suspects_in_use -= suspect
                 self._judge(model, kind)
                 self._turns.notify_all()
         if kind == "ok":
@@ -321,17 +321,17 @@ class TemplateSandbox:
         )
 
     def _judge(self, model: str, kind: str) -> None:
-        """A render that ran within the bounds proves its model; one that breached them (or
-        died) makes it unproven again; one that never got a process says nothing."""
+        """A render that breached a bound (or killed its process) makes its model a suspect; one
+        within the bounds clears it; one that never got a process says nothing."""
         if kind == "busy":
             return
         if kind in ("ok", "template", "value"):
-            self._proven[model] = None
-            self._proven.move_to_end(model)
-            while len(self._proven) > MAX_PROVEN:
-                self._proven.popitem(last=False)
+            self._suspects.pop(model, None)
         else:
-            self._proven.pop(model, None)
+            self._suspects[model] = None
+            self._suspects.move_to_end(model)
+            while len(self._suspects) > MAX_SUSPECTS:
+                self._suspects.popitem(last=False)
 
     def _render_or_replace(self, process: _Process, payload: tuple) -> tuple[str, str, _Process]:
         """In a thread: render, and after a breach replace the process (returned: the one that
