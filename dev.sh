@@ -28,11 +28,11 @@ ensure_venv() {
     "$PYTHON" -m venv "$venv"
     "$venv/bin/python" -m pip install --quiet --upgrade pip >&2
   fi
-  # Reinstall only when the dependency declarations change.
-  stamp="$venv/.installed-$(cksum pyproject.toml | cut -d' ' -f1)"
+  # Reinstall only when the dependency declarations change (either distribution's).
+  stamp="$venv/.installed-$(cat pyproject.toml components/pyproject.toml | cksum | cut -d' ' -f1)"
   if [ ! -f "$stamp" ]; then
-    echo "dev.sh: installing the package and its test and lint extras into $venv" >&2
-    "$venv/bin/python" -m pip install --quiet -e ".[test,lint]" >&2
+    echo "dev.sh: installing the GC layer (with the test and lint extras) and the launchers into $venv" >&2
+    "$venv/bin/python" -m pip install --quiet -e ".[test,lint]" -e ./components >&2
     rm -f "$venv"/.installed-*
     touch "$stamp"
   fi
@@ -65,7 +65,7 @@ case "$command" in
     rc=0
     "$VENV_PYTHON" -m ruff check components scripts tests || rc=1
     "$VENV_PYTHON" -m ruff format --check components scripts tests || rc=1
-    "$VENV_PYTHON" -m mypy components/src/dynamo scripts tests || rc=1
+    "$VENV_PYTHON" -m mypy components/src/dynamo_gc components/src/dynamo scripts tests || rc=1
     set -e
     exit "$rc"
     ;;

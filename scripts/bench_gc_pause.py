@@ -39,30 +39,28 @@ LIVE_OBJECTS = {"full": 10_000, "quick": 10_000, "smoke": 1_000}
 GOAL_SIZE = 1_000_000
 GOAL_FROZEN_PCT = 1.0
 
-# What importing gc_freeze may pull in beyond the standard library (package __init__s included).
+# What importing the freeze may pull in beyond the standard library (package __init__ included).
 ALLOWED_PROJECT_IMPORTS = {
-    "dynamo",
-    "dynamo.common",
-    "dynamo.common.utils",
-    "dynamo.common.utils.gc_freeze",
-    "dynamo.common.lifecycle",
+    "dynamo_gc",
+    "dynamo_gc.freeze",
+    "dynamo_gc.lifecycle",
 }
 
 IMPORT_CHECK = """
 import json, sys
 before = set(sys.modules)
-import dynamo.common.utils.gc_freeze
+import dynamo_gc.freeze
 added = sorted(set(sys.modules) - before)
 stdlib = getattr(sys, "stdlib_module_names", frozenset())
 print(json.dumps({
-    "project": [m for m in added if m == "dynamo" or m.startswith("dynamo.")],
-    "third_party": [m for m in added if not (m == "dynamo" or m.startswith("dynamo."))
+    "project": [m for m in added if m.split(".")[0] in ("dynamo", "dynamo_gc")],
+    "third_party": [m for m in added if m.split(".")[0] not in ("dynamo", "dynamo_gc")
                     and m.split(".")[0] not in stdlib and not m.startswith("_")],
 }))
 """
 
 
-# --- child: runs under each interpreter; stdlib + dynamo.common.utils only ----------------------
+# --- child: runs under each interpreter; stdlib, dynamo_gc and dynamo.common.utils only ---------
 
 
 def measure(sizes: list[int], reps: int, live_objects: int) -> dict:
@@ -72,8 +70,8 @@ def measure(sizes: list[int], reps: int, live_objects: int) -> dict:
     import statistics
     import time
 
-    from dynamo.common.utils.gc_freeze import freeze_gc_heap, last_freeze
     from dynamo.common.utils.synthetic_heap import build_synthetic_heap
+    from dynamo_gc.freeze import freeze_gc_heap, last_freeze
 
     logging.getLogger("dynamo").setLevel(logging.WARNING)  # no freeze INFO line per repetition
     ns = time.perf_counter_ns
@@ -307,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     for measured in result["interpreters"]:
         if not measured["gc_freeze_imports_ok"]:
             print(
-                f"WARNING: on {measured['python']} importing gc_freeze pulled in "
+                f"WARNING: on {measured['python']} importing dynamo_gc.freeze pulled in "
                 f"{measured['gc_freeze_imports']}",
                 file=sys.stderr,
             )

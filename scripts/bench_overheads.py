@@ -9,13 +9,13 @@ dependencies are there; else pyenv's bare interpreter, without the metrics arm) 
    fire) with a frozen start-up heap, as in serving. Arms: ``none`` (no GC callback), ``logger``
    (``install_gc_pause_logger(50)``, as the launchers install it), ``noop-callback`` (an empty
    ``gc.callbacks`` entry: what CPython itself charges for calling any callback) and, where
-   ``dynamo.common.metrics`` imports, ``logger+metrics`` (``on_pause=DynamoMetrics.observe_pause``).
+   ``dynamo_gc.metrics`` imports, ``logger+metrics`` (``on_pause=DynamoMetrics.observe_pause``).
    Repetitions are interleaved (the arms' order rotates each round) and the cost is the median of
    the per-round ratios ``t(arm) / t(none) - 1``. The cost per collection of the callback itself is
    also timed directly (no workload noise) and multiplied by the collections the loop triggers.
 2. **Freeze tick.** The policy's background thread does a bare ``gc.freeze()`` each interval
-   (``dynamo.vllm.gc_policy``; its public ``freeze_tick()`` is timed instead when it has one). It is
-   timed with 1e4 and with 5e6 objects already frozen, in alternating blocks, each tick after a
+   (``dynamo_gc.bench_policy``; its public ``freeze_tick()`` is timed instead when it has one). It
+   is timed with 1e4 and with 5e6 objects already frozen, in alternating blocks, each tick after a
    batch of fresh survivors like the ones a real tick moves.
 
 Goals (issue 5): logger < 3%; tick at 5e6 < 2x tick at 1e4.
@@ -102,14 +102,14 @@ def measure_logger(settings: dict, start_up_heap: int) -> dict:
     import statistics
     import time
 
-    from dynamo.common.utils import gc_freeze
     from dynamo.common.utils.synthetic_heap import build_synthetic_heap
+    from dynamo_gc import pause_logger
 
     logging.getLogger("dynamo").setLevel(logging.ERROR)  # no "installed" INFO line per round
     metrics_error = None
     try:
-        from dynamo.common.metrics import DynamoMetrics
-    except ImportError as exc:  # a bare interpreter without prometheus_client / aiohttp
+        from dynamo_gc.metrics import DynamoMetrics
+    except ImportError as exc:  # a bare interpreter without prometheus_client
         metrics_error = f"{type(exc).__name__}: {exc}"
 
     heap = build_synthetic_heap(start_up_heap)
@@ -124,9 +124,9 @@ def measure_logger(settings: dict, start_up_heap: int) -> dict:
         if arm == "noop-callback":
             gc.callbacks.append(noop_callback)
         elif arm == "logger":
-            gc_freeze.install_gc_pause_logger(LOGGER_THRESHOLD_MS)
+            pause_logger.install_gc_pause_logger(LOGGER_THRESHOLD_MS)
         elif arm == "logger+metrics" and sink is not None:
-            gc_freeze.install_gc_pause_logger(LOGGER_THRESHOLD_MS, on_pause=sink.observe_pause)
+            pause_logger.install_gc_pause_logger(LOGGER_THRESHOLD_MS, on_pause=sink.observe_pause)
 
     # noop-callback: what CPython charges for calling any gc.callbacks entry (it builds an info
     # dict per call), the floor under which no pause logger can go.
@@ -144,12 +144,12 @@ def measure_logger(settings: dict, start_up_heap: int) -> dict:
                 _workload(settings["iterations"])
                 elapsed = (time.perf_counter_ns() - start) / 1e9
                 collections[arm].append(_collections() - before)
-                gc_freeze.uninstall_gc_pause_logger()
+                pause_logger.uninstall_gc_pause_logger()
                 if noop_callback in gc.callbacks:
                     gc.callbacks.remove(noop_callback)
                 times[arm].append(elapsed)
     finally:
-        gc_freeze.uninstall_gc_pause_logger()
+        pause_logger.uninstall_gc_pause_logger()
 
     # The callback alone, called as CPython calls it, without a workload around it.
     info = {"generation": 0, "collected": 0, "uncollectable": 0}
@@ -158,7 +158,7 @@ def measure_logger(settings: dict, start_up_heap: int) -> dict:
         if arm == "noop-callback":
             callback = noop_callback
         else:
-            callback = gc_freeze.GcPauseLogger(
+            callback = pause_logger.GcPauseLogger(
                 LOGGER_THRESHOLD_MS,
                 on_pause=sink.observe_pause if sink and arm == "logger+metrics" else None,
             )
@@ -197,17 +197,17 @@ def measure_logger(settings: dict, start_up_heap: int) -> dict:
 
 
 def _tick_function():
-    """The policy's tick: ``dynamo.vllm.gc_policy.freeze_tick`` if public, else bare freeze."""
+    """The policy's tick: ``dynamo_gc.bench_policy.freeze_tick`` if public, else bare freeze."""
     import gc
 
     try:
-        from dynamo.vllm import gc_policy
+        from dynamo_gc import bench_policy
     except ImportError:
-        return gc.freeze, "gc.freeze (dynamo.vllm.gc_policy not importable)"
-    tick = getattr(gc_policy, "freeze_tick", None)
+        return gc.freeze, "gc.freeze (dynamo_gc.bench_policy not importable)"
+    tick = getattr(bench_policy, "freeze_tick", None)
     if callable(tick):
-        return tick, "dynamo.vllm.gc_policy.freeze_tick"
-    return gc.freeze, "gc.freeze (what dynamo.vllm.gc_policy's thread calls)"
+        return tick, "dynamo.vllm.bench_policy.freeze_tick"
+    return gc.freeze, "gc.freeze (what dynamo_gc.bench_policy's thread calls)"
 
 
 def measure_tick(settings: dict) -> dict:

@@ -76,7 +76,7 @@ def measure(tokenizer_dir: str, reps: int) -> dict:
 
     from bench_common import median
 
-    from dynamo.common.utils.gc_freeze import freeze_gc_heap
+    from dynamo_gc.freeze import freeze_gc_heap
 
     steps = build_steps(tokenizer_dir)
     stock, freeze, frozen = [], [], []

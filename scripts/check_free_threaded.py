@@ -7,7 +7,7 @@ with nothing on its path but the standard library, this project's sources and Co
 pure-Python module, copied from the environment running this script). It:
 
 1. reports the build: version, ``Py_GIL_DISABLED``, whether the GIL is really off;
-2. runs the detection (``gc_policy.unsound_build_reason()``, ``threshold2_ignored_reason()``);
+2. runs the detection (``bench_policy.unsound_build_reason()``, ``threshold2_ignored_reason()``);
 3. starts and stops the policy as the worker's self-benchmark does and keeps its log lines: the
    verdict is "refused" when the WARNING says the build is unsound, no periodic-freeze thread
    runs, the start line says automatic full collections still run, and stop restores the
@@ -32,7 +32,7 @@ import sys
 NAME = "free_threaded"
 OBJECTS = {"full": 1_000_000, "quick": 1_000_000, "smoke": 10_000}
 REPS = {"full": 7, "quick": 3, "smoke": 1}
-POLICY_LOGGER = "dynamo.vllm.gc_policy"
+POLICY_LOGGER = "dynamo_gc.bench_policy"
 
 
 # --- child: runs on the interpreter under test; stdlib, the project's sources, configargparse --
@@ -44,7 +44,7 @@ def check_policy() -> dict:
     import logging
     import threading
 
-    from dynamo.vllm import gc_policy
+    from dynamo_gc import bench_policy
 
     records: list[logging.LogRecord] = []
 
@@ -56,13 +56,13 @@ def check_policy() -> dict:
     policy_logger.addHandler(Keep())
     policy_logger.setLevel(logging.INFO)
     before = gc.get_threshold()
-    started = gc_policy.start_policy(interval_s=0.05)
+    started = bench_policy.start_policy(interval_s=0.05)
     during = gc.get_threshold()
     freeze_threads = [
-        t.name for t in threading.enumerate() if t.name == gc_policy.FREEZE_THREAD_NAME
+        t.name for t in threading.enumerate() if t.name == bench_policy.FREEZE_THREAD_NAME
     ]
-    state = gc_policy.gc_policy_state()
-    stopped = gc_policy.stop_policy()
+    state = bench_policy.gc_policy_state()
+    stopped = bench_policy.stop_policy()
     after = gc.get_threshold()
     lines = [(r.levelname, r.getMessage()) for r in records]
     warnings = [m for level, m in lines if level == "WARNING" and "not sound on this build" in m]
@@ -77,8 +77,8 @@ def check_policy() -> dict:
         and after == before
     )
     return {
-        "unsound_build_reason": gc_policy.unsound_build_reason(),
-        "threshold2_ignored_reason": gc_policy.threshold2_ignored_reason(),
+        "unsound_build_reason": bench_policy.unsound_build_reason(),
+        "threshold2_ignored_reason": bench_policy.threshold2_ignored_reason(),
         "thresholds_before": list(before),
         "thresholds_during": list(during),
         "thresholds_after": list(after),

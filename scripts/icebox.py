@@ -214,6 +214,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Both launchers would refuse to start beside ai-dynamo; say so once, before anything starts.
+    from dynamo.common.coexistence import refuse_beside_upstream
+
+    refuse_beside_upstream("icebox")
     args = parse_args(argv)
     run_dir = Path(tempfile.mkdtemp(prefix="icebox-"))
     discovery_dir = run_dir / "discovery"

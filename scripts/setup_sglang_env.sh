@@ -95,22 +95,24 @@ EOF
   log "SGLang installed in $((SECONDS - started)) s; $VENV is $(du -sh "$VENV" | cut -f1)"
 fi
 
-# Step 2: this project, editable, with its test extra; redone when pyproject.toml changes or
+# Step 2: this project's two distributions (the GC layer with its test extra, and the launchers),
+# editable; redone when either pyproject.toml changes or
 # when the venv's `dynamo` package is another checkout's (a venv shared between clones).
 installed_from() {
   "$VENV/bin/python" -c 'import os, dynamo; print(os.path.realpath(list(dynamo.__path__)[0]))' \
     2>/dev/null || true
 }
-project_stamp="$VENV/.project-$(cksum pyproject.toml | cut -d' ' -f1)"
+project_stamp="$VENV/.project-$(cat pyproject.toml components/pyproject.toml | cksum | cut -d' ' -f1)"
 expected="$CHECKOUT/components/src/dynamo"
 current=$(installed_from)
 if [ ! -f "$project_stamp" ] || [ "$current" != "$expected" ]; then
   if [ -n "$current" ] && [ "$current" != "$expected" ]; then
     log "$VENV has dynamo from ${current%/components/src/dynamo}; re-installing from $CHECKOUT"
   fi
-  log "installing this project (editable, with its test extra) into $VENV (pip then lists" \
+  log "installing this project (the GC layer with its test extra, and the launchers; editable)" \
+    "into $VENV (pip then lists" \
     "SGLang's server and GPU dependencies as missing: they are left out on purpose)"
-  "${pip[@]}" install -e ".[test]" "torch==$TORCH_VERSION"
+  "${pip[@]}" install -e ".[test]" -e ./components "torch==$TORCH_VERSION"
   rm -f "$VENV"/.project-*
   touch "$project_stamp"
 fi

@@ -50,11 +50,12 @@ if [ ! -f "$engine_stamp" ]; then
   log "engine installed in $((SECONDS - started)) s; $VENV is $(du -sh "$VENV" | cut -f1)"
 fi
 
-# Step 2: this project, editable, with its test extra; redone only when pyproject.toml changes.
-project_stamp="$VENV/.project-$(cksum pyproject.toml | cut -d' ' -f1)"
+# Step 2: this project's two distributions (the GC layer with its test extra, and the launchers),
+# editable; redone only when either pyproject.toml changes.
+project_stamp="$VENV/.project-$(cat pyproject.toml components/pyproject.toml | cksum | cut -d' ' -f1)"
 if [ ! -f "$project_stamp" ]; then
-  log "installing this project (editable, with its test extra) into $VENV"
-  "${pip[@]}" install -e ".[test]" "torch==$TORCH_VERSION"
+  log "installing this project (the GC layer with its test extra, and the launchers; editable) into $VENV"
+  "${pip[@]}" install -e ".[test]" -e ./components "torch==$TORCH_VERSION"
   rm -f "$VENV"/.project-*
   touch "$project_stamp"
 fi

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from dynamo.common import lifecycle, logging_setup
-from dynamo.common.utils import gc_freeze
+from dynamo.common import logging_setup
 from dynamo.vllm import gc_policy
+from dynamo_gc import gc_state, lifecycle
 
 
 @pytest.fixture(autouse=True)
@@ -18,11 +18,11 @@ def restore_gc_state():
     so a later test must not see an earlier test's freeze), and freeze observers and phase
     listeners a test forgot to remove.
     """
-    gc_state = gc_freeze.snapshot_gc_state()
+    saved_gc = gc_state.snapshot_gc_state()
     phase_state = lifecycle.snapshot_phase_state()
     yield
     gc_policy.stop_gc_policy()  # the benchmark policy's thread and saved thresholds are global
-    gc_freeze.restore_gc_state(gc_state)
+    gc_state.restore_gc_state(saved_gc)
     lifecycle.restore_phase_state(phase_state)
     # A launcher's main() run in-process installs a stderr handler bound to this test's capture.
     logging_setup.remove_logging_handler()

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dynamo.common.metrics import PAUSE_BUCKETS_S
 from dynamo.frontend.serving import request_metrics as rm
+from dynamo_gc.metrics import PAUSE_BUCKETS_S
 from tests.support import LauncherProcess, dashboard, wait_until
 from tests.support.pair import chat_body, expected_completion_tokens, stream_events
 from tests.support.pair import request as http_request

@@ -113,7 +113,7 @@ def test_policy_runs_everywhere_and_stops_before_the_one_serving_freeze(benchmar
     stopped = line_numbers(log, r"GC policy stopped: thresholds restored")
     # The main process and each rank, each once.
     assert len(started) == len(stopped) == 1 + RANKS, log
-    rank_stops = line_numbers(log, r"\[rank \d\] dynamo\.vllm\.gc_policy: GC policy stopped")
+    rank_stops = line_numbers(log, r"\[rank \d\] dynamo_gc\.bench_policy: GC policy stopped")
     assert len(rank_stops) == RANKS, log
     (summary,) = line_numbers(log, SUMMARY_LINE)
     (serving_freeze,) = line_numbers(log, SERVING_FREEZE_LINE)

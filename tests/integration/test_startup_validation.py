@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from dynamo.common.configuration.values import MAX_WAIT_S
+from dynamo_gc.configuration.values import MAX_WAIT_S
 from tests.support.processes import start_frontend, start_worker
 
 pytestmark = pytest.mark.integration

@@ -36,13 +36,15 @@ THIRD_PARTY_FIRST = (
     "vllm.entrypoints.openai.api_server",
     "sglang",
 )
-OUR_TOP_LEVELS = {"dynamo", "tests"} | {p.stem for p in SCRIPTS.glob("*.py")}
+OUR_TOP_LEVELS = {"dynamo", "dynamo_gc", "tests"} | {p.stem for p in SCRIPTS.glob("*.py")}
 
 
 def module_names() -> list[str]:
-    """Every module: the package under components/src, tests/ (a package), scripts/ (top level)."""
+    """Every module: the packages under components/src (the launchers and the GC layer), tests/
+    (a package), scripts/ (top level)."""
     names = []
-    for root, top in ((SOURCE, SOURCE / "dynamo"), (REPO, TESTS), (SCRIPTS, SCRIPTS)):
+    roots = ((SOURCE, SOURCE / "dynamo"), (SOURCE, SOURCE / "dynamo_gc"), (REPO, TESTS))
+    for root, top in (*roots, (SCRIPTS, SCRIPTS)):
         for path in sorted(top.rglob("*.py") if top != SCRIPTS else top.glob("*.py")):
             parts = list(path.relative_to(root).with_suffix("").parts)
             if parts[-1] == "__init__":

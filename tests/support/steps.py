@@ -11,8 +11,7 @@ import gc
 import inspect
 from collections.abc import Callable
 
-from dynamo.common import lifecycle
-from dynamo.common.utils import gc_freeze
+from dynamo_gc import lifecycle, pause_logger
 
 Step = tuple[str, lifecycle.Phase, int]
 
@@ -28,7 +27,7 @@ class StepRecorder:
     def __init__(self, mocker) -> None:
         self.recorded: list[Step] = []
         self._mocker = mocker
-        self.wrap(gc_freeze, "install_gc_pause_logger", "pause_logger")
+        self.wrap(pause_logger, "install_gc_pause_logger", "pause_logger")
         self.wrap(lifecycle, "mark_serving", "mark_serving")
         self.wrap(lifecycle, "mark_draining", "mark_draining")
 

@@ -48,7 +48,7 @@ def test_bench_gc_pause_smoke(tmp_path):
     assert measured["python"] == "{}.{}.{}".format(*sys.version_info[:3])
     # Importing the GC core must pull in nothing but the lifecycle module (and stdlib).
     assert measured["gc_freeze_imports_ok"], measured["gc_freeze_imports"]
-    assert "dynamo.common.lifecycle" in measured["gc_freeze_imports"]["project"]
+    assert "dynamo_gc.lifecycle" in measured["gc_freeze_imports"]["project"]
     assert [row["objects"] for row in measured["rows"]] == result["sizes"]
     for row in measured["rows"]:
         assert row["tracked"] >= row["objects"]

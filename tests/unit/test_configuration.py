@@ -30,10 +30,10 @@ from dynamo.common.configuration import (
     docs,
     parse_bool_word,
 )
-from dynamo.common.configuration.gc_options import FREEZE_GC_HEAP, GC_PAUSE_LOG_MS
-from dynamo.common.configuration.typed import option_fields, typed_config
 from dynamo.frontend import frontend_args
 from dynamo.vllm import backend_args, self_benchmark_args
+from dynamo_gc.configuration.gc_options import FREEZE_GC_HEAP, GC_PAUSE_LOG_MS
+from dynamo_gc.configuration.typed import option_fields, typed_config
 from tests.support.processes import run_python
 
 REPO = Path(__file__).resolve().parents[2]
@@ -179,11 +179,11 @@ def test_the_gc_options_are_one_declaration_under_two_names(gc_surface):
 
 def test_configargparse_is_imported_only_by_the_configuration_package():
     # Importing it patches argparse process-wide: one package owns that.
-    package = REPO / "components" / "src" / "dynamo"
-    allowed = package / "common" / "configuration"
+    sources = REPO / "components" / "src"
+    allowed = sources / "dynamo_gc" / "configuration"
     offenders = [
         str(path.relative_to(REPO))
-        for path in package.rglob("*.py")
+        for path in sources.rglob("*.py")
         if allowed not in path.parents and "configargparse" in path.read_text(encoding="utf-8")
     ]
     assert offenders == []
@@ -731,7 +731,7 @@ def test_hosts_that_resolve_or_are_addresses_are_accepted(text):
 def test_a_host_the_resolver_does_not_answer_for_is_refused_within_the_bound(mocker):
     import threading
 
-    from dynamo.common.configuration import values
+    from dynamo_gc.configuration import values
 
     release = threading.Event()
     mocker.patch.object(values, "_resolve", lambda host: release.wait(10))

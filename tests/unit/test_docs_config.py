@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dynamo.common.configuration import docs
-from dynamo.common.configuration.options import Option, Surface
+from dynamo_gc.configuration.options import Option, Surface
 from tests.support.processes import run_python
 
 REPO = Path(__file__).resolve().parents[2]

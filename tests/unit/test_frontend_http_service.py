@@ -15,9 +15,9 @@ import socket
 
 import pytest
 
-from dynamo.common import lifecycle
 from dynamo.frontend.processors.chat_processor import build_chat_processor
 from dynamo.frontend.processors.hf_processor import RenderOptions
+from dynamo_gc import lifecycle
 from tests.support import wait_until_async
 from tests.support.answers import assert_openai_error, sse_events, streamed_pieces, streamed_text
 from tests.support.frontend_fakes import (

@@ -16,12 +16,12 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from dynamo.common import lifecycle, logging_setup
-from dynamo.common.utils import gc_freeze
+from dynamo.common import logging_setup
 from dynamo.frontend import main as frontend_main
 from dynamo.frontend.process import FrontendProcess
 from dynamo.runtime.discovery import file_backend as discovery
 from dynamo.runtime.discovery.file_watcher import DiscoveryWatcher
+from dynamo_gc import freeze, gc_state, lifecycle, pause_logger
 from tests.support.steps import StepRecorder
 
 
@@ -41,7 +41,7 @@ def steps(mocker):
     """Record (step, phase, frozen objects) for each start-up step, in order."""
     recorder = StepRecorder(mocker)  # with pause_logger, mark_serving and mark_draining
     recorder.wrap(FrontendProcess, "start", "build")
-    recorder.wrap(gc_freeze, "maybe_freeze_gc_heap", "freeze")
+    recorder.wrap(freeze, "maybe_freeze_gc_heap", "freeze")
     recorder.wrap(web.SockSite, "start", "listen")
     recorder.wrap(
         DiscoveryWatcher,
@@ -98,7 +98,7 @@ def test_no_freeze_flag_never_touches_gc_state(tmp_path, steps, mocker, caplog):
     assert gc.get_threshold() == thresholds
     # The one callback main adds observes pauses (for the log and /metrics) and is gone after.
     assert "pause_logger" in [step for step, _, _ in steps]
-    assert gc.callbacks == callbacks and gc_freeze.installed_gc_pause_logger() is None
+    assert gc.callbacks == callbacks and pause_logger.installed_gc_pause_logger() is None
     assert "freeze" in [step for step, _, _ in steps]  # asked, and declined
     assert "GC heap freeze disabled (frontend)" in caplog.text
 
@@ -160,14 +160,14 @@ def test_an_unreadable_discovery_dir_exits_2(tmp_path, steps, capsys, mocker):
 def test_shutdown_undoes_the_gc_state_after_everything_else(tmp_path, steps, caplog):
     """No pause line after the final one; frozen objects can be finalized at exit."""
     caplog.set_level(logging.INFO)
-    observers = gc_freeze.snapshot_gc_state().freeze_observers
+    observers = gc_state.snapshot_gc_state().freeze_observers
     listeners = lifecycle.snapshot_phase_state().listeners
     callbacks = list(gc.callbacks)
     assert run_main(tmp_path, "--dyn-gc-pause-log-ms", "0.001") == 0
     assert "GC heap frozen (frontend)" in caplog.text
     assert gc.get_freeze_count() == 0  # unfrozen
-    assert gc.callbacks == callbacks and gc_freeze.installed_gc_pause_logger() is None
-    assert gc_freeze.snapshot_gc_state().freeze_observers == observers
+    assert gc.callbacks == callbacks and pause_logger.installed_gc_pause_logger() is None
+    assert gc_state.snapshot_gc_state().freeze_observers == observers
     assert lifecycle.snapshot_phase_state().listeners == listeners
     gc.collect()  # would log a pause line if the logger were still installed
     messages = [r.getMessage() for r in caplog.records]
@@ -199,7 +199,7 @@ def test_one_part_failing_to_close_does_not_skip_the_others(tmp_path, steps, moc
     # The watcher is stopped first (and raises); the listener, the drain and the session after.
     assert closed == ["watcher", "runner", "session"], closed
     assert "Shutdown: closing the discovery watcher failed" in caplog.text
-    assert gc_freeze.installed_gc_pause_logger() is None  # the GC state is put back regardless
+    assert pause_logger.installed_gc_pause_logger() is None  # the GC state is put back regardless
 
 
 def test_a_taken_port_exits_2_after_logging_why(tmp_path, steps, caplog):

@@ -15,7 +15,6 @@ import weakref
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from dynamo.common import lifecycle
 from dynamo.frontend.processors.chat_processor import ModelFilesError, build_chat_processor
 from dynamo.frontend.routing.model_registry import ModelRegistry
 from dynamo.frontend.routing.worker_router import WorkerRouter, create_worker_session
@@ -23,6 +22,7 @@ from dynamo.frontend.serving.http_service import FrontendService
 from dynamo.runtime.discovery.file_store import DiscoveryStore
 from dynamo.runtime.discovery.file_watcher import DiscoveryWatcher
 from dynamo.runtime.discovery.record import ModelRecord
+from dynamo_gc import lifecycle
 from tests.support import wait_until_async
 from tests.support.tiny_model import tiny_card
 

@@ -11,26 +11,32 @@ import gc
 import logging
 import re
 import sys
+import time
 import weakref
 from decimal import Decimal
 
 import pytest
 
-from dynamo.common import lifecycle
-from dynamo.common.utils import gc_freeze
-from dynamo.common.utils.gc_freeze import (
+from dynamo_gc import lifecycle
+from dynamo_gc.freeze import (
     FreezeRecord,
-    GcPauseLogger,
+    add_freeze_observer,
     freeze_gc_heap,
-    install_gc_pause_logger,
-    installed_gc_pause_logger,
     last_freeze,
     maybe_freeze_gc_heap,
+    remove_freeze_observer,
+)
+from dynamo_gc.gc_state import ProcessGcState, restore_gc_state, snapshot_gc_state
+from dynamo_gc.pause_logger import (
+    GcPauseLogger,
+    install_gc_pause_logger,
+    installed_gc_pause_logger,
     uninstall_gc_pause_logger,
 )
 from tests.support.clock import FakeClock
 
-LOGGER_NAME = "dynamo.common.utils.gc_freeze"
+LOGGER_NAME = "dynamo_gc"  # the parent of the freeze's and the pause logger's loggers
+FREEZE_LOGGER = "dynamo_gc.freeze"
 FROZEN_LINE = re.compile(
     r"GC heap frozen \((?P<context>.*)\): collected=(?P<collected>\d+) "
     r"frozen=(?P<frozen>\d+) took_ms=(?P<took_ms>\d+\.\d+)"
@@ -65,7 +71,7 @@ def _frozen_records(caplog) -> list[logging.LogRecord]:
     return [
         r
         for r in caplog.records
-        if r.name == LOGGER_NAME and r.getMessage().startswith("GC heap frozen")
+        if r.name == FREEZE_LOGGER and r.getMessage().startswith("GC heap frozen")
     ]
 
 
@@ -124,11 +130,11 @@ def test_freeze_logs_one_info_line_whose_frozen_count_is_the_return_value(caplog
 
 def test_freeze_records_last_freeze_and_notifies_observers():
     seen: list[FreezeRecord] = []
-    gc_freeze.add_freeze_observer(seen.append)
+    add_freeze_observer(seen.append)
     try:
         frozen = freeze_gc_heap(context="observed")
     finally:
-        gc_freeze.remove_freeze_observer(seen.append)
+        remove_freeze_observer(seen.append)
 
     assert len(seen) == 1
     record = seen[0]
@@ -140,9 +146,9 @@ def test_freeze_records_last_freeze_and_notifies_observers():
 
 def test_a_removed_observer_is_not_called():
     seen: list[FreezeRecord] = []
-    gc_freeze.add_freeze_observer(seen.append)
-    gc_freeze.remove_freeze_observer(seen.append)
-    gc_freeze.remove_freeze_observer(seen.append)  # removing twice is harmless
+    add_freeze_observer(seen.append)
+    remove_freeze_observer(seen.append)
+    remove_freeze_observer(seen.append)  # removing twice is harmless
 
     freeze_gc_heap(context="unobserved")
 
@@ -162,15 +168,15 @@ def test_a_failing_observer_neither_breaks_the_freeze_nor_starves_other_observer
     def count_now(record: FreezeRecord) -> None:
         live_counts.append(gc.get_freeze_count())
 
-    gc_freeze.add_freeze_observer(count_now)
-    gc_freeze.add_freeze_observer(broken)
-    gc_freeze.add_freeze_observer(seen.append)
+    add_freeze_observer(count_now)
+    add_freeze_observer(broken)
+    add_freeze_observer(seen.append)
     try:
         frozen = freeze_gc_heap(context="observed")
     finally:
-        gc_freeze.remove_freeze_observer(count_now)
-        gc_freeze.remove_freeze_observer(broken)
-        gc_freeze.remove_freeze_observer(seen.append)
+        remove_freeze_observer(count_now)
+        remove_freeze_observer(broken)
+        remove_freeze_observer(seen.append)
 
     assert 0 <= frozen - live_counts[0] <= 50, (frozen, live_counts)
     assert [r.frozen for r in seen] == [frozen]
@@ -225,7 +231,7 @@ def serving():
 @pytest.fixture
 def clock(mocker, serving) -> FakeClock:
     fake = FakeClock(now=1_000_000_000)  # perf_counter_ns: nanoseconds
-    mocker.patch.object(gc_freeze.time, "perf_counter_ns", fake)
+    mocker.patch.object(time, "perf_counter_ns", fake)
     return fake
 
 
@@ -539,7 +545,7 @@ def test_zero_threshold_with_a_sink_installs_a_metrics_only_logger(caplog):
 def test_pause_lines_are_info_while_starting_and_warnings_once_serving(mocker, caplog, mark, level):
     caplog.set_level(logging.INFO, logger=LOGGER_NAME)
     fake = FakeClock(now=1_000_000_000)  # perf_counter_ns: nanoseconds
-    mocker.patch.object(gc_freeze.time, "perf_counter_ns", fake)
+    mocker.patch.object(time, "perf_counter_ns", fake)
     if mark == "draining":
         lifecycle.mark_serving("test")
         lifecycle.mark_draining("test")
@@ -577,7 +583,7 @@ def test_process_gc_state_restore_undoes_only_what_the_launcher_did(mocker, froz
 
     metrics = Metrics()
     install_gc_pause_logger(5.0)
-    state = gc_freeze.ProcessGcState(metrics)
+    state = ProcessGcState(metrics)
     state.froze = froze
     unfreeze = mocker.spy(gc, "unfreeze")
 
@@ -592,7 +598,7 @@ def test_process_gc_state_restore_undoes_only_what_the_launcher_did(mocker, froz
 
 
 def test_restore_gc_state_puts_back_every_part_and_unfreezes():
-    before = gc_freeze.snapshot_gc_state()
+    before = snapshot_gc_state()
     thresholds = gc.get_threshold()
 
     def observer(record):
@@ -603,11 +609,11 @@ def test_restore_gc_state_puts_back_every_part_and_unfreezes():
 
     install_gc_pause_logger(5.0)
     gc.callbacks.append(callback)
-    gc_freeze.add_freeze_observer(observer)
+    add_freeze_observer(observer)
     gc.set_threshold(7, 8, 9)
     gc.disable()
     freeze_gc_heap(context="snapshot test")
-    changed = gc_freeze.snapshot_gc_state()
+    changed = snapshot_gc_state()
     assert changed.pause_logger is installed_gc_pause_logger() is not None
     assert changed.callbacks[-2:] == (changed.pause_logger, callback)
     assert changed.freeze_observers[-1] is observer
@@ -615,9 +621,9 @@ def test_restore_gc_state_puts_back_every_part_and_unfreezes():
     assert (changed.enabled, changed.thresholds) == (False, (7, 8, 9))
     assert gc.get_freeze_count() > 0
 
-    gc_freeze.restore_gc_state(before)
+    restore_gc_state(before)
 
-    assert gc_freeze.snapshot_gc_state() == before
+    assert snapshot_gc_state() == before
     assert installed_gc_pause_logger() is before.pause_logger
     assert list(gc.callbacks) == list(before.callbacks)
     assert gc.get_threshold() == thresholds and gc.isenabled() == before.enabled

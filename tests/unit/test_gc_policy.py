@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from dynamo.vllm import gc_policy, gc_policy_config
+from dynamo_gc import bench_policy, bench_policy_config
 from tests.support import wait_until
 from tests.support.cycles import dead_cycle
 
@@ -38,7 +38,7 @@ def collections_during_churn(iterations: int) -> list[int]:
 
 
 def policy_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == gc_policy.FREEZE_THREAD_NAME]
+    return [t for t in threading.enumerate() if t.name == bench_policy.FREEZE_THREAD_NAME]
 
 
 def churn_length() -> int:
@@ -65,37 +65,37 @@ def churn_with_survivors(iterations: int) -> list:
 
 
 def test_start_and_stop_are_idempotent_and_restartable():
-    assert gc_policy.start_policy() is True
-    assert gc_policy.start_policy() is False
-    assert gc_policy.policy_running()
-    assert gc_policy.stop_policy() is True
-    assert gc_policy.stop_policy() is False
-    assert not gc_policy.policy_running()
-    assert gc_policy.start_policy() is True
-    assert gc_policy.policy_running()
-    assert gc_policy.stop_policy() is True
+    assert bench_policy.start_policy() is True
+    assert bench_policy.start_policy() is False
+    assert bench_policy.policy_running()
+    assert bench_policy.stop_policy() is True
+    assert bench_policy.stop_policy() is False
+    assert not bench_policy.policy_running()
+    assert bench_policy.start_policy() is True
+    assert bench_policy.policy_running()
+    assert bench_policy.stop_policy() is True
 
 
 @pytest.mark.parametrize("thresholds", [(123, 4, 5), (2000, 10, 10), (700, 10, 10)])
 def test_thresholds_are_restored_exactly(thresholds):
     gc.set_threshold(*thresholds)
-    gc_policy.start_policy()
-    assert gc.get_threshold() == (thresholds[0], thresholds[1], gc_policy.GEN2_NEVER)
-    gc_policy.stop_policy()
+    bench_policy.start_policy()
+    assert gc.get_threshold() == (thresholds[0], thresholds[1], bench_policy.GEN2_NEVER)
+    bench_policy.stop_policy()
     assert gc.get_threshold() == thresholds
 
 
 def test_stock_thresholds_of_this_interpreter_come_back():
     stock = gc.get_threshold()  # 3.13 raised threshold0 to 2000: nothing may assume 700
-    gc_policy.start_policy()
-    gc_policy.stop_policy()
+    bench_policy.start_policy()
+    bench_policy.stop_policy()
     assert gc.get_threshold() == stock
 
 
 def test_stop_leaves_the_enabled_flag_as_it_was():
     gc.disable()
-    gc_policy.start_policy()
-    gc_policy.stop_policy()
+    bench_policy.start_policy()
+    bench_policy.stop_policy()
     assert not gc.isenabled()
 
 
@@ -115,67 +115,67 @@ def test_threshold2_of_zero_does_not_disable_gen2():
 
 def test_policy_stops_automatic_gen2_but_not_young_collections():
     iterations = churn_length()
-    gc_policy.start_policy()
+    bench_policy.start_policy()
     counts = collections_during_churn(iterations)
     assert counts[2] == 0, counts
     assert counts[0] > 0 and counts[1] > 0, counts
 
 
 def test_stop_reclaims_a_cycle_that_died_in_the_frozen_heap():
-    gc_policy.start_policy()
+    bench_policy.start_policy()
     ref = dead_cycle()
     gc.freeze()  # what the background thread does each interval
     gc.collect()
     assert ref() is not None  # frozen: no collection reaches it while the policy runs
-    gc_policy.stop_policy()
+    bench_policy.stop_policy()
     assert ref() is None
 
 
 def test_gc_maintain_reclaims_deferred_cycles_and_keeps_the_policy():
-    gc_policy.start_policy()
+    bench_policy.start_policy()
     ref = dead_cycle()
     gc.freeze()
     gc.collect()
     assert ref() is not None
-    collected = gc_policy.maintain()
+    collected = bench_policy.maintain()
     assert ref() is None
     assert collected >= 1
-    assert gc_policy.policy_running()
+    assert bench_policy.policy_running()
     assert gc.get_freeze_count() > 0  # frozen again after the window
-    assert gc.get_threshold()[2] == gc_policy.GEN2_NEVER
+    assert gc.get_threshold()[2] == bench_policy.GEN2_NEVER
 
 
 def test_gc_maintain_outside_the_policy_touches_nothing():
     ref = dead_cycle()
     gc.freeze()
-    assert gc_policy.maintain() == 0
+    assert bench_policy.maintain() == 0
     assert ref() is not None
     assert gc.get_freeze_count() > 0
 
 
 def test_background_thread_freezes_survivors_and_stops():
-    if gc_policy.unsound_build_reason():
+    if bench_policy.unsound_build_reason():
         pytest.skip("no periodic freeze on this build")
-    gc_policy.start_policy(interval_s=0.01)
+    bench_policy.start_policy(interval_s=0.01)
     (thread,) = policy_threads()
     assert thread.daemon
     frozen_at_start = gc.get_freeze_count()
     survivors = [{"n": [i]} for i in range(1000)]
-    policy = gc_policy._running
+    policy = bench_policy._running
     # Two freezes after the survivors exist: on a loaded machine the thread may have frozen twice
     # already between start_policy() and here (seen on 3.14 under a load of 9).
     done = policy.periodic_freezes + 2
     wait_until(lambda: policy.periodic_freezes >= done, deadline_s=10, what="two periodic freezes")
     assert gc.get_freeze_count() >= frozen_at_start + len(survivors)
-    gc_policy.stop_policy()
+    bench_policy.stop_policy()
     assert not thread.is_alive()
     assert policy_threads() == []
 
 
 def test_restarting_does_not_leak_threads():
     for _ in range(3):
-        gc_policy.start_policy()
-        gc_policy.stop_policy()
+        bench_policy.start_policy()
+        bench_policy.stop_policy()
     assert policy_threads() == []
 
 
@@ -189,46 +189,46 @@ def test_stop_refreezes_only_for_serving_or_a_heap_frozen_before(
     if frozen_before:
         gc.collect()
         gc.freeze()
-    gc_policy.start_policy()
-    gc_policy.stop_policy(serving_freeze=serving_freeze)
-    assert gc_policy.heap_is_frozen() is frozen_after
+    bench_policy.start_policy()
+    bench_policy.stop_policy(serving_freeze=serving_freeze)
+    assert bench_policy.heap_is_frozen() is frozen_after
 
 
 def test_bad_interval_given_by_a_caller_is_refused():
     with pytest.raises(ValueError):
-        gc_policy.start_policy(interval_s=float("nan"))
-    assert not gc_policy.policy_running()
+        bench_policy.start_policy(interval_s=float("nan"))
+    assert not bench_policy.policy_running()
 
 
 @pytest.mark.parametrize("text", ["inf", "nan", "-1", "0.5", "abc", ""])
 def test_bad_interval_env_warns_and_uses_the_default(text, caplog):
-    caplog.set_level(logging.WARNING, logger="dynamo.vllm.gc_policy")
-    config = gc_policy.policy_config_from_env({"DYN_FPM_GC_FREEZE_INTERVAL_S": text})
+    caplog.set_level(logging.WARNING, logger="dynamo_gc.bench_policy")
+    config = bench_policy.policy_config_from_env({"DYN_FPM_GC_FREEZE_INTERVAL_S": text})
     assert config.interval_s == 60.0
     assert f"DYN_FPM_GC_FREEZE_INTERVAL_S={text!r}" in caplog.text
 
 
 def test_bad_policy_env_warns_and_uses_off(caplog):
-    caplog.set_level(logging.WARNING, logger="dynamo.vllm.gc_policy")
-    config = gc_policy.policy_config_from_env({"DYN_FPM_GC_POLICY": "always"})
+    caplog.set_level(logging.WARNING, logger="dynamo_gc.bench_policy")
+    config = bench_policy.policy_config_from_env({"DYN_FPM_GC_POLICY": "always"})
     assert config.policy == "off" and not config.enabled
     assert "DYN_FPM_GC_POLICY='always'" in caplog.text
 
 
 def test_good_env_values_are_read(caplog):
-    config = gc_policy.policy_config_from_env(
+    config = bench_policy.policy_config_from_env(
         {"DYN_FPM_GC_POLICY": "freeze", "DYN_FPM_GC_FREEZE_INTERVAL_S": "2.5"}
     )
-    assert config == gc_policy_config.PolicyConfig("freeze", 2.5)
+    assert config == bench_policy_config.PolicyConfig("freeze", 2.5)
     assert config.enabled
-    assert gc_policy.policy_config_from_env(gc_policy_config.policy_env(config)) == config
+    assert bench_policy.policy_config_from_env(bench_policy_config.policy_env(config)) == config
     assert caplog.records == []
 
 
 def test_start_without_interval_reads_the_env(monkeypatch):
     monkeypatch.setenv("DYN_FPM_GC_FREEZE_INTERVAL_S", "7")
-    gc_policy.start_policy()
-    assert gc_policy.gc_policy_state()["interval_s"] == 7.0
+    bench_policy.start_policy()
+    assert bench_policy.gc_policy_state()["interval_s"] == 7.0
 
 
 @pytest.mark.parametrize(
@@ -245,7 +245,7 @@ def test_start_without_interval_reads_the_env(monkeypatch):
 def test_incremental_gc_versions_are_unsound(mocker, version, unsound):
     mocker.patch.object(sysconfig, "get_config_var", return_value=None)
     mocker.patch.object(sys, "version_info", version)
-    reason = gc_policy.unsound_build_reason()
+    reason = bench_policy.unsound_build_reason()
     assert (reason is not None) is unsound
     if unsound:
         assert f"3.14.{version[2]}" in reason
@@ -257,17 +257,17 @@ def test_free_threaded_build_is_unsound(mocker):
         "get_config_var",
         side_effect=lambda name: 1 if name == "Py_GIL_DISABLED" else None,
     )
-    assert "free-threaded" in gc_policy.unsound_build_reason()
+    assert "free-threaded" in bench_policy.unsound_build_reason()
 
 
 def test_unsound_build_runs_without_the_periodic_freeze(mocker, caplog):
-    caplog.set_level(logging.WARNING, logger="dynamo.vllm.gc_policy")
-    mocker.patch.object(gc_policy, "unsound_build_reason", return_value="test build")
+    caplog.set_level(logging.WARNING, logger="dynamo_gc.bench_policy")
+    mocker.patch.object(bench_policy, "unsound_build_reason", return_value="test build")
     thresholds = gc.get_threshold()
-    assert gc_policy.start_policy() is True
+    assert bench_policy.start_policy() is True
     assert policy_threads() == []
     assert "not sound on this build (test build)" in caplog.text
-    gc_policy.stop_policy()
+    bench_policy.stop_policy()
     assert gc.get_threshold() == thresholds
 
 
@@ -285,15 +285,15 @@ def test_unsound_build_runs_without_the_periodic_freeze(mocker, caplog):
 def test_the_start_line_says_gen2_is_off_only_where_threshold2_is_honoured(
     mocker, caplog, version, gil_disabled, honoured
 ):
-    caplog.set_level(logging.INFO, logger="dynamo.vllm.gc_policy")
+    caplog.set_level(logging.INFO, logger="dynamo_gc.bench_policy")
     mocker.patch.object(
         sysconfig,
         "get_config_var",
         side_effect=lambda name: gil_disabled if name == "Py_GIL_DISABLED" else None,
     )
     mocker.patch.object(sys, "version_info", version)
-    assert gc_policy.start_policy() is True
-    gc_policy.stop_policy()
+    assert bench_policy.start_policy() is True
+    bench_policy.stop_policy()
     (started,) = [r.getMessage() for r in caplog.records if "GC policy started" in r.getMessage()]
     assert ("automatic gen2 off" in started) is honoured, started
     if not honoured:
@@ -303,12 +303,12 @@ def test_the_start_line_says_gen2_is_off_only_where_threshold2_is_honoured(
 def test_this_interpreter_is_detected_as_it_is():
     gil_disabled = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
     incremental = sys.version_info[:2] == (3, 14) and sys.version_info[2] <= 4
-    assert (gc_policy.unsound_build_reason() is not None) is (gil_disabled or incremental)
+    assert (bench_policy.unsound_build_reason() is not None) is (gil_disabled or incremental)
 
 
 def test_the_interpreters_own_startup_residue_is_not_a_frozen_heap(mocker):
     # CPython 3.12.1 starts with 375 objects in the permanent generation.
-    mocker.patch.object(gc_policy.gc, "get_freeze_count", return_value=375)
-    assert not gc_policy.heap_is_frozen()
-    mocker.patch.object(gc_policy.gc, "get_freeze_count", return_value=38_000)
-    assert gc_policy.heap_is_frozen()
+    mocker.patch.object(bench_policy.gc, "get_freeze_count", return_value=375)
+    assert not bench_policy.heap_is_frozen()
+    mocker.patch.object(bench_policy.gc, "get_freeze_count", return_value=38_000)
+    assert bench_policy.heap_is_frozen()

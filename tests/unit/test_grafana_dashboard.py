@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from dynamo.common.metrics import DynamoMetrics
 from dynamo.frontend.serving.request_metrics import RequestMetrics
+from dynamo_gc.metrics import DynamoMetrics
 from tests.support import dashboard
 
 

@@ -7,12 +7,11 @@ import logging
 
 import pytest
 
-from dynamo.common import lifecycle
-from dynamo.common.lifecycle import Phase
-from dynamo.common.utils import gc_freeze
-from dynamo.common.utils.gc_freeze import freeze_gc_heap, maybe_freeze_gc_heap
+from dynamo_gc import lifecycle
+from dynamo_gc.freeze import freeze_gc_heap, maybe_freeze_gc_heap
+from dynamo_gc.lifecycle import Phase
 
-GC_LOGGER = "dynamo.common.utils.gc_freeze"
+GC_LOGGER = "dynamo_gc.freeze"
 
 
 @pytest.fixture
@@ -58,19 +57,19 @@ def test_freeze_is_refused_once_the_process_has_admitted_requests(advance, mocke
     freeze = mocker.spy(gc, "freeze")
     count = gc.get_freeze_count()
     observed: list = []
-    gc_freeze.add_freeze_observer(observed.append)
-    last = gc_freeze.last_freeze()
+    freeze.add_freeze_observer(observed.append)
+    last = freeze.last_freeze()
     try:
         result = freeze_gc_heap(context="discovery watcher")
     finally:
-        gc_freeze.remove_freeze_observer(observed.append)
+        freeze.remove_freeze_observer(observed.append)
 
     assert result is None
     assert collect.call_count == 0
     assert freeze.call_count == 0
     assert gc.get_freeze_count() == count
     assert observed == []
-    assert gc_freeze.last_freeze() is last
+    assert freeze.last_freeze() is last
     (record,) = _refusals(caplog)
     assert record.levelno == logging.WARNING
     assert record.name == GC_LOGGER
@@ -152,7 +151,7 @@ def test_a_failing_listener_neither_blocks_the_change_nor_other_listeners(phase_
 
 
 def test_phase_changes_are_logged(caplog):
-    caplog.set_level(logging.INFO, logger="dynamo.common.lifecycle")
+    caplog.set_level(logging.INFO, logger="dynamo_gc.lifecycle")
     lifecycle.mark_serving("HTTP listener open")
     assert any(
         "starting -> serving" in r.getMessage() and "HTTP listener open" in r.getMessage()

@@ -22,12 +22,13 @@ import yaml
 from dynamo.common import logging_setup
 from dynamo.common.configuration import Option, build_parser, parse_bool_word
 from dynamo.common.configuration.docs import all_options, surfaces
-from dynamo.common.configuration.options import Surface
+from dynamo_gc.configuration.options import Surface
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
 DEPLOY = DOCS / "deploy"
-SOURCE = REPO / "components" / "src" / "dynamo"
+# Our launchers and the GC layer under them.
+SOURCES = (REPO / "components" / "src" / "dynamo", REPO / "components" / "src" / "dynamo_gc")
 
 # Env vars in the manifests that belong to other software, each with the reason it is there.
 FOREIGN_ENV_VARS = {
@@ -302,9 +303,9 @@ def test_docs_name_only_declared_env_vars(page):
 
 
 def _string_constants() -> list[str]:
-    """Every string literal of the package, implicit concatenations joined (as the AST has them)."""
+    """Every string literal of the sources, implicit concatenations joined (as the AST has them)."""
     constants = []
-    for path in SOURCE.rglob("*.py"):
+    for path in (path for source in SOURCES for path in source.rglob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         constants += [
             node.value

@@ -9,9 +9,8 @@ import pytest
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from dynamo.common import lifecycle, metrics
-from dynamo.common.metrics import DynamoMetrics
-from dynamo.common.utils import gc_freeze
+from dynamo_gc import freeze, gc_state, lifecycle, metrics, pause_logger
+from dynamo_gc.metrics import DynamoMetrics
 
 # The contract with dashboards and alerts: renaming a metric or a label breaks them.
 STABLE_FAMILIES = {
@@ -27,7 +26,7 @@ STABLE_FAMILIES = {
 def process_metrics():
     # As in a fresh process: no freeze yet (earlier tests in this process may have frozen;
     # tests/conftest.py puts the record back after the test).
-    gc_freeze.restore_gc_state(replace(gc_freeze.snapshot_gc_state(), last_freeze=None))
+    gc_state.restore_gc_state(replace(gc_state.snapshot_gc_state(), last_freeze=None))
     built = []
 
     def build(**kwargs) -> DynamoMetrics:
@@ -64,7 +63,7 @@ def pause_count(m: DynamoMetrics, generation: int, phase: str = "starting") -> f
 def test_pause_histogram_counts_each_collection_by_generation(process_metrics):
     m = process_metrics()
     gc.disable()  # only our explicit collections run (the fixture re-enables)
-    gc_freeze.install_gc_pause_logger(0, on_pause=m.observe_pause)
+    pause_logger.install_gc_pause_logger(0, on_pause=m.observe_pause)
     gc.collect(0)
     gc.collect(1)
     gc.collect(2)
@@ -81,7 +80,7 @@ def test_pause_log_threshold_zero_still_records(process_metrics, caplog):
     m = process_metrics()
     gc.disable()
     caplog.set_level("WARNING")
-    gc_freeze.install_gc_pause_logger(0.0, on_pause=m.observe_pause)
+    pause_logger.install_gc_pause_logger(0.0, on_pause=m.observe_pause)
     gc.collect()
     assert pause_count(m, 2) == 1
     assert not [r for r in caplog.records if "GC gen" in r.getMessage()]
@@ -117,23 +116,23 @@ def test_buckets_span_a_tenth_of_a_millisecond_to_ten_seconds(process_metrics):
 def test_frozen_objects_gauge_equals_the_freeze_record(process_metrics):
     m = process_metrics()
     assert sample(m, "dynamo_gc_frozen_objects") == 0  # nothing frozen in this process yet
-    frozen = gc_freeze.freeze_gc_heap(context="metrics test")
-    record = gc_freeze.last_freeze()
+    frozen = freeze.freeze_gc_heap(context="metrics test")
+    record = freeze.last_freeze()
     assert frozen is not None and frozen > 0
     assert sample(m, "dynamo_gc_frozen_objects") == record.frozen == frozen
     assert sample(m, "dynamo_gc_freeze_seconds") == pytest.approx(record.took_ms / 1000.0)
 
 
 def test_metrics_built_after_the_freeze_report_it(process_metrics):
-    gc_freeze.freeze_gc_heap(context="before metrics")
-    record = gc_freeze.last_freeze()
+    freeze.freeze_gc_heap(context="before metrics")
+    record = freeze.last_freeze()
     m = process_metrics()
     assert sample(m, "dynamo_gc_frozen_objects") == record.frozen
 
 
 def test_a_scrape_walks_no_heap(process_metrics, mocker):
     m = process_metrics()
-    gc_freeze.freeze_gc_heap(context="metrics test")
+    freeze.freeze_gc_heap(context="metrics test")
     walks = [
         mocker.patch.object(gc, "get_freeze_count", side_effect=AssertionError("heap walk")),
         mocker.patch.object(gc, "get_objects", side_effect=AssertionError("heap walk")),
@@ -165,7 +164,7 @@ def test_detached_metrics_stop_following(process_metrics):
     m = process_metrics()
     m.detach()
     lifecycle.mark_serving("test")
-    gc_freeze.freeze_gc_heap(context="ignored")  # refused while serving: no record either way
+    freeze.freeze_gc_heap(context="ignored")  # refused while serving: no record either way
     assert sample(m, "dynamo_serving_phase", phase="starting") == 1
 
 
@@ -202,7 +201,7 @@ def test_each_instance_has_its_own_registry(process_metrics):
 
 def test_debug_collect_reports_the_generation_2_collection(process_metrics):
     m = process_metrics()
-    gc_freeze.install_gc_pause_logger(0, on_pause=m.observe_pause)
+    pause_logger.install_gc_pause_logger(0, on_pause=m.observe_pause)
     before = pause_count(m, 2)
     result = metrics.debug_gc_collect(m)
     assert result["generation"] == 2
@@ -241,7 +240,7 @@ def test_debug_state_reports_thresholds_freeze_and_phase():
     assert state["thresholds"] == list(gc.get_threshold())
     assert state["isenabled"] == gc.isenabled()
     assert state["phase"] == "starting"
-    frozen = gc_freeze.freeze_gc_heap(context="debug state test")
+    frozen = freeze.freeze_gc_heap(context="debug state test")
     assert metrics.debug_gc_state()["frozen_objects"] == gc.get_freeze_count() >= frozen - 100
 
 
@@ -267,7 +266,7 @@ def test_debug_state_counts_the_tracked_objects_of_each_generation():
 def test_debug_state_carries_the_pause_loggers_counters():
     assert metrics.debug_gc_state()["pause_logger"] is None
     gc.disable()
-    gc_freeze.install_gc_pause_logger(1000.0)
+    pause_logger.install_gc_pause_logger(1000.0)
     gc.collect()
     state = metrics.debug_gc_state()["pause_logger"]
     assert state["collections"] == [0, 0, 1] and state["threshold_ms"] == 1000.0

@@ -8,10 +8,9 @@ import asyncio
 import aiohttp
 import pytest
 
-from dynamo.common import lifecycle
-from dynamo.common.metrics import DynamoMetrics
 from dynamo.common.system_server import start_system_server
-from dynamo.common.utils import gc_freeze
+from dynamo_gc import freeze, lifecycle, pause_logger
+from dynamo_gc.metrics import DynamoMetrics
 
 
 @pytest.fixture
@@ -122,7 +121,7 @@ def test_live_answers_200_in_every_phase_beside_health(process_metrics):
 
 
 def test_metrics_are_served_in_the_text_format(process_metrics):
-    gc_freeze.freeze_gc_heap(context="system server test")
+    freeze.freeze_gc_heap(context="system server test")
 
     async def scenario(session, base):
         async with session.get(base + "/metrics") as response:
@@ -131,7 +130,7 @@ def test_metrics_are_served_in_the_text_format(process_metrics):
     status, content_type, body = run_against_server(process_metrics, scenario)
     assert status == 200
     assert content_type.startswith("text/plain")
-    assert f"dynamo_gc_frozen_objects {float(gc_freeze.last_freeze().frozen)}" in body
+    assert f"dynamo_gc_frozen_objects {float(freeze.last_freeze().frozen)}" in body
     assert 'dynamo_serving_phase{phase="starting"} 1.0' in body
 
 
@@ -144,7 +143,7 @@ def test_debug_gc_route_is_off_by_default(process_metrics):
 
 
 def test_debug_gc_route_collects_once(process_metrics):
-    gc_freeze.install_gc_pause_logger(0, on_pause=process_metrics.observe_pause)
+    pause_logger.install_gc_pause_logger(0, on_pause=process_metrics.observe_pause)
 
     async def scenario(session, base):
         async with session.post(base + "/debug/gc/collect") as response:

@@ -14,11 +14,12 @@ import threading
 
 import pytest
 
-from dynamo.vllm import backend_args, gc_policy, self_benchmark, self_benchmark_hooks
+from dynamo.vllm import backend_args, self_benchmark, self_benchmark_hooks
 from dynamo.vllm.mock_engine import MockEngine
 from dynamo.vllm.ranks import RankError
 from dynamo.vllm.self_benchmark import run_self_benchmark
 from dynamo.vllm.worker_extension import QUALNAME
+from dynamo_gc import bench_policy
 from tests.support.tiny_model import mock_worker_env
 
 POINTS = 30
@@ -50,10 +51,10 @@ def main_state() -> dict:
     return {
         "thresholds": gc.get_threshold(),
         "isenabled": gc.isenabled(),
-        "heap_frozen": gc_policy.heap_is_frozen(),
-        "policy_running": gc_policy.policy_running(),
+        "heap_frozen": bench_policy.heap_is_frozen(),
+        "policy_running": bench_policy.policy_running(),
         "policy_threads": [
-            t.name for t in threading.enumerate() if t.name == gc_policy.FREEZE_THREAD_NAME
+            t.name for t in threading.enumerate() if t.name == bench_policy.FREEZE_THREAD_NAME
         ],
     }
 
@@ -169,12 +170,12 @@ def test_every_exit_path_restores_gc_state_here_and_in_each_rank(
 
     # The policy did run, here and in every rank (otherwise "restored" would prove nothing).
     assert probe.main_during["policy_running"]
-    assert probe.main_during["thresholds"] == (555, 7, gc_policy.GEN2_NEVER)
-    assert probe.main_during["policy_threads"] == [gc_policy.FREEZE_THREAD_NAME]
+    assert probe.main_during["thresholds"] == (555, 7, bench_policy.GEN2_NEVER)
+    assert probe.main_during["policy_threads"] == [bench_policy.FREEZE_THREAD_NAME]
     assert len(probe.ranks_during) == RANKS
     for state in probe.ranks_during:
         assert state["policy_running"] and state["freeze_thread_alive"]
-        assert state["thresholds"][2] == gc_policy.GEN2_NEVER
+        assert state["thresholds"][2] == bench_policy.GEN2_NEVER
         assert state["freeze_count"] > 0
 
     assert main_after == main_before
@@ -226,7 +227,7 @@ def test_with_the_policy_off_gc_is_never_touched(tmp_path, monkeypatch):
 
 def test_long_sweeps_get_untimed_maintain_windows_everywhere(tmp_path, monkeypatch, mocker):
     monkeypatch.setattr(self_benchmark, "MAINTAIN_EVERY_POINTS", 10)
-    maintain = mocker.spy(gc_policy, "maintain")
+    maintain = mocker.spy(bench_policy, "maintain")
     config = benchmark_config(tmp_path, "--fpm-gc-policy", "freeze", "--no-freeze-gc-heap")
     probe, outcome, _, _ = run_benchmark(config, monkeypatch)
     assert outcome is None

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from dynamo.vllm import gc_policy, self_benchmark_args, worker_extension
+from dynamo_gc import bench_policy
 from tests.unit import upstream_gc_policy_script
 
 POLICY_ENV = ("DYN_FPM_GC_POLICY", "DYN_FPM_GC_FREEZE_INTERVAL_S")
@@ -24,7 +25,7 @@ def clean_policy_env(monkeypatch):
 def test_a_script_written_for_upstreams_api_passes_unchanged(clean_policy_env):
     thresholds = gc.get_threshold()
     upstream_gc_policy_script.run()
-    assert not gc_policy.policy_running()
+    assert not bench_policy.policy_running()
     assert gc.get_threshold() == thresholds  # (the autouse fixture restores the rest)
 
 
@@ -43,7 +44,8 @@ def test_either_module_imports_first_in_a_fresh_interpreter(first):
         f"import {first}\n"
         "from dynamo.vllm import gc_policy, worker_extension\n"
         "assert gc_policy.FpmGcWorkerExtension is worker_extension.FpmGcWorkerExtension\n"
-        "assert not gc_policy.policy_running()\n"
+        "from dynamo_gc import bench_policy\n"
+        "assert not bench_policy.policy_running()\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", code],
@@ -81,7 +83,7 @@ def test_start_gc_policy_with_the_env_unset_changes_nothing(monkeypatch):
     thresholds = gc.get_threshold()
     frozen = gc.get_freeze_count()
     assert gc_policy.start_gc_policy() is False
-    assert not gc_policy.policy_running()
+    assert not bench_policy.policy_running()
     assert (gc.get_threshold(), gc.get_freeze_count()) == (thresholds, frozen)
 
 
@@ -90,7 +92,7 @@ def test_gc_maintain_returns_the_permanent_generations_size(monkeypatch):
     assert gc_policy.start_gc_policy() is True
     assert gc_policy.gc_maintain() == gc.get_freeze_count()
     assert gc_policy.stop_gc_policy() is None
-    assert not gc_policy.policy_running()
+    assert not bench_policy.policy_running()
 
 
 def test_gc_maintain_outside_the_policy_leaves_the_heap_as_it_is():

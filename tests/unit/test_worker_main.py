@@ -18,8 +18,6 @@ import sys
 import aiohttp
 import pytest
 
-from dynamo.common import lifecycle
-from dynamo.common.utils import gc_freeze
 from dynamo.runtime import request_plane
 from dynamo.runtime.discovery import open_discovery
 from dynamo.runtime.discovery.file_store import DiscoveryStore
@@ -27,6 +25,7 @@ from dynamo.vllm import backend_args, engine_factory, worker_process
 from dynamo.vllm import main as worker_main
 from dynamo.vllm.mock_engine import MockEngine
 from dynamo.vllm.request_plane_server import RequestPlaneServer
+from dynamo_gc import freeze, gc_state, lifecycle, pause_logger
 from tests.support import wait_until_async
 from tests.support.steps import StepRecorder
 from tests.support.tiny_model import mock_worker_env
@@ -60,7 +59,7 @@ def steps(mocker):
     recorder = StepRecorder(mocker)  # with pause_logger, mark_serving and mark_draining
     recorder.wrap(worker_process, "start_system_server", "system_port")
     recorder.wrap(MockEngine, "start", "engine_init")
-    recorder.wrap(gc_freeze, "freeze_gc_heap", "freeze")
+    recorder.wrap(freeze, "freeze_gc_heap", "freeze")
     recorder.wrap(RequestPlaneServer, "open", "listen")
     recorder.wrap(RequestPlaneServer, "close", "plane_close")
     recorder.wrap(MockEngine, "shutdown", "engine_shutdown")
@@ -100,7 +99,7 @@ def names(recorded) -> list[str]:
 
 def test_freeze_after_engine_init_and_before_register_model(steps, discovery_dir):
     frozen_before = gc.get_freeze_count()
-    observers_before = gc_freeze.snapshot_gc_state().freeze_observers
+    observers_before = gc_state.snapshot_gc_state().freeze_observers
     argv = ["--discovery-dir", str(discovery_dir), "--system-host", "127.0.0.1"]
     assert worker_main.main([*argv, "--system-port", "0"]) == 0
 
@@ -134,8 +133,8 @@ def test_freeze_after_engine_init_and_before_register_model(steps, discovery_dir
     assert list(discovery_dir.iterdir()) == []
     # Once the engine has shut down, the process's GC state is put back: no pause logger left
     # in gc.callbacks, no metrics observer, the heap unfrozen (so exit finalizes it).
-    assert gc_freeze.installed_gc_pause_logger() is None
-    assert gc_freeze.snapshot_gc_state().freeze_observers == observers_before
+    assert pause_logger.installed_gc_pause_logger() is None
+    assert gc_state.snapshot_gc_state().freeze_observers == observers_before
     assert gc.get_freeze_count() == frozen_before
 
 
@@ -199,7 +198,7 @@ def test_a_taken_port_fails_before_engine_init_with_one_error_line_and_exit_2(
     assert label in error.getMessage() and f"127.0.0.1:{port}" in error.getMessage()
     assert error.exc_info is None  # no traceback
     assert "Draining" not in caplog.text and "Engine init" not in caplog.text
-    assert gc_freeze.installed_gc_pause_logger() is None
+    assert pause_logger.installed_gc_pause_logger() is None
 
 
 def test_an_unknown_request_plane_host_exits_2_at_parse_time(steps, discovery_dir, capsys):
@@ -251,13 +250,13 @@ def test_a_benchmark_output_in_a_missing_directory_exits_2_before_anything_runs(
 def test_freeze_refused_if_it_ran_after_mark_serving(steps, discovery_dir, mocker, caplog):
     """The guard is what makes the order matter: the same freeze after mark_serving is refused."""
     caplog.set_level("INFO")
-    real_freeze = gc_freeze.maybe_freeze_gc_heap
+    real_freeze = freeze.maybe_freeze_gc_heap
 
     def freeze_late(enabled, *, context):
         lifecycle.mark_serving("test: too early")
         return real_freeze(enabled, context=context)
 
-    mocker.patch.object(gc_freeze, "maybe_freeze_gc_heap", freeze_late)
+    mocker.patch.object(freeze, "maybe_freeze_gc_heap", freeze_late)
     frozen_before = gc.get_freeze_count()
     assert worker_main.main(["--discovery-dir", str(discovery_dir)]) == 0
     assert "GC heap freeze refused (vllm worker)" in caplog.text

@@ -70,8 +70,8 @@ class EmbeddedEngine:
 
 @pytest.fixture(scope="module")
 def embedded(tiny_model):
-    from dynamo.vllm import gc_policy_config, vllm_engine
     from dynamo.vllm.worker_extension import QUALNAME
+    from dynamo_gc import bench_policy_config, vllm_engine
 
     # Benchmark mode, so vLLM's EngineCore gets the policy's scheduler (serving through it is
     # what every other test here then checks).
@@ -88,7 +88,9 @@ def embedded(tiny_model):
     loop = asyncio.new_event_loop()
     # The rank reads the policy from the environment it is started with (as under the worker,
     # which exports it before engine init).
-    policy_env = gc_policy_config.policy_env(gc_policy_config.PolicyConfig(POLICY_FREEZE, 60.0))
+    policy_env = bench_policy_config.policy_env(
+        bench_policy_config.PolicyConfig(POLICY_FREEZE, 60.0)
+    )
     try:
         with _environ({**OFFLINE_ENV, **policy_env}):
             loop.run_until_complete(asyncio.wait_for(engine.start(), ENGINE_DEADLINE_S))
@@ -332,7 +334,7 @@ def _state(report: dict) -> dict:
 
 
 def test_engine_core_is_its_own_process_and_runs_the_policy_through_its_scheduler(embedded):
-    from dynamo.vllm.gc_policy import GEN2_NEVER
+    from dynamo_gc.bench_policy import GEN2_NEVER
 
     core = embedded.engine.engine_core_call
     before = embedded.run(core("report"))
@@ -371,8 +373,8 @@ def test_an_unknown_control_command_is_refused_before_it_is_sent(embedded):
 def _benchmark_reports(embedded, caplog, policy: str) -> dict[tuple[str, str], dict]:
     """Run the real self-benchmark on the embedded engine; its per-process reports by
     (phase, process)."""
-    from dynamo.vllm import gc_policy
     from dynamo.vllm.self_benchmark import REPORT_LINE, run_self_benchmark
+    from dynamo_gc import bench_policy
 
     config = backend_args.parse_args(
         [
@@ -387,7 +389,7 @@ def _benchmark_reports(embedded, caplog, policy: str) -> dict[tuple[str, str], d
     try:
         summary = embedded.run(run_self_benchmark(embedded.engine, config), timeout_s=300.0)
     finally:
-        gc_policy.stop_policy()  # a failed run must not leave this process policed
+        bench_policy.stop_policy()  # a failed run must not leave this process policed
         gc.set_threshold(*saved)
     assert summary.points == 24 and summary.gc_policy == policy
     reports = {}
@@ -404,7 +406,7 @@ def _benchmark_reports(embedded, caplog, policy: str) -> dict[tuple[str, str], d
 def test_the_self_benchmark_polices_every_process_and_serving_starts_with_stock_gc(
     embedded, caplog
 ):
-    from dynamo.vllm.gc_policy import GEN2_NEVER
+    from dynamo_gc.bench_policy import GEN2_NEVER
 
     reports = _benchmark_reports(embedded, caplog, POLICY_FREEZE)
     pids = {label: reports[("before", label)]["pid"] for label in PROCESSES}

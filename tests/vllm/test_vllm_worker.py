@@ -190,13 +190,13 @@ def test_self_benchmark_runs_real_forward_passes_with_the_policy_in_the_ranks(re
     assert "GC policy did not start in rank" not in log
     # vLLM's rank loaded the extension by upstream's path, and our module logged in that rank.
     assert "Injected <class 'dynamo.vllm.gc_policy.FpmGcWorkerExtension'>" in log, log
-    assert "[vllm rank] dynamo.vllm.gc_policy: GC policy started" in log, log
+    assert "[vllm rank] dynamo_gc.bench_policy: GC policy started" in log, log
     # vLLM's EngineCore ran the policy's scheduler: its own start and stop lines, its pid, in the
     # worker's log, before the sweep's summary (the policy stopped before serving).
     for process in ("vllm rank", "vllm EngineCore"):
         for event in ("started", "stopped"):
             line = re.search(
-                rf"INFO pid=(\d+) \[{process}\] dynamo\.vllm\.gc_policy: GC policy {event}", log
+                rf"INFO pid=(\d+) \[{process}\] dynamo_gc\.bench_policy: GC policy {event}", log
             )
             assert line is not None and line.start() < summary.start(), (process, event, log)
     assert "Using custom scheduler class dynamo.vllm.gc_scheduler.FpmGcScheduler" in log, log

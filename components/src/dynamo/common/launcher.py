@@ -31,14 +31,16 @@ import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
-from dynamo.common import lifecycle, logging_setup
+from dynamo.common import logging_setup
 from dynamo.common.configuration import Option, prerequisites, upstream
-from dynamo.common.configuration.gc_options import GcSettings
-from dynamo.common.metrics import DynamoMetrics
-from dynamo.common.utils import gc_freeze
+from dynamo_gc import freeze, lifecycle
+from dynamo_gc.configuration.gc_options import GcSettings
+from dynamo_gc.process_gc import ProcessGc
+
+# The GC layer's start-up step, named here too: each launcher's main takes its steps from here.
+from dynamo_gc.process_gc import start_process_gc as start_process_gc
 
 logger = logging.getLogger(__name__)
 
@@ -95,28 +97,6 @@ def warn_unmet_prerequisites(
     given = sys.argv[1:] if argv is None else argv
     for line in prerequisites.env_warnings(requirements, config, given, os.environ):
         logger.warning("%s", line)
-
-
-@dataclass
-class ProcessGc:
-    """The process's GC instrumentation: its metrics, and the state to put back at the end."""
-
-    metrics: DynamoMetrics
-    state: gc_freeze.ProcessGcState
-
-
-def start_process_gc(gc: GcSettings) -> ProcessGc:
-    """Metrics and the pause logger. The logger is installed even with the log off (0): every
-    pause feeds ``dynamo_gc_pause_seconds``."""
-    metrics = DynamoMetrics(freeze_enabled=gc.freeze_gc_heap).attach()
-    state = gc_freeze.ProcessGcState(metrics)
-    gc_freeze.install_gc_pause_logger(gc.gc_pause_log_ms, on_pause=metrics.observe_pause)
-    if gc.gc_pause_log_ms <= 0:
-        logger.info(
-            "GC pause logger off (gc_pause_log_ms=0); pauses still recorded in "
-            "dynamo_gc_pause_seconds"
-        )
-    return ProcessGc(metrics, state)
 
 
 class Closer:
@@ -226,9 +206,7 @@ async def run_lifecycle(service: Service, *, gc: GcSettings, process_gc: Process
         try:
             await service.start(closer)
             # The quiescent point: everything static is built, nothing is admitted yet.
-            froze = gc_freeze.maybe_freeze_gc_heap(
-                gc.freeze_gc_heap, context=service.freeze_context
-            )
+            froze = freeze.maybe_freeze_gc_heap(gc.freeze_gc_heap, context=service.freeze_context)
             process_gc.state.froze = froze is not None
             lifecycle.mark_serving(service.admission)
             await service.admit()

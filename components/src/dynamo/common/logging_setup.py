@@ -6,7 +6,7 @@ tell their freeze and pause lines apart.
 
 Levels come from ``DYN_LOG``, upstream Dynamo's variable, in its syntax: a default level and
 per-target levels, comma-separated, e.g. ``DYN_LOG=debug`` or
-``DYN_LOG=info,dynamo.vllm.gc_policy=debug``. Upstream's targets are Rust module paths
+``DYN_LOG=info,dynamo_gc.bench_policy=debug``. Upstream's targets are Rust module paths
 (``dynamo_runtime::system_status_server``); here a target is a Python logger name, and ``::``
 is read as ``.``, so ``dynamo::vllm::gc_policy`` and ``dynamo.vllm.gc_policy`` are the same
 logger, and a target covers the loggers under it (``dynamo.frontend`` covers

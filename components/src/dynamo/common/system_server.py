@@ -22,9 +22,10 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from dynamo.common import lifecycle
 from dynamo.common.http_server import GuardedRunner
-from dynamo.common.metrics import DynamoMetrics, debug_gc_route, metrics_route
+from dynamo.common.metrics_routes import debug_gc_route, metrics_route
+from dynamo_gc import lifecycle
+from dynamo_gc.metrics import DynamoMetrics
 
 logger = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ from dynamo.common.configuration import (
 from dynamo.common.configuration.launcher_config import LauncherConfig, process_options
 from dynamo.common.configuration.prerequisites import Requires
 from dynamo.common.configuration.runtime_options import DISCOVERY_OPTIONS, DISCOVERY_REQUIREMENTS
-from dynamo.common.configuration.typed import typed_config
 from dynamo.frontend.processors.model_files import ModelDirectories
+from dynamo_gc.configuration.typed import typed_config
 
 from .sglang_options import SGLANG_OPTIONS
 from .template_options import TEMPLATE_OPTIONS
@@ -193,7 +193,7 @@ def listen_option_at_fault(exc: OSError) -> Option:
 @dataclass(frozen=True)
 class FrontendConfig(LauncherConfig):
     """``python -m dynamo.frontend``'s options, parsed: one field per option of :data:`OPTIONS`
-    (held to them by :func:`~dynamo.common.configuration.typed.typed_config`)."""
+    (held to them by :func:`~dynamo_gc.configuration.typed.typed_config`)."""
 
     http_host: str
     http_port: int

@@ -30,11 +30,11 @@ import socket
 from aiohttp import web
 from prometheus_client import Gauge
 
-from dynamo.common import lifecycle, logging_setup
+from dynamo.common import logging_setup
 from dynamo.common.http_server import GuardedRunner
 from dynamo.common.launcher import Closer, OptionUnusable, StartupFailed, StopSignals
 from dynamo.common.listener_socket import bound_sockets
-from dynamo.common.metrics import DynamoMetrics, debug_gc_route, metrics_route
+from dynamo.common.metrics_routes import debug_gc_route, metrics_route
 from dynamo.common.request_drain import END_BOUND_S
 from dynamo.frontend.processors.chat_processor import build_chat_processor
 from dynamo.frontend.processors.preprocess_pool import PreprocessPool, PreprocessPoolError
@@ -47,6 +47,8 @@ from dynamo.frontend.serving.http_surface import http_runner
 from dynamo.frontend.serving.request_metrics import RequestMetrics
 from dynamo.frontend.serving.stream_drain import frontend_drain
 from dynamo.runtime.discovery import STATE_DEGRADED, Discovery, RecordWatcher
+from dynamo_gc import lifecycle
+from dynamo_gc.metrics import DynamoMetrics
 
 from . import frontend_args
 from .frontend_args import FrontendConfig

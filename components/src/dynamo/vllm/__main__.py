@@ -1,5 +1,10 @@
 """``python -m dynamo.vllm``: see :mod:`dynamo.vllm.main`."""
 
-from dynamo.vllm.main import main
+# Before anything heavy: where ai-dynamo is installed this tree must not run at all.
+from dynamo.common.coexistence import refuse_beside_upstream
+
+refuse_beside_upstream("python -m dynamo.vllm")
+
+from dynamo.vllm.main import main  # noqa: E402 - only once the check above has passed
 
 raise SystemExit(main())

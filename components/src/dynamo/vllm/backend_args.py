@@ -24,8 +24,8 @@ from dynamo.common.configuration import (
 from dynamo.common.configuration.launcher_config import LauncherConfig, process_options
 from dynamo.common.configuration.prerequisites import Requires
 from dynamo.common.configuration.runtime_options import DISCOVERY_OPTIONS, DISCOVERY_REQUIREMENTS
-from dynamo.common.configuration.typed import typed_config
 from dynamo.vllm import self_benchmark_args
+from dynamo_gc.configuration.typed import typed_config
 
 PROG = "python -m dynamo.vllm"
 
@@ -283,7 +283,7 @@ class SelfBenchmarkSettings:
 class WorkerConfig(LauncherConfig):
     """``python -m dynamo.vllm``'s options, parsed: one field per option of
     :data:`ALL_OPTIONS` (held to them by
-    :func:`~dynamo.common.configuration.typed.typed_config`), and ``vllm_args``: the arguments
+    :func:`~dynamo_gc.configuration.typed.typed_config`), and ``vllm_args``: the arguments
     the worker does not know, in order, for vLLM's own parser (``--engine vllm``)."""
 
     model: str

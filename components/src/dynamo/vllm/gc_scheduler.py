@@ -43,6 +43,7 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from dynamo.vllm import gc_policy
+from dynamo_gc import bench_policy
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ class FpmGcScheduler(Scheduler):
 
     def shutdown(self) -> None:
         try:
-            if gc_policy.stop_policy():
+            if bench_policy.stop_policy():
                 logger.info("GC policy stopped at EngineCore shutdown (pid %d)", os.getpid())
         finally:
             super().shutdown()
@@ -118,13 +119,13 @@ def _run_control(control: dict) -> None:
         gc_policy.ensure_process_logging(LABEL)
         command = control.get("command")
         if command == "start":
-            result: Any = gc_policy.start_policy(interval_s=float(control["interval_s"]))
+            result: Any = bench_policy.start_policy(interval_s=float(control["interval_s"]))
         elif command == "stop":
             # EngineCore has no serving freeze of its own: frozen again only if it was before
             # (vLLM freezes its engine processes after init).
-            result = gc_policy.stop_policy()
+            result = bench_policy.stop_policy()
         elif command == "maintain":
-            result = gc_policy.maintain()  # objects collected (0 outside the policy)
+            result = bench_policy.maintain()  # objects collected (0 outside the policy)
         elif command == "pause_log":
             result = gc_policy.install_pause_logger_here(
                 float(control["threshold_ms"]), label=LABEL
@@ -135,7 +136,7 @@ def _run_control(control: dict) -> None:
             raise ValueError(f"unknown GC control command {command!r} (known: {COMMANDS})")
         # The report walks the heap: only where it is wanted (not in maintain windows).
         wanted = report_path and control.get("report", True)
-        report = gc_policy.gc_process_report(LABEL) if wanted else {}
+        report = bench_policy.gc_process_report(LABEL) if wanted else {}
         report["command"] = command
         report["result"] = result
     except Exception as exc:  # reported to the caller, never kills EngineCore

@@ -19,7 +19,6 @@ from typing import Any
 
 from aiohttp import web
 
-from dynamo.common import lifecycle
 from dynamo.common.http_server import (
     REQUEST_PLANE_MAX_BODY_BYTES,
     GuardedRunner,
@@ -36,6 +35,7 @@ from dynamo.runtime.request_plane import (
     validate_generate_request,
 )
 from dynamo.vllm.engine import Engine
+from dynamo_gc import lifecycle
 
 logger = logging.getLogger(__name__)
 

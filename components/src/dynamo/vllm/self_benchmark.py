@@ -25,10 +25,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import IO, Any
 
-from dynamo.vllm import gc_policy
 from dynamo.vllm.backend_args import WorkerConfig
 from dynamo.vllm.ranks import RankError
 from dynamo.vllm.self_benchmark_hooks import policy_active
+from dynamo_gc import bench_policy
 
 logger = logging.getLogger(__name__)
 
@@ -156,7 +156,7 @@ async def run_sweep(
     results: list[PointResult] = []
     for index, (batch, seq) in enumerate(points):
         if maintain_every and index and index % maintain_every == 0:
-            collected = gc_policy.maintain()  # untimed: between two measured points
+            collected = bench_policy.maintain()  # untimed: between two measured points
             await engine.collective_rpc("fpm_gc_maintain")
             await _engine_core(engine, "maintain", report=False)
             logger.debug("GC maintain window before point %d: collected=%d", index, collected)
@@ -212,7 +212,7 @@ async def _install_pause_loggers(engine: Any, config: WorkerConfig) -> None:
 
 async def _log_gc_reports(engine: Any, phase: str) -> None:
     """One line per process: its GC state, heap and pause counters (untimed; walks heaps)."""
-    reports = [gc_policy.gc_process_report("main")]
+    reports = [bench_policy.gc_process_report("main")]
     try:
         reports += list(await engine.collective_rpc("fpm_gc_report"))
         core = await _engine_core(engine, "report")
@@ -227,7 +227,7 @@ async def _log_gc_reports(engine: Any, phase: str) -> None:
 
 
 async def _start_policy(engine: Any, config: WorkerConfig) -> None:
-    gc_policy.start_policy(interval_s=config.fpm_gc_freeze_interval_s)
+    bench_policy.start_policy(interval_s=config.fpm_gc_freeze_interval_s)
     started = await engine.collective_rpc("fpm_gc_start")
     unpoliced = [rank for rank, running in enumerate(started) if not running]
     if unpoliced:
@@ -246,7 +246,7 @@ async def _stop_policy(
     # fpm_gc_stop is then a no-op instead of stopping without the serving-freeze hint.
     errors: list[Exception] = []
     try:
-        gc_policy.stop_policy(serving_freeze=serving_freeze)
+        bench_policy.stop_policy(serving_freeze=serving_freeze)
     except Exception as exc:  # noqa: BLE001 - the ranks must still be stopped
         errors.append(exc)
     if ranks_alive:  # a rank group that lost a rank is shut down, the policy with its ranks

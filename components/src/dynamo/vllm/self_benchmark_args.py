@@ -1,8 +1,9 @@
 """Options of the worker's self-benchmark and its benchmark-scoped GC policy.
 
 They are read by ``python -m dynamo.vllm`` together with the worker's own options, and have a
-docs page of their own. The policy's two env vars are also read by rank processes that never see
-the command line (see ``dynamo.vllm.gc_policy``).
+docs page of their own. The policy's two options are declared with the policy
+(:mod:`dynamo_gc.bench_policy_config`), whose env vars rank processes read too: they never see the
+command line.
 """
 
 from __future__ import annotations
@@ -10,56 +11,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dynamo.common.configuration import (
-    Choice,
     Option,
     Surface,
-    choice_option,
     count_option,
-    seconds_option,
     text_option,
 )
-
-POLICY_OFF = "off"
-POLICY_FREEZE = "freeze"
-
-
-@dataclass(frozen=True)
-class PolicyWord(Choice):
-    """``off`` or ``freeze``, in any case and with blanks around it, as upstream Dynamo reads
-    ``DYN_FPM_GC_POLICY`` (it strips and lowercases). Any other word is refused, where upstream
-    would take it for off."""
-
-    words: tuple[str, ...] = (POLICY_OFF, POLICY_FREEZE)
-
-    def parse(self, text: str) -> str:
-        return super().parse(text.strip().lower())
-
-    def describe(self) -> str:
-        return super().describe() + " (any case)"
-
-
-FPM_GC_POLICY = choice_option(
-    "fpm-gc-policy",
-    "DYN_FPM_GC_POLICY",
+from dynamo_gc.bench_policy_config import (
+    FPM_GC_FREEZE_INTERVAL_S,
+    FPM_GC_POLICY,
+    POLICY_FREEZE,
     POLICY_OFF,
-    (
-        "GC policy during the self-benchmark: 'freeze' disables automatic gen2 collections and "
-        "freezes the heap so no full-collection pause lands in a measured window; everything is "
-        "restored before serving"
-    ),
-    kind=PolicyWord(),
+    PolicyWord,
 )
 
-FPM_GC_FREEZE_INTERVAL_S = seconds_option(
-    "fpm-gc-freeze-interval-s",
-    "DYN_FPM_GC_FREEZE_INTERVAL_S",
-    60.0,
-    (
-        "With the 'freeze' policy: how often a background thread moves survivors into the "
-        "permanent generation (a bare gc.freeze(), no heap walk)"
-    ),
-    minimum=1.0,
-)
+__all__ = ["FPM_GC_FREEZE_INTERVAL_S", "FPM_GC_POLICY", "POLICY_FREEZE", "POLICY_OFF", "PolicyWord"]
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,11 @@ import sys
 from typing import Any
 
 from dynamo.vllm.backend_args import PROG, WorkerConfig
-from dynamo.vllm.gc_policy_config import PolicyConfig, policy_env
 from dynamo.vllm.ranks import resolve_qualname
 from dynamo.vllm.self_benchmark_args import FPM_GC_POLICY, POLICY_FREEZE, WORKER_EXTENSION_CLS
 from dynamo.vllm.worker_extension import QUALNAME as POLICY_EXTENSION
 from dynamo.vllm.worker_extension import FpmGcWorkerExtension
+from dynamo_gc.bench_policy_config import PolicyConfig, policy_env
 
 
 class WorkerExtensionConflict(ValueError):

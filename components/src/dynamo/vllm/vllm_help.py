@@ -30,7 +30,7 @@ def vllm_arg_parser() -> Any:
     except ImportError:  # vLLM releases before the utils split
         from vllm.utils import FlexibleArgumentParser  # type: ignore[no-redef]
 
-    from dynamo.common.configuration.parser import short_usage_error
+    from dynamo_gc.configuration.parser import short_usage_error
 
     parser = FlexibleArgumentParser(
         prog=VLLM_PROG,

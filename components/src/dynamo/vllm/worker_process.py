@@ -27,9 +27,7 @@ import asyncio
 import logging
 import time
 
-from dynamo.common import lifecycle
 from dynamo.common.launcher import Closer, OptionUnusable, StopSignals
-from dynamo.common.metrics import DynamoMetrics
 from dynamo.common.system_server import NotReadyCheck, start_system_server
 from dynamo.runtime.discovery import Discovery, ModelRecord, Registration
 from dynamo.runtime.model_card import ModelCard
@@ -38,6 +36,8 @@ from dynamo.vllm.backend_args import WorkerConfig
 from dynamo.vllm.engine import Engine
 from dynamo.vllm.engine_factory import EngineBuilder
 from dynamo.vllm.request_plane_server import RequestPlaneServer
+from dynamo_gc import lifecycle
+from dynamo_gc.metrics import DynamoMetrics
 
 logger = logging.getLogger(__name__)
 

@@ -1,22 +1,31 @@
-"""Option declarations and the parser built from them.
-
-configargparse patches ``argparse`` process-wide when imported, so it is imported only here.
+"""Our launchers' configuration: what only they have (upstream Dynamo's refused names, the
+prerequisites between options, discovery and drain options, the docs pages), on top of the GC
+layer's option machinery (:mod:`dynamo_gc.configuration`), which is re-exported here so a
+launcher imports its configuration from one place.
 """
 
-from .gc_options import gc_options
-from .options import (
+from dynamo_gc.configuration import (
+    Choice,
+    DynamoArgParser,
+    FiniteFloat,
+    Host,
+    IntRange,
     Option,
     Surface,
+    Text,
+    build_parser,
     choice_option,
     count_option,
+    gc_options,
     host_option,
     milliseconds_option,
+    parse_bool_word,
     port_option,
     seconds_option,
     text_option,
 )
-from .parser import DynamoArgParser, build_parser, parse_surface
-from .values import Choice, FiniteFloat, Host, IntRange, Text, parse_bool_word
+
+from .parser import parse_surface
 
 __all__ = [
     "Choice",

@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 from dynamo.common.generated_pages import is_stale, write_or_check
+from dynamo_gc.configuration.options import Option, Surface
 
-from .options import Option, Surface
 from .prerequisites import Requires
 
 # Every surface an operator can configure. Add a module here when it declares a SURFACE.

@@ -6,7 +6,7 @@ The frontend reads it as ``--dyn-drain-timeout`` / ``DYN_DRAIN_TIMEOUT``, the wo
 
 from __future__ import annotations
 
-from .options import Option, seconds_option
+from dynamo_gc.configuration.options import Option, seconds_option
 
 # The default fits the Kubernetes examples under docs/deploy: terminationGracePeriodSeconds 45
 # = the frontend's 5 s preStop pause + this + a margin for the endings and the exit.

@@ -1,5 +1,5 @@
 """The options both launchers have (discovery, GC, drain, the debug endpoint), as the base of
-each launcher's typed configuration (see :mod:`dynamo.common.configuration.typed`)."""
+each launcher's typed configuration (see :mod:`dynamo_gc.configuration.typed`)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 from dynamo.runtime.discovery import DiscoverySettings
 from dynamo.runtime.discovery.etcd_endpoints import EtcdEndpoint
+from dynamo_gc.configuration.gc_options import GcSettings, gc_options
+from dynamo_gc.configuration.options import Option
 
 from .drain_options import drain_option
-from .gc_options import GcSettings, gc_options
-from .options import Option
 from .runtime_options import discovery_settings
 
 

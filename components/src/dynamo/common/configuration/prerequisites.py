@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .options import Option, Surface
-from .parser import build_parser
+from dynamo_gc.configuration.options import Option, Surface
+from dynamo_gc.configuration.parser import build_parser
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,16 @@ from dynamo.runtime.discovery.etcd_endpoints import (
 from dynamo.runtime.discovery.file_backend import HEARTBEATS_PER_TTL
 from dynamo.runtime.discovery.file_store import default_discovery_dir
 from dynamo.runtime.discovery.record import DEFAULT_MAX_RECORDS
+from dynamo_gc.configuration.options import (
+    Option,
+    choice_option,
+    count_option,
+    seconds_option,
+    text_option,
+)
+from dynamo_gc.configuration.values import Choice
 
-from .options import Option, choice_option, count_option, seconds_option, text_option
 from .prerequisites import Requires
-from .values import Choice
 
 DISCOVERY_DIR = text_option(
     "discovery-dir",

@@ -22,14 +22,11 @@ import signal
 from collections import OrderedDict
 from typing import Any
 
-from dynamo.common import lifecycle
 from dynamo.common.logging_setup import configure_logging
-from dynamo.common.utils.gc_freeze import (
-    install_gc_pause_logger,
-    last_freeze,
-    maybe_freeze_gc_heap,
-)
 from dynamo.runtime.model_card import ModelCard
+from dynamo_gc import lifecycle
+from dynamo_gc.freeze import last_freeze, maybe_freeze_gc_heap
+from dynamo_gc.pause_logger import install_gc_pause_logger
 
 from .chat_processor import DEFAULT_CHAT_PROCESSOR, build_tokenizer, import_processor_libraries
 

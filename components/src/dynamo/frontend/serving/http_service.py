@@ -22,7 +22,6 @@ from typing import Any
 
 from aiohttp import web
 
-from dynamo.common import lifecycle
 from dynamo.common.http_server import FRONTEND_MAX_BODY_BYTES
 from dynamo.common.request_drain import mark_stream
 from dynamo.frontend.openai import protocol as oai
@@ -63,6 +62,7 @@ from dynamo.runtime.request_plane import (
     WorkerUnavailable,
 )
 from dynamo.runtime.sampling import SamplingOptions
+from dynamo_gc import lifecycle
 
 from . import request_metrics as rm
 from .choices import (

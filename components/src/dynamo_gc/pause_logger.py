@@ -1,14 +1,7 @@
-"""Freeze the GC heap at quiescent points, and measure GC pauses without lengthening them.
+"""Measure GC pauses without lengthening them: the process's ``gc.callbacks`` entry.
 
-CPython facts this module relies on (checked on 3.10-3.15, see docs/design.md):
-
-* ``gc.freeze()`` moves every tracked object into the permanent generation, which later
-  collections never walk. Freezing without collecting first would keep today's garbage forever,
-  so :func:`freeze_gc_heap` always collects every generation first.
-* ``gc.get_freeze_count()`` walks the permanent generation (milliseconds per 100k objects): it is
-  called once per freeze for the log line and nowhere else.
-* ``gc.callbacks`` get ``(phase, info)`` around each collection, in the thread that triggered
-  it, never nested. A pause logger is two timestamps and a comparison; it must not walk the heap.
+``gc.callbacks`` get ``(phase, info)`` around each collection, in the thread that triggered it,
+never nested. A pause logger is two timestamps and a comparison; it must not walk the heap.
 """
 
 from __future__ import annotations
@@ -18,90 +11,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
-from dynamo.common import lifecycle
+from dynamo_gc import lifecycle
 
 logger = logging.getLogger(__name__)
 
 # The generations CPython reports in ``info["generation"]`` (0, 1, 2 on 3.10-3.15).
 GENERATIONS = 3
-
-
-@dataclass(frozen=True)
-class FreezeRecord:
-    """What one successful freeze did (for metrics and status endpoints)."""
-
-    context: str
-    collected: int
-    frozen: int
-    took_ms: float
-
-
-# Observers of successful freezes (metrics). They get the FreezeRecord and must not block.
-_freeze_observers: list[Callable[[FreezeRecord], None]] = []
-_last_freeze: FreezeRecord | None = None
-
-
-def add_freeze_observer(observer: Callable[[FreezeRecord], None]) -> None:
-    _freeze_observers.append(observer)
-
-
-def remove_freeze_observer(observer: Callable[[FreezeRecord], None]) -> None:
-    if observer in _freeze_observers:
-        _freeze_observers.remove(observer)
-
-
-def last_freeze() -> FreezeRecord | None:
-    """The most recent successful freeze in this process, or ``None``."""
-    return _last_freeze
-
-
-def freeze_gc_heap(*, context: str) -> int | None:
-    """Collect every generation, freeze what survives, log one line; return the frozen count.
-
-    Refused (WARNING, ``None``, no GC state touched) once the process admits requests: a
-    blocking full collection then would stall every request in flight, which is the very pause
-    this project exists to remove.
-    """
-    global _last_freeze
-    if not lifecycle.freeze_allowed():
-        # The issue's exact line in every non-starting phase: a draining process still serves
-        # the requests in flight. The phase itself is in the lifecycle's own log.
-        logger.warning("GC heap freeze refused (%s): process is serving requests", context)
-        return None
-    started = time.perf_counter()
-    collected = gc.collect()  # every generation: garbage must not be frozen
-    gc.freeze()
-    frozen = gc.get_freeze_count()  # one heap walk per freeze, for the log line and metrics
-    # took_ms is everything the process paid before admission, the count's walk included
-    # (~130 ms of a real vLLM parent's ~600 ms).
-    took_ms = (time.perf_counter() - started) * 1000.0
-    record = FreezeRecord(context=context, collected=collected, frozen=frozen, took_ms=took_ms)
-    _last_freeze = record
-    logger.info(
-        "GC heap frozen (%s): collected=%d frozen=%d took_ms=%.1f",
-        context,
-        collected,
-        frozen,
-        took_ms,
-    )
-    for observer in list(_freeze_observers):
-        # The freeze has happened; a broken metrics observer must not fail the launcher's
-        # start-up or keep the other observers from hearing about it.
-        try:
-            observer(record)
-        except Exception:  # see above
-            logger.exception("GC freeze observer %r failed", observer)
-    return frozen
-
-
-def maybe_freeze_gc_heap(enabled: bool, *, context: str) -> int | None:
-    """:func:`freeze_gc_heap` when ``enabled``; otherwise ``None`` and no GC state touched."""
-    if not enabled:
-        logger.info("GC heap freeze disabled (%s): stock CPython GC", context)
-        return None
-    return freeze_gc_heap(context=context)
 
 
 class GcPauseLogger:
@@ -270,76 +186,12 @@ def _remove_installed() -> None:
         _installed = None
 
 
-@dataclass(frozen=True)
-class GcState:
-    """A snapshot of the process's GC state and of what this module keeps about it.
-
-    The collector's settings (automatic collection on or off, thresholds, ``gc.callbacks``),
-    the installed pause logger, the freeze observers and the last freeze record. The permanent
-    generation is not in it: it cannot be put back as it was (see :func:`restore_gc_state`).
-    """
-
-    enabled: bool
-    thresholds: tuple[int, ...]
-    callbacks: tuple[Callable[..., object], ...]
-    pause_logger: GcPauseLogger | None
-    freeze_observers: tuple[Callable[[FreezeRecord], None], ...]
-    last_freeze: FreezeRecord | None
-
-
-def snapshot_gc_state() -> GcState:
-    """The process's GC state now, for :func:`restore_gc_state`."""
+def _restore_installed(
+    callbacks: tuple[Callable[..., object], ...], pause_logger: GcPauseLogger | None
+) -> None:
+    """Put back ``gc.callbacks`` and the installed pause logger together, under the install
+    lock, so no install can land between the two (:func:`dynamo_gc.gc_state.restore_gc_state`)."""
+    global _installed
     with _install_lock:
-        pause_logger = _installed
-    return GcState(
-        enabled=gc.isenabled(),
-        thresholds=gc.get_threshold(),
-        callbacks=tuple(gc.callbacks),
-        pause_logger=pause_logger,
-        freeze_observers=tuple(_freeze_observers),
-        last_freeze=_last_freeze,
-    )
-
-
-def restore_gc_state(state: GcState) -> None:
-    """Put back everything ``state`` holds, and unfreeze the heap.
-
-    Whatever froze since the snapshot is unfrozen (``gc.unfreeze()``, a splice, no heap walk):
-    a frozen heap is never collected (see :class:`ProcessGcState`), and a snapshot cannot tell
-    the frozen objects apart. For code that runs several launchers' start-ups in one process
-    (the tests put the state back after each one).
-    """
-    global _installed, _last_freeze
-    with _install_lock:
-        gc.callbacks[:] = state.callbacks
-        _installed = state.pause_logger
-    gc.unfreeze()
-    gc.set_threshold(*state.thresholds)
-    (gc.enable if state.enabled else gc.disable)()
-    _freeze_observers[:] = state.freeze_observers
-    _last_freeze = state.last_freeze
-
-
-class ProcessGcState:
-    """What a launcher did to its process's GC state, undone once everything else has stopped.
-
-    Undone last (after the engine, listener, pool and sessions have closed, so no pause of
-    their shutdown goes unrecorded): the pause logger leaves ``gc.callbacks`` (no pause line
-    after the launcher's final line), the metrics stop observing, and a heap this process froze
-    is unfrozen. Frozen objects are never collected, not even by the interpreter's final
-    collections at exit, so cycles holding native objects would never be finalized (vLLM's
-    triton/nanobind instances are then reported as leaked). ``gc.unfreeze()`` is a splice, no
-    heap walk. With the freeze off nothing is unfrozen: the process never touched the
-    generations.
-    """
-
-    def __init__(self, metrics=None) -> None:
-        self.metrics = metrics  # anything with detach(): dynamo.common.metrics.DynamoMetrics
-        self.froze = False
-
-    def restore(self) -> None:
-        uninstall_gc_pause_logger()
-        if self.metrics is not None:
-            self.metrics.detach()
-        if self.froze:
-            gc.unfreeze()
+        gc.callbacks[:] = callbacks
+        _installed = pause_logger

@@ -2,7 +2,7 @@
 
 A process is ``starting`` until it admits requests (frontend: its HTTP listener opens; worker:
 ``register_model`` is about to be called), then ``serving``, then ``draining`` on shutdown.
-:func:`dynamo.common.utils.gc_freeze.freeze_gc_heap` asks :func:`freeze_allowed` and refuses
+:func:`dynamo_gc.freeze.freeze_gc_heap` asks :func:`freeze_allowed` and refuses
 outside ``starting``, so a freeze from the discovery watcher or the chat engine factory is
 impossible by construction rather than by review.
 

@@ -1,11 +1,13 @@
 """The self-benchmark GC policy's configuration, and what this interpreter lets it do.
 
-The worker reads the policy from its options; a rank (a process vLLM starts, which never sees
-the command line) reads it from the environment the worker exports (:func:`policy_env`), where a
-bad value is warned about and the default used rather than killing the rank. Whether the
-periodic freeze is sound here, and whether raising the third threshold stops automatic full
-collections, depends on the interpreter build (free-threaded, CPython 3.14.0-3.14.4's
-incremental collector).
+Its two options (``--fpm-gc-policy`` / ``DYN_FPM_GC_POLICY`` and
+``--fpm-gc-freeze-interval-s`` / ``DYN_FPM_GC_FREEZE_INTERVAL_S``) are declared here, with the
+policy; a worker adds them to its own surface and reads the policy from its options; a rank (a
+process vLLM starts, which never sees the command line) reads it from the environment the worker
+exports (:func:`policy_env`), where a bad value is warned about and the default used rather than
+killing the rank. Whether the periodic freeze is sound here, and whether raising the third
+threshold stops automatic full collections, depends on the interpreter build (free-threaded,
+CPython 3.14.0-3.14.4's incremental collector).
 """
 
 from __future__ import annotations
@@ -18,14 +20,52 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dynamo.common.configuration import Option
-from dynamo.vllm.self_benchmark_args import (
-    FPM_GC_FREEZE_INTERVAL_S,
-    FPM_GC_POLICY,
-    POLICY_FREEZE,
+from dynamo_gc.configuration.options import Option, choice_option, seconds_option
+from dynamo_gc.configuration.values import Choice
+
+logger = logging.getLogger("dynamo_gc.bench_policy")  # the policy's lines, wherever they start
+
+POLICY_OFF = "off"
+POLICY_FREEZE = "freeze"
+
+
+@dataclass(frozen=True)
+class PolicyWord(Choice):
+    """``off`` or ``freeze``, in any case and with blanks around it, as upstream Dynamo reads
+    ``DYN_FPM_GC_POLICY`` (it strips and lowercases). Any other word is refused, where upstream
+    would take it for off."""
+
+    words: tuple[str, ...] = (POLICY_OFF, POLICY_FREEZE)
+
+    def parse(self, text: str) -> str:
+        return super().parse(text.strip().lower())
+
+    def describe(self) -> str:
+        return super().describe() + " (any case)"
+
+
+FPM_GC_POLICY = choice_option(
+    "fpm-gc-policy",
+    "DYN_FPM_GC_POLICY",
+    POLICY_OFF,
+    (
+        "GC policy during the self-benchmark: 'freeze' disables automatic gen2 collections and "
+        "freezes the heap so no full-collection pause lands in a measured window; everything is "
+        "restored before serving"
+    ),
+    kind=PolicyWord(),
 )
 
-logger = logging.getLogger("dynamo.vllm.gc_policy")  # the policy's lines, wherever they start
+FPM_GC_FREEZE_INTERVAL_S = seconds_option(
+    "fpm-gc-freeze-interval-s",
+    "DYN_FPM_GC_FREEZE_INTERVAL_S",
+    60.0,
+    (
+        "With the 'freeze' policy: how often a background thread moves survivors into the "
+        "permanent generation (a bare gc.freeze(), no heap walk)"
+    ),
+    minimum=1.0,
+)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ Where each value comes from (no heap walk anywhere on these paths):
   pause logger's ``on_pause`` sink, called from ``gc.callbacks`` for every collection. It bumps
   plain integers; the histogram is assembled only when scraped.
 * ``dynamo_gc_frozen_objects`` / ``dynamo_gc_freeze_seconds``: set once per freeze by the freeze
-  observer from the :class:`~dynamo.common.utils.gc_freeze.FreezeRecord`; a scrape reads the
+  observer from the :class:`~dynamo_gc.freeze.FreezeRecord`; a scrape reads the
   stored numbers and never calls ``gc.get_freeze_count()`` (a walk of the permanent generation).
 * ``dynamo_gc_freeze_enabled``: the process's freeze option, 1 or 0.
 * ``dynamo_serving_phase{phase}``: 1 for the current phase, 0 for the others, updated by a
@@ -35,7 +35,6 @@ import os
 import time
 from collections.abc import Iterable
 
-from aiohttp import web
 from prometheus_client import (
     CollectorRegistry,
     Gauge,
@@ -44,10 +43,10 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.core import HistogramMetricFamily, Metric
-from prometheus_client.exposition import choose_encoder
 
-from dynamo.common import lifecycle
-from dynamo.common.utils import gc_freeze
+from dynamo_gc import lifecycle
+from dynamo_gc.freeze import FreezeRecord, add_freeze_observer, last_freeze, remove_freeze_observer
+from dynamo_gc.pause_logger import GENERATIONS, installed_gc_pause_logger
 
 logger = logging.getLogger(__name__)
 
@@ -97,10 +96,8 @@ class PauseHistogram:
     def __init__(self, bounds: Iterable[float] = PAUSE_BUCKETS_S) -> None:
         self.bounds = tuple(sorted(bounds))
         # One slot per finite bucket plus one for +Inf; not cumulative (the scrape sums them).
-        self._counts = [
-            [[0] * (len(self.bounds) + 1) for _ in range(gc_freeze.GENERATIONS)] for _ in _PHASES
-        ]
-        self._sums = [[0.0] * gc_freeze.GENERATIONS for _ in _PHASES]
+        self._counts = [[[0] * (len(self.bounds) + 1) for _ in range(GENERATIONS)] for _ in _PHASES]
+        self._sums = [[0.0] * GENERATIONS for _ in _PHASES]
 
     def observe(self, generation: int, seconds: float) -> None:
         phase = _PHASE_INDEX[lifecycle.current_phase()]
@@ -121,7 +118,7 @@ class PauseHistogram:
             labels=["generation", "phase"],
         )
         for phase_index, phase in enumerate(_PHASES):
-            for generation in range(gc_freeze.GENERATIONS):
+            for generation in range(GENERATIONS):
                 # One copy, so buckets and count agree.
                 counts = list(self._counts[phase_index][generation])
                 cumulative, buckets = 0, []
@@ -193,7 +190,7 @@ class DynamoMetrics:
         """The pause logger's ``on_pause``: runs inside ``gc.callbacks``, so no lock, no walk."""
         self.pauses.observe(generation, seconds)
 
-    def observe_freeze(self, record: gc_freeze.FreezeRecord) -> None:
+    def observe_freeze(self, record: FreezeRecord) -> None:
         """A freeze observer: copy the numbers the freeze already measured."""
         self.frozen_objects.set(record.frozen)
         self.freeze_seconds.set(record.took_ms / 1000.0)
@@ -207,40 +204,23 @@ class DynamoMetrics:
     def attach(self) -> DynamoMetrics:
         """Follow this process's freezes and phase changes; seed from what already happened."""
         if not self._attached:
-            gc_freeze.add_freeze_observer(self.observe_freeze)
+            add_freeze_observer(self.observe_freeze)
             lifecycle.add_phase_listener(self.set_phase)
             self._attached = True
-        previous = gc_freeze.last_freeze()
+        previous = last_freeze()
         if previous is not None:
             self.observe_freeze(previous)
         self.set_phase(lifecycle.current_phase())
         return self
 
     def detach(self) -> None:
-        gc_freeze.remove_freeze_observer(self.observe_freeze)
+        remove_freeze_observer(self.observe_freeze)
         lifecycle.remove_phase_listener(self.set_phase)
         self._attached = False
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric on this registry."""
         return generate_latest(self.registry)
-
-
-async def _serve_metrics(request: web.Request) -> web.Response:
-    metrics: DynamoMetrics = request.app[_METRICS_KEY]
-    # Prometheus' Accept header picks the text format or OpenMetrics, as prometheus_client's
-    # own HTTP server does.
-    encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
-    return web.Response(body=encoder(metrics.registry), headers={"Content-Type": content_type})
-
-
-_METRICS_KEY = web.AppKey("dynamo_metrics", DynamoMetrics)
-
-
-def metrics_route(app: web.Application, metrics: DynamoMetrics) -> None:
-    """Serve ``GET /metrics`` from ``metrics`` on ``app`` (before the app starts)."""
-    app[_METRICS_KEY] = metrics
-    app.router.add_get(METRICS_PATH, _serve_metrics)
 
 
 def debug_gc_collect(metrics: DynamoMetrics | None = None) -> dict:
@@ -284,10 +264,6 @@ def debug_gc_collect(metrics: DynamoMetrics | None = None) -> dict:
     return result
 
 
-async def _serve_debug_gc_collect(request: web.Request) -> web.Response:
-    return web.json_response(debug_gc_collect(request.app.get(_METRICS_KEY)))
-
-
 def debug_gc_state() -> dict:
     """This process's GC configuration and frozen-object count, for checks by hand and tests.
 
@@ -300,7 +276,7 @@ def debug_gc_state() -> dict:
     left there. ``pause_logger`` holds the installed pause logger's counters (collections and
     logged pauses per generation, max and total pause).
     """
-    pause_logger = gc_freeze.installed_gc_pause_logger()
+    pause_logger = installed_gc_pause_logger()
     return {
         "pid": os.getpid(),
         "phase": lifecycle.current_phase().value,
@@ -311,23 +287,3 @@ def debug_gc_state() -> dict:
         "counts": list(gc.get_count()),
         "pause_logger": None if pause_logger is None else pause_logger.snapshot(),
     }
-
-
-async def _serve_debug_gc_state(request: web.Request) -> web.Response:
-    return web.json_response(debug_gc_state())
-
-
-def debug_gc_route(app: web.Application) -> None:
-    """Serve ``POST /debug/gc/collect`` and ``GET /debug/gc/state`` on ``app``.
-
-    Only when the operator's option enables it. Call :func:`metrics_route` first, so the
-    collection's answer can report the pause histogram's count.
-    """
-    app.router.add_post(DEBUG_GC_COLLECT_PATH, _serve_debug_gc_collect)
-    app.router.add_get(DEBUG_GC_STATE_PATH, _serve_debug_gc_state)
-    logger.warning(
-        "Debug endpoints enabled: POST %s pauses this process for one full collection; "
-        "GET %s walks the frozen objects to count them",
-        DEBUG_GC_COLLECT_PATH,
-        DEBUG_GC_STATE_PATH,
-    )
