@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
-from dynamo.common import logging_setup
-from dynamo.vllm import gc_policy
 from dynamo_gc import gc_state, lifecycle
+from dynamo_gc.bench_policy import stop_gc_policy
+
+# tests/upstream runs in an environment whose `dynamo` is upstream ai-dynamo's (.venv-upstream,
+# with the dynamo_gc layer beside it): our launchers are not installed there, so nothing of
+# theirs needs putting back. Everywhere else they are, and are imported as before.
+OUR_LAUNCHERS = importlib.util.find_spec("dynamo.common.logging_setup") is not None
+if OUR_LAUNCHERS:
+    from dynamo.common import logging_setup
 
 
 @pytest.fixture(autouse=True)
@@ -21,11 +29,13 @@ def restore_gc_state():
     saved_gc = gc_state.snapshot_gc_state()
     phase_state = lifecycle.snapshot_phase_state()
     yield
-    gc_policy.stop_gc_policy()  # the benchmark policy's thread and saved thresholds are global
+    stop_gc_policy()  # the benchmark policy's thread and saved thresholds are global
     gc_state.restore_gc_state(saved_gc)
     lifecycle.restore_phase_state(phase_state)
-    # A launcher's main() run in-process installs a stderr handler bound to this test's capture.
-    logging_setup.remove_logging_handler()
+    if OUR_LAUNCHERS:
+        # A launcher's main() run in-process installs a stderr handler bound to this test's
+        # capture.
+        logging_setup.remove_logging_handler()
 
 
 @pytest.fixture

@@ -32,8 +32,11 @@ from dynamo.common.configuration import (
 )
 from dynamo.frontend import frontend_args
 from dynamo.vllm import backend_args, self_benchmark_args
+from dynamo_gc import mocker as upstream_mocker
+from dynamo_gc import vllm as upstream_vllm
 from dynamo_gc.configuration.gc_options import FREEZE_GC_HEAP, GC_PAUSE_LOG_MS
 from dynamo_gc.configuration.typed import option_fields, typed_config
+from dynamo_gc.upstream import frontend_settings
 from tests.support.processes import run_python
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,6 +54,11 @@ def parse_worker(argv=None, env=None) -> backend_args.WorkerConfig:
 PARSERS: dict[str, Callable[..., Any]] = {
     "python -m dynamo.frontend": frontend_args.parse_args,
     "python -m dynamo.vllm": parse_worker,
+    # upstream ai-dynamo's frontend through the adapter: its own options only
+    "python -m dynamo_gc.frontend": frontend_settings.parse_args,
+    # upstream ai-dynamo's workers through the adapters: their GC options only
+    "python -m dynamo_gc.vllm": upstream_vllm.parse_args,
+    "python -m dynamo_gc.mocker": upstream_mocker.parse_args,
 }
 MAIN_MODULES = {
     "python -m dynamo.frontend": "dynamo.frontend",
@@ -101,8 +109,18 @@ GC_SURFACES = [
         "--gc-pause-log-ms",
         "DYN_VLLM_GC_PAUSE_LOG_MS",
     ),
+    *(
+        GcSurface(
+            program,
+            "--freeze-gc-heap",
+            "DYN_VLLM_FREEZE_GC_HEAP",
+            "--gc-pause-log-ms",
+            "DYN_VLLM_GC_PAUSE_LOG_MS",
+        )
+        for program in ("python -m dynamo_gc.vllm", "python -m dynamo_gc.mocker")
+    ),
 ]
-GC_IDS = ["frontend", "vllm"]
+GC_IDS = ["frontend", "vllm", "upstream-vllm", "upstream-mocker"]
 
 
 def expect_exit_2(capsys, parse, argv, env) -> str:
@@ -646,8 +664,8 @@ def parse_args_help(program: str, capsys) -> str:
 
 def launcher_help(program: str, capsys) -> str:
     """``python -m <module> --help`` once the launcher exists, else parse_args' own help."""
-    module = MAIN_MODULES[program]
-    if importlib.util.find_spec(module + ".__main__") is None:
+    module = MAIN_MODULES.get(program)  # the upstream adapters' --help needs ai-dynamo
+    if module is None or importlib.util.find_spec(module + ".__main__") is None:
         return parse_args_help(program, capsys)
     env = {k: v for k, v in os.environ.items() if not k.startswith("DYN_")}
     done = run_python("-m", module, "--help", env=env)

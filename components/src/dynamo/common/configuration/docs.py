@@ -23,6 +23,9 @@ SURFACE_MODULES = (
     "dynamo.frontend.frontend_args",
     "dynamo.vllm.backend_args",
     "dynamo.vllm.self_benchmark_args",
+    "dynamo_gc.upstream.frontend_settings",
+    "dynamo_gc.vllm",
+    "dynamo_gc.mocker",
 )
 
 GENERATED_NOTE = (

@@ -56,6 +56,11 @@ logger = logging.getLogger(__name__)
 
 CHAT_PROCESSORS = ("hf", "vllm", "sglang")
 DEFAULT_CHAT_PROCESSOR = "hf"
+# The response field of a parsed reasoning, as each processor's engine names it: vLLM 0.32's
+# server answers ``reasoning`` (it reads ``reasoning_content`` only as a deprecated input),
+# SGLang's answers ``reasoning_content``, and so does upstream Dynamo's frontend by default
+# (its --reasoning-field-name), which ``hf`` stands in for.
+REASONING_FIELDS = {"hf": "reasoning_content", "vllm": "reasoning", "sglang": "reasoning_content"}
 # What --dyn-chat-processor vllm imports at start-up (before the freeze): the tokenizer loader
 # and the chat rendering and OpenAI protocol modules a vLLM frontend holds.
 VLLM_MODULES = (
@@ -137,6 +142,10 @@ class ChatProcessor:
         self.output_parser: OutputParserFactory = output_parsers or no_output_parser
         # Whether that parser turns tool calls in the output into tool_calls (tool_choice auto).
         self.parses_tool_calls = parses_tool_calls
+        self.reasoning_field = REASONING_FIELDS.get(kind, "reasoning_content")
+        # A whole answer's message in vLLM's shape (its tool calls without an index, a forced
+        # call's content "" rather than null), as vLLM's server builds it.
+        self.answers_as_vllm = kind == "vllm"
         self._token_strings: TokenStrings | None = None
 
     @property

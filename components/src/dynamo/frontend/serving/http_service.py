@@ -41,7 +41,7 @@ from dynamo.frontend.openai.responses import (
 )
 from dynamo.frontend.openai.tools import check_tool_choice
 from dynamo.frontend.parsing.output_parser import OutputParser
-from dynamo.frontend.parsing.parsed_output import output_parser
+from dynamo.frontend.parsing.parsed_output import adjust_for_parsers, output_parser
 from dynamo.frontend.processors.chat_processor import (
     ChatTemplateError,
     NoChatTemplate,
@@ -236,6 +236,9 @@ class FrontendService:
                     chat.tool_choice,
                     parses_tool_calls=entry.processor.parses_tool_calls,
                 )
+                if hasattr(entry.processor.output_parser, "adjusted"):
+                    # vLLM's parsers build a grammar here: off the loop, as rendering is.
+                    await self._off_loop(adjust_for_parsers, entry.processor.output_parser, chat)
             except FieldRefused as exc:
                 raise oai.invalid_request(exc.message, param=exc.param, code=exc.code) from None
             try:
@@ -252,11 +255,13 @@ class FrontendService:
                     param="messages",
                     code="chat_template_error",
                 ) from None
-            # One parser per choice: each parses its own text.
-            parsers = [
-                output_parser(entry.processor.output_parser, chat) for _ in range(chat.choices)
-            ]
             prompt_ids = await self._encode(entry, prompt, chat, chat=True)
+            # One parser per choice: each parses its own text (it is given the prompt's ids,
+            # as vLLM's server gives its parsers).
+            parsers = [
+                output_parser(entry.processor.output_parser, chat, prompt_ids)
+                for _ in range(chat.choices)
+            ]
             return await self._serve(
                 request, entry, chat, prompt_ids, "messages", ChatResponder, track, parsers, prompt
             )

@@ -1,0 +1,54 @@
+"""``python -m dynamo_gc.frontend``: upstream ai-dynamo's frontend, with its GC heap frozen.
+
+Our options are taken out of the command line and checked (a bad value exits 2 before upstream
+is imported); everything else goes to upstream's ``dynamo.frontend.main.main`` unchanged, with
+the ``gc-freeze`` route extension added to its list. The freeze itself is the extension's
+(:mod:`dynamo_gc.upstream.frontend_freeze`): one freeze path for both activation ways, at the
+point upstream calls its route providers (after ``make_engine``, before HTTP starts).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+
+from dynamo_gc.upstream import frontend_freeze, frontend_hooks, frontend_settings
+
+logger = logging.getLogger(__name__)
+
+UPSTREAM_PROGRAM = "python -m dynamo_gc.frontend"
+ROUTE_EXTENSION_FLAG = "--frontend-route-extension"
+# Upstream refuses route extensions in these modes (they serve no HTTP): no freeze point there.
+NON_HTTP_MODES = ("--interactive", "-i", "--kserve-grpc-server")
+
+
+def upstream_argv(rest: Sequence[str]) -> list[str]:
+    """Upstream's arguments with the ``gc-freeze`` extension added, in the HTTP mode only."""
+    args = list(rest)
+    if any(word in NON_HTTP_MODES for word in args):
+        return args
+    return [*args, ROUTE_EXTENSION_FLAG, frontend_freeze.EXTENSION_NAME]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--help" in args or "-h" in args:
+        print(frontend_settings.format_help())
+        print("Upstream ai-dynamo frontend's own options follow.\n", flush=True)
+        parse_upstream_args = frontend_hooks.upstream_frontend_parse_args()
+        sys.argv = [UPSTREAM_PROGRAM, "--help"]
+        parse_upstream_args()  # prints upstream's help and exits 0
+        return
+    config, rest = frontend_settings.split_args(args)
+    upstream_main = frontend_hooks.upstream_frontend_main()  # exit 2 on an unsupported version
+    frontend_freeze.configure(config)
+    upstream_args = upstream_argv(rest)
+    if frontend_freeze.EXTENSION_NAME not in upstream_args:
+        logger.warning(
+            "GC heap not frozen: upstream's %s mode serves no HTTP and calls no route extension, "
+            "the only point where the adapter freezes",
+            " / ".join(word for word in rest if word in NON_HTTP_MODES),
+        )
+    sys.argv = [UPSTREAM_PROGRAM, *upstream_args]
+    upstream_main()

@@ -1,0 +1,128 @@
+"""The ``gc-freeze`` route extension: freeze upstream ai-dynamo's frontend before it admits.
+
+Upstream's ``dynamo/frontend/main.py:async_main`` builds the engine (``make_engine``), then calls
+every provider named by ``--frontend-route-extension`` / ``DYN_FRONTEND_ROUTE_EXTENSIONS`` once
+(``load_frontend_route_extensions``), then starts HTTP (``run_input``). That call is the last
+point before the process admits a request, and it is reached without editing upstream: the
+provider here is registered as ``gc-freeze`` in the ``dynamo.frontend.routes`` entry-point group.
+
+What it does there, once per process however many ways it was named: read the two GC options
+(from ``python -m dynamo_gc.frontend``'s flags when that launcher configured them, else from the
+env vars), install the pause logger and the metrics, wrap the preprocess pool's initializer,
+collect and freeze, and mark the process ``serving`` (so the model watcher's
+``chat_engine_factory``, which runs later, cannot freeze). Upstream's extension routes answer
+JSON, which Prometheus cannot scrape, so the ``dynamo_gc_*`` metrics get a port of their own when
+``DYN_GC_METRICS_PORT`` asks for one (see :mod:`.metrics_server`); the only route returned is
+``GET /debug/gc/state``, and only when ``DYN_DEBUG_GC_ENDPOINT`` asks for it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+from dataclasses import dataclass
+
+from dynamo_gc import lifecycle
+from dynamo_gc.freeze import maybe_freeze_gc_heap
+from dynamo_gc.gc_state import ProcessGcState
+from dynamo_gc.metrics import DEBUG_GC_STATE_PATH, DynamoMetrics, debug_gc_state
+from dynamo_gc.pause_logger import install_gc_pause_logger
+from dynamo_gc.upstream import frontend_settings, metrics_server, preprocess_pool
+from dynamo_gc.upstream.frontend_settings import FrontendGcConfig
+
+logger = logging.getLogger(__name__)
+
+EXTENSION_NAME = "gc-freeze"
+FREEZE_CONTEXT = "upstream frontend, before HTTP admits requests"
+ADMISSION = "upstream frontend starts its HTTP service"
+
+
+@dataclass(frozen=True)
+class Activation:
+    """What the extension did in this process (one per process)."""
+
+    config: FrontendGcConfig
+    frozen: int | None
+    metrics: DynamoMetrics
+    metrics_port: int | None
+    process_state: ProcessGcState  # undone at interpreter exit
+
+
+_lock = threading.Lock()
+_configured: FrontendGcConfig | None = None
+_activation: Activation | None = None
+
+
+def configure(config: FrontendGcConfig) -> None:
+    """Options from ``python -m dynamo_gc.frontend``'s flags, used instead of the env vars."""
+    global _configured
+    with _lock:
+        _configured = config
+
+
+def activation() -> Activation | None:
+    """This process's activation, or ``None`` before the provider ran."""
+    return _activation
+
+
+def gc_freeze_routes() -> list:
+    """The ``gc-freeze`` provider: upstream calls it after ``make_engine``, before HTTP starts.
+
+    Bad env values exit 2 here, naming the env var, before upstream opens its HTTP port.
+    """
+    global _activation
+    with _lock:
+        if _activation is not None:
+            # Both activation ways at once (the entry point and the launcher, or the entry-point
+            # name and its module:function path): one freeze, one pause logger.
+            logger.info("GC freeze extension already active in this process; nothing more to do")
+            return []
+        config = _configured if _configured is not None else frontend_settings.from_env()
+        _activation = _activate(config)
+    return debug_routes() if config.debug_gc_endpoint else []
+
+
+def debug_routes() -> list:
+    """``GET /debug/gc/state`` as an upstream ``FrontendRoute`` (JSON, walks the heap)."""
+    from dynamo.llm import FrontendRoute  # upstream's; only ever called in its frontend
+
+    def state(_context: object) -> dict:
+        return debug_gc_state()
+
+    logger.warning(
+        "Debug endpoint enabled: GET %s walks the heap to count its objects", DEBUG_GC_STATE_PATH
+    )
+    return [FrontendRoute("GET", DEBUG_GC_STATE_PATH, state)]
+
+
+def _activate(config: FrontendGcConfig) -> Activation:
+    settings = config.gc
+    metrics = DynamoMetrics(freeze_enabled=settings.freeze_gc_heap).attach()
+    install_gc_pause_logger(settings.gc_pause_log_ms, on_pause=metrics.observe_pause)
+    preprocess_pool.wrap_initializer(settings)
+    metrics_port = None
+    if config.metrics_port is not None:
+        metrics_port = metrics_server.serve(metrics, config.metrics_host, config.metrics_port)
+    frozen = maybe_freeze_gc_heap(settings.freeze_gc_heap, context=FREEZE_CONTEXT)
+    lifecycle.mark_serving(ADMISSION)
+    # Upstream's main owns shutdown; at interpreter exit (after it returns) the heap is unfrozen,
+    # so the final collections can finalize what the freeze kept (vLLM's native objects would
+    # otherwise be reported as leaked), and the pause logger leaves before the last lines.
+    process_state = ProcessGcState(metrics)
+    process_state.froze = frozen is not None
+    atexit.register(process_state.restore)
+    return Activation(config, frozen, metrics, metrics_port, process_state)
+
+
+def reset_for_tests() -> None:
+    """Forget this process's activation and configured settings (tests run many in one process)."""
+    global _activation, _configured
+    with _lock:
+        if _activation is not None:
+            atexit.unregister(_activation.process_state.restore)
+            _activation.metrics.detach()
+        _activation = None
+        _configured = None
+    preprocess_pool.unwrap_initializer()
+    metrics_server.stop()

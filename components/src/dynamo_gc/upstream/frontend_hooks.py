@@ -1,0 +1,57 @@
+"""The symbols of upstream ai-dynamo's frontend that ``python -m dynamo_gc.frontend`` relies on,
+checked before upstream starts.
+
+The freeze point is upstream's route-extension hook: ``async_main`` calls
+``load_frontend_route_extensions`` after ``make_engine`` and before ``run_input`` starts HTTP, and
+resolves names in the ``dynamo.frontend.routes`` entry-point group. A version where any of that is
+missing or changed is an exit 2 naming the version found and the symbol (:mod:`.versions`), never
+a launcher that runs without freezing.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from dynamo_gc.upstream.hooks import looks_up_global
+from dynamo_gc.upstream.versions import refuse, warn_if_unchecked
+
+PROGRAM = "python -m dynamo_gc.frontend"
+FRONTEND_MAIN = "dynamo.frontend.main"
+ROUTE_GROUP = "dynamo.frontend.routes"
+ROUTE_HOOK = "load_frontend_route_extensions"
+
+
+def checked_frontend_main() -> Any:
+    """Upstream's frontend module, once every symbol the freeze point depends on is there."""
+    try:
+        module = importlib.import_module(FRONTEND_MAIN)
+    except ImportError as exc:
+        refuse(PROGRAM, FRONTEND_MAIN, f"cannot be imported ({type(exc).__name__}: {exc})")
+    for name in ("main", "parse_args", "async_main", ROUTE_HOOK):
+        if not callable(getattr(module, name, None)):
+            refuse(PROGRAM, f"{FRONTEND_MAIN}.{name}", "is missing")
+    if not looks_up_global(module.async_main, ROUTE_HOOK):
+        refuse(
+            PROGRAM,
+            f"{FRONTEND_MAIN}.async_main",
+            f"no longer calls {ROUTE_HOOK} (the freeze point would never be reached)",
+        )
+    group = getattr(module, "FRONTEND_ROUTE_ENTRYPOINT_GROUP", None)
+    if group != ROUTE_GROUP:
+        refuse(
+            PROGRAM,
+            f"{FRONTEND_MAIN}.FRONTEND_ROUTE_ENTRYPOINT_GROUP",
+            f"is {group!r}, not {ROUTE_GROUP!r}",
+        )
+    warn_if_unchecked(PROGRAM)
+    return module
+
+
+def upstream_frontend_main() -> Callable[[], None]:
+    return checked_frontend_main().main
+
+
+def upstream_frontend_parse_args() -> Callable[[], Any]:
+    return checked_frontend_main().parse_args

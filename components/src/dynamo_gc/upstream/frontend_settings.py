@@ -1,0 +1,128 @@
+"""The GC options of upstream ai-dynamo's frontend, declared once for both activation ways.
+
+``python -m dynamo_gc.frontend`` takes them as flags (``--dyn-freeze-gc-heap``, ...) out of the
+command line and hands the rest to upstream; the ``gc-freeze`` route extension, named in an
+unchanged upstream command, reads the same options from their env vars (``DYN_FREEZE_GC_HEAP``,
+...). The names and meanings are those of this project's own frontend; the metrics port is the
+adapter's own (upstream's ``/metrics`` is served by its Rust HTTP service, which a Python
+extension cannot add to).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from dynamo_gc.configuration.gc_options import GcSettings, gc_options
+from dynamo_gc.configuration.options import Option, Surface, host_option, port_option
+from dynamo_gc.configuration.parser import DynamoArgParser, build_parser
+
+PROGRAM = "python -m dynamo_gc.frontend"
+# The route-extension path's errors name the adapter's launcher too: the operator ran upstream's
+# command, and `python -m dynamo_gc.frontend --help` is where the options are listed.
+EXTENSION_PROGRAM = PROGRAM
+
+GC_METRICS_PORT = port_option(
+    "dyn-gc-metrics-port",
+    "DYN_GC_METRICS_PORT",
+    None,
+    "Serve the dynamo_gc_* metrics (Prometheus text, GET /metrics) on this port, beside "
+    "upstream's HTTP port; 0 picks a free port and logs it. Unset: not served (the freeze and "
+    "the pause log work without it).",
+)
+
+GC_METRICS_HOST = host_option(
+    "dyn-gc-metrics-host",
+    "DYN_GC_METRICS_HOST",
+    "0.0.0.0",
+    "Address the dynamo_gc_* metrics port listens on (as upstream's --http-host, every "
+    "interface by default, so a Prometheus in the cluster can scrape it).",
+)
+
+DEBUG_GC_ENDPOINT = Option(
+    name="dyn-debug-gc-endpoint",
+    env_var="DYN_DEBUG_GC_ENDPOINT",
+    default=False,
+    dest="debug_gc_endpoint",
+    help=(
+        "Serve GET /debug/gc/state on upstream's HTTP port (JSON: serving phase, frozen "
+        "objects, tracked objects per generation, pause counters). Each call walks the heap, "
+        "pausing the process for tens of milliseconds: for diagnosis, keep off in production"
+    ),
+)
+
+SURFACE = Surface(
+    name="upstream-frontend",
+    title="Upstream ai-dynamo frontend (python -m dynamo_gc.frontend, gc-freeze extension)",
+    program=PROGRAM,
+    description=(
+        "Upstream ai-dynamo's frontend with its GC heap frozen before HTTP admits requests. "
+        "Every argument not listed here is upstream's (listed after these)."
+    ),
+    options=[
+        *gc_options(flag_prefix="dyn-", env_prefix="DYN_"),
+        GC_METRICS_PORT,
+        GC_METRICS_HOST,
+        DEBUG_GC_ENDPOINT,
+    ],
+)
+
+
+@dataclass(frozen=True)
+class FrontendGcConfig:
+    """What the adapter does in upstream's frontend process."""
+
+    gc: GcSettings
+    metrics_host: str
+    metrics_port: int | None
+    debug_gc_endpoint: bool = False
+
+
+def _parser(program: str) -> DynamoArgParser:
+    parser = build_parser(SURFACE)
+    parser.prog = program
+    return parser
+
+
+def _config(namespace: argparse.Namespace) -> FrontendGcConfig:
+    return FrontendGcConfig(
+        gc=GcSettings(
+            freeze_gc_heap=namespace.freeze_gc_heap, gc_pause_log_ms=namespace.gc_pause_log_ms
+        ),
+        metrics_host=namespace.dyn_gc_metrics_host,
+        metrics_port=namespace.dyn_gc_metrics_port,
+        debug_gc_endpoint=namespace.debug_gc_endpoint,
+    )
+
+
+def parse_args(
+    argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
+) -> argparse.Namespace:
+    """Our options alone (no upstream argument), as the configuration tests read each program."""
+    env_vars = dict(os.environ if env is None else env)
+    return _parser(PROGRAM).parse_args([] if argv is None else list(argv), env_vars=env_vars)
+
+
+def from_env(env: Mapping[str, str] | None = None) -> FrontendGcConfig:
+    """The options from their env vars; a bad value exits 2 naming the env var and the flag."""
+    env_vars = dict(os.environ if env is None else env)
+    return _config(_parser(EXTENSION_PROGRAM).parse_args([], env_vars=env_vars))
+
+
+def split_args(
+    argv: Sequence[str], env: Mapping[str, str] | None = None
+) -> tuple[FrontendGcConfig, list[str]]:
+    """Our options out of ``argv`` (flags, then env vars, then defaults), and upstream's rest.
+
+    A bad value exits 2 naming the flag and the env var, before upstream is imported.
+    """
+    env_vars = dict(os.environ if env is None else env)
+    namespace, rest = _parser(PROGRAM).parse_known_args(list(argv), env_vars=env_vars)
+    return _config(namespace), rest
+
+
+def format_help() -> str:
+    """The adapter's options, as ``--help`` shows them before upstream's own help."""
+    return _parser(PROGRAM).format_help()

@@ -1,0 +1,69 @@
+"""One launcher for both upstream worker adapters: GC flags out, hook checked and wrapped, then
+upstream's own ``python -m`` entry point runs as always.
+
+Order, so that nothing is half-applied: ``--help`` prints ours then upstream's; otherwise the GC
+options are parsed (bad value: exit 2, before upstream is imported), the hooked symbol is
+resolved and checked against the installed ai-dynamo (exit 2 naming the version and the symbol),
+the pause logger and metrics are installed (and served on their own port when
+``--gc-metrics-port`` asks: upstream's worker ``/metrics`` is its Rust runtime's), the global is
+wrapped, and upstream's ``__main__`` runs with the remaining arguments.
+"""
+
+from __future__ import annotations
+
+import runpy
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from dynamo_gc.configuration.options import Surface
+from dynamo_gc.upstream import hooks, metrics_server, versions, worker_freeze, worker_settings
+from dynamo_gc.upstream.hooks import ModuleGlobalHook
+
+
+@dataclass(frozen=True)
+class WorkerAdapter:
+    surface: Surface
+    hook: ModuleGlobalHook
+    entry_module: str  # upstream's ``python -m`` package, run as ``__main__``: "dynamo.vllm"
+    freeze_context: str  # what the freeze line and the guard's warnings say
+    admission: str  # why the process turns ``serving``
+
+
+def _run_upstream(adapter: WorkerAdapter, args: list[str]) -> None:
+    sys.argv = [adapter.surface.program, *args]
+    runpy.run_module(adapter.entry_module, run_name="__main__", alter_sys=True)
+
+
+def run(adapter: WorkerAdapter, argv: Sequence[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    program = adapter.surface.program
+    if "--help" in args or "-h" in args:
+        print(worker_settings.format_help(adapter.surface))
+        hooks.resolve(program, adapter.hook)  # exit 2 here too on an unsupported version
+        print("Upstream ai-dynamo's own options follow.\n", flush=True)
+        _run_upstream(adapter, ["--help"])
+        return
+    config, rest = worker_settings.split_args(adapter.surface, args)
+    settings = config.gc
+    hooks.resolve(program, adapter.hook)
+    versions.warn_if_unchecked(program)
+    metrics = worker_freeze.install_observers(settings)
+    if config.metrics_port is not None:
+        metrics_server.serve(
+            metrics,
+            config.metrics_host,
+            config.metrics_port,
+            option="--gc-metrics-port / DYN_VLLM_GC_METRICS_PORT",
+        )
+    freeze = worker_freeze.FreezeOnce(
+        settings, context=adapter.freeze_context, admission=adapter.admission
+    )
+    hooks.wrap(
+        program,
+        adapter.hook,
+        lambda original: worker_freeze.freezing_wrapper(
+            original, freeze, coroutine=adapter.hook.coroutine
+        ),
+    )
+    _run_upstream(adapter, rest)

@@ -1,0 +1,72 @@
+"""Freeze an upstream worker once, at its first call of the hooked global, then mark it serving.
+
+The hooked global (the vLLM worker's ``register_vllm_model``, the mocker's ``run_input``) is the
+call after which the frontend routes requests to the worker: everything start-up built is on the
+heap, nothing is admitted yet. The first call collects and freezes (when enabled), marks the
+process ``serving`` (so no later freeze can run: the guard in :mod:`dynamo_gc.lifecycle`), then
+calls upstream's function unchanged. Later calls (a second model, more mocker workers) only call
+upstream's function.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from dynamo_gc import lifecycle
+from dynamo_gc.configuration.gc_options import GcSettings
+from dynamo_gc.freeze import maybe_freeze_gc_heap
+from dynamo_gc.metrics import DynamoMetrics
+from dynamo_gc.pause_logger import install_gc_pause_logger
+
+logger = logging.getLogger(__name__)
+
+
+class FreezeOnce:
+    """Runs the freeze and the phase change the first time it is called, never again."""
+
+    def __init__(self, settings: GcSettings, *, context: str, admission: str) -> None:
+        self.settings = settings
+        self.context = context
+        self.admission = admission
+        self.frozen: int | None = None
+        self._done = False
+        self._lock = threading.Lock()
+
+    def __call__(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+        self.frozen = maybe_freeze_gc_heap(self.settings.freeze_gc_heap, context=self.context)
+        lifecycle.mark_serving(self.admission)
+
+
+def freezing_wrapper(original: Callable, freeze: FreezeOnce, *, coroutine: bool) -> Callable:
+    """``original`` with ``freeze()`` run before it (awaited the same way ``original`` is)."""
+    if coroutine:
+
+        @functools.wraps(original)
+        async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+            freeze()
+            return await original(*args, **kwargs)
+
+        return async_wrapper
+
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        freeze()
+        return original(*args, **kwargs)
+
+    return wrapper
+
+
+def install_observers(settings: GcSettings) -> DynamoMetrics:
+    """The pause logger and the ``dynamo_gc_*`` metrics, from start-up on (so the freeze and
+    every pause before and after it are counted)."""
+    metrics = DynamoMetrics(freeze_enabled=settings.freeze_gc_heap).attach()
+    install_gc_pause_logger(settings.gc_pause_log_ms, on_pause=metrics.observe_pause)
+    return metrics

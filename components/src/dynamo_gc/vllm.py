@@ -1,0 +1,46 @@
+"""``python -m dynamo_gc.vllm``: upstream ai-dynamo's vLLM worker with its GC heap frozen.
+
+Upstream's ``dynamo/vllm/main.py:worker()`` hands the module global ``register_vllm_model`` to its
+``WorkerFactory`` at call time, and every path (decode, prefill) awaits it after the engine,
+handlers, KV publishers, metrics and the self-benchmark are built, before the endpoint serves.
+Wrapping that global before upstream's ``main()`` runs puts the freeze there, on every path.
+See :mod:`dynamo_gc.upstream.worker_cli`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+
+from dynamo_gc.upstream import worker_settings
+from dynamo_gc.upstream.hooks import ModuleGlobalHook
+from dynamo_gc.upstream.worker_cli import WorkerAdapter, run
+from dynamo_gc.upstream.worker_settings import VLLM_SURFACE
+
+# The options this program declares (docs/configuration/ is generated from it).
+SURFACE = VLLM_SURFACE
+
+ADAPTER = WorkerAdapter(
+    surface=SURFACE,
+    hook=ModuleGlobalHook(
+        module="dynamo.vllm.main", name="register_vllm_model", caller="worker", coroutine=True
+    ),
+    entry_module="dynamo.vllm",
+    freeze_context="upstream vLLM worker, after engine init, before register_vllm_model",
+    admission="upstream vLLM worker registers its model",
+)
+
+
+def parse_args(
+    argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
+) -> argparse.Namespace:
+    """The GC options alone, as the configuration tests read every program."""
+    return worker_settings.parse_args(SURFACE, argv, env)
+
+
+def main() -> None:
+    run(ADAPTER)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""scripts/ab_upstream.py still runs: both arms on upstream's real frontend and mocker, seconds of
+load (``--smoke``, upstream's default chat processor so vLLM is not needed). The measurement
+itself is the script's full run (docs/benchmarks.md), never a timed assert here."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.upstream, pytest.mark.integration]
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "ab_upstream.py"
+
+
+def test_the_upstream_ab_runs_both_arms_in_both_orders(tmp_path):
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--smoke",
+            "--chat-processor",
+            "default",
+            "--upstream-python",
+            sys.executable,
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "ab_upstream-smoke.json").read_text())
+    runs = result["runs"]
+    assert [run["arm"] for run in runs] == ["stock", "frozen", "frozen", "stock"]
+    for run in runs:
+        assert run["ok"] > 0 and run["errors"] == 0
+    frozen = [run for run in runs if run["arm"] == "frozen"]
+    stock = [run for run in runs if run["arm"] == "stock"]
+    assert all(run["frozen_at_start"] for run in frozen)
+    assert not any(run["frozen_at_start"] for run in stock)
+    # frozen: only what was built after the freeze is left in the collected generations
+    assert all(f["unfrozen_after_model"] < s["unfrozen_after_model"] for f in frozen for s in stock)

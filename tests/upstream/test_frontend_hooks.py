@@ -1,0 +1,54 @@
+"""``python -m dynamo_gc.frontend`` checks upstream's real frontend module before it starts it: a
+changed upstream (the route hook gone, no longer called by ``async_main``, another entry-point
+group) is an exit 2 naming the installed ai-dynamo version and the symbol."""
+
+from __future__ import annotations
+
+import pytest
+
+from dynamo_gc.upstream import frontend_hooks
+from dynamo_gc.upstream.versions import installed_version
+
+pytestmark = pytest.mark.upstream
+
+
+@pytest.fixture
+def upstream_main():
+    import dynamo.frontend.main as module
+
+    return module
+
+
+def test_the_real_upstream_passes_the_checks(upstream_main):
+    assert frontend_hooks.checked_frontend_main() is upstream_main
+    assert frontend_hooks.upstream_frontend_main() is upstream_main.main
+
+
+def refused(capsys) -> str:
+    with pytest.raises(SystemExit) as exited:
+        frontend_hooks.checked_frontend_main()
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert f"ai-dynamo {installed_version()}" in err
+    return err
+
+
+def test_a_missing_route_hook_is_an_exit_2(upstream_main, monkeypatch, capsys):
+    monkeypatch.delattr(upstream_main, "load_frontend_route_extensions")
+    assert "dynamo.frontend.main.load_frontend_route_extensions is missing" in refused(capsys)
+
+
+def test_an_async_main_that_no_longer_calls_the_hook_is_an_exit_2(
+    upstream_main, monkeypatch, capsys
+):
+    async def async_main():  # upstream's, without the route-extension call
+        return None
+
+    monkeypatch.setattr(upstream_main, "async_main", async_main)
+    err = refused(capsys)
+    assert "dynamo.frontend.main.async_main no longer calls load_frontend_route_extensions" in err
+
+
+def test_another_entry_point_group_is_an_exit_2(upstream_main, monkeypatch, capsys):
+    monkeypatch.setattr(upstream_main, "FRONTEND_ROUTE_ENTRYPOINT_GROUP", "dynamo.frontend.other")
+    assert "FRONTEND_ROUTE_ENTRYPOINT_GROUP is 'dynamo.frontend.other'" in refused(capsys)

