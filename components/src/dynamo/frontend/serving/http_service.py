@@ -124,6 +124,7 @@ class FrontendService:
         self.discovery_watcher: RecordWatcher | None = None
         # Rendering and tokenising, never on the event loop.
         self.preprocessing = Preprocessing(preprocess_pool, template_sandbox)
+        self._off_loop = self.preprocessing.run
 
     def close(self) -> None:
         self.preprocessing.close()
