@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# The project's two commands. Each sets itself up on a fresh clone (a virtual environment per
-# Python version, with the package and its test and lint extras) and is harmless to run twice.
+# The project's two commands (icebox and test, as the README shows them) and one helper for
+# contributors (lint). Each sets itself up on a fresh clone (a virtual environment per Python
+# version, with the package and its test and lint extras) and is harmless to run twice.
 #
 #   ./dev.sh icebox [args...]   start the "icebox" pair: a frontend and a mock worker on loopback,
 #                               GC heaps frozen, pause logger on; Ctrl-C stops both
 #   ./dev.sh test [pytest args] run the test suite
 #   ./dev.sh lint               ruff (lint, format check) and mypy over components/, scripts/, tests/
+#   ./dev.sh help               this text
 #
 # PYTHON=/path/to/python3.X picks the interpreter (default: python3); each version gets its own
 # .venv-3.X so switching is cheap.
@@ -68,6 +70,11 @@ case "$command" in
     "$VENV_PYTHON" -m mypy components/src/dynamo_gc components/src/dynamo scripts tests || rc=1
     set -e
     exit "$rc"
+    ;;
+  help|-h|--help)
+    # The comment block at the top of this file, without its '#' (and nothing after it).
+    awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"
+    exit 0
     ;;
   *)
     if [ -n "$command" ]; then

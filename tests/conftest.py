@@ -14,7 +14,7 @@ from dynamo_gc.bench_policy import stop_gc_policy
 # theirs needs putting back. Everywhere else they are, and are imported as before.
 OUR_LAUNCHERS = importlib.util.find_spec("dynamo.common.logging_setup") is not None
 if OUR_LAUNCHERS:
-    from dynamo.common import logging_setup
+    from dynamo.common import logging_setup, startup_signals
 
 
 @pytest.fixture(autouse=True)
@@ -36,6 +36,8 @@ def restore_gc_state():
         # A launcher's main() run in-process installs a stderr handler bound to this test's
         # capture.
         logging_setup.remove_logging_handler()
+        # ... and, stopped by a signal during start-up, notes it for its __main__'s quick exit.
+        startup_signals.forget_stop()
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ import sys
 import aiohttp
 import pytest
 
+from dynamo.common import startup_signals
 from dynamo.runtime import request_plane
 from dynamo.runtime.discovery import open_discovery
 from dynamo.runtime.discovery.file_store import DiscoveryStore
@@ -341,6 +342,10 @@ def test_signal_during_engine_init_stops_without_registering(steps, discovery_di
     assert len(engine_shutdowns) == 1
     assert gc.get_freeze_count() == frozen_before
     assert lifecycle.current_phase() is lifecycle.Phase.STARTING
+    # One line says so; the process then exits without the interpreter's teardown.
+    said = [r.getMessage() for r in caplog.records if "SIGTERM" in r.getMessage()]
+    assert said == ["Received SIGTERM during start-up: stopping"]
+    assert startup_signals.was_stopped_during_startup()
 
 
 def spy_on_engine_and_registration(mocker) -> tuple[list[MockEngine], asyncio.Event]:

@@ -252,7 +252,9 @@ RULES: tuple[FieldRule, ...] = (
         "true: each token's log probability in choices[].logprobs.content, as vLLM builds it "
         "(the frontend decodes the token strings as vLLM does: SentencePiece leading spaces "
         "restored, a character split across tokens carried by its last token, the others "
-        '""; -inf is -9999.0); the mock engine, which '
+        '""; -inf is -9999.0). So the tokens joined can differ from the content, as in vLLM: '
+        "bytes that never complete a character (a small or random model makes them) are "
+        'U+FFFD in the content but "" (bytes []) as tokens. The mock engine, which '
         "has no distribution, refuses it by name",
         (CHAT,),
     ),

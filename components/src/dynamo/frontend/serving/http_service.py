@@ -216,6 +216,14 @@ class FrontendService:
             raise oai.model_not_found(model)
         return entry
 
+    def _label_by_body(self, body: Any, track: RequestTrack) -> None:
+        """Count a request refused before its model was looked up under that model, if the
+        body names one the registry serves (never the client's raw string)."""
+        model = body.get("model") if isinstance(body, dict) else None
+        entry = self.registry.get(model) if isinstance(model, str) else None
+        if entry is not None:
+            track.served(entry.name)
+
     async def _admitted(
         self, request: web.Request, parse: Callable[..., Any], endpoint: str, track: RequestTrack
     ) -> tuple[Any, ModelEntry]:
@@ -223,7 +231,14 @@ class FrontendService:
         (not while draining)."""
         if lifecycle.current_phase() is lifecycle.Phase.DRAINING:
             raise oai.service_unavailable("the frontend is shutting down", code="draining")
-        parsed = parse(await read_json_body(request), strict_fields=self.strict_request_fields)
+        body = await read_json_body(request)
+        try:
+            parsed = parse(body, strict_fields=self.strict_request_fields)
+        except oai.ApiError:
+            # A 400 from the field rules (n=2 with temperature 0, say) counts under the model
+            # the body names, when the registry serves it, as every later 400 does.
+            self._label_by_body(body, track)
+            raise
         self.unknown_fields.seen(endpoint, parsed.unknown_fields)
         track.stream = bool(parsed.stream)
         return parsed, self._entry(parsed.model, track)
