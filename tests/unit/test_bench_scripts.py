@@ -196,3 +196,13 @@ def test_bench_pool_start_smoke(tmp_path):
         assert start_s > 0
         frozen = result["methods"][method]["frozen"]
         assert len(frozen) == 1 and frozen[0] > 0  # the child's own freeze
+
+
+def test_bench_template_sandbox_smoke():
+    result = subprocess.run(
+        [sys.executable, str(SCRIPTS / "bench_template_sandbox.py"), "--rounds", "1",
+         "--renders", "3"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "| sandbox | 3 |" in result.stdout and "sandbox / thread: median" in result.stdout

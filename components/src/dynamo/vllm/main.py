@@ -59,8 +59,10 @@ def run_main(argv: Sequence[str] | None) -> int:
         worker_extension_cls = self_benchmark_extension(config)  # a conflict exits 2
         # The etcd client is imported here, before the event loop and the freeze.
         discovery = open_discovery(config.discovery)
-        startup_checks.check_paths(config, discovery, config.discovery.directory)
+        # Names before paths: a refused name must leave nothing behind (check_paths creates).
         startup_checks.check_parser_names(config)
+        startup_checks.check_record_fields(config)
+        startup_checks.check_paths(config, discovery, config.discovery.directory)
     except SystemExit as exc:  # bad input (exit 2) or --help (exit 0): nothing else has run
         return launcher.exit_code(exc)
     except DiscoverySetupError as exc:  # etcd credentials that cannot work

@@ -49,6 +49,7 @@ from dynamo.frontend.processors.chat_processor import (
 )
 from dynamo.frontend.processors.preprocess_pool import PreprocessPool
 from dynamo.frontend.processors.preprocessing import Preprocessing
+from dynamo.frontend.processors.template_sandbox import TemplateLimitExceeded, TemplateSandbox
 from dynamo.frontend.routing.model_registry import ModelEntry, ModelRegistry
 from dynamo.frontend.routing.worker_router import LOG_INTERVAL_S, NoWorkerAvailable, WorkerRouter
 from dynamo.runtime import peer_text
@@ -99,6 +100,7 @@ class FrontendService:
         preprocess_pool: PreprocessPool | None = None,
         request_metrics: RequestMetrics | None = None,
         *,
+        template_sandbox: TemplateSandbox | None = None,
         ready_min_models: int = 1,
         strict_request_fields: bool = False,
     ) -> None:
@@ -121,7 +123,7 @@ class FrontendService:
         # before its first look at the store.
         self.discovery_watcher: RecordWatcher | None = None
         # Rendering and tokenising, never on the event loop.
-        self.preprocessing = Preprocessing(preprocess_pool)
+        self.preprocessing = Preprocessing(preprocess_pool, template_sandbox)
         self._off_loop = self.preprocessing.run
 
     def close(self) -> None:
@@ -256,7 +258,9 @@ class FrontendService:
             except FieldRefused as exc:
                 raise oai.invalid_request(exc.message, param=exc.param, code=exc.code) from None
             try:
-                prompt = await self._off_loop(entry.processor.render_chat, chat)
+                prompt = await self.preprocessing.render_chat(entry.processor, chat)
+            except TemplateLimitExceeded as exc:
+                raise oai.service_unavailable(str(exc), code="chat_template_limit") from None
             except NoChatTemplate as exc:
                 raise oai.invalid_request(
                     str(exc), param="messages", code="no_chat_template"
