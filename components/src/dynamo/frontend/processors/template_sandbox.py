@@ -57,6 +57,8 @@ DEFAULT_TIMEOUT_S = 5.0
 DEFAULT_MEMORY_MB = 512
 # Compiled templates a process keeps (by the hash of their source); least recently used go.
 CACHED_TEMPLATES = 32
+# What of an error a render process sends back (the client sees less: the 400 quotes 500).
+MAX_ERROR_CHARS = 4096
 # How long a new process may take to start and report ready.
 START_TIMEOUT_S = 60.0
 LOG_INTERVAL_S = 60.0
@@ -139,7 +141,9 @@ def _serve(conn: Connection, memory_bytes: int) -> None:
             answer = ("memory", type(exc).__name__)
         except Exception as exc:  # noqa: BLE001 - whatever else a template raises: the client's
             answer = ("template", f"{type(exc).__name__}: {exc}")
-        conn.send(answer)
+        # An error's text is the template's to choose (raise_exception): it crosses the pipe
+        # bounded, whatever it computed.
+        conn.send((answer[0], answer[1][:MAX_ERROR_CHARS]) if answer[0] != "ok" else answer)
 
 
 # -- the frontend's side -----------------------------------------------------------------------

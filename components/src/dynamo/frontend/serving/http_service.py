@@ -84,6 +84,8 @@ logger = logging.getLogger(__name__)
 
 
 MODELS_PATH = "/v1/models"
+# How much of a chat template's error (its raise_exception text) a client's 400 quotes.
+TEMPLATE_ERROR_LIMIT = 500
 CHAT_COMPLETIONS_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
 HEALTH_PATH = "/health"
@@ -266,8 +268,11 @@ class FrontendService:
                     str(exc), param="messages", code="no_chat_template"
                 ) from None
             except ChatTemplateError as exc:
+                # The text is the peer template's (raise_exception) or a library's: bounded and
+                # escaped like any peer text, so a template cannot answer megabytes.
                 raise oai.invalid_request(
-                    f"the model's chat template rejected the messages: {exc}",
+                    "the model's chat template rejected the messages: "
+                    + peer_text.escape(exc, limit=TEMPLATE_ERROR_LIMIT),
                     param="messages",
                     code="chat_template_error",
                 ) from None
