@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 
 import pytest
@@ -15,6 +16,17 @@ from dynamo_gc.bench_policy import stop_gc_policy
 OUR_LAUNCHERS = importlib.util.find_spec("dynamo.common.logging_setup") is not None
 if OUR_LAUNCHERS:
     from dynamo.common import logging_setup, startup_signals
+
+
+@pytest.fixture(scope="session", autouse=True)
+def empty_permanent_generation():
+    """Start the session with nothing frozen, as every test's restore leaves it.
+
+    CPython 3.12.1 starts each process with 375 of its own objects in the permanent generation;
+    without this, a test asserting an empty one passed only when another test's restore had run
+    before it in the same process (under xdist, whichever test a worker runs first failed).
+    """
+    gc.unfreeze()
 
 
 @pytest.fixture(autouse=True)
