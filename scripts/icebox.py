@@ -32,6 +32,7 @@ import re
 import select
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -210,7 +211,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--port must be between 0 and 65535")
     if args.preprocess_workers < 0 or args.mock_heap_objects < 0:
         parser.error("--preprocess-workers and --mock-heap-objects must be >= 0")
+    problem = port_problem(args.port)
+    if problem is not None:
+        # Checked here, so the message names this script's option: the frontend's own would
+        # name its --http-port / DYN_HTTP_PORT, which nobody typed.
+        parser.error(f"--port {args.port}: {problem}; choose another --port (0 picks a free one)")
     return args
+
+
+def port_problem(port: int) -> str | None:
+    """Why the frontend could not listen on ``HOST:port`` (bound as the frontend binds it), or
+    None. A port taken between this check and the frontend's bind still fails, in its words."""
+    if port == 0:
+        return None
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((HOST, port))
+        except OSError as exc:
+            return f"{HOST}:{port} cannot be used ({exc.strerror or exc})"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:

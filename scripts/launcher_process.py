@@ -27,6 +27,7 @@ from typing import Generic, TypeVar, cast
 POLL_S = 0.01  # the polling interval of a condition wait, not a synchronisation sleep
 LOG_DEADLINE_S = 60.0
 STOP_DEADLINE_S = 15.0
+CTRL_C = signal.SIGINT  # what a terminal sends its foreground process group
 
 T = TypeVar("T")
 
@@ -106,7 +107,9 @@ class LauncherProcess:
 
     ``env`` is added to this process's environment. ``launch`` runs the module through a script
     instead of ``-m`` (``python LAUNCH MODULE ARGS``: scripts/bench_launch.py); ``python`` is the
-    interpreter (another virtual environment's, for the real vLLM engine).
+    interpreter (another virtual environment's, for the real vLLM engine). ``new_session``
+    makes the child the leader of a process group of its own, which :meth:`signal_group`
+    signals as a terminal's Ctrl-C does (the child and every process it started).
     """
 
     def __init__(
@@ -120,6 +123,7 @@ class LauncherProcess:
         python: str = sys.executable,
         launch: Path | None = None,
         cwd: Path | None = None,
+        new_session: bool = False,
     ) -> None:
         self.name = name
         self.log_path = Path(log_dir) / f"{name}.log"
@@ -135,7 +139,9 @@ class LauncherProcess:
             stdin=subprocess.DEVNULL,
             env=child_env,
             cwd=cwd,
+            start_new_session=new_session,
         )
+        self._own_group = new_session
 
     @property
     def pid(self) -> int:
@@ -185,6 +191,14 @@ class LauncherProcess:
     def signal(self, signum: int = signal.SIGTERM) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signum)
+
+    def signal_group(self, signum: int = CTRL_C) -> None:
+        """``signum`` to the child's whole process group, as a terminal sends Ctrl-C (only for
+        a child started with ``new_session``: the group is otherwise the caller's own)."""
+        if not self._own_group:
+            raise RuntimeError(f"{self.name} shares its caller's process group")
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signum)
 
     def wait_exit(self, deadline_s: float = 30.0) -> int:
         """The exit code; ``TimeoutError`` with the log if the process is still running."""

@@ -26,6 +26,8 @@ float32 checkpoint, with one warning per weight).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -209,8 +211,25 @@ def build(out: Path, *, force: bool = False, tokenizer_only: bool = False) -> Pa
         logger.info("reusing %s", out)
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    # Build beside the target and swap it in, so a reader (or a concurrent build) never sees a
-    # half-written model directory.
+    # One builder at a time (parallel test workers, a benchmark beside the tests): a second one
+    # waits, then reuses what the first built instead of replacing it under its readers.
+    with _build_lock(out):
+        if not force and is_built(out, tokenizer_only=tokenizer_only):
+            logger.info("reusing %s (built meanwhile)", out)
+            return out
+        _build_into(out, tokenizer_only=tokenizer_only)
+    return out
+
+
+@contextlib.contextmanager
+def _build_lock(out: Path):
+    with open(out.parent / f".{out.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _build_into(out: Path, *, tokenizer_only: bool) -> None:
+    # Build beside the target and swap it in, so a reader never sees a half-written directory.
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
         staging.chmod(0o755)  # mkdtemp's 0700 would outlive the rename
@@ -231,7 +250,6 @@ def build(out: Path, *, force: bool = False, tokenizer_only: bool = False) -> Pa
         raise
     what = "tokenizer" if tokenizer_only else "model"
     logger.info("built %s %s (vocab %d)", what, out, tokenizer.get_vocab_size())
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -112,7 +112,8 @@ if [ ! -f "$project_stamp" ] || [ "$current" != "$expected" ]; then
   log "installing this project (the GC layer with its test extra, and the launchers; editable)" \
     "into $VENV (pip then lists" \
     "SGLang's server and GPU dependencies as missing: they are left out on purpose)"
-  "${pip[@]}" install -e ".[test]" -e ./components "torch==$TORCH_VERSION"
+  # One editable install at a time per checkout (setuptools writes into the source tree).
+  flock components/src "${pip[@]}" install -e ".[test]" -e ./components "torch==$TORCH_VERSION"
   rm -f "$VENV"/.project-*
   touch "$project_stamp"
 fi

@@ -142,7 +142,10 @@ if [ ! -f "$project_stamp" ]; then
   if [ "$WITH_VLLM" = 1 ]; then
     constraints=("torch==$TORCH_VERSION")
   fi
-  "${pip[@]}" install --config-settings editable_mode=strict -e ".[test]" "${constraints[@]}"
+  # One editable install at a time per checkout (setuptools writes into the source tree; CI
+  # builds the environments at once).
+  flock components/src "${pip[@]}" install --config-settings editable_mode=strict -e ".[test]" \
+    "${constraints[@]}"
   # The point of this environment: the layer beside upstream, not over it.
   if ! "$python" - <<'EOF' >&2
 import sys

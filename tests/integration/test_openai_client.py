@@ -276,5 +276,5 @@ def test_the_readmes_openai_example_runs_and_prints_what_it_says(client):
          "max_tokens": 16, "stop": ["!"]}
     )  # fmt: skip
     assert done.stdout == expected + "\n" == "<|user|>\nHello\n"
-    # What the README's comment says it prints.
-    assert "# <|user|>\\nHello," in block
+    # What the README's comment says it prints: <|user|>, a newline, Hello.
+    assert "# prints <|user|>, then Hello on the next line" in block

@@ -174,3 +174,26 @@ def test_an_output_pipe_closed_by_its_reader_stops_the_pair_without_a_traceback(
             proc.wait()
     assert "Traceback" not in errors.read_text(encoding="utf-8", errors="replace")
     assert not pid_alive(int(frontend_pid)) and not pid_alive(int(worker_pid))
+
+
+def test_a_busy_port_names_the_iceboxs_own_option():
+    """The icebox's option is --port: a taken port must not be reported as the frontend's
+    --http-port / DYN_HTTP_PORT, which nobody typed. Exit 2, nothing started."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, str(ICEBOX), "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+        )
+    assert result.returncode == 2, result.stderr
+    assert f"--port {port}: 127.0.0.1:{port} cannot be used" in result.stderr
+    assert "choose another --port (0 picks a free one)" in result.stderr
+    assert "http-port" not in result.stderr and "DYN_HTTP_PORT" not in result.stderr
+    assert "starting the icebox pair" not in result.stdout + result.stderr

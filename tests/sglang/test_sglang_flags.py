@@ -36,7 +36,12 @@ def run_main(tmp_path, *extra: str, env: dict[str, str] | None = None, monkeypat
 @pytest.mark.parametrize(
     ("processor", "flag", "value", "label"),
     [
-        ("hf", "--tool-call-parser", "qwen25", "--tool-call-parser / DYN_TOOL_CALL_PARSER"),
+        (
+            "hf",
+            "--tool-call-parser",
+            "qwen25",
+            "--tool-call-parser / DYN_FRONTEND_TOOL_CALL_PARSER",
+        ),
         ("vllm", "--chat-template", "x.jinja", "--chat-template / DYN_CHAT_TEMPLATE"),
         ("hf", "--chat-template", "x.jinja", "--chat-template / DYN_CHAT_TEMPLATE"),
     ],
@@ -52,8 +57,27 @@ def test_the_sglang_flags_with_another_processor_exit_2(
 
 
 def test_an_env_var_with_the_default_processor_exits_2_too(tmp_path, capsys, monkeypatch):
-    assert run_main(tmp_path, env={"DYN_REASONING_PARSER": "qwen3"}, monkeypatch=monkeypatch) == 2
-    assert "--reasoning-parser / DYN_REASONING_PARSER" in capsys.readouterr().err
+    env = {"DYN_FRONTEND_REASONING_PARSER": "qwen3"}
+    assert run_main(tmp_path, env=env, monkeypatch=monkeypatch) == 2
+    err = capsys.readouterr().err
+    assert "--reasoning-parser / DYN_FRONTEND_REASONING_PARSER" in err
+    # The error names every processor that has parsers, vllm as well as sglang.
+    assert "--dyn-chat-processor / DYN_CHAT_PROCESSOR sglang or vllm" in err
+
+
+@pytest.mark.parametrize("processor", ["hf", "vllm", "sglang"])
+def test_the_workers_parser_env_vars_are_not_the_frontends(processor):
+    """Issue 29: DYN_TOOL_CALL_PARSER / DYN_REASONING_PARSER are the worker's (upstream's
+    names); in an environment shared with workers the frontend neither exits 2 (hf) nor takes
+    them as overrides of every model's card (vllm, sglang)."""
+    from dynamo.frontend.frontend_args import parse_args
+
+    shared = {"DYN_TOOL_CALL_PARSER": "hermes", "DYN_REASONING_PARSER": "qwen3"}
+    config = parse_args(["--dyn-chat-processor", processor], shared)
+    assert (config.tool_call_parser, config.reasoning_parser) == (None, None)
+    own = {"DYN_FRONTEND_TOOL_CALL_PARSER": "hermes", "DYN_FRONTEND_REASONING_PARSER": "qwen3"}
+    config = parse_args(["--dyn-chat-processor", processor], own)
+    assert (config.tool_call_parser, config.reasoning_parser) == ("hermes", "qwen3")
 
 
 @pytest.mark.sglang
@@ -61,11 +85,11 @@ def test_an_env_var_with_the_default_processor_exits_2_too(tmp_path, capsys, mon
     ("args", "env", "expected"),
     [
         (["--tool-call-parser", "qwen99"], {},
-         ["--tool-call-parser / DYN_TOOL_CALL_PARSER", "'qwen99'", "qwen25", "hermes"]),
-        ([], {"DYN_REASONING_PARSER": "nope"},
-         ["--reasoning-parser / DYN_REASONING_PARSER", "'nope'", "deepseek-r1", "qwen3"]),
+         ["--tool-call-parser / DYN_FRONTEND_TOOL_CALL_PARSER", "'qwen99'", "qwen25", "hermes"]),
+        ([], {"DYN_FRONTEND_REASONING_PARSER": "nope"},
+         ["--reasoning-parser / DYN_FRONTEND_REASONING_PARSER", "'nope'", "deepseek-r1", "qwen3"]),
         (["--tool-call-parser", "response_template"], {},
-         ["--tool-call-parser / DYN_TOOL_CALL_PARSER", "cannot be used here"]),
+         ["--tool-call-parser / DYN_FRONTEND_TOOL_CALL_PARSER", "cannot be used here"]),
         (["--chat-template", "chatml"], {},
          ["--chat-template / DYN_CHAT_TEMPLATE", "built-in chat template names"]),
     ],

@@ -174,3 +174,35 @@ def test_a_tool_call_echoed_by_the_mock_engine_comes_back_parsed(model):
     assert "".join(d.reasoning_content for d in deltas) == "<|user|>\necho"
     assert "tool_call" not in "".join(d.content for d in deltas)
     assert_one_weather_call(finished.tool_calls)
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
+@pytest.mark.parametrize(
+    "fields, thinks",
+    [
+        ({}, True),  # qwen3 thinks by default (its template opened the block)
+        ({"chat_template_kwargs": {"enable_thinking": False}}, False),
+        ({"chat_template_kwargs": {"enable_thinking": True}}, True),
+    ],
+    ids=["default", "told-not-to", "told-to"],
+)
+def test_the_requests_template_variables_decide_whether_it_thinks_as_sglang_does(
+    model, fields, thinks, stream
+):
+    """SGLang's server decides per request whether the output starts in the reasoning
+    (``_get_reasoning_from_request``: the client's chat_template_kwargs toggle): a model told
+    not to think has its answer parsed as content, never as reasoning."""
+    from dynamo.frontend.processors.sglang_reasoning import ReasoningDefaults
+
+    chat = processor(model, reasoning_parser="qwen3")
+    expected = ReasoningDefaults.detect("qwen3", "").force_reasoning(fields)
+    assert expected is thinks  # the rule itself, as SGLang's table has it for qwen3
+    parser = chat.output_parser(stream=stream, fields=fields)
+    text = "Pondering the greeting.</think>Hello!"
+    joined, _ = run(parser, pieces(chat, text) if stream else [text])
+    if thinks:
+        assert joined.reasoning_content.strip() == "Pondering the greeting."
+        assert joined.content.strip() == "Hello!"
+    else:
+        assert joined.reasoning_content == ""
+        assert "Hello!" in joined.content

@@ -146,9 +146,11 @@ async def frontend(
     registry=None,
     request_metrics=None,
     strict_request_fields=False,
+    template_sandbox=None,
 ):
     """The real service with ``card``'s model served by ``endpoints`` (processor built);
-    ``request_metrics``: the service's dynamo_frontend_* metrics, for a test to read."""
+    ``request_metrics``: the service's dynamo_frontend_* metrics, for a test to read;
+    ``template_sandbox``: where templates render (None: on the service's threads)."""
     registry = registry or ModelRegistry(build_chat_processor)
     for endpoint in endpoints:
         registry.add_instance(record(card, endpoint, card.served_model_name))
@@ -161,6 +163,7 @@ async def frontend(
             pool,
             request_metrics,
             strict_request_fields=strict_request_fields,
+            template_sandbox=template_sandbox,
         ).build_app()
         async with TestClient(FrontendTestServer(app, host="127.0.0.1")) as client:
             yield client

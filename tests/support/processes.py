@@ -37,6 +37,7 @@ def start_worker(
     env: Mapping[str, str] | None = None,
     mock_token_ms: float | None = None,
     vllm_model: str | None = None,
+    new_session: bool = False,
 ) -> LauncherProcess:
     """A worker serving ``model`` (``--served-model-name``; ``None``: the engine's default
     name), publishing in ``discovery_dir`` (``None``: no ``--discovery-dir``, as with etcd), its
@@ -53,11 +54,18 @@ def start_worker(
         pace = [] if mock_token_ms is None else ["--mock-token-ms", f"{mock_token_ms:g}"]
         argv = ["--engine", "mock", "--model", tiny_tokenizer_dir(), *named, *directory,
                 *pace, *args]  # fmt: skip
-        return LauncherProcess(name, "dynamo.vllm", argv, log_dir=log_dir, env=env)
+        return LauncherProcess(
+            name, "dynamo.vllm", argv, log_dir=log_dir, env=env, new_session=new_session
+        )
     argv = ["--engine", "vllm", "--model", vllm_model, *named, *directory,
             "--request-plane-host", "127.0.0.1", *args, *VLLM_ARGS]  # fmt: skip
     return LauncherProcess(
-        name, "dynamo.vllm", argv, log_dir=log_dir, env={**OFFLINE_ENV, **(env or {})}
+        name,
+        "dynamo.vllm",
+        argv,
+        log_dir=log_dir,
+        env={**OFFLINE_ENV, **(env or {})},
+        new_session=new_session,
     )
 
 
@@ -68,6 +76,7 @@ def start_frontend(
     *args: str,
     env: Mapping[str, str] | None = None,
     trace_gc_collect: bool = False,
+    new_session: bool = False,
 ) -> LauncherProcess:
     """``python -m dynamo.frontend`` on 127.0.0.1, port 0 (see :func:`listening_url`).
 
@@ -79,7 +88,9 @@ def start_frontend(
     child_env = dict(env or {})
     if trace_gc_collect:
         child_env.update(gc_trace_env(child_env))
-    return LauncherProcess(name, "dynamo.frontend", argv, log_dir=log_dir, env=child_env)
+    return LauncherProcess(
+        name, "dynamo.frontend", argv, log_dir=log_dir, env=child_env, new_session=new_session
+    )
 
 
 def gc_trace_env(env: Mapping[str, str] | None = None) -> dict[str, str]:

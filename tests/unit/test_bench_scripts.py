@@ -211,3 +211,13 @@ def test_ab_upstream_probe_reads_a_pause_line_only_once_it_is_whole():
     second = ab_upstream.complete_lines(log[len(first) :])
     assert pauses_in(first) == [] and pauses_in(second) == [{"generation": 2, "ms": 376.7}]
     assert ab_upstream.complete_lines(b"no newline yet") == b""
+
+
+def test_bench_template_sandbox_smoke():
+    result = subprocess.run(
+        [sys.executable, str(SCRIPTS / "bench_template_sandbox.py"), "--rounds", "1",
+         "--renders", "3"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "| sandbox | 3 |" in result.stdout and "sandbox / thread: median" in result.stdout

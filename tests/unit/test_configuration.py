@@ -382,7 +382,8 @@ def test_every_boolean_rejects_a_bad_env_value(program, capsys):
 # Tried on every option whose kind this file does not know: the ones its own parse rejects must
 # make the surface exit 2 too, so a new kind is tested without editing this file.
 GENERIC_JUNK = ["", "  ", "abc", "nan", "-1", "1.5", "bogus value", "a..b", "\x00"]
-GENERIC_GOOD = ["some-value", "package.module.Class", "1", "2", "on", "localhost", "127.0.0.1"]
+# "/" last: an existing directory, for --dyn-model-dirs (every other kind takes an earlier word)
+GENERIC_GOOD = ["some-value", "package.module.Class", "1", "2", "on", "localhost", "127.0.0.1", "/"]
 
 
 def _rejects(option: Option, text: str) -> bool:
@@ -540,6 +541,10 @@ ENABLERS: dict[str, dict[str, str]] = {
     "self_benchmark_output": _BENCH,
     "fpm_gc_policy": _BENCH,
     "fpm_gc_freeze_interval_s": {**_BENCH, "DYN_FPM_GC_POLICY": "freeze"},
+    # the default processor (hf)
+    "dyn_template_processes": {},
+    "dyn_template_timeout": {},
+    "dyn_template_memory_mb": {},
 }
 
 

@@ -1,5 +1,6 @@
 """``./dev.sh`` without a command (or with an unknown one) prints its usage, the comment block
-at its top, and nothing else: no line of its shell code (it printed ``set -euo pipefail``)."""
+at its top, and nothing else: no line of its shell code (it printed ``set -euo pipefail``);
+``./dev.sh help`` (``-h``, ``--help``) prints it on stdout with exit 0."""
 
 from __future__ import annotations
 
@@ -33,3 +34,20 @@ def test_usage_is_the_header_and_nothing_else(args):
         assert lines.pop(0) == "dev.sh: unknown command 'no-such-command'"
     assert lines == header(), result.stderr
     assert "./dev.sh test" in result.stderr and "set -euo" not in result.stderr
+
+
+@pytest.mark.parametrize("word", ["help", "-h", "--help"])
+def test_help_prints_the_usage_with_exit_0(word):
+    result = subprocess.run(
+        ["bash", str(DEV_SH), word], capture_output=True, text=True, timeout=30, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    assert result.stdout.splitlines() == header()
+
+
+def test_the_header_counts_its_commands_right():
+    text = "\n".join(header())
+    assert "two commands (icebox and test" in text and "helpers for" in text
+    listed = [line.split()[1] for line in header() if line.strip().startswith("./dev.sh ")]
+    assert listed == ["icebox", "test", "lint", "venv", "help"]

@@ -27,7 +27,8 @@ from dynamo.runtime.discovery import (
 )
 from dynamo.runtime.discovery.file_backend import FileDiscovery
 from dynamo.runtime.discovery.file_store import DiscoveryStore, check_private_directory
-from dynamo.runtime.discovery.record import MAX_RECORD_BYTES, ModelRecord
+from dynamo.runtime.discovery.record import MAX_RECORD_BYTES, ModelRecord, record_problem
+from dynamo.runtime.model_card import ModelCard
 from tests.support import wait_until_async
 from tests.support.watched import Watched, leased
 
@@ -293,3 +294,37 @@ def test_a_record_carries_only_what_a_frontend_routes_with(tmp_path):
     record = leased("i1")
     written = json.loads(DiscoveryStore(tmp_path).register(record).read_text())
     assert set(written) == {"model", "endpoint", "instance_id", "heartbeat", "heartbeat_interval_s"}
+
+
+@pytest.mark.parametrize(
+    ("record", "field"),
+    [
+        (ModelRecord("m" * 513, "http://127.0.0.1:1"), "model"),
+        (ModelRecord("m", "http://127.0.0.1:1/path"), "endpoint"),
+        (ModelRecord("m", "http://127.0.0.1:1", instance_id="a/b"), "instance_id"),
+        (ModelRecord("m" * 512, "http://127.0.0.1:1"), None),
+    ],
+    ids=["name over 512", "endpoint with a path", "instance id", "name at 512"],
+)
+def test_record_problem_is_the_readers_verdict(record, field):
+    """What a worker asks of its own record before writing it is what a frontend's reader
+    decides: one schema, not a copy."""
+    problem = record_problem(record)
+    if field is None:
+        assert problem is None
+        assert ModelRecord.from_json(record.to_json()) == record
+        return
+    assert problem is not None and problem.field == field
+    with pytest.raises(ValueError) as refused:
+        ModelRecord.from_json(record.to_json())
+    assert str(refused.value) == str(problem)
+
+
+def test_record_problem_refuses_a_record_over_the_size_bound():
+    huge = ModelRecord("m", "http://127.0.0.1:1", card=tiny_card_for_size("x" * 70_000))
+    problem = record_problem(huge)
+    assert problem is not None and "over the frontend's bound" in str(problem)
+
+
+def tiny_card_for_size(path: str) -> ModelCard:
+    return ModelCard(served_model_name="m", model_path=path, tokenizer_path=path, context_length=1)

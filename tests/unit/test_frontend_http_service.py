@@ -853,6 +853,25 @@ def test_a_template_that_raises_is_a_400_with_its_message(tiny_tokenizer_dir, tm
     assert "a system message comes first" in error["message"]
 
 
+def test_a_template_that_raises_a_megabyte_gets_a_bounded_escaped_400(tiny_tokenizer_dir, tmp_path):
+    # The template is a peer's: what it raises reaches the client bounded and escaped, never
+    # megabytes of text it computed (nor a forged line).
+    template = tmp_path / "loud.jinja"
+    template.write_text("{{ raise_exception('x\\n' + 'y' * 1000000) }}", encoding="utf-8")
+    card = tiny_card(tiny_tokenizer_dir, MODEL, chat_template_path=str(template))
+
+    async def scenario():
+        async with echo_worker() as (engine, endpoint), frontend(card, endpoint) as client:
+            response = await client.post("/v1/chat/completions", json=chat())
+            return response.status, await response.json()
+
+    status, body = run(scenario)
+    assert status == 400
+    message = assert_openai_error(body, param="messages")["message"]
+    assert len(message) < 1000 and "more)" in message
+    assert "\n" not in message and "x\\n" in message
+
+
 def templated_prompts(tiny_tokenizer_dir, tmp_path, template_text, cases, bad_fields):
     """Each case's chat (its extra fields) through the frontend to a worker, with the model's
     template ``template_text``: the ids each prompt reached the worker as (checked against the

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from dynamo.frontend.frontend_args import parse_args as parse_frontend
 from dynamo.frontend.processors.chat_processor import build_chat_processor, model_files
 from dynamo.frontend.processors.model_files import (
     MAX_CONFIG_BYTES,
     MAX_TEMPLATE_BYTES,
     MAX_TOKENIZER_BYTES,
     ModelFilesError,
-    parse_model_dirs,
 )
 from tests.support.tiny_model import build_tiny_tokenizer, tiny_card
 
@@ -211,9 +211,46 @@ def test_peer_text_in_the_refusal_is_escaped(tmp_path):
     assert "\n" not in message and "\x00" not in message
 
 
+def test_with_model_dirs_the_template_must_still_be_a_jinja_file(model, tmp_path):
+    # The option only adds rules: inside the operator's directories a `token` file or any
+    # other non-template file is still refused as a chat template.
+    (model / "token").write_text("hf_secret\n", encoding="utf-8")
+    card = tiny_card(model, chat_template_path=str(model / "token"))
+    refused(card, model_dirs=(str(tmp_path / "models"),), match="not a Jinja file")
+
+
 @pytest.mark.parametrize(
     ("value", "dirs"),
-    [(None, ()), ("", ()), ("/a", ("/a",)), ("/a:/b c:", ("/a", "/b c")), (":: :/m", ("/m",))],
+    [("/a", ("/a",)), ("/a:/b c:", ("/a", "/b c")), (":: :/m", ("/m",))],
 )
-def test_parse_model_dirs(value, dirs):
-    assert parse_model_dirs(value) == dirs
+def test_model_dirs_parse_to_the_resolved_directories(tmp_path, value, dirs):
+    for directory in dirs:
+        (tmp_path / directory.lstrip("/")).mkdir()
+    rooted = ":".join(f"{tmp_path}{part}" if part.strip() else part for part in value.split(":"))
+    config = parse_frontend([], {"DYN_MODEL_DIRS": rooted})
+    assert config.dyn_model_dirs == tuple(f"{tmp_path}{d}" for d in dirs)
+    assert parse_frontend([], {}).dyn_model_dirs is None
+
+
+@pytest.mark.parametrize("case", ["empty", "separators only", "missing", "a regular file"])
+@pytest.mark.parametrize("via", ["flag", "env"])
+def test_model_dirs_that_would_confine_nothing_exit_2_at_parse_time(
+    model, tmp_path, capsys, case, via
+):
+    value = {
+        "empty": "",
+        "separators only": ": :",
+        "missing": f"{tmp_path}/models:{tmp_path}/nope",
+        "a regular file": f"{tmp_path}/models:{model}/tokenizer.json",
+    }[case]
+    argv, env = (
+        ([f"--dyn-model-dirs={value}"], {}) if via == "flag" else ([], {"DYN_MODEL_DIRS": value})
+    )
+    with pytest.raises(SystemExit) as exc:
+        parse_frontend(argv, env)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--dyn-model-dirs" in err and "DYN_MODEL_DIRS" in err, err
+    assert {"missing": "does not exist", "a regular file": "is not a directory"}.get(
+        case, "names no directory"
+    ) in err

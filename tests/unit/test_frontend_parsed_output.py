@@ -45,19 +45,19 @@ class Breaks:
         raise AssertionError("never reached once feed failed")
 
 
-def registry(parser_class) -> ModelRegistry:
+def registry(parser_class, reasoning_field: str | None = None) -> ModelRegistry:
     def build(card):
         processor = build_chat_processor(card)
-        processor.output_parser = lambda tools=None, tool_choice="auto", messages=(), stream=True: (
-            parser_class()
-        )
+        if reasoning_field is not None:  # as the vllm processor names it
+            processor.reasoning_field = reasoning_field
+        processor.output_parser = lambda *args, **context: parser_class()
         processor.parses_tool_calls = True  # as a processor with a tool-call parser
         return processor
 
     return ModelRegistry(build)
 
 
-def ask(card, parser_class, stream: bool, *, eos: bool = True, **extra):
+def ask(card, parser_class, stream: bool, *, eos: bool = True, field=None, **extra):
     ids = build_chat_processor(card).tokenizer.encode(TEXT, add_special_tokens=False)
     output = [*ids, *card.eos_token_ids] if eos else ids
     body = {
@@ -71,7 +71,7 @@ def ask(card, parser_class, stream: bool, *, eos: bool = True, **extra):
     async def scenario():
         async with (
             echo_worker(output=output, chunk=2) as (_, endpoint),
-            frontend(card, endpoint, registry=registry(parser_class)) as client,
+            frontend(card, endpoint, registry=registry(parser_class, field)) as client,
         ):
             response = await client.post("/v1/chat/completions", json=body)
             if stream:
@@ -106,6 +106,23 @@ def test_a_stream_sends_what_was_held_then_the_calls_then_the_finish(card):
     assert deltas[0] == {"role": "assistant", "content": ""}
     assert deltas[1:3] == [{"reasoning_content": TEXT}, {"tool_calls": [CALL]}]
     assert events[-2]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_the_hf_processor_names_the_reasoning_as_upstream_dynamo_and_sglang_do(card):
+    assert build_chat_processor(card).reasoning_field == "reasoning_content"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_reasoning_goes_out_under_the_processors_field_name(card, stream):
+    status, answer = ask(card, HoldsItAll, stream, field="reasoning")
+    assert status == 200, answer
+    if stream:
+        deltas = [e["choices"][0]["delta"] for e in answer[:-1] if e["choices"]]
+        assert {"reasoning": TEXT} in deltas, deltas
+        assert not any("reasoning_content" in d for d in deltas), deltas
+    else:
+        message = answer["choices"][0]["message"]
+        assert message["reasoning"] == TEXT and "reasoning_content" not in message
 
 
 class CallsTwice(HoldsItAll):
@@ -208,3 +225,57 @@ def test_a_tool_choice_that_is_none_of_openais_is_a_400_naming_it(card, tool_cho
 
     status, body = asyncio.run(scenario())
     assert status == 400 and body["error"]["param"] == "tool_choice", body
+
+
+class ForcingParsers:
+    """A processor's factory whose parsers force calls themselves (as the vllm processor's with
+    a tool-call parser): its ``adjusted`` names the constraint and skip_special_tokens the
+    worker must get; its parser sees the forced request with what vLLM's parsers are given."""
+
+    TAG = '{"type": "structural_tag", "format": {"type": "const_string", "value": "x"}}'
+
+    def __init__(self) -> None:
+        self.built: list[tuple[tuple, dict]] = []
+        self.forces_tool_calls = True
+
+    def adjusted(self, request, skip_special_tokens):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(structural_tag=self.TAG), False
+
+    def __call__(self, *args, **context):
+        self.built.append((args, context))
+        return HoldsItAll()
+
+
+def test_a_forced_call_is_forced_and_parsed_as_the_processors_parsers_say(card):
+    parsers = ForcingParsers()
+
+    def build(card_):
+        processor = build_chat_processor(card_)
+        processor.output_parser = parsers
+        return processor
+
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "tools": tools,
+            "tool_choice": "required", "chat_template_kwargs": {"enable_thinking": False},
+            "max_tokens": 8}  # fmt: skip
+
+    async def scenario():
+        async with (
+            echo_worker(output=[5, 6, 7], chunk=2) as (engine, endpoint),
+            frontend(card, endpoint, registry=ModelRegistry(build)) as client,
+        ):
+            response = await client.post("/v1/chat/completions", json=body)
+            return response.status, await response.json(), engine.bodies
+
+    status, answer, bodies = asyncio.run(scenario())
+    assert status == 200, answer
+    assert answer["choices"][0]["message"]["tool_calls"] == [CALL]  # the factory's parser
+    (sent,) = bodies
+    forced = sent["sampling"]["structured_outputs"]  # the factory's, not the tools' schema
+    assert forced["structural_tag"] == ForcingParsers.TAG and forced["json_schema"] is None
+    ((args, context),) = parsers.built
+    assert args[1] == "required" and context["variables"] == {"enable_thinking": False}
+    assert context["fields"]["chat_template_kwargs"] == {"enable_thinking": False}
+    assert list(context["prompt_ids"]) == sent["token_ids"]  # the prompt's ids, as vLLM's

@@ -23,6 +23,7 @@ from dynamo.frontend.routing.worker_router import WorkerRouter, create_worker_se
 from dynamo.frontend.serving.http_service import FrontendService
 from dynamo.runtime.discovery import ModelRecord
 from dynamo_gc import lifecycle
+from dynamo_gc.freeze import freeze_gc_heap, last_freeze
 from tests.support import wait_until, wait_until_async
 from tests.support.frontend_fakes import echo_worker
 from tests.support.processes import pid_alive
@@ -246,8 +247,8 @@ def test_with_3_14s_default_start_method_each_child_freezes_its_own_heap(freeze)
     from this one, so nothing this process froze reaches them and each child's freeze must be
     its own initializer's. This process freezes first (its freeze record is set); with the
     freeze off the children report none, with it on each reports its own count."""
-    freeze.freeze_gc_heap(context="test parent")  # the autouse fixture unfreezes
-    assert freeze.last_freeze() is not None
+    freeze_gc_heap(context="test parent")  # the autouse fixture unfreezes
+    assert last_freeze() is not None
     pool = PreprocessPool(2, freeze_gc_heap=freeze, gc_pause_log_ms=0.0, start_method=None)
     assert pool.start_method == "forkserver"
     try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from prometheus_client import generate_latest
 
 from dynamo.frontend.processors.chat_processor import build_chat_processor
 from dynamo.frontend.serving import request_metrics as rm
@@ -47,13 +48,53 @@ def test_error_type_of_a_status(status, kind):
     assert rm.error_type(status) == kind
 
 
-def test_model_labels_are_bounded():
-    metrics = rm.RequestMetrics()
-    names = [f"m{i}" for i in range(rm.MAX_MODEL_LABELS + 10)]
-    labels = [metrics.model_label(name) for name in names]
-    assert labels[: rm.MAX_MODEL_LABELS] == names[: rm.MAX_MODEL_LABELS]
-    assert set(labels[rm.MAX_MODEL_LABELS :]) == {rm.OTHER_MODEL}
-    assert metrics.model_label("m0") == "m0"  # a name seen before keeps its series
+def request_to(metrics: rm.RequestMetrics, model: str) -> None:
+    with metrics.request(rm.ENDPOINT_CHAT) as track:
+        track.served(model)
+        track.sent(3)
+        track.tokens(2)
+
+
+def test_model_labels_are_bounded_and_follow_what_is_served():
+    """Issue 29: a model that arrives after many others still gets its own series (the old
+    rule kept the first 64 names forever and counted later ones as "other")."""
+    served = {"kept"}
+    metrics = rm.RequestMetrics(is_served=served.__contains__, max_gone_labels=3)
+    request_to(metrics, "kept")
+    for i in range(50):  # churn: each model served once, then gone
+        served.add(f"m{i}")
+        request_to(metrics, f"m{i}")
+        served.discard(f"m{i}")
+    # The served model and the 3 most recently used gone ones; the rest gave their label up.
+    assert metrics.labels() == ["kept", "m47", "m48", "m49"]
+    served.add("late")
+    request_to(metrics, "late")
+    assert metrics.labels() == ["kept", "m48", "m49", "late"]
+    assert value(metrics, rm.REQUESTS_TOTAL, **ok_labels("late")) == 1.0
+    assert value(metrics, rm.REQUESTS_TOTAL, **ok_labels("kept")) == 1.0
+    # A gone model's series are removed from the registry, every family of them.
+    exposed = generate_latest(metrics.registry).decode()
+    assert 'model="m0"' not in exposed and 'model="m47"' not in exposed
+    assert 'model="late"' in exposed and "other" not in exposed
+
+
+def test_a_gone_model_with_a_request_in_flight_keeps_its_label():
+    served: set[str] = set()
+    metrics = rm.RequestMetrics(is_served=served.__contains__, max_gone_labels=0)
+    with metrics.request(rm.ENDPOINT_CHAT) as track:
+        track.served("slow")
+        request_to(metrics, "other-model")  # a new label: "slow" is gone but in flight
+        assert "slow" in metrics.labels()
+    assert value(metrics, rm.INFLIGHT_REQUESTS, model="slow") == 0.0
+    request_to(metrics, "third")
+    assert "slow" not in metrics.labels()
+
+
+def ok_labels(model: str) -> dict[str, str]:
+    return {
+        "model": model, "endpoint": rm.ENDPOINT_CHAT, "request_type": rm.UNARY,
+        "status": rm.SUCCESS, "error_type": rm.ERROR_NONE,
+    }  # fmt: skip
 
 
 @pytest.fixture
@@ -131,6 +172,8 @@ def test_failures_are_counted_by_kind_and_never_under_the_clients_model_string(c
             for body in (
                 chat(model="no-such-model-\u2603"),  # 404
                 {"model": MODEL, "messages": "not a list"},  # 400
+                {**chat(), "n": 2, "temperature": 0},  # 400: vLLM's rule for greedy choices
+                {"model": "no-such-model", "messages": "not a list"},  # 400, no served model
                 chat(stream=True),  # 200, then the worker fails mid-stream
                 chat(),  # 503
             ):
@@ -141,9 +184,11 @@ def test_failures_are_counted_by_kind_and_never_under_the_clients_model_string(c
             statuses.append(response.status)
             return statuses
 
-    assert asyncio.run(scenario()) == [404, 400, 200, 503, 400]
+    assert asyncio.run(scenario()) == [404, 400, 400, 400, 200, 503, 400]
     assert requests(metrics, rm.UNKNOWN_MODEL, "unary", "error", "not_found") == 1
-    assert requests(metrics, MODEL, "unary", "error", "validation") == 0  # not parsed: no model
+    # Refused by the field rules before the model was looked up: still the model's, when the
+    # body names one the registry serves (other 400s for it carry its name too).
+    assert requests(metrics, MODEL, "unary", "error", "validation") == 2
     assert requests(metrics, rm.UNKNOWN_MODEL, "unary", "error", "validation") == 1
     assert requests(metrics, MODEL, "stream", "error", "overload") == 1
     assert requests(metrics, MODEL, "unary", "error", "overload") == 1

@@ -414,6 +414,47 @@ def test_thousands_of_dead_instances_cost_a_bounded_number_of_attempts_and_lines
     assert all(text.isprintable() for text in lines)
 
 
+@pytest.mark.parametrize("dead_answer", ["refused", "draining"])
+def test_one_live_instance_behind_thousands_of_dead_records_takes_every_request(
+    card, processor, caplog, dead_answer
+):
+    """Issue 29: a live instance the frontend never routed to, listed after thousands of dead
+    records, serves every request from the first one on (the old router tried three per request
+    in turn and answered 503 until rotation reached it); the work stays bounded: per request, at
+    most one dead instance tried (the one whose turn it is), and each dead instance probed at
+    most once."""
+    caplog.set_level(logging.INFO)
+    instances, requests = 3000, 10
+    finish = line({"finish_reason": "length", "prompt_tokens": 1, "completion_tokens": 1})
+    live_answer = raw([line({"token_ids": processor.encode_chat(" y")}), finish])
+
+    async def scenario():
+        async with contextlib.AsyncExitStack() as stack:
+            live_worker = await stack.enter_async_context(hostile_worker(live_answer))
+            if dead_answer == "refused":
+                dead_url, dead_worker = dead_endpoint(), None
+            else:  # alive but draining: its health is 503, its generate refused
+                dead_worker = await stack.enter_async_context(
+                    hostile_worker(raw([b'{"error": "draining"}'], status=503))
+                )
+                dead_worker.health_status = 503
+                dead_url = dead_worker.endpoint
+            # The live instance last: round-robin starts at the first dead one.
+            endpoints = [dead_url] * instances + [live_worker.endpoint]
+            client, _ = await stack.enter_async_context(frontend(card, *endpoints))
+            caplog.clear()
+            statuses = [(await answer_of(client, chat(max_tokens=1)))[0] for _ in range(requests)]
+            return statuses, live_worker.requests, dead_worker
+
+    statuses, live_requests, dead_worker = run(scenario)
+    assert statuses == [200] * requests and live_requests == requests
+    if dead_worker is not None:
+        assert dead_worker.requests <= requests, dead_worker.requests
+        assert dead_worker.health_probes <= instances, dead_worker.health_probes
+    lines = frontend_lines(caplog)
+    assert len(lines) <= 3, lines
+
+
 def test_the_routers_memory_is_bounded(card, monkeypatch):
     monkeypatch.setattr(worker_router, "MAX_REMEMBERED", 50)
     answer = raw([b"{}"], status=500)

@@ -113,7 +113,6 @@ def test_a_refused_field_at_null_or_vllms_default_asks_for_nothing_and_is_accept
         (CHAT, "use_beam_search", True),
         (COMPLETION, "priority", 5),
         (CHAT, "response_format", {"type": "structural_tag", "format": {}}),
-        (COMPLETION, "structured_outputs", {"structural_tag": "{}"}),
         (COMPLETION, "suffix", "x"),
     ],
 )

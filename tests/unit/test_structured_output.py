@@ -32,6 +32,11 @@ TOOLS = [
     {"type": "function", "function": {"name": "g"}},
 ]
 NAMED = {"type": "function", "function": {"name": "f"}}
+# xgrammar's structural tag, as vLLM's structured_outputs.structural_tag takes it (JSON text).
+TAG = json.dumps({"type": "structural_tag", "format": {
+    "type": "triggered_tags", "triggers": ["<f>"], "tags": [
+        {"begin": "<f>", "content": {"type": "json_schema", "json_schema": SCHEMA}, "end": "</f>"}
+    ]}})  # fmt: skip
 JSON_SCHEMA = {
     "type": "json_schema",
     "json_schema": {"name": "x", "schema": SCHEMA, "strict": True},
@@ -63,6 +68,8 @@ def constraint(body: dict, base: dict = CHAT) -> tuple[str | None, StructuredOut
          "structured_outputs", {"grammar": 'root ::= "a"', "disable_any_whitespace": True}),
         ({"structured_outputs": {"json_object": True, "whitespace_pattern": " ?"}},
          "structured_outputs", {"json_object": True, "whitespace_pattern": " ?"}),
+        ({"structured_outputs": {"structural_tag": TAG}}, "structured_outputs",
+         {"structural_tag": TAG}),
     ],
 )  # fmt: skip
 def test_each_constraint_becomes_the_workers_structured_outputs(base, body, field, expected):
@@ -85,8 +92,17 @@ def test_each_constraint_becomes_the_workers_structured_outputs(base, body, fiel
          "invalid_value"),
         ({"response_format": {"type": "structural_tag", "format": {}}}, "response_format",
          "unsupported_parameter"),
-        ({"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs",
-         "unsupported_parameter"),
+        ({"structured_outputs": {"structural_tag": "[1]"}}, "structured_outputs",
+         "invalid_value"),  # vLLM's server parses it as a JSON object first
+        ({"structured_outputs": {"structural_tag": "{"}}, "structured_outputs", "invalid_value"),
+        ({"structured_outputs": {"structural_tag": "[" * 60_000}}, "structured_outputs",
+         "invalid_value"),  # too deep for the decoder: the client's 400, never a 500
+        ({"structured_outputs": {"structural_tag": {"type": "structural_tag"}}},
+         "structured_outputs.structural_tag", "invalid_value"),  # text, as vLLM takes it
+        ({"structured_outputs": {"structural_tag": TAG, "regex": "a"}}, "structured_outputs",
+         "invalid_value"),
+        ({"structured_outputs": {"structural_tag": " " * (MAX_STRUCTURED_TEXT_BYTES - 1) + "{}"}},
+         "structured_outputs.structural_tag", "invalid_value"),  # the bound of the others
         ({"structured_outputs": {}}, "structured_outputs", "invalid_value"),
         ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs",
          "invalid_value"),
@@ -126,6 +142,8 @@ def test_the_constraint_reaches_the_worker_only_when_set_so_older_workers_intero
     wire = steered.model_dump(mode="json")
     assert wire["structured_outputs"]["regex"] == "a"
     assert SamplingOptions.model_validate(wire) == steered  # the worker's validation
+    # structural_tag is newer: a worker from before it (extra="forbid") never sees the key.
+    assert "structural_tag" not in wire["structured_outputs"]
 
 
 def test_required_forces_an_array_of_calls_built_from_the_tools_as_vllm_builds_it():

@@ -164,15 +164,16 @@ def test_the_metrics_port_serves_the_gc_metrics(monkeypatch):
 
 
 def test_upstreams_arguments_get_the_extension_in_the_http_mode_only():
-    assert frontend_cli.upstream_argv(["--http-port", "8000"]) == [
+    assert frontend_cli.upstream_argv(["--http-port", "8000"], None) == [
         "--http-port",
         "8000",
         "--frontend-route-extension",
         "gc-freeze",
     ]
-    # upstream refuses route extensions where it serves no HTTP
-    assert frontend_cli.upstream_argv(["--interactive"]) == ["--interactive"]
-    assert frontend_cli.upstream_argv(["--kserve-grpc-server"]) == ["--kserve-grpc-server"]
+    # upstream refuses route extensions where it serves no HTTP (the mode is read with
+    # upstream's own argument group: tests/upstream/test_frontend_hooks.py)
+    assert frontend_cli.upstream_argv(["--interactive"], "--interactive") == ["--interactive"]
+    assert frontend_cli.upstream_argv([], "--kserve-grpc-server") == []
 
 
 def test_the_settings_the_launcher_configures_are_the_gc_settings():

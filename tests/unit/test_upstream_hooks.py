@@ -37,6 +37,13 @@ def launch():
 
 def launch_elsewhere():
     return None
+
+class Factory:
+    async def create_encoder(self):
+        return await register("encoder")
+
+    async def create_other(self):
+        return None
 """
 
 _names = itertools.count()
@@ -65,6 +72,15 @@ def refusal(capsys, function, *args) -> str:
 
 def test_a_checked_global_resolves_to_its_module(module):
     assert hooks.resolve("prog", hook(module)) is module
+
+
+def test_a_caller_may_be_a_method_of_a_class(module, capsys):
+    # upstream's multimodal encode worker registers from WorkerFactory's method
+    assert hooks.resolve("prog", hook(module, caller="Factory.create_encoder")) is module
+    err = refusal(capsys, hooks.resolve, "prog", hook(module, caller="Factory.create_other"))
+    assert "Factory.create_other no longer calls the module global register" in err
+    err = refusal(capsys, hooks.resolve, "prog", hook(module, caller="Factory.gone"))
+    assert "Factory.gone is missing" in err
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ import sys
 import aiohttp
 import pytest
 
+from dynamo.common import startup_signals
 from dynamo.runtime import request_plane
 from dynamo.runtime.discovery import open_discovery
 from dynamo.runtime.discovery.file_store import DiscoveryStore
@@ -341,6 +342,10 @@ def test_signal_during_engine_init_stops_without_registering(steps, discovery_di
     assert len(engine_shutdowns) == 1
     assert gc.get_freeze_count() == frozen_before
     assert lifecycle.current_phase() is lifecycle.Phase.STARTING
+    # One line says so; the process then exits without the interpreter's teardown.
+    said = [r.getMessage() for r in caplog.records if "SIGTERM" in r.getMessage()]
+    assert said == ["Received SIGTERM during start-up: stopping"]
+    assert startup_signals.was_stopped_during_startup()
 
 
 def spy_on_engine_and_registration(mocker) -> tuple[list[MockEngine], asyncio.Event]:
@@ -468,3 +473,46 @@ def test_a_parser_name_that_is_not_a_name_exits_2_naming_the_option(
     env = "DYN_TOOL_CALL_PARSER" if "tool" in flag else "DYN_REASONING_PARSER"
     assert f"{flag} / {env}" in capsys.readouterr().err
     assert steps == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "option"),
+    [
+        (["--served-model-name", "m" * 600], "--served-model-name / DYN_VLLM_SERVED_MODEL_NAME"),
+        (["--served-model-name", "m" * 513], "--served-model-name / DYN_VLLM_SERVED_MODEL_NAME"),
+    ],
+    ids=["600 characters", "one over the record's 512"],
+)
+def test_a_served_name_a_frontend_would_refuse_exits_2_naming_the_option(
+    steps, discovery_dir, capsys, argv, option
+):
+    """Issue 29: the frontend refuses a record whose model name is over 512 characters; the
+    worker used to log "Worker serving" and never be served. The same schema refuses it here."""
+    assert worker_main.main(["--discovery-dir", str(discovery_dir), *argv]) == 2
+    err = capsys.readouterr().err
+    assert option in err and "a frontend would refuse it" in err, err
+    assert "'model'" in err and "512" in err, err
+    assert steps == [] and not discovery_dir.exists()
+
+
+def test_a_served_name_at_the_record_limit_serves(steps, discovery_dir, mocker):
+    spy = mocker.spy(DiscoveryStore, "register")
+    argv = ["--discovery-dir", str(discovery_dir), "--served-model-name", "m" * 512]
+    assert worker_main.main(argv) == 0
+    assert spy.call_args.args[1].model == "m" * 512
+
+
+def test_an_engine_resolved_card_a_frontend_would_refuse_is_never_registered(
+    steps, discovery_dir, mocker, caplog
+):
+    """What only the engine knows (its card) is judged at registration by the same schema: a
+    card the frontend would refuse stops the worker (exit 2) before its record is written."""
+    real_card = MockEngine.model_card.fget
+
+    def bad_card(engine):
+        return real_card(engine).model_copy(update={"tokenizer_path": ""})
+
+    mocker.patch.object(MockEngine, "model_card", property(bad_card))
+    assert worker_main.main(["--discovery-dir", str(discovery_dir)]) == 2
+    assert "register" not in names(steps)
+    assert "card: tokenizer_path" in caplog.text and "--model / DYN_VLLM_MODEL" in caplog.text

@@ -52,3 +52,26 @@ def test_an_async_main_that_no_longer_calls_the_hook_is_an_exit_2(
 def test_another_entry_point_group_is_an_exit_2(upstream_main, monkeypatch, capsys):
     monkeypatch.setattr(upstream_main, "FRONTEND_ROUTE_ENTRYPOINT_GROUP", "dynamo.frontend.other")
     assert "FRONTEND_ROUTE_ENTRYPOINT_GROUP is 'dynamo.frontend.other'" in refused(capsys)
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "mode"),
+    [
+        (["--http-port", "8000"], {}, None),
+        (["-i"], {}, "--interactive"),
+        (["--kserve-grpc-server"], {}, "--kserve-grpc-server"),
+        ([], {"DYN_INTERACTIVE": "1"}, "--interactive"),
+        ([], {"DYN_KSERVE_GRPC_SERVER": "true"}, "--kserve-grpc-server"),
+        # the flag on the command line wins over upstream's env var, as upstream parses it
+        (["--no-interactive"], {"DYN_INTERACTIVE": "1"}, None),
+        ([], {"DYN_INTERACTIVE": "0"}, None),
+    ],
+)
+def test_the_no_http_modes_are_read_as_upstream_reads_them(monkeypatch, args, env, mode):
+    # Upstream's route-extension check refuses the extension in these modes, flag or env var:
+    # the launcher must not add it there (it would be upstream's ValueError, not a freeze).
+    for name in ("DYN_INTERACTIVE", "DYN_KSERVE_GRPC_SERVER"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert frontend_hooks.non_http_mode(args) == mode

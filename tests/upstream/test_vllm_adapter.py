@@ -28,7 +28,7 @@ from dynamo_gc.vllm import ADAPTER
 
 pytestmark = pytest.mark.upstream
 
-HOOK = ADAPTER.hook
+HOOK, ENCODE_HOOK = ADAPTER.hooks
 
 
 def compiled_functions(path: Path) -> dict[str, types.CodeType]:
@@ -52,6 +52,25 @@ def test_upstreams_worker_looks_up_the_wrapped_global_at_call_time():
     assert factory_spec is not None and factory_spec.origin is not None
     factory_source = Path(factory_spec.origin).read_text()
     assert factory_source.count("await self.register_vllm_model(") >= 2
+
+
+def compiled_methods(path: Path, class_name: str) -> dict[str, types.CodeType]:
+    """The methods of one class of a module's file, compiled, not run."""
+    class_code = compiled_functions(path)[class_name]
+    return {
+        const.co_name: const for const in class_code.co_consts if isinstance(const, types.CodeType)
+    }
+
+
+def test_the_encode_worker_registers_through_the_factory_modules_global():
+    # the multimodal encode worker calls dynamo.llm.register_model directly, never
+    # register_vllm_model: the adapter wraps worker_factory's global too (one freeze for both)
+    spec = importlib.util.find_spec(ENCODE_HOOK.module)
+    assert spec is not None and spec.origin is not None
+    class_name, method = ENCODE_HOOK.caller.split(".")
+    methods = compiled_methods(Path(spec.origin), class_name)
+    assert looks_up_global(methods[method], ENCODE_HOOK.name)
+    assert "from dynamo.llm import" in Path(spec.origin).read_text()
 
 
 def run_adapter(args: list[str], code: str | None = None) -> subprocess.CompletedProcess:
@@ -80,7 +99,7 @@ def test_the_adapter_wraps_the_real_module_or_refuses_by_name(probe):
                 "original = upstream.register_vllm_model\n"
                 "freeze = worker_freeze.FreezeOnce(GcSettings(True, 0.0), context='t', "
                 "admission='t')\n"
-                "hooks.wrap('t', ADAPTER.hook, lambda f: worker_freeze.freezing_wrapper("
+                "hooks.wrap('t', ADAPTER.hooks[0], lambda f: worker_freeze.freezing_wrapper("
                 "f, freeze, coroutine=True))\n"
                 "assert upstream.register_vllm_model is not original\n"
                 "assert upstream.register_vllm_model.__wrapped__ is original\n"

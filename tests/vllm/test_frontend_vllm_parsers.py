@@ -92,7 +92,7 @@ def test_a_whole_answer_is_split_by_vllms_parsers(tiny_tokenizer_dir):
     status, answer = ask(card, body(), registry("hermes", "qwen3"))
     assert status == 200, answer
     choice = answer["choices"][0]
-    assert choice["message"]["reasoning_content"] == THINKING
+    assert choice["message"]["reasoning"] == THINKING
     assert choice["message"]["content"] == SAID
     assert_weather_call(choice["message"]["tool_calls"])
     assert choice["finish_reason"] == "tool_calls"
@@ -103,7 +103,7 @@ def test_a_stream_carries_the_parsed_answer_before_its_finish(tiny_tokenizer_dir
     status, events = ask(card, body(stream=True), registry("hermes", "qwen3"))
     assert status == 200 and events[-1] == "[DONE]"
     deltas = [e["choices"][0]["delta"] for e in events[:-1] if e["choices"]]
-    assert "".join(d.get("reasoning_content", "") for d in deltas) == THINKING
+    assert "".join(d.get("reasoning", "") for d in deltas) == THINKING
     assert "".join(d.get("content") or "" for d in deltas) == SAID
     assert_weather_call(assembled([c for d in deltas for c in d.get("tool_calls", [])]))
     assert events[-2]["choices"][0]["finish_reason"] == "tool_calls"
@@ -119,12 +119,12 @@ def test_include_reasoning_false_drops_what_vllms_reasoning_parser_found(
     assert status == 200, answer
     if stream:
         deltas = [e["choices"][0]["delta"] for e in answer[:-1] if e["choices"]]
-        assert not any("reasoning_content" in d for d in deltas), deltas
+        assert not any("reasoning" in d for d in deltas), deltas
         assert "".join(d.get("content") or "" for d in deltas) == SAID
         calls = assembled([c for d in deltas for c in d.get("tool_calls", [])])
     else:
         message = answer["choices"][0]["message"]
-        assert "reasoning_content" not in message and message["content"] == SAID
+        assert "reasoning" not in message and message["content"] == SAID
         calls = message["tool_calls"]
     assert_weather_call(calls)
 
@@ -192,3 +192,70 @@ def test_the_workers_names_reach_a_real_frontend_through_the_card(tmp_path):
     finally:
         frontend_process.stop()
         worker.stop()
+
+
+def ask_recorded(card, request: dict, models: ModelRegistry):
+    """(status, answer, the request-plane bodies the worker got)."""
+    ids = output_ids(card)
+
+    async def scenario():
+        async with (
+            echo_worker(output=[*ids, *card.eos_token_ids], chunk=3) as (engine, endpoint),
+            frontend(card, endpoint, registry=models) as client,
+        ):
+            response = await client.post("/v1/chat/completions", json=request)
+            if request.get("stream"):
+                return response.status, await sse_events(response), engine.bodies
+            return response.status, await response.json(), engine.bodies
+
+    return asyncio.run(scenario())
+
+
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("choice", ["required", NAMED], ids=["required", "named"])
+def test_a_forced_call_goes_through_the_reasoning_parser_and_streams_its_arguments(
+    tiny_tokenizer_dir, choice, stream
+):
+    """vLLM's server parses a forced call with its parsers, the reasoning first (hermes: the
+    call as written in its own format), streams the arguments as they come, and forces it
+    with hermes' ``<tool_call>`` structural tag (the arguments free JSON): what the worker
+    gets, instead of the JSON schema of the tools. finish_reason: tool_calls for required,
+    stop for a named function."""
+    card = tiny_card(tiny_tokenizer_dir, MODEL)
+    request = {**body(stream=stream), "tool_choice": choice}
+    status, answer, bodies = ask_recorded(card, request, registry("hermes", "qwen3"))
+    assert status == 200, answer
+    if stream:
+        deltas = [e["choices"][0]["delta"] for e in answer[:-1] if e["choices"]]
+        reasoning = "".join(d.get("reasoning", "") for d in deltas)
+        pieces = [c for d in deltas for c in d.get("tool_calls", [])]
+        assert len([p for p in pieces if p["function"].get("arguments")]) > 1, pieces
+        calls = assembled(pieces)
+        finish = answer[-2]["choices"][0]["finish_reason"]
+    else:
+        message = answer["choices"][0]["message"]
+        reasoning, calls = message.get("reasoning", ""), message["tool_calls"]
+        finish = answer["choices"][0]["finish_reason"]
+    assert reasoning == THINKING
+    assert_weather_call(calls)
+    assert finish == ("tool_calls" if choice == "required" else "stop")
+    (sent,) = bodies
+    tag = json.loads(sent["sampling"]["structured_outputs"]["structural_tag"])
+    assert "<tool_call>" in json.dumps(tag)
+    assert sent["sampling"]["structured_outputs"].get("json_schema") is None
+
+
+def test_a_forced_call_without_a_tool_call_parser_keeps_the_tools_json_schema(
+    tiny_tokenizer_dir,
+):
+    """With a reasoning parser only, a forced call is the tools' JSON schema, parsed by the
+    frontend (nothing of vLLM's parses calls)."""
+    card = tiny_card(tiny_tokenizer_dir, MODEL)
+    request = {**body(), "tool_choice": "required"}
+    status, answer, bodies = ask_recorded(card, request, registry(None, "qwen3"))
+    assert status == 200, answer
+    (sent,) = bodies
+    assert sent["sampling"]["structured_outputs"]["json_schema"]

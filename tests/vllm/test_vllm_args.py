@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 
 import pytest
 
 from dynamo.vllm import backend_args
 from dynamo.vllm.engine import EngineUnavailable
+from tests.support.processes import run_python
 
 VLLM_REST = [
     "--max-model-len", "256",
@@ -136,12 +138,56 @@ def test_vllm_help_without_vllm_says_so_after_the_workers_options(capsys):
 
 
 @pytest.mark.vllm
-def test_vllm_help_shows_vllms_options_after_the_workers(capsys):
-    out = _help(capsys, ["--engine", "vllm", "--help"])
+def test_vllm_help_shows_vllms_groups_after_the_workers_options():
+    """vLLM's part as ``vllm serve --help`` prints it: a short usage line, its config groups one
+    line each and how to see one; not argparse's usage of every flag. Nothing else on stderr
+    (vLLM's import used to print a bare "Triton is installed" WARNING into it)."""
+    result = run_python("-m", "dynamo.vllm", "--help")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
     worker = out.index("--mock-token-ms")
-    vllm = out.index("--enforce-eager")
-    assert worker < out.index("Every other argument goes to vLLM") < vllm
-    assert "--kv-cache-memory-bytes" in out[worker:]
+    vllm = out.index("Every other argument goes to vLLM")
+    assert worker < vllm
+    part = out[vllm:]
+    assert "usage: python -m dynamo.vllm --engine vllm [options]\n" in part
+    groups = part[part.index("Config Groups:") :]
+    for group in ("ModelConfig", "CacheConfig", "SchedulerConfig"):
+        assert re.search(rf"^  {group} ", groups, re.MULTILINE), groups
+    assert "--enforce-eager" not in part  # flags are listed by --help=<group>, as in vLLM
+    assert "python -m dynamo.vllm --help=all" in part
+    assert len(part.splitlines()) < 80, part
+    assert "Triton is installed" not in out + result.stderr, result.stderr
+    assert result.stderr == "", result.stderr
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize(
+    ("search", "shown", "not_shown"),
+    [
+        ("--help=CacheConfig", "--kv-cache-memory-bytes", "--max-model-len"),
+        ("--help=cacheconfig", "--kv-cache-memory-bytes", "--max-model-len"),  # any case
+        ("--help=max_model_len", "--max-model-len", "--kv-cache-memory-bytes"),  # a flag
+        ("--help=all", "--enforce-eager", None),
+    ],
+)
+def test_help_with_a_keyword_prints_that_part_of_vllms_arguments(search, shown, not_shown, capsys):
+    with pytest.raises(SystemExit) as exc:
+        backend_args.parse_args(["--model", "/m", search], env={})
+    assert exc.value.code == 0
+    out, err = capsys.readouterr()
+    assert shown in out, out
+    assert not_shown is None or not_shown not in out
+    assert "--mock-token-ms" not in out  # vLLM's part alone, as vLLM prints it
+    assert "ignored explicit argument" not in err
+
+
+def test_help_with_a_keyword_and_the_mock_engine_names_both(capsys):
+    with pytest.raises(SystemExit) as exc:
+        backend_args.parse_args(["--engine", "mock", "--help=CacheConfig"], env={})
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--help=CacheConfig searches vLLM's engine arguments" in err
+    assert "--engine / DYN_VLLM_ENGINE is 'mock'" in err
 
 
 BENCH = ["--model", "/m", "--self-benchmark-points", "10", *VLLM_REST]

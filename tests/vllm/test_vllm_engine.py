@@ -70,8 +70,9 @@ class EmbeddedEngine:
 
 @pytest.fixture(scope="module")
 def embedded(tiny_model):
+    from dynamo.vllm import vllm_engine
     from dynamo.vllm.worker_extension import QUALNAME
-    from dynamo_gc import bench_policy_config, vllm_engine
+    from dynamo_gc import bench_policy_config
 
     # Benchmark mode, so vLLM's EngineCore gets the policy's scheduler (serving through it is
     # what every other test here then checks).

@@ -255,7 +255,7 @@ def test_the_openai_client_gets_each_part_streamed_before_the_finish(tmp_path):
 
     assert answer.finish_reason == "tool_calls"
     message = answer.message
-    reasoning = (message.model_extra or {}).get("reasoning_content")
+    reasoning = (message.model_extra or {}).get("reasoning")
     assert "The user wants the weather." in reasoning and message.content == "Let me look."
     choices = [(i, c.choices[0]) for i, c in enumerate(chunks) if c.choices]
     (finish,) = [i for i, choice in choices if choice.finish_reason is not None]
@@ -265,16 +265,14 @@ def test_the_openai_client_gets_each_part_streamed_before_the_finish(tmp_path):
         return [i for i, choice in choices if part(choice.delta)]
 
     for part in (
-        lambda d: (d.model_extra or {}).get("reasoning_content"),
+        lambda d: (d.model_extra or {}).get("reasoning"),
         lambda d: d.content,
         lambda d: d.tool_calls,
     ):
         where = carrying(part)
         assert len(where) > 1 and max(where) < finish, where
     deltas = [choice.delta for _, choice in choices]
-    assert "".join((d.model_extra or {}).get("reasoning_content") or "" for d in deltas) == (
-        reasoning
-    )
+    assert "".join((d.model_extra or {}).get("reasoning") or "" for d in deltas) == reasoning
     assert "".join(d.content or "" for d in deltas) == message.content
     calls = [c for d in deltas for c in d.tool_calls or ()]
     assert {c.index for c in calls} == {0} and calls[0].id and calls[0].type == "function"
@@ -318,3 +316,45 @@ def test_a_tokenizer_with_thousands_of_added_tokens_costs_a_piece_its_length(tmp
         elapsed[name] = time.perf_counter() - started
         assert delta.reasoning_content == "x " * 32768
     assert elapsed["many"] < 3 * elapsed["few"] + 0.1, elapsed
+
+
+def _thinks(parsers, stream: bool, **context) -> ParsedDelta:
+    text = OUTPUTS["reasoning and content, no call"]
+    parser = parsers(None, "auto", [], stream, **context)
+    deltas = [parser.feed(text[:9]), parser.feed(text[9:]), parser.finish()]
+    return ParsedDelta(
+        content="".join(d.content for d in deltas),
+        reasoning_content="".join(d.reasoning_content for d in deltas),
+    )
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_the_reasoning_parser_reads_the_requests_template_variables_as_vllm_gives_them(
+    qwen_markers, stream
+):
+    """vLLM builds each request's parser with its chat_template_kwargs (reasoning_effort and
+    enable_thinking merged in): qwen3's asked not to think parses no reasoning."""
+    parsers = factory(qwen_markers, None, "qwen3")
+    thinking = _thinks(parsers, stream)
+    assert thinking.reasoning_content == "Nothing to call.\nSo: answer."
+    assert thinking.content == "It is 20°C."
+    told_not_to = _thinks(parsers, stream, variables={"enable_thinking": False})
+    assert told_not_to.reasoning_content == ""
+    assert "It is 20°C." in told_not_to.content
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_the_parser_is_given_the_prompts_ids_as_vllm_gives_them(qwen_markers, stream, mocker):
+    """vLLM's server gives a whole completion's parser the prompt's ids before ``parse`` and a
+    stream's every ``parse_delta`` (a template that closed the reasoning in the prompt)."""
+    parsers = factory(qwen_markers, None, "qwen3")
+    prompt = qwen_markers.encode("hi<think>", add_special_tokens=False)
+    method = "parse_delta" if stream else "set_prompt_token_ids"
+    seen = mocker.spy(parsers._parser_cls, method)
+    parser = parsers(None, "auto", [], stream, prompt_ids=prompt)
+    parser.feed("abc")
+    parser.finish()
+    assert seen.call_args_list, method
+    for call_ in seen.call_args_list:
+        given = call_.args[4] if stream else call_.args[1]  # (self, text, ids, request, prompt)
+        assert list(given) == prompt, call_

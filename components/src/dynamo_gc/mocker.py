@@ -22,8 +22,10 @@ SURFACE = MOCKER_SURFACE
 
 ADAPTER = WorkerAdapter(
     surface=SURFACE,
-    hook=ModuleGlobalHook(
-        module="dynamo.mocker.main", name="run_input", caller="launch_workers", coroutine=False
+    hooks=(
+        ModuleGlobalHook(
+            module="dynamo.mocker.main", name="run_input", caller="launch_workers", coroutine=False
+        ),
     ),
     entry_module="dynamo.mocker",
     freeze_context="upstream mocker, after make_engine, before run_input",

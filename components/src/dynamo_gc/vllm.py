@@ -1,9 +1,12 @@
 """``python -m dynamo_gc.vllm``: upstream ai-dynamo's vLLM worker with its GC heap frozen.
 
 Upstream's ``dynamo/vllm/main.py:worker()`` hands the module global ``register_vllm_model`` to its
-``WorkerFactory`` at call time, and every path (decode, prefill) awaits it after the engine,
-handlers, KV publishers, metrics and the self-benchmark are built, before the endpoint serves.
-Wrapping that global before upstream's ``main()`` runs puts the freeze there, on every path.
+``WorkerFactory`` at call time, and the decode, prefill, realtime, embedding and classify paths
+await it after the engine, handlers, KV publishers, metrics and the self-benchmark are built
+(the embedding and classify paths gather it with ``serve_endpoint``: their endpoint starts
+beside the freeze, but no request is routed to it before the card is registered). The
+multimodal encode worker registers its card with ``dynamo.llm.register_model`` directly, the
+``worker_factory`` module's global: that one is wrapped too, with the same one freeze.
 See :mod:`dynamo_gc.upstream.worker_cli`.
 """
 
@@ -22,8 +25,16 @@ SURFACE = VLLM_SURFACE
 
 ADAPTER = WorkerAdapter(
     surface=SURFACE,
-    hook=ModuleGlobalHook(
-        module="dynamo.vllm.main", name="register_vllm_model", caller="worker", coroutine=True
+    hooks=(
+        ModuleGlobalHook(
+            module="dynamo.vllm.main", name="register_vllm_model", caller="worker", coroutine=True
+        ),
+        ModuleGlobalHook(
+            module="dynamo.vllm.worker_factory",
+            name="register_model",
+            caller="WorkerFactory._create_multimodal_encode_worker",
+            coroutine=True,
+        ),
     ),
     entry_module="dynamo.vllm",
     freeze_context="upstream vLLM worker, after engine init, before register_vllm_model",

@@ -34,9 +34,8 @@ from http import HTTPStatus
 from typing import Any
 
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.web_protocol import RequestPayloadError
 
+from dynamo.common import aiohttp_hooks
 from dynamo.runtime import peer_text
 
 logger = logging.getLogger(__name__)
@@ -84,7 +83,7 @@ class RateLimitedLine:
 
 def is_malformed_http(exc: BaseException | None) -> bool:
     """Whether aiohttp failed on the client's bytes (request line, headers, chunked body)."""
-    return isinstance(exc, (HttpProcessingError, RequestPayloadError))
+    return isinstance(exc, aiohttp_hooks.MALFORMED_HTTP)
 
 
 class ProtocolLogger(logging.LoggerAdapter):
@@ -187,9 +186,9 @@ class RequestDeadlines:
       error shape); aiohttp then closes the connection, as the rest of the body is unread.
 
     Installed on the runner's low-level server between ``setup()`` and the first site's
-    ``start()``: it wraps the server's per-connection hooks (``connection_made``,
-    ``connection_lost``) and its ``request_factory``, which aiohttp calls once a request's head
-    is parsed (a malformed head too, so its 400 is not cut short), with the body's stream.
+    ``start()``, through :func:`dynamo.common.aiohttp_hooks.hook_connections` (a connection's
+    accept and loss, and each request's head once parsed, a malformed one too, so its 400 is
+    not cut short, with the body's stream).
     A head is complete at its blank line (seen in the bytes) or at ``request_factory``,
     whichever comes first, so a pipelined head waiting behind a long response is not cut.
     """
@@ -210,11 +209,9 @@ class RequestDeadlines:
         self._body_line = RateLimitedLine(logger)
 
     def install(self, server: web.Server) -> None:
-        made, lost, factory = server.connection_made, server.connection_lost, server.request_factory
         loop = asyncio.get_running_loop()
 
-        def connection_made(handler, transport) -> None:
-            made(handler, transport)
+        def accepted(handler, transport) -> None:
             connection = _Connection(transport)
             self._connections[handler] = connection
             connection.head_timer = loop.call_later(
@@ -222,24 +219,20 @@ class RequestDeadlines:
             )
             transport.set_protocol(_Watched(handler, lambda data: self._data(handler, data)))
 
-        def connection_lost(handler, exc=None) -> None:
+        def lost(handler) -> None:
             connection = self._connections.pop(handler, None)
             if connection is not None:
                 connection.cancel()
-            lost(handler, exc)
 
-        def request_factory(message, payload, protocol, *args, **kwargs):
-            connection = self._connections.get(protocol)
+        def head_parsed(handler, payload) -> None:
+            connection = self._connections.get(handler)
             if connection is not None:
                 self._head_complete(connection)
-                self._watch_body(loop, protocol, connection, payload)
-            return factory(message, payload, protocol, *args, **kwargs)
+                self._watch_body(loop, handler, connection, payload)
 
-        # Wrapping aiohttp's per-connection hooks on this one server object (see the class
-        # docstring): instance attributes, so nothing else aiohttp runs is touched.
-        server.connection_made = connection_made  # type: ignore[method-assign]
-        server.connection_lost = connection_lost  # type: ignore[method-assign]
-        server.request_factory = request_factory
+        aiohttp_hooks.hook_connections(
+            server, accepted=accepted, lost=lost, head_parsed=head_parsed
+        )
 
     def _data(self, handler, data: bytes) -> None:
         connection = self._connections.get(handler)
@@ -300,7 +293,7 @@ class RequestDeadlines:
             _peer(connection.transport),
             self.head_timeout_s,
         )
-        handler.force_close()
+        aiohttp_hooks.close_connection(handler)
 
     def _body_expired(self, handler, connection: _Connection, payload) -> None:
         connection.body_timer = None
@@ -333,30 +326,13 @@ def shape_protocol_errors(server: web.Server, error_body: ErrorBody) -> None:
     """Answer what aiohttp answers itself (a malformed request line or header: 400; an error
     outside every handler: 500) as JSON shaped by ``error_body`` instead of plain text.
 
-    aiohttp builds those answers in its connection handler's ``handle_error``, which logs the
-    error (through :class:`ProtocolLogger`) and returns a text response. The handler class has
-    ``__slots__``, so no instance attribute can stand in for the method: each connection's
-    handler becomes an instance of a subclass (same layout, no slot added) whose
-    ``handle_error`` keeps the logging and the status and replaces the body. The message names
-    what was wrong (aiohttp's words about the client's own bytes, escaped and bounded), never a
+    aiohttp still logs the error (through :class:`ProtocolLogger`) and keeps its status
+    (:func:`dynamo.common.aiohttp_hooks.replace_error_answer`). The message names what was
+    wrong (aiohttp's words about the client's own bytes, escaped and bounded), never a
     traceback.
     """
-    made = server.connection_made
-    shaped: dict[type, type] = {}
 
-    def connection_made(handler, transport) -> None:
-        made(handler, transport)
-        base = type(handler)
-        if base not in shaped:
-            shaped[base] = _shaped_handler_class(base, error_body)
-        handler.__class__ = shaped[base]
-
-    server.connection_made = connection_made  # type: ignore[method-assign]
-
-
-def _shaped_handler_class(base: type, error_body: ErrorBody) -> type:
-    def handle_error(self, request, status=500, exc=None, message=None):
-        base.handle_error(self, request, status, exc, message)  # logs; raises if it began
+    def answer(status: int, exc: BaseException | None, message: str | None) -> web.Response:
         if status >= 500:
             text = "internal error in the server"
         else:
@@ -366,7 +342,7 @@ def _shaped_handler_class(base: type, error_body: ErrorBody) -> type:
         response.force_close()
         return response
 
-    return type(f"Shaped{base.__name__}", (base,), {"__slots__": (), "handle_error": handle_error})
+    aiohttp_hooks.replace_error_answer(server, answer)
 
 
 class GuardedRunner(web.AppRunner):

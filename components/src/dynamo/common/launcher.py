@@ -33,7 +33,7 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
-from dynamo.common import logging_setup
+from dynamo.common import logging_setup, startup_signals
 from dynamo.common.configuration import Option, prerequisites, upstream
 from dynamo_gc import freeze, lifecycle
 from dynamo_gc.configuration.gc_options import GcSettings
@@ -170,7 +170,7 @@ class StopSignals:
             logger.info("Received %s: draining", name)
             self._stop.set()
         else:
-            logger.info("Received %s during start-up: abandoning start-up", name)
+            logger.info("Received %s during start-up: stopping", name)
             self._startup_task.cancel()
 
 
@@ -218,7 +218,9 @@ async def run_lifecycle(service: Service, *, gc: GcSettings, process_gc: Process
         if signals.received is None:
             raise
         _consume_cancellation()
-        logger.info("Stopped during start-up (%s): nothing was admitted", signals.received)
+        startup_signals.stopped_during_startup()
+        # DEBUG: the signal's own line said it all (one line per stop).
+        logger.debug("Stopped during start-up (%s): nothing was admitted", signals.received)
         return 1 if closer.failed else 0
     finally:
         signals.uninstall()

@@ -17,13 +17,15 @@ from dynamo.common.configuration import (
     parse_surface,
     port_option,
     prerequisites,
-    text_option,
 )
 from dynamo.common.configuration.launcher_config import LauncherConfig, process_options
+from dynamo.common.configuration.prerequisites import Requires
 from dynamo.common.configuration.runtime_options import DISCOVERY_OPTIONS, DISCOVERY_REQUIREMENTS
+from dynamo.frontend.processors.model_files import ModelDirectories
 from dynamo_gc.configuration.typed import typed_config
 
 from .sglang_options import SGLANG_OPTIONS
+from .template_options import TEMPLATE_OPTIONS
 
 PROG = "python -m dynamo.frontend"
 
@@ -82,13 +84,15 @@ OPTIONS = [
         (
             "Tokenise in a pool of N processes (each freezes its own heap at the end of its "
             "initializer); 0 tokenises in the frontend process, on a few threads, never on its "
-            "event loop (chat templates are rendered on those threads in either case)"
+            "event loop (chat templates render in the template render processes with the hf "
+            "processor, see --dyn-template-processes, else on those threads)"
         ),
         low=0,
         high=1024,
     ),
     CHAT_PROCESSOR,
     *SGLANG_OPTIONS,
+    *TEMPLATE_OPTIONS,
     READY_MIN_MODELS,
     count_option(
         "dyn-max-models",
@@ -112,16 +116,18 @@ OPTIONS = [
             "per field name per minute, as vLLM does (docs/openai-fields.md)"
         ),
     ),
-    text_option(
+    Option(
         "dyn-model-dirs",
         "DYN_MODEL_DIRS",
+        None,
         (
-            "Directories the frontend may load models from: a discovered model card whose "
-            "tokenizer directory, tokenizer files or chat template resolve outside them is "
-            "refused with one WARNING. Unset (the default): any directory, each card's files "
-            "still confined to its own model directory (see docs/operator-guide.md, security)"
+            "Directories the frontend may load models from (each must exist): a discovered "
+            "model card whose tokenizer directory, tokenizer files or chat template resolve "
+            "outside them is refused with one WARNING; the chat template must be a Jinja file "
+            "either way. Unset (the default): any directory, each card's files still confined "
+            "to its own model directory (see docs/operator-guide.md, security)"
         ),
-        what="directory list",
+        ModelDirectories(),
         metavar="DIR[:DIR...]",
     ),
     choice_option(
@@ -162,7 +168,18 @@ SURFACE = Surface(
 
 # Options that act only with another one (see dynamo.common.configuration.prerequisites); the
 # sglang processor's options are refused outright with another processor (see sglang_checks).
-REQUIREMENTS = [*DISCOVERY_REQUIREMENTS]
+REQUIREMENTS = [
+    *DISCOVERY_REQUIREMENTS,
+    # vLLM's and SGLang's processors render through their own libraries (docs/security.md).
+    *(
+        Requires(
+            option,
+            f"{CHAT_PROCESSOR.source_label()} hf",
+            lambda config: config.dyn_chat_processor == "hf",
+        )
+        for option in TEMPLATE_OPTIONS
+    ),
+]
 
 
 def listen_option_at_fault(exc: OSError) -> Option:
@@ -188,7 +205,10 @@ class FrontendConfig(LauncherConfig):
     dyn_max_models: int
     dyn_ready_min_models: int
     dyn_strict_request_fields: bool
-    dyn_model_dirs: str | None
+    dyn_model_dirs: tuple[str, ...] | None
+    dyn_template_processes: int
+    dyn_template_timeout: float
+    dyn_template_memory_mb: int
     router_mode: str
 
     @property

@@ -26,7 +26,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from dynamo.common import launcher, logging_setup
+from dynamo.common import launcher, logging_setup, startup_signals
 from dynamo.common.configuration.runtime_options import DISCOVERY_DIR
 from dynamo.frontend.processors.chat_processor import import_processor_libraries
 from dynamo.frontend.processors.sglang_processor import SETUP_COMMAND as SGLANG_SETUP_COMMAND
@@ -45,6 +45,16 @@ logger = logging.getLogger(__name__)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Ctrl-C or SIGTERM before the event loop (vLLM's or SGLang's import takes seconds): one
+    # line, exit 0 (dynamo.common.startup_signals).
+    try:
+        with startup_signals.interrupting_startup():
+            return run_main(argv)
+    except KeyboardInterrupt as exc:
+        return startup_signals.report_interrupted(logger, exc)
+
+
+def run_main(argv: Sequence[str] | None) -> int:
     try:
         config = frontend_args.parse_args(argv)
         log_levels = logging_setup.log_levels_or_exit(PROG)  # DYN_LOG, as upstream
@@ -121,6 +131,8 @@ def import_chat_processor(kind: str) -> str | None:
     model instead, it would land after the freeze, where every full collection walks it.
     """
     started = time.perf_counter()
+    if kind != "hf":  # seconds of imports: say what the process is doing meanwhile
+        logger.info("Chat processor %s: importing its libraries", kind)
     try:
         libraries = import_processor_libraries(kind)
     except ImportError as exc:

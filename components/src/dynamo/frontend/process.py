@@ -22,6 +22,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import socket
@@ -36,9 +37,9 @@ from dynamo.common.listener_socket import bound_sockets
 from dynamo.common.metrics_routes import debug_gc_route, metrics_route
 from dynamo.common.request_drain import END_BOUND_S
 from dynamo.frontend.processors.chat_processor import build_chat_processor
-from dynamo.frontend.processors.model_files import parse_model_dirs
 from dynamo.frontend.processors.preprocess_pool import PreprocessPool, PreprocessPoolError
 from dynamo.frontend.processors.sglang_processor import SglangSettings
+from dynamo.frontend.processors.template_sandbox import TemplateSandbox
 from dynamo.frontend.routing.model_registry import ModelRegistry
 from dynamo.frontend.routing.worker_router import WorkerRouter, create_worker_session
 from dynamo.frontend.serving.http_service import FrontendService
@@ -96,6 +97,27 @@ class FrontendProcess:
                 pool.start()
             except PreprocessPoolError as exc:
                 raise StartupFailed(f"Frontend start-up failed: {exc}") from None
+        sandbox = None
+        if config.dyn_template_processes > 0 and config.dyn_chat_processor == "hf":
+            sandbox = TemplateSandbox(
+                config.dyn_template_processes,
+                timeout_s=config.dyn_template_timeout,
+                memory_mb=config.dyn_template_memory_mb,
+            )
+            closer.push("template render processes", sandbox.aclose)
+            try:
+                await asyncio.to_thread(sandbox.start)
+            except RuntimeError as exc:
+                raise StartupFailed(f"Frontend start-up failed: {exc}") from None
+            logger.info(
+                "Template render processes ready: processes=%d pids=%s timeout_s=%g "
+                "memory_mb=%d per_model=%d",
+                sandbox.processes,
+                sandbox.pids(),
+                sandbox.timeout_s,
+                config.dyn_template_memory_mb,
+                sandbox.per_model,
+            )
         session = create_worker_session()
         closer.push("worker client session", session.close)
         registry = ModelRegistry(
@@ -103,18 +125,30 @@ class FrontendProcess:
                 build_chat_processor,
                 kind=config.dyn_chat_processor,
                 sglang=self.sglang,
-                model_dirs=parse_model_dirs(config.dyn_model_dirs),
+                model_dirs=config.dyn_model_dirs or (),
+                # A peer's template compiles in a bounded process before its model is served.
+                template_check=None if sandbox is None else sandbox.check_compiles,
             ),
             max_models=config.dyn_max_models,
         )
         closer.push("chat processor builds", registry.aclose)
         # dynamo_frontend_* (upstream's request metrics) next to the GC metrics on /metrics
-        request_metrics = None if self.metrics is None else RequestMetrics(self.metrics.registry)
+        # Labels follow what is served: a served model's series stay, long-gone ones go.
+        request_metrics = (
+            None
+            if self.metrics is None
+            else RequestMetrics(
+                self.metrics.registry, is_served=lambda name: registry.get(name) is not None
+            )
+        )
+        router = WorkerRouter(session)
+        closer.push("worker router", router.aclose)
         service = self.service = FrontendService(
             registry,
-            WorkerRouter(session),
+            router,
             pool,
             request_metrics,
+            template_sandbox=sandbox,
             ready_min_models=config.dyn_ready_min_models,
             strict_request_fields=config.dyn_strict_request_fields,
         )

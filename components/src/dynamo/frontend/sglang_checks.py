@@ -34,9 +34,10 @@ def problem_before_import(config: FrontendConfig, processor_option: Option) -> s
     for option in given(config):
         if config.dyn_chat_processor == "vllm" and option is not CHAT_TEMPLATE:
             continue
+        processors = "sglang" if option is CHAT_TEMPLATE else "sglang or vllm"
         return (
             f"{option.source_label()} applies only with "
-            f"{processor_option.source_label()} sglang (it is "
+            f"{processor_option.source_label()} {processors} (it is "
             f"{config.dyn_chat_processor!r} here)"
         )
     return None

@@ -14,6 +14,13 @@ row), and checked at start-up, after SGLang is imported, against SGLang's own re
 The model card carries the worker's parser names (``--dyn-tool-call-parser`` /
 ``--dyn-reasoning-parser``); the flags here override them, as upstream's do
 (:mod:`dynamo.frontend.processors.card_parsers`).
+
+One env var, one meaning: ``DYN_TOOL_CALL_PARSER`` / ``DYN_REASONING_PARSER`` are the worker's
+(upstream's names for ``--dyn-tool-call-parser`` / ``--dyn-reasoning-parser``). Upstream's
+frontend reads no env var for its ``--tool-call-parser`` / ``--reasoning-parser``, so the
+frontend's are its own (``DYN_FRONTEND_*``, upstream's prefix for frontend-only settings): an
+environment shared by workers and a frontend no longer makes an ``hf`` frontend exit 2, nor a
+``vllm`` / ``sglang`` frontend override every model's card.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from dynamo.common.configuration import text_option
 
 TOOL_CALL_PARSER = text_option(
     "tool-call-parser",
-    "DYN_TOOL_CALL_PARSER",
+    "DYN_FRONTEND_TOOL_CALL_PARSER",
     (
         "With --dyn-chat-processor sglang: SGLang's tool-call parser, which finds the tool "
         "calls in the model's output (qwen25, hermes, llama3, ...: any name of SGLang's "
@@ -36,7 +43,7 @@ TOOL_CALL_PARSER = text_option(
 
 REASONING_PARSER = text_option(
     "reasoning-parser",
-    "DYN_REASONING_PARSER",
+    "DYN_FRONTEND_REASONING_PARSER",
     (
         "With --dyn-chat-processor sglang: SGLang's reasoning parser, which splits the "
         "model's reasoning from its answer (deepseek-r1, qwen3, ...: any name of SGLang's "

@@ -66,7 +66,7 @@ ADDED_FIELDS = (
 MAX_STRUCTURED_TEXT_BYTES = 64 * 1024
 MAX_CHOICES = 1024
 # StructuredOutputs' constraints: exactly one is set (vLLM's StructuredOutputsParams rule).
-CONSTRAINTS = ("json_schema", "regex", "choice", "grammar", "json_object")
+CONSTRAINTS = ("json_schema", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 
 def _utf8_size(value: str) -> int:
@@ -86,8 +86,8 @@ StructuredText = Annotated[StrictStr, Field(min_length=1), AfterValidator(_bound
 class StructuredOutputs(BaseModel):
     """vLLM's ``StructuredOutputsParams`` as the request plane carries it: one constraint the
     engine compiles into a grammar. ``json_schema`` is vLLM's ``json`` (the schema's text: a
-    name pydantic's BaseModel keeps for itself). ``structural_tag`` is not carried (the
-    frontend refuses it)."""
+    name pydantic's BaseModel keeps for itself); ``structural_tag`` is vLLM's too (xgrammar's
+    structural tag as JSON text, the client's or a forced tool call's)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -98,9 +98,19 @@ class StructuredOutputs(BaseModel):
     ) = None
     grammar: StructuredText | None = None
     json_object: Literal[True] | None = None
+    structural_tag: StructuredText | None = None
     disable_any_whitespace: StrictBool = False
     disable_additional_properties: StrictBool = False
     whitespace_pattern: StructuredText | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_an_unset_tag(self, handler: Any) -> Any:
+        # structural_tag is newer than the rest: sent only when set, so that a worker from
+        # before it (extra="forbid") still takes the other constraints.
+        data = handler(self)
+        if self.structural_tag is None:
+            data.pop("structural_tag", None)
+        return data
 
     @model_validator(mode="after")
     def _one_constraint(self) -> StructuredOutputs:
@@ -108,7 +118,8 @@ class StructuredOutputs(BaseModel):
         if len(chosen) != 1:
             # vLLM's names (json is this model's json_schema): the client's error shows them.
             raise ValueError(
-                "exactly one constraint of json, regex, choice, grammar, json_object must be set"
+                "exactly one constraint of json, regex, choice, grammar, json_object, "
+                "structural_tag must be set"
             )
         if self.choice is not None and sum(map(_utf8_size, self.choice)) > (
             MAX_STRUCTURED_TEXT_BYTES

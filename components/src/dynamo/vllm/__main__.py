@@ -5,6 +5,7 @@ from dynamo.common.coexistence import refuse_beside_upstream
 
 refuse_beside_upstream("python -m dynamo.vllm")
 
+from dynamo.common.startup_signals import exit_process  # noqa: E402 - after the check
 from dynamo.vllm.main import main  # noqa: E402 - only once the check above has passed
 
-raise SystemExit(main())
+exit_process(main())

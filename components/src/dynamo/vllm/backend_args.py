@@ -262,6 +262,7 @@ _PARSED = dataclasses.replace(SURFACE, options=ALL_OPTIONS)
 
 
 HELP_FLAGS = ("-h", "--help")
+HELP_SEARCH = "--help="  # vLLM's search of its own arguments: --help=CacheConfig
 
 
 @dataclass(frozen=True)
@@ -337,6 +338,11 @@ def parse_args(
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     words = argv[: argv.index("--")] if "--" in argv else argv
+    searches = [word for word in words if word.startswith(HELP_SEARCH)]
+    if searches:  # vLLM's --help=<group>: that part of vLLM's arguments, as vLLM prints it
+        _print_vllm_help_search(
+            [word for word in argv if not word.startswith(HELP_SEARCH)], env, searches[-1]
+        )
     if any(word in HELP_FLAGS for word in words):
         _print_help([word for word in argv if word not in HELP_FLAGS], env)
     parsed, rest = parse_surface(_PARSED, argv, env, allow_unknown=True)
@@ -362,4 +368,20 @@ def _print_help(argv: list[str], env: Mapping[str, str] | None) -> None:
         sys.stdout.flush()  # the worker's options now: vLLM's import takes seconds
         if config.engine == "vllm" and output.open():  # `| head` may have all it wants
             print_vllm_help()
+    raise SystemExit(0)
+
+
+def _print_vllm_help_search(argv: list[str], env: Mapping[str, str] | None, word: str) -> None:
+    """``--help=<keyword>``: the part of vLLM's arguments it names, as ``vllm serve`` prints
+    it; exits 0 (2 with the mock engine, which has no vLLM arguments)."""
+    config, _ = parse_surface(_PARSED, argv, env, allow_unknown=True)
+    if config.engine != "vllm":
+        build_parser(_PARSED).error(
+            f"{word} searches vLLM's engine arguments, and {ENGINE.source_label()} is "
+            f"{config.engine!r}: use --help for the worker's options"
+        )
+    from dynamo.vllm.vllm_help import print_vllm_help, quiet_when_output_closed
+
+    with quiet_when_output_closed():
+        print_vllm_help(search=word[len(HELP_SEARCH) :])
     raise SystemExit(0)

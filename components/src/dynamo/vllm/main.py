@@ -15,7 +15,10 @@ the worker's parts :mod:`dynamo.vllm.worker_process`'s):
 5. serve until SIGTERM/SIGINT (drain within ``--drain-timeout``, exit 0) or the engine's death
    (exit 1); every part is closed and the process's GC state put back.
 
-A signal during start-up cancels it, shuts the engine down and exits 0 without registering.
+A signal during start-up stops it within seconds, in every phase, with one line and exit 0,
+registering nothing: before the event loop (vLLM's import) see :mod:`dynamo.common.startup_signals`;
+on the loop it cancels start-up, and an engine still initialising has its processes stopped
+(:meth:`dynamo.vllm.vllm_engine.VllmEngine.start`).
 Exit codes: 0 after a signal (or --help), 2 for bad input (flags, env vars, paths, vLLM's
 arguments, a --model that is neither a path nor a Hugging Face id, an engine that cannot run
 here, a bad mock model directory), 1 when a start-up step
@@ -28,7 +31,7 @@ import asyncio
 import logging
 from collections.abc import Sequence
 
-from dynamo.common import launcher, logging_setup
+from dynamo.common import launcher, logging_setup, startup_signals
 from dynamo.runtime.discovery import Discovery, DiscoverySetupError, open_discovery
 from dynamo.vllm import backend_args, engine_factory, startup_checks
 from dynamo.vllm.backend_args import PROG, WorkerConfig
@@ -41,14 +44,25 @@ logger = logging.getLogger(__name__)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Ctrl-C or SIGTERM before the event loop (vLLM's import takes seconds): one line, exit 0.
+    try:
+        with startup_signals.interrupting_startup():
+            return run_main(argv)
+    except KeyboardInterrupt as exc:
+        return startup_signals.report_interrupted(logger, exc)
+
+
+def run_main(argv: Sequence[str] | None) -> int:
     try:
         config = backend_args.parse_args(argv)
         log_levels = logging_setup.log_levels_or_exit(PROG)  # DYN_LOG, as upstream
         worker_extension_cls = self_benchmark_extension(config)  # a conflict exits 2
         # The etcd client is imported here, before the event loop and the freeze.
         discovery = open_discovery(config.discovery)
-        startup_checks.check_paths(config, discovery, config.discovery.directory)
+        # Names before paths: a refused name must leave nothing behind (check_paths creates).
         startup_checks.check_parser_names(config)
+        startup_checks.check_record_fields(config)
+        startup_checks.check_paths(config, discovery, config.discovery.directory)
     except SystemExit as exc:  # bad input (exit 2) or --help (exit 0): nothing else has run
         return launcher.exit_code(exc)
     except DiscoverySetupError as exc:  # etcd credentials that cannot work

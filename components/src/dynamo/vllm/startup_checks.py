@@ -25,12 +25,15 @@ from dynamo.common.configuration import Option
 from dynamo.common.configuration.runtime_options import DISCOVERY_DIR
 from dynamo.common.launcher import OptionUnusable
 from dynamo.runtime.chat_template import compile_problem
-from dynamo.runtime.discovery import Discovery, DiscoveryDirError
+from dynamo.runtime.discovery import Discovery, DiscoveryDirError, ModelRecord
+from dynamo.runtime.discovery.record import record_problem
 from dynamo.runtime.model_card import ModelCard
 from dynamo.vllm.backend_args import (
     CHAT_TEMPLATE,
+    MODEL,
     PROG,
     REASONING_PARSER,
+    SERVED_MODEL_NAME,
     TOOL_CALL_PARSER,
     WorkerConfig,
 )
@@ -128,10 +131,10 @@ def check_paths(config: WorkerConfig, discovery: Discovery, directory: str) -> N
 
 
 def card_with_parsers(card: ModelCard, config: WorkerConfig) -> ModelCard:
-    """``card`` with the parser names the worker was given (validated as the frontend will)."""
-    return ModelCard.model_validate(
-        {
-            **card.model_dump(),
+    """``card`` with the parser names the worker was given (judged with the rest of the record,
+    by :func:`record_refusal`, before it is written)."""
+    return card.model_copy(
+        update={
             "tool_call_parser": config.dyn_tool_call_parser,
             "reasoning_parser": config.dyn_reasoning_parser,
         }
@@ -153,6 +156,64 @@ def check_parser_names(config: WorkerConfig) -> None:
                 file=sys.stderr,
             )
             raise SystemExit(2)
+
+
+# A stand-in endpoint for the record checked before the request plane listens (its own check,
+# the listener's host, is the bind's); any valid one leaves the other fields to be judged.
+_PROBE_ENDPOINT = "http://127.0.0.1:1"
+
+
+def _options_of_fields(config: WorkerConfig) -> dict[str, Option]:
+    """Which option sets each record field a worker writes (the served name: --served-model-name
+    when given, else --model)."""
+    named = SERVED_MODEL_NAME if config.served_model_name else MODEL
+    return {
+        "model": named,
+        "card.served_model_name": named,
+        "card.model_path": MODEL,
+        "card.tokenizer_path": MODEL,
+        "card.chat_template_path": CHAT_TEMPLATE,
+        "card.tool_call_parser": TOOL_CALL_PARSER,
+        "card.reasoning_parser": REASONING_PARSER,
+    }
+
+
+def record_refusal(config: WorkerConfig, record: ModelRecord) -> str | None:
+    """What to tell the operator when a frontend would refuse ``record`` (None: it would not):
+    the option behind the first wrong field, its value and the frontend's reason, by the
+    record schema's own check (:func:`~dynamo.runtime.discovery.record.record_problem`)."""
+    problem = record_problem(record)
+    if problem is None:
+        return None
+    option = _options_of_fields(config).get(problem.field)
+    if option is None:
+        return f"a frontend would refuse this worker's discovery record: {problem}"
+    value = getattr(config, option.dest) or ""
+    shown = value if len(value) <= 80 else f"{value[:80]}…({len(value) - 80} more)"
+    return f"{option.source_label()} is {shown!r}: a frontend would refuse it ({problem})"
+
+
+def check_record_fields(config: WorkerConfig) -> None:
+    """The record this worker will write, as far as its options decide it, must be one a
+    frontend reads (exit 2 naming the option): otherwise the worker would say it serves a model
+    that no frontend ever routes to. The engine's own fields are checked again at
+    registration."""
+    template = os.path.abspath(config.chat_template) if config.chat_template else None
+    # Built unchecked: judging it is record_problem's job, with the frontend's schema.
+    card = ModelCard.model_construct(
+        served_model_name=config.served_name,
+        model_path=config.model,
+        tokenizer_path=config.model,
+        context_length=1,
+        chat_template_path=template,
+        tool_call_parser=config.dyn_tool_call_parser,
+        reasoning_parser=config.dyn_reasoning_parser,
+    )
+    probe = ModelRecord(model=config.served_name, endpoint=_PROBE_ENDPOINT, card=card)
+    refusal = record_refusal(config, probe)
+    if refusal is not None:
+        print(f"{PROG}: error: {refusal}", file=sys.stderr)
+        raise SystemExit(2)
 
 
 async def listening(

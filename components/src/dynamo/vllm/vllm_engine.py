@@ -51,6 +51,7 @@ except ImportError:  # a vLLM without the v1 engine's exceptions: nothing raises
 from dynamo.runtime.model_card import ModelCard, out_of_vocabulary
 from dynamo.runtime.request_plane import BadGenerateRequest, GenerateRequest
 from dynamo.runtime.sampling import SamplingOptions
+from dynamo.vllm import engine_init
 from dynamo.vllm.backend_args import WorkerConfig
 from dynamo.vllm.engine import EngineDied, EngineInitFailed
 from dynamo.vllm.process_watch import ending_stuck_children, first_exit
@@ -85,6 +86,11 @@ def engine_core_processes(engine: Any) -> list[tuple[str, Any]]:
     manager = getattr(resources, "engine_manager", None)
     processes = getattr(manager, "processes", None) or []
     return [(f"{process.name} process", process) for process in processes]
+
+
+def _shut_down(engine: Any) -> None:
+    """An engine whose init ended after the process stopped waiting for it."""
+    engine.shutdown()
 
 
 def resolve_tokenizer_dir(tokenizer: str, revision: str | None) -> str:
@@ -160,13 +166,18 @@ class VllmEngine:
     async def start(self) -> None:
         if self._engine is not None:
             return
-        # AsyncLLM.from_engine_args blocks for 10-40 s (imports, spawning EngineCore and its
-        # worker, loading weights, warm-up). In a thread the event loop stays free for health
-        # probes and signals; AsyncLLM starts its output handler on the loop at the first
-        # request. vLLM's own shutdown is written to be called from any thread.
-        creation = asyncio.ensure_future(asyncio.to_thread(self._create_engine))
+        # AsyncLLM.from_engine_args blocks for 10-40 s: in a thread of its own the event loop
+        # stays free for health probes and signals (see dynamo.vllm.engine_init). AsyncLLM
+        # starts its output handler on the loop at the first request; vLLM's own shutdown is
+        # written to be called from any thread.
+        with engine_init.adopting_orphans():
+            self._engine = await self._initialise()
+
+    async def _initialise(self) -> Any:
+        spared = engine_init.child_pids()
+        creation = engine_init.run_in_init_thread(self._create_engine, on_orphan=_shut_down)
         try:
-            engine = await asyncio.shield(creation)
+            return await asyncio.shield(creation)
         except EngineInitFailed:
             raise
         except Exception as exc:  # noqa: BLE001 - any failure of vLLM's init is engine init's
@@ -175,15 +186,10 @@ class VllmEngine:
             # nothing but noise.
             raise EngineInitFailed(f"vLLM engine init failed: {one_line(exc)}") from None
         except asyncio.CancelledError:
-            # A signal during engine init: the thread cannot be interrupted. Wait for it, so
-            # shutdown() can stop the processes it started instead of orphaning them.
-            try:
-                self._engine = await creation
-            except Exception:  # the cancellation stays the reason we stop
-                # E.g. a SIGTERM to the whole process group also stopped EngineCore.
-                logger.info("vLLM engine init failed after start-up was cancelled", exc_info=True)
+            # A signal during engine init: its processes are stopped, which ends the init;
+            # an engine that was ready by then is shut down as usual (by the worker's closer).
+            self._engine = await engine_init.abandon_init(creation, spared)
             raise
-        self._engine = engine
 
     def _create_engine(self) -> Any:
         from vllm.v1.engine.async_llm import AsyncLLM

@@ -1,11 +1,16 @@
 """``python -m dynamo.vllm --help`` with ``--engine vllm``: vLLM's own engine arguments, listed
-after the worker's (vLLM is imported only for that)."""
+after the worker's (vLLM is imported only for that), the way ``vllm serve --help`` lists them:
+its config groups, one line each, and how to see one. ``--help=<group>`` (``--help=CacheConfig``),
+``--help=<flag>`` (``--help=max-model-len``) and ``--help=all`` print that part of vLLM's
+arguments, as they do for ``vllm serve``."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import functools
 import importlib
+import logging
 import os
 import select
 import sys
@@ -19,10 +24,29 @@ VLLM_MISSING_HINT = (
 
 
 VLLM_PROG = "python -m dynamo.vllm --engine vllm"
+# The worker's own help is printed first; vLLM's part has a short usage line, as `vllm serve`
+# has (argparse's own would list all ~250 of vLLM's flags in it).
+VLLM_USAGE = f"{VLLM_PROG} [options]"
+VLLM_DESCRIPTION = (
+    "vLLM's engine arguments: everything python -m dynamo.vllm does not know goes to vLLM.\n"
+    "\n"
+    "Search by using: `--help=<ConfigGroup>` to explore options by section (e.g.,\n"
+    "--help=CacheConfig, --help=ModelConfig)\n"
+    "  Use `--help=all` to show all available flags at once.\n"
+)
+# vLLM's own epilog for `vllm serve`, for this command.
+VLLM_EPILOG = (
+    "For full list:            python -m dynamo.vllm --help=all\n"
+    "For a section:            python -m dynamo.vllm --help=ModelConfig    (case-insensitive)\n"
+    "For a flag:               python -m dynamo.vllm --help=max-model-len  (_ or - accepted)\n"
+    "Documentation:            https://docs.vllm.ai\n"
+)
+HELP_SEARCH_PREFIX = "--help="
 
 
-def vllm_arg_parser() -> Any:
-    """vLLM's own engine-argument parser, as ``vllm serve`` builds it (imports vLLM)."""
+def vllm_arg_parser(*, for_help: bool = False) -> Any:
+    """vLLM's own engine-argument parser, as ``vllm serve`` builds it (imports vLLM); for help,
+    with ``vllm serve``'s short usage line, search hint and epilog."""
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     try:
@@ -32,27 +56,62 @@ def vllm_arg_parser() -> Any:
 
     from dynamo_gc.configuration.parser import short_usage_error
 
-    parser = FlexibleArgumentParser(
-        prog=VLLM_PROG,
-        description="vLLM engine arguments (everything python -m dynamo.vllm does not know)",
-    )
+    if for_help:
+        parser = FlexibleArgumentParser(
+            prog=VLLM_PROG,
+            usage=VLLM_USAGE,
+            description=VLLM_DESCRIPTION,
+            epilog=VLLM_EPILOG,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+    else:
+        parser = FlexibleArgumentParser(
+            prog=VLLM_PROG,
+            description="vLLM engine arguments (everything python -m dynamo.vllm does not know)",
+        )
     # vLLM's usage is hundreds of lines: its error line first and alone, as the worker's own.
     parser.error = functools.partial(short_usage_error, parser)
     return AsyncEngineArgs.add_cli_args(parser)
 
 
-def print_vllm_help() -> None:
-    """vLLM's engine arguments, or why they cannot be listed here."""
+def print_vllm_help(search: str | None = None) -> None:
+    """vLLM's engine arguments (``search``: the part ``--help=<search>`` asks for, as vLLM
+    prints it), or why they cannot be listed here."""
     try:
-        importlib.import_module("vllm")
+        with _quiet_vllm_import():
+            importlib.import_module("vllm")
+            parser = vllm_arg_parser(for_help=True)
     except ImportError as exc:
         print(
             "\nvLLM's engine arguments are not listed: vLLM is not installed in this Python "
             f"environment ({exc}); {VLLM_MISSING_HINT}"
         )
         return
-    print("\nEvery other argument goes to vLLM (--engine vllm):\n")
-    vllm_arg_parser().print_help()
+    if search is None:
+        print("\nEvery other argument goes to vLLM (--engine vllm):\n")
+        parser.print_help()
+        return
+    try:
+        # vLLM's own parser reads --help=<keyword> (its FlexibleArgumentParser), prints what
+        # matches and exits 0: exactly what `vllm serve --help=<keyword>` prints.
+        parser.parse_args([HELP_SEARCH_PREFIX + search])
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            raise
+
+
+@contextlib.contextmanager
+def _quiet_vllm_import() -> Iterator[None]:
+    """vLLM's import logs WARNINGs meant for a server (on a CPU: "Triton is installed, but
+    doesn't include CPU backend"); before any logging is set up they would land bare in the
+    middle of the help text."""
+    vllm_logger = logging.getLogger("vllm")
+    level = vllm_logger.level
+    vllm_logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        vllm_logger.setLevel(level)
 
 
 # How long to give a reader such as ``head`` to hang up once it has what it asked for.

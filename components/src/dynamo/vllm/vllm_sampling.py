@@ -60,6 +60,7 @@ def structured_outputs_params(wire: StructuredOutputs | None) -> StructuredOutpu
         choice=list(wire.choice) if wire.choice is not None else None,
         grammar=wire.grammar,
         json_object=wire.json_object,
+        structural_tag=wire.structural_tag,
         disable_any_whitespace=wire.disable_any_whitespace,
         disable_additional_properties=wire.disable_additional_properties,
         whitespace_pattern=wire.whitespace_pattern,

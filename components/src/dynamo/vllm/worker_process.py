@@ -27,7 +27,7 @@ import asyncio
 import logging
 import time
 
-from dynamo.common.launcher import Closer, StopSignals
+from dynamo.common.launcher import Closer, OptionUnusable, StopSignals
 from dynamo.common.system_server import NotReadyCheck, start_system_server
 from dynamo.runtime.discovery import Discovery, ModelRecord, Registration
 from dynamo.runtime.model_card import ModelCard
@@ -118,6 +118,12 @@ class WorkerProcess:
         registration = self.registration
         # The card carries the parser names the frontend runs over this model's output.
         card = startup_checks.card_with_parsers(self.engine.model_card, self.config)
+        # What the engine resolved (its tokenizer path, say) is judged as the options were.
+        refusal = startup_checks.record_refusal(
+            self.config, ModelRecord(card.served_model_name, self.plane.endpoint, card=card)
+        )
+        if refusal is not None:
+            raise OptionUnusable(refusal)
         record = await register_model(registration, card, self.plane.endpoint)
         # Closes first: the record goes (file: heartbeat stopped, then the file; etcd: the lease
         # revoked) before the request plane drains.

@@ -90,10 +90,16 @@ class _Bounded:
         return value
 
     def describe_range(self) -> str:
-        low = format(self.minimum, self.NUMBER_FORMAT)
+        low = self._render(self.minimum)
         if self.maximum is None:
             return f">= {low}"
-        return f"between {low} and {format(self.maximum, self.NUMBER_FORMAT)}"
+        return f"between {low} and {self._render(self.maximum)}"
+
+    def _render(self, number: Any) -> str:
+        # A whole number as one (the longest wait is 9223372036 s, not 9.22337e+09).
+        if isinstance(number, float) and number.is_integer():
+            return str(int(number))
+        return format(number, self.NUMBER_FORMAT)
 
 
 @dataclass(frozen=True)

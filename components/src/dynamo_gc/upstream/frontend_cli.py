@@ -19,14 +19,16 @@ logger = logging.getLogger(__name__)
 
 UPSTREAM_PROGRAM = "python -m dynamo_gc.frontend"
 ROUTE_EXTENSION_FLAG = "--frontend-route-extension"
-# Upstream refuses route extensions in these modes (they serve no HTTP): no freeze point there.
-NON_HTTP_MODES = ("--interactive", "-i", "--kserve-grpc-server")
 
 
-def upstream_argv(rest: Sequence[str]) -> list[str]:
-    """Upstream's arguments with the ``gc-freeze`` extension added, in the HTTP mode only."""
+def upstream_argv(rest: Sequence[str], non_http_mode: str | None) -> list[str]:
+    """Upstream's arguments with the ``gc-freeze`` extension added, in the HTTP mode only.
+
+    Upstream refuses route extensions in its modes that serve no HTTP (given as a flag or by its
+    env var): there is no freeze point there.
+    """
     args = list(rest)
-    if any(word in NON_HTTP_MODES for word in args):
+    if non_http_mode is not None:
         return args
     return [*args, ROUTE_EXTENSION_FLAG, frontend_freeze.EXTENSION_NAME]
 
@@ -43,12 +45,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     config, rest = frontend_settings.split_args(args)
     upstream_main = frontend_hooks.upstream_frontend_main()  # exit 2 on an unsupported version
     frontend_freeze.configure(config)
-    upstream_args = upstream_argv(rest)
-    if frontend_freeze.EXTENSION_NAME not in upstream_args:
+    mode = frontend_hooks.non_http_mode(rest)
+    upstream_args = upstream_argv(rest, mode)
+    if mode is not None:
         logger.warning(
             "GC heap not frozen: upstream's %s mode serves no HTTP and calls no route extension, "
             "the only point where the adapter freezes",
-            " / ".join(word for word in rest if word in NON_HTTP_MODES),
+            mode,
         )
     sys.argv = [UPSTREAM_PROGRAM, *upstream_args]
     upstream_main()

@@ -10,8 +10,9 @@ a launcher that runs without freezing.
 
 from __future__ import annotations
 
+import argparse
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from dynamo_gc.upstream.hooks import looks_up_global
@@ -19,6 +20,7 @@ from dynamo_gc.upstream.versions import refuse, warn_if_unchecked
 
 PROGRAM = "python -m dynamo_gc.frontend"
 FRONTEND_MAIN = "dynamo.frontend.main"
+FRONTEND_ARGS = "dynamo.frontend.frontend_args"
 ROUTE_GROUP = "dynamo.frontend.routes"
 ROUTE_HOOK = "load_frontend_route_extensions"
 
@@ -55,3 +57,28 @@ def upstream_frontend_main() -> Callable[[], None]:
 
 def upstream_frontend_parse_args() -> Callable[[], Any]:
     return checked_frontend_main().parse_args
+
+
+def non_http_mode(upstream_args: Sequence[str]) -> str | None:
+    """The mode flag when upstream will serve no HTTP (``--interactive``, ``--kserve-grpc-server``).
+
+    Read with upstream's own argument group, so its env vars (``DYN_INTERACTIVE``,
+    ``DYN_KSERVE_GRPC_SERVER``) and their words mean here exactly what they mean to upstream, which
+    refuses a route extension in those modes.
+    """
+    try:
+        group = importlib.import_module(FRONTEND_ARGS).FrontendArgGroup
+    except (ImportError, AttributeError) as exc:
+        refuse(PROGRAM, f"{FRONTEND_ARGS}.FrontendArgGroup", f"is missing ({exc})")
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    group().add_arguments(parser)
+    parsed, _ = parser.parse_known_args(list(upstream_args))
+    for dest, flag in (
+        ("interactive", "--interactive"),
+        ("kserve_grpc_server", "--kserve-grpc-server"),
+    ):
+        if not hasattr(parsed, dest):
+            refuse(PROGRAM, f"{FRONTEND_ARGS}.FrontendArgGroup", f"no longer declares {flag}")
+        if getattr(parsed, dest):
+            return flag
+    return None

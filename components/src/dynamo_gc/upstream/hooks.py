@@ -70,7 +70,9 @@ def resolve(program: str, hook: ModuleGlobalHook) -> types.ModuleType:
         refuse(program, hook.symbol, f"is not callable (a {type(original).__name__})")
     if hook.coroutine and not inspect.iscoroutinefunction(original):
         refuse(program, hook.symbol, "is no longer an async function")
-    caller = getattr(module, hook.caller, None)
+    caller: Any = module
+    for part in hook.caller.split("."):  # a function, or a class's method: "Factory.create"
+        caller = getattr(caller, part, None)
     if caller is None:
         refuse(program, f"{hook.module}.{hook.caller}", "is missing")
     if not looks_up_global(caller, hook.name):

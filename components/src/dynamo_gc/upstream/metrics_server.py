@@ -11,6 +11,7 @@ Prometheus expects), only when the operator names a port.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from typing import Any
 
@@ -44,9 +45,12 @@ def serve(
         try:
             server, _thread = start_http_server(port, addr=host, registry=metrics.registry)
         except OSError as exc:
-            raise SystemExit(
-                f"dynamo_gc: cannot serve the GC metrics on {host}:{port} ({option}): {exc}"
-            ) from None
+            # exit 2 like every other start-up refusal of a setting
+            print(
+                f"dynamo_gc: cannot serve the GC metrics on {host}:{port} ({option}): {exc}",
+                file=sys.stderr,
+            )
+            raise SystemExit(2) from None
         _server = server
     bound = int(server.server_port)
     logger.info("GC metrics served on http://%s:%d/metrics", host, bound)

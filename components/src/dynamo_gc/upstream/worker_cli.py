@@ -24,7 +24,9 @@ from dynamo_gc.upstream.hooks import ModuleGlobalHook
 @dataclass(frozen=True)
 class WorkerAdapter:
     surface: Surface
-    hook: ModuleGlobalHook
+    # Every global after whose first call the process is registered (the first one named is
+    # the main path); each is checked, and all share one freeze.
+    hooks: tuple[ModuleGlobalHook, ...]
     entry_module: str  # upstream's ``python -m`` package, run as ``__main__``: "dynamo.vllm"
     freeze_context: str  # what the freeze line and the guard's warnings say
     admission: str  # why the process turns ``serving``
@@ -40,13 +42,15 @@ def run(adapter: WorkerAdapter, argv: Sequence[str] | None = None) -> None:
     program = adapter.surface.program
     if "--help" in args or "-h" in args:
         print(worker_settings.format_help(adapter.surface))
-        hooks.resolve(program, adapter.hook)  # exit 2 here too on an unsupported version
+        for hook in adapter.hooks:  # exit 2 here too on an unsupported version
+            hooks.resolve(program, hook)
         print("Upstream ai-dynamo's own options follow.\n", flush=True)
         _run_upstream(adapter, ["--help"])
         return
     config, rest = worker_settings.split_args(adapter.surface, args)
     settings = config.gc
-    hooks.resolve(program, adapter.hook)
+    for hook in adapter.hooks:  # all checked before anything is installed
+        hooks.resolve(program, hook)
     versions.warn_if_unchecked(program)
     metrics = worker_freeze.install_observers(settings)
     if config.metrics_port is not None:
@@ -59,11 +63,12 @@ def run(adapter: WorkerAdapter, argv: Sequence[str] | None = None) -> None:
     freeze = worker_freeze.FreezeOnce(
         settings, context=adapter.freeze_context, admission=adapter.admission
     )
-    hooks.wrap(
-        program,
-        adapter.hook,
-        lambda original: worker_freeze.freezing_wrapper(
-            original, freeze, coroutine=adapter.hook.coroutine
-        ),
-    )
+    for hook in adapter.hooks:
+        hooks.wrap(
+            program,
+            hook,
+            lambda original, hook=hook: worker_freeze.freezing_wrapper(
+                original, freeze, coroutine=hook.coroutine
+            ),
+        )
     _run_upstream(adapter, rest)

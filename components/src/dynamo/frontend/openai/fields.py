@@ -77,7 +77,9 @@ _NOT_YET = "not implemented by this server yet"
 _STRUCTURED = (
     "the engine forces the output into that shape (vLLM's structured outputs, compiled by "
     "vLLM: an invalid schema is a 400 naming this field); schemas, regexes and grammars at "
-    "most 64 KiB; structural_tag is refused by name; the mock engine refuses it by name"
+    "most 64 KiB; structured_outputs.structural_tag is xgrammar's structural tag as JSON text "
+    "(an object, at most 64 KiB), applied as vLLM applies it, and response_format's "
+    "structural_tag type is refused by name; the mock engine refuses them by name"
 )
 _MULTIMODAL = "this server serves text-only models"
 _DISAGG = "disaggregated serving (KV / encoder cache transfer) is not part of this server"
@@ -106,9 +108,13 @@ RULES: tuple[FieldRule, ...] = (
         "none renders the tools without calls being parsed; auto (the default when tools are "
         "given) needs the model served with a tool-call parser (--tool-call-parser, or the "
         "worker's --dyn-tool-call-parser), else it is refused by name; required and a named "
-        "function force the output into calls with vLLM's JSON schema from the tools "
-        "(structured outputs: the mock engine refuses them by name), parsed into tool_calls "
-        "(finish_reason tool_calls for required, stop for a named function, as vLLM)",
+        "function force the output into calls (structured outputs: the mock engine refuses "
+        "them by name), parsed into tool_calls (finish_reason tool_calls for required, stop "
+        "for a named function, as vLLM): with --dyn-chat-processor vllm and a tool-call "
+        "parser, forced as vLLM 0.32 forces them (its parser's adjust_request: hermes' "
+        "<tool_call> structural tag with free JSON arguments) and parsed by vLLM's parsers, "
+        "the reasoning first, the arguments streamed as they come; otherwise forced with "
+        "vLLM's JSON schema from the tools and handed out whole at the end",
         (CHAT,),
     ),
     applied(
@@ -131,7 +137,7 @@ RULES: tuple[FieldRule, ...] = (
     ),
     applied(
         "include_reasoning",
-        "false: no reasoning_content (a streamed piece that was only reasoning is no chunk), "
+        "false: no reasoning field (a streamed piece that was only reasoning is no chunk), "
         "and, when the model's output is parsed, no logprobs either (their tokens would show "
         "the reasoning), as vLLM hides them",
         (CHAT,),
@@ -246,7 +252,9 @@ RULES: tuple[FieldRule, ...] = (
         "true: each token's log probability in choices[].logprobs.content, as vLLM builds it "
         "(the frontend decodes the token strings as vLLM does: SentencePiece leading spaces "
         "restored, a character split across tokens carried by its last token, the others "
-        '""; -inf is -9999.0); the mock engine, which '
+        '""; -inf is -9999.0). So the tokens joined can differ from the content, as in vLLM: '
+        "bytes that never complete a character (a small or random model makes them) are "
+        'U+FFFD in the content but "" (bytes []) as tokens. The mock engine, which '
         "has no distribution, refuses it by name",
         (CHAT,),
     ),

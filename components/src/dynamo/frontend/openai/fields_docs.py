@@ -59,6 +59,33 @@ def render() -> str:
         "completions without `max_tokens` may use the rest of the context (vLLM stops them at "
         "16); error messages are worded differently (the same status; ours always names the "
         "field in `param`).",
+        "",
+        "A chat's parsed reasoning (a model served with a reasoning parser) comes back in the "
+        "field its processor's engine names it, whole (`message`) and streamed (`delta`): "
+        "`reasoning` with `--dyn-chat-processor vllm` (vLLM 0.32's server answers `reasoning`; "
+        "it reads `reasoning_content` only as a deprecated input), `reasoning_content` with "
+        "`sglang` (SGLang's server) and with `hf` (upstream Dynamo's default, its "
+        "`--reasoning-field-name`).",
+        "",
+        "Reasoning and tool calls with `--dyn-chat-processor vllm` are vLLM's own, field by "
+        "field, whole and streamed (tests/vllm/test_vllm_reasoning_conformance.py: a reasoning "
+        "parser, a tool-call parser, a reasoning-style template): each request's parsers are "
+        "built with its template variables (`chat_template_kwargs`, `reasoning_effort`, "
+        "`enable_thinking`: a model told not to think is not parsed as thinking) and given "
+        "the prompt's ids; a forced call (`tool_choice` required or a named function) is "
+        "forced and parsed as vLLM 0.32 does it (the tool parser's structural tag, hermes' "
+        "`<tool_call>` with free JSON arguments; the reasoning parsed first; the arguments "
+        "streamed as they come); a reasoning parser that reads its markers in the text turns "
+        "`skip_special_tokens` off, as vLLM's does. Except: no "
+        "`usage.completion_tokens_details` (vLLM counts the reasoning's tokens there); with "
+        "`tool_choice` auto and a constraint of the client's, the constraint alone is applied "
+        "(vLLM also lets the model call a tool in the tool parser's format); the worker's "
+        "engine, started with vLLM's `--reasoning-parser`, holds a grammar back until the "
+        "reasoning ends as vLLM's does, but decides whether the prompt ended it from the "
+        "prompt alone (vLLM's server also hands its engine the request's template variables). "
+        "With `sglang`, SGLang's parsers are built per request as SGLang's server builds "
+        "them: whether the output starts in the reasoning follows the request's "
+        "`chat_template_kwargs` and `reasoning_effort` (SGLang's `_get_reasoning_from_request`).",
     ]
     for endpoint, path in _ENDPOINTS:
         lines += ["", f"## `{path}`", "", "| field | treatment | accepted values | why |"]

@@ -151,6 +151,11 @@ class _SamplingRequest(OutputFields, SamplerFields):
     def structured_field(self) -> str | None:  # the field a refusal of the constraint names
         return self._structured[0] if self._structured else None
 
+    def force_constraint(self, field: str, structured: StructuredOutputs | None) -> None:
+        """The constraint the model's parsers force instead of the one derived here (vLLM's
+        ``adjust_request``: a forced tool call's structural tag), set by ``field``."""
+        self._structured = (field, structured) if structured is not None else None
+
     @property
     def unknown_fields(self) -> tuple[str, ...]:
         """The names of the fields neither this server nor vLLM knows (accepted, not read)."""

@@ -6,8 +6,11 @@ function, as vLLM's OpenAI server derives them (``structured_outputs_from_respon
 What comes out is one :class:`~dynamo.runtime.sampling.StructuredOutputs`, bounded and
 validated here and again by the worker, whose vLLM compiles it into a grammar (an invalid schema
 is vLLM's 400, which the client gets naming the field it sent: :func:`client_field`). The mock
-engine does not sample, so it refuses it by name. ``structural_tag`` (in either field) is
-refused by name: its own validation is xgrammar's, which the frontend does not load.
+engine does not sample, so it refuses it by name. ``structured_outputs.structural_tag`` (JSON
+text of xgrammar's structural tag, as vLLM takes it) is carried with the same bounds (64 KiB),
+checked here to be a JSON object and compiled by the worker's vLLM (an invalid tag is vLLM's
+400 naming the field); ``response_format`` of type ``structural_tag`` is refused by name (its
+legacy ``structures`` / ``triggers`` shape is vLLM's own conversion, not implemented here).
 """
 
 from __future__ import annotations
@@ -47,9 +50,8 @@ def _no_structural_tag(field: str, asked: bool) -> None:
     if asked:
         raise FieldRefused(
             field,
-            f"`{field}`: structural tags are not supported by this server (xgrammar validates "
-            "them, which the frontend does not load); use a JSON schema, regex, choice or "
-            "grammar",
+            f"`{field}`: a structural tag is taken in `structured_outputs.structural_tag` "
+            "(JSON text, as vLLM takes it), not as a response_format type, by this server",
             "unsupported_parameter",
         )
 
@@ -84,13 +86,25 @@ class StructuredOutputsRequest(BaseModel):
     disable_any_whitespace: StrictBool = False
     disable_additional_properties: StrictBool = False
     whitespace_pattern: StructuredText | None = None
+    # xgrammar's structural tag as JSON text (vLLM's field): bounded as the other texts.
+    structural_tag: StructuredText | None = None
 
-    @model_validator(mode="before")
-    @classmethod
-    def _screen(cls, data: Any) -> Any:
-        asked = isinstance(data, dict) and data.get("structural_tag") is not None
-        _no_structural_tag("structured_outputs", asked)
-        return data
+    @model_validator(mode="after")
+    def _tag_is_an_object(self) -> StructuredOutputsRequest:
+        """vLLM's server parses the tag as a JSON object before xgrammar compiles it; the
+        same check here, so a malformed one is the client's 400 before any worker sees it."""
+        if self.structural_tag is not None:
+            try:
+                tag = json.loads(self.structural_tag)
+            except (ValueError, RecursionError):
+                tag = None
+            if not isinstance(tag, dict):
+                raise FieldRefused(
+                    "structured_outputs",
+                    "`structured_outputs.structural_tag` must be the JSON text of an object",
+                    "invalid_value",
+                )
+        return self
 
 
 def _schema_text(schema: dict[str, Any] | str, field: str) -> StructuredOutputs:
@@ -145,6 +159,7 @@ def from_request(
         "grammar": structured.grammar,
         # vLLM counts a set json_object as a constraint, true or false; false asks nothing.
         "json_object": True if structured.json_object else None,
+        "structural_tag": structured.structural_tag,
     }
     if structured.json_ is not None:
         json_text = structured.json_
@@ -152,6 +167,26 @@ def from_request(
             json_text = json.dumps(json_text, ensure_ascii=False)
         options["json_schema"] = json_text
     return _wire("structured_outputs", **options)
+
+
+def from_vllm(params: Any, field: str) -> StructuredOutputs | None:
+    """vLLM's ``StructuredOutputsParams`` (what its parsers' ``adjust_request`` set) as the
+    request plane carries it, with the same bounds as a client's (a 400 naming ``field``)."""
+    if params is None:
+        return None
+    options: dict[str, Any] = {
+        name: getattr(params, name, None)
+        for name in ("regex", "grammar", "structural_tag", "whitespace_pattern")
+    }
+    schema = getattr(params, "json", None)
+    if schema is not None:
+        options["json_schema"] = schema if isinstance(schema, str) else json.dumps(schema)
+    choice = getattr(params, "choice", None)
+    options["choice"] = tuple(choice) if choice is not None else None
+    options["json_object"] = True if getattr(params, "json_object", None) else None
+    for flag in ("disable_any_whitespace", "disable_additional_properties"):
+        options[flag] = bool(getattr(params, flag, False))
+    return _wire(field, **options)
 
 
 # -- forced tool calls ------------------------------------------------------------------------

@@ -1,6 +1,8 @@
 """The output of a ``tool_choice`` ``required`` or named function, parsed into OpenAI
 ``tool_calls`` as vLLM's OpenAI server parses it (its ``Parser.parse`` for required and named
-choices).
+choices), for the processors whose own parsers do not force calls (``hf``, ``sglang``, and
+``vllm`` without a tool-call parser): with ``vllm`` and a tool-call parser, vLLM's parsers force
+and parse them (:meth:`~.vllm_output_parser.VllmOutputParsers.adjusted`).
 
 The worker's engine forced the output into a JSON schema built from the tools
 (:func:`~dynamo.frontend.openai.structured_output.forced_tool_schema`): for ``required`` an array of

@@ -91,19 +91,28 @@ class WithoutReasoning:
 
 
 # One request's parser from its ``tools``, ``tool_choice`` and ``messages``, and whether it
-# streams (a non-streamed completion is parsed whole at the end); None: nothing to parse.
+# streams (a non-streamed completion is parsed whole at the end), with the keywords of
+# :class:`ParserRequest` (``variables``, ``prompt_ids``, ``fields``); None: nothing to parse.
 OutputParserFactory = Callable[..., OutputParser | None]
 
 
 @dataclass(frozen=True)
 class ParserRequest:
     """What a request's parser is built from: ``tools`` and ``tool_choice`` in OpenAI's shapes,
-    its ``messages``, and whether it streams."""
+    its ``messages``, whether it streams, and what vLLM's server gives its parsers besides: the
+    chat template's variables (``chat_template_kwargs`` with ``reasoning_effort`` and
+    ``enable_thinking`` merged in, as the prompt was rendered: several reasoning parsers read
+    them to know whether the model thinks at all), the rendered prompt's ids (a parser can see
+    whether the template already opened or closed the reasoning), and the request's other
+    fields that shape parsing (``parallel_tool_calls``, ``include_reasoning``, ...)."""
 
     tools: Tools = None
     tool_choice: Any = "auto"
     messages: Messages = ()
     stream: bool = True
+    variables: Mapping[str, Any] = field(default_factory=dict)
+    prompt_ids: Sequence[int] = ()
+    fields: Mapping[str, Any] = field(default_factory=dict)
 
 
 class OutputParsers:
@@ -116,15 +125,28 @@ class OutputParsers:
         tool_choice: Any = "auto",
         messages: Messages = (),
         stream: bool = True,
+        *,
+        variables: Mapping[str, Any] | None = None,
+        prompt_ids: Sequence[int] = (),
+        fields: Mapping[str, Any] | None = None,
     ) -> OutputParser | None:
-        return self.build(ParserRequest(tools, tool_choice, messages, stream))
+        return self.build(
+            ParserRequest(
+                tools, tool_choice, messages, stream, dict(variables or {}), prompt_ids,
+                dict(fields or {}),
+            )
+        )  # fmt: skip
 
     def build(self, request: ParserRequest) -> OutputParser | None:
         raise NotImplementedError
 
 
 def no_output_parser(
-    tools: Tools = None, tool_choice: Any = "auto", messages: Messages = (), stream: bool = True
+    tools: Tools = None,
+    tool_choice: Any = "auto",
+    messages: Messages = (),
+    stream: bool = True,
+    **context: Any,
 ) -> OutputParser | None:
     """The factory of a processor that parses nothing (its output is all content)."""
     return None

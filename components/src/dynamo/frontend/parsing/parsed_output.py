@@ -1,6 +1,8 @@
 """A chat completion's output through its
-:class:`~dynamo.frontend.parsing.output_parser.OutputParser`:
-``content``, ``reasoning_content`` and ``tool_calls`` in OpenAI's chat shapes.
+:class:`~dynamo.frontend.parsing.output_parser.OutputParser`: ``content``, the reasoning and
+``tool_calls`` in OpenAI's chat shapes; the reasoning's field is named as the processor's engine
+names it (``reasoning`` with ``vllm``, ``reasoning_content`` with ``sglang`` and ``hf``:
+:data:`~dynamo.frontend.processors.chat_processor.REASONING_FIELDS`).
 
 The response path (:mod:`dynamo.frontend.serving.http_service`) builds one :class:`ParsedOutput` per
 chat choice whose request has a parser (the model's processor parses output: ``--dyn-chat-processor
@@ -8,32 +10,48 @@ vllm`` or ``sglang`` with a tool-call or reasoning parser; or ``tool_choice`` fo
 feeds it the completion's text as it is decoded. Streaming, each piece becomes a chunk with what
 the parser let through: content and reasoning as they come, and tool calls either as deltas
 (vLLM's parsers: a call's id and name first, then pieces of its arguments) or whole at the end
-(SGLang's parsers and forced calls: a call's arguments are complete JSON only once the model has
-finished it); the end adds one chunk with what the parser held back. Not streaming, the whole
-text is fed at once and the message carries all three. A completion that ends (``stop``) with
-tool calls reports ``finish_reason`` ``tool_calls``, as OpenAI, vLLM and SGLang do.
+(SGLang's parsers and :mod:`.forced_tool_calls`: a call's arguments are complete JSON only
+once the model has finished it); the end adds one chunk with what the parser held back. Not
+streaming, the whole text is fed at once and the message carries all three. A completion that
+ends (``stop``) with tool calls reports ``finish_reason`` ``tool_calls``, as OpenAI, vLLM and
+SGLang do.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from dynamo.frontend.openai import protocol as oai
 from dynamo.frontend.openai.responses import ChatResponder
+from dynamo.frontend.openai.structured_output import from_vllm
 from dynamo.frontend.openai.tools import NamedToolChoice
 from dynamo.runtime import peer_text
 from dynamo.runtime.log_budget import CauseBudgets
 
 from .forced_tool_calls import forced_tool_calls
-from .output_parser import FirstCallOnly, OutputParser, ParsedDelta, WithoutReasoning
+from .output_parser import (
+    FirstCallOnly,
+    OutputParser,
+    ParsedDelta,
+    ParserRequest,
+    WithoutReasoning,
+)
+
+# The request's fields, besides tools and messages, that vLLM's parsers read off the request.
+PARSER_FIELDS = ("chat_template_kwargs", "reasoning_effort", "include_reasoning",
+                 "parallel_tool_calls")  # fmt: skip
 
 
-def output_parser(processor_factory: Any, chat: oai.ChatCompletionRequest) -> OutputParser | None:
+def output_parser(
+    processor_factory: Any, chat: oai.ChatCompletionRequest, prompt_ids: Sequence[int] = ()
+) -> OutputParser | None:
     """The request's parser, or None (nothing to parse); its first call only with
     ``parallel_tool_calls`` false, as vLLM filters them; no reasoning with ``include_reasoning``
-    false, as vLLM drops it."""
-    parser = _output_parser(processor_factory, chat)
+    false, as vLLM drops it. The parser is given what vLLM gives its own: the template's
+    variables as the prompt was rendered with them, the prompt's ids, the request's fields."""
+    parser = _output_parser(processor_factory, chat, prompt_ids)
     if parser is not None and chat.parallel_tool_calls is False:
         parser = FirstCallOnly(parser)
     if parser is not None and chat.include_reasoning is False:
@@ -41,24 +59,68 @@ def output_parser(processor_factory: Any, chat: oai.ChatCompletionRequest) -> Ou
     return parser
 
 
-def _output_parser(processor_factory: Any, chat: oai.ChatCompletionRequest) -> OutputParser | None:
-    """The request's parser from its model's factory, or None (nothing to parse). A ``tools``
-    entry the parser's library cannot read is the client's 400 naming ``tools``."""
+def _tool_choice(chat: oai.ChatCompletionRequest) -> Any:
+    """The request's ``tool_choice`` in OpenAI's shape (unset: auto)."""
     choice = chat.tool_choice
-    if chat.tools and (choice == "required" or isinstance(choice, NamedToolChoice)):
-        # Forced into calls by the engine (structured outputs): no tool-call parser needed.
-        return forced_tool_calls(choice if isinstance(choice, str) else choice.model_dump())
+    if choice is None:
+        return "auto"
+    return choice if isinstance(choice, str) else choice.model_dump()
+
+
+def parser_request(chat: oai.ChatCompletionRequest, prompt_ids: Sequence[int] = ()) -> Any:
+    """The request as a parser factory is called with it: (args, keywords)."""
+    args = (chat.template_tools(), _tool_choice(chat), chat.template_messages(), bool(chat.stream))
+    keywords = {
+        "variables": chat.template_variables(),
+        "prompt_ids": prompt_ids,
+        "fields": {
+            name: value
+            for name in PARSER_FIELDS
+            if (value := getattr(chat, name, None)) is not None
+        },
+    }
+    return args, keywords
+
+
+def adjust_for_parsers(processor_factory: Any, chat: oai.ChatCompletionRequest) -> None:
+    """Changes the request as vLLM's server changes it for its parsers before sampling it
+    (the factory's ``adjusted``, only the ``vllm`` processor's has one): a forced call's
+    constraint becomes the one vLLM's tool parser forces (hermes: a ``<tool_call>``
+    structural tag with free JSON arguments, not the JSON schema of the tools), and
+    ``skip_special_tokens`` what a reasoning parser asks for. A client's own constraint
+    (with ``tool_choice`` auto) is kept. Raises FieldRefused for a constraint over the
+    bounds (the client's 400 naming ``tool_choice``)."""
+    adjusted = getattr(processor_factory, "adjusted", None)
+    if adjusted is None:
+        return
+    (tools, choice, messages, stream), keywords = parser_request(chat)
+    found = adjusted(ParserRequest(tools, choice, messages, stream, **keywords),
+                     chat.skip_special_tokens)  # fmt: skip
+    if found is None:
+        return
+    structured, chat.skip_special_tokens = found
+    if _forced(chat) and getattr(processor_factory, "forces_tool_calls", False):
+        chat.force_constraint("tool_choice", from_vllm(structured, "tool_choice"))
+
+
+def _forced(chat: oai.ChatCompletionRequest) -> bool:
+    choice = chat.tool_choice
+    return bool(chat.tools) and (choice == "required" or isinstance(choice, NamedToolChoice))
+
+
+def _output_parser(
+    processor_factory: Any, chat: oai.ChatCompletionRequest, prompt_ids: Sequence[int]
+) -> OutputParser | None:
+    """The request's parser from its model's factory, or None (nothing to parse). A ``tools``
+    entry the parser's library cannot read is the client's 400 naming ``tools``. A forced call
+    goes through the model's own parsers when they force calls as their engine does (vLLM's:
+    the reasoning first, the call's arguments streamed), else through :mod:`.forced_tool_calls`
+    (the engine forced the tools' JSON schema: no tool-call parser needed)."""
+    if _forced(chat) and not getattr(processor_factory, "forces_tool_calls", False):
+        return forced_tool_calls(_tool_choice(chat))
+    args, keywords = parser_request(chat, prompt_ids)
     try:
-        return processor_factory(
-            chat.template_tools(),  # OpenAI's shapes, as the client sent them
-            "auto"
-            if choice is None
-            else choice
-            if isinstance(choice, str)
-            else choice.model_dump(),
-            chat.template_messages(),
-            bool(chat.stream),
-        )
+        return processor_factory(*args, **keywords)
     except ValueError as exc:  # pydantic's ValidationError is one
         first = str(exc).splitlines()[0] if str(exc) else "invalid tool definition"
         raise oai.invalid_request(f"`tools` is not valid: {first}", param="tools") from None
@@ -77,8 +139,23 @@ class ParsedOutput:
     never a 500 or a stream cut short.
     """
 
-    def __init__(self, parser: OutputParser, responder: ChatResponder, index: int = 0) -> None:
+    def __init__(
+        self,
+        parser: OutputParser,
+        responder: ChatResponder,
+        index: int = 0,
+        *,
+        reasoning_field: str = "reasoning_content",
+        vllm_message: bool = False,
+        forced: bool = False,
+    ) -> None:
         self._parser: OutputParser | None = parser
+        # The reasoning's key in a message / delta: the processor's engine's name for it.
+        self._reasoning_field = reasoning_field
+        # A whole message as vLLM's server builds it (see whole_choice), and whether the
+        # request forced its calls (tool_choice required or a named function).
+        self._vllm_message = vllm_message
+        self._forced = forced
         self._responder = responder
         self._index = index  # the choice's (n > 1)
         self._tool_calls = False
@@ -142,10 +219,16 @@ class ParsedOutput:
         calls = fed.tool_calls + end.tool_calls
         self._tool_calls = bool(calls)
         message: dict[str, Any] = {"role": self._responder.role, "content": content or None}
-        if not calls and message["content"] is None:
+        if not calls and not reasoning and message["content"] is None:
+            # An answer that was all reasoning has no content (null), as vLLM's parsers leave it.
             message["content"] = ""
         if reasoning:
-            message["reasoning_content"] = reasoning
+            message[self._reasoning_field] = reasoning
+        if self._vllm_message:
+            # vLLM's message: its ToolCall has no index, and a forced call's content is "".
+            calls = [{k: v for k, v in call.items() if k != "index"} for call in calls]
+            if self._forced and message["content"] is None:
+                message["content"] = ""
         if calls:
             message["tool_calls"] = calls
         reason = self.finish_reason(finish_reason)
@@ -156,7 +239,7 @@ class ParsedOutput:
             return None
         delta: dict[str, Any] = {}
         if parsed.reasoning_content:
-            delta["reasoning_content"] = parsed.reasoning_content
+            delta[self._reasoning_field] = parsed.reasoning_content
         if parsed.content:
             delta["content"] = parsed.content
         if parsed.tool_calls:

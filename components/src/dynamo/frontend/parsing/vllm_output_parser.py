@@ -31,9 +31,16 @@ text's ids are the re-encoding of a piece, not the ids the model sampled (a word
 two pieces encodes as two tokens; a marker the model spelt out in ordinary tokens and that
 arrives whole in one piece becomes the marker's id). Parsers that look for their markers' ids
 or text, as vLLM's hermes, qwen3 and deepseek_r1 do, are unaffected; one that counted tokens
-would count differently. The prompt's ids are not known here either: ``parse_delta`` is given
-none (an empty prompt), so the parser starts in its reasoning phase whatever the chat template
-wrote, as ``parse`` does for the whole text.
+would count differently.
+
+Each parser gets what vLLM's server gives its own: it is built with the request's template
+variables (``chat_template_kwargs`` with ``reasoning_effort`` / ``enable_thinking`` merged in, as
+the prompt was rendered: a reasoning parser reads them to know whether the model thinks), is
+given the rendered prompt's ids (``set_prompt_token_ids`` before ``parse``; ``prompt_token_ids``
+with each ``parse_delta``: a template that closed the reasoning in the prompt leaves the
+output all content), and the request it parses for carries the client's
+``chat_template_kwargs``, ``reasoning_effort``, ``include_reasoning`` and
+``parallel_tool_calls``.
 """
 
 from __future__ import annotations
@@ -108,7 +115,42 @@ class VllmOutputParsers(OutputParsers):
         self._tokenizer = tokenizer
         self.parses_tool_calls = parser_cls.tool_parser_cls is not None
         self._parses_reasoning = parser_cls.reasoning_parser_cls is not None
+        # vLLM's own parser parses a forced call (tool_choice required or named) after the
+        # reasoning, as vLLM's server does; the frontend's ForcedToolCalls is then not used.
+        self.forces_tool_calls = self.parses_tool_calls
         self._markers = _markers(tokenizer)
+
+    def adjusted(
+        self, request: ParserRequest, skip_special_tokens: bool | None
+    ) -> tuple[Any, bool | None] | None:
+        """What vLLM's server changes in a request before sampling it (its renderer calls the
+        parser's ``adjust_request``): vLLM's ``StructuredOutputsParams`` forcing the calls (a
+        tool parser with an xgrammar format, hermes' among them, forces ``required`` / a named
+        function with a structural tag, the arguments free JSON) or None, and the
+        ``skip_special_tokens`` to decode with (a reasoning parser that reads its markers in
+        the text sets it false). None: vLLM leaves the request alone."""
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+        tools, tool_choice = request.tools, request.tool_choice
+        if not (
+            self._parser_cls.always_adjust_request
+            or self._parses_reasoning
+            or (tools and tool_choice != "none")
+        ):
+            return None
+        body: dict[str, Any] = {"model": "model", "messages": [{"role": "user", "content": ""}]}
+        if tools:
+            body |= {"tools": list(tools), "tool_choice": tool_choice}
+            if request.fields.get("parallel_tool_calls") is not None:
+                body["parallel_tool_calls"] = request.fields["parallel_tool_calls"]
+        if skip_special_tokens is not None:
+            body["skip_special_tokens"] = skip_special_tokens
+        chat = ChatCompletionRequest.model_validate(body)
+        parser = self._parser_cls(
+            self._tokenizer, chat.tools, chat_template_kwargs=dict(request.variables)
+        )
+        chat = parser.adjust_request(chat)
+        return chat.structured_outputs, chat.skip_special_tokens
 
     def build(self, request: ParserRequest) -> OutputParser | None:
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
@@ -119,16 +161,26 @@ class VllmOutputParsers(OutputParsers):
             return None
         chat = ChatCompletionRequest.model_validate(
             {
+                **request.fields,
                 "model": "model",
                 "messages": [_plain(message) for message in request.messages] or [{"role": "user"}],
                 "tools": list(tools) if calls and tools else None,
                 "tool_choice": tool_choice if calls else "none",
             }
         )
-        parser = self._parser_cls(self._tokenizer, chat.tools)
+        # As OpenAIServingChat._make_parser: the template's variables as the prompt was
+        # rendered with them (a reasoning parser reads enable_thinking & co. from them).
+        variables = dict(request.variables)
+        parser = self._parser_cls(self._tokenizer, chat.tools, chat_template_kwargs=variables)
+        prompt = list(request.prompt_ids)
+        built: VllmStreamingParser | VllmOutputParser
         if request.stream:
-            return VllmStreamingParser(parser, chat, self._tokenizer, self._markers)
-        return VllmOutputParser(parser, chat, self._tokenizer, calls)
+            built = VllmStreamingParser(parser, chat, self._tokenizer, self._markers, prompt)
+        else:
+            built = VllmOutputParser(parser, chat, self._tokenizer, calls, prompt)
+        # A named function's calls end with "stop", required's with "tool_calls" (vLLM's rule).
+        built.calls_finish_reason = "stop" if isinstance(tool_choice, Mapping) else "tool_calls"
+        return built
 
 
 def _plain(message: Mapping[str, Any]) -> dict[str, Any]:
@@ -166,12 +218,18 @@ def _cut(text: str, ids: list[int], markers: dict[int, str]) -> list[str]:
 class VllmOutputParser:
     """One whole completion's vLLM parser: gathers the text, parses it at :meth:`finish`."""
 
-    def __init__(self, parser: Any, request: Any, tokenizer: Any, calls: bool) -> None:
+    calls_finish_reason = "tool_calls"
+
+    def __init__(
+        self, parser: Any, request: Any, tokenizer: Any, calls: bool, prompt_ids: list[int]
+    ) -> None:
         self._parser = parser
         self._request = request
         self._tokenizer = tokenizer
         self._calls = calls
         self._text: list[str] = []
+        if prompt_ids:  # as chat_completion_full_generator, before parse
+            parser.set_prompt_token_ids(prompt_ids)
 
     def feed(self, text: str) -> ParsedDelta:
         self._text.append(text)
@@ -203,12 +261,21 @@ class VllmStreamingParser:
     """One stream's vLLM parser: each piece through ``parse_delta`` as it comes (see the
     module docstring for the deltas and the ids they are given)."""
 
-    def __init__(self, parser: Any, request: Any, tokenizer: Any, markers: dict[int, str]) -> None:
+    calls_finish_reason = "tool_calls"
+
+    def __init__(
+        self,
+        parser: Any,
+        request: Any,
+        tokenizer: Any,
+        markers: dict[int, str],
+        prompt_ids: list[int] | None = None,
+    ) -> None:
         self._parser = parser
         self._request = request
         self._tokenizer = tokenizer
         self._markers = markers
-        self._prompt: list[int] | None = []  # given once: see the module docstring
+        self._prompt: list[int] = list(prompt_ids or ())  # vLLM gives each delta the prompt
         self._started: set[int] = set()  # the indexes of the calls whose first delta is out
 
     def feed(self, text: str) -> ParsedDelta:
@@ -231,8 +298,7 @@ class VllmStreamingParser:
         return parsed
 
     def _delta(self, text: str, ids: list[int], *, finished: bool) -> Any:
-        prompt, self._prompt = self._prompt, None
-        return self._parser.parse_delta(text, ids, self._request, prompt, finished=finished)
+        return self._parser.parse_delta(text, ids, self._request, self._prompt, finished=finished)
 
     def _add(self, parsed: ParsedDelta, delta: Any) -> None:
         if delta is None:

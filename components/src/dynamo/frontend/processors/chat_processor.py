@@ -23,7 +23,7 @@ from __future__ import annotations
 import importlib
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from dynamo.runtime import peer_text
@@ -56,6 +56,11 @@ logger = logging.getLogger(__name__)
 
 CHAT_PROCESSORS = ("hf", "vllm", "sglang")
 DEFAULT_CHAT_PROCESSOR = "hf"
+# The response field of a parsed reasoning, as each processor's engine names it: vLLM 0.32's
+# server answers ``reasoning`` (it reads ``reasoning_content`` only as a deprecated input),
+# SGLang's answers ``reasoning_content``, and so does upstream Dynamo's frontend by default
+# (its --reasoning-field-name), which ``hf`` stands in for.
+REASONING_FIELDS = {"hf": "reasoning_content", "vllm": "reasoning", "sglang": "reasoning_content"}
 # What --dyn-chat-processor vllm imports at start-up (before the freeze): the tokenizer loader
 # and the chat rendering and OpenAI protocol modules a vLLM frontend holds.
 VLLM_MODULES = (
@@ -137,6 +142,10 @@ class ChatProcessor:
         self.output_parser: OutputParserFactory = output_parsers or no_output_parser
         # Whether that parser turns tool calls in the output into tool_calls (tool_choice auto).
         self.parses_tool_calls = parses_tool_calls
+        self.reasoning_field = REASONING_FIELDS.get(kind, "reasoning_content")
+        # A whole answer's message in vLLM's shape (its tool calls without an index, a forced
+        # call's content "" rather than null), as vLLM's server builds it.
+        self.answers_as_vllm = kind == "vllm"
         self._token_strings: TokenStrings | None = None
 
     @property
@@ -157,6 +166,12 @@ class ChatProcessor:
         """The prompt of a chat request, with its ``add_generation_prompt``,
         ``chat_template_kwargs`` and ``reasoning_effort``. A template that joins content parts
         its own way (SGLang's) takes the messages as sent; the others take them joined."""
+        return self.render(*self.render_inputs(chat))
+
+    def render_inputs(
+        self, chat: ChatCompletionRequest
+    ) -> tuple[Sequence[Mapping[str, Any]], RenderOptions]:
+        """What :meth:`render_chat` renders: the messages and the options."""
         if getattr(self.template, "takes_content_parts", False):
             messages = chat.messages_as_sent()
         else:
@@ -168,7 +183,7 @@ class ChatProcessor:
             documents=chat.documents,
             continue_final_message=chat.continue_final_message is True,
         )
-        return self.render(messages, options)
+        return messages, options
 
     def encode_chat(self, prompt: str) -> list[int]:
         # The template already wrote BOS and the like: transformers' apply_chat_template
@@ -227,12 +242,24 @@ def import_processor_libraries(kind: str) -> str:
 # -- hf -------------------------------------------------------------------------------------
 
 
-def _build_hf(card: ModelCard, files: ModelFiles) -> tuple[Tokenizer, Template | None]:
+# Checks that a template compiles, in a bounded place (the template render processes' check):
+# raises ModelFilesError when it does not, or breaks a bound while compiling.
+TemplateCheck = Callable[[str, Mapping[str, str]], None]
+
+
+def _build_hf(
+    card: ModelCard, files: ModelFiles, template_check: TemplateCheck | None = None
+) -> tuple[Tokenizer, Template | None]:
     tokenizer = HfTokenizer(files)
     config = read_tokenizer_config(files)
     source = find_chat_template(files, config, card.chat_template_path)
-    template = None if source is None else HfChatTemplate(source, special_tokens(config))
-    return tokenizer, template
+    if source is None:
+        return tokenizer, None
+    variables = special_tokens(config)
+    if template_check is None:
+        return tokenizer, HfChatTemplate(source, variables)  # compiled here: unbounded
+    template_check(source, variables)
+    return tokenizer, HfChatTemplate(source, variables, compiled=False)
 
 
 # -- vllm ------------------------------------------------------------------------------------
@@ -340,11 +367,13 @@ def build_chat_processor(
     kind: str = DEFAULT_CHAT_PROCESSOR,
     sglang: sglang_processor.SglangSettings | None = None,
     model_dirs: Sequence[str] = (),
+    template_check: TemplateCheck | None = None,
 ) -> ChatProcessor:
     """The chat engine factory: one model's processor. Raises ModelFilesError (also for a card
     naming files it may not: :func:`model_files`). ``sglang``: the frontend's parser options
     (and, for ``kind="sglang"``, its --chat-template), for the processors that parse output
-    (``sglang``, ``vllm``); ``model_dirs``: the operator's ``--dyn-model-dirs``."""
+    (``sglang``, ``vllm``); ``model_dirs``: the operator's ``--dyn-model-dirs``;
+    ``template_check``: where an ``hf`` template is compiled to check it (None: here)."""
     started = time.perf_counter()
     files = model_files(card, model_dirs)
     tokenizer: Tokenizer
@@ -371,7 +400,10 @@ def build_chat_processor(
         parses_tool_calls = parsers is not None and parsers.parses_tool_calls
     else:
         card_parsers.warn_unparsed(card, kind)
-        tokenizer, template = _BUILDERS[kind](card, files)
+        if kind == "hf":
+            tokenizer, template = _build_hf(card, files, template_check)
+        else:
+            tokenizer, template = _BUILDERS[kind](card, files)
     processor = ChatProcessor(
         card, kind, tokenizer, template, parsers, parses_tool_calls=parses_tool_calls
     )

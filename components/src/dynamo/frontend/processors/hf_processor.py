@@ -31,7 +31,7 @@ import jinja2
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
-from dynamo.runtime.chat_template import chat_template_environment
+from dynamo.runtime.chat_template import TemplateValueTooLarge, chat_template_environment
 from dynamo.runtime.tokenizer_config import token_text
 
 from .model_files import (
@@ -98,9 +98,12 @@ def rendering_errors() -> Iterator[None]:
     have (every processor renders through this, whichever library runs the template)."""
     try:
         yield
+    except TemplateValueTooLarge:
+        raise  # a bound of the frontend's, not the template rejecting the request
     except jinja2.exceptions.TemplateError as exc:
         raise ChatTemplateError(str(exc)) from None
-    except (TypeError, ValueError, LookupError, AttributeError) as exc:
+    except (TypeError, ValueError, LookupError, AttributeError, RecursionError) as exc:
+        # RecursionError: a macro that calls itself without end (Python's own depth bound).
         raise ChatTemplateError(f"{type(exc).__name__}: {exc}") from None
 
 
@@ -156,13 +159,33 @@ def find_chat_template(
 
 
 class HfChatTemplate:
-    def __init__(self, source: str, variables: Mapping[str, str]) -> None:
-        try:
-            self._template = chat_template_environment().from_string(source)
-        except jinja2.exceptions.TemplateError as exc:
-            raise ModelFilesError(f"the chat template does not compile: {exc}") from None
+    """A model's template. ``compiled=False``: not compiled here (a peer's template compiles
+    and renders in the template render processes, :mod:`.template_sandbox`, which compiled it
+    once already to check it); it compiles at its first render in this process, if any."""
+
+    def __init__(self, source: str, variables: Mapping[str, str], *, compiled: bool = True) -> None:
         self._variables = dict(variables)
         self._source = source
+        self._compiled: jinja2.Template | None = None
+        if compiled:
+            self._compile()
+
+    def _compile(self) -> jinja2.Template:
+        if self._compiled is None:
+            try:
+                self._compiled = chat_template_environment().from_string(self._source)
+            except jinja2.exceptions.TemplateError as exc:
+                raise ModelFilesError(f"the chat template does not compile: {exc}") from None
+        return self._compiled
+
+    @property
+    def source(self) -> str:
+        return self._source
+
+    @property
+    def variables(self) -> dict[str, str]:
+        """The model's own template variables (its special tokens)."""
+        return self._variables
 
     def render(self, messages: Sequence[Mapping[str, Any]], options: RenderOptions = PLAIN) -> str:
         messages = list(messages)
@@ -171,7 +194,7 @@ class HfChatTemplate:
         with rendering_errors():
             # The request's variables after the model's (bos_token, ...), as transformers
             # passes apply_chat_template's kwargs.
-            return self._template.render(
+            return self._compile().render(
                 messages=messages, **{**self._variables, **options.template_kwargs()}
             )
 

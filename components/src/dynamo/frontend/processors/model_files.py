@@ -16,8 +16,11 @@ frontend reads only what it needs, through :class:`ModelFiles`:
 * **The operator's directories.** With ``--dyn-model-dirs`` / ``DYN_MODEL_DIRS`` (directories
   separated by ``:``), the tokenizer directory, every file read from it and the chat template
   must resolve inside one of them; a card naming anything else is refused (its model is not
-  served, one WARNING). Unset (the default, so existing deployments keep working) any
-  directory may hold a model; docs/operator-guide.md says what that allows.
+  served, one WARNING). The option only adds rules: the template must still be a Jinja file.
+  Unset (the default, so existing deployments keep working) any directory may hold a model;
+  docs/operator-guide.md says what that allows. A value that would confine nothing (empty,
+  only separators) or names a path that is not a directory is refused at parse time
+  (:class:`ModelDirectories`), never read as "no confinement".
 
 A card that breaks any of this is a :class:`ModelFilesError`, which refuses its model.
 """
@@ -59,9 +62,34 @@ class ModelFilesError(ValueError):
     be: see the module docstring)."""
 
 
-def parse_model_dirs(value: str | None) -> tuple[str, ...]:
-    """The directories of ``--dyn-model-dirs`` (``:``-separated; empty: any directory)."""
-    return tuple(part for part in (value or "").split(os.pathsep) if part.strip())
+class ModelDirectories:
+    """The value kind of ``--dyn-model-dirs``: ``:``-separated directories, each of which must
+    exist and be a directory when the option is parsed, resolved (links followed) once there.
+
+    A value that lists no directory is refused rather than read as "any directory": the option
+    exists to confine, so a typo must not silently lift the confinement."""
+
+    def parse(self, text: str) -> tuple[str, ...]:
+        if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in text):
+            raise ValueError("directory list must not hold control characters")
+        parts = [part for part in text.split(os.pathsep) if part.strip()]
+        if not parts:
+            raise ValueError(
+                "names no directory (an empty list would confine nothing; unset the option to "
+                "allow any directory)"
+            )
+        resolved = []
+        for part in parts:
+            path = Path(part)
+            if not path.exists():
+                raise ValueError(f"{part!r} does not exist")
+            if not path.is_dir():
+                raise ValueError(f"{part!r} is not a directory")
+            resolved.append(str(path.resolve()))
+        return tuple(resolved)
+
+    def describe(self) -> str:
+        return "existing directories, separated by ':'"
 
 
 class ModelFiles:
@@ -107,7 +135,7 @@ class ModelFiles:
         resolved = _resolve(named, "chat template")
         if self._roots:
             self._allowed(resolved, "chat template")
-        elif resolved.suffix.lower() not in TEMPLATE_SUFFIXES:
+        if resolved.suffix.lower() not in TEMPLATE_SUFFIXES:
             raise ModelFilesError(
                 f"chat template {_say(named)} is not a Jinja file ({', '.join(TEMPLATE_SUFFIXES)})"
                 + ("" if str(resolved) == named else f": it resolves to {_say(resolved)}")

@@ -14,13 +14,19 @@ import asyncio
 import concurrent.futures
 import functools
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from dynamo.frontend.openai import protocol as oai
 from dynamo.runtime import peer_text
+from dynamo.runtime.chat_template import TemplateValueTooLarge
 
 from .chat_processor import ChatProcessor, ModelFilesError
+from .hf_processor import HfChatTemplate
 from .preprocess_pool import PreprocessPool, PreprocessPoolError
+from .template_sandbox import TemplateSandbox, unsandboxed_value_too_large
+
+if TYPE_CHECKING:
+    from .openai_protocol import ChatCompletionRequest
 
 # Threads that render chat templates and tokenise in this process (tokenising goes to the
 # preprocess pool instead when there is one). Bounded: more requests wait their turn.
@@ -36,8 +42,11 @@ T = TypeVar("T")
 
 
 class Preprocessing:
-    def __init__(self, pool: PreprocessPool | None) -> None:
+    def __init__(self, pool: PreprocessPool | None, sandbox: TemplateSandbox | None = None) -> None:
         self.pool = pool
+        # Where the hf processor's templates (a peer's code) render, bounded; None: on the
+        # threads here (tests, and processors whose library renders its own way).
+        self.sandbox = sandbox
         self._threads = concurrent.futures.ThreadPoolExecutor(
             max_workers=PREPROCESS_THREADS, thread_name_prefix="preprocess"
         )
@@ -49,6 +58,18 @@ class Preprocessing:
     async def run(self, work: Callable[..., T], *args) -> T:
         """``work(*args)`` on a preprocessing thread."""
         return await asyncio.get_running_loop().run_in_executor(self._threads, work, *args)
+
+    async def render_chat(self, processor: ChatProcessor, chat: ChatCompletionRequest) -> str:
+        """The chat's prompt: in the template sandbox for an ``hf`` template, else on a
+        thread. Raises NoChatTemplate, ChatTemplateError or TemplateLimitExceeded."""
+        template = processor.template
+        if self.sandbox is None or not isinstance(template, HfChatTemplate):
+            try:
+                return await self.run(processor.render_chat, chat)
+            except TemplateValueTooLarge as exc:
+                raise unsandboxed_value_too_large(processor.model, exc) from None
+        messages, options = await self.run(processor.render_inputs, chat)
+        return await self.sandbox.render(processor.model, template, messages, options)
 
     async def encode(
         self, processor: ChatProcessor, prompt: str, *, add_special_tokens: bool

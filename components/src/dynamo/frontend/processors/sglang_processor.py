@@ -47,6 +47,7 @@ import importlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from dynamo.frontend.openai.token_strings import SlowBackend
@@ -59,6 +60,7 @@ from dynamo.frontend.parsing.output_parser import (
 from dynamo.runtime.model_card import ModelCard
 
 from .hf_processor import PLAIN, ModelFilesError, RenderOptions, rendering_errors
+from .sglang_reasoning import ReasoningDefaults
 
 # What --dyn-chat-processor sglang imports at start-up, before the freeze (keep in step with
 # the packages of scripts/setup_sglang_env.sh).
@@ -319,30 +321,6 @@ def _model_template(card: ModelCard, settings: SglangSettings) -> str | None:
 # -- output parsers -------------------------------------------------------------------------
 
 
-def default_force_reasoning(parser_name: str, template: str) -> bool:
-    """Whether a request without ``chat_template_kwargs`` / ``reasoning_effort`` starts inside
-    the reasoning block, as SGLang's server decides it: ``TemplateManager.force_reasoning or
-    OpenAIServingChat._get_reasoning_from_request(request)`` for such a request."""
-    from sglang.srt.parser.reasoning_parser import ReasoningParser
-    from sglang.srt.parser.template_detection import detect_reasoning_pattern
-
-    forced, config = detect_reasoning_pattern(template or None)
-    if forced:
-        return True
-    if parser_name in ("iquest_q1", "minimax-m3", "hunyuan"):
-        # Their toggles are request fields (chat_template_kwargs, reasoning_effort), unset here;
-        # hunyuan's effort-templates think unless told not to.
-        return parser_name == "hunyuan" and getattr(config, "special_case", None) == (
-            "hunyuan_effort"
-        )
-    if config is None:
-        mode = ReasoningParser(model_type=parser_name).detector.reasoning_default
-        return mode in ("always", "thinking", "enable_thinking")
-    if config.special_case == "always":
-        return True
-    return bool(config.toggle_param is not None and config.default_enabled)
-
-
 def _is_named_tool_choice(tool_choice: Any) -> bool:
     return (
         isinstance(tool_choice, Mapping)
@@ -360,10 +338,10 @@ class SglangOutputParsers(OutputParsers):
         self._tokenizer = tokenizer
         self._tool_call_parser = settings.tool_call_parser
         self._reasoning_parser = settings.reasoning_parser
-        self._force_reasoning = (
-            default_force_reasoning(settings.reasoning_parser, template_text)
+        self._reasoning_defaults = (
+            ReasoningDefaults.detect(settings.reasoning_parser, template_text)
             if settings.reasoning_parser
-            else False
+            else None
         )
 
     def build(self, request: ParserRequest) -> OutputParser | None:
@@ -393,11 +371,23 @@ class SglangOutputParsers(OutputParsers):
                     tokenizer=self._tokenizer,
                 )
         reasoning_parser = None
-        if self._reasoning_parser and not (forced and not self._force_reasoning):
+        # Per request, as SGLang's server decides it: the client's template variables and
+        # reasoning_effort turn a model's thinking on or off (SGLang reads them off the
+        # request, not off the variables merged for the template).
+        force_reasoning = (
+            self._reasoning_defaults.force_reasoning(request.fields)
+            if self._reasoning_defaults is not None
+            else False
+        )
+        if self._reasoning_parser and not (forced and not force_reasoning):
             reasoning_parser = ReasoningParser(
                 model_type=self._reasoning_parser,
                 stream_reasoning=True,
-                force_reasoning=self._force_reasoning,
+                force_reasoning=force_reasoning,
+                request=SimpleNamespace(  # what SGLang's parser reads off its request
+                    chat_template_kwargs=dict(request.fields.get("chat_template_kwargs") or {}),
+                    reasoning_effort=request.fields.get("reasoning_effort"),
+                ),
                 tokenizer=self._tokenizer,
                 tool_call_parser_active=tool_parser is not None,
             )

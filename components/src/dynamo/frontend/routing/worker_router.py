@@ -8,9 +8,14 @@ log's, however many instances a model has and however many of them are dead:
   error answer, a broken or silent stream) is *benched*: not routed to for
   :data:`BENCH_FIRST_S`, doubling at each new failure up to :data:`BENCH_MAX_S`, and forgiven at
   its first success. With every instance benched the request is a 503 at once.
-* **Attempts.** At most :data:`MAX_ATTEMPTS` instances are tried per request: the one whose turn
-  it is, then instances that served a request last time they were tried (so a request pays for
-  at most one dead instance once a live one is known), then the others in turn.
+* **Attempts.** At most :data:`MAX_ATTEMPTS` distinct instances are tried per request: the one
+  whose turn it is (unless it failed before: an instance that failed stays *suspect* after its
+  bench, until it serves again), then instances that served a request last time they were
+  tried (so a request pays for at most one dead instance once a live one is known), then the
+  one the scout finds (:mod:`dynamo.frontend.routing.instance_scout`): the first untried instance to
+  answer a health probe, suspects last. So one live instance among thousands of dead records
+  takes its requests from the first one on, and the dead are benched by the probes, not by
+  failed requests.
 * **Deadlines.** A connection must be accepted within :data:`WORKER_CONNECT_TIMEOUT_S`. A worker
   that says nothing for :data:`PROBE_AFTER_S` (before its first item, or between two) is asked
   ``GET /health`` (one probe per instance at a time, shared by its requests): no answer within
@@ -30,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +52,7 @@ from dynamo.runtime.request_plane import (
     WorkerUnavailable,
 )
 
+from .instance_scout import InstanceScout
 from .model_registry import ModelEntry
 
 logger = logging.getLogger(__name__)
@@ -147,6 +153,17 @@ class WorkerRouter:
         self._info = CauseBudgets(
             logger, logging.INFO, lines=1, interval_s=LOG_INTERVAL_S, clock=clock
         )
+        self._scout = InstanceScout(
+            session, timeout_s=PROBE_TIMEOUT_S, is_benched=self._is_benched, on_dead=self._failed
+        )
+
+    async def aclose(self) -> None:
+        """Stop what runs in the background (the scout's sweeps)."""
+        await self._scout.aclose()
+
+    def _is_benched(self, record: ModelRecord) -> bool:
+        bench = self._benched.get(_key(record))
+        return bench is not None and self._clock() < bench.until
 
     async def open_stream(
         self,
@@ -163,16 +180,24 @@ class WorkerRouter:
         """
         failures: list[str] = []  # "instance at endpoint: error", in the order tried
         protocol_errors = 0
-        now = self._clock()
-        candidates = []
-        for record in entry.route_order():
-            bench = self._benched.get(_key(record))
-            if bench is None or now >= bench.until:
-                candidates.append(record)
+        candidates = [record for record in entry.route_order() if not self._is_benched(record)]
         benched = len(entry.instances) - len(candidates)
-        for record in self._attempt_order(candidates):
-            if len(failures) >= MAX_ATTEMPTS:
-                break
+        tried: set[tuple[str, str]] = set()
+        probed: list[str] = []  # the dead the scout's sweeps found, described
+        while len(failures) < MAX_ATTEMPTS:
+            record = self._next_choice(candidates, tried)
+            if record is None:
+                untried = [r for r in candidates if _key(r) not in tried]
+                untried.sort(key=lambda r: _key(r) in self._benched)  # suspects last
+                if not untried:
+                    break
+                sweep = await self._scout.find(entry.name, untried)
+                if sweep.dead_count:
+                    probed.append(sweep.describe_dead())
+                record = sweep.found
+                if record is None or _key(record) in tried:
+                    break
+            tried.add(_key(record))
             stream = request_plane.generate(
                 self.session, record.endpoint, plane_request, max_token_id=max_token_id
             )
@@ -201,20 +226,19 @@ class WorkerRouter:
         raise NoWorkerAvailable(
             f"no worker instance of model `{entry.name}` could take the request",
             detail=f"model {name}: {len(failures)} instance(s) tried, {benched} benched: "
-            + "; ".join(failures),
+            + "; ".join(failures)
+            + "".join(f"; health probe unanswered: {dead}" for dead in probed),
             bad_answers=protocol_errors == len(failures),
         )
 
-    def _attempt_order(self, candidates: list[ModelRecord]) -> Iterator[ModelRecord]:
-        """The instance whose turn it is, then those that served their last request, then the
-        rest in turn (computed only when the first fails)."""
-        if not candidates:
-            return
-        yield candidates[0]
-        rest = candidates[1:]
-        good = [record for record in rest if _key(record) in self._good]
-        yield from good
-        yield from (record for record in rest if _key(record) not in self._good)
+    def _next_choice(
+        self, candidates: list[ModelRecord], tried: set[tuple[str, str]]
+    ) -> ModelRecord | None:
+        """The instance whose turn it is (first attempt, unless it is a suspect), else one that
+        served its last request; None: the scout is to find one."""
+        if not tried and candidates and _key(candidates[0]) not in self._benched:
+            return candidates[0]
+        return next((r for r in candidates if _key(r) in self._good and _key(r) not in tried), None)
 
     async def _next(
         self, record: ModelRecord, stream: AsyncGenerator[StreamItem, None]

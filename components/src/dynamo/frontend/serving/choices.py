@@ -195,7 +195,16 @@ def new_choice(
     parsed = None
     # Tool calls and reasoning parsed out of a chat's text (ChatResponder only).
     if parser is not None and isinstance(responder, ChatResponder):
-        parsed = ParsedOutput(parser, responder, index)
+        field = getattr(processor, "reasoning_field", "reasoning_content")
+        choice = getattr(req, "tool_choice", None)
+        parsed = ParsedOutput(
+            parser,
+            responder,
+            index,
+            reasoning_field=field,
+            vllm_message=getattr(processor, "answers_as_vllm", False),
+            forced=bool(getattr(req, "tools", None)) and choice not in (None, "none", "auto"),
+        )
     logprobs = formatter(req, processor, chat=isinstance(responder, ChatResponder))
     if parsed is not None and getattr(req, "include_reasoning", None) is False:
         logprobs = None  # vLLM hides them with the reasoning (their token strings would show it)

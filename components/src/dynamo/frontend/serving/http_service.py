@@ -41,7 +41,7 @@ from dynamo.frontend.openai.responses import (
 )
 from dynamo.frontend.openai.tools import check_tool_choice
 from dynamo.frontend.parsing.output_parser import OutputParser
-from dynamo.frontend.parsing.parsed_output import output_parser
+from dynamo.frontend.parsing.parsed_output import adjust_for_parsers, output_parser
 from dynamo.frontend.processors.chat_processor import (
     ChatTemplateError,
     NoChatTemplate,
@@ -49,6 +49,7 @@ from dynamo.frontend.processors.chat_processor import (
 )
 from dynamo.frontend.processors.preprocess_pool import PreprocessPool
 from dynamo.frontend.processors.preprocessing import Preprocessing
+from dynamo.frontend.processors.template_sandbox import TemplateLimitExceeded, TemplateSandbox
 from dynamo.frontend.routing.model_registry import ModelEntry, ModelRegistry
 from dynamo.frontend.routing.worker_router import LOG_INTERVAL_S, NoWorkerAvailable, WorkerRouter
 from dynamo.runtime import peer_text
@@ -83,6 +84,8 @@ logger = logging.getLogger(__name__)
 
 
 MODELS_PATH = "/v1/models"
+# How much of a chat template's error (its raise_exception text) a client's 400 quotes.
+TEMPLATE_ERROR_LIMIT = 500
 CHAT_COMPLETIONS_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
 HEALTH_PATH = "/health"
@@ -99,6 +102,7 @@ class FrontendService:
         preprocess_pool: PreprocessPool | None = None,
         request_metrics: RequestMetrics | None = None,
         *,
+        template_sandbox: TemplateSandbox | None = None,
         ready_min_models: int = 1,
         strict_request_fields: bool = False,
     ) -> None:
@@ -121,7 +125,7 @@ class FrontendService:
         # before its first look at the store.
         self.discovery_watcher: RecordWatcher | None = None
         # Rendering and tokenising, never on the event loop.
-        self.preprocessing = Preprocessing(preprocess_pool)
+        self.preprocessing = Preprocessing(preprocess_pool, template_sandbox)
         self._off_loop = self.preprocessing.run
 
     def close(self) -> None:
@@ -214,6 +218,14 @@ class FrontendService:
             raise oai.model_not_found(model)
         return entry
 
+    def _label_by_body(self, body: Any, track: RequestTrack) -> None:
+        """Count a request refused before its model was looked up under that model, if the
+        body names one the registry serves (never the client's raw string)."""
+        model = body.get("model") if isinstance(body, dict) else None
+        entry = self.registry.get(model) if isinstance(model, str) else None
+        if entry is not None:
+            track.served(entry.name)
+
     async def _admitted(
         self, request: web.Request, parse: Callable[..., Any], endpoint: str, track: RequestTrack
     ) -> tuple[Any, ModelEntry]:
@@ -221,7 +233,14 @@ class FrontendService:
         (not while draining)."""
         if lifecycle.current_phase() is lifecycle.Phase.DRAINING:
             raise oai.service_unavailable("the frontend is shutting down", code="draining")
-        parsed = parse(await read_json_body(request), strict_fields=self.strict_request_fields)
+        body = await read_json_body(request)
+        try:
+            parsed = parse(body, strict_fields=self.strict_request_fields)
+        except oai.ApiError:
+            # A 400 from the field rules (n=2 with temperature 0, say) counts under the model
+            # the body names, when the registry serves it, as every later 400 does.
+            self._label_by_body(body, track)
+            raise
         self.unknown_fields.seen(endpoint, parsed.unknown_fields)
         track.stream = bool(parsed.stream)
         return parsed, self._entry(parsed.model, track)
@@ -235,25 +254,35 @@ class FrontendService:
                     chat.tool_choice,
                     parses_tool_calls=entry.processor.parses_tool_calls,
                 )
+                if hasattr(entry.processor.output_parser, "adjusted"):
+                    # vLLM's parsers build a grammar here: off the loop, as rendering is.
+                    await self._off_loop(adjust_for_parsers, entry.processor.output_parser, chat)
             except FieldRefused as exc:
                 raise oai.invalid_request(exc.message, param=exc.param, code=exc.code) from None
             try:
-                prompt = await self._off_loop(entry.processor.render_chat, chat)
+                prompt = await self.preprocessing.render_chat(entry.processor, chat)
+            except TemplateLimitExceeded as exc:
+                raise oai.service_unavailable(str(exc), code="chat_template_limit") from None
             except NoChatTemplate as exc:
                 raise oai.invalid_request(
                     str(exc), param="messages", code="no_chat_template"
                 ) from None
             except ChatTemplateError as exc:
+                # The text is the peer template's (raise_exception) or a library's: bounded and
+                # escaped like any peer text, so a template cannot answer megabytes.
                 raise oai.invalid_request(
-                    f"the model's chat template rejected the messages: {exc}",
+                    "the model's chat template rejected the messages: "
+                    + peer_text.escape(exc, limit=TEMPLATE_ERROR_LIMIT),
                     param="messages",
                     code="chat_template_error",
                 ) from None
-            # One parser per choice: each parses its own text.
-            parsers = [
-                output_parser(entry.processor.output_parser, chat) for _ in range(chat.choices)
-            ]
             prompt_ids = await self._encode(entry, prompt, chat, chat=True)
+            # One parser per choice: each parses its own text (it is given the prompt's ids,
+            # as vLLM's server gives its parsers).
+            parsers = [
+                output_parser(entry.processor.output_parser, chat, prompt_ids)
+                for _ in range(chat.choices)
+            ]
             return await self._serve(
                 request, entry, chat, prompt_ids, "messages", ChatResponder, track, parsers, prompt
             )

@@ -24,14 +24,19 @@ that carries tokens; each later item of ``n`` tokens observes ``n`` inter-token 
 (time since the previous item) / ``n``; the input length is observed with the first token, the
 output length when the request ends (if a worker was asked).
 
-**Label cardinality is bounded.** ``model`` is never the client's raw string: it is the name
-of a model the registry serves (a discovery record's word, so bounded too: at most
-:data:`MAX_MODEL_LABELS` distinct names get their own series, later ones share
-:data:`OTHER_MODEL`); a request whose model the registry does not serve (a typo, a 404, a body
-that does not parse) is counted under :data:`UNKNOWN_MODEL`. The other labels take values from
-fixed sets. Upstream reads its bucket ranges from ``DYN_METRICS_*`` environment variables; this
-frontend uses upstream's defaults and no overrides (one declared option per setting is the
-project's rule, and nobody has asked for them yet).
+**Label cardinality is bounded, and follows what is served.** ``model`` is never the client's
+raw string: it is the name of a model the registry serves (a discovery record's word). A model
+served now always has its own series (the registry serves at most ``--dyn-max-models``); a model
+no longer served keeps its series while it is among the :data:`MAX_GONE_MODEL_LABELS` most
+recently used of the gone ones, and beyond that gives its label up: its series are removed from
+the registry (so /metrics stops showing them) when a newer model needs a label, never while one
+of its requests is in flight. A request whose model the registry does not serve (a typo, a 404,
+a body that does not parse) is counted under :data:`UNKNOWN_MODEL`. The other labels take
+values from fixed sets.
+
+Upstream reads its bucket ranges from ``DYN_METRICS_*`` environment variables; this frontend
+uses upstream's defaults and no overrides (one declared option per setting is the project's
+rule, and nobody has asked for them yet).
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Iterator
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from aiohttp import web
@@ -71,8 +77,9 @@ INTERNAL = "internal"
 NOT_IMPLEMENTED = "not_implemented"
 
 UNKNOWN_MODEL = "unknown"
-OTHER_MODEL = "other"
-MAX_MODEL_LABELS = 64
+# How many models no longer served keep their series (the most recently used first): enough for
+# a worker's restart or a rolling update to keep its history, bounded against model churn.
+MAX_GONE_MODEL_LABELS = 64
 
 
 def log_buckets(low: float, high: float, count: int) -> tuple[float, ...]:
@@ -118,7 +125,15 @@ def error_type(status: int) -> str:
 class RequestMetrics:
     """The ``dynamo_frontend_*`` family on ``registry`` (the process's own, served on /metrics)."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        is_served: Callable[[str], bool] = lambda name: False,
+        max_gone_labels: int = MAX_GONE_MODEL_LABELS,
+    ) -> None:
+        """``is_served``: whether the registry serves a model now (its label is never given
+        up); ``max_gone_labels``: how many others keep theirs (see the module docstring)."""
         registry = registry if registry is not None else CollectorRegistry()
         self.registry = registry
         self.requests = Counter(
@@ -172,17 +187,66 @@ class RequestMetrics:
             ["model"],
             registry=registry,
         )
-        self._models: set[str] = set()
+        self._is_served = is_served
+        self._max_gone_labels = max_gone_labels
+        # Every model label with series, least recently used first; the request counter's label
+        # sets of each (to remove them with the label); requests in flight per label.
+        self._labels: OrderedDict[str, set[tuple[str, ...]]] = OrderedDict()
+        self._inflight: dict[str, int] = {}
 
     def model_label(self, served_name: str) -> str:
-        """The ``model`` label of a model the registry serves: its name, while fewer than
-        :data:`MAX_MODEL_LABELS` names have been seen, else :data:`OTHER_MODEL`."""
-        if served_name in self._models:
+        """The ``model`` label of a model the registry serves: its own name. A new label may
+        make a model long gone give its label up (see the module docstring)."""
+        if served_name in self._labels:
+            self._labels.move_to_end(served_name)
             return served_name
-        if len(self._models) >= MAX_MODEL_LABELS:
-            return OTHER_MODEL
-        self._models.add(served_name)
+        self._give_up_gone_labels()
+        self._labels[served_name] = set()
         return served_name
+
+    def labels(self) -> list[str]:
+        """The model labels with series now, least recently used first (for tests, diagnosis)."""
+        return list(self._labels)
+
+    def _give_up_gone_labels(self) -> None:
+        gone = [
+            name
+            for name in self._labels
+            if not self._is_served(name) and not self._inflight.get(name)
+        ]
+        # Room for the new label among the gone ones, should it go too before it is used again.
+        for name in gone[: max(0, len(gone) - self._max_gone_labels + 1)]:
+            self._remove_series(name)
+
+    def _remove_series(self, name: str) -> None:
+        for label_set in self._labels.pop(name):
+            self.requests.remove(*label_set)
+        for metric in (
+            self.inflight, self.duration, self.ttft, self.itl, self.isl, self.osl,
+            self.output_tokens,
+        ):  # fmt: skip
+            try:
+                metric.remove(name)
+            except KeyError:  # no series of that metric yet
+                pass
+
+    def _count_request(self, label_set: tuple[str, ...]) -> None:
+        self.requests.labels(*label_set).inc()
+        sets = self._labels.get(label_set[0])
+        if sets is not None:
+            sets.add(label_set)
+
+    def _enter(self, model: str) -> None:
+        self._inflight[model] = self._inflight.get(model, 0) + 1
+        self.inflight.labels(model).inc()
+
+    def _leave(self, model: str) -> None:
+        left = self._inflight.get(model, 1) - 1
+        if left:
+            self._inflight[model] = left
+        else:
+            self._inflight.pop(model, None)
+        self.inflight.labels(model).dec()
 
     @contextmanager
     def request(self, endpoint: str) -> Iterator[RequestTrack]:
@@ -229,7 +293,7 @@ class RequestTrack:
     def served(self, model: str) -> None:
         """The request names a model the registry serves: from here on it is in flight."""
         self._model = self._metrics.model_label(model)
-        self._metrics.inflight.labels(self._model).inc()
+        self._metrics._enter(self._model)
         self._inflight = True
 
     def sent(self, prompt_tokens: int) -> None:
@@ -263,15 +327,17 @@ class RequestTrack:
     def close(self) -> None:
         metrics, model = self._metrics, self._model
         if self._inflight:
-            metrics.inflight.labels(model).dec()
+            metrics._leave(model)
         if self._prompt_tokens is not None:
             metrics.osl.labels(model).observe(self._tokens)
-        failed = self._error is not None
-        metrics.requests.labels(
-            model,
-            self._endpoint,
-            STREAM if self.stream else UNARY,
-            ERROR if failed else SUCCESS,
-            self._error if failed else ERROR_NONE,
-        ).inc()
+        error = self._error
+        metrics._count_request(
+            (
+                model,
+                self._endpoint,
+                STREAM if self.stream else UNARY,
+                SUCCESS if error is None else ERROR,
+                ERROR_NONE if error is None else error,
+            )
+        )
         metrics.duration.labels(model).observe(time.perf_counter() - self._started)

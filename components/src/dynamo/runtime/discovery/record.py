@@ -96,15 +96,18 @@ class ModelRecord:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> ModelRecord:
-        """The record ``text`` holds; raises ValueError saying which field is wrong (the message
-        quotes no more of the record than a field name: callers escape what they log)."""
+        """The record ``text`` holds; raises :class:`InvalidRecord` (a ValueError) saying which
+        field is wrong (the message quotes no more of the record than a field name: callers
+        escape what they log)."""
         try:
             parsed = _RecordSchema.model_validate_json(text)
         except pydantic.ValidationError as exc:
-            raise ValueError(_first_error(exc)) from None
+            raise _first_error(exc) from None
         problem = endpoint_problem(parsed.endpoint)
         if problem is not None:
-            raise ValueError(f"record field 'endpoint' {parsed.endpoint[:200]!r}: {problem}")
+            raise InvalidRecord(
+                "endpoint", f"record field 'endpoint' {parsed.endpoint[:200]!r}: {problem}"
+            )
         return cls(
             model=parsed.model,
             endpoint=parsed.endpoint,
@@ -113,6 +116,33 @@ class ModelRecord:
             heartbeat_interval_s=parsed.heartbeat_interval_s,
             card=parsed.card,
         )
+
+
+class InvalidRecord(ValueError):
+    """A record a frontend refuses; ``field`` is the path of the first wrong field (``model``,
+    ``card.chat_template_path``; empty when the record as a whole is wrong)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def record_problem(record: ModelRecord) -> InvalidRecord | None:
+    """Why a frontend would refuse ``record`` (None: it would read it), by the very checks
+    :meth:`ModelRecord.from_json` makes, its size included: a worker asks this of the record it
+    is about to write, so that a setting a frontend would refuse stops the worker, naming the
+    option, instead of serving a model no frontend will ever route to."""
+    text = record.to_json()
+    size = len(text.encode("utf-8"))
+    if size > MAX_RECORD_BYTES:
+        return InvalidRecord(
+            "", f"the record is {size} bytes, over the frontend's bound of {MAX_RECORD_BYTES}"
+        )
+    try:
+        ModelRecord.from_json(text)
+    except InvalidRecord as exc:
+        return exc
+    return None
 
 
 def endpoint_problem(endpoint: str) -> str | None:
@@ -158,13 +188,16 @@ def endpoint_problem(endpoint: str) -> str | None:
     return None
 
 
-def _first_error(exc: pydantic.ValidationError) -> str:
+def _first_error(exc: pydantic.ValidationError) -> InvalidRecord:
     error = exc.errors(include_url=False)[0]
     where = ".".join(str(part) for part in error["loc"])
     if error["type"] in ("json_invalid", "model_type"):
-        return "record is not a JSON object" if error["type"] == "model_type" else error["msg"]
+        message = "record is not a JSON object" if error["type"] == "model_type" else error["msg"]
+        return InvalidRecord("", message)
     if where.startswith("card."):
-        return f"record has an invalid model card: {where[5:]}: {error['msg']}"
+        return InvalidRecord(
+            where, f"record has an invalid model card: {where[5:]}: {error['msg']}"
+        )
     if error["type"] == "missing":
-        return f"record lacks field {where!r}"
-    return f"record field {where!r}: {error['msg']}"
+        return InvalidRecord(where, f"record lacks field {where!r}")
+    return InvalidRecord(where, f"record field {where!r}: {error['msg']}")

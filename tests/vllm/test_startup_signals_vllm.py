@@ -1,0 +1,147 @@
+"""Ctrl-C and SIGTERM stop a starting worker (and a frontend importing vLLM) within seconds,
+in every start-up phase: exit 0, one line saying so, no traceback, no process left behind
+(vLLM's EngineCore and its workers included).
+
+Ctrl-C is sent as a terminal sends it, to the launcher's whole process group (vLLM's processes
+get it too); SIGTERM to the launcher alone, as Kubernetes sends it. Each test waits for the log
+line that marks its phase, then signals. Every process a launcher starts inherits a token in
+its environment, which is how a process left behind is found after the launcher has exited.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import uuid
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+from tests.support import LauncherProcess, wait_until
+from tests.support.processes import start_frontend, start_worker
+
+pytestmark = [pytest.mark.vllm, pytest.mark.integration]
+
+# "Within a few seconds": generous for a loaded 2-core machine, far below engine init's 20 s+.
+STOP_DEADLINE_S = 10.0
+PHASE_DEADLINE_S = 300.0  # how long a phase may take to begin (imports and init on 2 cores)
+TOKEN_VAR = "DYNAMO_TEST_STOP_TOKEN"
+
+# The line each phase begins with, in the worker's log.
+IMPORTS = r"Worker options: "  # logged just before vLLM is imported
+ENGINE_INIT = r"Initializing a V1 LLM engine"  # EngineCore's first line: its process runs
+SELF_BENCHMARK = r"Self-benchmark: \d+ points"
+
+
+def ctrl_c(process: LauncherProcess) -> str:
+    process.signal_group(signal.SIGINT)
+    return "SIGINT"
+
+
+def sigterm(process: LauncherProcess) -> str:
+    process.signal(signal.SIGTERM)
+    return "SIGTERM"
+
+
+@pytest.fixture
+def token() -> Iterator[str]:
+    value = uuid.uuid4().hex
+    yield value
+    for process in processes_with(value):  # a failed test leaves nothing running either
+        process.kill()
+
+
+def processes_with(token: str) -> list[psutil.Process]:
+    """The live processes (zombies aside) whose environment carries ``token``."""
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if process.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if process.environ().get(TOKEN_VAR) == token:
+                found.append(process)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def assert_stopped_promptly(process: LauncherProcess, signame: str, token: str) -> None:
+    code = process.wait_exit(STOP_DEADLINE_S)  # raises with the log past the deadline
+    log = process.log()
+    assert code == 0, log
+    assert "Traceback" not in log, log
+    assert "KeyboardInterrupt" not in log, log
+    lines = re.findall(rf"^.*Received {signame} during start-up.*$", log, re.MULTILINE)
+    assert len(lines) == 1, log
+    after = log[log.index(lines[0]) :]
+    assert re.search(r"\b(WARNING|ERROR|CRITICAL)\b", after) is None, after
+    wait_until(
+        lambda: not processes_with(token),
+        deadline_s=STOP_DEADLINE_S,
+        what="every process of the stopped launcher to end",
+    )
+
+
+def worker(name, tmp_path, tiny_model, token, *args: str) -> LauncherProcess:
+    return start_worker(
+        name,
+        tmp_path,
+        tmp_path / "discovery",
+        None,
+        *args,
+        vllm_model=tiny_model,
+        env={TOKEN_VAR: token},
+        new_session=True,
+    )
+
+
+def test_ctrl_c_during_vllms_import_stops_the_worker(tiny_model, tmp_path, token):
+    """(SIGTERM before the event loop takes the same path: tests/unit/test_startup_signals.py.)"""
+    process = worker("worker", tmp_path, tiny_model, token)
+    try:
+        process.wait_for_log(IMPORTS, deadline_s=PHASE_DEADLINE_S)
+        assert_stopped_promptly(process, ctrl_c(process), token)
+    finally:
+        process.stop()
+
+
+@pytest.mark.parametrize("send", [ctrl_c, sigterm])
+def test_a_signal_during_engine_init_stops_the_worker_and_vllms_processes(
+    send, tiny_model, tmp_path, token
+):
+    process = worker("worker", tmp_path, tiny_model, token)
+    try:
+        process.wait_for_log(ENGINE_INIT, deadline_s=PHASE_DEADLINE_S)
+        assert_stopped_promptly(process, send(process), token)
+        assert "vLLM AsyncLLM started" not in process.log()  # it was stopped mid-init
+    finally:
+        process.stop()
+
+
+def test_a_signal_during_the_self_benchmark_stops_the_worker(tiny_model, tmp_path, token):
+    process = worker("worker", tmp_path, tiny_model, token, "--self-benchmark-points", "400")
+    try:
+        process.wait_for_log(SELF_BENCHMARK, deadline_s=PHASE_DEADLINE_S)
+        assert_stopped_promptly(process, ctrl_c(process), token)
+        assert "Self-benchmark done" not in process.log()
+    finally:
+        process.stop()
+
+
+def test_a_signal_while_the_frontend_imports_vllm_stops_it(tmp_path, token):
+    process = start_frontend(
+        "frontend",
+        tmp_path,
+        tmp_path / "discovery",
+        "--dyn-chat-processor",
+        "vllm",
+        env={TOKEN_VAR: token},
+        new_session=True,
+    )
+    try:
+        process.wait_for_log(r"Chat processor vllm: importing", deadline_s=PHASE_DEADLINE_S)
+        assert_stopped_promptly(process, ctrl_c(process), token)
+        assert "HTTP service listening" not in process.log()
+    finally:
+        process.stop()

@@ -1,0 +1,231 @@
+"""The differential test of tests/vllm/test_vllm_conformance.py for reasoning and tool calls:
+vLLM's own server started as a reasoning model with tools is served (``--reasoning-parser qwen3
+--tool-call-parser hermes --enable-auto-tool-choice``, a reasoning-style chat template that closes
+the thinking in the prompt when ``enable_thinking`` is false, as Qwen3's does), and our pair on
+the same model (the worker with ``--dyn-reasoning-parser qwen3 --dyn-tool-call-parser hermes`` and
+vLLM's own ``--reasoning-parser``, the frontend with ``--dyn-chat-processor vllm``) get the same
+requests through the official ``openai`` client; the answers must agree field by field, whole
+and streamed (the reasoning, the content and the calls joined from the chunks).
+
+The tiny model's random weights never write ``<think>`` or ``<tool_call>`` by themselves: the
+synthetic outputs are forced by the engine on both sides alike (a regex that writes the
+markers, the structural tag vLLM forces a call with). Both servers run the grammar from the
+first token (``--structured-outputs-config`` ``enable_in_reasoning``), so that a grammar forces
+the markers whether the reasoning parser is in its thinking phase or not.
+
+Deliberate differences, listed here with their reasons:
+
+* ``usage.completion_tokens_details`` (vLLM counts the reasoning's tokens there when a reasoning
+  parser is set): ours reports no details; see :data:`IGNORED_KEYS`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+from bench_common import OFFLINE_ENV, VLLM_ARGS
+from launcher_process import LauncherProcess, free_port
+
+from tests.support.processes import LISTENING_LINE, start_frontend, start_worker
+from tests.vllm.test_pair_real_model import SERVED
+from tests.vllm.test_vllm_conformance import CHAT, call, differences
+from tests.vllm.test_vllm_conformance import IGNORED_KEYS as BASE_IGNORED
+
+pytestmark = [pytest.mark.vllm, pytest.mark.integration]
+
+START_DEADLINE_S = 360.0
+IGNORED_KEYS = BASE_IGNORED | {
+    # vLLM's reasoning-token count (see the module docstring): not reported by ours.
+    "completion_tokens_details",
+}
+# A reasoning-style template: the tools as JSON, each message on its role's line, and the
+# thinking closed in the prompt when the client turns it off (Qwen3's rule).
+TEMPLATE = (
+    "{%- if tools %}<|tools|>{{ tools | map(attribute='function') | map(attribute='name') "
+    "| join(',') }}\n{% endif %}"
+    "{%- for m in messages %}<|{{ m['role'] }}|>{{ m['content'] or '' }}\n{% endfor %}"
+    "{%- if add_generation_prompt %}<|assistant|>"
+    "{%- if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
+    "{%- endif %}{%- endif %}"
+)
+IN_REASONING = json.dumps({"enable_in_reasoning": True})
+SHARED_ARGS = ["--reasoning-parser", "qwen3", "--structured-outputs-config", IN_REASONING]
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}  # fmt: skip
+CHAT_BODY = {"messages": [{"role": "user", "content": "Weather in Paris?"}], "temperature": 0}
+NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
+# The markers written by the engine (a regex): reasoning, then content.
+THOUGHT = {"structured_outputs": {"regex": "<think>[a-z]{2,8}</think>[a-z ]{2,12}"}}
+CALL_REGEX = {"structured_outputs": {"regex": (
+    r'<tool_call>\n\{"name": "get_weather", "arguments": \{"city": "[a-z]{1,6}"\}\}\n</tool_call>'
+)}}  # fmt: skip
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+# A structural tag of the client's own (structured_outputs.structural_tag): JSON in a tag.
+TAG = {"structured_outputs": {"structural_tag": json.dumps({
+    "type": "structural_tag", "format": {"type": "tag", "begin": "<a>", "end": "</a>",
+    "content": {"type": "json_schema", "json_schema": {"type": "integer"}}}})}}  # fmt: skip
+
+
+def _case(name: str, body: dict) -> Any:
+    return pytest.param({**CHAT_BODY, **body}, id=name)
+
+
+CASES = [
+    # Thinking (the default): what the random model writes is the reasoning's.
+    _case("thinking-plain", {"max_tokens": 8}),
+    _case("thinking-markers", {**THOUGHT, "max_tokens": 30}),
+    _case("thinking-markers-include-reasoning-false",
+          {**THOUGHT, "max_tokens": 30, "include_reasoning": False}),
+    # Told not to think (chat_template_kwargs, or reasoning_effort none): the reasoning parser
+    # is given the template's variables, as vLLM's server gives them, and parses no thinking.
+    _case("not-thinking-markers", {**THOUGHT, **NO_THINKING, "max_tokens": 30}),
+    _case("reasoning-effort-none", {**THOUGHT, "reasoning_effort": "none", "max_tokens": 30}),
+    # A hermes call written by the engine, tool_choice none: text, not a call.
+    _case("tools-none", {**CALL_REGEX, **NO_THINKING, "tools": [WEATHER],
+                         "tool_choice": "none", "max_tokens": 120}),
+    # Forced calls: vLLM's structural tag (free JSON arguments), parsed after the reasoning.
+    _case("required", {**NO_THINKING, "tools": [WEATHER], "tool_choice": "required",
+                       "max_tokens": 120}),
+    _case("named", {**NO_THINKING, "tools": [WEATHER], "tool_choice": NAMED, "max_tokens": 120}),
+    _case("required-thinking", {"tools": [WEATHER], "tool_choice": "required",
+                                "max_tokens": 120}),
+    _case("required-one-call", {**NO_THINKING, "tools": [WEATHER], "tool_choice": "required",
+                                "parallel_tool_calls": False, "max_tokens": 120}),
+    _case("structural-tag", {**TAG, **NO_THINKING, "max_tokens": 12}),
+]  # fmt: skip
+
+
+def whole(client: openai.OpenAI, body: dict) -> dict:
+    answer = call(client, CHAT, body, stream=False).model_dump(exclude_unset=True)
+    for choice in answer["choices"]:
+        for item in choice["message"].get("tool_calls") or ():
+            item.pop("id", None)  # a fresh id per call on each server
+    return answer
+
+
+def joined(client: openai.OpenAI, body: dict) -> dict:
+    """A streamed answer as the whole one would be: each choice's role, content, reasoning
+    and calls (a call's deltas joined by index, as a client joins them), its finish reason;
+    usage from the last chunk."""
+    choices: dict[int, dict] = {}
+    usage = None
+    for chunk in call(client, CHAT, body, stream=True):
+        event = chunk.model_dump(exclude_unset=True)
+        usage = event.get("usage") or usage
+        for part in event.get("choices") or []:
+            choice = choices.setdefault(part["index"], {"index": part["index"], "calls": {}})
+            delta = part.get("delta") or {}
+            for key in ("role", "content", "reasoning", "reasoning_content"):
+                if delta.get(key):
+                    choice[key] = choice.get(key, "") + delta[key] if key != "role" else delta[key]
+            for piece in delta.get("tool_calls") or ():
+                into = choice["calls"].setdefault(piece["index"], {"name": "", "arguments": ""})
+                if piece.get("type"):
+                    into["type"] = piece["type"]
+                function = piece.get("function") or {}
+                into["name"] += function.get("name") or ""
+                into["arguments"] += function.get("arguments") or ""
+            if part.get("finish_reason") is not None:
+                choice["finish_reason"] = part["finish_reason"]
+    return {"choices": [choices[i] for i in sorted(choices)], "usage": usage}
+
+
+def comparable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {
+            k: comparable(v) for k, v in value.items() if k not in IGNORED_KEYS and v is not None
+        }
+    if isinstance(value, list):
+        return [comparable(v) for v in value]
+    return value
+
+
+def assert_same(ours: Any, theirs: Any) -> None:
+    found = list(differences(comparable(ours), comparable(theirs)))
+    assert not found, "\n".join(found)
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("reasoning-template") / "template.jinja"
+    path.write_text(TEMPLATE, encoding="utf-8")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tiny_model, template, tmp_path_factory) -> Iterator[str]:
+    port = free_port()
+    argv = ["--model", tiny_model, "--served-model-name", SERVED, "--host", "127.0.0.1",
+            "--port", str(port), "--chat-template", template, "--tool-call-parser", "hermes",
+            "--enable-auto-tool-choice", *SHARED_ARGS, *VLLM_ARGS]  # fmt: skip
+    server = LauncherProcess(
+        "vllm-server", "vllm.entrypoints.openai.api_server", argv,
+        log_dir=tmp_path_factory.mktemp("vllm-reasoning-server"), env=OFFLINE_ENV,
+        python=sys.executable,
+    )  # fmt: skip
+    try:
+        server.wait_for_log(r"Application startup complete", deadline_s=START_DEADLINE_S)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop(deadline_s=60)
+
+
+@contextlib.contextmanager
+def reasoning_pair(tiny_model: str, template: str, directory) -> Iterator[str]:
+    discovery = directory / "discovery"
+    worker = start_worker(
+        "worker", directory, discovery, SERVED, "--chat-template", template,
+        "--dyn-tool-call-parser", "hermes", "--dyn-reasoning-parser", "qwen3", *SHARED_ARGS,
+        vllm_model=tiny_model,
+    )  # fmt: skip
+    frontend = start_frontend("frontend", directory, discovery, "--dyn-chat-processor", "vllm")
+    try:
+        url = frontend.wait_for_log(LISTENING_LINE, deadline_s=START_DEADLINE_S).group(1)
+        frontend.wait_for_log(
+            r"Model added: model=" + re.escape(SERVED), deadline_s=START_DEADLINE_S
+        )
+        yield url
+    finally:
+        frontend.stop()
+        worker.stop(deadline_s=60)
+
+
+@pytest.fixture(scope="module")
+def clients(vllm_server, tiny_model, template, tmp_path_factory):
+    """(ours, vLLM's): official clients on our pair and on vLLM's server."""
+    with reasoning_pair(tiny_model, template, tmp_path_factory.mktemp("reasoning-pair")) as url:
+        ours = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
+        theirs = openai.OpenAI(
+            base_url=vllm_server + "/v1", api_key="none", max_retries=0, timeout=120
+        )
+        yield ours, theirs
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("body", CASES)
+def test_the_same_reasoning_and_calls_as_vllms_server(clients, body, stream):
+    ours, theirs = clients
+    answer = joined if stream else whole
+    assert_same(answer(ours, body), answer(theirs, body))
+
+
+def test_the_synthetic_outputs_exercise_the_parsers(clients):
+    """The cases above compare something: vLLM's own answers carry reasoning, content without
+    it when told not to think, and forced calls."""
+    _, theirs = clients
+    thinking = whole(theirs, {**CHAT_BODY, **THOUGHT, "max_tokens": 30})["choices"][0]
+    assert thinking["message"].get("reasoning") and thinking["message"].get("content")
+    told_not_to = whole(theirs, {**CHAT_BODY, **THOUGHT, **NO_THINKING, "max_tokens": 30})
+    assert not told_not_to["choices"][0]["message"].get("reasoning")
+    forced = whole(theirs, {**CHAT_BODY, **NO_THINKING, "tools": [WEATHER],
+                            "tool_choice": "required", "max_tokens": 120})  # fmt: skip
+    assert forced["choices"][0]["message"].get("tool_calls"), forced
