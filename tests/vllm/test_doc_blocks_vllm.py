@@ -33,9 +33,15 @@ BLOCK_TIMEOUT_S = 600.0
 def vllm_env_is_current() -> bool:
     """Whether scripts/setup_vllm_env.sh would only check its stamps (no install)."""
     venv = Path(os.environ.get("VLLM_VENV", REPO / ".venv-vllm"))
-    checksum = subprocess.run(
-        ["cksum", "pyproject.toml"], cwd=REPO, capture_output=True, text=True, check=True
-    ).stdout.split()[0]
+    # The script's own stamp: both distributions' pyproject.toml, concatenated, through cksum.
+    both = (REPO / "pyproject.toml").read_bytes() + (
+        REPO / "components/pyproject.toml"
+    ).read_bytes()
+    checksum = (
+        subprocess.run(["cksum"], input=both, capture_output=True, check=True)
+        .stdout.split()[0]
+        .decode()
+    )
     return (venv / f".project-{checksum}").exists() and any(venv.glob(".vllm-*"))
 
 
