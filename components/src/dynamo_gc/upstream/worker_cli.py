@@ -11,6 +11,7 @@ wrapped, and upstream's ``__main__`` runs with the remaining arguments.
 
 from __future__ import annotations
 
+import functools
 import runpy
 import sys
 from collections.abc import Sequence
@@ -67,8 +68,8 @@ def run(adapter: WorkerAdapter, argv: Sequence[str] | None = None) -> None:
         hooks.wrap(
             program,
             hook,
-            lambda original, hook=hook: worker_freeze.freezing_wrapper(
-                original, freeze, coroutine=hook.coroutine
+            functools.partial(
+                worker_freeze.freezing_wrapper, freeze=freeze, coroutine=hook.coroutine
             ),
         )
     _run_upstream(adapter, rest)
