@@ -7,7 +7,6 @@ something the product code does.
 from __future__ import annotations
 
 import gc
-import sys
 
 import pytest
 
@@ -18,19 +17,6 @@ from dynamo.common.utils.synthetic_heap import TRACKED_PER_UNIT, build_synthetic
 def _tracked_now() -> int:
     gc.collect()
     return len(gc.get_objects())
-
-
-@pytest.fixture(autouse=True)
-def only_this_thread_runs():
-    """The counts are of the whole process: another thread allocating meanwhile (pytest-xdist's
-    messaging thread in a worker) would count as the heap's. A switch interval longer than any
-    test keeps the GIL with this thread, which neither sleeps nor does I/O while it counts."""
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(60.0)
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(interval)
 
 
 @pytest.mark.parametrize("target", [10_000, 12_345, 100_000])
