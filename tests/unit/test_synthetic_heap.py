@@ -1,46 +1,73 @@
 """The synthetic long-lived heap: about as many tracked objects as asked for, and they live.
 
 Measured with ``len(gc.get_objects())`` deltas around the build: a test-time heap walk, never
-something the product code does.
+something the product code does. The counts are taken in a child interpreter with no other
+thread: in a pytest-xdist worker, the thread that talks to the controller allocates whenever a
+message arrives, and its objects landed between two counts (about 100 of them, a flaky [10000]).
 """
 
 from __future__ import annotations
 
 import gc
+import json
+import subprocess
+import sys
 
 import pytest
 
 from dynamo.common.utils import synthetic_heap
 from dynamo.common.utils.synthetic_heap import TRACKED_PER_UNIT, build_synthetic_heap
 
+# Runs in the child: the tracked-object counts around each step, as JSON on stdout. Only
+# objects that survive a full collection are counted (gc.collect() before each count), and
+# the collector is off in between, so the only collections are those.
+_COUNTS = """
+import gc, json, sys
+from dynamo.common.utils.synthetic_heap import build_synthetic_heap
 
-def _tracked_now() -> int:
+def tracked_now():
     gc.collect()
     return len(gc.get_objects())
+
+gc.disable()
+sizes = json.loads(sys.argv[1])
+counts = [tracked_now()]
+heaps = []
+for size in sizes:
+    heaps.append(build_synthetic_heap(size))
+    counts.append(tracked_now())
+del heaps
+counts.append(tracked_now())
+print(json.dumps(counts))
+"""
+
+
+def _counts_around(*sizes: int) -> list[int]:
+    """Tracked objects before, after building a heap of each size in turn (all kept alive),
+    and after deleting them all, counted in a fresh interpreter."""
+    done = subprocess.run(
+        [sys.executable, "-c", _COUNTS, json.dumps(sizes)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return json.loads(done.stdout)
 
 
 @pytest.mark.parametrize("target", [10_000, 12_345, 100_000])
 def test_it_adds_about_n_tracked_objects_that_survive_a_full_collection(target):
-    gc.disable()  # the only collections are the explicit ones in _tracked_now
-    before = _tracked_now()
+    before, after, released = _counts_around(target)
 
-    heap = build_synthetic_heap(target)
-
-    after = _tracked_now()  # gc.collect() first: only objects that survive it are counted
     assert abs((after - before) - target) <= target // 100, after - before
-    del heap
-    assert abs(_tracked_now() - before) <= 10  # and the heap is all reachable from its root
+    assert abs(released - before) <= 10  # and the heap is all reachable from its root
 
 
 def test_each_unit_adds_the_documented_number_of_tracked_objects():
-    gc.disable()
-    small = build_synthetic_heap(1_000 * TRACKED_PER_UNIT)
-    middle = _tracked_now()
-    large = build_synthetic_heap(2_000 * TRACKED_PER_UNIT)
-    grown = _tracked_now() - middle
+    _, middle, grown_to, _ = _counts_around(1_000 * TRACKED_PER_UNIT, 2_000 * TRACKED_PER_UNIT)
+    grown = grown_to - middle
     # 2000 units plus one root list; allow a few objects of noise from the measurement itself
     assert abs(grown - 2_000 * TRACKED_PER_UNIT) <= 5, grown
-    del small, large
 
 
 def test_every_container_of_a_unit_stays_tracked():
