@@ -34,6 +34,12 @@ ENV_VARS = (
 def clean(monkeypatch):
     for name in ENV_VARS:
         monkeypatch.delenv(name, raising=False)
+    # Upstream's options are read with upstream's own argument group, which this environment
+    # (our launchers' `dynamo`) does not have: here no pool is asked for. tests/upstream reads
+    # them from the real one.
+    monkeypatch.setattr(
+        frontend_freeze.frontend_hooks, "preprocess_pool_requested", lambda args, program: 0
+    )
     frontend_freeze.reset_for_tests()
     yield
     frontend_freeze.reset_for_tests()

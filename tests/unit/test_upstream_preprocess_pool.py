@@ -111,6 +111,19 @@ def test_nothing_to_wrap_when_upstream_did_not_load_the_pool_processor():
     assert "no.such.module.loaded" not in sys.modules
 
 
+def test_a_pool_asked_for_whose_module_upstream_did_not_load_is_an_exit_2(capsys):
+    # `--dyn-chat-processor sglang --dyn-preprocess-workers 2` and no processor module where the
+    # adapter looks: upstream moved it, and its pool would start unfrozen.
+    with pytest.raises(SystemExit) as exited:
+        preprocess_pool.wrap_initializer(
+            ON, Initializer("no.such.module.loaded"), requested_workers=2
+        )
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "no.such.module.loaded was not loaded" in err
+    assert "--dyn-preprocess-workers 2" in err and "ai-dynamo" in err
+
+
 def test_a_module_of_that_name_without_upstreams_pool_is_left_alone():
     assert preprocess_pool.wrap_initializer(ON, Initializer(TARGET.module, "missing")) is False
 

@@ -75,3 +75,26 @@ def test_the_no_http_modes_are_read_as_upstream_reads_them(monkeypatch, args, en
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     assert frontend_hooks.non_http_mode(args) == mode
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "workers"),
+    [
+        ([], {}, 0),
+        (["--dyn-chat-processor", "sglang"], {}, 0),
+        (["--dyn-chat-processor", "sglang", "--dyn-preprocess-workers", "3"], {}, 3),
+        ([], {"DYN_CHAT_PROCESSOR": "sglang", "DYN_PREPROCESS_WORKERS": "2"}, 2),
+        # 1.6.1's vllm processor has no pool of its own to wrap
+        (["--dyn-chat-processor", "vllm", "--dyn-preprocess-workers", "2"], {}, 0),
+    ],
+)
+def test_the_pool_the_adapter_must_wrap_is_read_as_upstream_reads_it(
+    monkeypatch, args, env, workers
+):
+    # With a pool asked for, a processor module missing where the adapter looks is an exit 2
+    # (upstream moved it), not a pool that runs unfrozen.
+    for name in ("DYN_CHAT_PROCESSOR", "DYN_PREPROCESS_WORKERS"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert frontend_hooks.preprocess_pool_requested(args, "test") == workers

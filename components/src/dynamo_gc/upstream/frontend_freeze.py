@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import sys
 import threading
 from dataclasses import dataclass
 
@@ -28,7 +29,7 @@ from dynamo_gc.freeze import maybe_freeze_gc_heap
 from dynamo_gc.gc_state import ProcessGcState
 from dynamo_gc.metrics import DEBUG_GC_STATE_PATH, DynamoMetrics, debug_gc_state
 from dynamo_gc.pause_logger import install_gc_pause_logger
-from dynamo_gc.upstream import frontend_settings, metrics_server, preprocess_pool
+from dynamo_gc.upstream import frontend_hooks, frontend_settings, metrics_server, preprocess_pool
 from dynamo_gc.upstream.frontend_settings import FrontendGcConfig
 
 logger = logging.getLogger(__name__)
@@ -100,7 +101,10 @@ def _activate(config: FrontendGcConfig) -> Activation:
     settings = config.gc
     metrics = DynamoMetrics(freeze_enabled=settings.freeze_gc_heap).attach()
     install_gc_pause_logger(settings.gc_pause_log_ms, on_pause=metrics.observe_pause)
-    preprocess_pool.wrap_initializer(settings)
+    # sys.argv is upstream's command line here, in both activation ways (the launcher hands
+    # upstream its arguments through it).
+    requested = frontend_hooks.preprocess_pool_requested(sys.argv[1:], preprocess_pool.PROGRAM)
+    preprocess_pool.wrap_initializer(settings, requested_workers=requested)
     metrics_port = None
     if config.metrics_port is not None:
         metrics_port = metrics_server.serve(metrics, config.metrics_host, config.metrics_port)

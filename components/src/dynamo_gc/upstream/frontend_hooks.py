@@ -59,26 +59,44 @@ def upstream_frontend_parse_args() -> Callable[[], Any]:
     return checked_frontend_main().parse_args
 
 
-def non_http_mode(upstream_args: Sequence[str]) -> str | None:
-    """The mode flag when upstream will serve no HTTP (``--interactive``, ``--kserve-grpc-server``).
-
-    Read with upstream's own argument group, so its env vars (``DYN_INTERACTIVE``,
-    ``DYN_KSERVE_GRPC_SERVER``) and their words mean here exactly what they mean to upstream, which
-    refuses a route extension in those modes.
-    """
+def upstream_frontend_options(upstream_args: Sequence[str], program: str = PROGRAM) -> Any:
+    """Upstream's frontend options as upstream reads them: its own argument group, so its env
+    vars (``DYN_INTERACTIVE``, ``DYN_CHAT_PROCESSOR``, ...) and their words mean here exactly what
+    they mean to upstream. Arguments it does not declare are left alone (upstream's own parser
+    judges them)."""
     try:
         group = importlib.import_module(FRONTEND_ARGS).FrontendArgGroup
     except (ImportError, AttributeError) as exc:
-        refuse(PROGRAM, f"{FRONTEND_ARGS}.FrontendArgGroup", f"is missing ({exc})")
+        refuse(program, f"{FRONTEND_ARGS}.FrontendArgGroup", f"is missing ({exc})")
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     group().add_arguments(parser)
     parsed, _ = parser.parse_known_args(list(upstream_args))
+    return parsed
+
+
+def _declared(parsed: Any, dest: str, flag: str, program: str) -> Any:
+    if not hasattr(parsed, dest):
+        refuse(program, f"{FRONTEND_ARGS}.FrontendArgGroup", f"no longer declares {flag}")
+    return getattr(parsed, dest)
+
+
+def non_http_mode(upstream_args: Sequence[str]) -> str | None:
+    """The mode flag when upstream will serve no HTTP (``--interactive``, ``--kserve-grpc-server``),
+    which upstream refuses a route extension in."""
+    parsed = upstream_frontend_options(upstream_args)
     for dest, flag in (
         ("interactive", "--interactive"),
         ("kserve_grpc_server", "--kserve-grpc-server"),
     ):
-        if not hasattr(parsed, dest):
-            refuse(PROGRAM, f"{FRONTEND_ARGS}.FrontendArgGroup", f"no longer declares {flag}")
-        if getattr(parsed, dest):
+        if _declared(parsed, dest, flag, PROGRAM):
             return flag
     return None
+
+
+def preprocess_pool_requested(upstream_args: Sequence[str], program: str) -> int:
+    """How many ``--dyn-preprocess-workers`` upstream's ``sglang`` processor will start (0 with
+    another processor, which has no pool in 1.6.1): the pool the adapter must find and wrap."""
+    parsed = upstream_frontend_options(upstream_args, program)
+    processor = _declared(parsed, "chat_processor", "--dyn-chat-processor", program)
+    workers = _declared(parsed, "preprocess_workers", "--dyn-preprocess-workers", program)
+    return int(workers or 0) if processor == "sglang" else 0

@@ -86,16 +86,28 @@ def freezing_init_worker(target: Initializer, settings: GcSettings, *initargs: A
     lifecycle.mark_serving("preprocess worker takes tasks")
 
 
-def wrap_initializer(settings: GcSettings, target: Initializer = Initializer()) -> bool:
+def wrap_initializer(
+    settings: GcSettings, target: Initializer = Initializer(), *, requested_workers: int = 0
+) -> bool:
     """Replace upstream's pool initializer, when upstream loaded the processor that has a pool.
 
     Returns whether it wrapped. The default and ``vllm`` processors never import the sglang
-    processor's module: nothing to do. Called before the pool exists (the model watcher builds
-    it later, reading the global then).
+    processor's module: nothing to do, unless upstream's own options asked for a pool
+    (``requested_workers`` > 0: ``--dyn-chat-processor sglang --dyn-preprocess-workers N``), when
+    a module missing there means upstream moved it, and the pool would run unfrozen: exit 2.
+    Called before the pool exists (the model watcher builds it later, reading the global then).
     """
     global _original, _wrapped_in_pid
     module = sys.modules.get(target.module)
     if module is None:
+        if requested_workers > 0:
+            refuse(
+                PROGRAM,
+                target.module,
+                f"was not loaded although --dyn-chat-processor sglang with "
+                f"--dyn-preprocess-workers {requested_workers} asks for its pool (upstream moved "
+                "it: its pool processes would not be frozen)",
+            )
         return False
     current = getattr(module, target.name, None)
     owner = getattr(module, POOL_OWNER, None)
