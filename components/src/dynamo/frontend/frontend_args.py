@@ -22,6 +22,7 @@ from dynamo.common.configuration.launcher_config import LauncherConfig, process_
 from dynamo.common.configuration.prerequisites import Requires
 from dynamo.common.configuration.runtime_options import DISCOVERY_OPTIONS, DISCOVERY_REQUIREMENTS
 from dynamo.frontend.processors.model_files import ModelDirectories
+from dynamo_gc.configuration.gc_options import debug_gc_endpoint_option
 from dynamo_gc.configuration.typed import typed_config
 
 from .sglang_options import SGLANG_OPTIONS
@@ -141,16 +142,11 @@ OPTIONS = [
         kind=Choice(("round-robin",)),
     ),
     *process_options(flag_prefix="dyn-", env_prefix="DYN_"),
-    Option(
+    debug_gc_endpoint_option(
         name="dyn-debug-gc-endpoint",
         env_var="DYN_DEBUG_GC_ENDPOINT",
-        default=False,
-        dest="debug_gc_endpoint",  # the worker's attribute too, so shared code reads one name
-        help=(
-            "Serve POST /debug/gc/collect on the HTTP port: one full gc.collect() in this "
-            "process, which pauses it for the collection (for tests and diagnosis; keep off in "
-            "production)"
-        ),
+        routes="POST /debug/gc/collect and GET /debug/gc/state",
+        where="the HTTP port",
     ),
 ]
 

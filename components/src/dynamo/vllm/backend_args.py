@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 from dynamo.common.configuration import (
     Choice,
-    Option,
     Surface,
     build_parser,
     choice_option,
@@ -25,6 +24,7 @@ from dynamo.common.configuration.launcher_config import LauncherConfig, process_
 from dynamo.common.configuration.prerequisites import Requires
 from dynamo.common.configuration.runtime_options import DISCOVERY_OPTIONS, DISCOVERY_REQUIREMENTS
 from dynamo.vllm import self_benchmark_args
+from dynamo_gc.configuration.gc_options import debug_gc_endpoint_option
 from dynamo_gc.configuration.typed import typed_config
 
 PROG = "python -m dynamo.vllm"
@@ -202,16 +202,11 @@ OPTIONS = [
     *process_options(flag_prefix="", env_prefix="DYN_VLLM_"),
     SYSTEM_HOST,
     SYSTEM_PORT,
-    DEBUG_GC_ENDPOINT := Option(
+    DEBUG_GC_ENDPOINT := debug_gc_endpoint_option(
         name="debug-gc-endpoint",
         env_var="DYN_VLLM_DEBUG_GC_ENDPOINT",
-        default=False,
-        help=(
-            "Serve POST /debug/gc/collect (one full gc.collect() in this process, which pauses "
-            "it for the collection) and GET /debug/gc/state (thresholds, enabled flag, frozen "
-            "objects: a walk of the permanent generation) on the system port (for tests and "
-            "diagnosis; keep off in production; needs --system-port)"
-        ),
+        routes="POST /debug/gc/collect and GET /debug/gc/state",
+        where="the system port (needs --system-port)",
     ),
 ]
 

@@ -46,3 +46,21 @@ def gc_options(*, flag_prefix: str, env_prefix: str) -> list[Option]:
         option.renamed(name=flag_prefix + option.name, env_var=env_prefix + option.env_var)
         for option in (FREEZE_GC_HEAP, GC_PAUSE_LOG_MS)
     ]
+
+
+def debug_gc_endpoint_option(*, name: str, env_var: str, routes: str, where: str) -> Option:
+    """The debug switch every surface has, declared once: the same name on each (``dest``
+    ``debug_gc_endpoint``, so shared code reads one attribute) and a help that says what this
+    surface serves and where."""
+    return Option(
+        name=name,
+        env_var=env_var,
+        default=False,
+        dest="debug_gc_endpoint",
+        help=(
+            f"Serve {routes} on {where}. GET /debug/gc/state answers JSON (serving phase, "
+            "thresholds, frozen and tracked objects, pause counters) and walks the heap to count "
+            "them; POST /debug/gc/collect runs one full gc.collect(). Both pause the process: "
+            "for tests and diagnosis, keep off in production."
+        ),
+    )

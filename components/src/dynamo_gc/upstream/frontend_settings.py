@@ -15,8 +15,8 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from dynamo_gc.configuration.gc_options import GcSettings, gc_options
-from dynamo_gc.configuration.options import Option, Surface, host_option, port_option
+from dynamo_gc.configuration.gc_options import GcSettings, debug_gc_endpoint_option, gc_options
+from dynamo_gc.configuration.options import Surface, host_option, port_option
 from dynamo_gc.configuration.parser import DynamoArgParser, build_parser
 
 PROGRAM = "python -m dynamo_gc.frontend"
@@ -41,16 +41,12 @@ GC_METRICS_HOST = host_option(
     "interface by default, so a Prometheus in the cluster can scrape it).",
 )
 
-DEBUG_GC_ENDPOINT = Option(
+DEBUG_GC_ENDPOINT = debug_gc_endpoint_option(
     name="dyn-debug-gc-endpoint",
     env_var="DYN_DEBUG_GC_ENDPOINT",
-    default=False,
-    dest="debug_gc_endpoint",
-    help=(
-        "Serve GET /debug/gc/state on upstream's HTTP port (JSON: serving phase, frozen "
-        "objects, tracked objects per generation, pause counters). Each call walks the heap, "
-        "pausing the process for tens of milliseconds: for diagnosis, keep off in production"
-    ),
+    # upstream's route extensions answer JSON to GET; no collect route here
+    routes="GET /debug/gc/state",
+    where="upstream's HTTP port",
 )
 
 SURFACE = Surface(
