@@ -235,3 +235,21 @@ def test_help_shows_the_gc_options_then_upstreams():
     ours = result.stdout.index("--no-freeze-gc-heap")
     assert result.stdout.index("DYN_VLLM_GC_PAUSE_LOG_MS") > ours
     assert result.stdout.index("--speedup-ratio") > ours  # upstream's mocker option
+    # Upstream's part is headed with this program's name, not runpy's "__main__.py".
+    assert f"usage: python -m {ADAPTER} [-h]" in result.stdout
+    assert "__main__.py" not in result.stdout
+
+
+def test_a_bad_upstream_argument_is_upstreams_error_under_this_programs_name():
+    result = subprocess.run(
+        [sys.executable, "-m", ADAPTER, "--no-such-mocker-flag"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert (
+        f"python -m {ADAPTER}: error: unrecognized arguments: --no-such-mocker-flag"
+        in result.stderr
+    )

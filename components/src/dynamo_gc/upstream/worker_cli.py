@@ -34,8 +34,10 @@ class WorkerAdapter:
 
 
 def _run_upstream(adapter: WorkerAdapter, args: list[str]) -> None:
+    # alter_sys=False: runpy would set sys.argv[0] to upstream's __main__.py, and upstream's
+    # parser would head its help and its errors "usage: __main__.py"; they name this program.
     sys.argv = [adapter.surface.program, *args]
-    runpy.run_module(adapter.entry_module, run_name="__main__", alter_sys=True)
+    runpy.run_module(adapter.entry_module, run_name="__main__", alter_sys=False)
 
 
 def run(adapter: WorkerAdapter, argv: Sequence[str] | None = None) -> None:
