@@ -12,12 +12,8 @@ See :mod:`dynamo_gc.upstream.worker_cli`.
 
 from __future__ import annotations
 
-import argparse
-from collections.abc import Mapping, Sequence
-
-from dynamo_gc.upstream import worker_settings
 from dynamo_gc.upstream.hooks import ModuleGlobalHook
-from dynamo_gc.upstream.worker_cli import WorkerAdapter, run
+from dynamo_gc.upstream.worker_cli import WorkerAdapter
 from dynamo_gc.upstream.worker_settings import VLLM_SURFACE
 
 # The options this program declares (docs/configuration/ is generated from it).
@@ -42,16 +38,8 @@ ADAPTER = WorkerAdapter(
 )
 
 
-def parse_args(
-    argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
-) -> argparse.Namespace:
-    """The GC options alone, as the configuration tests read every program."""
-    return worker_settings.parse_args(SURFACE, argv, env)
-
-
-def main() -> None:
-    run(ADAPTER)
-
+parse_args = ADAPTER.parse_args
+main = ADAPTER.main
 
 if __name__ == "__main__":
     main()

@@ -11,10 +11,11 @@ wrapped, and upstream's ``__main__`` runs with the remaining arguments.
 
 from __future__ import annotations
 
+import argparse
 import functools
 import runpy
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from dynamo_gc.configuration.options import Surface
@@ -31,6 +32,16 @@ class WorkerAdapter:
     entry_module: str  # upstream's ``python -m`` package, run as ``__main__``: "dynamo.vllm"
     freeze_context: str  # what the freeze line and the guard's warnings say
     admission: str  # why the process turns ``serving``
+
+    def parse_args(
+        self, argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
+    ) -> argparse.Namespace:
+        """The GC options alone, as the configuration tests read every program."""
+        return worker_settings.parse_args(self.surface, argv, env)
+
+    def main(self) -> None:
+        """The ``python -m`` entry point."""
+        run(self)
 
 
 def _run_upstream(adapter: WorkerAdapter, args: list[str]) -> None:
