@@ -115,9 +115,22 @@ def split_args(
 def parse_args(
     surface: Surface, argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 ) -> argparse.Namespace:
-    """Our options alone (no upstream argument), as the configuration tests read each program."""
-    env_vars = dict(os.environ if env is None else env)
-    return _parser(surface).parse_args([] if argv is None else list(argv), env_vars=env_vars)
+    """Our options alone (no upstream argument), as the configuration tests read each program:
+    through :func:`split_args`, the path the adapter runs, so what they check is what runs
+    (``--help`` too: the adapter's own part of it)."""
+    args = [] if argv is None else list(argv)
+    if "--help" in args or "-h" in args:
+        print(format_help(surface))
+        raise SystemExit(0)
+    config, rest = split_args(surface, args, env)
+    if rest:
+        _parser(surface).error(f"unrecognized arguments: {' '.join(rest)}")
+    return argparse.Namespace(
+        freeze_gc_heap=config.gc.freeze_gc_heap,
+        gc_pause_log_ms=config.gc.gc_pause_log_ms,
+        gc_metrics_host=config.metrics_host,
+        gc_metrics_port=config.metrics_port,
+    )
 
 
 def format_help(surface: Surface) -> str:
