@@ -48,14 +48,13 @@ from pathlib import Path
 from typing import Any
 
 import bench_common as bc
-import make_tiny_model
 from launcher_process import LauncherProcess, free_port, wait_until
 from serving_load import run_client
 from serving_pair import gc_counters, http_get, pauses_in, rss_mb
+from upstream_pair import HTTP_STARTED, MODEL, loopback_env, mocker_args, tiny_model_dir
 
 NAME = "ab_upstream"
 ARMS = ("stock", "frozen")
-MODEL = "tiny"
 PAUSE_LOG_MS = "50"
 START_DEADLINE_S = 600.0
 DEFAULT_UPSTREAM_PYTHON = bc.REPO_ROOT / ".venv-upstream" / "bin" / "python"
@@ -64,44 +63,6 @@ MODES: dict[str, dict[str, Any]] = {
     "quick": {"duration_s": 60.0, "passes": 1, "rate": 80.0},
     "smoke": {"duration_s": 3.0, "passes": 1, "rate": 5.0},
 }
-
-
-def loopback_env(kv_dir: Path) -> dict[str, str]:
-    """One machine, no etcd, no NATS: file discovery, every host pinned to loopback."""
-    return {
-        "DYN_FILE_KV": str(kv_dir),
-        "DYN_TCP_RPC_HOST": "127.0.0.1",
-        "DYN_TCP_RESPONSE_STREAM_HOST": "127.0.0.1",
-        "DYN_EVENT_PLANE_HOST": "127.0.0.1",
-        "DYN_SDK_DISABLE_ANSI_LOGGING": "1",
-        "HF_HUB_OFFLINE": "1",
-    }
-
-
-def tiny_model(out: Path) -> Path:
-    """The tiny tokenizer plus a Llama config.json of its recipe (what the mocker needs)."""
-    make_tiny_model.build(out, tokenizer_only=True)
-    tokenizer = json.loads((out / "tokenizer.json").read_text())
-    ids = {**tokenizer["model"]["vocab"]}
-    ids.update({t["content"]: t["id"] for t in tokenizer.get("added_tokens", [])})
-    recipe = make_tiny_model.RECIPE
-    keys = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
-    config = {key: recipe[key] for key in keys}
-    config.update(
-        architectures=["LlamaForCausalLM"],
-        model_type="llama",
-        vocab_size=max(ids.values()) + 1,
-        num_key_value_heads=recipe["num_key_value_heads"],
-        head_dim=recipe["head_dim"],
-        max_position_embeddings=recipe["max_position_embeddings"],
-        bos_token_id=ids[make_tiny_model.BOS],
-        eos_token_id=ids[make_tiny_model.EOS],
-        pad_token_id=ids[make_tiny_model.PAD],
-        torch_dtype=recipe["dtype"],
-        tie_word_embeddings=False,
-    )
-    (out / "config.json").write_text(json.dumps(config, indent=1))
-    return out
 
 
 class UpstreamPair:
@@ -141,23 +102,14 @@ class UpstreamPair:
         self.worker = LauncherProcess(
             "mocker",
             "dynamo.mocker",
-            [
-                "--model-path",
-                str(model_dir),
-                "--model-name",
-                MODEL,
-                "--discovery-backend",
-                "file",
-                "--speedup-ratio",
-                str(args.speedup_ratio),
-            ],
+            mocker_args(model_dir, args.speedup_ratio),
             log_dir=work_dir,
             env=env,
             python=args.upstream_python,
         )
 
     def wait_ready(self) -> None:
-        self.frontend.wait_for_log(r"Starting HTTP\(S\) service", deadline_s=START_DEADLINE_S)
+        self.frontend.wait_for_log(HTTP_STARTED, deadline_s=START_DEADLINE_S)
 
         def listed() -> bool:
             self.frontend.check_alive()
@@ -353,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
 
     work_root = Path(tempfile.mkdtemp(prefix="ab-upstream-"))
     try:
-        model_dir = tiny_model(work_root / "model")
+        model_dir = tiny_model_dir(work_root / "model")
         result = bc.new_result(
             NAME,
             bc.mode_name(args),

@@ -49,3 +49,44 @@ def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         if item.get_closest_marker("upstream") is not None and SUITE in Path(item.path).parents:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def served(tmp_path_factory):
+    """One upstream mocker serving the tiny model for the whole suite; its discovery directory.
+
+    Every frontend test starts its own frontends against it (they only read the records).
+    """
+    from upstream_pair import tiny_model_dir
+
+    from tests.upstream.frontend_pair import start_mocker
+
+    root = tmp_path_factory.mktemp("upstream-mocker")
+    kv_dir = root / "kv"
+    kv_dir.mkdir()
+    mocker = start_mocker(tiny_model_dir(root / "model"), kv_dir, root)
+    try:
+        yield kv_dir
+    finally:
+        mocker.stop()
+
+
+@pytest.fixture
+def frontends(served, tmp_path):
+    """``frontends(module, args, env)`` starts upstream's frontend (``module``: upstream's
+    ``dynamo.frontend`` or the adapter's launcher) against the suite's mocker; each one started
+    is stopped after the test."""
+    from tests.upstream.frontend_pair import Frontend
+
+    started: list[Frontend] = []
+
+    def start(module: str, args: list[str], env: dict[str, str] | None = None) -> Frontend:
+        frontend = Frontend(
+            module, args, kv_dir=served, log_dir=tmp_path, env=env, name=f"frontend-{len(started)}"
+        )
+        started.append(frontend)
+        return frontend
+
+    yield start
+    for frontend in started:
+        frontend.stop()

@@ -12,9 +12,6 @@ import pytest
 from tests.upstream.frontend_pair import (
     FROZEN,
     HTTP_STARTED,
-    Frontend,
-    start_mocker,
-    tiny_model_dir,
 )
 
 pytestmark = [pytest.mark.upstream, pytest.mark.integration]
@@ -24,42 +21,9 @@ LAUNCHER = "dynamo_gc.frontend"
 UPSTREAM_STARTED = r"Request migration (enabled|disabled)"
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    root = tmp_path_factory.mktemp("upstream-launcher")
-    kv_dir = root / "kv"
-    kv_dir.mkdir()
-    mocker = start_mocker(tiny_model_dir(root / "model"), kv_dir, root)
-    try:
-        yield kv_dir
-    finally:
-        mocker.stop()
-
-
-@pytest.fixture
-def frontends(served, tmp_path):
-    started: list[Frontend] = []
-
-    def start(args: list[str], env: dict[str, str] | None = None) -> Frontend:
-        frontend = Frontend(
-            LAUNCHER,
-            args,
-            kv_dir=served,
-            log_dir=tmp_path,
-            env=env,
-            name=f"frontend-{len(started)}",
-        )
-        started.append(frontend)
-        return frontend
-
-    yield start
-    for frontend in started:
-        frontend.stop()
-
-
 def test_the_launcher_freezes_before_http_and_serves(frontends):
     # the route-extension env var unset: the launcher adds the extension itself
-    frontend = frontends(["--dyn-gc-pause-log-ms", "1"], {"DYN_FREEZE_GC_HEAP": "0"})
+    frontend = frontends(LAUNCHER, ["--dyn-gc-pause-log-ms", "1"], {"DYN_FREEZE_GC_HEAP": "0"})
     frontend.wait_http()
     frontend.wait_model()
     frontend.chat()
@@ -68,7 +32,9 @@ def test_the_launcher_freezes_before_http_and_serves(frontends):
     assert frontend.process.count(FROZEN) == 0
 
     on = frontends(
-        ["--dyn-freeze-gc-heap", "--dyn-gc-pause-log-ms", "1"], {"DYN_FREEZE_GC_HEAP": "0"}
+        LAUNCHER,
+        ["--dyn-freeze-gc-heap", "--dyn-gc-pause-log-ms", "1"],
+        {"DYN_FREEZE_GC_HEAP": "0"},
     )
     on.wait_http()
     on.wait_model()
@@ -79,7 +45,7 @@ def test_the_launcher_freezes_before_http_and_serves(frontends):
 
 
 def test_no_freeze_flag_restores_stock(frontends):
-    frontend = frontends(["--no-dyn-freeze-gc-heap"])
+    frontend = frontends(LAUNCHER, ["--no-dyn-freeze-gc-heap"])
     frontend.wait_http()
     frontend.wait_model()
     frontend.chat()
@@ -97,7 +63,7 @@ def test_no_freeze_flag_restores_stock(frontends):
     ],
 )
 def test_a_bad_value_exits_2_before_upstream_starts(frontends, args, env, named):
-    frontend = frontends(args, env)
+    frontend = frontends(LAUNCHER, args, env)
 
     assert frontend.process.exit_code(deadline_s=60) == 2
 

@@ -10,9 +10,6 @@ import pytest
 from tests.upstream.frontend_pair import (
     FROZEN,
     HTTP_STARTED,
-    Frontend,
-    start_mocker,
-    tiny_model_dir,
 )
 
 pytestmark = [pytest.mark.upstream, pytest.mark.integration]
@@ -20,38 +17,9 @@ pytestmark = [pytest.mark.upstream, pytest.mark.integration]
 UPSTREAM = "dynamo.frontend"
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """One mocker serving the tiny model for the module; each test starts its own frontend."""
-    root = tmp_path_factory.mktemp("upstream-frontend")
-    kv_dir = root / "kv"
-    kv_dir.mkdir()
-    model_dir = tiny_model_dir(root / "model")
-    mocker = start_mocker(model_dir, kv_dir, root)
-    try:
-        yield kv_dir
-    finally:
-        mocker.stop()
-
-
-@pytest.fixture
-def frontends(served, tmp_path):
-    started: list[Frontend] = []
-
-    def start(args: list[str], env: dict[str, str], module: str = UPSTREAM) -> Frontend:
-        frontend = Frontend(
-            module, args, kv_dir=served, log_dir=tmp_path, env=env, name=f"frontend-{len(started)}"
-        )
-        started.append(frontend)
-        return frontend
-
-    yield start
-    for frontend in started:
-        frontend.stop()
-
-
 def test_the_extension_freezes_before_http_and_the_frontend_serves(frontends):
     frontend = frontends(
+        UPSTREAM,
         [],
         {
             "DYN_FRONTEND_ROUTE_EXTENSIONS": "gc-freeze",
@@ -84,6 +52,7 @@ def test_the_extension_freezes_before_http_and_the_frontend_serves(frontends):
 
 def test_both_activation_ways_at_once_freeze_once(frontends):
     frontend = frontends(
+        UPSTREAM,
         ["--frontend-route-extension", "dynamo_gc.upstream.frontend_freeze:gc_freeze_routes"],
         {"DYN_FRONTEND_ROUTE_EXTENSIONS": "gc-freeze"},
     )
@@ -98,7 +67,7 @@ def test_both_activation_ways_at_once_freeze_once(frontends):
 
 def test_the_env_var_off_restores_stock(frontends):
     frontend = frontends(
-        [], {"DYN_FRONTEND_ROUTE_EXTENSIONS": "gc-freeze", "DYN_FREEZE_GC_HEAP": "0"}
+        UPSTREAM, [], {"DYN_FRONTEND_ROUTE_EXTENSIONS": "gc-freeze", "DYN_FREEZE_GC_HEAP": "0"}
     )
     frontend.wait_http()
     frontend.wait_model()
@@ -112,7 +81,7 @@ def test_the_env_var_off_restores_stock(frontends):
     ("name", "value"), [("DYN_GC_PAUSE_LOG_MS", "-5"), ("DYN_FREEZE_GC_HEAP", "maybe")]
 )
 def test_a_bad_env_value_exits_2_before_http_starts(frontends, name, value):
-    frontend = frontends([], {"DYN_FRONTEND_ROUTE_EXTENSIONS": "gc-freeze", name: value})
+    frontend = frontends(UPSTREAM, [], {"DYN_FRONTEND_ROUTE_EXTENSIONS": "gc-freeze", name: value})
 
     assert frontend.process.exit_code(deadline_s=120) == 2
 

@@ -19,9 +19,6 @@ import pytest
 from tests.upstream.frontend_pair import (
     FROZEN,
     HTTP_STARTED,
-    Frontend,
-    start_mocker,
-    tiny_model_dir,
 )
 
 REQUIRE_ENV = "DYNAMO_REQUIRE_UPSTREAM_VLLM"
@@ -43,50 +40,29 @@ VLLM_ARGS = ["--dyn-chat-processor", "vllm"]
 START_DEADLINE_S = 300.0  # vLLM's imports and its model inspection, on a loaded 2-core machine
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    root = tmp_path_factory.mktemp("upstream-vllm-frontend")
-    kv_dir = root / "kv"
-    kv_dir.mkdir()
-    mocker = start_mocker(tiny_model_dir(root / "model"), kv_dir, root)
-    try:
-        yield kv_dir
-    finally:
-        mocker.stop()
-
-
 @pytest.mark.parametrize("way", ["route extension", "launcher"])
-def test_the_vllm_processor_frontend_freezes_its_heap_before_http(served, tmp_path, way):
+def test_the_vllm_processor_frontend_freezes_its_heap_before_http(frontends, way):
     env = {"DYN_DEBUG_GC_ENDPOINT": "1", "DYN_GC_PAUSE_LOG_MS": "50"}
     if way == "route extension":
-        frontend = Frontend(
-            "dynamo.frontend",
-            VLLM_ARGS,
-            kv_dir=served,
-            log_dir=tmp_path,
-            env={**env, "DYN_FRONTEND_ROUTE_EXTENSIONS": "gc-freeze"},
+        frontend = frontends(
+            "dynamo.frontend", VLLM_ARGS, {**env, "DYN_FRONTEND_ROUTE_EXTENSIONS": "gc-freeze"}
         )
     else:
-        frontend = Frontend(
-            "dynamo_gc.frontend", VLLM_ARGS, kv_dir=served, log_dir=tmp_path, env=env
-        )
-    try:
-        frontend.process.wait_for_log(HTTP_STARTED, deadline_s=START_DEADLINE_S)
-        assert 0 <= frontend.position(FROZEN) < frontend.position(HTTP_STARTED)
-        frozen_at_start = frontend.debug_gc_state()["frozen_objects"]
-        assert frozen_at_start > 100_000  # vLLM's modules, not only upstream's runtime
+        frontend = frontends("dynamo_gc.frontend", VLLM_ARGS, env)
+    frontend.process.wait_for_log(HTTP_STARTED, deadline_s=START_DEADLINE_S)
+    assert 0 <= frontend.position(FROZEN) < frontend.position(HTTP_STARTED)
+    frozen_at_start = frontend.debug_gc_state()["frozen_objects"]
+    assert frozen_at_start > 100_000  # vLLM's modules, not only upstream's runtime
 
-        # The model registers after HTTP is up: the model watcher's chat_engine_factory builds
-        # the per-model state then, unfrozen, and never freezes (the process is serving).
-        frontend.wait_model()
-        frontend.chat()
-        state = frontend.debug_gc_state()
-        assert state["phase"] == "serving"
-        assert state["frozen_objects"] <= frozen_at_start  # no second freeze added any
-        # What stays collectable: the per-model state (about 7k objects with the tiny model)
-        # and the requests' garbage, a small fraction of the frozen heap (docs/ai-dynamo.md).
-        assert sum(state["generation_objects"]) < frozen_at_start // 10
-        assert frontend.process.count(FROZEN) == 1
-        assert "freeze refused" not in frontend.process.log()
-    finally:
-        frontend.stop()
+    # The model registers after HTTP is up: the model watcher's chat_engine_factory builds
+    # the per-model state then, unfrozen, and never freezes (the process is serving).
+    frontend.wait_model()
+    frontend.chat()
+    state = frontend.debug_gc_state()
+    assert state["phase"] == "serving"
+    assert state["frozen_objects"] <= frozen_at_start  # no second freeze added any
+    # What stays collectable: the per-model state (about 7k objects with the tiny model)
+    # and the requests' garbage, a small fraction of the frozen heap (docs/ai-dynamo.md).
+    assert sum(state["generation_objects"]) < frozen_at_start // 10
+    assert frontend.process.count(FROZEN) == 1
+    assert "freeze refused" not in frontend.process.log()

@@ -14,8 +14,9 @@ import urllib.request
 
 import pytest
 from launcher_process import LauncherProcess
+from upstream_pair import loopback_env, tiny_model_dir
 
-from tests.upstream.frontend_pair import Frontend, loopback_env, tiny_model_dir
+from tests.upstream.frontend_pair import Frontend
 
 pytestmark = [pytest.mark.upstream, pytest.mark.integration]
 
