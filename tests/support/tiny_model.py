@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +26,25 @@ _built: str | None = None
 
 
 def tiny_tokenizer_dir() -> str:
-    """The cached tokenizer directory (built on first use). Never write into it."""
+    """The cached tokenizer directory (built on first use). Never write into it.
+
+    The cache only saves a second of training: where it cannot be used (a home directory that is
+    read-only, a file system without file locks), this process builds a private copy in a
+    temporary directory instead, with a warning, rather than failing every test that needs it.
+    """
     global _built
     if _built is None:
         out = os.environ.get("DYNAMO_TINY_TOKENIZER_DIR") or make_tiny_model.DEFAULT_TOKENIZER_OUT
-        _built = str(make_tiny_model.build(Path(out), tokenizer_only=True))
+        try:
+            _built = str(make_tiny_model.build(Path(out), tokenizer_only=True))
+        except OSError as exc:
+            private = Path(tempfile.mkdtemp(prefix="dynamo-tiny-tokenizer-")) / "tokenizer"
+            warnings.warn(
+                f"the tiny tokenizer's cache {out} cannot be used ({exc}); built a private copy "
+                f"in {private}",
+                stacklevel=2,
+            )
+            _built = str(make_tiny_model.build(private, tokenizer_only=True))
     return _built
 
 

@@ -4,9 +4,12 @@ first and reuses its directory, instead of replacing it under the first one's re
 from __future__ import annotations
 
 import fcntl
+import shutil
 import threading
+from pathlib import Path
 
 import make_tiny_model
+import pytest
 
 
 def test_a_build_waiting_on_the_lock_reuses_what_the_holder_built(tmp_path, mocker):
@@ -42,3 +45,20 @@ def test_a_forced_build_replaces_the_directory(tmp_path):
     assert (out / "marker").exists()  # reused
     assert make_tiny_model.build(out, force=True, tokenizer_only=True) == out
     assert not (out / "marker").exists()  # rebuilt
+
+
+def test_a_cache_that_cannot_be_written_gives_a_private_copy_and_a_warning(tmp_path, monkeypatch):
+    from tests.support import tiny_model
+
+    not_a_directory = tmp_path / "a-file"
+    not_a_directory.write_text("", encoding="utf-8")
+    monkeypatch.setenv("DYNAMO_TINY_TOKENIZER_DIR", str(not_a_directory / "tokenizer"))
+    monkeypatch.setattr(tiny_model, "_built", None)  # this process's first use
+
+    with pytest.warns(UserWarning, match="cannot be used"):
+        built = Path(tiny_model.tiny_tokenizer_dir())
+
+    assert not built.is_relative_to(tmp_path)
+    assert (built / "tokenizer.json").is_file() and (built / "chat_template.jinja").is_file()
+    assert tiny_model.tiny_tokenizer_dir() == str(built)  # built once
+    shutil.rmtree(built.parent)
