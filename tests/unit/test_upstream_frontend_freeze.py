@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import sys
 import urllib.request
 
 import pytest
@@ -20,7 +21,7 @@ from dynamo_gc import lifecycle
 from dynamo_gc.configuration.gc_options import GcSettings
 from dynamo_gc.freeze import freeze_gc_heap, last_freeze
 from dynamo_gc.pause_logger import installed_gc_pause_logger
-from dynamo_gc.upstream import frontend_cli, frontend_freeze, frontend_settings
+from dynamo_gc.upstream import frontend_cli, frontend_freeze, frontend_settings, preprocess_pool
 
 ENV_VARS = (
     "DYN_FREEZE_GC_HEAP",
@@ -43,6 +44,28 @@ def clean(monkeypatch):
     frontend_freeze.reset_for_tests()
     yield
     frontend_freeze.reset_for_tests()
+
+
+def test_a_pool_asked_for_that_cannot_be_found_is_an_exit_2_with_nothing_applied(
+    monkeypatch, capsys
+):
+    # Upstream's options ask for 2 preprocess workers of the sglang processor, and its module is
+    # not where the adapter looks (upstream moved it): refused before anything is installed.
+    monkeypatch.setattr(
+        frontend_freeze.frontend_hooks, "preprocess_pool_requested", lambda args, program: 2
+    )
+    monkeypatch.delitem(sys.modules, preprocess_pool.SGLANG_PROCESSOR, raising=False)
+    frozen_before = gc.get_freeze_count()
+
+    with pytest.raises(SystemExit) as exited:
+        frontend_freeze.gc_freeze_routes()
+
+    assert exited.value.code == 2
+    assert f"{preprocess_pool.SGLANG_PROCESSOR} was not loaded" in capsys.readouterr().err
+    assert gc.get_freeze_count() == frozen_before
+    assert installed_gc_pause_logger() is None
+    assert lifecycle.current_phase() is lifecycle.Phase.STARTING
+    assert frontend_freeze.activation() is None
 
 
 def test_the_provider_freezes_marks_serving_and_returns_no_routes(caplog):

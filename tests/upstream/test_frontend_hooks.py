@@ -84,6 +84,8 @@ def test_the_no_http_modes_are_read_as_upstream_reads_them(monkeypatch, args, en
         (["--dyn-chat-processor", "sglang"], {}, 0),
         (["--dyn-chat-processor", "sglang", "--dyn-preprocess-workers", "3"], {}, 3),
         ([], {"DYN_CHAT_PROCESSOR": "sglang", "DYN_PREPROCESS_WORKERS": "2"}, 2),
+        # an abbreviation upstream's parser accepts (argparse's default) counts as well
+        (["--dyn-chat-processor", "sglang", "--dyn-preprocess", "4"], {}, 4),
         # 1.6.1's vllm processor has no pool of its own to wrap
         (["--dyn-chat-processor", "vllm", "--dyn-preprocess-workers", "2"], {}, 0),
     ],

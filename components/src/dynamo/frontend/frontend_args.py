@@ -145,8 +145,8 @@ OPTIONS = [
     debug_gc_endpoint_option(
         name="dyn-debug-gc-endpoint",
         env_var="DYN_DEBUG_GC_ENDPOINT",
-        routes="POST /debug/gc/collect and GET /debug/gc/state",
         where="the HTTP port",
+        collect=True,
     ),
 ]
 

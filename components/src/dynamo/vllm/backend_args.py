@@ -205,8 +205,8 @@ OPTIONS = [
     DEBUG_GC_ENDPOINT := debug_gc_endpoint_option(
         name="debug-gc-endpoint",
         env_var="DYN_VLLM_DEBUG_GC_ENDPOINT",
-        routes="POST /debug/gc/collect and GET /debug/gc/state",
         where="the system port (needs --system-port)",
+        collect=True,
     ),
 ]
 

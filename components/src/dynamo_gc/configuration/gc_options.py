@@ -48,10 +48,13 @@ def gc_options(*, flag_prefix: str, env_prefix: str) -> list[Option]:
     ]
 
 
-def debug_gc_endpoint_option(*, name: str, env_var: str, routes: str, where: str) -> Option:
+def debug_gc_endpoint_option(*, name: str, env_var: str, where: str, collect: bool) -> Option:
     """The debug switch every surface has, declared once: the same name on each (``dest``
     ``debug_gc_endpoint``, so shared code reads one attribute) and a help that says what this
-    surface serves and where."""
+    surface serves (``collect``: ``POST /debug/gc/collect`` beside ``GET /debug/gc/state``) and
+    where."""
+    routes = "POST /debug/gc/collect and GET /debug/gc/state" if collect else "GET /debug/gc/state"
+    collect_help = " POST /debug/gc/collect runs one full gc.collect()." if collect else ""
     return Option(
         name=name,
         env_var=env_var,
@@ -60,7 +63,7 @@ def debug_gc_endpoint_option(*, name: str, env_var: str, routes: str, where: str
         help=(
             f"Serve {routes} on {where}. GET /debug/gc/state answers JSON (serving phase, "
             "thresholds, frozen and tracked objects, pause counters) and walks the heap to count "
-            "them; POST /debug/gc/collect runs one full gc.collect(). Both pause the process: "
-            "for tests and diagnosis, keep off in production."
+            f"them.{collect_help} Each call pauses the process: for tests and diagnosis, keep off "
+            "in production."
         ),
     )

@@ -99,12 +99,13 @@ def debug_routes() -> list:
 
 def _activate(config: FrontendGcConfig) -> Activation:
     settings = config.gc
-    metrics = DynamoMetrics(freeze_enabled=settings.freeze_gc_heap).attach()
-    install_gc_pause_logger(settings.gc_pause_log_ms, on_pause=metrics.observe_pause)
-    # sys.argv is upstream's command line here, in both activation ways (the launcher hands
-    # upstream its arguments through it).
+    # First, so that a pool the adapter cannot find is an exit 2 with nothing installed. sys.argv
+    # is upstream's command line here, in both activation ways (upstream's parse_args reads it,
+    # and the launcher hands upstream its arguments through it).
     requested = frontend_hooks.preprocess_pool_requested(sys.argv[1:], preprocess_pool.PROGRAM)
     preprocess_pool.wrap_initializer(settings, requested_workers=requested)
+    metrics = DynamoMetrics(freeze_enabled=settings.freeze_gc_heap).attach()
+    install_gc_pause_logger(settings.gc_pause_log_ms, on_pause=metrics.observe_pause)
     metrics_port = None
     if config.metrics_port is not None:
         metrics_port = metrics_server.serve(metrics, config.metrics_host, config.metrics_port)

@@ -68,7 +68,9 @@ def upstream_frontend_options(upstream_args: Sequence[str], program: str = PROGR
         group = importlib.import_module(FRONTEND_ARGS).FrontendArgGroup
     except (ImportError, AttributeError) as exc:
         refuse(program, f"{FRONTEND_ARGS}.FrontendArgGroup", f"is missing ({exc})")
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    # As upstream's own parse_args builds it (argparse's defaults, abbreviations included), so
+    # `--dyn-preprocess 2` means here what it means to upstream.
+    parser = argparse.ArgumentParser(add_help=False)
     group().add_arguments(parser)
     parsed, _ = parser.parse_known_args(list(upstream_args))
     return parsed

@@ -44,9 +44,8 @@ GC_METRICS_HOST = host_option(
 DEBUG_GC_ENDPOINT = debug_gc_endpoint_option(
     name="dyn-debug-gc-endpoint",
     env_var="DYN_DEBUG_GC_ENDPOINT",
-    # upstream's route extensions answer JSON to GET; no collect route here
-    routes="GET /debug/gc/state",
     where="upstream's HTTP port",
+    collect=False,  # upstream's route extensions answer JSON to GET
 )
 
 SURFACE = Surface(
