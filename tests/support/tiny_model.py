@@ -8,6 +8,7 @@ vocabulary. Tests that change the files work on a copy (:func:`build_tiny_tokeni
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import tempfile
@@ -38,7 +39,9 @@ def tiny_tokenizer_dir() -> str:
         try:
             _built = str(make_tiny_model.build(Path(out), tokenizer_only=True))
         except OSError as exc:
-            private = Path(tempfile.mkdtemp(prefix="dynamo-tiny-tokenizer-")) / "tokenizer"
+            private_root = tempfile.mkdtemp(prefix="dynamo-tiny-tokenizer-")
+            atexit.register(shutil.rmtree, private_root, ignore_errors=True)
+            private = Path(private_root) / "tokenizer"
             warnings.warn(
                 f"the tiny tokenizer's cache {out} cannot be used ({exc}); built a private copy "
                 f"in {private}",

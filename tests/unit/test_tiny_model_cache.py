@@ -57,8 +57,9 @@ def test_a_cache_that_cannot_be_written_gives_a_private_copy_and_a_warning(tmp_p
 
     with pytest.warns(UserWarning, match="cannot be used"):
         built = Path(tiny_model.tiny_tokenizer_dir())
-
-    assert not built.is_relative_to(tmp_path)
-    assert (built / "tokenizer.json").is_file() and (built / "chat_template.jinja").is_file()
-    assert tiny_model.tiny_tokenizer_dir() == str(built)  # built once
-    shutil.rmtree(built.parent)
+    try:
+        assert not built.is_relative_to(tmp_path)
+        assert (built / "tokenizer.json").is_file() and (built / "chat_template.jinja").is_file()
+        assert tiny_model.tiny_tokenizer_dir() == str(built)  # built once
+    finally:
+        shutil.rmtree(built.parent)

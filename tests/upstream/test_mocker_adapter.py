@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 from launcher_process import LauncherProcess
-from upstream_pair import loopback_env, tiny_model_dir
+from upstream_pair import loopback_env, mocker_args, tiny_model_dir
 
 from tests.upstream.frontend_pair import Frontend
 
@@ -37,19 +37,6 @@ def model_dir(tmp_path_factory):
     return tiny_model_dir(tmp_path_factory.mktemp("upstream-mocker") / "model")
 
 
-def mocker_args(model_dir) -> list[str]:
-    return [
-        "--model-path",
-        str(model_dir),
-        "--model-name",
-        "tiny",
-        "--discovery-backend",
-        "file",
-        "--speedup-ratio",
-        "1000",
-    ]
-
-
 @pytest.fixture
 def mockers(model_dir, tmp_path):
     started: list[LauncherProcess] = []
@@ -60,7 +47,7 @@ def mockers(model_dir, tmp_path):
         process = LauncherProcess(
             f"mocker-{len(started)}",
             ADAPTER,
-            [*mocker_args(model_dir), *args],
+            [*mocker_args(model_dir, speedup_ratio=1000), *args],
             log_dir=tmp_path,
             env={**loopback_env(kv_dir), **(env or {})},
         )
@@ -85,7 +72,7 @@ def test_freezes_before_the_engine_is_served_and_upstreams_frontend_answers(mode
         "mocker",
         ADAPTER,
         [
-            *mocker_args(model_dir),
+            *mocker_args(model_dir, speedup_ratio=1000),
             "--gc-pause-log-ms",
             "1",
             "--gc-metrics-port",
