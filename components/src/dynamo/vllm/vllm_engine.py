@@ -63,6 +63,10 @@ logger = logging.getLogger(__name__)
 
 # How long vLLM's process manager waits for EngineCore to exit before it force-kills it.
 ENGINE_SHUTDOWN_TIMEOUT_S = 20.0
+# After a request met vLLM's EngineDeadError: how long to wait for the core process's end, whose
+# exit status names the cause (it ends within milliseconds of a kill; a core that failed and
+# lives on costs the worker's exit this much).
+DEAD_CAUSE_WAIT_S = 2.0
 
 
 def build_vllm_engine(
@@ -367,6 +371,17 @@ class VllmEngine:
             result = watch.result()
             if result is not True:  # the process watch's ProcessExit
                 return f"vLLM's {result.describe()} while serving"
+        # A request met vLLM's EngineDeadError first. When the core process has ended too (it
+        # usually has: vLLM's client notices a killed core at once), how it ended is the cause
+        # an operator needs (a signal, an exit code), where vLLM's own words only say "see the
+        # stack trace": wait a moment for it, and say it. Which one came first is a race.
+        if processes:
+            try:
+                ended = await asyncio.wait_for(first_exit(processes), timeout=DEAD_CAUSE_WAIT_S)
+            except asyncio.TimeoutError:
+                pass
+            else:
+                return f"vLLM's {ended.describe()} while serving"
         return f"vLLM's engine reported itself dead while serving: {self._dead_reason}"
 
     async def forward_pass(self, batch_size: int, seq_len: int) -> None:
