@@ -14,7 +14,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -48,17 +50,29 @@ def vllm_env_is_current() -> bool:
 def test_the_cpu_block_answers_with_curl_and_the_openai_client(tmp_path, capsys):
     if not vllm_env_is_current():
         pytest.fail("run scripts/setup_vllm_env.sh first: the block's first line would install")
+    # vLLM's engine talks to its EngineCore over ZMQ IPC sockets in VLLM_RPC_BASE_PATH, by
+    # default the temporary directory, and a socket's path has at most 107 characters: the
+    # test's own directory can be deeper than that allows (CI's basetemp under the checkout
+    # was), so the sockets get a short directory of their own.
+    rpc_dir = tempfile.mkdtemp(prefix="rpc-")
     env = {
         **OFFLINE_ENV,
         "HTTP_PORT": str(free_port()),
         "TMPDIR": str(tmp_path),
+        "VLLM_RPC_BASE_PATH": rpc_dir,
         "DYN_DISCOVERY_DIR": str(tmp_path / "discovery"),
     }
     started = time.monotonic()
-    result = run_block(doc_block("cpu-real-model"), env=env, timeout_s=BLOCK_TIMEOUT_S)
+    try:
+        result = run_block(doc_block("cpu-real-model"), env=env, timeout_s=BLOCK_TIMEOUT_S)
+    finally:
+        shutil.rmtree(rpc_dir, ignore_errors=True)
     took_s = time.monotonic() - started
     logs = re.search(r"logs: (\S+)", result.stdout)
-    worker_log = Path(logs.group(1), "worker.log").read_text() if logs else ""
+    # The block prints where its logs are only at its end; after a failure they are the one
+    # mktemp directory under the test's TMPDIR.
+    logs_dir = Path(logs.group(1)) if logs else next(tmp_path.glob("tmp.*"), tmp_path)
+    worker_log = (logs_dir / "worker.log").read_text() if (logs_dir / "worker.log").exists() else ""
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr}\n{worker_log[-4000:]}"
     curl_line, rest = result.stdout.split("\n", 1)  # curl's JSON, then the block's echo
     answer = json.loads(curl_line)
