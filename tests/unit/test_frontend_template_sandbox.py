@@ -59,13 +59,19 @@ async def post(client, model: str, messages) -> tuple[int, dict]:
     return response.status, await response.json()
 
 
-def test_template_bombs_are_bounded_and_isolated(tiny_tokenizer_dir, tmp_path, sandbox, caplog):
-    caplog.set_level(logging.INFO)
+def _cards(tokenizer_dir, tmp_path, templates: dict[str, str]) -> dict:
+    """A model card per name, each with its template written to a file of its own."""
     cards = {}
-    for name, source in {"healthy": FITS, **BOMBS}.items():
+    for name, source in templates.items():
         path = tmp_path / f"{name}.jinja"
         path.write_text(source, encoding="utf-8")
-        cards[name] = tiny_card(tiny_tokenizer_dir, name, chat_template_path=str(path))
+        cards[name] = tiny_card(tokenizer_dir, name, chat_template_path=str(path))
+    return cards
+
+
+def test_template_bombs_are_bounded_and_isolated(tiny_tokenizer_dir, tmp_path, sandbox, caplog):
+    caplog.set_level(logging.INFO)
+    cards = _cards(tiny_tokenizer_dir, tmp_path, {"healthy": FITS, **BOMBS})
 
     async def scenario():
         async with echo_worker() as (_, endpoint):
@@ -193,14 +199,8 @@ def test_many_hostile_models_leave_a_process_to_the_others(tiny_tokenizer_dir, t
     share all but one process between them, so every other model keeps one."""
     sandbox = TemplateSandbox(3, timeout_s=TIMEOUT_S, memory_mb=256)
     sandbox.start()
-    cards = {}
-    for name, source in {
-        "healthy": FITS,
-        **{f"loops{i}": BOMBS["loops"] for i in range(3)},
-    }.items():
-        path = tmp_path / f"{name}.jinja"
-        path.write_text(source, encoding="utf-8")
-        cards[name] = tiny_card(tiny_tokenizer_dir, name, chat_template_path=str(path))
+    loops = {f"loops{i}": BOMBS["loops"] for i in range(3)}
+    cards = _cards(tiny_tokenizer_dir, tmp_path, {"healthy": FITS, **loops})
 
     async def scenario():
         async with echo_worker() as (_, endpoint):

@@ -87,6 +87,12 @@ class Frontend:
         assert answer.choices[0].finish_reason in ("length", "stop")
         return answer.choices[0].message.content or ""
 
+    def serve_a_chat(self) -> str:
+        """HTTP up, the model listed, one chat answered: the frontend serves."""
+        self.wait_http()
+        self.wait_model()
+        return self.chat()
+
     def position(self, pattern: str) -> int:
         """Where ``pattern`` first appears in the log (-1: nowhere)."""
         match = re.search(pattern, self.process.log())

@@ -24,9 +24,7 @@ UPSTREAM_STARTED = r"Request migration (enabled|disabled)"
 def test_the_launcher_freezes_before_http_and_serves(frontends):
     # the route-extension env var unset: the launcher adds the extension itself
     frontend = frontends(LAUNCHER, ["--dyn-gc-pause-log-ms", "1"], {"DYN_FREEZE_GC_HEAP": "0"})
-    frontend.wait_http()
-    frontend.wait_model()
-    frontend.chat()
+    frontend.serve_a_chat()
 
     # the flag is absent, so the env var applies: off
     assert frontend.process.count(FROZEN) == 0
@@ -36,9 +34,7 @@ def test_the_launcher_freezes_before_http_and_serves(frontends):
         ["--dyn-freeze-gc-heap", "--dyn-gc-pause-log-ms", "1"],
         {"DYN_FREEZE_GC_HEAP": "0"},
     )
-    on.wait_http()
-    on.wait_model()
-    on.chat()
+    on.serve_a_chat()
     assert 0 <= on.position(FROZEN) < on.position(HTTP_STARTED)
     assert on.process.count(FROZEN) == 1
     assert on.position("GC pause logger installed: WARNING for pauses >= 1 ms") >= 0
@@ -46,9 +42,7 @@ def test_the_launcher_freezes_before_http_and_serves(frontends):
 
 def test_no_freeze_flag_restores_stock(frontends):
     frontend = frontends(LAUNCHER, ["--no-dyn-freeze-gc-heap"])
-    frontend.wait_http()
-    frontend.wait_model()
-    frontend.chat()
+    frontend.serve_a_chat()
 
     assert frontend.process.count(FROZEN) == 0
     assert 0 <= frontend.position("GC heap freeze disabled") < frontend.position(HTTP_STARTED)

@@ -29,9 +29,7 @@ def test_the_extension_freezes_before_http_and_the_frontend_serves(frontends):
             "DYN_DEBUG_GC_ENDPOINT": "1",
         },
     )
-    frontend.wait_http()
-    frontend.wait_model()
-    frontend.chat()
+    frontend.serve_a_chat()
 
     assert 0 <= frontend.position(FROZEN) < frontend.position(HTTP_STARTED)
     assert frontend.process.count(FROZEN) == 1
@@ -56,9 +54,7 @@ def test_both_activation_ways_at_once_freeze_once(frontends):
         ["--frontend-route-extension", "dynamo_gc.upstream.frontend_freeze:gc_freeze_routes"],
         {"DYN_FRONTEND_ROUTE_EXTENSIONS": "gc-freeze"},
     )
-    frontend.wait_http()
-    frontend.wait_model()
-    frontend.chat()
+    frontend.serve_a_chat()
 
     assert frontend.process.count(FROZEN) == 1
     assert frontend.position("GC freeze extension already active") >= 0
@@ -69,9 +65,7 @@ def test_the_env_var_off_restores_stock(frontends):
     frontend = frontends(
         UPSTREAM, [], {"DYN_FRONTEND_ROUTE_EXTENSIONS": "gc-freeze", "DYN_FREEZE_GC_HEAP": "0"}
     )
-    frontend.wait_http()
-    frontend.wait_model()
-    frontend.chat()
+    frontend.serve_a_chat()
 
     assert frontend.process.count(FROZEN) == 0
     assert 0 <= frontend.position("GC heap freeze disabled") < frontend.position(HTTP_STARTED)

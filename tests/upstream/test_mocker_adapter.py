@@ -85,9 +85,7 @@ def test_freezes_before_the_engine_is_served_and_upstreams_frontend_answers(mode
     )
     frontend = Frontend("dynamo.frontend", [], kv_dir=kv_dir, log_dir=tmp_path)
     try:
-        frontend.wait_http()
-        frontend.wait_model()
-        frontend.chat()
+        frontend.serve_a_chat()
         log = mocker.log()
         frozen = first(FROZEN, log)
         assert re.search(r"GC heap frozen .*frozen=[1-9]\d*", log)
