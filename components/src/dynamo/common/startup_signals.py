@@ -26,7 +26,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
 from typing import NoReturn
 
@@ -75,6 +75,20 @@ def report_interrupted(logger: logging.Logger, exc: KeyboardInterrupt) -> int:
     else:
         print(message, file=sys.stderr)
     return 0
+
+
+def run_stoppable(
+    run_main: Callable[[Sequence[str] | None], int],
+    argv: Sequence[str] | None,
+    logger: logging.Logger,
+) -> int:
+    """A launcher's ``main``: ``run_main(argv)`` with Ctrl-C and SIGTERM before the event loop
+    (vLLM's or SGLang's import takes seconds) ending it with one line and exit 0, no traceback."""
+    try:
+        with interrupting_startup():
+            return run_main(argv)
+    except KeyboardInterrupt as exc:
+        return report_interrupted(logger, exc)
 
 
 def stopped_during_startup() -> None:

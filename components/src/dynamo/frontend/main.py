@@ -45,13 +45,7 @@ logger = logging.getLogger(__name__)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    # Ctrl-C or SIGTERM before the event loop (vLLM's or SGLang's import takes seconds): one
-    # line, exit 0 (dynamo.common.startup_signals).
-    try:
-        with startup_signals.interrupting_startup():
-            return run_main(argv)
-    except KeyboardInterrupt as exc:
-        return startup_signals.report_interrupted(logger, exc)
+    return startup_signals.run_stoppable(run_main, argv, logger)
 
 
 def run_main(argv: Sequence[str] | None) -> int:
