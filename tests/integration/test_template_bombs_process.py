@@ -2,76 +2,17 @@
 chat templates are the issue's bombs (constant folding, a conversation-sized string, nested
 ``range`` loops sent six times) beside a healthy model served by a real mock worker. The healthy
 model answers while the bombs run; each bomb is a 503 naming its model, never a hang or a
-500, and the frontend logs one WARNING per cause."""
+500, and the frontend logs one WARNING per cause. The ``vllm`` and ``sglang`` processors run the
+same check in their own environments (tests/vllm, tests/sglang)."""
 
 from __future__ import annotations
 
-import concurrent.futures
-
-import openai
 import pytest
 
-from dynamo.runtime.discovery import ModelRecord
-from dynamo.runtime.discovery.file_store import DiscoveryStore
-from tests.support.processes import listening_url, start_frontend, start_worker
-from tests.support.tiny_model import tiny_card, tiny_tokenizer_dir
+from tests.support.template_bombs import check_template_bombs
 
 pytestmark = pytest.mark.integration
 
-HEALTHY = "healthy-mock"
-TWO = [{"role": "user", "content": "hi"}, {"role": "user", "content": "again"}]
-BOMBS = {
-    "folding": "{{ ('a' * 250000000) | length }}",
-    "conversation": "{% set x = 'a' * (messages|length * 300000000) %}{{ x|length }}",
-    "loops": "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
-}
-
 
 def test_template_bombs_through_the_frontend_process(tmp_path):
-    discovery = tmp_path / "discovery"
-    worker = start_worker("worker", tmp_path, discovery, HEALTHY, mock_token_ms=1)
-    store = DiscoveryStore(discovery)
-    for name, source in BOMBS.items():
-        path = tmp_path / f"{name}.jinja"
-        path.write_text(source, encoding="utf-8")
-        card = tiny_card(tiny_tokenizer_dir(), name, chat_template_path=str(path))
-        store.register(ModelRecord(model=name, endpoint="http://127.0.0.1:9", card=card))
-    frontend = start_frontend("frontend", tmp_path, discovery, "--dyn-template-timeout", "3")
-    try:
-        url = listening_url(frontend)
-        for name in (HEALTHY, *BOMBS):
-            frontend.wait_for_log(rf"Model added: model={name} ")
-        http = openai.DefaultHttpx2Client(trust_env=False, timeout=60.0)
-        with openai.OpenAI(
-            base_url=url + "/v1", api_key="unused", http_client=http, max_retries=0
-        ) as api:
-
-            def ask(model: str):
-                try:
-                    return api.chat.completions.create(model=model, messages=TWO, max_tokens=4)
-                except openai.APIStatusError as exc:
-                    return exc
-
-            with concurrent.futures.ThreadPoolExecutor(8) as threads:
-                loops = [threads.submit(ask, "loops") for _ in range(6)]
-                healthy = ask(HEALTHY)
-                loops_running = not all(bomb.done() for bomb in loops)
-                answers = {"loops": [bomb.result() for bomb in loops]}
-            answers.update({name: [ask(name)] for name in ("folding", "conversation")})
-            after = ask(HEALTHY)
-    finally:
-        codes = {"frontend": frontend.stop(), "worker": worker.stop()}
-    assert codes == {"frontend": 0, "worker": 0}, (codes, frontend.log())
-    assert not isinstance(healthy, Exception) and healthy.choices[0].message.content
-    assert loops_running  # the healthy model did not wait for the bombs
-    assert not isinstance(after, Exception)
-    for name, errors in answers.items():
-        for error in errors:
-            assert isinstance(error, openai.APIStatusError) and error.status_code == 503, error
-            body = error.body
-            assert body["code"] == "chat_template_limit" and f"`{name}`" in body["message"]
-            assert "range" not in body["message"]
-    log = frontend.log()
-    assert "Template render processes ready: processes=2" in log
-    assert log.count("Chat template of model loops took over 3 s") == 1
-    assert "Traceback" not in log
+    check_template_bombs(tmp_path)

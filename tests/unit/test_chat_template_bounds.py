@@ -68,3 +68,20 @@ def test_what_real_templates_do_renders_as_before():
     )
     assert rendered == '<s><|user|>hi\n\n[1, 2, 3]256abab1{"k": "v"}True'
     assert len("a" * MAX_VALUE_SIZE) == MAX_VALUE_SIZE  # the bound itself is allowed
+
+
+def test_a_generation_block_renders_its_body_as_transformers_does_for_a_prompt():
+    """transformers marks the assistant's tokens with ``{% generation %}`` in training
+    templates; for a prompt its body renders as it is (and it compiles: a model whose template
+    has one is served)."""
+    source = (
+        "{% for m in messages %}{% if m.role == 'assistant' %}{% generation %}"
+        "[{{ m.content | upper }}]{% endgeneration %}{% else %}<{{ m.content }}>{% endif %}"
+        "{% endfor %}"
+    )
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    assert chat_template_environment().from_string(source).render(messages=messages) == "<hi>[YO]"
+    with pytest.raises(TemplateValueTooLarge):  # the bounds hold inside it too
+        chat_template_environment().from_string(
+            "{% generation %}{{ 'a' * 999999999 }}{% endgeneration %}"
+        ).render()

@@ -233,3 +233,27 @@ def test_many_hostile_models_leave_a_process_to_the_others(tiny_tokenizer_dir, t
         sandbox.close()
     assert (first, healthy) == (200, 200) and bombs_running
     assert set(statuses) == {503}
+
+
+def test_two_models_with_one_template_text_render_with_their_own_special_tokens():
+    """A render process keeps compiled templates by source and variables: a model whose
+    template text is another's but whose ``bos_token`` differs gets its own (one process, so
+    both models' renders go through the same cache)."""
+    from dynamo.frontend.processors.hf_processor import HfChatTemplate, RenderOptions
+
+    source = "{{ bos_token }}{{ messages[0].content }}"
+    first = HfChatTemplate(source, {"bos_token": "<s>"}, compiled=False)
+    second = HfChatTemplate(source, {"bos_token": "<|begin|>"}, compiled=False)
+
+    async def scenario():
+        return [
+            await sandbox.render(model, template, ONE, RenderOptions())
+            for model, template in (("a", first), ("b", second), ("a", first))
+        ]
+
+    sandbox = TemplateSandbox(1, timeout_s=TIMEOUT_S, memory_mb=256)
+    sandbox.start()
+    try:
+        assert asyncio.run(scenario()) == ["<s>hi", "<|begin|>hi", "<s>hi"]
+    finally:
+        sandbox.close()

@@ -19,7 +19,6 @@ from dynamo.common.configuration import (
     prerequisites,
 )
 from dynamo.common.configuration.launcher_config import LauncherConfig, process_options
-from dynamo.common.configuration.prerequisites import Requires
 from dynamo.common.configuration.runtime_options import DISCOVERY_OPTIONS, DISCOVERY_REQUIREMENTS
 from dynamo.frontend.processors.model_files import ModelDirectories
 from dynamo_gc.configuration.gc_options import debug_gc_endpoint_option
@@ -164,18 +163,7 @@ SURFACE = Surface(
 
 # Options that act only with another one (see dynamo.common.configuration.prerequisites); the
 # sglang processor's options are refused outright with another processor (see sglang_checks).
-REQUIREMENTS = [
-    *DISCOVERY_REQUIREMENTS,
-    # vLLM's and SGLang's processors render through their own libraries (docs/security.md).
-    *(
-        Requires(
-            option,
-            f"{CHAT_PROCESSOR.source_label()} hf",
-            lambda config: config.dyn_chat_processor == "hf",
-        )
-        for option in TEMPLATE_OPTIONS
-    ),
-]
+REQUIREMENTS = [*DISCOVERY_REQUIREMENTS]
 
 
 def listen_option_at_fault(exc: OSError) -> Option:

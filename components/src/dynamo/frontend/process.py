@@ -98,7 +98,7 @@ class FrontendProcess:
             except PreprocessPoolError as exc:
                 raise StartupFailed(f"Frontend start-up failed: {exc}") from None
         sandbox = None
-        if config.dyn_template_processes > 0 and config.dyn_chat_processor == "hf":
+        if config.dyn_template_processes > 0:  # every processor's templates: docs/security.md
             sandbox = TemplateSandbox(
                 config.dyn_template_processes,
                 timeout_s=config.dyn_template_timeout,

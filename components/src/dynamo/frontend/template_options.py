@@ -14,7 +14,7 @@ TEMPLATE_PROCESSES = count_option(
     "DYN_TEMPLATE_PROCESSES",
     DEFAULT_PROCESSES,
     (
-        "With --dyn-chat-processor hf: render the models' chat templates (a peer's code) in N "
+        "Render the models' chat templates (a peer's code, whichever --dyn-chat-processor) in N "
         "processes the frontend bounds in time and memory and replaces after a breach; one "
         "model uses at most N - 1 of them at once (all, when N is 1), so a slow template leaves "
         "the others to every other model. 0: render on the frontend's threads, unbounded "

@@ -4,8 +4,10 @@ its ``--chat-template`` compiles, so a broken one exits 2 instead of failing eve
 
 It is the one ``transformers``' ``apply_chat_template`` builds
 (``transformers/utils/chat_template_utils.py``): an ``ImmutableSandboxedEnvironment`` with
-``trim_blocks`` and ``lstrip_blocks``, the ``loopcontrols`` extension, a ``tojson`` filter that
-does not escape HTML, and the ``raise_exception`` and ``strftime_now`` globals.
+``trim_blocks`` and ``lstrip_blocks``, the ``loopcontrols`` extension, the ``{% generation %}``
+block (which transformers uses to mark the assistant's tokens for training masks; rendering a
+prompt, it writes its body as it is), a ``tojson`` filter that does not escape HTML, and the
+``raise_exception`` and ``strftime_now`` globals.
 
 A model's template is a peer's code (docs/security.md), so two bounds are added that do not
 change what a real template renders:
@@ -31,6 +33,8 @@ from datetime import datetime
 
 import jinja2
 import jinja2.ext
+import jinja2.nodes
+import jinja2.parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 # The largest string or list (in items) ``*`` and ``+`` may build while rendering, and the
@@ -78,6 +82,22 @@ def _check_growth(operator: str, left, right) -> None:
             )
 
 
+class _GenerationBlock(jinja2.ext.Extension):
+    """transformers' ``{% generation %} ... {% endgeneration %}``: the body, rendered as it is.
+    transformers records where the body lands only when asked for an assistant-token mask,
+    which a prompt never is."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+    def _body(self, caller) -> str:
+        return caller()
+
+
 def _raise_exception(message: str):
     raise jinja2.exceptions.TemplateError(message)
 
@@ -94,15 +114,11 @@ def _strftime_now(format: str) -> str:
 
 
 def chat_template_environment() -> ImmutableSandboxedEnvironment:
-    """The Jinja environment transformers renders chat templates in (see the module docstring).
-
-    transformers' ``{% generation %}`` tag (assistant-token masks for training) is not
-    supported: a template that uses it fails to compile with a clear message.
-    """
+    """The Jinja environment transformers renders chat templates in (see the module docstring)."""
     env = _BoundedEnvironment(
         trim_blocks=True,
         lstrip_blocks=True,
-        extensions=[jinja2.ext.loopcontrols],
+        extensions=[_GenerationBlock, jinja2.ext.loopcontrols],
         optimized=False,  # no constant folding while compiling: see the module docstring
     )
     env.filters["tojson"] = _tojson
@@ -133,8 +149,8 @@ def _at_render_time(function):
 
 
 def compile_problem(source: str) -> str | None:
-    """Why ``source`` does not compile as a chat template (syntax, an unknown filter or test,
-    transformers' unsupported ``{% generation %}`` tag), or None."""
+    """Why ``source`` does not compile as a chat template (syntax, an unknown filter or test),
+    or None."""
     try:
         chat_template_environment().from_string(source)
     except jinja2.exceptions.TemplateError as exc:

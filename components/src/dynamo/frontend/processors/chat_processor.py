@@ -23,7 +23,7 @@ from __future__ import annotations
 import importlib
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from dynamo.runtime import peer_text
@@ -50,6 +50,7 @@ from .hf_processor import (
     rendering_errors,
     special_tokens,
 )
+from .library_templates import TemplateCheck, TemplateForms, template_forms, transformers_variables
 from .model_files import MAX_TEMPLATE_BYTES, ModelFiles
 
 logger = logging.getLogger(__name__)
@@ -119,6 +120,11 @@ class Template(Protocol):
     ) -> str: ...
 
 
+# What the template render processes render for one chat: the template (its bounded form),
+# the messages as the template takes them, the options.
+BoundedRender = tuple[HfChatTemplate, Sequence[Mapping[str, Any]], RenderOptions]
+
+
 class ChatProcessor:
     """One model's preprocessing: render a chat, encode a prompt, decode a completion."""
 
@@ -185,6 +191,23 @@ class ChatProcessor:
         )
         return messages, options
 
+    def bounded_render_inputs(self, chat: ChatCompletionRequest) -> BoundedRender | None:
+        """What the template render processes render for this chat (:mod:`.template_sandbox`),
+        or None when the template has no bounded form (it was built without the processes'
+        compile check, and renders on a thread). Raises ChatTemplateError."""
+        forms: TemplateForms | None
+        if isinstance(self.template, HfChatTemplate):
+            forms = TemplateForms.single(self.template)
+        else:
+            forms = getattr(self.template, "forms", None)
+        if forms is None:
+            return None
+        messages, options = self.render_inputs(chat)
+        prepare = getattr(self.template, "prepare_messages", None)
+        if prepare is not None:  # SGLang's normalising of content parts, before any render
+            messages = prepare(messages)
+        return forms.for_request(options), messages, options
+
     def encode_chat(self, prompt: str) -> list[int]:
         # The template already wrote BOS and the like: transformers' apply_chat_template
         # encodes with add_special_tokens=False, so does vLLM.
@@ -240,11 +263,6 @@ def import_processor_libraries(kind: str) -> str:
 
 
 # -- hf -------------------------------------------------------------------------------------
-
-
-# Checks that a template compiles, in a bounded place (the template render processes' check):
-# raises ModelFilesError when it does not, or breaks a bound while compiling.
-TemplateCheck = Callable[[str, Mapping[str, str]], None]
 
 
 def _build_hf(
@@ -304,9 +322,13 @@ class _VllmTokenizer:
 
 
 class _VllmTemplate:
-    def __init__(self, tokenizer: Any, source: str) -> None:
+    """transformers' ``apply_chat_template`` of vLLM's tokenizer, as ``vllm serve`` renders;
+    ``forms``: the same template in the render processes (None: built without them)."""
+
+    def __init__(self, tokenizer: Any, source: str, forms: TemplateForms | None = None) -> None:
         self._tokenizer = tokenizer
         self._source = source
+        self.forms = forms
 
     def render(self, messages: Sequence[Mapping[str, Any]], options: RenderOptions = PLAIN) -> str:
         with rendering_errors():
@@ -319,7 +341,9 @@ class _VllmTemplate:
             )
 
 
-def _build_vllm(card: ModelCard, files: ModelFiles) -> tuple[Tokenizer, Template | None]:
+def _build_vllm(
+    card: ModelCard, files: ModelFiles, template_check: TemplateCheck | None = None
+) -> tuple[Tokenizer, Template | None]:
     from vllm.tokenizers import get_tokenizer  # imported at start-up; this is a lookup
 
     try:
@@ -332,8 +356,12 @@ def _build_vllm(card: ModelCard, files: ModelFiles) -> tuple[Tokenizer, Template
     source = find_chat_template(files, config, card.chat_template_path)
     if source is None:
         source = getattr(tokenizer, "chat_template", None)
-    template = None if source is None else _VllmTemplate(tokenizer, source)
-    return _VllmTokenizer(tokenizer), template
+    if source is None:
+        return _VllmTokenizer(tokenizer), None
+    forms = None
+    if template_check is not None:  # compiled in a render process, bounded, before it serves
+        forms = template_forms(source, transformers_variables(tokenizer), template_check)
+    return _VllmTokenizer(tokenizer), _VllmTemplate(tokenizer, source, forms)
 
 
 _BUILDERS = {"hf": _build_hf, "vllm": _build_vllm}
@@ -373,7 +401,8 @@ def build_chat_processor(
     naming files it may not: :func:`model_files`). ``sglang``: the frontend's parser options
     (and, for ``kind="sglang"``, its --chat-template), for the processors that parse output
     (``sglang``, ``vllm``); ``model_dirs``: the operator's ``--dyn-model-dirs``;
-    ``template_check``: where an ``hf`` template is compiled to check it (None: here)."""
+    ``template_check``: where a template is compiled to check it, in the render processes
+    where it will render (None: it compiles and renders here, on a thread)."""
     started = time.perf_counter()
     files = model_files(card, model_dirs)
     tokenizer: Tokenizer
@@ -383,11 +412,11 @@ def build_chat_processor(
     if kind == "sglang":
         # The frontend's parser names, else the card's (the worker's) that SGLang has.
         settings = card_parsers.sglang_settings(card, sglang or sglang_processor.SglangSettings())
-        model = sglang_processor.build_sglang(card, settings)
+        model = sglang_processor.build_sglang(card, settings, template_check)
         tokenizer, template, parsers = model.tokenizer, model.template, model.output_parsers
         parses_tool_calls = parsers is not None and bool(settings.tool_call_parser)
     elif kind == "vllm":
-        tokenizer, template = _build_vllm(card, files)
+        tokenizer, template = _build_vllm(card, files, template_check)
         # The frontend's parser names, else the card's (the worker's) that vLLM has.
         settings = card_parsers.vllm_settings(card, sglang or sglang_processor.SglangSettings())
         assert isinstance(tokenizer, _VllmTokenizer)

@@ -199,12 +199,14 @@ class HfChatTemplate:
             )
 
     def _continued(self, messages: list[Mapping[str, Any]], options: RenderOptions) -> str:
-        """transformers' ``continue_final_message``: the final message's content rendered with
-        a tag after it, the prompt cut at the tag (and its trimmed spacing)."""
-        final = messages[-1].get("content") if messages else None
-        if not isinstance(final, str) or "content" not in self._source:
+        """transformers' ``continue_final_message``: the final message's content (its last text
+        part, when it comes in parts) rendered with a tag after it, the prompt cut at the tag
+        (and its trimmed spacing)."""
+        content = messages[-1].get("content") if messages else None
+        if content is None or "content" not in self._source:
             raise ChatTemplateError("continue_final_message: the final message has no content")
-        tagged = [*messages[:-1], {**messages[-1], "content": final + _CONTINUE_TAG}]
+        final, tagged_content = _tag_final_text(content)
+        tagged = [*messages[:-1], {**messages[-1], "content": tagged_content}]
         plain = RenderOptions(
             options.add_generation_prompt, options.variables, options.tools, options.documents
         )
@@ -221,6 +223,24 @@ class HfChatTemplate:
 
 
 _CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "  # transformers' own
+
+
+def _tag_final_text(content: Any) -> tuple[str, Any]:
+    """The text ``continue_final_message`` continues, and the content with the tag after it:
+    a string, or the last part that has text (transformers' rule)."""
+    if isinstance(content, str):
+        return content, content + _CONTINUE_TAG
+    if isinstance(content, (list, tuple)):
+        parts = [dict(part) if isinstance(part, Mapping) else part for part in content]
+        for part in reversed(parts):
+            if isinstance(part, dict) and isinstance(part.get("text"), str):
+                final = part["text"]
+                part["text"] = final + _CONTINUE_TAG
+                return final, parts
+    raise ChatTemplateError(
+        "continue_final_message is set but we could not find any text to continue in the "
+        "final message"
+    )
 
 
 class HfTokenizer:

@@ -21,7 +21,6 @@ from dynamo.runtime import peer_text
 from dynamo.runtime.chat_template import TemplateValueTooLarge
 
 from .chat_processor import ChatProcessor, ModelFilesError
-from .hf_processor import HfChatTemplate
 from .preprocess_pool import PreprocessPool, PreprocessPoolError
 from .template_sandbox import TemplateSandbox, unsandboxed_value_too_large
 
@@ -60,16 +59,17 @@ class Preprocessing:
         return await asyncio.get_running_loop().run_in_executor(self._threads, work, *args)
 
     async def render_chat(self, processor: ChatProcessor, chat: ChatCompletionRequest) -> str:
-        """The chat's prompt: in the template sandbox for an ``hf`` template, else on a
-        thread. Raises NoChatTemplate, ChatTemplateError or TemplateLimitExceeded."""
-        template = processor.template
-        if self.sandbox is None or not isinstance(template, HfChatTemplate):
-            try:
-                return await self.run(processor.render_chat, chat)
-            except TemplateValueTooLarge as exc:
-                raise unsandboxed_value_too_large(processor.model, exc) from None
-        messages, options = await self.run(processor.render_inputs, chat)
-        return await self.sandbox.render(processor.model, template, messages, options)
+        """The chat's prompt: in the template render processes when the frontend has them
+        (every processor's template, in its bounded form), else on a thread. Raises
+        NoChatTemplate, ChatTemplateError or TemplateLimitExceeded."""
+        if self.sandbox is not None:
+            bounded = await self.run(processor.bounded_render_inputs, chat)
+            if bounded is not None:
+                return await self.sandbox.render(processor.model, *bounded)
+        try:
+            return await self.run(processor.render_chat, chat)
+        except TemplateValueTooLarge as exc:
+            raise unsandboxed_value_too_large(processor.model, exc) from None
 
     async def encode(
         self, processor: ChatProcessor, prompt: str, *, add_special_tokens: bool

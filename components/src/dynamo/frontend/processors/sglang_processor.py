@@ -60,6 +60,7 @@ from dynamo.frontend.parsing.output_parser import (
 from dynamo.runtime.model_card import ModelCard
 
 from .hf_processor import PLAIN, ModelFilesError, RenderOptions, rendering_errors
+from .library_templates import TemplateCheck, TemplateForms, template_forms, transformers_variables
 from .sglang_reasoning import ReasoningDefaults
 
 # What --dyn-chat-processor sglang imports at start-up, before the freeze (keep in step with
@@ -270,25 +271,33 @@ class SglangDetokenizer:
 class SglangTemplate:
     """The model's chat template, rendered by the SGLang tokenizer after SGLang has normalised
     each message's content for it (:attr:`takes_content_parts`: the messages come as the
-    client sent them, content parts not yet joined)."""
+    client sent them, content parts not yet joined). ``forms``: the same template(s) in the
+    frontend's render processes (:mod:`.library_templates`; None: built without them)."""
 
     takes_content_parts = True
 
-    def __init__(self, tokenizer: Any, source: str | None) -> None:
+    def __init__(
+        self, tokenizer: Any, source: str | None, forms: TemplateForms | None = None
+    ) -> None:
         from sglang.srt.parser.jinja_template_utils import detect_jinja_template_content_format
 
         self._tokenizer = tokenizer
         self._source = source  # None: the tokenizer's own (a dict of named ones included)
         self.text = source if source is not None else _template_text(tokenizer.chat_template)
         self._content_format = detect_jinja_template_content_format(self.text)
+        self.forms = forms
 
-    def render(self, messages: Sequence[Mapping[str, Any]], options: RenderOptions = PLAIN) -> str:
+    def prepare_messages(self, messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """The messages with their content as this template takes it, as SGLang prepares them."""
         from sglang.srt.parser.jinja_template_utils import process_content_for_template_format
 
-        normalised = [
-            process_content_for_template_format(dict(m), self._content_format, [], [], [], [])
-            for m in messages
+        form = self._content_format
+        return [
+            process_content_for_template_format(dict(m), form, [], [], [], []) for m in messages
         ]
+
+    def render(self, messages: Sequence[Mapping[str, Any]], options: RenderOptions = PLAIN) -> str:
+        normalised = self.prepare_messages(messages)
         with rendering_errors():
             return self._tokenizer.apply_chat_template(
                 normalised,
@@ -421,13 +430,21 @@ class SglangModel:
     output_parsers: OutputParserFactory | None
 
 
-def build_sglang(card: ModelCard, settings: SglangSettings) -> SglangModel:
-    """One model's SGLang state (raises ModelFilesError). Runs in the registry's thread while
-    the frontend serves: it allocates, it never freezes."""
+def build_sglang(
+    card: ModelCard, settings: SglangSettings, template_check: TemplateCheck | None = None
+) -> SglangModel:
+    """One model's SGLang state (raises ModelFilesError), in the registry's thread while the
+    frontend serves: it allocates, never freezes. ``template_check``: compiles the template in
+    the render processes, which then render it (None: the tokenizer renders it)."""
     tokenizer = load_tokenizer(card)
     source = _model_template(card, settings)
     has_template = source is not None or bool(_template_text(tokenizer.chat_template))
-    template = SglangTemplate(tokenizer, source) if has_template else None
+    template, forms = None, None
+    if has_template and template_check is not None:  # compiled bounded before SGLang parses it
+        own = source if source is not None else tokenizer.chat_template
+        forms = template_forms(own, transformers_variables(tokenizer), template_check)
+    if has_template:
+        template = SglangTemplate(tokenizer, source, forms)
     parsers = None
     if settings.tool_call_parser or settings.reasoning_parser:
         parsers = SglangOutputParsers(

@@ -3,9 +3,10 @@
 A model's chat template comes with its card, from a peer: it is code, and Jinja's sandbox keeps
 it from reaching this process's objects but not from looping or allocating (two nested
 ``range(100000)`` loops run for minutes; a string built from the conversation can take GBs). So
-with the ``hf`` processor every chat request's template is rendered in one of
-``--dyn-template-processes`` child processes (``spawn``: fresh interpreters that import Jinja and
-this project's template environment, nothing of the frontend's state), and:
+every chat request's template is rendered in one of ``--dyn-template-processes`` child processes
+(``spawn``: fresh interpreters that import Jinja and this project's template environment,
+nothing of the frontend's state), whichever the chat processor (the ``vllm`` and ``sglang``
+processors' templates in the form :mod:`.library_templates` gives them), and:
 
 * **Time.** A render has ``--dyn-template-timeout`` seconds; past it the process is killed and
   replaced (a thread cannot be stopped, a process can), and the request is a 503 naming the
@@ -35,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import hashlib
+import json
 import logging
 import multiprocessing
 import resource
@@ -88,6 +90,13 @@ def unsandboxed_value_too_large(model: str, exc: TemplateValueTooLarge) -> Templ
         "value", "Chat template of model %s was stopped: %s", peer_text.escape(model), exc
     )
     return value_too_large(model)
+
+
+def _template_key(template: HfChatTemplate) -> str:
+    """What a render process caches a compiled template under: its source and its variables
+    (two models may share a template's text with different special tokens)."""
+    identity = json.dumps([template.source, sorted(template.variables.items())])
+    return hashlib.sha256(identity.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 # -- the child process -------------------------------------------------------------------------
@@ -288,7 +297,7 @@ class TemplateSandbox:
                     f"the chat template of model `{model}` could not be rendered within "
                     f"{self.timeout_s:g} s: the frontend's renders are busy; retry later"
                 ) from None
-            key = hashlib.sha256(template.source.encode("utf-8", "surrogatepass")).hexdigest()
+            key = _template_key(template)
             payload = (key, template.source, template.variables, list(messages), options)
             loop = asyncio.get_running_loop()
             slot, kind = process, "died"  # unless the render returns

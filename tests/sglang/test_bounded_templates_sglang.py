@@ -1,0 +1,114 @@
+"""``--dyn-chat-processor sglang`` renders a peer's template in the frontend's render processes
+(bounded, docs/security.md), and what they render is what SGLang's own path renders (SGLang's
+normalising of content parts, then transformers' ``apply_chat_template`` on SGLang's tokenizer):
+content parts joined or kept as the template's format asks, ``continue_final_message`` on a
+content list, a tokenizer's named templates (``tool_use`` for a request with tools). And the
+issue-29 bombs through a real ``sglang``-processor frontend process."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+
+import pytest
+
+from dynamo.frontend.openai.protocol import parse_chat_request
+from dynamo.frontend.processors.chat_processor import (
+    build_chat_processor,
+    import_processor_libraries,
+)
+from dynamo.frontend.processors.template_sandbox import TemplateSandbox
+from dynamo.vllm.mock_model import load_mock_model
+from tests.support.template_bombs import check_template_bombs
+
+pytestmark = pytest.mark.sglang
+
+PARTS = [{"type": "text", "text": "Hello,"}, {"type": "text", "text": "frozen heap! ❄"}]
+# An openai-format template: it iterates the content's parts itself.
+OPENAI_FORMAT = (
+    "{% for m in messages %}<{{ m.role }}>{% for p in m.content %}{% if p.type == 'text' %}"
+    "{{ p.text }}{% endif %};{% endfor %}{% endfor %}{% if add_generation_prompt %}<a>{% endif %}"
+)
+TOOLS = [{"type": "function", "function": {"name": "get", "parameters": {"type": "object"}}}]
+BODIES = [
+    {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": PARTS}]},
+    {"messages": [{"role": "user", "content": "plain"}], "tools": TOOLS},
+    {
+        "messages": [
+            {"role": "user", "content": "Write"},
+            {"role": "assistant", "content": [{"type": "text", "text": "Snow on the  "}]},
+        ],
+        "add_generation_prompt": False,
+        "continue_final_message": True,
+    },
+]
+
+
+@pytest.fixture(scope="module")
+def sglang():
+    import_processor_libraries("sglang")
+
+
+def named_templates_dir(tiny_tokenizer, tmp_path) -> str:
+    """The tiny tokenizer with transformers' named templates: ``default`` and ``tool_use``."""
+    directory = tmp_path / "named"
+    shutil.copytree(tiny_tokenizer, directory)
+    (directory / "chat_template.jinja").unlink(missing_ok=True)
+    config_path = directory / "tokenizer_config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config["chat_template"] = [
+        {"name": "default", "template": "D:{% for m in messages %}{{ m.content }}{% endfor %}"},
+        {"name": "tool_use", "template": "T:{{ tools | length }}:{{ messages[0].content }}"},
+    ]
+    config_path.write_text(json.dumps(config), encoding="utf-8")
+    return str(directory)
+
+
+@pytest.mark.parametrize("name", ["own", "openai-format", "named"])
+def test_the_render_processes_render_what_sglang_renders(sglang, tiny_tokenizer, tmp_path, name):
+    tokenizer_dir = tiny_tokenizer
+    template_path = None
+    if name == "openai-format":
+        template_path = tmp_path / "openai.jinja"
+        template_path.write_text(OPENAI_FORMAT, encoding="utf-8")
+    elif name == "named":
+        tokenizer_dir = named_templates_dir(tiny_tokenizer, tmp_path)
+    card = load_mock_model(tokenizer_dir, served_model_name="tiny").card
+    if template_path is not None:
+        card = card.model_copy(update={"chat_template_path": str(template_path)})
+    on_a_thread = build_chat_processor(card, "sglang")
+    sandbox = TemplateSandbox(1, timeout_s=30.0, memory_mb=256)
+    sandbox.start()
+    try:
+        bounded = build_chat_processor(card, "sglang", template_check=sandbox.check_compiles)
+        requests = [parse_chat_request({"model": "tiny", **body}) for body in BODIES]
+
+        async def render_all() -> list[str | Exception]:
+            rendered: list[str | Exception] = []
+            for request in requests:
+                inputs = bounded.bounded_render_inputs(request)
+                assert inputs is not None
+                try:
+                    rendered.append(await sandbox.render("tiny", *inputs))
+                except Exception as exc:  # noqa: BLE001 - compared with SGLang's below
+                    rendered.append(exc)
+            return rendered
+
+        got = asyncio.run(render_all())
+    finally:
+        sandbox.close()
+    for request, text in zip(requests, got, strict=True):
+        try:
+            want = on_a_thread.render_chat(request)
+        except Exception:  # noqa: BLE001 - a refusal of SGLang's path must be ours too
+            assert isinstance(text, Exception), (request, text)
+            continue
+        assert text == want, request
+    if name == "named":
+        assert got[1] == "T:1:plain" and str(got[0]).startswith("D:")
+
+
+@pytest.mark.integration
+def test_template_bombs_through_an_sglang_processor_frontend(sglang, tmp_path):
+    check_template_bombs(tmp_path, "--dyn-chat-processor", "sglang")
