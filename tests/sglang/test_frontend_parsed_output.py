@@ -55,16 +55,19 @@ def output_ids(card, text: str) -> list[int]:
     return ids
 
 
-def ask(card, body: dict, *, registry=None, output=None):
+def ask(card, body: dict, *, registry=None, output=None, seen=None):
+    """The answer (status, body or SSE events); ``seen``: a list given the worker's requests."""
+
     async def scenario():
         async with (
-            echo_worker(output=output or output_ids(card, OUTPUT), chunk=3) as (_, endpoint),
+            echo_worker(output=output or output_ids(card, OUTPUT), chunk=3) as (engine, endpoint),
             frontend(card, endpoint, registry=registry or sglang_registry()) as client,
         ):
             response = await client.post("/v1/chat/completions", json=body)
-            if body.get("stream"):
-                return response.status, await sse_events(response)
-            return response.status, await response.json()
+            answer = await (sse_events(response) if body.get("stream") else response.json())
+            if seen is not None:
+                seen.extend(engine.bodies)
+            return response.status, answer
 
     return asyncio.run(scenario())
 
@@ -125,6 +128,43 @@ def test_finish_reason_is_tool_calls_when_the_model_stopped_after_a_call(card):
     # Without a call, "stop" stays "stop".
     status, answer = ask(card, chat(False, max_tokens=200), output=output)
     assert answer["choices"][0]["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize(
+    "tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}]
+)
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_a_forced_call_goes_through_the_reasoning_parser_first_as_sglang_does(
+    card, tool_choice, stream
+):
+    """SGLang's server forces a call, named or not, into a JSON array of calls (its
+    ``get_json_schema_constraint``: the engine is given that schema) and parses it after its
+    reasoning parser, which deepseek-r1 always applies: the thoughts come back as
+    reasoning_content, the call as tool_calls, nothing as content."""
+    forced = (
+        f'<think>{THINKING}</think>[{{"name": "get_weather", "parameters": {{"city": "Paris"}}}}]'
+    )
+    ids = output_ids(card, forced)
+    body = chat(stream, tools=[WEATHER], tool_choice=tool_choice, max_tokens=len(ids))
+    seen: list[dict] = []
+    status, answer = ask(card, {**body, "ignore_eos": True}, output=ids, seen=seen)
+    assert status == 200, answer
+    (request,) = seen
+    schema = json.loads(request["sampling"]["structured_outputs"]["json_schema"])
+    assert schema["type"] == "array" and schema["minItems"] == 1, schema
+    assert "get_weather" in json.dumps(schema["items"])
+    if stream:
+        deltas = [e["choices"][0]["delta"] for e in answer[:-1] if e["choices"]]
+        reasoning = "".join(d.get("reasoning_content") or "" for d in deltas)
+        content = "".join(d.get("content") or "" for d in deltas)
+        calls = [c for d in deltas for c in d.get("tool_calls") or []]
+    else:
+        message = answer["choices"][0]["message"]
+        reasoning, content = message.get("reasoning_content"), message.get("content") or ""
+        calls = message["tool_calls"]
+    assert reasoning == THINKING
+    assert content == ""
+    assert_weather_call(calls)
 
 
 def test_without_tools_the_call_stays_text_and_reasoning_is_still_split(card):

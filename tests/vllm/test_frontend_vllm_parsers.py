@@ -259,3 +259,27 @@ def test_a_forced_call_without_a_tool_call_parser_keeps_the_tools_json_schema(
     assert status == 200, answer
     (sent,) = bodies
     assert sent["sampling"]["structured_outputs"]["json_schema"]
+
+
+def test_auto_with_one_call_only_is_constrained_as_vllm_constrains_it(tiny_tokenizer_dir):
+    """tool_choice auto with parallel_tool_calls false: vLLM's hermes parser lets the model
+    write at most one call (a structural tag triggered by ``<tool_call>``), which the worker
+    gets; the call is parsed as with auto. Without the flag, or with a constraint of the
+    client's own (which vLLM keeps), nothing is added."""
+    card = tiny_card(tiny_tokenizer_dir, MODEL)
+    models = registry("hermes", "qwen3")
+    one = {**body(), "parallel_tool_calls": False}
+    status, answer, bodies = ask_recorded(card, one, models)
+    assert status == 200, answer
+    assert_weather_call(answer["choices"][0]["message"]["tool_calls"])
+    (sent,) = bodies
+    tag = json.loads(sent["sampling"]["structured_outputs"]["structural_tag"])
+    assert tag["format"]["type"] == "triggered_tags" and tag["format"]["triggers"] == [
+        "<tool_call>"
+    ]
+    for request in (body(), {**one, "structured_outputs": {"regex": "[a-z<>/]{1,200}"}}):
+        status, answer, bodies = ask_recorded(card, request, models)
+        assert status == 200, answer
+        (sent,) = bodies
+        constraint = sent["sampling"].get("structured_outputs") or {}
+        assert constraint.get("structural_tag") is None, constraint

@@ -117,6 +117,12 @@ def _schema_text(schema: dict[str, Any] | str, field: str) -> StructuredOutputs:
     return _wire(field, json_schema=text)
 
 
+def from_json_schema(schema: dict[str, Any], field: str) -> StructuredOutputs:
+    """A JSON schema a parser library forces (SGLang's for a forced call), as the request plane
+    carries it, with the same bounds as a client's (a 400 naming ``field``)."""
+    return _schema_text(schema, field)
+
+
 def _wire(field: str, **constraint: Any) -> StructuredOutputs:
     try:
         return StructuredOutputs(**constraint)

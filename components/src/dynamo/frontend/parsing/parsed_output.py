@@ -29,6 +29,7 @@ from dynamo.frontend.openai.structured_output import from_vllm
 from dynamo.frontend.openai.tools import NamedToolChoice
 from dynamo.runtime import peer_text
 from dynamo.runtime.log_budget import CauseBudgets
+from dynamo.runtime.sampling import StructuredOutputs
 
 from .forced_tool_calls import forced_tool_calls
 from .output_parser import (
@@ -83,13 +84,15 @@ def parser_request(chat: oai.ChatCompletionRequest, prompt_ids: Sequence[int] = 
 
 
 def adjust_for_parsers(processor_factory: Any, chat: oai.ChatCompletionRequest) -> None:
-    """Changes the request as vLLM's server changes it for its parsers before sampling it
-    (the factory's ``adjusted``, only the ``vllm`` processor's has one): a forced call's
-    constraint becomes the one vLLM's tool parser forces (hermes: a ``<tool_call>``
-    structural tag with free JSON arguments, not the JSON schema of the tools), and
-    ``skip_special_tokens`` what a reasoning parser asks for. A client's own constraint
-    (with ``tool_choice`` auto) is kept. Raises FieldRefused for a constraint over the
-    bounds (the client's 400 naming ``tool_choice``)."""
+    """Changes the request as the processor's engine server changes it for its parsers before
+    sampling it (the factory's ``adjusted``): a forced call's constraint becomes the one the
+    library forces (vLLM's tool parser: hermes' ``<tool_call>`` structural tag with free JSON
+    arguments, not the JSON schema of the tools; SGLang's: a JSON array of calls, for a named
+    function too); with ``tool_choice`` auto, the constraint the library puts on the calls the
+    model may write (vLLM's: at most one with ``parallel_tool_calls`` false), unless the client
+    has a constraint of its own, which is kept; and ``skip_special_tokens`` what a reasoning
+    parser asks for. Raises FieldRefused for a constraint over the bounds (the client's 400
+    naming the field it came from)."""
     adjusted = getattr(processor_factory, "adjusted", None)
     if adjusted is None:
         return
@@ -99,8 +102,20 @@ def adjust_for_parsers(processor_factory: Any, chat: oai.ChatCompletionRequest) 
     if found is None:
         return
     structured, chat.skip_special_tokens = found
-    if _forced(chat) and getattr(processor_factory, "forces_tool_calls", False):
-        chat.force_constraint("tool_choice", from_vllm(structured, "tool_choice"))
+    if not getattr(processor_factory, "forces_tool_calls", False):
+        return
+    if _forced(chat):
+        field = "tool_choice"  # the library's constraint (or none) replaces the tools' schema
+    elif structured is not None and chat.structured_field is None:
+        # tool_choice auto: the calls the model may write are constrained too (vLLM's
+        # parsers: at most one with parallel_tool_calls false, a triggered structural tag),
+        # unless the client has a constraint of its own, which vLLM keeps.
+        field = "parallel_tool_calls" if chat.parallel_tool_calls is False else "tools"
+    else:
+        return
+    if not isinstance(structured, StructuredOutputs):  # vLLM's StructuredOutputsParams
+        structured = from_vllm(structured, field)
+    chat.force_constraint(field, structured)
 
 
 def _forced(chat: oai.ChatCompletionRequest) -> bool:

@@ -50,6 +50,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from dynamo.frontend.openai.structured_output import from_json_schema
 from dynamo.frontend.openai.token_strings import SlowBackend
 from dynamo.frontend.parsing.output_parser import (
     OutputParser,
@@ -58,6 +59,7 @@ from dynamo.frontend.parsing.output_parser import (
     ParserRequest,
 )
 from dynamo.runtime.model_card import ModelCard
+from dynamo.runtime.sampling import StructuredOutputs
 
 from .hf_processor import PLAIN, ModelFilesError, RenderOptions, rendering_errors
 from .library_templates import TemplateCheck, TemplateForms, template_forms, transformers_variables
@@ -352,6 +354,30 @@ class SglangOutputParsers(OutputParsers):
             if settings.reasoning_parser
             else None
         )
+        # A forced call (tool_choice required or named) is parsed here, as SGLang's server
+        # parses it (its reasoning parser first, by SGLang's rule, then the JSON array the
+        # schema constraint makes the model write): not by the frontend's ForcedToolCalls.
+        self.forces_tool_calls = True
+
+    def adjusted(
+        self, request: ParserRequest, skip_special_tokens: bool | None
+    ) -> tuple[StructuredOutputs, bool | None] | None:
+        """The constraint SGLang's server puts on a forced call, which :meth:`build` parses: a
+        JSON array of ``{"name", "parameters"}`` calls (``get_json_schema_constraint``), for a
+        named function too (vLLM forces that one's arguments alone). None: not forced."""
+        from sglang.srt.entrypoints.openai.protocol import Tool, ToolChoice
+        from sglang.srt.function_call.utils import get_json_schema_constraint
+
+        choice = request.tool_choice
+        if not request.tools or not (choice == "required" or _is_named_tool_choice(choice)):
+            return None
+        tools = [Tool.model_validate(tool) for tool in request.tools]
+        named = choice if choice == "required" else ToolChoice.model_validate(choice)
+        parallel = request.fields.get("parallel_tool_calls") is not False
+        schema = get_json_schema_constraint(tools, named, parallel_tool_calls=parallel)
+        if schema is None:  # a name no tool has: refused before, as the client's 400
+            return None
+        return from_json_schema(schema, "tool_choice"), skip_special_tokens
 
     def build(self, request: ParserRequest) -> OutputParser | None:
         """The request's parser, or None when it has nothing to parse (no reasoning parser, and
