@@ -65,6 +65,7 @@ async def frontend(card, *endpoints: str, clock=None):
         async with TestClient(FrontendTestServer(app, host="127.0.0.1")) as client:
             yield client, router
     finally:
+        await router.aclose()
         await session.close()
         await registry.aclose()
 
@@ -414,43 +415,85 @@ def test_thousands_of_dead_instances_cost_a_bounded_number_of_attempts_and_lines
     assert all(text.isprintable() for text in lines)
 
 
-@pytest.mark.parametrize("dead_answer", ["refused", "draining"])
+@contextlib.asynccontextmanager
+async def hanging_endpoint():
+    """A real socket on 127.0.0.1 that accepts every connection and never answers (what a dead
+    pod's address often does): ``(endpoint, connections accepted so far)``."""
+    accepted: list[asyncio.StreamWriter] = []
+    closing = asyncio.Event()
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)
+        await closing.wait()
+
+    server = await asyncio.start_server(hold, "127.0.0.1", 0, backlog=1024)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", accepted
+    finally:
+        closing.set()
+        for writer in accepted:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+
+
+@pytest.mark.parametrize(
+    "dead_answer, instances",
+    [
+        ("refused", {"refused": 3000}),
+        ("draining", {"draining": 3000}),
+        ("hanging", {"hanging": 300}),
+        ("hanging and refused", {"hanging": 1000, "refused": 2000}),
+    ],
+)
 def test_one_live_instance_behind_thousands_of_dead_records_takes_every_request(
-    card, processor, caplog, dead_answer
+    card, processor, caplog, dead_answer, instances
 ):
     """Issue 29: a live instance the frontend never routed to, listed after thousands of dead
     records, serves every request from the first one on (the old router tried three per request
-    in turn and answered 503 until rotation reached it); the work stays bounded: per request, at
-    most one dead instance tried (the one whose turn it is), and each dead instance probed at
-    most once."""
+    in turn and answered 503 until rotation reached it), also when the dead accept connections
+    and never answer (each of their probes costs its whole deadline); the work stays bounded:
+    per request, at most one dead instance tried (the one whose turn it is), and each dead
+    instance probed at most once."""
     caplog.set_level(logging.INFO)
-    instances, requests = 3000, 10
+    requests = 10
     finish = line({"finish_reason": "length", "prompt_tokens": 1, "completion_tokens": 1})
     live_answer = raw([line({"token_ids": processor.encode_chat(" y")}), finish])
 
     async def scenario():
         async with contextlib.AsyncExitStack() as stack:
             live_worker = await stack.enter_async_context(hostile_worker(live_answer))
-            if dead_answer == "refused":
-                dead_url, dead_worker = dead_endpoint(), None
-            else:  # alive but draining: its health is 503, its generate refused
-                dead_worker = await stack.enter_async_context(
-                    hostile_worker(raw([b'{"error": "draining"}'], status=503))
-                )
-                dead_worker.health_status = 503
-                dead_url = dead_worker.endpoint
+            endpoints: list[str] = []
+            dead_worker, accepted = None, []
+            for kind, count in instances.items():
+                if kind == "refused":
+                    url = dead_endpoint()
+                elif kind == "hanging":
+                    url, accepted = await stack.enter_async_context(hanging_endpoint())
+                else:  # alive but draining: its health is 503, its generate refused
+                    dead_worker = await stack.enter_async_context(
+                        hostile_worker(raw([b'{"error": "draining"}'], status=503))
+                    )
+                    dead_worker.health_status = 503
+                    url = dead_worker.endpoint
+                endpoints += [url] * count
             # The live instance last: round-robin starts at the first dead one.
-            endpoints = [dead_url] * instances + [live_worker.endpoint]
+            endpoints.append(live_worker.endpoint)
             client, _ = await stack.enter_async_context(frontend(card, *endpoints))
             caplog.clear()
             statuses = [(await answer_of(client, chat(max_tokens=1)))[0] for _ in range(requests)]
-            return statuses, live_worker.requests, dead_worker
+            return statuses, live_worker.requests, dead_worker, len(accepted)
 
-    statuses, live_requests, dead_worker = run(scenario)
+    statuses, live_requests, dead_worker, hanging_connections = run(scenario)
     assert statuses == [200] * requests and live_requests == requests
+    total = sum(instances.values())
     if dead_worker is not None:
         assert dead_worker.requests <= requests, dead_worker.requests
-        assert dead_worker.health_probes <= instances, dead_worker.health_probes
+        assert dead_worker.health_probes <= total, dead_worker.health_probes
+    if "hanging" in instances:
+        # Each hanging instance probed at most once by the sweep, and each request's first
+        # attempt at most one generate and one probe.
+        assert hanging_connections <= instances["hanging"] + 2 * requests, hanging_connections
     lines = frontend_lines(caplog)
     assert len(lines) <= 3, lines
 

@@ -4,21 +4,26 @@ A discovery directory can hold thousands of records whose workers are gone (or w
 there: a peer may write them), beside one live instance the frontend has never routed to.
 Trying them one request at a time would make requests fail until round-robin reached the live
 one. When a request's first attempt failed and no instance is known to serve, the router asks
-the scout instead: it sends ``GET /health`` to the model's untried instances, at most
-:data:`SCOUT_CONCURRENCY` at a time, and hands back the first that answers without a 5xx (a
-draining worker answers 503); each that does not answer in time is reported dead (the router
-benches it, so the next requests skip it). One sweep per model at a time, shared by every
-request that needs it, so the work is per instance (each probed at most once per sweep, a sweep
-at most every bench period), not per request; a request waits for a sweep at most
-:data:`SCOUT_WAIT_S`.
+the scout instead: it sends ``GET /health`` to the model's untried instances (in random order,
+the router's suspects last) and hands back the first that answers without a 5xx (a draining
+worker answers 503); each that does not answer within :data:`SCOUT_PROBE_TIMEOUT_S` is reported
+dead (the router benches it, so the next requests skip it).
+
+A dead pod's address often accepts a connection and never answers, so a probe of a dead
+instance can cost its whole deadline: the sweep starts :data:`FIRST_PROBERS` probes, each dead
+instance starts two more (the probes in flight double every deadline), up to
+:data:`SCOUT_CONCURRENCY` at once. Once the live one is found, the requests waiting for it go on
+and the sweep finishes probing the rest, so every dead instance is benched once and the next
+requests do not try it. One sweep per model at a time, shared by every request that needs it,
+so the work is per instance (each probed at most once per sweep), not per request; a request
+waits for a sweep at most :data:`SCOUT_WAIT_S`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Collection, Sequence
 
 import aiohttp
 
@@ -26,11 +31,16 @@ from dynamo.runtime.discovery import ModelRecord
 from dynamo.runtime.peer_text import escape
 from dynamo.runtime.request_plane import HEALTH_PATH
 
-# Health probes in flight at once, per sweep: connections to dead instances on a LAN are
-# refused in a round trip, and a sweep of a few thousand takes well under a second.
-SCOUT_CONCURRENCY = 64
-# Probers a sweep starts with; each instance found dead adds one, up to SCOUT_CONCURRENCY.
-FIRST_PROBERS = 2
+# Health probes in flight at once, per sweep (each holds a socket): with every probe hanging
+# for its deadline, a ramped-up sweep still gets through this many instances a second.
+SCOUT_CONCURRENCY = 256
+# Probes a sweep starts with; each instance found dead starts two more, up to SCOUT_CONCURRENCY.
+FIRST_PROBERS = 32
+PROBERS_PER_DEAD = 2
+# How long a probe waits to connect and be answered: a live worker's /health answers in
+# milliseconds (its event loop does nothing slow); a dead address that accepts and never
+# answers costs this much.
+SCOUT_PROBE_TIMEOUT_S = 1.0
 # How long a request waits for a sweep to find a live instance before it is a 503 (the sweep
 # goes on for the requests after it).
 SCOUT_WAIT_S = 10.0
@@ -41,8 +51,8 @@ NAMED_DEAD = 5
 class SweepResult:
     """What a sweep found: a live instance (or None), and the dead it probed."""
 
-    def __init__(self) -> None:
-        self.found: ModelRecord | None = None
+    def __init__(self, found: ModelRecord | None = None) -> None:
+        self.found = found
         self.dead: list[str] = []  # the first NAMED_DEAD, "<id> at <endpoint>"
         self.dead_count = 0
 
@@ -51,12 +61,23 @@ class SweepResult:
         return ", ".join(self.dead) + (f" and {more} more" if more > 0 else "")
 
 
+class _Sweep:
+    """A sweep in progress: its task, the instances found live so far (in order), the dead."""
+
+    def __init__(self) -> None:
+        self.task: asyncio.Task[None] | None = None
+        self.live: list[ModelRecord] = []
+        self.changed = asyncio.Condition()  # notified at each instance found live
+        self.dead: list[str] = []  # the first NAMED_DEAD, "<id> at <endpoint>"
+        self.dead_count = 0
+
+
 class InstanceScout:
     """Per-model sweeps of health probes (see the module docstring).
 
-    ``timeout_s``: how long one probe waits for an answer; ``is_benched``: the router's bench
-    (an instance on it is not probed); ``on_dead``: told of each instance whose probe went
-    unanswered, with why."""
+    ``timeout_s``: how long one probe waits to connect and be answered; ``is_benched``: the
+    router's bench (an instance on it is not probed); ``on_dead``: told of each instance whose
+    probe went unanswered, with why."""
 
     def __init__(
         self,
@@ -70,41 +91,65 @@ class InstanceScout:
         self._timeout_s = timeout_s
         self._is_benched = is_benched
         self._on_dead = on_dead
-        self._sweeps: dict[str, asyncio.Task[SweepResult]] = {}
+        self._sweeps: dict[str, _Sweep] = {}
 
-    async def find(self, model: str, candidates: Sequence[ModelRecord]) -> SweepResult:
-        """The sweep's result: an instance of ``candidates`` that answered its health probe
-        (no 5xx), or none (none did, or the sweep took over :data:`SCOUT_WAIT_S`)."""
-        task = self._sweeps.get(model)
-        if task is None:
-            task = asyncio.ensure_future(self._sweep(list(candidates)))
-            self._sweeps[model] = task
-            task.add_done_callback(lambda done: self._forget(model, done))
+    async def find(
+        self,
+        model: str,
+        candidates: Sequence[ModelRecord],
+        exclude: Collection[tuple[str, str]] = (),
+    ) -> SweepResult:
+        """As soon as one answers: an instance that answered its health probe (no 5xx) and is
+        not in ``exclude`` (by instance id and endpoint), with the dead probed so far; or none
+        (none did, or none within :data:`SCOUT_WAIT_S`). A sweep of ``candidates`` is started
+        unless one is running for the model; they are probed in the order given (the
+        router's: random, its suspects last)."""
+        sweep = self._sweeps.get(model)
+        if sweep is None:
+            sweep = self._sweeps[model] = _Sweep()
+            sweep.task = asyncio.ensure_future(self._sweep(list(candidates), sweep))
+            sweep.task.add_done_callback(lambda done: self._forget(model, done))
+        assert sweep.task is not None
+
+        def usable() -> ModelRecord | None:
+            wanted = (r for r in sweep.live if (r.instance_id, r.endpoint) not in exclude)
+            return next(wanted, None)
+
+        async def until_usable() -> None:
+            async with sweep.changed:
+                await sweep.changed.wait_for(lambda: usable() is not None)
+
+        waiter = asyncio.ensure_future(until_usable())
         try:
-            return await asyncio.wait_for(asyncio.shield(task), SCOUT_WAIT_S)
-        except asyncio.TimeoutError:
-            return SweepResult()
+            await asyncio.wait(
+                {waiter, sweep.task}, timeout=SCOUT_WAIT_S, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            waiter.cancel()
+        result = SweepResult(usable())
+        result.dead, result.dead_count = list(sweep.dead), sweep.dead_count
+        return result
 
     def _forget(self, model: str, task: asyncio.Task) -> None:
-        if self._sweeps.get(model) is task:
+        sweep = self._sweeps.get(model)
+        if sweep is not None and sweep.task is task:
             del self._sweeps[model]
         if not task.cancelled():
             task.exception()  # retrieved: a sweep's failure is its requests' 503, not a log
 
     async def aclose(self) -> None:
         """Stop the sweeps still running (the frontend is stopping)."""
-        tasks = list(self._sweeps.values())
+        tasks = [sweep.task for sweep in self._sweeps.values() if sweep.task is not None]
         for task in tasks:
             task.cancel()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    async def _sweep(self, candidates: list[ModelRecord]) -> SweepResult:
-        result = SweepResult()
+    async def _sweep(self, candidates: list[ModelRecord], result: _Sweep) -> None:
+        """Probe every candidate once, telling the waiting requests of each that answers; the
+        rest are probed all the same (so each dead one is benched once per sweep)."""
         queue = iter(candidates)  # shared by the probers: each instance is probed once
-        found: asyncio.Future[ModelRecord] = asyncio.get_running_loop().create_future()
-
         probers: set[asyncio.Task[None]] = set()
         all_done = asyncio.Event()
 
@@ -115,40 +160,38 @@ class InstanceScout:
 
         def ended(task: asyncio.Task[None]) -> None:
             probers.discard(task)
+            if not task.cancelled():
+                task.exception()  # retrieved: a prober that failed (a closed session) just ends
             if not probers:
                 all_done.set()
 
         async def prober() -> None:
             for record in queue:
-                if found.done():
-                    return
                 if self._is_benched(record):
                     continue
                 if await self._ready(record.endpoint):
-                    if not found.done():
-                        found.set_result(record)
-                    return
+                    async with result.changed:
+                        result.live.append(record)
+                        result.changed.notify_all()
+                    continue
                 self._on_dead(record, "its health probe went unanswered or answered 5xx")
                 result.dead_count += 1
                 if len(result.dead) < NAMED_DEAD:
                     result.dead.append(f"{record.instance_id} at {escape(record.endpoint)}")
-                # Each dead instance adds a prober, up to the bound: a live one among the first
-                # costs a probe or two, thousands of dead ones are swept 64 at a time.
-                if len(probers) < SCOUT_CONCURRENCY:
-                    start_prober()
+                # Each dead instance starts more probers, up to the bound: a live one among the
+                # first costs a few probes, while the probes in flight double every probe
+                # deadline when the dead hang.
+                for _ in range(PROBERS_PER_DEAD):
+                    if len(probers) < SCOUT_CONCURRENCY:
+                        start_prober()
 
         for _ in range(min(FIRST_PROBERS, len(candidates))):
             start_prober()
         if not probers:
             all_done.set()
-        everyone = asyncio.ensure_future(all_done.wait())
         try:
-            waits: set[asyncio.Future[Any]] = {found, everyone}
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            result.found = found.result() if found.done() else None
-            return result
+            await all_done.wait()
         finally:
-            everyone.cancel()
             for task in list(probers):
                 task.cancel()
             await asyncio.gather(*probers, return_exceptions=True)

@@ -13,15 +13,18 @@ log's, however many instances a model has and however many of them are dead:
   bench, until it serves again), then instances that served a request last time they were
   tried (so a request pays for at most one dead instance once a live one is known), then the
   one the scout finds (:mod:`dynamo.frontend.routing.instance_scout`): the first untried instance to
-  answer a health probe, suspects last. So one live instance among thousands of dead records
-  takes its requests from the first one on, and the dead are benched by the probes, not by
-  failed requests.
+  answer a health probe, probed in random order, suspects last. So one live instance among
+  thousands of dead records takes its requests from the first one on, and the dead are benched
+  by the probes, not by failed requests.
 * **Deadlines.** A connection must be accepted within :data:`WORKER_CONNECT_TIMEOUT_S`. A worker
   that says nothing for :data:`PROBE_AFTER_S` (before its first item, or between two) is asked
   ``GET /health`` (one probe per instance at a time, shared by its requests): no answer within
   :data:`PROBE_TIMEOUT_S` means the process is stopped or gone (SIGSTOP, a frozen host) and the
   request fails over or fails; any answer means it is alive and merely slow (a long prefill,
-  a queue), and the wait goes on. Each item must come within :data:`WORKER_READ_TIMEOUT_S` of
+  a queue), and the wait goes on. An instance not known to serve (none of its last requests
+  served: new, or failed before) is asked sooner, after :data:`UNPROVEN_PROBE_AFTER_S`, with
+  the scout's probe deadline: a dead address that accepts and never answers costs a request
+  two seconds, not ten. Each item must come within :data:`WORKER_READ_TIMEOUT_S` of
   the previous one (of the request, for the first), whatever else arrives meanwhile: bytes that
   are not an item (blank lines, a line that never ends, an error body sent a byte at a time)
   and answered probes do not extend it.
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
@@ -52,7 +56,7 @@ from dynamo.runtime.request_plane import (
     WorkerUnavailable,
 )
 
-from .instance_scout import InstanceScout
+from .instance_scout import SCOUT_PROBE_TIMEOUT_S, InstanceScout
 from .model_registry import ModelEntry
 
 logger = logging.getLogger(__name__)
@@ -66,6 +70,9 @@ WORKER_READ_TIMEOUT_S = 120.0
 # Silence after which the worker is asked whether it is alive, and how long it has to answer.
 PROBE_AFTER_S = 5.0
 PROBE_TIMEOUT_S = 5.0
+# The same for an instance not known to serve: its first silence is probed sooner, with the
+# scout's deadline (a live worker's /health answers in milliseconds).
+UNPROVEN_PROBE_AFTER_S = 1.0
 # Instances tried per request before it is a 503.
 MAX_ATTEMPTS = 3
 # How long a failed instance is not routed to: the first time, and at most.
@@ -148,13 +155,16 @@ class WorkerRouter:
         self._clock = clock
         self._benched: dict[tuple[str, str], _Bench] = {}  # (instance id, endpoint) -> bench
         self._good: dict[tuple[str, str], None] = {}  # served the last request sent to it
-        self._probes: dict[str, asyncio.Task] = {}  # endpoint -> its probe in flight
+        self._probes: dict[tuple[str, float], asyncio.Task] = {}  # (endpoint, deadline) -> probe
         self._log = CauseBudgets(logger, lines=1, interval_s=LOG_INTERVAL_S, clock=clock)
         self._info = CauseBudgets(
             logger, logging.INFO, lines=1, interval_s=LOG_INTERVAL_S, clock=clock
         )
         self._scout = InstanceScout(
-            session, timeout_s=PROBE_TIMEOUT_S, is_benched=self._is_benched, on_dead=self._failed
+            session,
+            timeout_s=SCOUT_PROBE_TIMEOUT_S,
+            is_benched=self._is_benched,
+            on_dead=self._failed,
         )
 
     async def aclose(self) -> None:
@@ -188,10 +198,13 @@ class WorkerRouter:
             record = self._next_choice(candidates, tried)
             if record is None:
                 untried = [r for r in candidates if _key(r) not in tried]
-                untried.sort(key=lambda r: _key(r) in self._benched)  # suspects last
+                # Random order, suspects last: dead records named before the live one (by a
+                # peer, or by chance) do not all stand between it and the probes.
+                random.shuffle(untried)
+                untried.sort(key=lambda r: _key(r) in self._benched)
                 if not untried:
                     break
-                sweep = await self._scout.find(entry.name, untried)
+                sweep = await self._scout.find(entry.name, untried, exclude=tried)
                 if sweep.dead_count:
                     probed.append(sweep.describe_dead())
                 record = sweep.found
@@ -245,10 +258,15 @@ class WorkerRouter:
     ) -> StreamItem:
         """The next item within :data:`WORKER_READ_TIMEOUT_S`; while it does not come, the
         worker is probed every :data:`PROBE_AFTER_S` and given up on when a probe goes
-        unanswered."""
+        unanswered (the first time sooner, with a shorter deadline, for an instance not known
+        to serve)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + WORKER_READ_TIMEOUT_S
         waiting = asyncio.ensure_future(stream.__anext__())
+        if _key(record) in self._good:
+            silence, probe_timeout = PROBE_AFTER_S, PROBE_TIMEOUT_S
+        else:
+            silence, probe_timeout = UNPROVEN_PROBE_AFTER_S, SCOUT_PROBE_TIMEOUT_S
         try:
             while True:
                 left = deadline - loop.time()
@@ -257,36 +275,39 @@ class WorkerRouter:
                         f"worker at {peer_text.escape(record.endpoint)} sent no item within "
                         f"{WORKER_READ_TIMEOUT_S:g} s"
                     )
-                done, _ = await asyncio.wait({waiting}, timeout=min(PROBE_AFTER_S, left))
+                done, _ = await asyncio.wait({waiting}, timeout=min(silence, left))
                 if done:
                     return waiting.result()
                 if loop.time() >= deadline:
                     continue  # the deadline's own message, not a probe's
-                if not await self._alive(record.endpoint):
+                if not await self._alive(record.endpoint, probe_timeout):
                     raise WorkerUnavailable(
                         f"worker at {peer_text.escape(record.endpoint)} silent for "
-                        f"{PROBE_AFTER_S:g} s and its health probe unanswered within "
-                        f"{PROBE_TIMEOUT_S:g} s (stopped or gone)"
+                        f"{silence:g} s and its health probe unanswered within "
+                        f"{probe_timeout:g} s (stopped or gone)"
                     )
+                silence, probe_timeout = PROBE_AFTER_S, PROBE_TIMEOUT_S  # it answers: alive
         finally:
             if not waiting.done():
                 waiting.cancel()  # the generator ends with it: its connection is closed
                 await asyncio.wait({waiting})
 
-    async def _alive(self, endpoint: str) -> bool:
-        """Whether the worker's process answers at all (any status: a draining worker is
-        alive). One probe per endpoint at a time; a request that asks meanwhile shares it."""
-        probe = self._probes.get(endpoint)
+    async def _alive(self, endpoint: str, timeout_s: float) -> bool:
+        """Whether the worker's process answers at all within ``timeout_s`` (any status: a
+        draining worker is alive). One probe per endpoint and deadline at a time; a request
+        that asks meanwhile shares it."""
+        key = (endpoint, timeout_s)
+        probe = self._probes.get(key)
         if probe is None:
-            probe = asyncio.ensure_future(self._probe(endpoint))
-            self._probes[endpoint] = probe
-            probe.add_done_callback(lambda _: self._probes.pop(endpoint, None))
+            probe = asyncio.ensure_future(self._probe(endpoint, timeout_s))
+            self._probes[key] = probe
+            probe.add_done_callback(lambda _: self._probes.pop(key, None))
         return await asyncio.shield(probe)
 
-    async def _probe(self, endpoint: str) -> bool:
+    async def _probe(self, endpoint: str, timeout_s: float) -> bool:
         url = endpoint.rstrip("/") + HEALTH_PATH
         try:
-            timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)
+            timeout = aiohttp.ClientTimeout(total=timeout_s)
             async with self.session.get(url, timeout=timeout) as response:
                 return response.status > 0
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
