@@ -22,6 +22,9 @@ FOLDING_BOMBS = [
     "{{ 'a'.center(250000000) }}",
     "{{ ([1] * 250000000) | length }}",
     "{{ 10 ** 100000000 }}",
+    "{{ '%400000000s' % 'a' }}",
+    "{{ '%.400000000f' % 1.0 }}",
+    "{{ '%400000000s' | format('a') }}",
 ]
 
 
@@ -44,6 +47,12 @@ def test_compiling_a_template_folds_no_constant(source):
         "{{ ([1] * 250000000) | length }}",
         "{% set x = 'a' * 9000000 %}{{ (x + x) | length }}",
         "{{ 10 ** 100000000 }}",
+        "{{ '%400000000s' % 'a' }}",
+        "{{ '%.400000000f' % 1.0 }}",
+        "{{ '%*s' % (messages|length * 400000000, 'a') }}",
+        "{{ '%s%9000000s%9000000s' % ('a', 'b', 'c') }}",
+        "{{ '%400000000s' | format('a') }}",
+        "{{ '%*s' | format(400000000, 'a') }}",
     ],
 )
 def test_rendering_refuses_a_value_over_the_bound_before_building_it(source):
@@ -85,3 +94,21 @@ def test_a_generation_block_renders_its_body_as_transformers_does_for_a_prompt()
         chat_template_environment().from_string(
             "{% generation %}{{ 'a' * 999999999 }}{% endgeneration %}"
         ).render()
+
+
+@pytest.mark.parametrize(
+    "source, rendered",
+    [
+        ("{{ '%s: %05d|%.2f|%-4s|' % ('x', 3, 1.5, 'ab') }}", "x: 00003|1.50|ab  |"),
+        ("{{ '%*d' % (5, 3) }}", "    3"),
+        ("{{ '%d%%' % 50 }}", "50%"),
+        ("{{ '%(role)s' % {'role': 'user'} }}", "user"),
+        ("{{ '%s' % messages[0].content }}", "hi"),
+        ("{{ 7 % 3 }}", "1"),
+        ("{{ '%s, %s' | format('a', 'b') }}", "a, b"),
+        ("{{ '%(x)s' | format(x=3) }}", "3"),
+    ],
+)
+def test_percent_formatting_within_the_bound_renders_as_jinja_does(source, rendered):
+    template = chat_template_environment().from_string(source)
+    assert template.render(messages=[{"role": "user", "content": "hi"}]) == rendered

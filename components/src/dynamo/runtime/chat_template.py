@@ -12,27 +12,36 @@ prompt, it writes its body as it is), a ``tojson`` filter that does not escape H
 A model's template is a peer's code (docs/security.md), so two bounds are added that do not
 change what a real template renders:
 
-* **No constant folding.** Jinja evaluates constant expressions while it compiles
-  (``{{ ('a' * 250000000) | length }}`` or ``{{ 'a' | center(250000000) }}`` allocate hundreds
-  of MB before any request): the optimizer is off (``optimized=False``), the growing operators
-  are intercepted (which Jinja never folds) and every filter and test is wrapped to take the
-  render context (which Jinja never calls at compile time either). So compiling costs time and
-  memory linear in the source (at most 1 MiB), and every expression is evaluated when
-  rendering, where the frontend bounds it (:mod:`dynamo.frontend.processors.template_sandbox`).
-* **Bounded growth.** ``*``, ``**`` and ``+`` are intercepted (the sandbox's
-  ``intercepted_binops``): a string, list or number they would make larger than
-  :data:`MAX_VALUE_SIZE` is refused before it is allocated (a
-  :class:`TemplateValueTooLarge`), so ``'a' * (messages|length * 300000000)`` fails at once.
+* **No constant folding that can grow.** Jinja evaluates constant expressions while it compiles
+  (``{{ ('a' * 250000000) | length }}``, ``{{ 'a' | center(250000000) }}`` or
+  ``{{ '%400000000s' % 'a' }}`` allocate hundreds of MB before any request; its code generator
+  folds output expressions even with the optimizer off): the optimizer is off
+  (``optimized=False``), the operators that can build a large value (``*``, ``**``, ``+``,
+  ``%``) are intercepted (which Jinja never folds) and every filter and test is wrapped to take
+  the render context (which Jinja never calls at compile time either). What Jinja may still
+  fold (``~`` of literals, comparisons, ``-``, ``/``, literals themselves) makes a value no larger
+  than the source's own text, so a template's constants cost memory linear in the source (at
+  most 1 MiB); everything else is evaluated when rendering, where the frontend bounds it
+  (:mod:`dynamo.frontend.processors.template_sandbox`).
+* **Bounded growth.** ``*``, ``**``, ``+`` and ``%`` are intercepted (the sandbox's
+  ``intercepted_binops``), and the ``format`` filter checked the same way: a string, list or
+  number they would make larger than :data:`MAX_VALUE_SIZE` is refused before it is allocated
+  (a :class:`TemplateValueTooLarge`), so ``'a' * (messages|length * 300000000)`` or
+  ``'%400000000s' % 'a'`` fails at once. What else can grow a value (``~`` in a loop, filters
+  such as ``center`` or ``join``, string methods such as ``ljust``) is bounded only by the
+  render process's memory limit.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import re
 from datetime import datetime
 
 import jinja2
 import jinja2.ext
+import jinja2.filters
 import jinja2.nodes
 import jinja2.parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -48,7 +57,7 @@ class TemplateValueTooLarge(jinja2.exceptions.TemplateError):
 
 
 class _BoundedEnvironment(ImmutableSandboxedEnvironment):
-    intercepted_binops = frozenset({"*", "**", "+"})
+    intercepted_binops = frozenset({"*", "**", "+", "%"})
 
     def call_binop(self, context, operator: str, left, right):
         _check_growth(operator, left, right)
@@ -75,11 +84,51 @@ def _check_growth(operator: str, left, right) -> None:
                 f"the template joins values over the frontend's bound of {MAX_VALUE_SIZE} "
                 "characters or items"
             )
+    elif operator == "%" and isinstance(left, str):
+        _check_format(left, right)
     elif operator == "**" and isinstance(left, int) and isinstance(right, int) and right > 0:
         if abs(left) > 1 and abs(left).bit_length() * right > MAX_POWER_BITS:
             raise TemplateValueTooLarge(
                 f"the template raises a number to a power over {MAX_POWER_BITS} bits"
             )
+
+
+# A printf-style conversion: its mapping key, width and precision (digits or ``*``).
+_CONVERSION = re.compile(r"%(\([^)]*\))?[#0 +-]*(\*|\d+)?(?:\.(\*|\d+))?[hlL]?(.)", re.DOTALL)
+
+
+def _check_format(fmt: str, args) -> None:
+    """Refuse ``fmt % args`` when its widths and precisions (digits, or ``*`` taken from
+    ``args``) would pad the result over :data:`MAX_VALUE_SIZE`: ``'%400000000s' % 'a'``
+    allocates 400 MB otherwise. What the arguments bring themselves is bounded when they were
+    built."""
+    positional = list(args) if isinstance(args, tuple) else [args]
+    position = 0
+    padding = 0
+    for match in _CONVERSION.finditer(fmt):
+        key, width, precision, kind = match.groups()
+        if kind == "%" and not (key or width or precision):
+            continue
+        for spec in (width, precision):
+            if spec == "*":
+                star = positional[position] if position < len(positional) else 0
+                position += 1
+                padding += abs(star) if isinstance(star, int) else 0
+            elif spec:
+                padding += int(spec)
+        position += key is None
+        if padding + len(fmt) > MAX_VALUE_SIZE:
+            raise TemplateValueTooLarge(
+                f"the template formats a value wider than the frontend's bound of "
+                f"{MAX_VALUE_SIZE} characters"
+            )
+
+
+def _bounded_format(value, *args, **kwargs):
+    """Jinja's ``format`` filter (``value % args``) with the ``%`` operator's bound."""
+    text = str(value)
+    _check_format(text, kwargs or (args[0] if len(args) == 1 else tuple(args)))
+    return jinja2.filters.do_format(value, *args, **kwargs)
 
 
 class _GenerationBlock(jinja2.ext.Extension):
@@ -122,6 +171,7 @@ def chat_template_environment() -> ImmutableSandboxedEnvironment:
         optimized=False,  # no constant folding while compiling: see the module docstring
     )
     env.filters["tojson"] = _tojson
+    env.filters["format"] = _bounded_format
     env.filters = {name: _at_render_time(f) for name, f in env.filters.items()}
     env.tests = {name: _at_render_time(t) for name, t in env.tests.items()}
     env.globals["raise_exception"] = _raise_exception
