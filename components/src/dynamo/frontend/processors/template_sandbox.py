@@ -24,7 +24,9 @@ processors' templates in the form :mod:`.library_templates` gives them), and:
 * **Compiling.** Jinja's compiler is costly on a hostile source, so at registration a card's
   template is compiled in a fresh process under the same bounds
   (:meth:`TemplateSandbox.check_compiles`); one that does not compile in them refuses its model,
-  and the frontend never compiles it itself.
+  and the frontend never compiles it itself. At most as many compile checks as there are render
+  processes run at once (the others wait their turn): a peer registering many models at once
+  costs the same memory as one with that many.
 
 Each breach is one WARNING per cause per minute (``Chat template of model %s ...``), naming the
 model, never the template's text. A template that raises (its ``raise_exception``) or fails on
@@ -229,6 +231,9 @@ class TemplateSandbox:
         self._suspects_in_use = 0
         self._turns: asyncio.Condition | None = None
         self._lock = threading.Lock()
+        # Compile checks at once (each a fresh process under the memory bound): the registry
+        # builds models on many threads, and 8 hostile records started 6 processes, 2.87 GB.
+        self._compiles = threading.BoundedSemaphore(processes)
         self._closed = False  # no process is replaced once closing
         self._log = CauseBudgets(logger, lines=1, interval_s=LOG_INTERVAL_S)
 
@@ -378,14 +383,16 @@ class TemplateSandbox:
         """Blocking (the registry's build thread): compile ``source`` in a fresh process under
         the same bounds as a render; raises ModelFilesError when it does not compile or breaks
         a bound (the model is refused). Jinja's compiler is itself costly on a hostile source:
-        a megabyte of ``{{ x }}`` took 90 s and over 1 GB."""
-        process = _Process(self.memory_bytes)
-        try:
-            kind, text = process.render(
-                ("check", source, dict(variables), None, None), self.timeout_s
-            )
-        finally:
-            process.kill()
+        a megabyte of ``{{ x }}`` took 90 s and over 1 GB. At most :attr:`processes` checks run
+        at once; the others wait (each is bounded in time, so the wait is too)."""
+        with self._compiles:
+            process = _Process(self.memory_bytes)
+            try:
+                kind, text = process.render(
+                    ("check", source, dict(variables), None, None), self.timeout_s
+                )
+            finally:
+                process.kill()
         if kind == "ok":
             return
         if kind == "template":
