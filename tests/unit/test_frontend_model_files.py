@@ -14,10 +14,10 @@ from dynamo.frontend.frontend_args import parse_args as parse_frontend
 from dynamo.frontend.processors.chat_processor import build_chat_processor, model_files
 from dynamo.frontend.processors.model_files import (
     MAX_CONFIG_BYTES,
-    MAX_TEMPLATE_BYTES,
     MAX_TOKENIZER_BYTES,
     ModelFilesError,
 )
+from dynamo.runtime.template_files import MAX_TEMPLATE_BYTES
 from tests.support.tiny_model import build_tiny_tokenizer, tiny_card
 
 TEMPLATE = "{% for m in messages %}[{{ m.content }}]{% endfor %}"

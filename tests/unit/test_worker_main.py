@@ -516,3 +516,50 @@ def test_an_engine_resolved_card_a_frontend_would_refuse_is_never_registered(
     assert worker_main.main(["--discovery-dir", str(discovery_dir)]) == 2
     assert "register" not in names(steps)
     assert "card: tokenizer_path" in caplog.text and "--model / DYN_VLLM_MODEL" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("name", "size", "why"),
+    [
+        ("t.txt", 100, "is not a Jinja file (.jinja, .jinja2, .j2)"),
+        ("big.jinja", 1024 * 1024 + 100 * 1024, "over the frontend's bound of 1048576"),
+    ],
+    ids=["not a Jinja file", "1.1 MiB"],
+)
+def test_a_chat_template_a_frontend_would_refuse_exits_2_naming_the_option(
+    steps, discovery_dir, tmp_path, capsys, name, size, why
+):
+    """Issue 29: the worker logged "Worker serving" with a ``t.txt`` template or a 1.1 MiB
+    ``.jinja``, while every frontend refused the model. The frontend's file rules, checked at
+    start-up: exit 2 naming the option, before anything runs."""
+    template = tmp_path / name
+    template.write_text("{{ messages[0].content }}".ljust(size), encoding="utf-8")
+    argv = ["--discovery-dir", str(discovery_dir), "--chat-template", str(template)]
+    assert worker_main.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--chat-template / DYN_VLLM_CHAT_TEMPLATE" in err and repr(str(template)) in err, err
+    assert "a frontend would refuse it" in err and why in err, err
+    assert steps == [] and not discovery_dir.exists()
+
+
+def test_a_chat_template_linked_to_a_file_that_is_not_jinja_exits_2(
+    steps, discovery_dir, tmp_path, capsys
+):
+    """The suffix is judged as the frontend judges it: after every link is followed."""
+    target = tmp_path / "secret.txt"
+    target.write_text("{{ 1 }}", encoding="utf-8")
+    link = tmp_path / "template.jinja"
+    link.symlink_to(target)
+    argv = ["--discovery-dir", str(discovery_dir), "--chat-template", str(link)]
+    assert worker_main.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "is not a Jinja file" in err and f"resolves to {str(target)!r}" in err, err
+
+
+def test_a_chat_template_at_the_frontends_bound_serves(steps, discovery_dir, tmp_path, mocker):
+    spy = mocker.spy(DiscoveryStore, "register")
+    template = tmp_path / "t.j2"
+    template.write_text("{{ messages[0].content }}".ljust(1024 * 1024), encoding="utf-8")
+    argv = ["--discovery-dir", str(discovery_dir), "--chat-template", str(template)]
+    assert worker_main.main(argv) == 0
+    assert spy.call_args.args[1].card.chat_template_path == str(template)

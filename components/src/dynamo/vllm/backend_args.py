@@ -104,7 +104,9 @@ CHAT_TEMPLATE = text_option(
     "DYN_VLLM_CHAT_TEMPLATE",
     (
         "A Jinja chat template file the frontend renders instead of the model's own (vLLM "
-        "serve's --chat-template); published in the model card (unset: the model's template)"
+        "serve's --chat-template); published in the model card (unset: the model's template). "
+        "It must be one a frontend renders: a .jinja, .jinja2 or .j2 file once links are "
+        "resolved, at most 1 MiB, compiling"
     ),
     what="path",
     metavar="FILE",

@@ -5,9 +5,10 @@ Every message names the option (flag and env var) and the value, so the operator
 change, and none is a traceback:
 
 * :func:`check_paths` runs in ``main()`` before the event loop: the discovery directory must be
-  creatable and writable, the self-benchmark output file creatable, the chat template file
-  readable and compiling, the worker extension class importable. A bad one exits 2, like a bad
-  flag, before engine init and the self-benchmark have spent a minute.
+  creatable and writable, the self-benchmark output file creatable, the chat template file one
+  a frontend would render (a Jinja file of at most 1 MiB) and compiling, the worker extension
+  class importable. A bad one exits 2, like a bad flag, before engine init and the
+  self-benchmark have spent a minute.
 * :func:`listening` wraps the bind of a listener: a taken port (or an unknown host) becomes a
   :class:`OptionUnusable`, which ``main()`` logs as one ERROR line before exiting 2.
 """
@@ -18,6 +19,7 @@ import os
 import re
 import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TypeVar
 
 from dynamo.common.bind_errors import is_host_error
@@ -28,6 +30,7 @@ from dynamo.runtime.chat_template import compile_problem
 from dynamo.runtime.discovery import Discovery, DiscoveryDirError, ModelRecord
 from dynamo.runtime.discovery.record import record_problem
 from dynamo.runtime.model_card import ModelCard
+from dynamo.runtime.template_files import MAX_TEMPLATE_BYTES, is_jinja_file, not_jinja, too_large
 from dynamo.vllm.backend_args import (
     CHAT_TEMPLATE,
     MODEL,
@@ -85,13 +88,33 @@ def create_benchmark_output(path: str) -> None:
 
 
 def check_chat_template(path: str) -> None:
-    """The chat template must be a readable UTF-8 file that compiles (the frontend renders it
-    for every request: a broken one would fail them all, after the worker said it serves)."""
+    """The chat template must be a file every frontend would render: a Jinja file once links
+    are resolved, at most :data:`MAX_TEMPLATE_BYTES`, UTF-8, and compiling (the frontend
+    renders it for every request: one it refuses or cannot compile would fail them all, after
+    the worker said it serves)."""
+    resolved = Path(path).resolve()
+    if not is_jinja_file(resolved):
+        resolves = "" if str(resolved) == path else f" (it resolves to {str(resolved)!r})"
+        raise UnusablePath(
+            f"{CHAT_TEMPLATE.source_label()} is {path!r}: a frontend would refuse it: "
+            f"{not_jinja('the file')}{resolves}"
+        )
     try:
-        with open(path, encoding="utf-8") as template:
-            source = template.read()
+        with open(resolved, "rb") as template:
+            size = os.fstat(template.fileno()).st_size
+            if size > MAX_TEMPLATE_BYTES:
+                raise UnusablePath(
+                    f"{CHAT_TEMPLATE.source_label()} is {path!r}: a frontend would refuse it: "
+                    f"{too_large('the file', size)}"
+                )
+            source = template.read(MAX_TEMPLATE_BYTES + 1).decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise unusable(CHAT_TEMPLATE, path, "cannot read it", exc) from None
+    if len(source.encode("utf-8")) > MAX_TEMPLATE_BYTES:  # grew since the fstat
+        raise UnusablePath(
+            f"{CHAT_TEMPLATE.source_label()} is {path!r}: a frontend would refuse it: "
+            f"{too_large('the file', len(source.encode('utf-8')))}"
+        )
     problem = compile_problem(source)
     if problem is not None:
         raise UnusablePath(f"{CHAT_TEMPLATE.source_label()} is {path!r}: the template {problem}")

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from dynamo.runtime import peer_text
 from dynamo.runtime.model_card import ModelCard, out_of_vocabulary
+from dynamo.runtime.template_files import MAX_TEMPLATE_BYTES
 
 if TYPE_CHECKING:
     from dynamo.frontend.openai.protocol import ChatCompletionRequest
@@ -51,7 +52,7 @@ from .hf_processor import (
     special_tokens,
 )
 from .library_templates import TemplateCheck, TemplateForms, template_forms, transformers_variables
-from .model_files import MAX_TEMPLATE_BYTES, ModelFiles
+from .model_files import ModelFiles
 
 logger = logging.getLogger(__name__)
 

@@ -32,11 +32,11 @@ from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
 from dynamo.runtime.chat_template import TemplateValueTooLarge, chat_template_environment
+from dynamo.runtime.template_files import MAX_TEMPLATE_BYTES
 from dynamo.runtime.tokenizer_config import token_text
 
 from .model_files import (
     MAX_CONFIG_BYTES,
-    MAX_TEMPLATE_BYTES,
     MAX_TOKENIZER_BYTES,
     ModelFiles,
     ModelFilesError,

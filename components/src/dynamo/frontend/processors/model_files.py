@@ -9,10 +9,12 @@ frontend reads only what it needs, through :class:`ModelFiles`:
   required to stay inside the model's own directory: the tokenizer directory itself, or the
   repository directory of a Hugging Face cache snapshot (whose files are links to
   ``../../blobs``). The chat template file a card names (vLLM's ``--chat-template``) must be
-  a Jinja file (:data:`TEMPLATE_SUFFIXES`) once resolved.
+  a Jinja file once resolved (:mod:`dynamo.runtime.template_files`, whose rules the worker
+  checks its own ``--chat-template`` by).
 * **Regular files, bounded.** Each is opened without following a last link and without
   blocking (a FIFO or a device is refused, never read), and read up to its bound
-  (:data:`MAX_TOKENIZER_BYTES`, :data:`MAX_CONFIG_BYTES`, :data:`MAX_TEMPLATE_BYTES`).
+  (:data:`MAX_TOKENIZER_BYTES`, :data:`MAX_CONFIG_BYTES`, the template's
+  ``MAX_TEMPLATE_BYTES``).
 * **The operator's directories.** With ``--dyn-model-dirs`` / ``DYN_MODEL_DIRS`` (directories
   separated by ``:``), the tokenizer directory, every file read from it and the chat template
   must resolve inside one of them; a card naming anything else is refused (its model is not
@@ -33,11 +35,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dynamo.runtime import peer_text
+from dynamo.runtime.template_files import is_jinja_file, not_jinja
 
 MAX_TOKENIZER_BYTES = 256 * 1024 * 1024  # the largest real tokenizer.json are ~35 MB
 MAX_CONFIG_BYTES = 16 * 1024 * 1024  # tokenizer_config.json, with its added tokens
-MAX_TEMPLATE_BYTES = 1024 * 1024  # real chat templates are a few KB
-TEMPLATE_SUFFIXES = (".jinja", ".jinja2", ".j2")
 # What a processor's library (tokenizers, transformers through vLLM or SGLang) reads from a
 # tokenizer directory; each is checked before the library opens it.
 LIBRARY_FILES = (
@@ -135,9 +136,9 @@ class ModelFiles:
         resolved = _resolve(named, "chat template")
         if self._roots:
             self._allowed(resolved, "chat template")
-        if resolved.suffix.lower() not in TEMPLATE_SUFFIXES:
+        if not is_jinja_file(resolved):
             raise ModelFilesError(
-                f"chat template {_say(named)} is not a Jinja file ({', '.join(TEMPLATE_SUFFIXES)})"
+                not_jinja(f"chat template {_say(named)}")
                 + ("" if str(resolved) == named else f": it resolves to {_say(resolved)}")
             )
         if not resolved.exists():
