@@ -19,7 +19,8 @@ processors' templates in the form :mod:`.library_templates` gives them), and:
   its turn: a model whose template is slow, however many requests it gets, leaves a process to
   every other model. And the *suspects* (models whose last render breached a bound) share those
   ``per_model`` processes between them: however many hostile models a peer registers, once each
-  has breached a bound the other models keep a process.
+  has breached a bound the other models keep a process. The wait for its turn and then for a
+  free process are one wait, of at most the timeout.
 
 * **Compiling.** Jinja's compiler is costly on a hostile source, so at registration a card's
   template is compiled in a fresh process under the same bounds
@@ -280,8 +281,11 @@ class TemplateSandbox:
                 return False
             return model not in self._suspects or self._suspects_in_use < self.per_model
 
+        # One deadline for both waits (its turn, then a free process): a request waits for a
+        # render process at most the timeout in all.
+        deadline = asyncio.get_running_loop().time() + self.timeout_s
         try:
-            async with asyncio.timeout(self.timeout_s):
+            async with asyncio.timeout_at(deadline):
                 async with self._turns:
                     await self._turns.wait_for(my_turn)
                     self._in_use[model] = self._in_use.get(model, 0) + 1
@@ -295,7 +299,8 @@ class TemplateSandbox:
             ) from None
         try:
             try:
-                process = await asyncio.wait_for(idle.get(), self.timeout_s)
+                async with asyncio.timeout_at(deadline):
+                    process = await idle.get()
             except TimeoutError:
                 self._breach("busy", name, "no render process was free")
                 raise TemplateLimitExceeded(
