@@ -91,8 +91,8 @@ def adjust_for_parsers(processor_factory: Any, chat: oai.ChatCompletionRequest) 
     function too); with ``tool_choice`` auto, the constraint the library puts on the calls the
     model may write (vLLM's: at most one with ``parallel_tool_calls`` false; a client's own
     constraint joined with the calls when xgrammar can, else kept alone, as vLLM does); and
-    ``skip_special_tokens`` what a reasoning parser asks for. Raises FieldRefused for a constraint over the bounds (the client's 400
-    naming the field it came from)."""
+    ``skip_special_tokens`` what a reasoning parser asks for. Raises FieldRefused for a
+    constraint over the bounds (the client's 400 naming the field it came from)."""
     adjusted = getattr(processor_factory, "adjusted", None)
     if adjusted is None:
         return
