@@ -7,36 +7,34 @@ service, registry, router and tiny-model processor in front of hostile aiohttp s
 * The request's own limits are the frontend's: ``max_tokens``, a stop token once ``min_tokens``
   are out, a stop string, whatever the worker keeps sending; the frontend hangs up on it.
 * Routing: a failed instance is benched (1 s doubling to 30 s, forgiven at its first success,
-  on a fake clock), a request tries at most three instances, and thousands of dead instances
-  cost a bounded number of attempts and log lines per request.
+  on a fake clock), and a request tries at most three instances (thousands of dead instances:
+  test_frontend_dead_instances.py).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import json
 import logging
-import socket
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient
 
 from dynamo.frontend.processors.chat_processor import build_chat_processor
-from dynamo.frontend.routing import worker_router
-from dynamo.frontend.routing.model_registry import ModelRegistry
-from dynamo.frontend.routing.worker_router import WorkerRouter, create_worker_session
-from dynamo.frontend.serving.http_service import FrontendService
 from tests.support import wait_until_async
-from tests.support.answers import assert_openai_error, sse_events, streamed_text
+from tests.support.answers import assert_openai_error, streamed_text
 from tests.support.clock import FakeClock
-from tests.support.frontend_fakes import MODEL, FrontendTestServer, record
+from tests.support.frontend_fakes import MODEL
 from tests.support.hostile_worker import HostileWorker, endless, hostile_worker, raw
+from tests.support.routed_frontend import (
+    DEADLINE_S,
+    LINE_LIMIT,
+    answer_of,
+    chat,
+    frontend,
+    frontend_lines,
+    line,
+    run,
+)
 from tests.support.tiny_model import tiny_card
-
-DEADLINE_S = 60.0
-LINE_LIMIT = 4096  # "no log line over a few KB"
 
 
 @pytest.fixture
@@ -48,66 +46,6 @@ def processor(tiny_tokenizer_dir):
 @pytest.fixture
 def card(processor):
     return processor.card
-
-
-@contextlib.asynccontextmanager
-async def frontend(card, *endpoints: str, clock=None):
-    """The real service serving ``card`` through ``endpoints`` (one instance each, repeats
-    allowed), its router on ``clock``: ``(client, router)``."""
-    registry = ModelRegistry(build_chat_processor)
-    for endpoint in endpoints:
-        registry.add_instance(record(card, endpoint, card.served_model_name))
-    await registry.wait_idle()
-    session = create_worker_session()
-    router = WorkerRouter(session, **({"clock": clock} if clock else {}))
-    try:
-        app = FrontendService(registry, router).build_app()
-        async with TestClient(FrontendTestServer(app, host="127.0.0.1")) as client:
-            yield client, router
-    finally:
-        await router.aclose()
-        await session.close()
-        await registry.aclose()
-
-
-# Bound, never listening: connections are refused (kept bound so no one else gets the port).
-_DEAD_PORTS: list[socket.socket] = []
-
-
-def dead_endpoint() -> str:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    _DEAD_PORTS.append(sock)
-    return f"http://127.0.0.1:{sock.getsockname()[1]}"
-
-
-def run(scenario):
-    return asyncio.run(asyncio.wait_for(scenario(), DEADLINE_S))
-
-
-def chat(*, stream: bool = False, max_tokens: int = 8, **extra) -> dict:
-    return {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": stream,
-            "max_tokens": max_tokens, **extra}  # fmt: skip
-
-
-def line(item: object) -> bytes:
-    return json.dumps(item).encode() + b"\n"
-
-
-async def answer_of(client, body: dict):
-    """(status, JSON body or the stream's events) of one request."""
-    response = await client.post("/v1/chat/completions", json=body)
-    if body.get("stream") and response.status == 200:
-        return response.status, await sse_events(response)
-    return response.status, await response.json()
-
-
-def frontend_lines(caplog) -> list[str]:
-    return [
-        r.getMessage()
-        for r in caplog.records
-        if r.name.startswith("dynamo.") and r.levelno >= logging.INFO
-    ]
 
 
 # --- a bad stream item -------------------------------------------------------------------------
@@ -363,151 +301,3 @@ def test_a_known_model_with_every_instance_benched_is_503_at_once(card):
         assert error["code"] == "worker_unavailable"
         for internal in ("127.0.0.1", "http://", "ssl:default", "down"):
             assert internal not in error["message"]
-
-
-@pytest.mark.parametrize("live", [True, False], ids=["one live", "all dead"])
-@pytest.mark.parametrize("dead_answer", ["503", "refused", "garbage"])
-def test_thousands_of_dead_instances_cost_a_bounded_number_of_attempts_and_lines(
-    card, processor, caplog, dead_answer, live
-):
-    caplog.set_level(logging.INFO)
-    instances = 3000
-    requests = 25
-    finish = line({"finish_reason": "length", "prompt_tokens": 1, "completion_tokens": 1})
-    live_answer = raw([line({"token_ids": processor.encode_chat(" y")}), finish])
-    dead = {
-        "503": raw([b'{"error": "' + b"\n\x00x" * 2000 + b'"}'], status=503),
-        "refused": None,
-        "garbage": raw([b"\x00\nWARNING forged line " * 1000]),
-    }[dead_answer]
-
-    async def scenario():
-        async with contextlib.AsyncExitStack() as stack:
-            live_worker = await stack.enter_async_context(hostile_worker(live_answer))
-            if dead is None:
-                dead_url, dead_worker = dead_endpoint(), None
-            else:
-                dead_worker = await stack.enter_async_context(hostile_worker(dead))
-                dead_url = dead_worker.endpoint
-            # The live instance first: the first request finds it (round-robin starts there).
-            endpoints = [live_worker.endpoint] * live + [dead_url] * instances
-            client, _ = await stack.enter_async_context(frontend(card, *endpoints))
-            caplog.clear()
-            statuses = [(await answer_of(client, chat(max_tokens=1)))[0] for _ in range(requests)]
-            return statuses, live_worker.requests, dead_worker and dead_worker.requests
-
-    statuses, live_requests, dead_requests = run(scenario)
-    if live:
-        # Once the live instance served, a request pays at most one dead instance (the one
-        # whose turn it is) before the one that served last.
-        assert statuses == [200] * requests and live_requests == requests
-        bound = requests - 1
-    else:
-        assert set(statuses) == {502 if dead_answer == "garbage" else 503}, statuses
-        bound = 3 * requests  # at most three instances a request
-    if dead_requests is not None:
-        assert dead_requests == bound, dead_requests
-    lines = frontend_lines(caplog)
-    # One line per cause per 10 s: an instance benched, a request failed (and aiohttp's
-    # access log is not the frontend's).
-    assert len(lines) <= 3, lines
-    assert all(len(text) < LINE_LIMIT for text in lines), max(map(len, lines))
-    assert all(text.isprintable() for text in lines)
-
-
-@contextlib.asynccontextmanager
-async def hanging_endpoint():
-    """A real socket on 127.0.0.1 that accepts every connection and never answers (what a dead
-    pod's address often does): ``(endpoint, connections accepted so far)``."""
-    accepted: list[asyncio.StreamWriter] = []
-    closing = asyncio.Event()
-
-    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        accepted.append(writer)
-        await closing.wait()
-
-    server = await asyncio.start_server(hold, "127.0.0.1", 0, backlog=1024)
-    try:
-        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", accepted
-    finally:
-        closing.set()
-        for writer in accepted:
-            writer.close()
-        server.close()
-        await server.wait_closed()
-
-
-@pytest.mark.parametrize(
-    "dead_answer, instances",
-    [
-        ("refused", {"refused": 3000}),
-        ("draining", {"draining": 3000}),
-        ("hanging", {"hanging": 300}),
-        ("hanging and refused", {"hanging": 1000, "refused": 2000}),
-    ],
-)
-def test_one_live_instance_behind_thousands_of_dead_records_takes_every_request(
-    card, processor, caplog, dead_answer, instances
-):
-    """Issue 29: a live instance the frontend never routed to, listed after thousands of dead
-    records, serves every request from the first one on (the old router tried three per request
-    in turn and answered 503 until rotation reached it), also when the dead accept connections
-    and never answer (each of their probes costs its whole deadline); the work stays bounded:
-    per request, at most one dead instance tried (the one whose turn it is), and each dead
-    instance probed at most once."""
-    caplog.set_level(logging.INFO)
-    requests = 10
-    finish = line({"finish_reason": "length", "prompt_tokens": 1, "completion_tokens": 1})
-    live_answer = raw([line({"token_ids": processor.encode_chat(" y")}), finish])
-
-    async def scenario():
-        async with contextlib.AsyncExitStack() as stack:
-            live_worker = await stack.enter_async_context(hostile_worker(live_answer))
-            endpoints: list[str] = []
-            dead_worker, accepted = None, []
-            for kind, count in instances.items():
-                if kind == "refused":
-                    url = dead_endpoint()
-                elif kind == "hanging":
-                    url, accepted = await stack.enter_async_context(hanging_endpoint())
-                else:  # alive but draining: its health is 503, its generate refused
-                    dead_worker = await stack.enter_async_context(
-                        hostile_worker(raw([b'{"error": "draining"}'], status=503))
-                    )
-                    dead_worker.health_status = 503
-                    url = dead_worker.endpoint
-                endpoints += [url] * count
-            # The live instance last: round-robin starts at the first dead one.
-            endpoints.append(live_worker.endpoint)
-            client, _ = await stack.enter_async_context(frontend(card, *endpoints))
-            caplog.clear()
-            statuses = [(await answer_of(client, chat(max_tokens=1)))[0] for _ in range(requests)]
-            return statuses, live_worker.requests, dead_worker, len(accepted)
-
-    statuses, live_requests, dead_worker, hanging_connections = run(scenario)
-    assert statuses == [200] * requests and live_requests == requests
-    total = sum(instances.values())
-    if dead_worker is not None:
-        assert dead_worker.requests <= requests, dead_worker.requests
-        assert dead_worker.health_probes <= total, dead_worker.health_probes
-    if "hanging" in instances:
-        # Each hanging instance probed at most once by the sweep, and each request's first
-        # attempt at most one generate and one probe.
-        assert hanging_connections <= instances["hanging"] + 2 * requests, hanging_connections
-    lines = frontend_lines(caplog)
-    assert len(lines) <= 3, lines
-
-
-def test_the_routers_memory_is_bounded(card, monkeypatch):
-    monkeypatch.setattr(worker_router, "MAX_REMEMBERED", 50)
-    answer = raw([b"{}"], status=500)
-
-    async def scenario():
-        async with hostile_worker(answer) as worker:
-            async with frontend(card, *[worker.endpoint] * 300) as (client, router):
-                for _ in range(40):
-                    await answer_of(client, chat())
-                return len(router._benched), worker.requests
-
-    remembered, tried = run(scenario)
-    assert tried == 120 and remembered == 50

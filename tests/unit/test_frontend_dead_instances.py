@@ -1,0 +1,166 @@
+"""Routing past dead instances (issues 19 and 29): the real service, registry and router in front
+of thousands of dead records (connections refused, draining workers, garbage answers, addresses
+that accept and never answer) beside one live instance or none. A request costs a bounded
+number of attempts and log lines, and one live instance, even one never routed to and listed
+last, takes every request."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import pytest
+
+from dynamo.frontend.processors.chat_processor import build_chat_processor
+from dynamo.frontend.routing import worker_router
+from tests.support.frontend_fakes import MODEL
+from tests.support.hostile_worker import hostile_worker, raw
+from tests.support.routed_frontend import (
+    LINE_LIMIT,
+    answer_of,
+    chat,
+    dead_endpoint,
+    frontend,
+    frontend_lines,
+    hanging_endpoint,
+    line,
+    run,
+)
+from tests.support.tiny_model import tiny_card
+
+
+@pytest.fixture
+def processor(tiny_tokenizer_dir):
+    """The tiny model's processor; its card is the one the frontend serves."""
+    return build_chat_processor(tiny_card(tiny_tokenizer_dir, MODEL))
+
+
+@pytest.fixture
+def card(processor):
+    return processor.card
+
+
+@pytest.mark.parametrize("live", [True, False], ids=["one live", "all dead"])
+@pytest.mark.parametrize("dead_answer", ["503", "refused", "garbage"])
+def test_thousands_of_dead_instances_cost_a_bounded_number_of_attempts_and_lines(
+    card, processor, caplog, dead_answer, live
+):
+    caplog.set_level(logging.INFO)
+    instances = 3000
+    requests = 25
+    finish = line({"finish_reason": "length", "prompt_tokens": 1, "completion_tokens": 1})
+    live_answer = raw([line({"token_ids": processor.encode_chat(" y")}), finish])
+    dead = {
+        "503": raw([b'{"error": "' + b"\n\x00x" * 2000 + b'"}'], status=503),
+        "refused": None,
+        "garbage": raw([b"\x00\nWARNING forged line " * 1000]),
+    }[dead_answer]
+
+    async def scenario():
+        async with contextlib.AsyncExitStack() as stack:
+            live_worker = await stack.enter_async_context(hostile_worker(live_answer))
+            if dead is None:
+                dead_url, dead_worker = dead_endpoint(), None
+            else:
+                dead_worker = await stack.enter_async_context(hostile_worker(dead))
+                dead_url = dead_worker.endpoint
+            # The live instance first: the first request finds it (round-robin starts there).
+            endpoints = [live_worker.endpoint] * live + [dead_url] * instances
+            client, _ = await stack.enter_async_context(frontend(card, *endpoints))
+            caplog.clear()
+            statuses = [(await answer_of(client, chat(max_tokens=1)))[0] for _ in range(requests)]
+            return statuses, live_worker.requests, dead_worker and dead_worker.requests
+
+    statuses, live_requests, dead_requests = run(scenario)
+    if live:
+        # Once the live instance served, a request pays at most one dead instance (the one
+        # whose turn it is) before the one that served last.
+        assert statuses == [200] * requests and live_requests == requests
+        bound = requests - 1
+    else:
+        assert set(statuses) == {502 if dead_answer == "garbage" else 503}, statuses
+        bound = 3 * requests  # at most three instances a request
+    if dead_requests is not None:
+        assert dead_requests == bound, dead_requests
+    lines = frontend_lines(caplog)
+    # One line per cause per 10 s: an instance benched, a request failed (and aiohttp's
+    # access log is not the frontend's).
+    assert len(lines) <= 3, lines
+    assert all(len(text) < LINE_LIMIT for text in lines), max(map(len, lines))
+    assert all(text.isprintable() for text in lines)
+
+
+@pytest.mark.parametrize(
+    "dead_answer, instances",
+    [
+        ("refused", {"refused": 3000}),
+        ("draining", {"draining": 3000}),
+        ("hanging", {"hanging": 300}),
+        ("hanging and refused", {"hanging": 1000, "refused": 2000}),
+    ],
+)
+def test_one_live_instance_behind_thousands_of_dead_records_takes_every_request(
+    card, processor, caplog, dead_answer, instances
+):
+    """Issue 29: a live instance the frontend never routed to, listed after thousands of dead
+    records, serves every request from the first one on (the old router tried three per request
+    in turn and answered 503 until rotation reached it), also when the dead accept connections
+    and never answer (each of their probes costs its whole deadline); the work stays bounded:
+    per request, at most one dead instance tried (the one whose turn it is), and each dead
+    instance probed at most once."""
+    caplog.set_level(logging.INFO)
+    requests = 10
+    finish = line({"finish_reason": "length", "prompt_tokens": 1, "completion_tokens": 1})
+    live_answer = raw([line({"token_ids": processor.encode_chat(" y")}), finish])
+
+    async def scenario():
+        async with contextlib.AsyncExitStack() as stack:
+            live_worker = await stack.enter_async_context(hostile_worker(live_answer))
+            endpoints: list[str] = []
+            dead_worker, accepted = None, []
+            for kind, count in instances.items():
+                if kind == "refused":
+                    url = dead_endpoint()
+                elif kind == "hanging":
+                    url, accepted = await stack.enter_async_context(hanging_endpoint())
+                else:  # alive but draining: its health is 503, its generate refused
+                    dead_worker = await stack.enter_async_context(
+                        hostile_worker(raw([b'{"error": "draining"}'], status=503))
+                    )
+                    dead_worker.health_status = 503
+                    url = dead_worker.endpoint
+                endpoints += [url] * count
+            # The live instance last: round-robin starts at the first dead one.
+            endpoints.append(live_worker.endpoint)
+            client, _ = await stack.enter_async_context(frontend(card, *endpoints))
+            caplog.clear()
+            statuses = [(await answer_of(client, chat(max_tokens=1)))[0] for _ in range(requests)]
+            return statuses, live_worker.requests, dead_worker, len(accepted)
+
+    statuses, live_requests, dead_worker, hanging_connections = run(scenario)
+    assert statuses == [200] * requests and live_requests == requests
+    total = sum(instances.values())
+    if dead_worker is not None:
+        assert dead_worker.requests <= requests, dead_worker.requests
+        assert dead_worker.health_probes <= total, dead_worker.health_probes
+    if "hanging" in instances:
+        # Each hanging instance probed at most once by the sweep, and each request's first
+        # attempt at most one generate and one probe.
+        assert hanging_connections <= instances["hanging"] + 2 * requests, hanging_connections
+    lines = frontend_lines(caplog)
+    assert len(lines) <= 3, lines
+
+
+def test_the_routers_memory_is_bounded(card, monkeypatch):
+    monkeypatch.setattr(worker_router, "MAX_REMEMBERED", 50)
+    answer = raw([b"{}"], status=500)
+
+    async def scenario():
+        async with hostile_worker(answer) as worker:
+            async with frontend(card, *[worker.endpoint] * 300) as (client, router):
+                for _ in range(40):
+                    await answer_of(client, chat())
+                return len(router._benched), worker.requests
+
+    remembered, tried = run(scenario)
+    assert tried == 120 and remembered == 50
