@@ -83,23 +83,41 @@ def frontend_lines(caplog) -> list[str]:
     ]
 
 
+class HangingConnections:
+    """What a :func:`hanging_endpoint` was asked: connections accepted, and the most open at
+    once (a connection is open until the client closes it)."""
+
+    def __init__(self) -> None:
+        self.accepted = 0
+        self.open = 0
+        self.most_open = 0
+
+
 @contextlib.asynccontextmanager
 async def hanging_endpoint():
     """A real socket on 127.0.0.1 that accepts every connection and never answers (what a dead
-    pod's address often does): ``(endpoint, connections accepted so far)``."""
-    accepted: list[asyncio.StreamWriter] = []
-    closing = asyncio.Event()
+    pod's address often does): ``(endpoint, HangingConnections)``."""
+    seen = HangingConnections()
+    writers: list[asyncio.StreamWriter] = []
 
     async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        accepted.append(writer)
-        await closing.wait()
+        writers.append(writer)
+        seen.accepted += 1
+        seen.open += 1
+        seen.most_open = max(seen.most_open, seen.open)
+        try:
+            while await reader.read(65536):  # read what the client sends, answer nothing
+                pass
+        except ConnectionError:
+            pass
+        finally:
+            seen.open -= 1
 
     server = await asyncio.start_server(hold, "127.0.0.1", 0, backlog=1024)
     try:
-        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", accepted
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", seen
     finally:
-        closing.set()
-        for writer in accepted:
+        for writer in writers:
             writer.close()
         server.close()
         await server.wait_closed()
