@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 
 import pytest
 
 from dynamo.frontend.processors.chat_processor import build_chat_processor
 from dynamo.frontend.routing import worker_router
-from dynamo.frontend.routing.instance_scout import SCOUT_CONCURRENCY
+from dynamo.frontend.routing.instance_scout import SCOUT_CONCURRENCY, SCOUT_PROBE_TIMEOUT_S
+from dynamo.frontend.routing.worker_router import PROBE_AFTER_S, UNPROVEN_PROBE_AFTER_S
 from tests.support.frontend_fakes import MODEL
 from tests.support.hostile_worker import hostile_worker, raw
 from tests.support.routed_frontend import (
@@ -169,3 +171,30 @@ def test_the_routers_memory_is_bounded(card, monkeypatch):
 
     remembered, tried = run(scenario)
     assert tried == 120 and remembered == 50
+
+
+def test_a_hanging_instance_never_known_to_serve_costs_a_request_two_seconds(
+    card, processor, caplog
+):
+    """An instance that has not served yet and whose address accepts and never answers is asked
+    ``/health`` after 1 s of silence, with 1 s to answer: the request goes on to the live one
+    after about 2 s (it was 5 s of silence and a 5 s probe)."""
+    caplog.set_level(logging.INFO)
+    finish = line({"finish_reason": "length", "prompt_tokens": 1, "completion_tokens": 1})
+    live_answer = raw([line({"token_ids": processor.encode_chat(" y")}), finish])
+
+    async def scenario():
+        async with hostile_worker(live_answer) as live_worker, hanging_endpoint() as (url, _):
+            # The hanging one first: the first request's turn.
+            async with frontend(card, url, live_worker.endpoint) as (client, _):
+                started = time.monotonic()
+                status, _ = await answer_of(client, chat(max_tokens=1))
+                return status, time.monotonic() - started
+
+    status, waited = run(scenario)
+    assert status == 200
+    assert UNPROVEN_PROBE_AFTER_S + SCOUT_PROBE_TIMEOUT_S <= waited < PROBE_AFTER_S, waited
+    assert any(
+        "silent for 1 s and its health probe unanswered within 1 s" in text
+        for text in frontend_lines(caplog)
+    ), frontend_lines(caplog)

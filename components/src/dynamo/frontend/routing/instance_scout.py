@@ -99,8 +99,9 @@ class InstanceScout:
         candidates: Sequence[ModelRecord],
         exclude: Collection[tuple[str, str]] = (),
     ) -> SweepResult:
-        """As soon as one answers: an instance that answered its health probe (no 5xx) and is
-        not in ``exclude`` (by instance id and endpoint), with the dead probed so far; or none
+        """As soon as one answers: an instance that answered its health probe (no 5xx), is not
+        in ``exclude`` (by instance id and endpoint) and is not benched, with the dead probed
+        so far; or none
         (none did, or none within :data:`SCOUT_WAIT_S`). A sweep of ``candidates`` is started
         unless one is running for the model; they are probed in the order given (the
         router's: random, its suspects last)."""
@@ -112,7 +113,13 @@ class InstanceScout:
         assert sweep.task is not None
 
         def usable() -> ModelRecord | None:
-            wanted = (r for r in sweep.live if (r.instance_id, r.endpoint) not in exclude)
+            # Not one this request tried, nor one benched since it answered (a request of the
+            # sweep's found it failing).
+            wanted = (
+                r
+                for r in sweep.live
+                if (r.instance_id, r.endpoint) not in exclude and not self._is_benched(r)
+            )
             return next(wanted, None)
 
         async def until_usable() -> None:
