@@ -35,11 +35,14 @@ ENV_VARS = (
 def clean(monkeypatch):
     for name in ENV_VARS:
         monkeypatch.delenv(name, raising=False)
-    # Upstream's options are read with upstream's own argument group, which this environment
-    # (our launchers' `dynamo`) does not have: here no pool is asked for. tests/upstream reads
-    # them from the real one.
+    # Upstream's options are read with upstream's own argument group, and its frontend module
+    # checked, neither of which this environment (our launchers' `dynamo`) has: here no pool is
+    # asked for and the check passes. tests/upstream reads and checks the real ones.
     monkeypatch.setattr(
         frontend_freeze.frontend_hooks, "preprocess_pool_requested", lambda args, program: 0
+    )
+    monkeypatch.setattr(
+        frontend_freeze.frontend_hooks, "checked_frontend_main", lambda program: None
     )
     frontend_freeze.reset_for_tests()
     yield

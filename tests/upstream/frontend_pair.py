@@ -35,7 +35,8 @@ def start_mocker(model_dir: Path, kv_dir: Path, log_dir: Path) -> LauncherProces
 
 
 class Frontend:
-    """Upstream's frontend (``module``: ``dynamo.frontend``, or the adapter's launcher)."""
+    """Upstream's frontend (``module``: ``dynamo.frontend``, or the adapter's launcher); with
+    ``launch``, run through that script (``python LAUNCH MODULE ARGS``)."""
 
     def __init__(
         self,
@@ -46,6 +47,7 @@ class Frontend:
         log_dir: Path,
         env: dict[str, str] | None = None,
         name: str = "frontend",
+        launch: Path | None = None,
     ) -> None:
         self.port = free_port()
         self.process = LauncherProcess(
@@ -62,6 +64,7 @@ class Frontend:
             ],
             log_dir=log_dir,
             env={**loopback_env(kv_dir), **(env or {})},
+            launch=launch,
         )
         self.base_url = f"http://127.0.0.1:{self.port}"
 
