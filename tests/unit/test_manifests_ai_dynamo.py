@@ -3,15 +3,18 @@
 Their programs are upstream's (``python -m dynamo.frontend``) or the adapter's launcher
 (``python -m dynamo_gc.frontend``): each DYN_* env var is one of the adapter's options (and its
 value is one the adapter accepts), or one of upstream's own names listed below. An upstream
-frontend that is meant to freeze names the ``gc-freeze`` extension.
+frontend that is meant to freeze names the ``gc-freeze`` extension. Every ``pip install`` they
+show brings the distribution's requirements (pyproject.toml), which ``dynamo_gc`` imports.
 """
 
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 
 import pytest
+import tomllib
 import yaml
 
 from dynamo_gc import mocker as upstream_mocker
@@ -41,6 +44,7 @@ WORKER_ENV_VARS = {
     for surface in (upstream_vllm.SURFACE, upstream_mocker.SURFACE)
     for option in surface.options
 }
+PYPROJECT = REPO / "pyproject.toml"
 PROGRAMS = ("dynamo.frontend", "dynamo_gc.frontend")
 DYN_NAME = re.compile(r"\bDYN_[A-Z0-9_]*[A-Z0-9]\b")
 
@@ -91,3 +95,71 @@ def test_the_page_names_only_env_vars_that_exist():
     known = set(ours()) | set(UPSTREAM_ENV_VARS) | WORKER_ENV_VARS
     unknown = set(DYN_NAME.findall(PAGE.read_text(encoding="utf-8"))) - known
     assert not unknown, f"{PAGE}: env vars nothing declares: {sorted(unknown)}"
+
+
+PIP_INSTALL = re.compile(r"\bpip3? install\b")
+
+
+def documented_installs() -> list[tuple[str, list[str]]]:
+    """Every ``pip install`` the page's code blocks and the examples' image recipes (YAML comment
+    lines) show, as ``(where, its arguments)``: each one installs this distribution."""
+    found = []
+    sources = [(PAGE, "```")] + [(path, None) for path in sorted(DEPLOY.glob("*.yaml"))]
+    for path, fence in sources:
+        in_code = False
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            text = line.strip()
+            if fence is not None and text.startswith(fence):
+                in_code = not in_code
+                continue
+            if fence is None:
+                if not text.startswith("#"):
+                    continue
+                text = text.lstrip("#").strip()
+            elif not in_code:
+                continue
+            match = PIP_INSTALL.search(text)
+            if match is None:
+                continue
+            words = shlex.split(text[match.end() :], comments=True)
+            found.append((f"{path.name}:{number}", words))
+    return found
+
+
+def normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def distribution_requirements() -> set[str]:
+    """The names of the dynamo-gc distribution's requirements, as pyproject.toml declares them."""
+    project = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["project"]
+    assert project["name"] == "dynamo-gc"
+    names = set()
+    for requirement in project["dependencies"]:
+        name = re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", requirement)
+        assert name is not None, requirement
+        names.add(normalized(name.group(0)))
+    return names
+
+
+def test_the_page_and_every_example_show_how_to_install_the_add_on():
+    where = {place.split(":")[0] for place, _ in documented_installs()}
+    assert PAGE.name in where
+    assert {path.name for path in DEPLOY.glob("*.yaml")} <= where
+
+
+@pytest.mark.parametrize(("where", "words"), documented_installs(), ids=lambda v: str(v)[:40])
+def test_every_documented_install_brings_the_distributions_requirements(where, words):
+    # dynamo_gc imports them, and upstream's images do not all have them (ConfigArgParse is in
+    # none): an install without them leaves the frontend failing on the extension's import.
+    requirements = distribution_requirements()
+    assert requirements, "pyproject.toml declares no requirements: this check checks nothing"
+    if "--no-deps" not in words:
+        return  # pip resolves the requirements itself
+    named = {
+        normalized(re.match(r"[A-Za-z0-9._-]*", word).group(0))  # type: ignore[union-attr]
+        for word in words
+        if not word.startswith("-")
+    }
+    missing = requirements - named
+    assert not missing, f"{where}: pip install {' '.join(words)} leaves out {missing}"
