@@ -39,6 +39,7 @@ UPSTREAM_ENV_VARS = {
     "DYN_EVENT_PLANE_HOST": "the runtime's event plane: the same for events",
     "DYN_SDK_DISABLE_ANSI_LOGGING": "the runtime's logging: plain text instead of colours",
     "DYN_LOG": "the runtime's log level",
+    "DYN_VLLM_HEADLESS": "dynamo/vllm/backend_args.py: --headless",
 }
 # The worker adapters' env vars, from their declarations (python -m dynamo_gc.vllm / .mocker).
 WORKER_ENV_VARS = {
