@@ -15,6 +15,7 @@ import pytest
 from tests.upstream.frontend_pair import (
     FROZEN,
     HTTP_STARTED,
+    sample,
 )
 
 pytestmark = [pytest.mark.upstream, pytest.mark.integration]
@@ -64,11 +65,7 @@ def test_the_extension_freezes_before_http_and_the_frontend_serves(frontends):
     metrics = frontend.scrape()
     assert 'dynamo_serving_phase{phase="serving"} 1.0' in metrics
     assert "dynamo_gc_freeze_enabled 1.0" in metrics
-    frozen = next(
-        float(line.split()[1])
-        for line in metrics.splitlines()
-        if line.startswith("dynamo_gc_frozen_objects ")
-    )
+    frozen = sample(metrics, "dynamo_gc_frozen_objects")
     assert frozen > 10_000  # upstream's start-up heap (tens of thousands of objects)
     state = frontend.debug_gc_state()  # the extension's route, on upstream's HTTP port
     assert state["phase"] == "serving"
@@ -174,12 +171,23 @@ def test_both_activation_ways_at_once_freeze_once(frontends):
 
 def test_the_env_var_off_restores_stock(frontends):
     frontend = frontends(
-        UPSTREAM, [], {"DYN_FRONTEND_ROUTE_EXTENSIONS": "gc-freeze", "DYN_FREEZE_GC_HEAP": "0"}
+        UPSTREAM,
+        [],
+        {
+            "DYN_FRONTEND_ROUTE_EXTENSIONS": "gc-freeze",
+            "DYN_FREEZE_GC_HEAP": "0",
+            "DYN_GC_METRICS_PORT": "0",
+            "DYN_GC_METRICS_HOST": "127.0.0.1",
+            "DYN_DEBUG_GC_ENDPOINT": "1",
+        },
     )
     frontend.serve_a_chat()
 
     assert frontend.process.count(FROZEN) == 0
     assert 0 <= frontend.position("GC heap freeze disabled") < frontend.position(HTTP_STARTED)
+    # what the process reports, not only its log: nothing in the permanent generation
+    assert sample(frontend.scrape(), "dynamo_gc_frozen_objects") == 0
+    assert frontend.debug_gc_state()["frozen_objects"] == 0
 
 
 @pytest.mark.parametrize(
