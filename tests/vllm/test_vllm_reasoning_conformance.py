@@ -17,6 +17,23 @@ Deliberate differences, listed here with their reasons:
 
 * ``usage.completion_tokens_details`` (vLLM counts the reasoning's tokens there when a reasoning
   parser is set): ours reports no details; see :data:`IGNORED_KEYS`.
+* Whether the reasoning has ended: vLLM's engine holds a grammar back until the reasoning ends,
+  and vLLM's server hands its engine the request's template variables to decide whether the
+  prompt already ended it; our worker decides from the prompt alone (the request plane carries
+  no template variables). Both servers run here with ``enable_in_reasoning`` (the grammar from
+  the first token), which takes that decision out of the comparison.
+
+What these cases do not show, and where it is shown instead:
+
+* A forced call after reasoning (``required-thinking``): the grammar runs from the first token,
+  so the tiny model writes the call at once on both servers and neither has reasoning; the
+  reasoning parsed before a forced call is checked against a worker streaming a known output
+  (tests/vllm/test_frontend_vllm_parsers.py).
+* A call's arguments streamed piece by piece: streamed answers are compared joined here; the
+  pieces are checked in tests/vllm/test_frontend_vllm_parsers.py.
+* ``tool_choice`` auto without a constraint: the tiny model never writes ``<tool_call>`` by
+  itself, so ``auto-plain`` and ``auto-one-call`` compare text only, though the second sends
+  the worker vLLM's one-call structural tag (asserted in test_frontend_vllm_parsers.py).
 """
 
 from __future__ import annotations
@@ -68,6 +85,12 @@ THOUGHT = {"structured_outputs": {"regex": "<think>[a-z]{2,8}</think>[a-z ]{2,12
 CALL_REGEX = {"structured_outputs": {"regex": (
     r'<tool_call>\n\{"name": "get_weather", "arguments": \{"city": "[a-z]{1,6}"\}\}\n</tool_call>'
 )}}  # fmt: skip
+# Thinking, then a hermes call.
+THOUGHT_CALL = {
+    "structured_outputs": {
+        "regex": "<think>[a-z]{2,8}</think>" + CALL_REGEX["structured_outputs"]["regex"]
+    }
+}
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 # A structural tag of the client's own (structured_outputs.structural_tag): JSON in a tag.
 TAG = {"structured_outputs": {"structural_tag": json.dumps({
@@ -101,6 +124,16 @@ CASES = [
     _case("required-one-call", {**NO_THINKING, "tools": [WEATHER], "tool_choice": "required",
                                 "parallel_tool_calls": False, "max_tokens": 120}),
     _case("structural-tag", {**TAG, **NO_THINKING, "max_tokens": 12}),
+    # tool_choice auto (the default with tools): a call the model writes is parsed; with
+    # parallel_tool_calls false vLLM's parser constrains it to one (a triggered structural
+    # tag); a constraint of the client's stands alone (hermes joins none into it).
+    _case("auto-plain", {**NO_THINKING, "tools": [WEATHER], "max_tokens": 12}),
+    _case("auto-call", {**CALL_REGEX, **NO_THINKING, "tools": [WEATHER], "max_tokens": 120}),
+    _case("auto-thinking-call", {**THOUGHT_CALL, "tools": [WEATHER], "max_tokens": 150}),
+    _case("auto-one-call", {**NO_THINKING, "tools": [WEATHER], "parallel_tool_calls": False,
+                            "max_tokens": 12}),
+    _case("auto-one-call-regex", {**CALL_REGEX, **NO_THINKING, "tools": [WEATHER],
+                                  "parallel_tool_calls": False, "max_tokens": 120}),
 ]  # fmt: skip
 
 
@@ -229,3 +262,6 @@ def test_the_synthetic_outputs_exercise_the_parsers(clients):
     forced = whole(theirs, {**CHAT_BODY, **NO_THINKING, "tools": [WEATHER],
                             "tool_choice": "required", "max_tokens": 120})  # fmt: skip
     assert forced["choices"][0]["message"].get("tool_calls"), forced
+    auto = whole(theirs, {**CHAT_BODY, **THOUGHT_CALL, "tools": [WEATHER], "max_tokens": 150})
+    message = auto["choices"][0]["message"]
+    assert message.get("reasoning") and message.get("tool_calls"), auto

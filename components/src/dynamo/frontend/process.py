@@ -175,7 +175,7 @@ class FrontendProcess:
         )
         self.watcher = watcher
         closer.push("discovery watcher", watcher.stop)
-        service.discovery_watcher = watcher  # /health reports its state and waits for its list
+        service.probes.discovery_watcher = watcher  # /health reports its state, waits for its list
         if self.metrics is not None:
             discovery_degraded_gauge(self.metrics, watcher)
 

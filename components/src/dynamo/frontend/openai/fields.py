@@ -113,8 +113,9 @@ RULES: tuple[FieldRule, ...] = (
         "for a named function, as vLLM): with --dyn-chat-processor vllm and a tool-call "
         "parser, forced as vLLM 0.32 forces them (its parser's adjust_request: hermes' "
         "<tool_call> structural tag with free JSON arguments) and parsed by vLLM's parsers, "
-        "the reasoning first, the arguments streamed as they come; otherwise forced with "
-        "vLLM's JSON schema from the tools and handed out whole at the end",
+        "the reasoning first, the arguments streamed as they come; with sglang and a parser, "
+        "as SGLang forces them (a JSON array of calls, the reasoning first, handed out whole); "
+        "otherwise forced with vLLM's JSON schema from the tools, handed out whole at the end",
         (CHAT,),
     ),
     applied(

@@ -75,17 +75,22 @@ def render() -> str:
         "the prompt's ids; a forced call (`tool_choice` required or a named function) is "
         "forced and parsed as vLLM 0.32 does it (the tool parser's structural tag, hermes' "
         "`<tool_call>` with free JSON arguments; the reasoning parsed first; the arguments "
-        "streamed as they come); a reasoning parser that reads its markers in the text turns "
-        "`skip_special_tokens` off, as vLLM's does. Except: no "
-        "`usage.completion_tokens_details` (vLLM counts the reasoning's tokens there); with "
-        "`tool_choice` auto and a constraint of the client's, the constraint alone is applied "
-        "(vLLM also lets the model call a tool in the tool parser's format); the worker's "
-        "engine, started with vLLM's `--reasoning-parser`, holds a grammar back until the "
-        "reasoning ends as vLLM's does, but decides whether the prompt ended it from the "
-        "prompt alone (vLLM's server also hands its engine the request's template variables). "
+        "streamed as they come); with `tool_choice` auto, the constraint vLLM's parser puts "
+        "on the calls is the worker's too (hermes: at most one call with `parallel_tool_calls` "
+        "false, a structural tag triggered by `<tool_call>`; a constraint of the client's "
+        "stands alone, or joined with the calls where vLLM's parser joins them); a reasoning "
+        "parser that reads its markers in the text turns `skip_special_tokens` off, as "
+        "vLLM's does. Except: no `usage.completion_tokens_details` (vLLM counts the "
+        "reasoning's tokens there); the worker's engine, started with vLLM's "
+        "`--reasoning-parser`, holds a grammar back until the reasoning ends as vLLM's does, "
+        "but decides whether the prompt ended it from the prompt alone (vLLM's server also "
+        "hands its engine the request's template variables). "
         "With `sglang`, SGLang's parsers are built per request as SGLang's server builds "
         "them: whether the output starts in the reasoning follows the request's "
-        "`chat_template_kwargs` and `reasoning_effort` (SGLang's `_get_reasoning_from_request`).",
+        "`chat_template_kwargs` and `reasoning_effort` (SGLang's `_get_reasoning_from_request`); "
+        "a forced call is forced and parsed as SGLang's server does it (a JSON array of "
+        "calls, for a named function too, by SGLang's `get_json_schema_constraint`; its "
+        "reasoning parser first, by SGLang's rule; the calls handed out whole at the end).",
     ]
     for endpoint, path in _ENDPOINTS:
         lines += ["", f"## `{path}`", "", "| field | treatment | accepted values | why |"]

@@ -5,8 +5,10 @@ What this server honours of ``tool_choice``: the tools always reach the chat tem
 stops there; ``auto`` (the default when tools are given, as in vLLM) needs the model's processor
 to parse tool calls out of the output (a tool-call parser: ``--tool-call-parser`` or the
 worker's ``--dyn-tool-call-parser``); ``required`` and a named function force the output into
-calls with vLLM's JSON schema from the tools (:mod:`.structured_output`) and parse it
-(:mod:`dynamo.frontend.parsing.forced_tool_calls`), as vLLM does, with no tool-call parser. Template
+calls: as the processor's engine forces and parses them when its parsers do (vLLM's tool
+parser's structural tag, SGLang's JSON array: :func:`~dynamo.frontend.parsing.parsed_output.
+adjust_for_parsers`), else with vLLM's JSON schema from the tools (:mod:`.structured_output`),
+parsed by :mod:`dynamo.frontend.parsing.forced_tool_calls` with no tool-call parser. Template
 variables that would bypass a request field are refused too."""
 
 from __future__ import annotations

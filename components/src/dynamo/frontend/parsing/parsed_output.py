@@ -89,14 +89,16 @@ def adjust_for_parsers(processor_factory: Any, chat: oai.ChatCompletionRequest) 
     library forces (vLLM's tool parser: hermes' ``<tool_call>`` structural tag with free JSON
     arguments, not the JSON schema of the tools; SGLang's: a JSON array of calls, for a named
     function too); with ``tool_choice`` auto, the constraint the library puts on the calls the
-    model may write (vLLM's: at most one with ``parallel_tool_calls`` false), unless the client
-    has a constraint of its own, which is kept; and ``skip_special_tokens`` what a reasoning
-    parser asks for. Raises FieldRefused for a constraint over the bounds (the client's 400
-    naming the field it came from)."""
+    model may write (vLLM's: at most one with ``parallel_tool_calls`` false; a client's own
+    constraint joined with the calls when xgrammar can, else kept alone, as vLLM does); and
+    ``skip_special_tokens`` what a reasoning parser asks for. Raises FieldRefused for a
+    constraint over the bounds (the client's 400 naming the field it came from)."""
     adjusted = getattr(processor_factory, "adjusted", None)
     if adjusted is None:
         return
     (tools, choice, messages, stream), keywords = parser_request(chat)
+    # The client's own constraint too: vLLM's parser may merge the calls into it (auto).
+    keywords["fields"] = {**keywords["fields"], **_client_constraint(chat)}
     found = adjusted(ParserRequest(tools, choice, messages, stream, **keywords),
                      chat.skip_special_tokens)  # fmt: skip
     if found is None:
@@ -106,16 +108,27 @@ def adjust_for_parsers(processor_factory: Any, chat: oai.ChatCompletionRequest) 
         return
     if _forced(chat):
         field = "tool_choice"  # the library's constraint (or none) replaces the tools' schema
-    elif structured is not None and chat.structured_field is None:
+    elif structured is not None and chat.tools and chat.tool_choice in (None, "auto"):
         # tool_choice auto: the calls the model may write are constrained too (vLLM's
-        # parsers: at most one with parallel_tool_calls false, a triggered structural tag),
-        # unless the client has a constraint of its own, which vLLM keeps.
-        field = "parallel_tool_calls" if chat.parallel_tool_calls is False else "tools"
+        # parsers: at most one with parallel_tool_calls false, a triggered structural tag;
+        # with a constraint of the client's that xgrammar can join, either a call or that).
+        field = chat.structured_field or (
+            "parallel_tool_calls" if chat.parallel_tool_calls is False else "tools"
+        )
     else:
         return
     if not isinstance(structured, StructuredOutputs):  # vLLM's StructuredOutputsParams
         structured = from_vllm(structured, field)
     chat.force_constraint(field, structured)
+
+
+def _client_constraint(chat: oai.ChatCompletionRequest) -> dict[str, Any]:
+    """The client's ``response_format`` / ``structured_outputs``, as vLLM's request takes them."""
+    return {
+        name: value.model_dump(by_alias=True, exclude_none=True)
+        for name in ("response_format", "structured_outputs")
+        if (value := getattr(chat, name, None)) is not None
+    }
 
 
 def _forced(chat: oai.ChatCompletionRequest) -> bool:

@@ -128,7 +128,8 @@ class VllmOutputParsers(OutputParsers):
         tool parser with an xgrammar format, hermes' among them, forces ``required`` / a named
         function with a structural tag, the arguments free JSON) or None, and the
         ``skip_special_tokens`` to decode with (a reasoning parser that reads its markers in
-        the text sets it false). None: vLLM leaves the request alone."""
+        the text sets it false). The constraint is None when vLLM leaves the client's (or
+        none) in place. None: vLLM leaves the request alone."""
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
         tools, tool_choice = request.tools, request.tool_choice
@@ -145,12 +146,18 @@ class VllmOutputParsers(OutputParsers):
                 body["parallel_tool_calls"] = request.fields["parallel_tool_calls"]
         if skip_special_tokens is not None:
             body["skip_special_tokens"] = skip_special_tokens
+        for name in ("response_format", "structured_outputs"):  # the client's own constraint
+            if name in request.fields:
+                body[name] = request.fields[name]
         chat = ChatCompletionRequest.model_validate(body)
         parser = self._parser_cls(
             self._tokenizer, chat.tools, chat_template_kwargs=dict(request.variables)
         )
+        before = chat.structured_outputs
         chat = parser.adjust_request(chat)
-        return chat.structured_outputs, chat.skip_special_tokens
+        # vLLM replaces the object when it constrains the request; else the client's stands.
+        changed = chat.structured_outputs is not before
+        return (chat.structured_outputs if changed else None), chat.skip_special_tokens
 
     def build(self, request: ParserRequest) -> OutputParser | None:
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest

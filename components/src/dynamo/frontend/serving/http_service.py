@@ -53,7 +53,6 @@ from dynamo.frontend.processors.template_sandbox import TemplateLimitExceeded, T
 from dynamo.frontend.routing.model_registry import ModelEntry, ModelRegistry
 from dynamo.frontend.routing.worker_router import LOG_INTERVAL_S, NoWorkerAvailable, WorkerRouter
 from dynamo.runtime import peer_text
-from dynamo.runtime.discovery import RecordWatcher
 from dynamo.runtime.log_budget import CauseBudgets
 from dynamo.runtime.request_plane import (
     GenerateRequest,
@@ -78,6 +77,7 @@ from .choices import (
 )
 from .generation import Generation
 from .http_surface import bad_worker_response, failure_log, openai_errors, worker_failure
+from .probes import Probes
 from .request_metrics import RequestMetrics, RequestTrack
 
 logger = logging.getLogger(__name__)
@@ -88,8 +88,6 @@ MODELS_PATH = "/v1/models"
 TEMPLATE_ERROR_LIMIT = 500
 CHAT_COMPLETIONS_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
-HEALTH_PATH = "/health"
-LIVE_PATH = "/live"
 
 
 class FrontendService:
@@ -114,16 +112,14 @@ class FrontendService:
         self.unknown_fields = UnknownFieldLog()
         self.router = router
         self.preprocess_pool = preprocess_pool
-        self.ready_min_models = ready_min_models  # /health: ready from this many models on
+        # /live and /health; main hands it the discovery watcher once there is one.
+        self.probes = Probes(registry, preprocess_pool, ready_min_models)
         self.in_flight = 0  # completion requests admitted and not finished (logged when draining)
         self.failures = failure_log()
         # A request a worker refused (the client's 400): the worker's words go to the log only.
         self.refusals = CauseBudgets(logger, logging.INFO, lines=1, interval_s=LOG_INTERVAL_S)
         # Clients hanging up mid-stream: normal one at a time, and a flood must not flood the log.
         self.hangups = CauseBudgets(logger, logging.INFO, lines=1, interval_s=LOG_INTERVAL_S)
-        # The discovery watcher (set by main): /health reports its state, and is not ready
-        # before its first look at the store.
-        self.discovery_watcher: RecordWatcher | None = None
         # Rendering and tokenising, never on the event loop.
         self.preprocessing = Preprocessing(preprocess_pool, template_sandbox)
         self._off_loop = self.preprocessing.run
@@ -142,56 +138,8 @@ class FrontendService:
         app.router.add_post(
             COMPLETIONS_PATH, self.handle_completions, expect_handler=expect_handler
         )
-        app.router.add_get(HEALTH_PATH, self.handle_health)
-        app.router.add_get(LIVE_PATH, self.handle_live)
+        self.probes.add_routes(app)
         return app
-
-    async def handle_live(self, request: web.Request) -> web.Response:
-        """Liveness, as upstream Dynamo's frontend serves it on its HTTP port: 200 whenever the
-        process answers, whatever the phase (``/health`` is readiness). An upstream manifest
-        whose liveness probe asks the frontend for ``/live`` must not restart it in a loop."""
-        return web.json_response({"status": "live", "phase": lifecycle.current_phase().value})
-
-    async def handle_health(self, request: web.Request) -> web.Response:
-        """Readiness: 200 once the process serves at least ``--dyn-ready-min-models`` models,
-        else 503 with ``reason`` saying why (a probe's log shows the body)."""
-        served = len(self.registry.entries())
-        # The same shape as the worker's system server, plus the number of servable models
-        # (and the pool's and discovery's states when they matter).
-        body: dict[str, object] = {"phase": lifecycle.current_phase().value, "models": served}
-        pool = self.preprocess_pool
-        if pool is not None:
-            body["preprocess_pool"] = pool.state
-        watcher = self.discovery_watcher
-        if watcher is not None and watcher.state != "ok":
-            # "degraded" stays ready: the instances known are still served; "connecting"
-            # (never reached the store yet) is not ready.
-            body["discovery"] = watcher.state
-        reason = self._not_ready_reason(served, watcher)
-        ready = reason is None
-        body = {"status": "ready" if ready else "notready", **body}
-        if reason is not None:
-            body["reason"] = reason
-        return web.json_response(body, status=200 if ready else 503)
-
-    def _not_ready_reason(self, served: int, watcher: RecordWatcher | None) -> str | None:
-        phase = lifecycle.current_phase()
-        if phase is not lifecycle.Phase.SERVING:
-            return f"the frontend is {phase.value}, not serving"
-        # A preprocess pool whose rebuild failed will never tokenise again: the pod must leave
-        # the load balancer (readiness) rather than answer 503 to every request. A pool being
-        # rebuilt is still ready: it is back in seconds, and its requests fail fast meanwhile.
-        pool = self.preprocess_pool
-        if pool is not None and not pool.healthy:
-            return "the preprocess pool failed and could not be rebuilt"
-        if watcher is not None and watcher.state == "connecting":
-            return "discovery has not reached its store yet"
-        if served < self.ready_min_models:
-            return (
-                f"{served} model(s) served, fewer than the {self.ready_min_models} that "
-                "--dyn-ready-min-models / DYN_READY_MIN_MODELS asks for"
-            )
-        return None
 
     async def handle_models(self, request: web.Request) -> web.Response:
         return web.json_response(
