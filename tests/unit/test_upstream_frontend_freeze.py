@@ -107,12 +107,16 @@ def test_a_second_activation_in_the_process_freezes_nothing_more(caplog):
 def test_after_activation_a_freeze_from_the_model_watcher_is_refused(caplog):
     # upstream's chat_engine_factory runs when a model registers, after HTTP is up
     frontend_freeze.gc_freeze_routes()
+    activation_freeze = last_freeze()
     frozen = gc.get_freeze_count()
     caplog.set_level(logging.WARNING)
 
     assert freeze_gc_heap(context="chat_engine_factory") is None
 
-    assert gc.get_freeze_count() == frozen
+    assert last_freeze() is activation_freeze  # no second freeze recorded
+    # None added; the count may fall, since a frozen object whose last reference goes is freed
+    # (what an earlier test left referenced in this process decides how many)
+    assert gc.get_freeze_count() <= frozen
     assert any("refused (chat_engine_factory)" in r.getMessage() for r in caplog.records)
 
 
