@@ -12,7 +12,8 @@ streamed tokens here). Both arms have the adapter's pause logger (every pause of
 more logged) and metrics port; they differ only in ``DYN_FREEZE_GC_HEAP``:
 
 - ``stock``: ``DYN_FREEZE_GC_HEAP=0``, stock CPython GC;
-- ``frozen``: the default, the start-up heap frozen before HTTP admits.
+- ``frozen``: ``DYN_FREEZE_GC_HEAP=1`` (the default, set explicitly so that an inherited value
+  cannot turn it off), the start-up heap frozen before HTTP admits.
 
 The arms alternate (``stock frozen``, then ``frozen stock``), ``--passes`` times. Load: the
 serving A/B's open-loop Poisson client (scripts/serving_load.py, latency counted from the

@@ -75,14 +75,25 @@ def served(tmp_path_factory):
 def frontends(served, tmp_path):
     """``frontends(module, args, env)`` starts upstream's frontend (``module``: upstream's
     ``dynamo.frontend`` or the adapter's launcher) against the suite's mocker; each one started
-    is stopped after the test."""
+    is stopped after the test. ``launch``: a script that runs the module (a changed upstream)."""
     from tests.upstream.frontend_pair import Frontend
 
     started: list[Frontend] = []
 
-    def start(module: str, args: list[str], env: dict[str, str] | None = None) -> Frontend:
+    def start(
+        module: str,
+        args: list[str],
+        env: dict[str, str] | None = None,
+        launch: Path | None = None,
+    ) -> Frontend:
         frontend = Frontend(
-            module, args, kv_dir=served, log_dir=tmp_path, env=env, name=f"frontend-{len(started)}"
+            module,
+            args,
+            kv_dir=served,
+            log_dir=tmp_path,
+            env=env,
+            name=f"frontend-{len(started)}",
+            launch=launch,
         )
         started.append(frontend)
         return frontend

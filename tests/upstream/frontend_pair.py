@@ -23,6 +23,13 @@ FROZEN = r"GC heap frozen \(upstream frontend, before HTTP admits requests\)"
 START_DEADLINE_S = 120.0
 
 
+def sample(metrics: str, name: str) -> float:
+    """The value of an unlabelled sample in a Prometheus text scrape."""
+    return next(
+        float(line.split()[1]) for line in metrics.splitlines() if line.startswith(name + " ")
+    )
+
+
 def start_mocker(model_dir: Path, kv_dir: Path, log_dir: Path) -> LauncherProcess:
     mocker = LauncherProcess(
         "mocker",
@@ -35,7 +42,8 @@ def start_mocker(model_dir: Path, kv_dir: Path, log_dir: Path) -> LauncherProces
 
 
 class Frontend:
-    """Upstream's frontend (``module``: ``dynamo.frontend``, or the adapter's launcher)."""
+    """Upstream's frontend (``module``: ``dynamo.frontend``, or the adapter's launcher); with
+    ``launch``, run through that script (``python LAUNCH MODULE ARGS``)."""
 
     def __init__(
         self,
@@ -46,6 +54,7 @@ class Frontend:
         log_dir: Path,
         env: dict[str, str] | None = None,
         name: str = "frontend",
+        launch: Path | None = None,
     ) -> None:
         self.port = free_port()
         self.process = LauncherProcess(
@@ -62,6 +71,7 @@ class Frontend:
             ],
             log_dir=log_dir,
             env={**loopback_env(kv_dir), **(env or {})},
+            launch=launch,
         )
         self.base_url = f"http://127.0.0.1:{self.port}"
 

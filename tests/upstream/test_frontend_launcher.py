@@ -12,6 +12,7 @@ import pytest
 from tests.upstream.frontend_pair import (
     FROZEN,
     HTTP_STARTED,
+    sample,
 )
 
 pytestmark = [pytest.mark.upstream, pytest.mark.integration]
@@ -41,11 +42,29 @@ def test_the_launcher_freezes_before_http_and_serves(frontends):
 
 
 def test_no_freeze_flag_restores_stock(frontends):
-    frontend = frontends(LAUNCHER, ["--no-dyn-freeze-gc-heap"])
+    frontend = frontends(
+        LAUNCHER,
+        [
+            "--no-dyn-freeze-gc-heap",
+            "--dyn-gc-metrics-port",
+            "0",
+            "--dyn-gc-metrics-host",
+            "127.0.0.1",
+            "--dyn-debug-gc-endpoint",
+        ],
+    )
     frontend.serve_a_chat()
 
     assert frontend.process.count(FROZEN) == 0
     assert 0 <= frontend.position("GC heap freeze disabled") < frontend.position(HTTP_STARTED)
+    # What the process itself reports, not only its log: nothing is in the permanent generation.
+    metrics = frontend.scrape()
+    assert sample(metrics, "dynamo_gc_frozen_objects") == 0
+    assert sample(metrics, "dynamo_gc_freeze_enabled") == 0
+    state = frontend.debug_gc_state()
+    assert state["phase"] == "serving"
+    assert state["frozen_objects"] == 0
+    assert sum(state["generation_objects"]) > 10_000  # the start-up heap, all still collectable
 
 
 @pytest.mark.parametrize(

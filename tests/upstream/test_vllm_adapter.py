@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import json
+import os
+import re
 import subprocess
 import sys
 import types
@@ -22,6 +25,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 import pytest
+from launcher_process import LauncherProcess, wait_until
 
 from dynamo_gc.upstream.hooks import looks_up_global
 from dynamo_gc.vllm import ADAPTER
@@ -142,3 +146,63 @@ def test_help_shows_the_gc_options_first(probe):
     else:
         assert result.returncode == 2  # upstream's help needs upstream's module
         assert "dynamo.vllm.main cannot be imported" in result.stderr
+
+
+# One line per module imported, on stderr (python -X importtime): vLLM, torch or upstream's worker
+# module among them means the standby process imported what upstream keeps out of it.
+ENGINE_IMPORTED = re.compile(
+    r"^import time:.*\|\s+(vllm|torch|dynamo\.vllm\.main)(\.\S+)?\s*$", re.MULTILINE
+)
+
+
+def test_restore_standby_runs_upstreams_standby_before_vllm_is_imported(tmp_path):
+    # Checkpoint/restore: the new pod runs the same command with SNAPSHOT_RESTORE_STANDBY=1, and
+    # upstream's __main__ then captures the env and execs `sleep infinity` *before* importing
+    # dynamo.vllm.main ("restore standby mode must ... hold without importing vLLM"). The
+    # adapter resolves its hooks by importing that module, so it must let upstream's standby
+    # step run first.
+    control = tmp_path / "snapshot-control"
+    standby = LauncherProcess(
+        "standby",
+        "dynamo_gc.vllm",
+        ["--gc-pause-log-ms", "5", "--model", "unused"],
+        log_dir=tmp_path,
+        env={
+            "SNAPSHOT_RESTORE_STANDBY": "1",
+            "DYN_SNAPSHOT_CONTROL_DIR": str(control),
+            "PYTHONPROFILEIMPORTTIME": "1",
+        },
+    )
+    cmdline = Path(f"/proc/{standby.pid}/cmdline")
+    try:
+
+        def holding() -> bool:
+            standby.check_alive()
+            return cmdline.read_bytes() == b"sleep\0infinity\0"
+
+        wait_until(holding, deadline_s=120, what="the adapter to exec upstream's standby sleep")
+        context = json.loads((control / "restore-context.json").read_text())
+        assert "env" in context
+        log = standby.log()
+        assert "| dynamo_gc" in log  # the import profile was on
+        assert ENGINE_IMPORTED.search(log) is None, ENGINE_IMPORTED.search(log)
+    finally:
+        standby.stop()
+
+
+def test_restore_standby_still_checks_the_gc_options_first(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "dynamo_gc.vllm", "--gc-pause-log-ms", "-1", "--model", "unused"],
+        env={
+            **os.environ,
+            "SNAPSHOT_RESTORE_STANDBY": "1",
+            "DYN_SNAPSHOT_CONTROL_DIR": str(tmp_path),
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "DYN_VLLM_GC_PAUSE_LOG_MS" in result.stderr
+    assert not (tmp_path / "restore-context.json").exists()

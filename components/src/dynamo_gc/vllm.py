@@ -35,6 +35,10 @@ ADAPTER = WorkerAdapter(
     entry_module="dynamo.vllm",
     freeze_context="upstream vLLM worker, after engine init, before register_vllm_model",
     admission="upstream vLLM worker registers its model",
+    # Upstream's __main__ checks for checkpoint/restore standby before importing dynamo.vllm.main
+    # ("restore standby mode must ... hold without importing vLLM"); so does the adapter. The
+    # process that serves afterwards is the restored checkpoint, wrapped as it was started.
+    before_engine_import=("dynamo.common.snapshot.restore_context:maybe_run_restore_standby_mode"),
 )
 
 

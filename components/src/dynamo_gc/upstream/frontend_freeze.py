@@ -6,9 +6,12 @@ every provider named by ``--frontend-route-extension`` / ``DYN_FRONTEND_ROUTE_EX
 point before the process admits a request, and it is reached without editing upstream: the
 provider here is registered as ``gc-freeze`` in the ``dynamo.frontend.routes`` entry-point group.
 
-What it does there, once per process however many ways it was named: read the two GC options
-(from ``python -m dynamo_gc.frontend``'s flags when that launcher configured them, else from the
-env vars), install the pause logger and the metrics, wrap the preprocess pool's initializer,
+What it does there, once per process however many ways it was named: check upstream's frontend
+as ``python -m dynamo_gc.frontend`` checks it before starting upstream (every hooked symbol there,
+else an exit 2 naming the installed version and the symbol; a version the adapter was not checked
+with, a WARNING) when upstream's own command reached the provider (the launcher has checked by
+then); read the GC options (from the launcher's flags when it configured them, else from the env
+vars); install the pause logger and the metrics, wrap the preprocess pool's initializer,
 collect and freeze, and mark the process ``serving`` (so the model watcher's
 ``chat_engine_factory``, which runs later, cannot freeze). Upstream's extension routes answer
 JSON, which Prometheus cannot scrape, so the ``dynamo_gc_*`` metrics get a port of their own when
@@ -70,7 +73,9 @@ def activation() -> Activation | None:
 def gc_freeze_routes() -> list:
     """The ``gc-freeze`` provider: upstream calls it after ``make_engine``, before HTTP starts.
 
-    Bad env values exit 2 here, naming the env var, before upstream opens its HTTP port.
+    A changed upstream and bad env values exit 2 here (``SystemExit``, which upstream's loader
+    does not catch: it leaves ``async_main`` and the process with status 2), naming the symbol or
+    the env var, before upstream opens its HTTP port and with nothing of the adapter installed.
     """
     global _activation
     with _lock:
@@ -79,7 +84,12 @@ def gc_freeze_routes() -> list:
             # name and its module:function path): one freeze, one pause logger.
             logger.info("GC freeze extension already active in this process; nothing more to do")
             return []
-        config = _configured if _configured is not None else frontend_settings.from_env()
+        if _configured is not None:
+            config = _configured  # the launcher's flags; it checked upstream before starting it
+        else:
+            # Upstream's own command (the Kubernetes way): nothing has checked upstream yet.
+            frontend_hooks.checked_frontend_main(frontend_hooks.EXTENSION_PROGRAM)
+            config = frontend_settings.from_env()
         _activation = _activate(config)
     return debug_routes() if config.debug_gc_endpoint else []
 
@@ -102,7 +112,9 @@ def _activate(config: FrontendGcConfig) -> Activation:
     # First, so that a pool the adapter cannot find is an exit 2 with nothing installed. sys.argv
     # is upstream's command line here, in both activation ways (upstream's parse_args reads it,
     # and the launcher hands upstream its arguments through it).
-    requested = frontend_hooks.preprocess_pool_requested(sys.argv[1:], preprocess_pool.PROGRAM)
+    requested = frontend_hooks.preprocess_pool_requested(
+        sys.argv[1:], frontend_hooks.EXTENSION_PROGRAM
+    )
     preprocess_pool.wrap_initializer(settings, requested_workers=requested)
     metrics = DynamoMetrics(freeze_enabled=settings.freeze_gc_heap).attach()
     install_gc_pause_logger(settings.gc_pause_log_ms, on_pause=metrics.observe_pause)

@@ -5,7 +5,8 @@ The freeze point is upstream's route-extension hook: ``async_main`` calls
 ``load_frontend_route_extensions`` after ``make_engine`` and before ``run_input`` starts HTTP, and
 resolves names in the ``dynamo.frontend.routes`` entry-point group. A version where any of that is
 missing or changed is an exit 2 naming the version found and the symbol (:mod:`.versions`), never
-a launcher that runs without freezing.
+a launcher that runs without freezing. Both activation ways run these checks: the launcher before
+it starts upstream, the ``gc-freeze`` provider (upstream's own command) when upstream calls it.
 """
 
 from __future__ import annotations
@@ -19,35 +20,41 @@ from dynamo_gc.upstream.hooks import looks_up_global
 from dynamo_gc.upstream.versions import refuse, warn_if_unchecked
 
 PROGRAM = "python -m dynamo_gc.frontend"
+# The name refusals and warnings carry when upstream's own command reached the provider.
+EXTENSION_PROGRAM = "dynamo_gc (gc-freeze route extension)"
 FRONTEND_MAIN = "dynamo.frontend.main"
 FRONTEND_ARGS = "dynamo.frontend.frontend_args"
 ROUTE_GROUP = "dynamo.frontend.routes"
 ROUTE_HOOK = "load_frontend_route_extensions"
 
 
-def checked_frontend_main() -> Any:
-    """Upstream's frontend module, once every symbol the freeze point depends on is there."""
+def checked_frontend_main(program: str = PROGRAM) -> Any:
+    """Upstream's frontend module, once every symbol the freeze point depends on is there.
+
+    A missing or changed symbol is an exit 2 (``SystemExit``) naming ``program``, the installed
+    version and the symbol; a version the adapter was not checked with, a WARNING.
+    """
     try:
         module = importlib.import_module(FRONTEND_MAIN)
     except ImportError as exc:
-        refuse(PROGRAM, FRONTEND_MAIN, f"cannot be imported ({type(exc).__name__}: {exc})")
+        refuse(program, FRONTEND_MAIN, f"cannot be imported ({type(exc).__name__}: {exc})")
     for name in ("main", "parse_args", "async_main", ROUTE_HOOK):
         if not callable(getattr(module, name, None)):
-            refuse(PROGRAM, f"{FRONTEND_MAIN}.{name}", "is missing")
+            refuse(program, f"{FRONTEND_MAIN}.{name}", "is missing")
     if not looks_up_global(module.async_main, ROUTE_HOOK):
         refuse(
-            PROGRAM,
+            program,
             f"{FRONTEND_MAIN}.async_main",
             f"no longer calls {ROUTE_HOOK} (the freeze point would never be reached)",
         )
     group = getattr(module, "FRONTEND_ROUTE_ENTRYPOINT_GROUP", None)
     if group != ROUTE_GROUP:
         refuse(
-            PROGRAM,
+            program,
             f"{FRONTEND_MAIN}.FRONTEND_ROUTE_ENTRYPOINT_GROUP",
             f"is {group!r}, not {ROUTE_GROUP!r}",
         )
-    warn_if_unchecked(PROGRAM)
+    warn_if_unchecked(program)
     return module
 
 

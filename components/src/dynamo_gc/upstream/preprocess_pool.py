@@ -32,6 +32,7 @@ from dynamo_gc import lifecycle
 from dynamo_gc.configuration.gc_options import GcSettings
 from dynamo_gc.freeze import maybe_freeze_gc_heap
 from dynamo_gc.pause_logger import install_gc_pause_logger
+from dynamo_gc.upstream.frontend_hooks import EXTENSION_PROGRAM
 from dynamo_gc.upstream.hooks import looks_up_global
 from dynamo_gc.upstream.versions import refuse
 
@@ -42,7 +43,7 @@ INITIALIZER = "_init_worker"
 # The class that builds the pool: with it and without the initializer, upstream changed.
 POOL_OWNER = "SglangEngineFactory"
 FREEZE_CONTEXT = "upstream preprocess worker, end of its pool initializer"
-PROGRAM = "dynamo_gc (gc-freeze route extension)"
+PROGRAM = EXTENSION_PROGRAM
 
 
 @dataclass(frozen=True)

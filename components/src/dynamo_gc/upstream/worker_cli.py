@@ -2,7 +2,10 @@
 upstream's own ``python -m`` entry point runs as always.
 
 Order, so that nothing is half-applied: ``--help`` prints ours then upstream's; otherwise the GC
-options are parsed (bad value: exit 2, before upstream is imported), the hooked symbol is
+options are parsed (bad value: exit 2, before upstream is imported), the step upstream's
+``__main__`` runs before it imports its engine module runs first here too (the vLLM worker's
+checkpoint/restore standby mode, which must not import vLLM: it captures the env and execs
+``sleep``, never returning), the hooked symbol is
 resolved and checked against the installed ai-dynamo (exit 2 naming the version and the symbol),
 the pause logger and metrics are installed (and served on their own port when
 ``--gc-metrics-port`` asks: upstream's worker ``/metrics`` is its Rust runtime's), the global is
@@ -13,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
+import logging
 import runpy
 import sys
 from collections.abc import Mapping, Sequence
@@ -21,6 +26,8 @@ from dataclasses import dataclass
 from dynamo_gc.configuration.options import Surface
 from dynamo_gc.upstream import hooks, metrics_server, versions, worker_freeze, worker_settings
 from dynamo_gc.upstream.hooks import ModuleGlobalHook
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -32,6 +39,10 @@ class WorkerAdapter:
     entry_module: str  # upstream's ``python -m`` package, run as ``__main__``: "dynamo.vllm"
     freeze_context: str  # what the freeze line and the guard's warnings say
     admission: str  # why the process turns ``serving``
+    # ``module:function`` that upstream's ``__main__`` calls before importing the hooked module,
+    # and that returns only when the process is to go on (the vLLM worker's restore standby
+    # check); resolving the hooks would import what upstream keeps out until then.
+    before_engine_import: str | None = None
 
     def parse_args(
         self, argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
@@ -63,6 +74,8 @@ def run(adapter: WorkerAdapter, argv: Sequence[str] | None = None) -> None:
         return
     config, rest = worker_settings.split_args(adapter.surface, args)
     settings = config.gc
+    if adapter.before_engine_import is not None:
+        _run_before_engine_import(adapter.before_engine_import)
     for hook in adapter.hooks:  # all checked before anything is installed
         hooks.resolve(program, hook)
     versions.warn_if_unchecked(program)
@@ -86,3 +99,17 @@ def run(adapter: WorkerAdapter, argv: Sequence[str] | None = None) -> None:
             ),
         )
     _run_upstream(adapter, rest)
+
+
+def _run_before_engine_import(target: str) -> None:
+    """Upstream's pre-import step, as its ``__main__`` runs it (which runs it again, a no-op then).
+
+    An upstream without it has nothing to keep out: the hooks' own checks decide the rest.
+    """
+    module_name, _, name = target.partition(":")
+    try:
+        step = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError) as exc:
+        logger.debug("No %s in this ai-dynamo (%s): nothing runs before the hooks", target, exc)
+        return
+    step()
