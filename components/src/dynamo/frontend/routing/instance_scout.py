@@ -101,10 +101,9 @@ class InstanceScout:
     ) -> SweepResult:
         """As soon as one answers: an instance that answered its health probe (no 5xx), is not
         in ``exclude`` (by instance id and endpoint) and is not benched, with the dead probed
-        so far; or none
-        (none did, or none within :data:`SCOUT_WAIT_S`). A sweep of ``candidates`` is started
-        unless one is running for the model; they are probed in the order given (the
-        router's: random, its suspects last)."""
+        so far; or none (none did, or none within :data:`SCOUT_WAIT_S`). A sweep of
+        ``candidates`` is started unless one is running for the model; they are probed in the
+        order given (the router's: random, its suspects last)."""
         sweep = self._sweeps.get(model)
         if sweep is None:
             sweep = self._sweeps[model] = _Sweep()
