@@ -7,7 +7,6 @@ issue-29 bombs through a real ``sglang``-processor frontend process."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 
@@ -20,7 +19,7 @@ from dynamo.frontend.processors.chat_processor import (
 )
 from dynamo.frontend.processors.template_sandbox import TemplateSandbox
 from dynamo.vllm.mock_model import load_mock_model
-from tests.support.template_bombs import check_template_bombs
+from tests.support.template_bombs import bounded_renders, check_template_bombs
 
 pytestmark = pytest.mark.sglang
 
@@ -84,18 +83,7 @@ def test_the_render_processes_render_what_sglang_renders(sglang, tiny_tokenizer,
         bounded = build_chat_processor(card, "sglang", template_check=sandbox.check_compiles)
         requests = [parse_chat_request({"model": "tiny", **body}) for body in BODIES]
 
-        async def render_all() -> list[str | Exception]:
-            rendered: list[str | Exception] = []
-            for request in requests:
-                inputs = bounded.bounded_render_inputs(request)
-                assert inputs is not None
-                try:
-                    rendered.append(await sandbox.render("tiny", *inputs))
-                except Exception as exc:  # noqa: BLE001 - compared with SGLang's below
-                    rendered.append(exc)
-            return rendered
-
-        got = asyncio.run(render_all())
+        got = bounded_renders(bounded, sandbox, requests)
     finally:
         sandbox.close()
     for request, text in zip(requests, got, strict=True):

@@ -1,9 +1,11 @@
-"""The issue-29 template bombs through a real frontend process (whichever chat processor), beside
-a healthy model served by a real mock worker: shared by the ``hf`` integration test and the
-``vllm`` and ``sglang`` processors' tests in their own environments."""
+"""Peers' chat templates in the render processes, shared by the ``hf`` tests and the ``vllm`` and
+``sglang`` processors' tests in their own environments: the issue-29 template bombs through a
+real frontend process (whichever chat processor), beside a healthy model served by a real mock
+worker; and a processor's requests rendered in real render processes."""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 from pathlib import Path
 from typing import Any
@@ -78,3 +80,21 @@ def check_template_bombs(tmp_path: Path, *frontend_args: str) -> None:
     assert "Template render processes ready: processes=2" in log
     assert log.count("Chat template of model loops took over 3 s") == 1
     assert "Traceback" not in log
+
+
+def bounded_renders(processor: Any, sandbox: Any, requests: list[Any]) -> list[str | Exception]:
+    """Each chat request of ``processor`` (built with ``sandbox``'s compile check) rendered in
+    ``sandbox``'s processes, in order: the prompt, or what the render raised."""
+
+    async def render_all() -> list[str | Exception]:
+        rendered: list[str | Exception] = []
+        for request in requests:
+            bounded = processor.bounded_render_inputs(request)
+            assert bounded is not None  # built with the check: it renders there
+            try:
+                rendered.append(await sandbox.render(processor.model, *bounded))
+            except Exception as exc:  # noqa: BLE001 - the caller compares it with a reference
+                rendered.append(exc)
+        return rendered
+
+    return asyncio.run(render_all())

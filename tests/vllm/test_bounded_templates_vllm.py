@@ -8,14 +8,12 @@ while a healthy model answers."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from dynamo.frontend.openai.protocol import parse_chat_request
 from dynamo.frontend.processors.chat_processor import build_chat_processor
 from dynamo.frontend.processors.template_sandbox import TemplateSandbox
-from tests.support.template_bombs import check_template_bombs
+from tests.support.template_bombs import bounded_renders, check_template_bombs
 from tests.vllm.test_chat_template_parity import CHATML, CONVERSATIONS, LLAMA3, card
 
 pytestmark = pytest.mark.vllm
@@ -85,18 +83,7 @@ def test_the_render_processes_render_what_transformers_renders(
         )  # fmt: skip
         requests = [parse_chat_request({"model": "tiny", **body}) for body in BODIES]
 
-        async def render_all() -> list[str | Exception]:
-            rendered: list[str | Exception] = []
-            for request in requests:
-                bounded = processor.bounded_render_inputs(request)
-                assert bounded is not None  # built with the check: it renders there
-                try:
-                    rendered.append(await sandbox.render("tiny", *bounded))
-                except Exception as exc:  # noqa: BLE001 - compared with the reference's below
-                    rendered.append(exc)
-            return rendered
-
-        got = asyncio.run(render_all())
+        got = bounded_renders(processor, sandbox, requests)
     finally:
         sandbox.close()
     for request, text in zip(requests, got, strict=True):
