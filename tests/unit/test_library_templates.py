@@ -26,10 +26,18 @@ TOOLS = [{"type": "function", "function": {"name": "get", "parameters": {}}}]
 
 def test_the_variables_are_the_tokenizers_special_tokens_as_text():
     tokenizer = SimpleNamespace(
-        special_tokens_map={"bos_token": "<s>", "eos_token": "</s>", "additional": ["<x>"]}
+        special_tokens_map={"bos_token": "<s>", "eos_token": "</s>", "odd": ["<x>", 3]}
     )
     assert transformers_variables(tokenizer) == {"bos_token": "<s>", "eos_token": "</s>"}
     assert transformers_variables(SimpleNamespace()) == {}
+    # transformers 4 lists its additional special tokens there too, and passes them.
+    older = SimpleNamespace(
+        special_tokens_map={"bos_token": "<s>", "additional_special_tokens": ["<a>", "<b>"]}
+    )
+    assert transformers_variables(older) == {
+        "bos_token": "<s>",
+        "additional_special_tokens": ["<a>", "<b>"],
+    }
 
 
 def test_each_named_template_is_compiled_by_the_check_before_it_is_kept():

@@ -163,7 +163,7 @@ class HfChatTemplate:
     and renders in the template render processes, :mod:`.template_sandbox`, which compiled it
     once already to check it); it compiles at its first render in this process, if any."""
 
-    def __init__(self, source: str, variables: Mapping[str, str], *, compiled: bool = True) -> None:
+    def __init__(self, source: str, variables: Mapping[str, Any], *, compiled: bool = True) -> None:
         self._variables = dict(variables)
         self._source = source
         self._compiled: jinja2.Template | None = None
@@ -183,7 +183,7 @@ class HfChatTemplate:
         return self._source
 
     @property
-    def variables(self) -> dict[str, str]:
+    def variables(self) -> dict[str, Any]:
         """The model's own template variables (its special tokens)."""
         return self._variables
 

@@ -25,18 +25,25 @@ from .hf_processor import ChatTemplateError, HfChatTemplate, ModelFilesError, Re
 
 # Checks that a template compiles, in a bounded place (the template render processes' check):
 # raises ModelFilesError when it does not, or breaks a bound while compiling.
-TemplateCheck = Callable[[str, Mapping[str, str]], None]
+TemplateCheck = Callable[[str, Mapping[str, Any]], None]
 
 # transformers' names for the templates of a tokenizer that carries several.
 DEFAULT_TEMPLATE = "default"
 TOOL_USE_TEMPLATE = "tool_use"
 
 
-def transformers_variables(tokenizer: Any) -> dict[str, str]:
+def transformers_variables(tokenizer: Any) -> dict[str, Any]:
     """What transformers' ``apply_chat_template`` passes every template besides the request's
-    variables: the tokenizer's special tokens (``bos_token``, ``eos_token``, ...), as text."""
+    variables: the tokenizer's special tokens (``bos_token``, ``eos_token``, ...), as text, and
+    on transformers 4 the list of its ``additional_special_tokens`` too."""
     found = getattr(tokenizer, "special_tokens_map", None) or {}
-    return {str(name): str(text) for name, text in dict(found).items() if isinstance(text, str)}
+    variables: dict[str, Any] = {}
+    for name, value in dict(found).items():
+        if isinstance(value, str):
+            variables[str(name)] = value
+        elif isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+            variables[str(name)] = list(value)
+    return variables
 
 
 class TemplateForms:
@@ -66,7 +73,7 @@ class TemplateForms:
 
 
 def template_forms(
-    source: str | Mapping[str, Any], variables: Mapping[str, str], check: TemplateCheck
+    source: str | Mapping[str, Any], variables: Mapping[str, Any], check: TemplateCheck
 ) -> TemplateForms:
     """The forms of ``source`` (one template's text, or a tokenizer's named templates), each
     compiled by ``check`` first, under the render bounds; raises ModelFilesError."""

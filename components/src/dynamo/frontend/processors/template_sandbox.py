@@ -384,7 +384,7 @@ class TemplateSandbox:
             self.memory_bytes >> 20,
         )
 
-    def check_compiles(self, source: str, variables: Mapping[str, str]) -> None:
+    def check_compiles(self, source: str, variables: Mapping[str, Any]) -> None:
         """Blocking (the registry's build thread): compile ``source`` in a fresh process under
         the same bounds as a render; raises ModelFilesError when it does not compile or breaks
         a bound (the model is refused). Jinja's compiler is itself costly on a hostile source:
