@@ -150,10 +150,12 @@ def test_one_live_instance_behind_thousands_of_dead_records_takes_every_request(
         # Each hanging instance probed at most once by the sweep, and each request's first
         # attempt at most one generate and one probe.
         assert hanging.accepted <= instances["hanging"] + 2 * requests, hanging.accepted
-        # The probes at once are bounded (a request's own attempt and probe besides; the server
-        # sees a connection closed a moment after the client closed it, and a few more may
-        # have opened meanwhile): a few hundred, where unbounded would be a thousand.
-        assert hanging.most_open <= SCOUT_CONCURRENCY + 2 + 32, hanging.most_open
+        # The probes at once are bounded (a request's own attempt and probe besides). The
+        # server sees a connection closed a moment after the client closed it: when a whole
+        # wave of probes times out together and the next wave opens at once, the server can
+        # count both waves for that moment (a CI run on 3.15 saw 311). So at most two waves,
+        # where unbounded would be a thousand.
+        assert hanging.most_open <= 2 * SCOUT_CONCURRENCY + 2, hanging.most_open
     lines = frontend_lines(caplog)
     assert len(lines) <= 3, lines
 
