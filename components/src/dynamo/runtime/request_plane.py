@@ -30,7 +30,9 @@ Wire format v2 (one place, used by both ends):
   prompt id among the vocabulary's (null for the first; the alternatives are ranks 1..k, the
   prompt's own id left out of them when it is one). Each line
   is one of the item models below (:class:`TokenStep`, :class:`Finish`, :class:`StreamError`).
-* ``GET <endpoint>/health`` answers 200 while the worker serves, 503 while it drains.
+* ``GET <endpoint>/health`` answers 200 while the worker serves, 503 while it drains (and while
+  it is withdrawn for a GC maintenance). A withdrawn worker answers ``POST /generate`` with 503
+  ``{"error": str, "withdrawn": true}``: :class:`WorkerWithdrawn`, "another instance, now".
 
 Closing the connection aborts the request in the worker (the handler's generator is cancelled):
 that is how the frontend ends a completion at a stop string it matched.
@@ -71,6 +73,8 @@ logger = logging.getLogger(__name__)
 
 GENERATE_PATH = "/generate"
 HEALTH_PATH = "/health"
+WITHDRAWN_FIELD = "withdrawn"
+WITHDRAWN_MESSAGE = "worker withdrawn for GC maintenance: send the request to another instance"
 
 
 class GenerateRequest(BaseModel):
@@ -153,6 +157,11 @@ StreamItem = TokenStep | Finish
 class WorkerUnavailable(Exception):
     """The worker could not be reached, or went away before the stream finished. Its message
     is for the log (escaped); a client is told no more than that the worker failed."""
+
+
+class WorkerWithdrawn(WorkerUnavailable):
+    """The worker is withdrawn for a GC maintenance: alive, not failing; another instance of the
+    model takes the request now (it is neither benched nor a client's error)."""
 
 
 class WorkerProtocolError(WorkerUnavailable):
@@ -318,17 +327,21 @@ def _check_position(
         raise WorkerProtocolError("worker sent logprob alternatives repeated or out of rank order")
 
 
+def _json_object(text: str) -> dict:
+    """The JSON object ``text`` holds, or an empty one (not JSON, not an object)."""
+    try:
+        body = json.loads(text)
+    except (ValueError, RecursionError):  # JSONDecodeError, UnicodeDecodeError, deep nesting
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
 def _refusal(status: int, text: str) -> RequestRefused | None:
     """A worker's 400 that names a request field (see :class:`RequestRefused`), else None: a
     400 naming ``model`` or no field means the two ends disagree, which is the worker's side."""
     if status != 400:
         return None
-    try:
-        body = json.loads(text)
-    except (ValueError, RecursionError):  # JSONDecodeError, UnicodeDecodeError, deep nesting
-        return None
-    if not isinstance(body, dict):
-        return None
+    body = _json_object(text)
     field, error = body.get("field"), body.get("error")
     if not isinstance(field, str) or not isinstance(error, str):
         return None
@@ -416,6 +429,8 @@ async def _failure(response: aiohttp.ClientResponse) -> Exception:
     refused = _refusal(response.status, text)
     if refused is not None:
         return refused
+    if response.status == 503 and _json_object(text).get(WITHDRAWN_FIELD) is True:
+        return WorkerWithdrawn(f"worker at {peer_text.escape(response.url.origin())} withdrawn")
     return WorkerUnavailable(f"worker answered {response.status}: {peer_text.escape(text)}")
 
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from dynamo.frontend.processors.chat_processor import ChatProcessor
 from dynamo.runtime import peer_text
 from dynamo.runtime.discovery import ModelRecord
+from dynamo.runtime.log_budget import LogBudget
 from dynamo.runtime.model_card import ModelCard
 
 logger = logging.getLogger(__name__)
@@ -43,6 +44,8 @@ DEFAULT_MAX_MODELS = 64
 # remembered at most (the oldest forgotten first).
 GONE_MODEL_MEMORY_S = 600.0
 MAX_GONE_MODELS = 1024
+# Lines a minute saying an instance was withdrawn for a GC maintenance, or is back.
+STATE_LINES_PER_MINUTE = 20
 _escape = peer_text.escape
 
 
@@ -59,7 +62,9 @@ class ModelEntry:
         return self.processor.card
 
     def route_order(self) -> list[ModelRecord]:
-        """Every instance once, starting with the one whose turn it is (round-robin).
+        """Every instance once, starting with the one whose turn it is (round-robin), those
+        withdrawn for a GC maintenance last (tried only when no other one could take it: the
+        record may lag behind an instance that is back).
 
         The caller tries them in this order, so one dead instance costs a retry, not a request.
         """
@@ -68,7 +73,8 @@ class ModelEntry:
             return []
         start = self._turn % len(records)
         self._turn += 1
-        return records[start:] + records[:start]
+        turn = records[start:] + records[:start]
+        return [r for r in turn if not r.withdrawn] + [r for r in turn if r.withdrawn]
 
 
 @dataclass
@@ -104,6 +110,8 @@ class ModelRegistry:
         # Instances refused for the model limit, by instance id: admitted, oldest first, when
         # a model goes and makes room.
         self._over_limit: dict[str, ModelRecord] = {}
+        # Instances withdrawn for a GC maintenance and back: INFO, a peer's pace bounded.
+        self._states = LogBudget(logger, logging.INFO, lines=STATE_LINES_PER_MINUTE)
 
     def get(self, model: str) -> ModelEntry | None:
         return self._models.get(model)
@@ -177,7 +185,16 @@ class ModelRegistry:
         if entry is not None:
             if not self._same_card(entry.card, record):
                 return
+            previous = entry.instances.get(record.instance_id)
             entry.instances[record.instance_id] = record
+            if previous is not None:  # the same instance, its routing state moved
+                self._states.emit(
+                    "Model instance %s: model=%s instance=%s",
+                    record.state or "serving again",
+                    _escape(record.model),
+                    record.instance_id,
+                )
+                return
             logger.info(
                 "Model instance added: model=%s instance=%s endpoint=%s (%d instances)",
                 _escape(record.model),

@@ -28,6 +28,11 @@ log's, however many instances a model has and however many of them are dead:
   the previous one (of the request, for the first), whatever else arrives meanwhile: bytes that
   are not an item (blank lines, a line that never ends, an error body sent a byte at a time)
   and answered probes do not extend it.
+* **Withdrawn instances.** A worker withdrawn for a GC maintenance answers a distinct 503
+  (:class:`~dynamo.runtime.request_plane.WorkerWithdrawn`): the request goes to the next
+  instance at once; the withdrawn one is not benched (it is alive, and back in a moment) and
+  counts as one of the request's attempts. The registry routes to withdrawn instances last,
+  once discovery says so; this covers the moments before it does.
 * **Log lines.** An instance going on the bench is one WARNING, coming back one INFO, both
   budgeted per cause (:class:`~dynamo.runtime.log_budget.CauseBudgets`); worker text in them is
   escaped and bounded (:mod:`dynamo.runtime.peer_text`).
@@ -54,6 +59,7 @@ from dynamo.runtime.request_plane import (
     StreamItem,
     WorkerProtocolError,
     WorkerUnavailable,
+    WorkerWithdrawn,
 )
 
 from .instance_scout import SCOUT_PROBE_TIMEOUT_S, InstanceScout
@@ -220,7 +226,8 @@ class WorkerRouter:
                 await stream.aclose()
                 protocol_errors += isinstance(exc, WorkerProtocolError)
                 reason = str(exc) or "empty stream"
-                self._failed(record, reason)
+                if not isinstance(exc, WorkerWithdrawn):  # alive, out for a GC maintenance
+                    self._failed(record, reason)
                 failures.append(
                     f"{record.instance_id} at {peer_text.escape(record.endpoint)}: {reason}"
                 )

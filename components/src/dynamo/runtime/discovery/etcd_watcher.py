@@ -102,6 +102,12 @@ class EtcdWatcher:
         old = self._by_key.get(key)
         if old == record:
             return
+        if old is not None and record is not None and record.serves_like(old):
+            # Only the routing state moved (withdrawn for a GC maintenance, or back): an update.
+            self._by_key[key] = record
+            self.known[record.instance_id] = record
+            await notify(self.on_add, record)
+            return
         if old is not None:
             # Gone, or put again to serve otherwise: the old one goes, the new one comes.
             del self._by_key[key]

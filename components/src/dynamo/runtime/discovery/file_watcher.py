@@ -414,7 +414,8 @@ class DiscoveryWatcher(PeriodicDuty):
                 del self.known[instance_id]
                 await notify(self.on_remove, known)
         for instance_id, record in current.items():
-            if instance_id not in self.known:
+            seen = self.known.get(instance_id)
+            if seen is None or seen.state != record.state:  # new, or its routing state moved
                 self.known[instance_id] = record
                 await notify(self.on_add, record)
 
