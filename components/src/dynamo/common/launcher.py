@@ -37,6 +37,7 @@ from dynamo.common import logging_setup, startup_signals
 from dynamo.common.configuration import Option, prerequisites, upstream
 from dynamo_gc import freeze, lifecycle
 from dynamo_gc.configuration.gc_options import GcSettings
+from dynamo_gc.maintenance import settle_after_freeze
 from dynamo_gc.process_gc import ProcessGc
 
 # The GC layer's start-up step, named here too: each launcher's main takes its steps from here.
@@ -208,6 +209,10 @@ async def run_lifecycle(service: Service, *, gc: GcSettings, process_gc: Process
             # The quiescent point: everything static is built, nothing is admitted yet.
             froze = freeze.maybe_freeze_gc_heap(gc.freeze_gc_heap, context=service.freeze_context)
             process_gc.state.froze = froze is not None
+            if froze is not None and process_gc.maintenance is not None:
+                # The maintenance's trigger must see the serving heap's full collections from
+                # the start (dynamo_gc.maintenance: the 25% rule, counted from what stays unfrozen).
+                settle_after_freeze()
             lifecycle.mark_serving(service.admission)
             await service.admit()
             signals.serving()

@@ -18,6 +18,11 @@
   deadline, cuts the rest short (a stream ends with an SSE error event and ``[DONE]``, see
   :mod:`dynamo.frontend.serving.stream_drain`), then stops the preprocess pool and the client
   session.
+
+With ``--dyn-gc-maintenance idle`` the OpenAI API requests (``/v1/...``) go through an admission
+gate, the maintainer starts with the listener and is stopped when the signal comes, before the
+drain. It maintains this process only: the preprocess pool's workers and the template render
+processes are processes of their own (each frozen at its start), which it does not reach.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from aiohttp import web
 from prometheus_client import Gauge
 
 from dynamo.common import logging_setup
+from dynamo.common.admission_routes import install_admission_gate
 from dynamo.common.http_server import GuardedRunner
 from dynamo.common.launcher import Closer, OptionUnusable, StartupFailed, StopSignals
 from dynamo.common.listener_socket import bound_sockets
@@ -48,7 +54,10 @@ from dynamo.frontend.serving.request_metrics import RequestMetrics
 from dynamo.frontend.serving.stream_drain import frontend_drain
 from dynamo.runtime.discovery import STATE_DEGRADED, Discovery, RecordWatcher
 from dynamo_gc import lifecycle
+from dynamo_gc.admission import AdmissionGate
+from dynamo_gc.maintainer import GcMaintainer
 from dynamo_gc.metrics import DynamoMetrics
+from dynamo_gc.process_gc import GcMaintenance
 
 from . import frontend_args
 from .frontend_args import FrontendConfig
@@ -56,6 +65,7 @@ from .frontend_args import FrontendConfig
 logger = logging.getLogger(__name__)
 
 DISCOVERY_DEGRADED_METRIC = "dynamo_discovery_degraded"
+API_PREFIX = "/v1/"  # the OpenAI API: what a maintenance's admission gate counts and holds
 
 
 class FrontendProcess:
@@ -68,11 +78,15 @@ class FrontendProcess:
         discovery: Discovery,
         metrics: DynamoMetrics | None = None,
         sglang: SglangSettings | None = None,
+        maintenance: GcMaintenance | None = None,
     ) -> None:
         self.config = config
         self.discovery = discovery
         self.metrics = metrics
         self.sglang = sglang
+        self.maintenance = maintenance
+        self.gate = AdmissionGate() if maintenance is not None else None
+        self.maintainer: GcMaintainer | None = None
         self.drain = frontend_drain()
         self.service: FrontendService | None = None
         self.watcher: RecordWatcher | None = None
@@ -159,6 +173,10 @@ class FrontendProcess:
         if config.debug_gc_endpoint:
             debug_gc_route(app)  # POST /debug/gc/collect: off unless the operator asks
         self.drain.install(app)
+        if self.gate is not None:  # the OpenAI API only: probes and /metrics answer regardless
+            install_admission_gate(
+                app, self.gate, gated=lambda request: request.path.startswith(API_PREFIX)
+            )
         self.runner = http_runner(
             app,
             handler_cancellation=True,  # a client that hangs up aborts its request in the worker
@@ -205,9 +223,18 @@ class FrontendProcess:
             self.discovery.describe(),
             self.config.discovery_ttl,
         )
+        if self.maintenance is not None and self.gate is not None:
+            self.maintainer = self.maintenance.maintainer(
+                self.maintenance.idle_quiescence(self.gate),
+                context=self.freeze_context,
+                pause_log_ms=self.config.gc_pause_log_ms,
+            )
+            self.maintainer.start()
 
     async def serve(self, signals: StopSignals) -> int:
         await signals.wait()
+        if self.maintainer is not None:
+            await self.maintainer.stop()  # first: no maintenance once serving ends
         self.drain.start(self.config.drain_timeout)  # one deadline, from the signal, for it all
         lifecycle.mark_draining("signal")
         logger.info(

@@ -94,9 +94,11 @@ async def run_worker(
     config: WorkerConfig, discovery: Discovery, engine_builder: EngineBuilder
 ) -> int:
     """Everything after the checks, on the event loop; the exit code (0 after a signal)."""
-    process_gc = launcher.start_process_gc(config.gc)
+    process_gc = launcher.start_process_gc(config.gc, config.maintenance)
     try:
-        worker = WorkerProcess(config, discovery, engine_builder, process_gc.metrics)
+        worker = WorkerProcess(
+            config, discovery, engine_builder, process_gc.metrics, process_gc.maintenance
+        )
         code = await launcher.run_lifecycle(
             worker,
             gc=config.gc,
@@ -128,7 +130,7 @@ def log_options(config: WorkerConfig) -> None:
     logger.info(
         "Worker options: model=%s served_model_name=%s engine=%s discovery_backend=%s "
         "discovery_dir=%s discovery_ttl=%g request_plane=%s:%s freeze_gc_heap=%s "
-        "gc_pause_log_ms=%g self_benchmark_points=%d",
+        "gc_pause_log_ms=%g gc_maintenance=%s self_benchmark_points=%d",
         config.model,
         config.served_name,
         config.engine,
@@ -139,5 +141,6 @@ def log_options(config: WorkerConfig) -> None:
         config.request_plane_port,
         config.freeze_gc_heap,
         config.gc_pause_log_ms,
+        config.gc_maintenance,
         config.self_benchmark_points,
     )
