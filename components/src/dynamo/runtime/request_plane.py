@@ -430,7 +430,7 @@ async def _failure(response: aiohttp.ClientResponse) -> Exception:
     if refused is not None:
         return refused
     if response.status == 503 and _json_object(text).get(WITHDRAWN_FIELD) is True:
-        return WorkerWithdrawn(f"worker at {peer_text.escape(response.url.origin())} withdrawn")
+        return WorkerWithdrawn("withdrawn for a GC maintenance")
     return WorkerUnavailable(f"worker answered {response.status}: {peer_text.escape(text)}")
 
 

@@ -1,0 +1,373 @@
+"""The maintenance's trigger, reclaim policy, admission gate and idle maintainer (the layer's
+parts a launcher runs on its event loop), and what start_process_gc sets up with it on or off.
+
+Times come from a fake clock wherever the code takes one; the maintainer's own polls are real
+(a few milliseconds here), and every wait is for a condition, with a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from dynamo_gc import lifecycle, maintainer
+from dynamo_gc.admission import AdmissionGate
+from dynamo_gc.configuration.gc_options import GcSettings, MaintenanceSettings
+from dynamo_gc.freeze import FreezeRecord, freeze_gc_heap
+from dynamo_gc.maintainer import MAINTAINED_LINE, GcMaintainer, IdleQuiescence
+from dynamo_gc.maintenance_metrics import MaintenanceMetrics
+from dynamo_gc.maintenance_trigger import (
+    IDLE_RECLAIM_EVERY,
+    IDLE_RECLAIM_QUIET_S,
+    MaintenanceTrigger,
+    ReclaimPolicy,
+)
+from dynamo_gc.metrics import DynamoMetrics
+from dynamo_gc.pause_logger import installed_gc_pause_logger
+from dynamo_gc.process_gc import start_process_gc
+from tests.support import wait_until_async
+from tests.support.clock import FakeClock
+
+DEADLINE_S = 10.0
+BUDGET_MS = 50.0
+
+
+def run(scenario):
+    return asyncio.run(asyncio.wait_for(scenario(), 60.0))
+
+
+def sample(metrics: DynamoMetrics, name: str, **labels) -> float:
+    value = metrics.registry.get_sample_value(name, labels)
+    return 0.0 if value is None else value
+
+
+@pytest.fixture(autouse=True)
+def quick_polls(monkeypatch):
+    monkeypatch.setattr(maintainer, "POLL_S", 0.002)
+    monkeypatch.setattr(maintainer, "DUE_POLL_S", 0.001)
+
+
+@pytest.fixture
+def serving():
+    freeze_gc_heap(context="start-up")
+    lifecycle.mark_serving("test")
+
+
+# -- the trigger ---------------------------------------------------------------------------------
+
+
+def test_a_serving_full_collection_of_half_the_budget_makes_maintenance_due():
+    clock = FakeClock()
+    trigger = MaintenanceTrigger(BUDGET_MS, clock=clock)
+    lifecycle.mark_serving("test")
+    trigger.on_collection(0, 1.0, {"generation": 0})  # young collections never count
+    trigger.on_collection(1, 1.0, {"generation": 1})
+    trigger.on_collection(2, 0.0249, {"generation": 2})
+    assert not trigger.due and trigger.last_full_pause_s == 0.0249
+    trigger.on_collection(2, 0.025, {"generation": 2})
+    assert trigger.due and trigger.due_pause_s == 0.025
+    clock.advance(3.0)
+    trigger.on_collection(2, 0.040, {"generation": 2})
+    assert trigger.due_pause_s == 0.025 and trigger.due_for_s() == 3.0  # the first pause keeps it
+    trigger.maintained()
+    assert not trigger.due and trigger.due_for_s() == 0.0 and trigger.unfrozen_estimate() is None
+
+
+@pytest.mark.parametrize("phase", ["starting", "draining", "maintaining"])
+def test_full_collections_outside_serving_never_make_it_due(phase):
+    trigger = MaintenanceTrigger(BUDGET_MS)
+    if phase != "starting":
+        lifecycle.mark_serving("test")
+    if phase == "draining":
+        lifecycle.mark_draining("test")
+    if phase == "maintaining":
+        lifecycle.open_maintenance_window("test", lambda: 0)
+    trigger.on_collection(2, 10.0, {"generation": 2, "candidates": 123})
+    assert not trigger.due and trigger.serving_full_collections == 0
+    assert trigger.maintaining_candidates == (123 if phase == "maintaining" else None)
+
+
+def test_the_estimate_is_the_last_pause_at_the_calibrated_rate_or_315s_candidates():
+    trigger = MaintenanceTrigger(BUDGET_MS)
+    lifecycle.mark_serving("test")
+    trigger.on_collection(2, 0.010, {"generation": 2})
+    assert trigger.unfrozen_estimate() is None  # no rate yet
+    # The start-up freeze: 90k collected + frozen in 30 ms of collection: 3M objects a second.
+    trigger.calibrate_from_freeze(FreezeRecord("start-up", 10_000, 80_000, 45.0, 30.0))
+    assert trigger.objects_per_s == pytest.approx(3e6)
+    assert trigger.unfrozen_estimate() == 30_000
+    assert trigger.walk_estimate_s(300_000) == pytest.approx(0.1)
+    trigger.on_collection(2, 0.010, {"generation": 2, "candidates": 41_000})  # CPython 3.15+
+    assert trigger.unfrozen_estimate() == 41_000
+    trigger.calibrate(None, 1.0)  # nothing known: the rate stays
+    assert trigger.objects_per_s == pytest.approx(3e6)
+
+
+def test_reclaiming_policy():
+    withdraw = ReclaimPolicy(always=True, budget_s=0.05)
+    assert withdraw.decide(None, 0.0) and withdraw.decide(100.0, 0.0)
+    idle = ReclaimPolicy(always=False, budget_s=0.05)
+    assert idle.decide(0.04, 0.0)  # the whole walk fits the budget
+    assert not idle.decide(0.5, 100.0) and not idle.decide(None, 100.0)
+    for _ in range(IDLE_RECLAIM_EVERY - 1):
+        idle.done(False)
+    assert not idle.decide(0.5, IDLE_RECLAIM_QUIET_S / 2)  # due by schedule, not quiet enough
+    assert idle.decide(0.5, IDLE_RECLAIM_QUIET_S)
+    idle.done(True)
+    assert idle.since_reclaim == 0
+
+
+# -- the admission gate ------------------------------------------------------------------------
+
+
+def test_the_gate_counts_holds_and_measures_each_wait():
+    async def scenario():
+        clock = FakeClock()
+        gate = AdmissionGate(clock=clock)
+        release = asyncio.Event()
+        entered: list[str] = []
+
+        async def request(name: str) -> None:
+            async with gate.admitted():
+                entered.append(name)
+                await release.wait()
+
+        first = asyncio.ensure_future(request("first"))
+        await wait_until_async(lambda: gate.in_flight == 1, deadline_s=DEADLINE_S)
+        assert gate.idle_for_s() == 0.0
+        gate.hold()
+        held = [asyncio.ensure_future(request(f"held-{i}")) for i in range(2)]
+        await wait_until_async(lambda: gate.waiting == 2, deadline_s=DEADLINE_S)
+        assert entered == ["first"] and gate.in_flight == 1
+        release.set()
+        assert await gate.until_idle(1.0)
+        clock.advance(0.25)
+        assert gate.release() == [0.25, 0.25]  # each one's wait: a pause it saw
+        await asyncio.gather(first, *held)
+        assert sorted(entered) == ["first", "held-0", "held-1"] and gate.in_flight == 0
+        clock.advance(2.0)
+        assert gate.idle_for_s() == 2.0
+
+    run(scenario)
+
+
+def test_until_idle_times_out_and_a_cancelled_wait_is_not_counted():
+    async def scenario():
+        gate = AdmissionGate()
+        forever = asyncio.Event()
+
+        async def request() -> None:
+            async with gate.admitted():
+                await forever.wait()
+
+        busy = asyncio.ensure_future(request())
+        await wait_until_async(lambda: gate.in_flight == 1, deadline_s=DEADLINE_S)
+        assert not await gate.until_idle(0.01)
+        gate.hold()
+        gone = asyncio.ensure_future(request())
+        await wait_until_async(lambda: gate.waiting == 1, deadline_s=DEADLINE_S)
+        gone.cancel()  # the client hung up while waiting
+        await asyncio.gather(gone, return_exceptions=True)
+        assert gate.waiting == 0 and gate.release() == [] and gate.in_flight == 1
+        busy.cancel()
+        await asyncio.gather(busy, return_exceptions=True)
+        assert gate.in_flight == 0
+
+    run(scenario)
+
+
+# -- the idle maintainer ------------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def idle_maintainer(clock, *, hold_bound_s=1.0, pause_log_ms=0.0):
+    metrics = DynamoMetrics(freeze_enabled=True, process_collectors=False)
+    trigger = MaintenanceTrigger(BUDGET_MS, clock=clock)
+    gate = AdmissionGate(clock=clock)
+    quiescence = IdleQuiescence(gate, hold_bound_s=hold_bound_s, clock=clock)
+    task = GcMaintainer(
+        trigger,
+        quiescence,
+        context="frontend",
+        pause_log_ms=pause_log_ms,
+        metrics=MaintenanceMetrics(metrics.registry, trigger),
+        clock=clock,
+    )
+    task.start()
+    try:
+        yield task, gate, metrics
+    finally:
+        await task.stop()
+
+
+def make_due(trigger: MaintenanceTrigger) -> None:
+    trigger.on_collection(2, trigger.due_at_s, {"generation": 2})
+    assert trigger.due
+
+
+def test_an_idle_moment_is_held_maintained_and_reported(serving, caplog):
+    caplog.set_level(logging.INFO, logger="dynamo_gc.maintainer")
+
+    async def scenario():
+        clock = FakeClock()
+        async with idle_maintainer(clock) as (task, gate, metrics):
+            clock.advance(1.0)  # nothing in flight for a second
+            make_due(task.trigger)
+            await wait_until_async(lambda: task.maintenances == 1, deadline_s=DEADLINE_S)
+            assert not gate.held and not task.trigger.due
+            assert lifecycle.current_phase() is lifecycle.Phase.SERVING
+            labels = {"mode": "idle", "reason": "pause"}
+            assert sample(metrics, "dynamo_gc_maintenance_total", **labels) == 1
+            assert sample(metrics, "dynamo_gc_maintenance_seconds_count", mode="idle") == 1
+            count = "dynamo_gc_maintenance_withdrawn_seconds_count"
+            assert sample(metrics, count, mode="idle") == 1
+            assert sample(metrics, "dynamo_gc_maintenance_due") == 0
+
+    run(scenario)
+    (line,) = [r for r in caplog.records if r.msg == MAINTAINED_LINE]
+    assert line.getMessage().startswith("GC heap maintained (frontend): mode=idle reason=pause ")
+    assert " frozen=~" in line.getMessage() and " held_ms=" in line.getMessage()
+
+
+def test_under_load_admission_is_held_while_in_flight_requests_finish(serving, caplog):
+    async def scenario():
+        clock = FakeClock()
+        async with idle_maintainer(clock, pause_log_ms=0.001) as (task, gate, metrics):
+            finish = asyncio.Event()
+
+            async def request() -> None:
+                async with gate.admitted():
+                    await finish.wait()
+
+            busy = asyncio.ensure_future(request())
+            await wait_until_async(lambda: gate.in_flight == 1, deadline_s=DEADLINE_S)
+            make_due(task.trigger)
+            clock.advance(maintainer.LOAD_DEFER_S)  # due for long, never idle
+            await wait_until_async(lambda: gate.held, deadline_s=DEADLINE_S)
+            late = asyncio.ensure_future(request())  # arrives while held: waits
+            await wait_until_async(lambda: gate.waiting == 1, deadline_s=DEADLINE_S)
+            assert task.maintenances == 0  # never with a request in flight
+            clock.advance(0.02)
+            finish.set()
+            await wait_until_async(lambda: task.maintenances == 1, deadline_s=DEADLINE_S)
+            await asyncio.gather(busy, late)
+            assert sample(metrics, "dynamo_gc_maintenance_wait_seconds_count") == 1
+            assert sample(metrics, "dynamo_gc_maintenance_wait_seconds_sum") == pytest.approx(0.02)
+
+    run(scenario)
+    waits = [r for r in caplog.records if r.msg == maintainer.WAIT_LINE]
+    assert [r.levelno for r in waits] == [logging.WARNING]
+    assert "held 1 request(s) at admission for up to 20.0 ms" in waits[0].getMessage()
+
+
+def test_requests_that_do_not_finish_in_the_bound_reopen_admission_untouched(
+    serving, mocker, caplog
+):
+    caplog.set_level(logging.INFO, logger="dynamo_gc.maintainer")
+    collect = mocker.spy(gc, "collect")
+
+    async def scenario():
+        clock = FakeClock()
+        async with idle_maintainer(clock, hold_bound_s=0.01) as (task, gate, metrics):
+            forever = asyncio.Event()
+
+            async def request() -> None:
+                async with gate.admitted():
+                    await forever.wait()
+
+            busy = asyncio.ensure_future(request())
+            await wait_until_async(lambda: gate.in_flight == 1, deadline_s=DEADLINE_S)
+            make_due(task.trigger)
+            clock.advance(maintainer.LOAD_DEFER_S)
+            gave_up = "dynamo_gc_maintenance_gave_up_total"
+            await wait_until_async(
+                lambda: sample(metrics, gave_up, mode="idle") == 1, deadline_s=DEADLINE_S
+            )
+            assert not gate.held and task.maintenances == 0 and task.trigger.due
+            busy.cancel()
+            await asyncio.gather(busy, return_exceptions=True)
+
+    run(scenario)
+    assert collect.call_count == 0
+    (line,) = [r for r in caplog.records if r.msg == maintainer.GAVE_UP_LINE]
+    assert "1 request(s) still in flight" in line.getMessage()
+
+
+def test_stopping_the_maintainer_while_it_holds_admission_reopens_it(serving):
+    async def scenario():
+        clock = FakeClock()
+        async with idle_maintainer(clock, hold_bound_s=30.0) as (task, gate, _):
+            forever = asyncio.Event()
+
+            async def request() -> None:
+                async with gate.admitted():
+                    await forever.wait()
+
+            busy = asyncio.ensure_future(request())
+            await wait_until_async(lambda: gate.in_flight == 1, deadline_s=DEADLINE_S)
+            make_due(task.trigger)
+            clock.advance(maintainer.LOAD_DEFER_S)
+            await wait_until_async(lambda: gate.held, deadline_s=DEADLINE_S)
+            await task.stop()  # the drain begins
+            assert not gate.held
+            busy.cancel()
+            await asyncio.gather(busy, return_exceptions=True)
+
+    run(scenario)
+
+
+def test_an_overdue_reclaim_runs_in_a_long_idle_moment(serving, caplog):
+    caplog.set_level(logging.INFO, logger="dynamo_gc.maintainer")
+
+    async def scenario():
+        clock = FakeClock()
+        async with idle_maintainer(clock) as (task, gate, metrics):
+            task.reclaim.since_reclaim = IDLE_RECLAIM_EVERY
+            clock.advance(IDLE_RECLAIM_QUIET_S)
+            await wait_until_async(lambda: task.maintenances == 1, deadline_s=DEADLINE_S)
+            assert task.last is not None and task.last.reclaim
+            assert sample(metrics, "dynamo_gc_maintenance_total", mode="idle", reason="reclaim")
+
+    run(scenario)
+    (line,) = [r for r in caplog.records if r.msg == MAINTAINED_LINE]
+    assert "mode=idle reason=reclaim " in line.getMessage()
+
+
+# -- on or off at start-up ------------------------------------------------------------------------
+
+
+def families(metrics: DynamoMetrics) -> set[str]:
+    return {f.name for f in text_string_to_metric_families(metrics.render().decode())}
+
+
+def test_off_sets_up_nothing_of_the_maintenance():
+    process = start_process_gc(GcSettings(True, 0.0), MaintenanceSettings("off", BUDGET_MS))
+    assert process.maintenance is None
+    pause_logger = installed_gc_pause_logger()
+    assert pause_logger is not None and pause_logger._on_collection is None
+    assert not {n for n in families(process.metrics) if "maintenance" in n or "unfrozen" in n}
+    process.state.restore()
+
+
+def test_on_feeds_the_trigger_and_registers_the_maintenance_metrics():
+    process = start_process_gc(GcSettings(True, 0.0), MaintenanceSettings("idle", BUDGET_MS))
+    assert process.maintenance is not None
+    pause_logger = installed_gc_pause_logger()
+    assert pause_logger is not None
+    assert pause_logger._on_collection == process.maintenance.trigger.on_collection
+    assert {
+        "dynamo_gc_maintenance",
+        "dynamo_gc_maintenance_seconds",
+        "dynamo_gc_maintenance_withdrawn_seconds",
+        "dynamo_gc_maintenance_wait_seconds",
+        "dynamo_gc_maintenance_reclaimed_objects",
+        "dynamo_gc_maintenance_gave_up",
+        "dynamo_gc_maintenance_due",
+        "dynamo_gc_unfrozen_objects_estimate",
+    } <= families(process.metrics)
+    process.state.restore()
