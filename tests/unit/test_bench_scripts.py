@@ -221,3 +221,17 @@ def test_bench_template_sandbox_smoke():
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "| sandbox | 3 |" in result.stdout and "sandbox / thread: median" in result.stdout
+
+
+def test_bench_gc_maintenance_smoke(tmp_path):
+    result = run_smoke("bench_gc_maintenance.py", tmp_path)
+    assert result["benchmark"] == "gc_maintenance"
+    assert_machine(result)
+    (measured,) = result["interpreters"]
+    settled = measured["settled"]
+    assert settled["objects_per_ms_calibrated"] > 0
+    # The steps a maintenance takes or avoids, each counted and timed on the grown heap.
+    assert settled["count_unfrozen"]["objects"] >= 2 * result["start_objects"]
+    assert settled["count_frozen"]["objects"] > 0
+    assert settled["maintenance"]["took_ms"] > 0 and settled["reclaim"]["reclaim_ms"] > 0
+    assert "passes" in measured["unsettled"]

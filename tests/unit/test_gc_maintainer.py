@@ -11,6 +11,8 @@ import asyncio
 import contextlib
 import gc
 import logging
+import sys
+import sysconfig
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -29,7 +31,7 @@ from dynamo_gc.maintenance_trigger import (
 )
 from dynamo_gc.metrics import DynamoMetrics
 from dynamo_gc.pause_logger import installed_gc_pause_logger
-from dynamo_gc.process_gc import start_process_gc
+from dynamo_gc.process_gc import UNSOUND_BUILD_LINE, start_process_gc
 from tests.support import wait_until_async
 from tests.support.clock import FakeClock
 
@@ -371,3 +373,18 @@ def test_on_feeds_the_trigger_and_registers_the_maintenance_metrics():
         "dynamo_gc_unfrozen_objects_estimate",
     } <= families(process.metrics)
     process.state.restore()
+
+
+def test_an_incremental_collector_gets_a_warning_when_maintenance_is_on(mocker, caplog):
+    """CPython 3.14.0-3.14.4 (incremental GC) and free-threaded builds: not the collector the
+    trigger reads (docs/pythons.md); checked with the version patched, as no such build runs
+    here."""
+    mocker.patch.object(sysconfig, "get_config_var", return_value=None)
+    mocker.patch.object(sys, "version_info", (3, 14, 2, "final", 0))
+    process = start_process_gc(GcSettings(True, 0.0), MaintenanceSettings("idle", BUDGET_MS))
+    process.state.restore()
+    (line,) = [r for r in caplog.records if r.msg == UNSOUND_BUILD_LINE]
+    assert line.levelno == logging.WARNING and "3.14.2 (incremental GC)" in line.getMessage()
+    caplog.clear()
+    start_process_gc(GcSettings(True, 0.0), MaintenanceSettings("off", BUDGET_MS)).state.restore()
+    assert not [r for r in caplog.records if r.msg == UNSOUND_BUILD_LINE]

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from dynamo_gc import pause_logger
 from dynamo_gc.admission import AdmissionGate
+from dynamo_gc.bench_policy_config import unsound_build_reason
 from dynamo_gc.configuration.gc_options import GcSettings, MaintenanceSettings
 from dynamo_gc.gc_state import ProcessGcState
 from dynamo_gc.maintainer import GcMaintainer, IdleQuiescence, Quiescence
@@ -26,6 +27,12 @@ from dynamo_gc.maintenance_trigger import MaintenanceTrigger
 from dynamo_gc.metrics import DynamoMetrics
 
 logger = logging.getLogger(__name__)
+
+# Builds whose collector is not the generational one the trigger reads (docs/pythons.md).
+UNSOUND_BUILD_LINE = (
+    "GC maintenance on %s: each maintenance's freeze costs more, and the trigger (a serving "
+    "full collection's pause) may see none; the pause histogram shows what happens"
+)
 
 
 @dataclass
@@ -91,4 +98,7 @@ def start_process_gc(gc: GcSettings, maintenance: MaintenanceSettings | None = N
             parts.trigger.due_at_s * 1000.0,
             parts.settings.pause_budget_ms,
         )
+        unsound = unsound_build_reason()
+        if unsound is not None:
+            logger.warning(UNSOUND_BUILD_LINE, unsound)
     return ProcessGc(metrics, state, parts)
