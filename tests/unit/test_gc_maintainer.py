@@ -33,6 +33,7 @@ from dynamo_gc.metrics import DynamoMetrics
 from dynamo_gc.pause_logger import installed_gc_pause_logger
 from dynamo_gc.process_gc import UNSOUND_BUILD_LINE, start_process_gc
 from tests.support import wait_until_async
+from tests.support.admission import in_flight
 from tests.support.clock import FakeClock
 
 DEADLINE_S = 10.0
@@ -161,23 +162,15 @@ def test_the_gate_counts_holds_and_measures_each_wait():
 def test_until_idle_times_out_and_a_cancelled_wait_is_not_counted():
     async def scenario():
         gate = AdmissionGate()
-        forever = asyncio.Event()
-
-        async def request() -> None:
-            async with gate.admitted():
-                await forever.wait()
-
-        busy = asyncio.ensure_future(request())
-        await wait_until_async(lambda: gate.in_flight == 1, deadline_s=DEADLINE_S)
-        assert not await gate.until_idle(0.01)
-        gate.hold()
-        gone = asyncio.ensure_future(request())
-        await wait_until_async(lambda: gate.waiting == 1, deadline_s=DEADLINE_S)
-        gone.cancel()  # the client hung up while waiting
-        await asyncio.gather(gone, return_exceptions=True)
-        assert gate.waiting == 0 and gate.release() == [] and gate.in_flight == 1
-        busy.cancel()
-        await asyncio.gather(busy, return_exceptions=True)
+        async with in_flight(gate) as requests:
+            await requests.admitted()
+            assert not await gate.until_idle(0.01)
+            gate.hold()
+            gone = requests.arrive()
+            await wait_until_async(lambda: gate.waiting == 1, deadline_s=DEADLINE_S)
+            gone.cancel()  # the client hung up while waiting
+            await asyncio.gather(gone, return_exceptions=True)
+            assert gate.waiting == 0 and gate.release() == [] and gate.in_flight == 1
         assert gate.in_flight == 0
 
     run(scenario)
@@ -239,25 +232,20 @@ def test_an_idle_moment_is_held_maintained_and_reported(serving, caplog):
 def test_under_load_admission_is_held_while_in_flight_requests_finish(serving, caplog):
     async def scenario():
         clock = FakeClock()
-        async with idle_maintainer(clock, pause_log_ms=0.001) as (task, gate, metrics):
-            finish = asyncio.Event()
-
-            async def request() -> None:
-                async with gate.admitted():
-                    await finish.wait()
-
-            busy = asyncio.ensure_future(request())
-            await wait_until_async(lambda: gate.in_flight == 1, deadline_s=DEADLINE_S)
+        async with (
+            idle_maintainer(clock, pause_log_ms=0.001) as (task, gate, metrics),
+            in_flight(gate) as requests,
+        ):
+            await requests.admitted()
             make_due(task.trigger)
             clock.advance(maintainer.LOAD_DEFER_S)  # due for long, never idle
             await wait_until_async(lambda: gate.held, deadline_s=DEADLINE_S)
-            late = asyncio.ensure_future(request())  # arrives while held: waits
+            requests.arrive()  # arrives while held: waits
             await wait_until_async(lambda: gate.waiting == 1, deadline_s=DEADLINE_S)
             assert task.maintenances == 0  # never with a request in flight
             clock.advance(0.02)
-            finish.set()
+            requests.finish()
             await wait_until_async(lambda: task.maintenances == 1, deadline_s=DEADLINE_S)
-            await asyncio.gather(busy, late)
             assert sample(metrics, "dynamo_gc_maintenance_wait_seconds_count") == 1
             assert sample(metrics, "dynamo_gc_maintenance_wait_seconds_sum") == pytest.approx(0.02)
 
@@ -275,15 +263,11 @@ def test_requests_that_do_not_finish_in_the_bound_reopen_admission_untouched(
 
     async def scenario():
         clock = FakeClock()
-        async with idle_maintainer(clock, hold_bound_s=0.01) as (task, gate, metrics):
-            forever = asyncio.Event()
-
-            async def request() -> None:
-                async with gate.admitted():
-                    await forever.wait()
-
-            busy = asyncio.ensure_future(request())
-            await wait_until_async(lambda: gate.in_flight == 1, deadline_s=DEADLINE_S)
+        async with (
+            idle_maintainer(clock, hold_bound_s=0.01) as (task, gate, metrics),
+            in_flight(gate) as requests,
+        ):
+            await requests.admitted()
             make_due(task.trigger)
             clock.advance(maintainer.LOAD_DEFER_S)
             gave_up = "dynamo_gc_maintenance_gave_up_total"
@@ -291,8 +275,6 @@ def test_requests_that_do_not_finish_in_the_bound_reopen_admission_untouched(
                 lambda: sample(metrics, gave_up, mode="idle") == 1, deadline_s=DEADLINE_S
             )
             assert not gate.held and task.maintenances == 0 and task.trigger.due
-            busy.cancel()
-            await asyncio.gather(busy, return_exceptions=True)
 
     run(scenario)
     assert collect.call_count == 0
@@ -303,22 +285,16 @@ def test_requests_that_do_not_finish_in_the_bound_reopen_admission_untouched(
 def test_stopping_the_maintainer_while_it_holds_admission_reopens_it(serving):
     async def scenario():
         clock = FakeClock()
-        async with idle_maintainer(clock, hold_bound_s=30.0) as (task, gate, _):
-            forever = asyncio.Event()
-
-            async def request() -> None:
-                async with gate.admitted():
-                    await forever.wait()
-
-            busy = asyncio.ensure_future(request())
-            await wait_until_async(lambda: gate.in_flight == 1, deadline_s=DEADLINE_S)
+        async with (
+            idle_maintainer(clock, hold_bound_s=30.0) as (task, gate, _),
+            in_flight(gate) as requests,
+        ):
+            await requests.admitted()
             make_due(task.trigger)
             clock.advance(maintainer.LOAD_DEFER_S)
             await wait_until_async(lambda: gate.held, deadline_s=DEADLINE_S)
             await task.stop()  # the drain begins
             assert not gate.held
-            busy.cancel()
-            await asyncio.gather(busy, return_exceptions=True)
 
     run(scenario)
 

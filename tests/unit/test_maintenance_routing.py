@@ -20,11 +20,11 @@ from dynamo.runtime.discovery.file_store import DiscoveryStore
 from dynamo.runtime.discovery.file_watcher import DiscoveryWatcher
 from dynamo.runtime.discovery.record import InvalidRecord
 from dynamo.runtime.request_plane import WITHDRAWN_MESSAGE
+from tests.support.clock import FakeClock
 from tests.support.frontend_fakes import MODEL, echo_worker
 from tests.support.hostile_worker import hostile_worker, raw
 from tests.support.routed_frontend import answer_of, chat, frontend, frontend_lines, run
 from tests.support.tiny_model import tiny_card
-from tests.support.clock import FakeClock
 from tests.support.watched import leased
 
 WITHDRAWN = raw([json.dumps({"error": WITHDRAWN_MESSAGE, "withdrawn": True}).encode()], status=503)
@@ -87,7 +87,7 @@ def test_a_plain_503_still_benches_the_instance(card):
     run(scenario)
 
 
-# -- the registry ------------------------------------------------------------------------------------
+# -- the registry ----------------------------------------------------------------------------------
 
 
 def entry_with(*records: ModelRecord) -> ModelEntry:
@@ -132,7 +132,7 @@ def test_a_state_change_updates_the_instance_without_rebuilding_the_model(card, 
     assert any(line.startswith("Model instance serving again: model=") for line in lines)
 
 
-# -- the record: peer input -------------------------------------------------------------------------
+# -- the record: peer input ------------------------------------------------------------------------
 
 
 def record_json(**fields) -> str:

@@ -16,6 +16,7 @@ from dynamo.vllm.withdrawal import ALONE_LINE, Peers, WithdrawQuiescence
 from dynamo_gc.admission import AdmissionGate
 from dynamo_gc.maintainer import GaveUp, IdleQuiescence, Quiet
 from tests.support import wait_until_async
+from tests.support.admission import in_flight
 from tests.support.clock import FakeClock
 
 MODEL = "m"
@@ -187,20 +188,13 @@ def test_a_peer_gone_by_the_time_the_lock_is_held_keeps_it_serving():
 def test_requests_that_outlast_the_bound_bring_it_back_unmaintained():
     async def scenario():
         setup = Setup(None, bound_s=0.01)
-        forever = asyncio.Event()
-
-        async def request() -> None:
-            async with setup.gate.admitted():
-                await forever.wait()
-
-        busy = asyncio.ensure_future(request())
-        await wait_until_async(lambda: setup.gate.in_flight == 1, deadline_s=10.0)
-        attempt = await setup.quiescence.reach("pause", 0.0)
-        assert isinstance(attempt, GaveUp) and attempt.mode == "withdraw" and attempt.in_flight == 1
-        assert setup.back() and setup.registration.states == ["withdrawn", None]
-        assert await setup.quiescence.reach("pause", 0.0) is None  # retried later, not now
-        busy.cancel()
-        await asyncio.gather(busy, return_exceptions=True)
+        async with in_flight(setup.gate) as requests:
+            await requests.admitted()
+            attempt = await setup.quiescence.reach("pause", 0.0)
+            assert isinstance(attempt, GaveUp) and attempt.mode == "withdraw"
+            assert attempt.in_flight == 1
+            assert setup.back() and setup.registration.states == ["withdrawn", None]
+            assert await setup.quiescence.reach("pause", 0.0) is None  # retried later, not now
 
     asyncio.run(scenario())
 
@@ -208,22 +202,14 @@ def test_requests_that_outlast_the_bound_bring_it_back_unmaintained():
 def test_a_stop_in_the_middle_of_a_withdrawal_brings_it_back():
     async def scenario():
         setup = Setup(None, bound_s=30.0)
-        forever = asyncio.Event()
-
-        async def request() -> None:
-            async with setup.gate.admitted():
-                await forever.wait()
-
-        busy = asyncio.ensure_future(request())
-        await wait_until_async(lambda: setup.gate.in_flight == 1, deadline_s=10.0)
-        attempt = asyncio.ensure_future(setup.quiescence.reach("pause", 0.0))
-        await wait_until_async(lambda: setup.gate.withdrawn, deadline_s=10.0)
-        attempt.cancel()  # the drain stops the maintainer
-        with pytest.raises(asyncio.CancelledError):
-            await attempt
-        assert setup.back() and setup.lock.releases == 1
-        busy.cancel()
-        await asyncio.gather(busy, return_exceptions=True)
+        async with in_flight(setup.gate) as requests:
+            await requests.admitted()
+            attempt = asyncio.ensure_future(setup.quiescence.reach("pause", 0.0))
+            await wait_until_async(lambda: setup.gate.withdrawn, deadline_s=10.0)
+            attempt.cancel()  # the drain stops the maintainer
+            with pytest.raises(asyncio.CancelledError):
+                await attempt
+            assert setup.back() and setup.lock.releases == 1
 
     asyncio.run(scenario())
 
