@@ -364,3 +364,25 @@ def test_an_incremental_collector_gets_a_warning_when_maintenance_is_on(mocker, 
     caplog.clear()
     start_process_gc(GcSettings(True, 0.0), MaintenanceSettings("off", BUDGET_MS)).state.restore()
     assert not [r for r in caplog.records if r.msg == UNSOUND_BUILD_LINE]
+
+
+def test_a_failing_step_is_logged_once_and_the_maintainer_goes_on(serving, monkeypatch, caplog):
+    monkeypatch.setattr(maintainer, "RETRY_MAX_S", 0.001)
+
+    async def scenario():
+        clock = FakeClock()
+        async with idle_maintainer(clock) as (task, _gate, _metrics):
+            calls = []
+
+            async def broken(reason, due_for_s):
+                calls.append(reason)
+                raise OSError("a store that broke")
+
+            monkeypatch.setattr(task.quiescence, "reach", broken)
+            make_due(task.trigger)
+            await wait_until_async(lambda: len(calls) >= 3, deadline_s=DEADLINE_S)
+            assert task._task is not None and not task._task.done()
+
+    run(scenario)
+    failures = [r for r in caplog.records if "GC maintainer (frontend) failed" in r.getMessage()]
+    assert len(failures) == 1

@@ -216,24 +216,38 @@ class GcMaintainer:
             await asyncio.gather(task, return_exceptions=True)
 
     async def run(self) -> None:
+        failing = False
         while True:
-            reason = self._reason()
-            if reason is None:
-                await asyncio.sleep(POLL_S)
-                continue
-            self._warn_if_overdue()
-            quiet = await self.quiescence.reach(reason, self.trigger.due_for_s())
-            if isinstance(quiet, GaveUp):
-                self._gave_up(quiet)
-            if not isinstance(quiet, Quiet):
-                await asyncio.sleep(DUE_POLL_S if reason == "pause" else POLL_S)
-                continue
-            record = None
             try:
-                record = self._maintain(quiet, reason)
-            finally:
-                waits = await self.quiescence.leave(quiet)
-            self._report(quiet, reason, record, waits)
+                await self._step()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a maintainer that dies silently maintains nothing
+                if not failing:
+                    logger.exception("GC maintainer (%s) failed; trying again", self.context)
+                failing = True
+                await asyncio.sleep(RETRY_MAX_S)
+            else:
+                failing = False
+
+    async def _step(self) -> None:
+        reason = self._reason()
+        if reason is None:
+            await asyncio.sleep(POLL_S)
+            return
+        self._warn_if_overdue()
+        quiet = await self.quiescence.reach(reason, self.trigger.due_for_s())
+        if isinstance(quiet, GaveUp):
+            self._gave_up(quiet)
+        if not isinstance(quiet, Quiet):
+            await asyncio.sleep(DUE_POLL_S if reason == "pause" else POLL_S)
+            return
+        record = None
+        try:
+            record = self._maintain(quiet, reason)
+        finally:
+            waits = await self.quiescence.leave(quiet)
+        self._report(quiet, reason, record, waits)
 
     def _reason(self) -> str | None:
         if self.trigger.due:
