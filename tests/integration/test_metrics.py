@@ -148,7 +148,7 @@ def test_phase_gauge_says_serving(one):
     _, target = one
     families = target.scrape()
     phases = {s.labels["phase"]: s.value for s in families["dynamo_serving_phase"].samples}
-    assert phases == {"starting": 0, "serving": 1, "draining": 0}
+    assert phases == {"starting": 0, "serving": 1, "maintaining": 0, "draining": 0}
 
 
 def test_forced_collection_adds_one_generation_2_pause(one):
@@ -184,7 +184,7 @@ def test_metric_names_and_labels_are_stable(one):
             assert set(s.labels) - {"le"} == labels, (name, s)
     pause = families["dynamo_gc_pause_seconds"].samples
     assert {s.labels["generation"] for s in pause} == {"0", "1", "2"}
-    assert {s.labels["phase"] for s in pause} == {"starting", "serving", "draining"}
+    assert {s.labels["phase"] for s in pause} == {"starting", "serving", "maintaining", "draining"}
     bounds = sorted(
         {float(s.labels["le"]) for s in pause if s.name.endswith("_bucket")} - {float("inf")}
     )
