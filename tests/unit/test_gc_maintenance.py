@@ -224,3 +224,21 @@ def test_a_maintenances_pauses_log_at_info_not_as_serving_pauses(serving, caplog
         maintain_gc_heap(window, context="frontend")
     pauses = [r for r in caplog.records if r.getMessage().startswith("GC gen")]
     assert pauses and all(r.levelno == logging.INFO for r in pauses)
+
+
+def test_a_reclaim_whose_collection_raises_leaves_the_heap_frozen(serving, mocker):
+    frozen = gc.get_freeze_count()
+    real_collect = gc.collect
+    calls = []
+
+    def collect(*args):
+        calls.append(args)
+        if len(calls) == 2:  # the whole-heap collection, after the unfreeze
+            raise MemoryError
+        return real_collect(*args)
+
+    mocker.patch.object(gc, "collect", collect)
+    with lifecycle.maintenance_window("pause", nothing_in_flight) as window:
+        with pytest.raises(MemoryError):
+            maintain_gc_heap(window, context="vllm worker", reclaim=True)
+    assert gc.get_freeze_count() >= frozen

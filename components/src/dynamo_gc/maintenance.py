@@ -81,12 +81,16 @@ def maintain_gc_heap(
     collected = gc.collect()  # the unfrozen heap: made since the last freeze
     collect_ms = (time.perf_counter() - started) * 1000.0
     reclaimed, reclaim_ms = 0, None
-    if reclaim:
-        gc.unfreeze()  # a splice: the permanent generation joins the oldest one
-        began = time.perf_counter()
-        reclaimed = gc.collect()  # the whole heap: what the freeze had pinned
-        reclaim_ms = (time.perf_counter() - began) * 1000.0
-    gc.freeze()
+    try:
+        if reclaim:
+            gc.unfreeze()  # a splice: the permanent generation joins the oldest one
+            began = time.perf_counter()
+            reclaimed = gc.collect()  # the whole heap: what the freeze had pinned
+            reclaim_ms = (time.perf_counter() - began) * 1000.0
+    finally:
+        # Whatever the collection raised (a MemoryError), the heap is frozen again: an unfrozen
+        # heap would be walked whole by the next serving full collection.
+        gc.freeze()
     settle_after_freeze()
     frozen = gc.get_freeze_count() if count_frozen else None
     took_ms = (time.perf_counter() - started) * 1000.0
