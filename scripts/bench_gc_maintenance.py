@@ -204,7 +204,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     result = bc.new_result(
-        NAME, mode, start_objects=START_OBJECTS[mode], per_request=PER_REQUEST, interpreters=measured
+        NAME,
+        mode,
+        start_objects=START_OBJECTS[mode],
+        per_request=PER_REQUEST,
+        interpreters=measured,
     )
     return bc.finish(args, NAME, result, None)
 
