@@ -13,14 +13,18 @@ maintained at least once.
 The budget here is 300 ms, not the default 50: this machine is shared, its full collections
 slow and noisy, and the first serving full collection after a maintenance walks what CPython's
 thresholds let grow before it (200k objects on 3.13+, docs/pythons.md). What 50 ms takes is
-the soak's to measure (scripts/, docs/benchmarks.md), not a test's.
+the soak's to measure (scripts/, docs/benchmarks.md), not a test's. A pause is wall-clock
+time: on a machine loaded several times over (check_serving_pauses) the pauses over the budget
+are reported as a warning, not a failure; everything else is judged whatever the load.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import urllib.request
+import warnings
 
 import aiohttp
 import pytest
@@ -37,7 +41,9 @@ GROWTH = ("--mock-heap-growth", "2000", "--mock-heap-evict-percent", "10")
 SYSTEM_PORT = ("--system-host", "127.0.0.1", "--system-port", "0")
 SYSTEM_PORT_LINE = r"System server listening on (http://127\.0\.0\.1:\d+)"
 MAINTAINED_LINE = r"GC heap maintained \(([^)]*)\): mode=(\w+) reason=(\w+) "
-SERVING_PAUSE_OVER_BUDGET = r"WARNING .*GC gen\d pause"
+SERVING_PAUSE_OVER_BUDGET_LINE = r"WARNING .*GC gen\d pause [0-9.]+ ms"
+# A one-minute load average per core above which wall-clock pauses measure the machine.
+OVERLOADED_PER_CORE = 4.0
 DRIVE_DEADLINE_S = 120.0
 CONCURRENCY = 8
 
@@ -91,12 +97,31 @@ async def drive(url: str, done) -> tuple[int, list[str]]:
 
 def check_logs(process: LauncherProcess, mode: str) -> list[tuple[str, str, str]]:
     """The process's maintenance lines (context, mode, reason); none of its serving pauses
-    reached the budget."""
+    reached the budget (see :func:`check_serving_pauses`)."""
     log = process.log()
-    assert not re.findall(SERVING_PAUSE_OVER_BUDGET, log), re.findall(r".*GC gen\d pause.*", log)
+    check_serving_pauses(process.name, re.findall(SERVING_PAUSE_OVER_BUDGET_LINE, log))
     found = re.findall(MAINTAINED_LINE, log)
     assert found and {m for _, m, _ in found} == {mode}, found
     return found
+
+
+def check_serving_pauses(name: str, over_budget: list[str]) -> None:
+    """No serving GC pause reached the budget (the pause logger's WARNING lines, its threshold
+    the budget) while the machine ran at its usual pace. A pause is wall-clock time: on a
+    machine loaded past OVERLOADED_PER_CORE (its one-minute load average per core, read now,
+    when the pauses are seconds old) the same walk takes several times as long, and the lines
+    over the budget are reported as a warning instead of failing: they measure the machine."""
+    if not over_budget:
+        return
+    load = os.getloadavg()[0] / (os.cpu_count() or 1)
+    if load > OVERLOADED_PER_CORE:
+        warnings.warn(
+            f"{name}: serving pauses over the {BUDGET_MS} ms budget not judged, the machine's "
+            f"load is {load:.1f} per core: {over_budget}",
+            stacklevel=2,
+        )
+        return
+    raise AssertionError(f"{name}: serving pauses over the {BUDGET_MS} ms budget: {over_budget}")
 
 
 def run_withdraw_pair(log_dir, worker_args, frontend_args, *, discovery_dir=None):
