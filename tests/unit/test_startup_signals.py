@@ -15,27 +15,29 @@ import psutil
 import pytest
 
 from dynamo.common import startup_signals
-from dynamo.common.startup_signals import StartupInterrupted
 from dynamo.vllm import engine_init
+from dynamo_gc import startup_stop
+from dynamo_gc.startup_stop import StartupInterrupted
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_before_the_loop_raises_startup_interrupted(signum):
-    before = {s: signal.getsignal(s) for s in startup_signals.STOP_SIGNALS}
+    before = {s: signal.getsignal(s) for s in startup_stop.STOP_SIGNALS}
     with pytest.raises(StartupInterrupted) as caught:
-        with startup_signals.interrupting_startup():
+        with startup_stop.interrupting_startup():
             os.kill(os.getpid(), signum)
             signal.sigtimedwait([], 0)  # a pending handler runs at the next bytecode anyway
     assert caught.value.signame == signal.Signals(signum).name
     assert isinstance(caught.value, KeyboardInterrupt)  # Ctrl-C clean-up code runs for both
-    assert {s: signal.getsignal(s) for s in startup_signals.STOP_SIGNALS} == before
+    assert {s: signal.getsignal(s) for s in startup_stop.STOP_SIGNALS} == before
+    assert startup_stop.received() == signal.Signals(signum).name  # recorded, not only raised
 
 
 def test_handlers_are_left_alone_outside_the_main_thread():
     seen = []
 
     def run() -> None:
-        with startup_signals.interrupting_startup():
+        with startup_stop.interrupting_startup():
             seen.append(signal.getsignal(signal.SIGTERM))
 
     before = signal.getsignal(signal.SIGTERM)
