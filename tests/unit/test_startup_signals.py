@@ -131,6 +131,29 @@ def test_abandoning_an_init_stops_its_processes_and_ends_it():
     assert "the child ended with -9" in str(failure)  # SIGKILL
 
 
+def sigint_blocked_in(status: str) -> bool:
+    blocked = next(line for line in status.splitlines() if line.startswith("SigBlk:"))
+    return bool(int(blocked.split()[1], 16) & (1 << (signal.SIGINT - 1)))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/PID/status")
+def test_the_inits_processes_never_get_the_terminals_ctrl_c():
+    """A process the init starts begins with SIGINT blocked (vLLM's EngineCore printed its own
+    KeyboardInterrupt traceback when Ctrl-C reached it during its imports); this process's main
+    thread, which acts on Ctrl-C, keeps it."""
+    read_status = [sys.executable, "-c", "print(open('/proc/self/status').read())"]
+
+    async def scenario() -> str:
+        init = engine_init.run_in_init_thread(
+            lambda: subprocess.run(read_status, capture_output=True, text=True, check=True),
+            on_orphan=lambda _: None,
+        )
+        return (await init).stdout
+
+    assert sigint_blocked_in(asyncio.run(scenario()))
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+
 def test_an_init_that_finished_meanwhile_hands_its_engine_over():
     async def scenario() -> object:
         init = engine_init.run_in_init_thread(lambda: "engine", on_orphan=lambda _: None)
