@@ -55,7 +55,12 @@ from dynamo.vllm.engine import EngineDied, EngineInitFailed
 from dynamo.vllm.process_watch import ending_stuck_children, first_exit
 from dynamo.vllm.vllm_args import engine_args_from_config, served_name_of
 from dynamo.vllm.vllm_card import one_line, read_model_card
-from dynamo.vllm.vllm_sampling import sampling_params, wire_logprobs, wire_ranks
+from dynamo.vllm.vllm_sampling import (
+    generate_kwargs,
+    sampling_params,
+    wire_logprobs,
+    wire_ranks,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -243,7 +248,12 @@ class VllmEngine:
             # aclosing: leaving early closes vLLM's generator now (its own cleanup aborts the
             # request), not whenever the garbage collector finalises it.
             async with contextlib.aclosing(
-                engine.generate(TokensPrompt(prompt_token_ids=prompt), params, request_id)
+                engine.generate(
+                    TokensPrompt(prompt_token_ids=prompt),
+                    params,
+                    request_id,
+                    **generate_kwargs(request.sampling),
+                )
             ) as outputs:
                 async for output in outputs:
                     completion = output.outputs[0]
