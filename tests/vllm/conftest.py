@@ -42,3 +42,21 @@ def tiny_model() -> str:
     )
     assert result.returncode == 0, f"make_tiny_model failed:\n{result.stderr}"
     return result.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="session")
+def thinking_model(tmp_path_factory) -> str:
+    """The tiny model that reasons, then calls (tests/support/thinking_model.py), built once
+    per session in a process of its own, offline."""
+    out = tmp_path_factory.mktemp("thinking-model") / "model"
+    paths = os.pathsep.join(filter(None, [str(REPO / "scripts"), os.environ.get("PYTHONPATH")]))
+    result = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "support" / "thinking_model.py"), str(out)],
+        env={**os.environ, **OFFLINE_ENV, "PYTHONPATH": paths},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, f"thinking_model.py failed:\n{result.stderr}"
+    return result.stdout.strip().splitlines()[-1]
