@@ -41,6 +41,7 @@ def start_worker(
     vllm_model: str | None = None,
     new_session: bool = False,
     launch: Path | None = None,
+    python: str = sys.executable,
 ) -> LauncherProcess:
     """A worker serving ``model`` (``--served-model-name``; ``None``: the engine's default
     name), publishing in ``discovery_dir`` (``None``: no ``--discovery-dir``, as with etcd), its
@@ -51,7 +52,8 @@ def start_worker(
     ``vllm_model`` (a model directory) the real vLLM engine, with the small-footprint arguments
     and offline environment of the benchmarks (bench_common.VLLM_ARGS, OFFLINE_ENV).
     ``launch``: a script that runs the module (:class:`LauncherProcess`), e.g.
-    :data:`FINALIZER_SIGNAL_LAUNCH`.
+    :data:`FINALIZER_SIGNAL_LAUNCH`; ``python``: the interpreter (another environment's: the
+    vLLM one for a real engine behind a frontend of the SGLang one).
     """
     named = [] if model is None else ["--served-model-name", model]
     directory = [] if discovery_dir is None else ["--discovery-dir", str(discovery_dir)]
@@ -78,6 +80,7 @@ def start_worker(
         env={**OFFLINE_ENV, **(env or {})},
         new_session=new_session,
         launch=launch,
+        python=python,
     )
 
 
