@@ -18,7 +18,6 @@ import re
 
 import pytest
 
-from tests.support import wait_until
 from tests.support.processes import FINALIZER_SIGNAL_LAUNCH, start_frontend, start_worker
 
 pytestmark = pytest.mark.integration
@@ -38,17 +37,10 @@ def signal_at(target: str, signame: str = "SIGINT", *, swallow: bool = False) ->
 
 
 def assert_stopped_with_one_line(process, signame: str) -> str:
-    try:
-        # Ends as soon as the process exits, or fails at once when it admits.
-        wait_until(
-            lambda: process.proc.poll() is not None or ADMITTED.search(process.log()),
-            deadline_s=STOP_DEADLINE_S,
-            what=f"{process.name} to stop",
-        )
-    finally:
-        process.stop()
+    # Ends as soon as the process exits, or fails at once when it admits.
+    admitted = process.stopped_or_logged(ADMITTED, deadline_s=STOP_DEADLINE_S)
     log = process.log()
-    assert ADMITTED.search(log) is None, log
+    assert admitted is None, log
     code = process.proc.returncode
     assert code == 0, log
     assert SENT.format(signame=signame) in log, log  # the signal came from the finalizer

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import pytest
 
 from tests.support.pair import request, stream_events
 from tests.support.processes import LISTENING_LINE, listening_url, start_frontend, start_worker
-from tests.support.thinking_model import REASONING
+from tests.support.thinking_model import REASONING, build_with
 
 pytestmark = [pytest.mark.sglang, pytest.mark.integration]
 
@@ -32,7 +31,6 @@ REPO = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 MODEL = "thinker"
 START_DEADLINE_S = 360.0
-OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
 WEATHER = {"type": "function", "function": {
     "name": "get_weather",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}  # fmt: skip
@@ -59,16 +57,7 @@ class Pair:
 def pair(tmp_path_factory):
     python = vllm_python()
     directory = tmp_path_factory.mktemp("sglang-thinking")
-    built = subprocess.run(
-        [python, str(REPO / "tests" / "support" / "thinking_model.py"), str(directory / "model")],
-        env={**os.environ, **OFFLINE, "PYTHONPATH": str(REPO / "scripts")},
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert built.returncode == 0, built.stderr
-    model = Path(built.stdout.strip().splitlines()[-1])
+    model = Path(build_with(python, directory / "model"))
     worker = start_worker(
         "worker", directory, directory / "discovery", MODEL,
         "--dyn-reasoning-parser", "qwen3", "--dyn-tool-call-parser", "hermes",

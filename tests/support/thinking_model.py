@@ -118,6 +118,14 @@ def _set_weights(model, tokenizer) -> None:
         model.lm_head.weight.copy_(head.to(dtype))
 
 
+def build_with(python: str, out: Path) -> str:
+    """Build into ``out`` with ``python`` (an environment with torch and transformers: the
+    vLLM one), in a process of its own and offline; the directory."""
+    from bench_common import built_model_dir
+
+    return built_model_dir([python, str(Path(__file__).resolve()), str(out)])
+
+
 def main() -> None:
     """``python tests/support/thinking_model.py OUT`` (scripts/ on ``PYTHONPATH``): build into
     OUT, print it. The tests build it in a process of their own, offline, as the tiny model."""

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import gc
 import signal
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -19,6 +17,7 @@ from dynamo_gc.configuration.gc_options import GcSettings
 from dynamo_gc.startup_stop import StartupInterrupted
 from dynamo_gc.upstream import frontend_freeze, interrupts, worker_freeze
 from dynamo_gc.upstream.frontend_settings import FrontendGcConfig
+from tests.support.processes import run_python
 
 
 class SendsOnFinalize:
@@ -125,7 +124,7 @@ def test_hand_over_gives_sigint_back_to_python_and_checks_the_record():
         interrupts.hand_over()
 
 
-def test_an_adapters_main_stopped_by_a_lost_ctrl_c_says_one_line(tmp_path):
+def test_an_adapters_main_stopped_by_a_lost_ctrl_c_says_one_line():
     """A real process: Ctrl-C arrives in a finalizer while the adapter prepares upstream (the
     interruption is dropped there), and the adapter stops at the hand-over, before upstream's
     launcher runs: exit 0, one line, no traceback."""
@@ -151,14 +150,7 @@ def test_an_adapters_main_stopped_by_a_lost_ctrl_c_says_one_line(tmp_path):
         main()
         """
     )
-    result = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        stdin=subprocess.DEVNULL,
-        cwd=tmp_path,
-    )
+    result = run_python("-c", script, timeout_s=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout == "prepared upstream\n"
     assert result.stderr == (

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 import pytest
-from launcher_process import LauncherProcess, wait_until
+from launcher_process import LauncherProcess
 from upstream_pair import HTTP_STARTED, loopback_env, mocker_args, tiny_model_dir
 
 from tests.upstream.frontend_pair import Frontend
@@ -30,16 +30,9 @@ ADMITTED = re.compile(
 
 
 def assert_stopped_before_upstream(process: LauncherProcess, program: str) -> None:
-    try:
-        wait_until(
-            lambda: process.proc.poll() is not None or ADMITTED.search(process.log()),
-            deadline_s=STOP_DEADLINE_S,
-            what=f"{program} to stop",
-        )
-    finally:
-        process.stop()
+    admitted = process.stopped_or_logged(ADMITTED, deadline_s=STOP_DEADLINE_S)
     log = process.log()
-    assert ADMITTED.search(log) is None, log
+    assert admitted is None, log
     assert process.proc.returncode == 0, log
     assert "finalizer: sending SIGINT" in log, log
     line = f"{program}: received SIGINT during start-up: stopped before admitting anything"

@@ -135,16 +135,18 @@ def test_a_signal_during_the_self_benchmark_stops_the_worker(tiny_model, tmp_pat
         process.stop()
 
 
+def vllm_frontend(tmp_path, token: str, **launch) -> LauncherProcess:
+    """The frontend with the ``vllm`` chat processor, in a process group of its own; ``launch``:
+    ``env`` added to the token's, and ``launch`` (the script that runs it)."""
+    env = {TOKEN_VAR: token, **launch.pop("env", {})}
+    return start_frontend(
+        "frontend", tmp_path, tmp_path / "discovery", "--dyn-chat-processor", "vllm",
+        env=env, new_session=True, **launch,
+    )  # fmt: skip
+
+
 def test_a_signal_while_the_frontend_imports_vllm_stops_it(tmp_path, token):
-    process = start_frontend(
-        "frontend",
-        tmp_path,
-        tmp_path / "discovery",
-        "--dyn-chat-processor",
-        "vllm",
-        env={TOKEN_VAR: token},
-        new_session=True,
-    )
+    process = vllm_frontend(tmp_path, token)
     try:
         process.wait_for_log(r"Chat processor vllm: importing", deadline_s=PHASE_DEADLINE_S)
         assert_stopped_promptly(process, ctrl_c(process), token)
@@ -199,17 +201,10 @@ def test_a_signal_lost_in_a_finalizer_while_the_frontend_imports_vllm_stops_it(t
     """Issue 37's case: the handler's exception is raised inside a finalizer a collection
     runs while the ``vllm`` chat processor is imported, and Python drops it there. The record
     stops the frontend once the import is done: it never listens."""
-    process = start_frontend(
-        "frontend",
+    process = vllm_frontend(
         tmp_path,
-        tmp_path / "discovery",
-        "--dyn-chat-processor",
-        "vllm",
-        env={
-            TOKEN_VAR: token,
-            "FINALIZER_SIGNAL_AT": "dynamo.frontend.main:import_processor_libraries",
-        },
-        new_session=True,
+        token,
+        env={"FINALIZER_SIGNAL_AT": "dynamo.frontend.main:import_processor_libraries"},
         launch=FINALIZER_SIGNAL_LAUNCH,
     )
     try:
