@@ -75,7 +75,7 @@ def pair(tmp_path_factory):
         worker.stop(deadline_s=60)
 
 
-def answer(url: str, body: dict, stream: bool) -> tuple[str | None, list, str]:
+def answer(url: str, body: dict, stream: bool) -> tuple[str | None, list[tuple[str, str]], str]:
     """(reasoning_content, calls as (name, arguments), finish_reason), whole or streamed."""
     full = {"model": MODEL, "messages": [{"role": "user", "content": "Weather in Paris?"}],
             "temperature": 0, "max_tokens": 60, "tools": [WEATHER], **body}  # fmt: skip
@@ -89,13 +89,13 @@ def answer(url: str, body: dict, stream: bool) -> tuple[str | None, list, str]:
     deltas = [e["choices"][0] for e in events if isinstance(e, dict) and e.get("choices")]
     reasoning = "".join(d["delta"].get("reasoning_content") or "" for d in deltas) or None
     pieces = [c for d in deltas for c in d["delta"].get("tool_calls") or ()]
-    calls: dict[int, list[str]] = {}
+    joined: dict[int, list[str]] = {}
     for piece in pieces:
-        into = calls.setdefault(piece["index"], ["", ""])
+        into = joined.setdefault(piece["index"], ["", ""])
         into[0] += piece["function"].get("name") or ""
         into[1] += piece["function"].get("arguments") or ""
     finish = next(d["finish_reason"] for d in reversed(deltas) if d.get("finish_reason"))
-    return reasoning, [tuple(calls[i]) for i in sorted(calls)], finish
+    return reasoning, [(joined[i][0], joined[i][1]) for i in sorted(joined)], finish
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])

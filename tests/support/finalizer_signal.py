@@ -40,7 +40,7 @@ class Finalised:
     """Sends the signal from its ``__del__``; kept alive only by a cycle, so only a collection
     finalizes it."""
 
-    def __init__(self, signum: int) -> None:
+    def __init__(self, signum: signal.Signals) -> None:
         self.signum = signum
         self.cycle = self
 
@@ -54,11 +54,11 @@ class Finalised:
         print(f"finalizer: recorded {startup_stop.received()}", file=sys.stderr, flush=True)
 
 
-def drop_a_finalizer(signum: int) -> None:
+def drop_a_finalizer(signum: signal.Signals) -> None:
     Finalised(signum)  # unreachable at once, but for its cycle
 
 
-def wrapped(step, signum: int, *, collects_itself: bool, swallow: bool):
+def wrapped(step, signum: signal.Signals, *, collects_itself: bool, swallow: bool):
     def arrange() -> None:
         drop_a_finalizer(signum)
         if not collects_itself:
