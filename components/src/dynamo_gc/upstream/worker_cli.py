@@ -24,7 +24,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from dynamo_gc.configuration.options import Surface
-from dynamo_gc.upstream import hooks, metrics_server, versions, worker_freeze, worker_settings
+from dynamo_gc.upstream import (
+    hooks,
+    interrupts,
+    metrics_server,
+    versions,
+    worker_freeze,
+    worker_settings,
+)
 from dynamo_gc.upstream.hooks import ModuleGlobalHook
 
 logger = logging.getLogger(__name__)
@@ -51,14 +58,15 @@ class WorkerAdapter:
         return worker_settings.parse_args(self.surface, argv, env)
 
     def main(self) -> None:
-        """The ``python -m`` entry point."""
-        run(self)
+        """The ``python -m`` entry point (Ctrl-C before upstream starts: :mod:`.interrupts`)."""
+        interrupts.stoppable(self.surface.program)(run)(self)
 
 
 def _run_upstream(adapter: WorkerAdapter, args: list[str]) -> None:
     # alter_sys=False: runpy would set sys.argv[0] to upstream's __main__.py, and upstream's
     # parser would head its help and its errors "usage: __main__.py"; they name this program.
     sys.argv = [adapter.surface.program, *args]
+    interrupts.hand_over()
     runpy.run_module(adapter.entry_module, run_name="__main__", alter_sys=False)
 
 

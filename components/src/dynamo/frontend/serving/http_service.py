@@ -41,7 +41,11 @@ from dynamo.frontend.openai.responses import (
 )
 from dynamo.frontend.openai.tools import check_tool_choice
 from dynamo.frontend.parsing.output_parser import OutputParser
-from dynamo.frontend.parsing.parsed_output import adjust_for_parsers, output_parser
+from dynamo.frontend.parsing.parsed_output import (
+    adjust_for_parsers,
+    decide_grammar_start,
+    output_parser,
+)
 from dynamo.frontend.processors.chat_processor import (
     ChatTemplateError,
     NoChatTemplate,
@@ -225,6 +229,12 @@ class FrontendService:
                     code="chat_template_error",
                 ) from None
             prompt_ids = await self._encode(entry, prompt, chat, chat=True)
+            if chat.structured_field is not None:
+                # Whether its grammar waits for the reasoning to end (vLLM's parsers are built
+                # for it: off the loop).
+                await self._off_loop(
+                    decide_grammar_start, entry.processor.output_parser, chat, prompt_ids
+                )
             # One parser per choice: each parses its own text (it is given the prompt's ids,
             # as vLLM's server gives its parsers).
             parsers = [
