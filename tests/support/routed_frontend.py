@@ -24,12 +24,13 @@ LINE_LIMIT = 4096  # "no log line over a few KB"
 
 
 @contextlib.asynccontextmanager
-async def frontend(card, *endpoints: str, clock=None):
+async def frontend(card, *endpoints: str, clock=None, others=()):
     """The real service serving ``card`` through ``endpoints`` (one instance each, repeats
-    allowed), its router on ``clock``: ``(client, router)``."""
+    allowed), and each ``(card, endpoint)`` of ``others``, its router on ``clock``:
+    ``(client, router)``."""
     registry = ModelRegistry(build_chat_processor)
-    for endpoint in endpoints:
-        registry.add_instance(record(card, endpoint, card.served_model_name))
+    for model_card, endpoint in [(card, endpoint) for endpoint in endpoints] + list(others):
+        registry.add_instance(record(model_card, endpoint, model_card.served_model_name))
     await registry.wait_idle()
     session = create_worker_session()
     router = WorkerRouter(session, **({"clock": clock} if clock else {}))

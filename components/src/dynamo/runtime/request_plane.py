@@ -381,7 +381,8 @@ async def generate(
         budget += extra
         line_limit += extra  # they all come on the first line
     try:
-        async with session.post(url, json=request) as response:
+        # A redirect is a peer's answer, never followed: it would re-send the prompt anywhere.
+        async with session.post(url, json=request, allow_redirects=False) as response:
             if response.status != 200:
                 raise await _failure(response)
             finished = False
@@ -404,7 +405,13 @@ async def generate(
 async def _failure(response: aiohttp.ClientResponse) -> Exception:
     """What a non-200 answer means: :class:`RequestRefused` (a 400 naming a request field) or
     :class:`WorkerUnavailable`. At most :data:`ERROR_BODY_LIMIT` bytes of it are read; a body
-    the worker says is encoded is not read at all (it would have to be inflated)."""
+    the worker says is encoded is not read at all (it would have to be inflated). A redirect
+    (never followed) is not the wire format: :class:`WorkerProtocolError`, its body unread."""
+    if 300 <= response.status < 400:
+        return WorkerProtocolError(
+            f"worker answered {response.status}, a redirect (not followed) to "
+            f"{peer_text.escape(response.headers.get('Location', ''))}"
+        )
     body = b""
     if response.headers.get("Content-Encoding", "identity").strip().lower() == "identity":
         while len(body) < ERROR_BODY_LIMIT:
