@@ -55,6 +55,22 @@ def dead_endpoint() -> str:
     return f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
+@contextlib.contextmanager
+def dead_endpoints(count: int):
+    """``count`` endpoints at distinct addresses whose connections are refused (bound, never
+    listening), released when the block ends."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sockets.append(sock)
+            sock.bind(("127.0.0.1", 0))
+        yield [f"http://127.0.0.1:{sock.getsockname()[1]}" for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
 def run(scenario):
     return asyncio.run(asyncio.wait_for(scenario(), DEADLINE_S))
 
@@ -95,10 +111,11 @@ class HangingConnections:
 
 
 @contextlib.asynccontextmanager
-async def hanging_endpoint():
+async def hanging_endpoint(seen: HangingConnections | None = None):
     """A real socket on 127.0.0.1 that accepts every connection and never answers (what a dead
-    pod's address often does): ``(endpoint, HangingConnections)``."""
-    seen = HangingConnections()
+    pod's address often does): ``(endpoint, HangingConnections)`` (``seen``, when given: one
+    count for several of them)."""
+    seen = seen or HangingConnections()
     writers: list[asyncio.StreamWriter] = []
 
     async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -122,3 +139,15 @@ async def hanging_endpoint():
             writer.close()
         server.close()
         await server.wait_closed()
+
+
+@contextlib.asynccontextmanager
+async def hanging_endpoints(count: int):
+    """``count`` :func:`hanging_endpoint` at distinct addresses, counted together:
+    ``(endpoints, HangingConnections)``."""
+    seen = HangingConnections()
+    async with contextlib.AsyncExitStack() as stack:
+        endpoints = [
+            (await stack.enter_async_context(hanging_endpoint(seen)))[0] for _ in range(count)
+        ]
+        yield endpoints, seen

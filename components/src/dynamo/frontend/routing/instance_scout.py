@@ -19,7 +19,7 @@ instance starts two more (the probes in flight double every deadline), up to
 and the sweep finishes probing the rest, so every dead instance is benched once and the next
 requests do not try it. One sweep per model at a time, shared by every request that needs it,
 so the work is per instance (each probed at most once per sweep), not per request; a request
-waits for a sweep at most :data:`SCOUT_WAIT_S`.
+waits for a sweep at most :data:`SCOUT_WAIT_S` (of the frontend's own time, as the probes).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ PROBERS_PER_DEAD = 2
 # does nothing slow); a dead address that accepts and never answers costs this much.
 SCOUT_PROBE_TIMEOUT_S = 1.0
 # How long a request waits for a sweep to find a live instance before it is a 503 (the sweep
-# goes on for the requests after it).
+# goes on for the requests after it), in the frontend's own time as the probes are.
 SCOUT_WAIT_S = 10.0
 # Instances a sweep found dead that a failed request's log line names (the rest are counted).
 NAMED_DEAD = 5
@@ -134,9 +134,9 @@ class InstanceScout:
 
         waiter = asyncio.ensure_future(until_usable())
         try:
-            await asyncio.wait(
-                {waiter, sweep.task}, timeout=SCOUT_WAIT_S, return_when=asyncio.FIRST_COMPLETED
-            )
+            either = asyncio.wait({waiter, sweep.task}, return_when=asyncio.FIRST_COMPLETED)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await self._lag.within(either, SCOUT_WAIT_S)
         finally:
             waiter.cancel()
         result = SweepResult(usable())
