@@ -19,6 +19,8 @@ import pytest
 from aiohttp import web
 
 from dynamo.frontend.processors.chat_processor import build_chat_processor
+from dynamo.runtime import request_plane
+from dynamo.runtime.model_card import MAX_CONTEXT_LENGTH
 from tests.support import wait_until_async
 from tests.support.answers import assert_openai_error, streamed_text
 from tests.support.clock import FakeClock
@@ -165,6 +167,37 @@ def test_max_tokens_is_enforced_against_a_worker_that_never_stops(
     assert text == processor.tokenizer.decode(word * max_tokens)
     assert finish == ["length"]
     assert usage["completion_tokens"] == max_tokens
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_worker_that_never_stops_is_cut_at_the_stream_bound_without_max_tokens(
+    tiny_tokenizer_dir, processor, monkeypatch, caplog, stream
+):
+    """Issue 37: a card may claim up to MAX_CONTEXT_LENGTH tokens, and a request without
+    max_tokens gets the rest of that context: the stream's byte budget from it (4 GiB) is capped
+    at MAX_STREAM_BYTES (made 2 MiB here, so the test reads that much, not 256 MiB). The
+    frontend stops reading there and hangs up: a 502, or an error event mid-stream."""
+    monkeypatch.setattr(request_plane, "MAX_STREAM_BYTES", 2 * 1024 * 1024)
+    card = tiny_card(tiny_tokenizer_dir, MODEL, context_length=MAX_CONTEXT_LENGTH)
+    word = processor.encode_chat(" word")[:1]
+    item = line({"token_ids": word * 100})
+
+    async def scenario():
+        async with hostile_worker(endless([], item)) as worker:
+            async with frontend(card, worker.endpoint) as (client, _):
+                body = chat(stream=stream, ignore_eos=True)
+                del body["max_tokens"]
+                answer = await answer_of(client, body)
+                await wait_until_async(lambda: worker.hung_up == 1, deadline_s=DEADLINE_S)
+                return answer
+
+    status, answer = run(scenario)
+    if stream:
+        assert status == 200 and answer[-1] == "[DONE]"
+        assert assert_openai_error(answer[-2])["code"] == "bad_worker_response"
+    else:
+        assert status == 502 and assert_openai_error(answer)["code"] == "bad_worker_response"
+    assert "more than the stream's budget of bytes" in caplog.text
 
 
 def test_the_workers_counts_are_not_trusted(card, processor):

@@ -38,11 +38,11 @@ that is how the frontend ends a completion at a stop string it matched.
 The worker is a peer (docs/security.md), so the client (:func:`generate`) reads what
 it answers as a peer's words: an error answer up to :data:`ERROR_BODY_LIMIT` bytes, never
 decompressed (the session's ``auto_decompress`` is off); a stream line by line, each at most
-:data:`MAX_LINE_BYTES`, the whole stream within a byte budget that grows with ``max_tokens``;
-every line validated as an item, its token ids within the model's vocabulary. A worker that
-breaks any of it is a :class:`WorkerProtocolError`. Every fragment of a worker's text an
-exception carries is escaped (:func:`dynamo.runtime.peer_text.escape`): exceptions are for log
-lines, never for a client.
+:data:`MAX_LINE_BYTES`, the whole stream within a byte budget that grows with ``max_tokens``
+up to :data:`MAX_STREAM_BYTES`; every line validated as an item, its token ids within the
+model's vocabulary. A worker that breaks any of it is a :class:`WorkerProtocolError`. Every
+fragment of a worker's text an exception carries is escaped
+(:func:`dynamo.runtime.peer_text.escape`): exceptions are for log lines, never for a client.
 """
 
 from __future__ import annotations
@@ -99,6 +99,11 @@ STREAM_BYTES_PER_TOKEN = 256
 # With logprobs, each token carries up to k + 1 [id, logprob] pairs (~30 bytes each): the budget
 # grows by this much per pair, so asking for 20 alternatives allows ~1.6 KiB per token.
 STREAM_BYTES_PER_LOGPROB = 64
+# Whatever max_tokens and the card say, no stream (nor its first line) is read past this: what
+# one request may cost the frontend in bytes read and parsed from a worker (at ~100 MB/s of
+# parsing, seconds of CPU). vLLM streams a token a line (~25 bytes): a whole 10M-token context
+# fits, or ~400k tokens with 20 logprobs each.
+MAX_STREAM_BYTES = 256 * 1024**2
 # The bound of every count a worker reports (a 32-bit count: no context is longer).
 MAX_COUNT = 2**31 - 1
 
@@ -380,6 +385,7 @@ async def generate(
         extra = (STREAM_BYTES_PER_LOGPROB * (alternatives + 1) + 16) * len(prompt.token_ids)
         budget += extra
         line_limit += extra  # they all come on the first line
+    budget, line_limit = min(budget, MAX_STREAM_BYTES), min(line_limit, MAX_STREAM_BYTES)
     try:
         # A redirect is a peer's answer, never followed: it would re-send the prompt anywhere.
         async with session.post(url, json=request, allow_redirects=False) as response:
