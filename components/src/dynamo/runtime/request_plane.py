@@ -66,6 +66,11 @@ from pydantic import (
 
 from dynamo.runtime import peer_text
 from dynamo.runtime.sampling import MAX_LOGPROBS, SamplingOptions
+from dynamo.runtime.stream_logprobs import (
+    PromptLogprobs,
+    logprobs_problem,
+    prompt_logprobs_problem,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -245,82 +250,12 @@ def parse_item(
                     f"worker sent token id {token_id}, outside the model's vocabulary (largest "
                     f"id {max_token_id})"
                 )
-    _check_logprobs(item, max_token_id, logprobs)
-    _check_prompt_logprobs(item, max_token_id, prompt)
+    problem = logprobs_problem(item, max_token_id, logprobs) or prompt_logprobs_problem(
+        item, max_token_id, prompt
+    )
+    if problem is not None:
+        raise WorkerProtocolError(problem)
     return item
-
-
-class PromptLogprobs(BaseModel):
-    """What the first item's ``prompt_logprobs`` must be: for these ``token_ids``, with at most
-    ``alternatives`` each."""
-
-    model_config = ConfigDict(frozen=True)
-
-    token_ids: tuple[int, ...]
-    alternatives: int
-
-
-def _check_prompt_logprobs(
-    item: StreamItem, max_token_id: int | None, asked: PromptLogprobs | None
-) -> None:
-    positions = getattr(item, "prompt_logprobs", None)
-    ranks = getattr(item, "prompt_ranks", None)
-    if asked is None:
-        if positions is not None or ranks is not None:
-            raise WorkerProtocolError("worker sent prompt logprobs where none belong")
-        return
-    if positions is None or len(positions) != len(asked.token_ids):
-        raise WorkerProtocolError("worker sent no prompt logprobs, or not one per prompt id")
-    if positions[0] is not None:
-        raise WorkerProtocolError("worker sent prompt logprobs for the first prompt id")
-    for token_id, position in zip(asked.token_ids[1:], positions[1:], strict=True):
-        if position is None:
-            raise WorkerProtocolError("worker sent a null prompt logprob after the first")
-        _check_position(token_id, position, asked.alternatives, max_token_id)
-    if ranks is None or [r is None for r in ranks] != [p is None for p in positions]:
-        raise WorkerProtocolError("worker sent no prompt ranks, or not one per prompt logprob")
-
-
-def _check_logprobs(item: StreamItem, max_token_id: int | None, asked: int | None) -> None:
-    """An item's logprobs are what the request asked for: one position per id, the sampled id
-    first, at most ``asked`` alternatives, every id in the vocabulary."""
-    positions = item.logprobs
-    if positions is None:
-        if asked is not None and item.token_ids:
-            raise WorkerProtocolError("worker sent token ids without the logprobs asked for")
-        return
-    if asked is None:
-        raise WorkerProtocolError("worker sent logprobs the request did not ask for")
-    if len(positions) != len(item.token_ids):
-        raise WorkerProtocolError(
-            f"worker sent {len(positions)} logprob position(s) for {len(item.token_ids)} id(s)"
-        )
-    for token_id, position in zip(item.token_ids, positions, strict=True):
-        _check_position(token_id, position, asked, max_token_id)
-
-
-def _check_position(
-    token_id: int, position: LogprobPosition, asked: int, max_token_id: int | None
-) -> None:
-    if position[0][0] != token_id:
-        raise WorkerProtocolError(
-            f"worker sent logprobs whose first id {position[0][0]} is not the sampled id {token_id}"
-        )
-    if len(position) > asked + 1:
-        raise WorkerProtocolError(
-            f"worker sent {len(position) - 1} logprob alternatives, more than the {asked} asked for"
-        )
-    ids = [alternative for alternative, _ in position]
-    if max_token_id is not None and max(ids) > max_token_id:
-        raise WorkerProtocolError(
-            f"worker sent a logprob for token id {max(ids)}, outside the model's vocabulary "
-            f"(largest id {max_token_id})"
-        )
-    # vLLM's alternatives are its top k, best first, each id once: the frontend ranks them by
-    # their order, so any other order or a repeated id would be a quietly wrong answer.
-    ranked = [logprob for _, logprob in position[1:]]
-    if len(set(ids)) != len(ids) or ranked != sorted(ranked, reverse=True):
-        raise WorkerProtocolError("worker sent logprob alternatives repeated or out of rank order")
 
 
 def _refusal(status: int, text: str) -> RequestRefused | None:

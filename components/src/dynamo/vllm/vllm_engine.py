@@ -242,8 +242,7 @@ class VllmEngine:
         model_path = model_config.model
         if os.path.isdir(model_path):
             model_path = os.path.abspath(model_path)
-        # Unchecked here: record_refusal judges it at registration (exit 2, never a traceback).
-        return ModelCard.model_construct(
+        return ModelCard.model_construct(  # judged at registration: record_refusal, exit 2
             served_model_name=self.served_model_name,
             model_path=model_path,
             tokenizer_path=tokenizer_dir,
