@@ -111,19 +111,52 @@ def test_a_bad_item_mid_stream_is_an_error_event_then_done(card, processor, kind
     assert whole_status == 502 and assert_openai_error(whole)["code"] == "bad_worker_response"
 
 
-def test_what_follows_the_finish_line_is_never_read(card, processor):
-    # The finish line ends the completion: the client has its whole answer and the frontend
-    # hangs up, whatever the worker sends after it (the request plane's client would call it a
-    # protocol error, were it asked for another item).
+@pytest.mark.parametrize(
+    "after",
+    [
+        [b"garbage \x00\n", b"\xff" * 10_000],
+        [line({"token_ids": [5]})],
+        [line({"finish_reason": "stop", "prompt_tokens": 1, "completion_tokens": 1})],
+    ],
+    ids=["garbage", "an item", "a second finish line"],
+)
+def test_a_line_after_the_finish_line_is_a_broken_worker(card, processor, after):
+    """Issue 37: the finish line is the worker's last word (docs/security.md, "nothing after
+    the finish line"). A worker that sends more is broken, and its answer is not served: a 502,
+    or an error event in place of the stream's end."""
     ids = processor.encode_chat("ok")
     finish = line({"finish_reason": "stop", "prompt_tokens": 1, "completion_tokens": len(ids)})
-    lines = [line({"token_ids": ids}), finish, b"garbage \x00\n", b"\xff" * 10_000]
+    lines = [line({"token_ids": ids}), finish, *after]
 
     async def scenario():
         async with hostile_worker(raw(lines, hold=True)) as worker:
             async with frontend(card, worker.endpoint) as (client, _):
                 answers = [await answer_of(client, chat(stream=s)) for s in (False, True)]
                 await wait_until_async(lambda: worker.hung_up == 2, deadline_s=DEADLINE_S)
+                return answers
+
+    (whole_status, whole), (stream_status, events) = run(scenario)
+    assert whole_status == 502 and assert_openai_error(whole)["code"] == "bad_worker_response"
+    assert stream_status == 200 and events[-1] == "[DONE]"
+    assert assert_openai_error(events[-2])["code"] == "bad_worker_response"
+    assert not any(e["choices"][0].get("finish_reason") for e in events[:-2] if e.get("choices"))
+
+
+@pytest.mark.parametrize("hold", [False, True], ids=["then the end", "then silence"])
+def test_blank_lines_or_silence_after_the_finish_line_leave_the_answer_whole(
+    card, processor, hold
+):
+    """Blank lines are no line; a worker that goes silent after its finish line without ending
+    its answer is hung up on after FINISH_END_S, the client's answer whole."""
+    ids = processor.encode_chat("ok")
+    finish = line({"finish_reason": "stop", "prompt_tokens": 1, "completion_tokens": len(ids)})
+
+    async def scenario():
+        async with hostile_worker(raw([line({"token_ids": ids}), finish, b"\n \n"], hold=hold)) as w:
+            async with frontend(card, w.endpoint) as (client, _):
+                answers = [await answer_of(client, chat(stream=s)) for s in (False, True)]
+                if hold:
+                    await wait_until_async(lambda: w.hung_up == 2, deadline_s=DEADLINE_S)
                 return answers
 
     (whole_status, whole), (stream_status, events) = run(scenario)
