@@ -16,7 +16,10 @@ import aiohttp
 
 from dynamo.runtime.request_plane import HEALTH_PATH
 
-from .loop_lag import CAP_FACTOR, LoopLag
+from .loop_lag import LoopLag
+
+# The probe's deadline is LoopLag.within's (at most CAP_FACTOR x its length in wall time).
+_NO_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=None, sock_read=None)
 
 
 def is_redirect(status: int) -> bool:
@@ -40,9 +43,9 @@ async def probe_health(
     url = endpoint.rstrip("/") + HEALTH_PATH
 
     async def ask() -> int:
-        # The wall-time bound behind the lag-aware one (never reached unless that one fails).
-        timeout = aiohttp.ClientTimeout(total=CAP_FACTOR * timeout_s)
-        async with session.get(url, allow_redirects=False, timeout=timeout) as response:
+        # No timer of aiohttp's besides ours (the session's would be more per probe: probes are
+        # thousands at a time, each must stay cheap).
+        async with session.get(url, allow_redirects=False, timeout=_NO_TIMEOUT) as response:
             return response.status
 
     try:

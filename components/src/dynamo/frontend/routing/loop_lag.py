@@ -55,26 +55,31 @@ class LoopLag:
     async def within(self, awaitable: Awaitable[T], timeout_s: float) -> T:
         """``awaitable``'s result, if it comes within ``timeout_s`` of the loop's own time
         (and :data:`CAP_FACTOR` x ``timeout_s`` of wall time); else it is cancelled and
-        ``asyncio.TimeoutError`` raised."""
+        ``asyncio.TimeoutError`` raised. No task of its own: one timer, checked when it fires
+        and set again for the time the lag added (probes are many, each must stay cheap)."""
         loop = asyncio.get_running_loop()
-        task = asyncio.ensure_future(awaitable)
+        start, lag_at_start = loop.time(), self.lag()
+        cap = start + CAP_FACTOR * timeout_s
         self._start(loop)
+        check: asyncio.TimerHandle | None = None
         try:
-            start, lag_at_start = loop.time(), self.lag()
-            cap = start + CAP_FACTOR * timeout_s
-            while True:
-                now = loop.time()
-                own_time = (now - start) - (self.lag() - lag_at_start)
-                left = min(timeout_s - own_time, cap - now)
-                if left <= 0:
-                    raise asyncio.TimeoutError
-                done, _ = await asyncio.wait({task}, timeout=left)
-                if done:
-                    return task.result()
+            async with asyncio.timeout(None) as timeout:
+
+                def expire_unless_lagged() -> None:
+                    nonlocal check
+                    now = loop.time()
+                    own_time = (now - start) - (self.lag() - lag_at_start)
+                    left = min(timeout_s - own_time, cap - now)
+                    if left <= 0:
+                        timeout.reschedule(now)  # cancels the awaitable: TimeoutError
+                    else:
+                        check = loop.call_at(now + left, expire_unless_lagged)
+
+                check = loop.call_at(start + timeout_s, expire_unless_lagged)
+                return await awaitable
         finally:
-            if not task.done():
-                task.cancel()
-                await asyncio.wait({task})
+            if check is not None:
+                check.cancel()
             self._stop()
 
     def _start(self, loop: asyncio.AbstractEventLoop) -> None:
