@@ -38,6 +38,7 @@ _HTTP_ERROR_CODES = {
     404: "not_found",
     405: "method_not_allowed",
     413: "request_too_large",
+    501: "unsupported_transfer_encoding",
 }
 
 
@@ -57,7 +58,8 @@ def http_runner(app: web.Application, **kwargs: Any) -> GuardedRunner:
 def protocol_error_body(status: int, message: str) -> dict:
     """An error aiohttp answers before any route runs (a request it cannot parse), in the
     OpenAI shape (the listener's ``error_body``)."""
-    kind = "invalid_request_error" if status < 500 else "server_error"
+    # 501: a transfer coding the client chose and this server does not decode (its request).
+    kind = "invalid_request_error" if status < 500 or status == 501 else "server_error"
     return oai.error_body(message, type=kind, code=_HTTP_ERROR_CODES.get(status))
 
 
