@@ -173,7 +173,9 @@ def test_one_workers_cookie_never_reaches_another(tiny_tokenizer_dir):
             hostile_worker(setting_cookie, host="localhost") as worker_a,
             hostile_worker(raw([_served(processor)]), host="localhost") as worker_b,
         ):
-            async with frontend(card_a, worker_a.endpoint, others=[(card_b, worker_b.endpoint)]) as (
+            async with frontend(
+                card_a, worker_a.endpoint, others=[(card_b, worker_b.endpoint)]
+            ) as (
                 client,
                 _,
             ):
