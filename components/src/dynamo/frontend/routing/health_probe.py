@@ -18,7 +18,12 @@ from dynamo.runtime.request_plane import HEALTH_PATH
 
 from .loop_lag import LoopLag
 
-# The probe's deadline is LoopLag.within's (at most CAP_FACTOR x its length in wall time).
+# How far a probe's deadline may stretch in wall time while the frontend's loop runs behind.
+# A live instance's answer needs the loop's turns (a frontend starved to a tenth of a CPU by
+# the machine's load took seconds to read it), and a dead one costs its deadline at most this
+# many times over: what a request waits for the scout bounds what a client waits (instance_scout).
+PROBE_CAP_FACTOR = 10.0
+# The probe's deadline is LoopLag.within's.
 _NO_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=None, sock_read=None)
 
 
@@ -49,6 +54,6 @@ async def probe_health(
             return response.status
 
     try:
-        return await lag.within(ask(), timeout_s)
+        return await lag.within(ask(), timeout_s, cap_factor=PROBE_CAP_FACTOR)
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
         return None

@@ -14,7 +14,8 @@ to the time the loop was behind. :meth:`LoopLag.within` runs an awaitable under 
 that many seconds of the loop's *own* time: wall time less the lag accrued meanwhile. So a
 stalled or starved loop does not count against the peer, and a peer that is slow while the loop
 keeps up still misses the deadline as before. No deadline grows without bound: each is at most
-:data:`CAP_FACTOR` times its length in wall time, however far behind the loop stays.
+``cap_factor`` (by default :data:`CAP_FACTOR`) times its length in wall time, however far behind
+the loop stays.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ T = TypeVar("T")
 TICK_S = 0.02
 # Lateness a healthy loop has anyway (timer granularity, a callback or two): not counted.
 SLACK_S = 0.005
-# However far behind the loop stays, a deadline of d seconds ends within CAP_FACTOR x d.
+# However far behind the loop stays, a deadline of d seconds ends within CAP_FACTOR x d (unless
+# its caller chooses another factor).
 CAP_FACTOR = 3.0
 
 
@@ -52,14 +54,16 @@ class LoopLag:
         late = asyncio.get_running_loop().time() - self._due - self._slack_s
         return self._total + max(0.0, late)
 
-    async def within(self, awaitable: Awaitable[T], timeout_s: float) -> T:
+    async def within(
+        self, awaitable: Awaitable[T], timeout_s: float, *, cap_factor: float = CAP_FACTOR
+    ) -> T:
         """``awaitable``'s result, if it comes within ``timeout_s`` of the loop's own time
-        (and :data:`CAP_FACTOR` x ``timeout_s`` of wall time); else it is cancelled and
+        (and ``cap_factor`` x ``timeout_s`` of wall time); else it is cancelled and
         ``asyncio.TimeoutError`` raised. No task of its own: one timer, checked when it fires
         and set again for the time the lag added (probes are many, each must stay cheap)."""
         loop = asyncio.get_running_loop()
         start, lag_at_start = loop.time(), self.lag()
-        cap = start + CAP_FACTOR * timeout_s
+        cap = start + cap_factor * timeout_s
         self._start(loop)
         check: asyncio.TimerHandle | None = None
         try:
