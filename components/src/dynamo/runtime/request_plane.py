@@ -83,7 +83,8 @@ class GenerateRequest(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    request_id: StrictStr
+    # The frontend's completion id (and choice index): a short, plain name, safe in a log line.
+    request_id: Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9._:-]{1,128}$")]
     # The served name the frontend routed on; the worker refuses any other.
     model: Annotated[StrictStr, Field(min_length=1)]
     token_ids: Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)]

@@ -30,7 +30,6 @@ from dynamo.runtime.sampling import SamplingOptions
 
 from .stop_strings import StopStringMatcher
 
-
 # How long the end of a worker's stream may take after its finish line (the chunked answer's
 # last bytes, sent at once by a worker that is done).
 FINISH_END_S = 1.0

@@ -22,10 +22,12 @@ from aiohttp import web
 from dynamo.common.http_server import GuardedRunner
 from dynamo.frontend.openai import protocol as oai
 from dynamo.frontend.routing.worker_router import LOG_INTERVAL_S
+from dynamo.runtime import peer_text
 from dynamo.runtime.log_budget import CauseBudgets
 from dynamo.runtime.request_plane import WorkerProtocolError
 
 logger = logging.getLogger(__name__)
+_bugs = CauseBudgets(logger, logging.ERROR, lines=1, interval_s=60.0)
 
 
 def failure_log() -> CauseBudgets:
@@ -124,8 +126,16 @@ async def _answer_errors(request: web.Request, handler, failures: CauseBudgets):
         )
     except (asyncio.CancelledError, ConnectionResetError):
         raise
-    except Exception:
-        logger.exception("%s %s failed", request.method, request.path)
+    except Exception as exc:  # noqa: BLE001 - the client's 500, never a crash
+        # A bug (every expected failure has its own answer above): its traceback, once per
+        # exception type a minute, whatever a peer or a client repeats to cause it.
+        _bugs.emit(
+            type(exc).__name__,
+            "%s %s failed",
+            request.method,
+            peer_text.escape(request.path),
+            exc_info=exc,
+        )
         return web.json_response(
             oai.error_body("internal error in the frontend", type="server_error"), status=500
         )
