@@ -138,9 +138,7 @@ def test_instances_coming_and_going_are_a_bounded_number_of_info_lines(tiny_toke
     assert CHANGE_INTERVAL_S <= REFUSAL_INTERVAL_S
 
 
-def test_a_cards_parser_names_cost_a_few_lines_whatever_the_model_names(
-    tiny_tokenizer_dir, caplog
-):
+def test_a_cards_parser_names_cost_a_few_lines_whatever_the_model_names(tiny_tokenizer_dir, caplog):
     card = tiny_card(tiny_tokenizer_dir, "m", tool_call_parser="no-such-parser")
     for index in range(100):
         card_parsers.warn_unparsed(card.model_copy(update={"served_model_name": f"m{index}"}), "x")
