@@ -228,8 +228,8 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.rounds):
             for arm, distinct in arms_503.items():
                 got_503[arm].append(asyncio.run(scenario_503(card, args.refused, distinct)))
-            for arm, (starved, wall) in arms_live.items():
-                got_live[arm].append(
+            for live_arm, (starved, wall) in arms_live.items():
+                got_live[live_arm].append(
                     asyncio.run(
                         scenario_live(card, token_ids, args.refused, args.hanging, starved, wall)
                     )
