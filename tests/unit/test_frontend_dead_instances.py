@@ -13,12 +13,11 @@ import time
 
 import pytest
 
-from dynamo.frontend.processors.chat_processor import build_chat_processor
 from dynamo.frontend.routing import worker_router
 from dynamo.frontend.routing.instance_scout import SCOUT_CONCURRENCY, SCOUT_PROBE_TIMEOUT_S
 from dynamo.frontend.routing.worker_router import PROBE_AFTER_S, UNPROVEN_PROBE_AFTER_S
-from tests.support.frontend_fakes import MODEL
 from tests.support.hostile_worker import hostile_worker, raw
+from tests.support.loop_hog import loop_hog
 from tests.support.routed_frontend import (
     LINE_LIMIT,
     answer_of,
@@ -31,20 +30,6 @@ from tests.support.routed_frontend import (
     line,
     run,
 )
-from tests.support.loop_hog import loop_hog
-from tests.support.tiny_model import tiny_card
-
-
-@pytest.fixture
-def processor(tiny_tokenizer_dir):
-    """The tiny model's processor; its card is the one the frontend serves."""
-    return build_chat_processor(tiny_card(tiny_tokenizer_dir, MODEL))
-
-
-@pytest.fixture
-def card(processor):
-    return processor.card
-
 
 # What a deliberately starved event loop runs: blocked 0.1 s of every 0.15 s, two thirds of the
 # time (tests/support/loop_hog.py), the frontend and its fake workers alike. Issue 37: on a

@@ -19,7 +19,6 @@ from aiohttp import web
 from dynamo.frontend.processors.chat_processor import build_chat_processor
 from tests.support import wait_until_async
 from tests.support.answers import assert_openai_error
-from tests.support.frontend_fakes import MODEL
 from tests.support.hostile_worker import HostileWorker, hostile_worker, raw, silent
 from tests.support.routed_frontend import (
     DEADLINE_S,
@@ -34,16 +33,6 @@ from tests.support.routed_frontend import (
 from tests.support.tiny_model import tiny_card
 
 REDIRECTS = [301, 302, 303, 307, 308]
-
-
-@pytest.fixture
-def processor(tiny_tokenizer_dir):
-    return build_chat_processor(tiny_card(tiny_tokenizer_dir, MODEL))
-
-
-@pytest.fixture
-def card(processor):
-    return processor.card
 
 
 def _served(processor) -> bytes:

@@ -18,7 +18,6 @@ import logging
 import pytest
 from aiohttp import web
 
-from dynamo.frontend.processors.chat_processor import build_chat_processor
 from dynamo.runtime import request_plane
 from dynamo.runtime.model_card import MAX_CONTEXT_LENGTH
 from tests.support import wait_until_async
@@ -37,18 +36,6 @@ from tests.support.routed_frontend import (
     run,
 )
 from tests.support.tiny_model import tiny_card
-
-
-@pytest.fixture
-def processor(tiny_tokenizer_dir):
-    """The tiny model's processor; its card is the one the frontend serves."""
-    return build_chat_processor(tiny_card(tiny_tokenizer_dir, MODEL))
-
-
-@pytest.fixture
-def card(processor):
-    return processor.card
-
 
 # --- a bad stream item -------------------------------------------------------------------------
 
@@ -143,16 +130,15 @@ def test_a_line_after_the_finish_line_is_a_broken_worker(card, processor, after)
 
 
 @pytest.mark.parametrize("hold", [False, True], ids=["then the end", "then silence"])
-def test_blank_lines_or_silence_after_the_finish_line_leave_the_answer_whole(
-    card, processor, hold
-):
+def test_blank_lines_or_silence_after_the_finish_line_leave_the_answer_whole(card, processor, hold):
     """Blank lines are no line; a worker that goes silent after its finish line without ending
     its answer is hung up on after FINISH_END_S, the client's answer whole."""
     ids = processor.encode_chat("ok")
     finish = line({"finish_reason": "stop", "prompt_tokens": 1, "completion_tokens": len(ids)})
 
     async def scenario():
-        async with hostile_worker(raw([line({"token_ids": ids}), finish, b"\n \n"], hold=hold)) as w:
+        answer = raw([line({"token_ids": ids}), finish, b"\n \n"], hold=hold)
+        async with hostile_worker(answer) as w:
             async with frontend(card, w.endpoint) as (client, _):
                 answers = [await answer_of(client, chat(stream=s)) for s in (False, True)]
                 if hold:

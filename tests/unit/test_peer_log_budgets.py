@@ -105,7 +105,8 @@ def test_every_kind_of_refusal_is_budgeted(tiny_tokenizer_dir, caplog, kind):
                 registry.add_instance(ModelRecord(model="m", endpoint="http://h:1", card=other))
             else:
                 named = card.model_copy(update={"served_model_name": f"m{index}"})
-                registry.add_instance(ModelRecord(model=f"m{index}", endpoint="http://h:1", card=named))  # fmt: skip
+                record = ModelRecord(model=f"m{index}", endpoint="http://h:1", card=named)
+                registry.add_instance(record)
             await registry.wait_idle()
 
     run(scenario)
