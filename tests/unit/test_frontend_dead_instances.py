@@ -40,10 +40,11 @@ LOADS = {"idle": None, "starved loop": {"block_s": 0.1, "run_s": 0.05}}
 
 @contextlib.asynccontextmanager
 async def load(kind: str):
-    if LOADS[kind] is None:
+    hog = LOADS[kind]
+    if hog is None:
         yield
     else:
-        async with loop_hog(**LOADS[kind]):
+        async with loop_hog(**hog):
             yield
 
 
