@@ -23,10 +23,10 @@ log's, however many instances a model has and however many of them are dead:
   :mod:`.loop_lag`) means the process is stopped or gone (SIGSTOP, a frozen host) and the
   request fails over or fails, and so does a redirect (never followed: :mod:`.health_probe`);
   any other answer means it is alive and merely slow (a long prefill, a queue), and the wait
-  goes on. An instance not known to serve (none of its last requests
-  served: new, or failed before) is asked sooner, after :data:`UNPROVEN_PROBE_AFTER_S`, with
-  the scout's probe deadline: a dead address that accepts and never answers costs a request
-  two seconds, not ten. Each item must come within :data:`WORKER_READ_TIMEOUT_S` of
+  goes on. An instance not known to serve (none of its last requests served: new, or failed
+  before) is asked sooner, after :data:`UNPROVEN_PROBE_AFTER_S`, with the scout's probe
+  deadline: a dead address that accepts and never answers costs a request two seconds, not
+  ten. Each item must come within :data:`WORKER_READ_TIMEOUT_S` of
   the previous one (of the request, for the first), whatever else arrives meanwhile: bytes that
   are not an item (blank lines, a line that never ends, an error body sent a byte at a time)
   and answered probes do not extend it.
