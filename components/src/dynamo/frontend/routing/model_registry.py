@@ -50,11 +50,12 @@ DEFAULT_MAX_MODELS = 64
 GONE_MODEL_MEMORY_S = 600.0
 MAX_GONE_MODELS = 1024
 # Refusals (WARNING) logged per kind per REFUSAL_INTERVAL_S; a model or an instance added or
-# removed (INFO) per kind per CHANGE_INTERVAL_S: enough for a deployment's own comings and
-# goings to be read one by one, a bounded log whatever a peer writes.
+# removed (INFO) per kind per CHANGE_INTERVAL_S: as many as the default --dyn-max-models, so a
+# deployment's models starting together are each named (operators and scripts wait for "Model
+# added: model=M"), and a bounded log whatever a peer writes.
 REFUSAL_LINES = 5
 REFUSAL_INTERVAL_S = 60.0
-CHANGE_LINES = 20
+CHANGE_LINES = DEFAULT_MAX_MODELS
 CHANGE_INTERVAL_S = 10.0
 _escape = peer_text.escape
 
