@@ -56,8 +56,7 @@ from .library_templates import TemplateCheck, TemplateForms, template_forms, tra
 from .model_files import ModelFiles
 
 logger = logging.getLogger(__name__)
-# A processor is built per model a record names: a peer's to repeat with new names for ever.
-_built_lines = CauseBudgets(logger, logging.INFO, lines=64, interval_s=10.0)
+_built_lines = CauseBudgets(logger, logging.INFO, lines=64, interval_s=10.0)  # per record's model
 
 CHAT_PROCESSORS = ("hf", "vllm", "sglang")
 DEFAULT_CHAT_PROCESSOR = "hf"
