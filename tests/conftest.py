@@ -16,6 +16,7 @@ from dynamo_gc.bench_policy import stop_gc_policy
 OUR_LAUNCHERS = importlib.util.find_spec("dynamo.common.logging_setup") is not None
 if OUR_LAUNCHERS:
     from dynamo.common import logging_setup, startup_signals
+    from dynamo.runtime import log_budget
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -51,6 +52,9 @@ def restore_gc_state():
         logging_setup.remove_logging_handler()
         # ... and, stopped by a signal during start-up, notes it for its __main__'s quick exit.
         startup_signals.forget_stop()
+        # Log budgets (module-level ones too) count what earlier tests logged: each test starts
+        # with a clean slate, as a new process does.
+        log_budget.forget_all()
 
 
 @pytest.fixture

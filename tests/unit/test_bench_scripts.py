@@ -235,3 +235,24 @@ def test_bench_gc_maintenance_smoke(tmp_path):
     assert settled["count_frozen"]["objects"] > 0
     assert settled["maintenance"]["took_ms"] > 0 and settled["reclaim"]["reclaim_ms"] > 0
     assert "passes" in measured["unsettled"]
+
+
+def test_bench_routing_smoke():
+    result = subprocess.run(
+        [sys.executable, str(SCRIPTS / "bench_routing.py"), "--rounds", "1", "--refused", "20",
+         "--hanging", "2"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "| 20 refused, one address | [503] |" in result.stdout
+    assert "| idle | own time (as built) | 1 of 1 |" in result.stdout
+
+
+def test_bench_model_arrival_smoke():
+    result = subprocess.run(
+        [sys.executable, str(SCRIPTS / "bench_model_arrival.py"), "--rounds", "1", "--models",
+         "2", "--tokenizer-mb", "0.1"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "| in turn |" in result.stdout and "in turn / all at once" in result.stdout

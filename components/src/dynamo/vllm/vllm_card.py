@@ -54,7 +54,7 @@ def read_model_card(
     model_path = model_config.model
     if os.path.isdir(model_path):
         model_path = os.path.abspath(model_path)
-    return ModelCard(
+    return ModelCard.model_construct(  # judged at registration: record_refusal, exit 2
         served_model_name=served_model_name,
         model_path=model_path,
         tokenizer_path=tokenizer_dir,

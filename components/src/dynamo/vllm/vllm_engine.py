@@ -51,7 +51,7 @@ from dynamo.runtime.request_plane import BadGenerateRequest, GenerateRequest
 from dynamo.runtime.sampling import SamplingOptions
 from dynamo.vllm import engine_init
 from dynamo.vllm.backend_args import WorkerConfig
-from dynamo.vllm.engine import EngineDied, EngineInitFailed
+from dynamo.vllm.engine import EngineDied, EngineInitFailed, aborted
 from dynamo.vllm.process_watch import ending_stuck_children, first_exit
 from dynamo.vllm.vllm_args import engine_args_from_config, served_name_of
 from dynamo.vllm.vllm_card import one_line, read_model_card
@@ -305,7 +305,7 @@ class VllmEngine:
                 except Exception:  # a dead engine must not mask the first error
                     logger.exception("Aborting vLLM request %s failed", request_id)
                 else:
-                    logger.info("vLLM request %s aborted after %d token(s)", request_id, produced)
+                    aborted("vLLM", request_id, produced)
 
     def _report_dead(self, reason: str) -> None:
         if not self._reported_dead.is_set():

@@ -55,7 +55,8 @@ from dynamo.runtime.log_budget import CauseBudgets
 from .output_parser import OutputParser, OutputParsers, ParsedDelta, ParserRequest
 
 logger = logging.getLogger(__name__)
-_unusable = CauseBudgets(logger, lines=1, interval_s=60.0)
+# One budget for the line, not one per model: a model's name is a peer's to invent.
+_unusable = CauseBudgets(logger, lines=5, interval_s=60.0)
 
 
 def tool_call_parser_problem(name: str) -> str | None:
@@ -94,7 +95,7 @@ def vllm_output_parsers(
         )
     except Exception as exc:  # noqa: BLE001 - vLLM raises TypeError, KeyError, ValueError
         _unusable.emit(
-            (model, tool_call_parser, reasoning_parser),
+            "unusable parsers",
             "Model %s: vLLM's parsers (tool-call %s, reasoning %s) cannot be used with its "
             "tokenizer (%s); the model is served without parsing",
             peer_text.escape(model),

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from dynamo.runtime import peer_text
+from dynamo.runtime.log_budget import CauseBudgets
 from dynamo.runtime.model_card import ModelCard, out_of_vocabulary
 from dynamo.runtime.template_files import MAX_TEMPLATE_BYTES
 
@@ -55,6 +56,7 @@ from .library_templates import TemplateCheck, TemplateForms, template_forms, tra
 from .model_files import ModelFiles
 
 logger = logging.getLogger(__name__)
+_built_lines = CauseBudgets(logger, logging.INFO, lines=64, interval_s=10.0)  # per record's model
 
 CHAT_PROCESSORS = ("hf", "vllm", "sglang")
 DEFAULT_CHAT_PROCESSOR = "hf"
@@ -437,7 +439,8 @@ def build_chat_processor(
     processor = ChatProcessor(
         card, kind, tokenizer, template, parsers, parses_tool_calls=parses_tool_calls
     )
-    logger.info(
+    _built_lines.emit(
+        "built",
         "Chat processor built: model=%s processor=%s tokenizer=%s chat_template=%s took_ms=%.1f",
         peer_text.escape(card.served_model_name),
         kind,

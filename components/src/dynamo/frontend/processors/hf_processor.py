@@ -42,6 +42,7 @@ from .model_files import (
     ModelFilesError,
     as_files,
 )
+from .native_calls import native_call
 
 __all__ = ["ModelFilesError"]  # re-exported: where the processors have always raised it from
 
@@ -257,12 +258,14 @@ class HfTokenizer:
         # Read here (confined, regular, bounded), parsed from memory: nothing is reopened.
         text = files.read_text(path, MAX_TOKENIZER_BYTES)
         try:
-            self._tokenizer = Tokenizer.from_str(text)
+            # Both hold the GIL for long on a big tokenizer: in turn (native_calls).
+            self._tokenizer = native_call(Tokenizer.from_str, text)
         except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception
             raise ModelFilesError(f"cannot load {path}: {exc}") from None
         # The largest id a prompt may hold, as vLLM computes it (added tokens included; ids
         # need not be contiguous). Read once: the vocabulary dict is built for it and dropped.
-        self.max_token_id = max(self._tokenizer.get_vocab(with_added_tokens=True).values())
+        vocab = native_call(self._tokenizer.get_vocab, with_added_tokens=True)
+        self.max_token_id = max(vocab.values())
 
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
         # encode_batch, not encode: the same ids, but it releases the GIL while it works, so

@@ -22,10 +22,12 @@ from aiohttp import web
 from dynamo.common.http_server import GuardedRunner
 from dynamo.frontend.openai import protocol as oai
 from dynamo.frontend.routing.worker_router import LOG_INTERVAL_S
+from dynamo.runtime import peer_text
 from dynamo.runtime.log_budget import CauseBudgets
 from dynamo.runtime.request_plane import WorkerProtocolError
 
 logger = logging.getLogger(__name__)
+_bugs = CauseBudgets(logger, logging.ERROR, lines=1, interval_s=60.0)
 
 
 def failure_log() -> CauseBudgets:
@@ -38,6 +40,7 @@ _HTTP_ERROR_CODES = {
     404: "not_found",
     405: "method_not_allowed",
     413: "request_too_large",
+    501: "unsupported_transfer_encoding",
 }
 
 
@@ -57,7 +60,8 @@ def http_runner(app: web.Application, **kwargs: Any) -> GuardedRunner:
 def protocol_error_body(status: int, message: str) -> dict:
     """An error aiohttp answers before any route runs (a request it cannot parse), in the
     OpenAI shape (the listener's ``error_body``)."""
-    kind = "invalid_request_error" if status < 500 else "server_error"
+    # 501: a transfer coding the client chose and this server does not decode (its request).
+    kind = "invalid_request_error" if status < 500 or status == 501 else "server_error"
     return oai.error_body(message, type=kind, code=_HTTP_ERROR_CODES.get(status))
 
 
@@ -122,8 +126,16 @@ async def _answer_errors(request: web.Request, handler, failures: CauseBudgets):
         )
     except (asyncio.CancelledError, ConnectionResetError):
         raise
-    except Exception:
-        logger.exception("%s %s failed", request.method, request.path)
+    except Exception as exc:  # noqa: BLE001 - the client's 500, never a crash
+        # A bug (every expected failure has its own answer above): its traceback, once per
+        # exception type a minute, whatever a peer or a client repeats to cause it.
+        _bugs.emit(
+            type(exc).__name__,
+            "%s %s failed",
+            request.method,
+            peer_text.escape(request.path),
+            exc_info=exc,
+        )
         return web.json_response(
             oai.error_body("internal error in the frontend", type="server_error"), status=500
         )
