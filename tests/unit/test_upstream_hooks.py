@@ -108,7 +108,9 @@ def test_a_changed_global_exits_2_naming_version_and_symbol(module, capsys, chan
 def test_a_compiled_awaitable_global_is_checked_as_a_builtin(module, capsys):
     # ai-dynamo's `dynamo.llm.register_model` (what the encode worker awaits) is a pyo3 builtin:
     # not a coroutine function, though it returns an awaitable
-    compiled = ModuleGlobalHook(module.__name__, "register", "worker", coroutine=True, compiled=True)
+    compiled = ModuleGlobalHook(
+        module.__name__, "register", "worker", coroutine=True, compiled=True
+    )
     module.register = len  # a builtin, as the binding is
     assert hooks.resolve("prog", compiled) is module
     module.register = module.serve  # a Python function that is not async: refused all the same
