@@ -212,6 +212,71 @@ def test_off_leaves_the_worker_unfrozen(unfrozen, way):
     assert re.search(r'^dynamo_serving_phase\{phase="serving"\} 1\.0$', scraped, re.MULTILINE)
 
 
+# Upstream's self-benchmark GC policy (dynamo/vllm/gc_policy.py), in the processes it runs in
+POLICY_ACTIVE = r"FPM GC policy active: auto-gen2 disabled, .*\(pid=(\d+)\)"
+POLICY_STOPPED = (
+    r"FPM GC policy stopped: auto-gen2 restored, serving freeze re-established \(pid=(\d+)\)"
+)
+WORKERS_RESTORED = r"FPM GC policy stopped in all model workers"
+# Two decode points (upstream's manifest format): the sweep takes seconds on the tiny model.
+BENCHMARK_POINTS = {
+    "schema_version": 1,
+    "prefill": [],
+    "decode": [
+        {"batch_size": 1, "total_kv_read_tokens": 16},
+        {"batch_size": 2, "total_kv_read_tokens": 32},
+    ],
+}
+
+
+def test_upstreams_self_benchmark_policy_restores_before_the_one_serving_freeze(
+    model_dir, tmp_path
+):
+    """PR #12177's contract, on upstream 1.6.1's own policy: the benchmark's GC policy runs and
+    restores the GC state it found (upstream keeps it out of the worker's parent, in vLLM's
+    EngineCore and model worker processes), then the adapter's serving freeze runs once, in the
+    parent, after upstream has awaited every process's restore and before it registers."""
+    points = tmp_path / "points.json"
+    points.write_text(json.dumps(BENCHMARK_POINTS))
+    benchmark = [
+        "--max-model-len",  # upstream's warm-up prefills 256 tokens, then decodes
+        "512",
+        "--benchmark-mode",
+        "decode",
+        "--benchmark-points-file",
+        str(points),
+        "--benchmark-output-path",
+        str(tmp_path / "benchmark.json"),
+    ]
+    worker, _ = start_worker(
+        "benchmarked",
+        model_dir,
+        tmp_path,
+        [*benchmark, *METRICS_ARGS],
+        {"DYN_FPM_GC_POLICY": "freeze"},
+    )
+    try:
+        worker.wait_for_log(REGISTERED, deadline_s=START_DEADLINE_S)
+        log = worker.log()
+        frozen = position(FROZEN, log)
+        assert worker.count(FROZEN) == 1  # in the whole log: the children's output is in it too
+        active = {int(pid) for pid in re.findall(POLICY_ACTIVE, log)}
+        stopped = {int(pid) for pid in re.findall(POLICY_STOPPED, log)}
+        assert active, log[-5000:]  # the policy ran (EngineCore logs it)
+        assert worker.pid not in active  # never in the parent: its GC state is as it found it
+        assert stopped == active  # every process that started it restored it ...
+        for match in re.finditer(POLICY_STOPPED, log):
+            assert match.start() < frozen  # ... before the serving freeze
+        assert position(WORKERS_RESTORED, log) < frozen < position(REGISTERED, log)
+        assert position(r"Benchmark complete", log) < frozen
+        scraped = scrape(worker)
+        match = re.search(FROZEN, log)
+        assert match is not None
+        assert sample(scraped, "dynamo_gc_frozen_objects") == int(match.group(1))  # one freeze
+    finally:
+        worker.stop()
+
+
 def processes_with(token: str) -> list[psutil.Process]:
     """The live processes (zombies aside) whose environment carries ``token``: the worker and
     every process it started (vLLM's EngineCore and its model worker inherit it)."""
