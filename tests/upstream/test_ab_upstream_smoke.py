@@ -19,14 +19,14 @@ pytestmark = [pytest.mark.upstream, pytest.mark.integration]
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "ab_upstream.py"
 
 
-def test_the_upstream_ab_runs_both_arms_in_both_orders(tmp_path):
+def run_smoke(tmp_path: Path, name: str, *args: str, timeout_s: float) -> dict:
+    """``ab_upstream.py --smoke ARGS`` with this environment as the upstream one: its result."""
     done = subprocess.run(
         [
             sys.executable,
             str(SCRIPT),
             "--smoke",
-            "--chat-processor",
-            "default",
+            *args,
             "--upstream-python",
             sys.executable,
             "--out",
@@ -34,11 +34,15 @@ def test_the_upstream_ab_runs_both_arms_in_both_orders(tmp_path):
         ],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=timeout_s,
         stdin=subprocess.DEVNULL,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads((tmp_path / "ab_upstream-smoke.json").read_text())
+    return json.loads((tmp_path / f"{name}-smoke.json").read_text())
+
+
+def test_the_upstream_ab_runs_both_arms_in_both_orders(tmp_path):
+    result = run_smoke(tmp_path, "ab_upstream", "--chat-processor", "default", timeout_s=600)
     runs = result["runs"]
     assert [run["arm"] for run in runs] == ["stock", "frozen", "frozen", "stock"]
     for run in runs:
@@ -55,25 +59,9 @@ def test_the_upstream_ab_runs_both_arms_in_both_orders(tmp_path):
 def test_the_vllm_worker_ab_runs_both_arms_on_upstreams_worker(tmp_path):
     """``--target vllm-worker``: python -m dynamo_gc.vllm on the real vLLM CPU engine behind
     upstream's frontend, freeze on and off; the smoke runs one order (each arm starts an engine)."""
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(SCRIPT),
-            "--target",
-            "vllm-worker",
-            "--smoke",
-            "--upstream-python",
-            sys.executable,
-            "--out",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        stdin=subprocess.DEVNULL,
+    result = run_smoke(
+        tmp_path, "ab_upstream_vllm_worker", "--target", "vllm-worker", timeout_s=900
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads((tmp_path / "ab_upstream_vllm_worker-smoke.json").read_text())
     assert result["target"] == "vllm-worker"
     runs = result["runs"]
     assert [run["arm"] for run in runs] == ["stock", "frozen"]
