@@ -31,10 +31,20 @@ logger = logging.getLogger(__name__)
 class FreezeOnce:
     """Runs the freeze and the phase change the first time it is called, never again."""
 
-    def __init__(self, settings: GcSettings, *, context: str, admission: str) -> None:
+    def __init__(
+        self,
+        settings: GcSettings,
+        *,
+        context: str,
+        admission: str,
+        before: Callable[[], None] | None = None,
+    ) -> None:
         self.settings = settings
         self.context = context
         self.admission = admission
+        # run first, on the first call only (the vLLM adapter hands the signals back to
+        # upstream's handlers there: from the freeze on, a stop is upstream's graceful one)
+        self.before = before
         self.frozen: int | None = None
         self._done = False
         self._lock = threading.Lock()
@@ -48,6 +58,8 @@ class FreezeOnce:
             if self._done:
                 return
             self._done = True
+        if self.before is not None:
+            self.before()
         self.frozen = maybe_freeze_gc_heap(self.settings.freeze_gc_heap, context=self.context)
         try:
             startup_stop.check()  # a signal during the freeze's collection
