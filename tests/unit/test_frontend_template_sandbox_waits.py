@@ -53,18 +53,18 @@ def test_waiting_for_a_turn_then_a_free_process_is_one_deadline(sandbox, caplog)
 
     async def scenario():
         idle = sandbox._queue()
-        turns = sandbox._turns
-        assert turns is not None
+        share = sandbox.share
+        assert share is not None
         held = [idle.get_nowait() for _ in range(sandbox.processes)]  # every process busy
-        sandbox._in_use["a"] = sandbox.per_model  # and model a's renders all taken
+        for _ in range(sandbox.per_model):  # and model a's renders all taken
+            await share.acquire("a")
 
-        async def give_the_turn_back() -> None:
-            async with turns:
-                del sandbox._in_use["a"]
-                turns.notify_all()
+        def give_the_turn_back() -> None:
+            for _ in range(sandbox.per_model):
+                share.release("a")
 
         loop = asyncio.get_running_loop()
-        loop.call_later(0.75 * TIMEOUT_S, lambda: asyncio.ensure_future(give_the_turn_back()))
+        loop.call_later(0.75 * TIMEOUT_S, give_the_turn_back)
         loop.call_later(1.5 * TIMEOUT_S, lambda: [idle.put_nowait(p) for p in held])
         outcome = await render_timed(sandbox, "a")
         # The processes back before the fixture closes them.
@@ -84,10 +84,14 @@ def test_a_model_whose_renders_all_stay_busy_is_a_503_logged_once(sandbox, caplo
 
     async def scenario():
         sandbox._queue()
-        sandbox._in_use["a"] = sandbox.per_model  # model a's renders all taken, for good
+        share = sandbox.share
+        assert share is not None
+        for _ in range(sandbox.per_model):  # model a's renders all taken, for good
+            await share.acquire("a")
         first = await render_timed(sandbox, "a")
         second = await render_timed(sandbox, "a")
-        del sandbox._in_use["a"]
+        for _ in range(sandbox.per_model):
+            share.release("a")
         return first, second, await render_timed(sandbox, "a")
 
     (first, waited), (second, _), (fits, _) = asyncio.run(scenario())

@@ -36,8 +36,9 @@ class LogBudget:
         self._spent = 0
         self.held_back = 0  # occurrences not logged since the last line that was
 
-    def emit(self, message: str, *args: Any) -> bool:
-        """Log ``message % args`` if the budget allows; True when it was logged."""
+    def emit(self, message: str, *args: Any, exc_info: BaseException | None = None) -> bool:
+        """Log ``message % args`` (with ``exc_info``'s traceback, when given) if the budget
+        allows; True when it was logged."""
         now = self._clock()
         if now - self._window_start >= self.interval_s:
             self._window_start, self._spent = now, 0
@@ -49,7 +50,7 @@ class LogBudget:
             message += " (%d more like it were not logged: at most %d such lines per %g s)"
             args = (*args, self.held_back, self.lines, self.interval_s)
             self.held_back = 0
-        self._log.log(self._level, message, *args)
+        self._log.log(self._level, message, *args, exc_info=exc_info)
         return True
 
 
@@ -72,10 +73,12 @@ class CauseBudgets:
         self._budgets: dict[Hashable, LogBudget] = {}
         self._causes = causes
 
-    def emit(self, cause: Hashable, message: str, *args: Any) -> bool:
+    def emit(
+        self, cause: Hashable, message: str, *args: Any, exc_info: BaseException | None = None
+    ) -> bool:
         """Log ``message % args`` if ``cause``'s budget allows; True when it was logged."""
         budget = self._budgets.pop(cause, None) or self._make()
         self._budgets[cause] = budget  # most recently used last
         while len(self._budgets) > self._causes:
             del self._budgets[next(iter(self._budgets))]
-        return budget.emit(message, *args)
+        return budget.emit(message, *args, exc_info=exc_info)

@@ -24,6 +24,7 @@ still deployed). At most :data:`MAX_GONE_MODELS` gone models are remembered.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import time
 from collections.abc import Callable
@@ -92,6 +93,11 @@ class ModelRegistry:
             raise ValueError("max_models must be at least 1")
         self._factory = chat_engine_factory
         self.max_models = max_models
+        # A thread per build in flight (at most max_models pend at once): a build waiting on a
+        # slow one's resources (a template's compile check) never waits for a thread behind it.
+        self._builds = concurrent.futures.ThreadPoolExecutor(
+            max_workers=max_models, thread_name_prefix="chat-processor-build"
+        )
         self._clock = clock
         self._gone: dict[str, float] = {}  # model -> when its last instance went
         self._models: dict[str, ModelEntry] = {}
@@ -153,6 +159,7 @@ class ModelRegistry:
             return_exceptions=True,
         )
         self._pending.clear()
+        self._builds.shutdown(wait=False, cancel_futures=True)
 
     def _refuse(self, record: ModelRecord, message: str, *args) -> None:
         refused = self._refused.setdefault(record.model, set())
@@ -256,7 +263,8 @@ class ModelRegistry:
     async def _build(self, model: str, pending: _PendingModel) -> None:
         try:
             # Off the event loop: /health and every stream keep being served meanwhile.
-            processor = await asyncio.to_thread(self._factory, pending.card)
+            loop = asyncio.get_running_loop()
+            processor = await loop.run_in_executor(self._builds, self._factory, pending.card)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - the model is refused, with the reason

@@ -44,6 +44,7 @@ from dynamo.frontend.parsing.output_parser import OutputParser
 from dynamo.frontend.parsing.parsed_output import adjust_for_parsers, output_parser
 from dynamo.frontend.processors.chat_processor import (
     ChatTemplateError,
+    ChatTemplateFailed,
     NoChatTemplate,
     OutOfVocabulary,
 )
@@ -76,7 +77,14 @@ from .choices import (
     whole_body,
 )
 from .generation import Generation
-from .http_surface import bad_worker_response, failure_log, openai_errors, worker_failure
+from .http_surface import (
+    TEMPLATE_ERROR_LIMIT,
+    bad_worker_response,
+    failure_log,
+    openai_errors,
+    template_failed,
+    worker_failure,
+)
 from .probes import Probes
 from .request_metrics import RequestMetrics, RequestTrack
 
@@ -84,8 +92,6 @@ logger = logging.getLogger(__name__)
 
 
 MODELS_PATH = "/v1/models"
-# How much of a chat template's error (its raise_exception text) a client's 400 quotes.
-TEMPLATE_ERROR_LIMIT = 500
 CHAT_COMPLETIONS_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
 
@@ -224,6 +230,8 @@ class FrontendService:
                     param="messages",
                     code="chat_template_error",
                 ) from None
+            except ChatTemplateFailed as exc:
+                raise template_failed(entry.name, exc) from None
             prompt_ids = await self._encode(entry, prompt, chat, chat=True)
             # One parser per choice: each parses its own text (it is given the prompt's ids,
             # as vLLM's server gives its parsers).
