@@ -28,6 +28,7 @@ from dynamo.frontend.openai import protocol as oai
 from dynamo.frontend.openai.fields import FieldRefused, UnknownFieldLog
 from dynamo.frontend.openai.prompt_budget import (
     completion_budget,
+    prompt_within_context,
     refused_param,
     token_ids_within_vocabulary,
     truncated_prompt,
@@ -158,6 +159,8 @@ class FrontendService:
         """The prompt's ids; special tokens added as the request says (vLLM's defaults: not
         for a chat, whose template wrote them, but for a completion's text)."""
         special = req.add_special_tokens if req.add_special_tokens is not None else not chat
+        param = "messages" if chat else "prompt"
+        prompt_within_context(prompt, entry.card.context_length, param=param, chat=chat)
         return await self.preprocessing.encode(entry.processor, prompt, add_special_tokens=special)
 
     def _entry(self, model: str, track: RequestTrack) -> ModelEntry:
