@@ -20,6 +20,7 @@ from dynamo.frontend.processors import compile_checks
 from dynamo.frontend.processors.chat_processor import build_chat_processor
 from dynamo.frontend.processors.template_sandbox import TemplateSandbox
 from dynamo.frontend.routing.model_registry import ModelRegistry
+from tests.support import wait_until
 from tests.support.frontend_fakes import record
 from tests.support.tiny_model import tiny_card
 
@@ -118,3 +119,33 @@ def test_an_ordinary_model_registers_before_any_hostile_compile_check_spends_its
     # Counted in timeouts: not one hostile check had spent its bound when the ordinary model
     # was served.
     assert added < min(refusals), lines
+
+
+def test_closing_stops_the_checks_running_and_refuses_those_waiting():
+    """The frontend stopping must not wait for hostile checks: the one running is killed, the
+    one waiting is refused, long before their timeout."""
+    checks = compile_checks.CompileChecks(1, timeout_s=120.0, memory_bytes=2048 << 20)
+    errors: dict[str, BaseException | None] = {}
+
+    def check(name: str, source: str) -> None:
+        try:
+            checks.check(source, {})
+            errors[name] = None
+        except Exception as exc:  # noqa: BLE001 - what the test looks at
+            errors[name] = exc
+
+    running = threading.Thread(target=check, args=("running", SLOW))
+    running.start()
+    waiting = threading.Thread(target=check, args=("waiting", SLOW + "{# 2 #}"))
+    waiting.start()
+    wait_until(lambda: checks._running, deadline_s=60.0, what="the first check compiling")
+    checks.close()
+    for thread in (running, waiting):
+        thread.join(timeout=30.0)  # a quarter of the timeout either would otherwise take
+        assert not thread.is_alive()
+    assert all(
+        isinstance(e, compile_checks.ModelFilesError) and "stopping" in str(e)
+        for e in errors.values()
+    ), errors
+    with pytest.raises(compile_checks.ModelFilesError, match="stopping"):
+        checks.check(ORDINARY, {})

@@ -23,7 +23,9 @@ So an ordinary model's check waits at most for the first-lane checks running whe
 each other in the second lane. Compiling holds at most ``processes`` processes of the memory
 bound, and ``processes`` more of the first lane's. A template that compiled within the bounds
 is remembered (by its text and variables, :data:`REMEMBERED`): another model with the same
-template, or the model back after a restart of its worker, is not checked again.
+template, or the model back after a restart of its worker, is not checked again. Closing (the
+frontend stopping) kills the checks running and refuses the ones waiting, so the registry's
+build threads end at once.
 """
 
 from __future__ import annotations
@@ -45,24 +47,35 @@ FIRST_LANE_S = 1.0
 FIRST_LANE_MB = 64
 # Templates remembered as compiling within the bounds (least recently used forgotten).
 REMEMBERED = 1024
+STOPPING = "the frontend is stopping: its chat template was not checked"
 
 
 class _Lane:
     """At most ``slots`` checks at once; waiting ones go in order of size, then of arrival."""
 
-    def __init__(self, slots: int) -> None:
+    def __init__(self, slots: int, closed: threading.Event) -> None:
         self.slots = slots
         self.busy = 0
         self._queue: list[tuple[int, int]] = []  # a heap of (size, arrival)
         self._arrivals = itertools.count()
         self._changed = threading.Condition()
+        self._closed = closed
 
     @contextmanager
     def turn(self, size: int) -> Iterator[None]:
         ticket = (size, next(self._arrivals))
         with self._changed:
             heapq.heappush(self._queue, ticket)
-            self._changed.wait_for(lambda: self.busy < self.slots and self._queue[0] == ticket)
+            self._changed.wait_for(
+                lambda: (
+                    self._closed.is_set() or (self.busy < self.slots and self._queue[0] == ticket)
+                )
+            )
+            if self._closed.is_set():
+                self._queue.remove(ticket)
+                heapq.heapify(self._queue)
+                self._changed.notify_all()
+                raise ModelFilesError(STOPPING)
             heapq.heappop(self._queue)
             self.busy += 1
             self._changed.notify_all()  # the next in line may fit too
@@ -73,6 +86,10 @@ class _Lane:
                 self.busy -= 1
                 self._changed.notify_all()
 
+    def wake(self) -> None:
+        with self._changed:
+            self._changed.notify_all()
+
 
 class CompileChecks:
     """The registration's compile checks (see the module docstring)."""
@@ -82,10 +99,12 @@ class CompileChecks:
         self.memory_bytes = memory_bytes
         self.first_s = min(FIRST_LANE_S, timeout_s)
         self.first_bytes = min(FIRST_LANE_MB << 20, memory_bytes)
-        self._first = _Lane(processes)
-        self._second = _Lane(processes)
+        self._closed = threading.Event()
+        self._first = _Lane(processes, self._closed)
+        self._second = _Lane(processes, self._closed)
         self._passed: OrderedDict[str, None] = OrderedDict()
         self._lock = threading.Lock()
+        self._running: set[RenderProcess] = set()
         self.second_lane = 0  # checks that went to the second lane (for tests and logs)
 
     def check(self, source: str, variables: Mapping[str, Any]) -> None:
@@ -98,13 +117,15 @@ class CompileChecks:
                 return
         payload = ("check", source, dict(variables), None, None)
         with self._first.turn(len(source)):
-            kind, text = _compile(payload, self.first_s, self.first_bytes)
+            kind, text = self._compile(payload, self.first_s, self.first_bytes)
         whole = (self.first_s, self.first_bytes) == (self.timeout_s, self.memory_bytes)
         if kind in ("timeout", "memory", "died") and not whole:
             with self._lock:
                 self.second_lane += 1
             with self._second.turn(len(source)):
-                kind, text = _compile(payload, self.timeout_s, self.memory_bytes)
+                kind, text = self._compile(payload, self.timeout_s, self.memory_bytes)
+        if self._closed.is_set():
+            raise ModelFilesError(STOPPING)
         if kind == "ok":
             with self._lock:
                 self._passed[key] = None
@@ -123,11 +144,27 @@ class CompileChecks:
             f"the chat template {what} (--dyn-template-timeout / --dyn-template-memory-mb)"
         )
 
+    def _compile(self, payload: tuple, timeout_s: float, memory_bytes: int) -> tuple[str, str]:
+        """``payload`` compiled in a fresh render process under these bounds; its answer."""
+        process = RenderProcess(memory_bytes)
+        with self._lock:
+            if self._closed.is_set():
+                process.kill()
+                raise ModelFilesError(STOPPING)
+            self._running.add(process)
+        try:
+            return process.render(payload, timeout_s)
+        finally:
+            with self._lock:
+                self._running.discard(process)
+            process.kill()
 
-def _compile(payload: tuple, timeout_s: float, memory_bytes: int) -> tuple[str, str]:
-    """``payload`` compiled in a fresh render process under these bounds; its answer."""
-    process = RenderProcess(memory_bytes)
-    try:
-        return process.render(payload, timeout_s)
-    finally:
-        process.kill()
+    def close(self) -> None:
+        """Kill the checks running, refuse those waiting and any asked for from now on."""
+        self._closed.set()
+        with self._lock:
+            running = list(self._running)
+        for process in running:
+            process.process.kill()  # its check answers "died" at once; it joins it itself
+        self._first.wake()
+        self._second.wake()

@@ -290,6 +290,7 @@ class TemplateSandbox:
     def close(self) -> None:
         """Stop the processes (requests in flight get EOF: a 503)."""
         self._closed = True
+        self.compiles.close()
         for process in self._all:
             process.kill()
         self._threads.shutdown(wait=False, cancel_futures=True)
