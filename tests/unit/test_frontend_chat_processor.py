@@ -14,12 +14,12 @@ from tokenizers import Tokenizer
 
 from dynamo.frontend.processors.chat_processor import (
     ChatTemplateError,
-    ChatTemplateFailed,
     ModelFilesError,
     NoChatTemplate,
     build_chat_processor,
 )
 from dynamo.frontend.processors.hf_processor import (
+    ChatTemplateFailed,
     HfChatTemplate,
     find_chat_template,
     special_tokens,

@@ -41,7 +41,6 @@ from . import card_parsers, sglang_processor
 from .hf_processor import (
     PLAIN,
     ChatTemplateError,
-    ChatTemplateFailed,
     HfChatTemplate,
     HfTokenizer,
     ModelFilesError,
@@ -77,7 +76,6 @@ __all__ = [
     "CHAT_PROCESSORS",
     "ChatProcessor",
     "ChatTemplateError",
-    "ChatTemplateFailed",
     "ModelFilesError",
     "NoChatTemplate",
     "OutOfVocabulary",
@@ -163,8 +161,7 @@ class ChatProcessor:
         return self.card.served_model_name
 
     def render(self, messages: Sequence[Mapping[str, Any]], options: RenderOptions = PLAIN) -> str:
-        """The chat prompt; raises NoChatTemplate, ChatTemplateError (the client's 400) or
-        ChatTemplateFailed (the model's)."""
+        """The chat prompt; raises NoChatTemplate, ChatTemplateError or ChatTemplateFailed."""
         if self.template is None:
             raise NoChatTemplate(
                 f"the model `{self.model}` has no chat template, so it cannot serve chat "
@@ -176,9 +173,8 @@ class ChatProcessor:
     def render_chat(self, chat: ChatCompletionRequest) -> str:
         """The prompt of a chat request, with its ``add_generation_prompt``,
         ``chat_template_kwargs`` and ``reasoning_effort``. A template that joins content parts
-        its own way (SGLang's) takes the messages as sent; the others take them joined. Raises
-        NoChatTemplate, ChatTemplateError (the client's 400) or ChatTemplateFailed (the
-        model's: also for a prompt that is not text, :func:`.hf_processor.check_rendered`)."""
+        its own way (SGLang's) takes the messages as sent; the others take them joined. A
+        prompt that is no text is ChatTemplateFailed too (:func:`.hf_processor.check_rendered`)."""
         return check_rendered(self.render(*self.render_inputs(chat)))
 
     def render_inputs(

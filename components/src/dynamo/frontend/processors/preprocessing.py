@@ -30,8 +30,9 @@ from dynamo.frontend.openai import protocol as oai
 from dynamo.runtime import peer_text
 from dynamo.runtime.chat_template import MAX_VALUE_SIZE, TemplateValueTooLarge
 
-from .chat_processor import ChatProcessor, ChatTemplateFailed, ModelFilesError
+from .chat_processor import ChatProcessor, ModelFilesError
 from .fair_share import FairShare
+from .hf_processor import ChatTemplateFailed
 from .preprocess_pool import PreprocessPool, PreprocessPoolError
 from .template_sandbox import TemplateSandbox, unsandboxed_value_too_large
 

@@ -45,10 +45,10 @@ from dynamo.frontend.parsing.output_parser import OutputParser
 from dynamo.frontend.parsing.parsed_output import adjust_for_parsers, output_parser
 from dynamo.frontend.processors.chat_processor import (
     ChatTemplateError,
-    ChatTemplateFailed,
     NoChatTemplate,
     OutOfVocabulary,
 )
+from dynamo.frontend.processors.hf_processor import ChatTemplateFailed
 from dynamo.frontend.processors.preprocess_pool import PreprocessPool
 from dynamo.frontend.processors.preprocessing import Preprocessing
 from dynamo.frontend.processors.template_sandbox import TemplateLimitExceeded, TemplateSandbox
