@@ -24,6 +24,7 @@ from dynamo.runtime.discovery.file_watcher import DiscoveryWatcher
 from dynamo.runtime.discovery.record import ModelRecord
 from dynamo_gc import lifecycle
 from tests.support import wait_until_async
+from tests.support.clock import FakeClock
 from tests.support.tiny_model import tiny_card
 
 
@@ -164,6 +165,28 @@ def test_the_model_limit_refuses_one_model_with_one_warning_then_admits_it(
     assert before == ["a", "b"] and after == ["b", "c"]
     (line,) = warnings(caplog, "--dyn-max-models / DYN_MAX_MODELS")
     assert "model=c" in line and "2 models" in line
+
+
+def test_models_refused_for_a_failed_build_are_logged_within_a_budget(make_record, mocker, caplog):
+    """A peer may register new model names without end, each with a template that does not
+    compile (issue 37): the refusals are logged ten a minute, the next line counting the rest."""
+    factory = mocker.Mock(side_effect=ModelFilesError("the chat template does not compile"))
+    clock = FakeClock()
+
+    async def scenario(names: list[str]) -> None:
+        for name in names:
+            registry.add_instance(make_record(name, 1))
+        await registry.wait_idle()
+
+    registry = ModelRegistry(factory, clock=clock)
+    asyncio.run(scenario([f"m{i}" for i in range(15)]))
+    assert factory.call_count == 15
+    assert len(warnings(caplog, "chat processor failed to build")) == 10
+    clock.advance(60.0)
+    asyncio.run(scenario(["late"]))
+    lines = warnings(caplog, "chat processor failed to build")
+    assert len(lines) == 11 and "model=late" in lines[-1]
+    assert "(5 more like it were not logged: at most 10 such lines per 60 s)" in lines[-1]
 
 
 def test_an_instance_with_another_card_is_refused(factory, make_record, caplog):

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from dynamo.frontend.processors.chat_processor import ChatProcessor
 from dynamo.runtime import peer_text
 from dynamo.runtime.discovery import ModelRecord
+from dynamo.runtime.log_budget import LogBudget
 from dynamo.runtime.model_card import ModelCard
 
 logger = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ DEFAULT_MAX_MODELS = 64
 # remembered at most (the oldest forgotten first).
 GONE_MODEL_MEMORY_S = 600.0
 MAX_GONE_MODELS = 1024
+BUILD_FAILURE_LINES = 10
 _escape = peer_text.escape
 
 
@@ -110,6 +112,10 @@ class ModelRegistry:
         # Instances refused for the model limit, by instance id: admitted, oldest first, when
         # a model goes and makes room.
         self._over_limit: dict[str, ModelRecord] = {}
+        # Models whose processor failed to build (a peer's template that does not compile, its
+        # files missing): one line each, at most BUILD_FAILURE_LINES a minute, as a peer may
+        # register new names without end.
+        self._build_failures = LogBudget(logger, lines=BUILD_FAILURE_LINES, clock=clock)
 
     def get(self, model: str) -> ModelEntry | None:
         return self._models.get(model)
@@ -273,7 +279,7 @@ class ModelRegistry:
             reason = _escape(str(exc) or type(exc).__name__, 1000)
             self._failed[model] = reason
             self._refused.setdefault(model, set()).update(pending.instances)
-            logger.warning(
+            self._build_failures.emit(
                 "Model refused: model=%s instances=%s: its chat processor failed to build: %s",
                 _escape(model),
                 _escape(",".join(pending.instances), 300),
