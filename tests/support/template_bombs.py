@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import openai
 
+from dynamo.frontend.processors.template_sandbox import TemplateSandbox
 from dynamo.runtime.discovery import ModelRecord
 from dynamo.runtime.discovery.file_store import DiscoveryStore
 from tests.support.processes import listening_url, start_frontend, start_worker
@@ -107,3 +110,16 @@ def bounded_renders(processor: Any, sandbox: Any, requests: list[Any]) -> list[s
         return rendered
 
     return asyncio.run(render_all())
+
+
+@contextlib.contextmanager
+def started_sandbox(
+    processes: int = 2, *, timeout_s: float, memory_mb: int = 256
+) -> Iterator[TemplateSandbox]:
+    """Real render processes for the block, stopped after it."""
+    sandbox = TemplateSandbox(processes, timeout_s=timeout_s, memory_mb=memory_mb)
+    sandbox.start()
+    try:
+        yield sandbox
+    finally:
+        sandbox.close()

@@ -15,6 +15,7 @@ from dynamo.frontend.processors.chat_processor import ModelFilesError, build_cha
 from dynamo.frontend.processors.template_sandbox import TemplateSandbox
 from dynamo.frontend.routing.model_registry import ModelRegistry
 from tests.support.frontend_fakes import echo_worker, frontend, record
+from tests.support.template_bombs import started_sandbox
 from tests.support.tiny_model import tiny_card
 
 # Each bomb goes off only for a conversation of two messages or more: one message fits.
@@ -44,10 +45,8 @@ DEADLINE_S = 120.0
 
 @pytest.fixture
 def sandbox():
-    sandbox = TemplateSandbox(2, timeout_s=TIMEOUT_S, memory_mb=256)
-    sandbox.start()
-    yield sandbox
-    sandbox.close()
+    with started_sandbox(timeout_s=TIMEOUT_S) as sandbox:
+        yield sandbox
 
 
 def body(model: str, messages) -> dict:

@@ -17,6 +17,7 @@ import pytest
 from dynamo.frontend.processors.hf_processor import HfChatTemplate, RenderOptions
 from dynamo.frontend.processors.template_sandbox import TemplateLimitExceeded, TemplateSandbox
 from tests.support import wait_until_async
+from tests.support.template_bombs import started_sandbox
 
 TIMEOUT_S = 2.0
 ONE = [{"role": "user", "content": "hi"}]
@@ -25,10 +26,8 @@ TEMPLATE = HfChatTemplate("{{ messages[0].content }}", {}, compiled=False)
 
 @pytest.fixture
 def sandbox():
-    sandbox = TemplateSandbox(2, timeout_s=TIMEOUT_S, memory_mb=256)
-    sandbox.start()
-    yield sandbox
-    sandbox.close()
+    with started_sandbox(timeout_s=TIMEOUT_S) as sandbox:
+        yield sandbox
 
 
 def sandbox_lines(caplog) -> list[str]:

@@ -17,6 +17,7 @@ from dynamo.frontend.processors.template_sandbox import (
 )
 from tests.support import wait_until_async
 from tests.support.clock import FakeClock
+from tests.support.template_bombs import started_sandbox
 
 TIMEOUT_S = 2.0
 ONE = [{"role": "user", "content": "hi"}]
@@ -56,10 +57,8 @@ async def render(sandbox: TemplateSandbox, model: str, template, messages) -> ob
 
 @pytest.fixture
 def sandbox():
-    sandbox = TemplateSandbox(2, timeout_s=TIMEOUT_S, memory_mb=256)
-    sandbox.start()
-    yield sandbox
-    sandbox.close()
+    with started_sandbox(timeout_s=TIMEOUT_S) as sandbox:
+        yield sandbox
 
 
 def test_alternating_fast_and_slow_renders_does_not_wash_the_mark_off(sandbox):
