@@ -20,12 +20,12 @@ fraction of a second. So a check goes through two lanes, each of ``processes`` c
 
 So an ordinary model's check waits only for first-lane checks (those running when it arrives,
 and those of smaller templates: a second each at most), never for a hostile check's timeout;
-hostile checks wait for each other in the second lane. Compiling holds at most ``processes`` processes of the memory
-bound, and ``processes`` more of the first lane's. A template that compiled within the bounds
-is remembered (by its text and variables, :data:`REMEMBERED`): another model with the same
-template, or the model back after a restart of its worker, is not checked again. Closing (the
-frontend stopping) kills the checks running and refuses the ones waiting, so the registry's
-build threads end at once.
+hostile checks wait for each other in the second lane. Compiling holds at most ``processes``
+processes of the memory bound, and ``processes`` more of the first lane's. A template that
+compiled within the bounds is remembered (by its text and variables, :data:`REMEMBERED`):
+another model with the same template, or the model back after a restart of its worker, is not
+checked again. Closing (the frontend stopping) kills the checks running and refuses the ones
+waiting, so the registry's build threads end at once.
 """
 
 from __future__ import annotations
