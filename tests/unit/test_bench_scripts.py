@@ -256,3 +256,18 @@ def test_bench_model_arrival_smoke():
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "| in turn |" in result.stdout and "in turn / all at once" in result.stdout
+
+
+def test_bench_hostile_templates_smoke(tmp_path):
+    """Real processes (a frontend, a mock worker): the healthy model answered throughout, each
+    scenario measured."""
+    result = run_smoke("bench_hostile_templates.py", tmp_path, timeout_s=300)
+    assert result["benchmark"] == "hostile_templates" and result["arms"] == ["after"]
+    assert_machine(result)
+    runs = result["runs"]["after"]
+    assert [run["context"] for run in runs["output"]] == [512, 131072]
+    for run in runs["output"]:
+        assert run["healthy_statuses"] == [200] and run["healthy_ms"], run
+        assert run["rss_peak_mb"] >= run["rss_before_mb"] > 0, run
+    (compiled,) = runs["compile"]
+    assert compiled["ordinary_served_after_s"] > 0, compiled

@@ -47,6 +47,7 @@ from .hf_processor import (
     ModelFilesError,
     RenderOptions,
     StreamDetokenizer,
+    check_rendered,
     find_chat_template,
     read_tokenizer_config,
     rendering_errors,
@@ -162,7 +163,7 @@ class ChatProcessor:
         return self.card.served_model_name
 
     def render(self, messages: Sequence[Mapping[str, Any]], options: RenderOptions = PLAIN) -> str:
-        """The chat prompt; raises NoChatTemplate or ChatTemplateError (the client's 400)."""
+        """The chat prompt; raises NoChatTemplate, ChatTemplateError or ChatTemplateFailed."""
         if self.template is None:
             raise NoChatTemplate(
                 f"the model `{self.model}` has no chat template, so it cannot serve chat "
@@ -174,8 +175,9 @@ class ChatProcessor:
     def render_chat(self, chat: ChatCompletionRequest) -> str:
         """The prompt of a chat request, with its ``add_generation_prompt``,
         ``chat_template_kwargs`` and ``reasoning_effort``. A template that joins content parts
-        its own way (SGLang's) takes the messages as sent; the others take them joined."""
-        return self.render(*self.render_inputs(chat))
+        its own way (SGLang's) takes the messages as sent; the others take them joined. A
+        prompt that is no text is ChatTemplateFailed too (:func:`.hf_processor.check_rendered`)."""
+        return check_rendered(self.render(*self.render_inputs(chat)))
 
     def render_inputs(
         self, chat: ChatCompletionRequest

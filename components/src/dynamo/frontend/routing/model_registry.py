@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -295,7 +296,7 @@ class ModelRegistry:
     async def _build(self, model: str, pending: _PendingModel) -> None:
         try:
             # Off the event loop: /health and every stream keep being served meanwhile.
-            processor = await asyncio.to_thread(self._factory, pending.card)
+            processor = await _in_a_thread_of_its_own(self._factory, pending.card, model)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - the model is refused, with the reason
@@ -370,3 +371,39 @@ class ModelRegistry:
                 GONE_MODEL_MEMORY_S,
             )
             self._make_room()
+
+
+async def _in_a_thread_of_its_own(factory: ChatEngineFactory, card: ModelCard, model: str):
+    """``factory(card)`` in a thread started for it (off the event loop), which ends with it.
+
+    Not the loop's default executor: its few threads (six on two cores) would be held by builds
+    waiting on a slow one's resources (a peer's template in its compile check), and a later
+    model's build would queue behind them. At most ``max_models`` builds pend at once, so at
+    most that many threads; a daemon, so that the process never waits at exit for a build
+    whose result nobody wants any more (the template checks are stopped with the render
+    processes)."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[ChatProcessor] = loop.create_future()
+
+    def settle(outcome: ChatProcessor | BaseException) -> None:
+        if future.done():  # the build was cancelled meanwhile
+            return
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
+
+    def build() -> None:
+        outcome: ChatProcessor | BaseException
+        try:
+            outcome = factory(card)
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
+            outcome = exc
+        try:
+            loop.call_soon_threadsafe(settle, outcome)
+        except RuntimeError:  # the loop is closed: nobody waits for it
+            pass
+
+    name = f"chat-processor-build-{_escape(model, 40)}"
+    threading.Thread(target=build, name=name, daemon=True).start()
+    return await future

@@ -8,7 +8,10 @@ OpenAI shape.
 * :func:`openai_errors`: the middleware that answers every error a route raises, aiohttp's
   404/405/413 included, in the OpenAI shape; a 5xx logs one WARNING, budgeted per cause.
 * :func:`worker_failure`: a worker's failure as a client sees it: generic (no instance, address
-  or worker text: docs/security.md), the detail for the log line.
+  or worker text: docs/security.md), the detail for the log line; and :func:`template_failed`,
+  a model's chat template that failed.
+* A route that raises anything else (a bug of the frontend's) is a 500 whose traceback is logged
+  once per exception type a minute, the next line counting those held back.
 """
 
 from __future__ import annotations
@@ -27,7 +30,10 @@ from dynamo.runtime.log_budget import CauseBudgets
 from dynamo.runtime.request_plane import WorkerProtocolError
 
 logger = logging.getLogger(__name__)
-_bugs = CauseBudgets(logger, logging.ERROR, lines=1, interval_s=60.0)
+
+# How much of a chat template's error (its raise_exception text, or what it failed with) a
+# client's answer quotes.
+TEMPLATE_ERROR_LIMIT = 500
 
 
 def failure_log() -> CauseBudgets:
@@ -77,6 +83,21 @@ def worker_failure(exc: BaseException, completion_id: str) -> oai.ApiError:
     return oai.service_unavailable("the model's worker failed during the request", detail=detail)
 
 
+def template_failed(model: str, exc: BaseException) -> oai.ApiError:
+    """502 ``chat_template_failed``: the model's chat template failed on these messages (it
+    raised something other than its ``raise_exception``, or rendered no text): the model's
+    fault, not the request's. The error quotes what it failed with, escaped and bounded like
+    any peer text."""
+    error = peer_text.escape(exc, limit=TEMPLATE_ERROR_LIMIT)
+    return oai.ApiError(
+        502,
+        f"the chat template of model `{model}` failed rendering these messages: {error}",
+        type="server_error",
+        code="chat_template_failed",
+        detail=f"the chat template of model {peer_text.escape(model)} failed: {error}",
+    )
+
+
 def bad_worker_response(message: str, detail: str) -> oai.ApiError:
     """502: a worker answered, but not in the request plane's wire format."""
     return oai.ApiError(
@@ -88,15 +109,18 @@ def openai_errors(failures: CauseBudgets | None = None):
     """The middleware that answers every error in the OpenAI shape, including aiohttp's own
     404/405/413; ``failures`` budgets the WARNING of a 5xx (see the module docstring)."""
     failures = failures or failure_log()
+    # A bug's traceback, once per exception type a minute: whatever the bug, a peer or a client
+    # that finds it cannot flood the log with it.
+    bugs = CauseBudgets(logger, logging.ERROR, lines=1, interval_s=LOG_INTERVAL_S)
 
     @web.middleware
     async def openai_error_middleware(request: web.Request, handler) -> web.StreamResponse:
-        return await _answer_errors(request, handler, failures)
+        return await _answer_errors(request, handler, failures, bugs)
 
     return openai_error_middleware
 
 
-async def _answer_errors(request: web.Request, handler, failures: CauseBudgets):
+async def _answer_errors(request: web.Request, handler, failures: CauseBudgets, bugs: CauseBudgets):
     try:
         return await handler(request)
     except oai.ApiError as exc:
@@ -105,7 +129,7 @@ async def _answer_errors(request: web.Request, handler, failures: CauseBudgets):
                 (exc.status, exc.code),
                 "%s %s -> %d %s: %s",
                 request.method,
-                request.path,
+                peer_text.escape(request.path),
                 exc.status,
                 exc.code,
                 exc.detail or exc.message,
@@ -126,10 +150,8 @@ async def _answer_errors(request: web.Request, handler, failures: CauseBudgets):
         )
     except (asyncio.CancelledError, ConnectionResetError):
         raise
-    except Exception as exc:  # noqa: BLE001 - the client's 500, never a crash
-        # A bug (every expected failure has its own answer above): its traceback, once per
-        # exception type a minute, whatever a peer or a client repeats to cause it.
-        _bugs.emit(
+    except Exception as exc:  # noqa: BLE001 - a bug of ours: a 500, its traceback budgeted
+        bugs.emit(
             type(exc).__name__,
             "%s %s failed",
             request.method,
