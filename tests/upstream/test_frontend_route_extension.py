@@ -12,11 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.upstream.frontend_pair import (
-    FROZEN,
-    HTTP_STARTED,
-    sample,
-)
+from tests.support.scrape import sample
+from tests.upstream.frontend_pair import FROZEN, HTTP_STARTED
 
 pytestmark = [pytest.mark.upstream, pytest.mark.integration]
 

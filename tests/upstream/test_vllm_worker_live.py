@@ -28,7 +28,8 @@ import pytest
 from launcher_process import LauncherProcess, wait_until
 from upstream_pair import MODEL, loopback_env, vllm_worker_args
 
-from tests.upstream.frontend_pair import Frontend, sample
+from tests.support.scrape import sample
+from tests.upstream.frontend_pair import Frontend
 from tests.upstream.needs_vllm import NEEDS_VLLM
 
 pytestmark = [pytest.mark.upstream, pytest.mark.integration, NEEDS_VLLM]
