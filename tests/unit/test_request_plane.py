@@ -23,10 +23,9 @@ from dynamo.runtime.request_plane import (
     GenerateRequest,
     RequestRefused,
     WorkerUnavailable,
-    _refusal,
-    generate,
     validate_generate_request,
 )
+from dynamo.runtime.request_plane_client import _refusal, generate
 from dynamo.runtime.sampling import SamplingOptions
 from dynamo.vllm.request_plane_server import add_request_plane_routes
 

@@ -19,14 +19,12 @@ import zlib
 import pytest
 
 from dynamo.frontend.routing.worker_router import create_worker_session
-from dynamo.runtime import request_plane
-from dynamo.runtime.request_plane import (
+from dynamo.runtime import request_plane_client
+from dynamo.runtime.request_plane import RequestRefused, WorkerProtocolError, WorkerUnavailable
+from dynamo.runtime.request_plane_client import (
     ERROR_BODY_LIMIT,
     MAX_LINE_BYTES,
     STREAM_BASE_BYTES,
-    RequestRefused,
-    WorkerProtocolError,
-    WorkerUnavailable,
     generate,
 )
 from tests.support.hostile_worker import endless, hostile_worker, raw
@@ -265,7 +263,7 @@ def test_a_stream_over_its_byte_budget_is_a_protocol_error(max_tokens):
     result, worker, peak = ask(endless([], GOOD), request)
     assert isinstance(result, WorkerProtocolError)
     assert "budget" in str(result)
-    budget = STREAM_BASE_BYTES + request_plane.STREAM_BYTES_PER_TOKEN * max_tokens
+    budget = STREAM_BASE_BYTES + request_plane_client.STREAM_BYTES_PER_TOKEN * max_tokens
     # What the client took is within its budget (the rest sits in socket buffers at most).
     assert peak < PYTHON_PEAK_LIMIT and budget < 2 * 1024 * 1024
 

@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from dynamo.runtime.request_plane import WorkerProtocolError, _lines
+from dynamo.runtime.request_plane import WorkerProtocolError
+from dynamo.runtime.request_plane_client import _lines
 
 
 class Chunks:

@@ -19,7 +19,7 @@ import aiohttp
 import pytest
 
 from dynamo.common import startup_signals
-from dynamo.runtime import request_plane
+from dynamo.runtime import request_plane, request_plane_client
 from dynamo.runtime.discovery import open_discovery
 from dynamo.runtime.discovery.file_store import DiscoveryStore
 from dynamo.vllm import backend_args, engine_factory, worker_process
@@ -153,7 +153,7 @@ def test_the_request_plane_refuses_requests_while_engine_init_runs(discovery_dir
     async def start(self):
         (plane,) = planes
         async with aiohttp.ClientSession() as session:
-            stream = request_plane.generate(
+            stream = request_plane_client.generate(
                 session, plane.endpoint, plane_request("early", record_model=None)
             )
             with pytest.raises(request_plane.WorkerUnavailable):
@@ -391,7 +391,7 @@ def test_drain_aborts_requests_still_running_after_the_grace_period(discovery_di
         (record,) = DiscoveryStore(discovery_dir).read_all().values()
         (engine,) = engines
         async with aiohttp.ClientSession() as session:
-            stream = request_plane.generate(
+            stream = request_plane_client.generate(
                 session, record.endpoint, plane_request("slow", record.model, max_tokens=2)
             )
             first_item = asyncio.ensure_future(stream.__anext__())
@@ -431,7 +431,7 @@ def test_a_rank_that_dies_while_serving_returns_1_with_the_gc_state_put_back(
         (engine,) = engines
         victim = engine._ranks.pids[1]
         async with aiohttp.ClientSession() as session:
-            stream = request_plane.generate(
+            stream = request_plane_client.generate(
                 session, record.endpoint, plane_request("doomed", record.model, max_tokens=2)
             )
             first_item = asyncio.ensure_future(stream.__anext__())

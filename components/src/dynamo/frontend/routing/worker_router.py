@@ -50,7 +50,7 @@ from typing import Any
 
 import aiohttp
 
-from dynamo.runtime import peer_text, request_plane
+from dynamo.runtime import peer_text, request_plane_client
 from dynamo.runtime.discovery import ModelRecord
 from dynamo.runtime.log_budget import CauseBudgets
 from dynamo.runtime.request_plane import (
@@ -98,7 +98,7 @@ def create_worker_session() -> aiohttp.ClientSession:
         timeout=aiohttp.ClientTimeout(
             total=None, sock_connect=WORKER_CONNECT_TIMEOUT_S, sock_read=WORKER_READ_TIMEOUT_S
         ),
-        # A worker's answer is read as sent: an error body is never inflated (request_plane).
+        # A worker's answer is read as sent: an error body is never inflated (request_plane_client).
         auto_decompress=False,
     )
 
@@ -217,7 +217,7 @@ class WorkerRouter:
                 if record is None or _key(record) in tried:
                     break
             tried.add(_key(record))
-            stream = request_plane.generate(
+            stream = request_plane_client.generate(
                 self.session, record.endpoint, plane_request, max_token_id=max_token_id
             )
             try:

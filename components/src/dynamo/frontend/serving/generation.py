@@ -1,12 +1,11 @@
 """One admitted request's output: the worker's token ids turned into the completion's text.
 
-This is where the frontend reads what a worker streams, one request-plane item at a time. Each
-item was validated by the request plane's client (:func:`dynamo.runtime.request_plane.generate`:
-a typed item, its ids within the model's vocabulary); here the ids are detokenized with the
-model's own tokenizer, and the request's own limits are enforced, whatever the worker does:
-the completion ends at the first stop string or stop token id generated once ``min_tokens`` are
-out (the frontend is authoritative for stop strings), and at ``max_tokens``
-(:meth:`Generation._limit`).
+This is where the frontend reads what a worker streams, one request-plane item at a time. Each item
+was validated by the request plane's client (:func:`dynamo.runtime.request_plane_client.generate`:
+a typed item, its ids within the model's vocabulary); here the ids are detokenized with the model's
+own tokenizer, and the request's own limits are enforced, whatever the worker does: the completion
+ends at the first stop string or stop token id generated once ``min_tokens`` are out (the frontend
+is authoritative for stop strings), and at ``max_tokens`` (:meth:`Generation._limit`).
 The finish reason and token counts are the frontend's own: a worker's counts are not trusted.
 A per-request output parser (tool calls, reasoning) is fed with the text pieces this yields.
 """
