@@ -31,7 +31,11 @@ class FakeWatcher:
 
 
 class FakeDiscovery:
-    def watcher(self, *, on_add, on_remove) -> FakeWatcher:
+    def __init__(self) -> None:
+        self.quiet: bool | None = None
+
+    def watcher(self, *, on_add, on_remove, quiet=False) -> FakeWatcher:
+        self.quiet = quiet
         return FakeWatcher()
 
 

@@ -5,9 +5,11 @@ The worker's :class:`~dynamo_gc.maintainer.Quiescence` for ``withdraw``
 layer's. One attempt, when a maintenance is due:
 
 1. a peer must serve the model: another instance registered in discovery, live (its lease
-   holds) and not withdrawn itself (:class:`Peers`, a discovery watcher of the worker's own);
-   with none at all, the worker does what ``idle`` does, saying so once, since withdrawing
-   would take the model out of service; with peers that are all withdrawn, it waits;
+   holds) and not withdrawn itself (:class:`Peers`, a discovery watcher of the worker's own,
+   a quiet reader: it deletes nothing and leaves the store's bad or expired records to the
+   frontends to report); with none at all, the worker does what ``idle`` does, saying so once,
+   since withdrawing would take the model out of service; with peers that are all withdrawn,
+   it waits;
 2. the model's maintenance lock (:meth:`Discovery.maintenance_lock`, under a lease: a holder
    that dies frees it within the TTL), so at most one instance of a model is out at a time;
    with the lock held the peer check is made again, so the last one serving never leaves;
@@ -58,7 +60,8 @@ class Peers:
         self.model = model
         self.instance_id = instance_id
         self.records: dict[str, ModelRecord] = {}
-        self.watcher = discovery.watcher(on_add=self._add, on_remove=self._remove)
+        # A quiet reader: the frontends report and clean up the store's bad and expired records.
+        self.watcher = discovery.watcher(on_add=self._add, on_remove=self._remove, quiet=True)
 
     def _add(self, record: ModelRecord) -> None:
         if record.model == self.model and record.instance_id != self.instance_id:
