@@ -26,6 +26,8 @@ from dynamo_gc.maintenance_metrics import MaintenanceMetrics
 from dynamo_gc.maintenance_trigger import (
     AHEAD_MARGIN,
     IDLE_RECLAIM_EVERY,
+    IDLE_RECLAIM_OVERDUE,
+    IDLE_RECLAIM_OVERDUE_BUDGETS,
     IDLE_RECLAIM_QUIET_S,
     WITHDRAW_RECLAIM_SHARE,
     MaintenanceTrigger,
@@ -135,6 +137,15 @@ def test_reclaiming_policy():
     assert idle.decide(0.5, IDLE_RECLAIM_QUIET_S)
     idle.done(True)
     assert idle.since_reclaim == 0
+    # Continuous load: never an idle second. Overdue, it reclaims at an ordinary idle moment
+    # when the whole walk is within the bound of budgets; a heap past it stays pinned.
+    for _ in range(IDLE_RECLAIM_OVERDUE - 1):
+        assert not idle.overdue()
+        idle.done(False)
+    assert idle.overdue() and not withdraw.overdue()
+    assert idle.decide(IDLE_RECLAIM_OVERDUE_BUDGETS * 0.05, 0.0)
+    assert not idle.decide(IDLE_RECLAIM_OVERDUE_BUDGETS * 0.05 + 0.01, 0.0)
+    assert not idle.decide(None, 0.0)
 
 
 def test_maintenance_is_due_ahead_of_a_full_collection_predicted_at_the_due_level():
@@ -416,6 +427,29 @@ def test_an_overdue_reclaim_runs_in_a_long_idle_moment(serving, caplog):
     run(scenario)
     (line,) = [r for r in caplog.records if r.msg == MAINTAINED_LINE]
     assert "mode=idle reason=reclaim " in line.getMessage()
+
+
+def test_a_heap_too_large_to_reclaim_under_load_is_said_once(serving, caplog):
+    caplog.set_level(logging.INFO, logger="dynamo_gc.maintainer")
+
+    async def scenario():
+        clock = FakeClock()
+        async with idle_maintainer(clock) as (task, gate, metrics):
+            task.reclaim.since_reclaim = IDLE_RECLAIM_OVERDUE
+            task.trigger.calibrate(1_000, 1.0)  # 1,000 objects a second: any walk is too long
+            task.frozen_estimate = 10_000
+            clock.advance(IDLE_RECLAIM_QUIET_S / 2)  # an ordinary idle moment, not a long one
+            for done in (1, 2):
+                make_due(task.trigger)
+                await wait_until_async(
+                    lambda done=done: task.maintenances == done, deadline_s=DEADLINE_S
+                )
+                assert task.last is not None and not task.last.reclaim
+
+    run(scenario)
+    said = [r for r in caplog.records if r.msg == maintainer.PINNED_LINE]
+    assert [r.levelno for r in said] == [logging.WARNING]
+    assert "Use withdraw" in said[0].getMessage()
 
 
 # -- on or off at start-up ------------------------------------------------------------------------

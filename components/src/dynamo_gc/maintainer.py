@@ -69,6 +69,12 @@ GAVE_UP_LINE = (
     "GC maintenance deferred (%s): mode=%s: %d request(s) still in flight after %.0f ms; "
     "admission reopened, next try in %g s"
 )
+PINNED_LINE = (
+    "GC maintenance (%s): %d maintenances without reclaiming the garbage the frozen generation "
+    "may pin; a reclaim walks the whole heap (~%.1f s), longer than a request held at an idle "
+    "maintenance should wait: it runs only in an idle second. Use withdraw where the workload "
+    "evicts what it keeps"
+)
 DUE_LINE = (
     "GC maintenance (%s) due for %.0f s and not run: no quiescent moment found (mode %s); "
     "serving full collections keep growing meanwhile"
@@ -208,6 +214,7 @@ class GcMaintainer:
         self.maintenances = 0
         self.last: MaintenanceRecord | None = None
         self._warned_due_at: float | None = None
+        self._pinned_said = False
         self._task: asyncio.Task | None = None
 
     # -- the task ---------------------------------------------------------------------------
@@ -280,9 +287,15 @@ class GcMaintainer:
         trigger = self.trigger
         unfrozen = trigger.unfrozen_estimate()
         whole = None if unfrozen is None else self.frozen_estimate + unfrozen
+        whole_walk_s = trigger.walk_estimate_s(whole)
         reclaim = reason == "reclaim" or self.reclaim.decide(
-            trigger.walk_estimate_s(whole), self.quiescence.gate.idle_for_s()
+            whole_walk_s, self.quiescence.gate.idle_for_s()
         )
+        if not reclaim and self.reclaim.overdue() and not self._pinned_said:
+            self._pinned_said = True
+            logger.warning(
+                PINNED_LINE, self.context, self.reclaim.since_reclaim, whole_walk_s or 0.0
+            )
         trigger.maintaining_candidates = None  # set by the window's own full collections
         passes, threshold = _young_passes()  # the share of a cycle grown since the last full
         try:
@@ -321,6 +334,8 @@ class GcMaintainer:
             self.frozen_estimate = kept if record.reclaim else self.frozen_estimate + kept
         trigger.maintained(record.collect_ms / 1000.0, cycles)
         self.reclaim.done(record.reclaim)
+        if record.reclaim:
+            self._pinned_said = False
         self.maintenances += 1
         self.last = record
         self._warned_due_at = None

@@ -51,7 +51,14 @@ of routing for at most that share of its time, and the garbage pinned between tw
 what the workload evicts in that time. In ``idle`` a request that arrives meanwhile waits for
 it, so: when the whole-heap walk is estimated to fit in the pause budget, or every
 :data:`IDLE_RECLAIM_EVERY` maintenances once the process has been idle for
-:data:`IDLE_RECLAIM_QUIET_S` (a quiet process is likely to stay quiet for the walk).
+:data:`IDLE_RECLAIM_QUIET_S` (a quiet process is likely to stay quiet for the walk). A process
+under continuous load never idles that long, and whatever its workload evicts of the frozen
+heap would stay pinned for good (the soak's idle worker ended at 1.44x the stock one's RSS):
+after :data:`IDLE_RECLAIM_OVERDUE` maintenances without a reclaim, one runs at the next
+ordinary idle moment as long as the whole walk is estimated within
+:data:`IDLE_RECLAIM_OVERDUE_BUDGETS` budgets, a wait a request sees at most once per that many
+maintenances. A heap too large for that is left pinned, and the maintainer says so once (use
+``withdraw``).
 """
 
 from __future__ import annotations
@@ -81,6 +88,10 @@ WITHDRAW_RECLAIM_SHARE = 0.1
 # Idle: reclaim at least every this many maintenances, when idle for this long.
 IDLE_RECLAIM_EVERY = 8
 IDLE_RECLAIM_QUIET_S = 1.0
+# Idle under continuous load: after this many maintenances without one, reclaim at an ordinary
+# idle moment if the whole walk is estimated within this many pause budgets.
+IDLE_RECLAIM_OVERDUE = 32
+IDLE_RECLAIM_OVERDUE_BUDGETS = 20.0
 
 FULL = 2  # the generation of a full collection
 
@@ -252,7 +263,18 @@ class ReclaimPolicy:
             return self._clock() - self.reclaimed_at >= whole_walk_s / WITHDRAW_RECLAIM_SHARE
         if whole_walk_s is not None and whole_walk_s <= self.budget_s:
             return True
-        return self.since_reclaim + 1 >= IDLE_RECLAIM_EVERY and idle_for_s >= IDLE_RECLAIM_QUIET_S
+        if self.since_reclaim + 1 >= IDLE_RECLAIM_EVERY and idle_for_s >= IDLE_RECLAIM_QUIET_S:
+            return True
+        return (
+            self.overdue()
+            and whole_walk_s is not None
+            and (whole_walk_s <= IDLE_RECLAIM_OVERDUE_BUDGETS * self.budget_s)
+        )
+
+    def overdue(self) -> bool:
+        """``idle`` only: so many maintenances without a reclaim that one runs at an ordinary
+        idle moment, if the walk is not too long."""
+        return not self.withdraw and self.since_reclaim + 1 >= IDLE_RECLAIM_OVERDUE
 
     def done(self, reclaimed: bool) -> None:
         self.since_reclaim = 0 if reclaimed else self.since_reclaim + 1

@@ -8,9 +8,9 @@ as they ask: every request served adds one entry of N tracked containers, one re
 
 A share of the entries (``evict_percent``, spread evenly over the requests) goes to a bounded
 cache that evicts its oldest entry once it holds :data:`EVICTING_OBJECTS` objects (a cache is
-bounded by its size, so an entry lives longer in it when entries are smaller): an evicted
-entry is cyclic garbage, which only the collector frees, and which it cannot free while a freeze pins it
-(entries frozen by a maintenance while cached, evicted after it: what a reclaim is for). The
+bounded by its size, so an entry lives longer in it when entries are smaller): an evicted entry
+is cyclic garbage, which only the collector frees, and which it cannot free while a freeze pins
+it (entries frozen by a maintenance while cached, evicted after it: what a reclaim is for). The
 rest is kept for the life of the process.
 """
 
