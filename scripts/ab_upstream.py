@@ -50,7 +50,7 @@ from typing import Any
 
 import bench_common as bc
 from launcher_process import LauncherProcess, free_port, wait_until
-from serving_load import run_client
+from serving_load import run_client, summary_of
 from serving_pair import gc_counters, http_get, pauses_in, rss_mb
 from upstream_pair import HTTP_STARTED, MODEL, loopback_env, mocker_args, tiny_model_dir
 
@@ -150,9 +150,8 @@ def run_arm(arm: str, args, model_dir: Path, work_dir: Path) -> dict:
         loadavg_at_end = list(os.getloadavg())
         after = gc_counters(metrics_url)
         pauses = pauses_in(pair.frontend.log_bytes(offset, pair.frontend.log_size()))
-        latencies = sorted(load.pop("latency_s"))
-        load.pop("ttft_s", None)
-        load.pop("send_lag_s", None)
+        latencies = sorted(load["latency_s"])
+        load = summary_of(load)
         return {
             "arm": arm,
             **load,
