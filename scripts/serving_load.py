@@ -48,13 +48,19 @@ def poisson_schedule(rate: float, duration_s: float, seed: int) -> list[float]:
         times.append(now)
 
 
-def request_body(messages: int, max_tokens: int, stream: bool, index: int, model: str) -> dict:
-    """A chat request: a few turns of conversation (the frontend parses and renders them)."""
+def request_body(
+    messages: int, max_tokens: int, stream: bool, index: int, model: str, top_logprobs: int = 0
+) -> dict:
+    """A chat request: a few turns of conversation (the frontend parses and renders them); with
+    ``top_logprobs``, each token's log probabilities too (the engine's process builds them)."""
     turns = []
     for turn in range(messages):
         role = "user" if turn % 2 == 0 else "assistant"
         turns.append({"role": role, "content": f"turn {turn} of request {index}: tell me more"})
-    return {"model": model, "messages": turns, "max_tokens": max_tokens, "stream": stream}
+    body = {"model": model, "messages": turns, "max_tokens": max_tokens, "stream": stream}
+    if top_logprobs:
+        body.update(logprobs=True, top_logprobs=top_logprobs)
+    return body
 
 
 async def _one_request(session, url: str, body: dict, scheduled: float, stream: bool, loop):
@@ -111,7 +117,14 @@ async def run_load(args: argparse.Namespace) -> dict:
             delay = start + offset - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
-            body = request_body(args.messages, args.max_tokens, args.stream, index, args.model_name)
+            body = request_body(
+                args.messages,
+                args.max_tokens,
+                args.stream,
+                index,
+                args.model_name,
+                args.top_logprobs,
+            )
             tasks.append(
                 asyncio.ensure_future(
                     _one_request(session, args.url, body, start + offset, args.stream, loop)
@@ -167,6 +180,8 @@ def client_argv(url: str, rate: float, duration_s: float, seed: int, args) -> li
         str(args.max_tokens),
         "--model-name",
         args.model_name,
+        "--top-logprobs",
+        str(getattr(args, "top_logprobs", 0)),
         "--stream" if args.stream else "--no-stream",
     ]
 
@@ -214,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=8, help="chat turns per request")
     parser.add_argument("--max-tokens", type=int, default=16, help="tokens per request")
     parser.add_argument("--model-name", default="bench", help="the model the requests name")
+    parser.add_argument(
+        "--top-logprobs", type=int, default=0, help="log probabilities asked per token (0: none)"
+    )
     parser.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True)
     args = parser.parse_args(argv)
     # The client's own collections would add to the latencies it measures, in every arm alike:

@@ -18,7 +18,7 @@ import urllib.request
 import aiohttp
 import pytest
 
-from dynamo.runtime import request_plane, request_plane_client
+from dynamo.runtime import request_plane
 from dynamo.runtime.discovery.file_store import DiscoveryStore
 from tests.support import LauncherProcess
 from tests.support.processes import start_worker
@@ -180,7 +180,7 @@ def test_registers_after_the_benchmark_and_serves(benchmarked_worker):
                 "token_ids": [4, 5],
                 "sampling": {"max_tokens": 3},
             }
-            stream = request_plane_client.generate(session, record.endpoint, request)
+            stream = request_plane.generate(session, record.endpoint, request)
             return [item async for item in stream]
 
     items = asyncio.run(generate())

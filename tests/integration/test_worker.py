@@ -17,7 +17,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from dynamo.runtime import request_plane, request_plane_client
+from dynamo.runtime import request_plane
 from dynamo.runtime.discovery.file_store import DiscoveryStore
 from dynamo.runtime.discovery.record import ModelRecord
 from dynamo.runtime.sampling import SamplingOptions
@@ -61,10 +61,7 @@ def as_dict(item: request_plane.StreamItem) -> dict:
 
 async def generate(endpoint: str, request: dict) -> list[dict]:
     async with aiohttp.ClientSession() as session:
-        return [
-            as_dict(item)
-            async for item in request_plane_client.generate(session, endpoint, request)
-        ]
+        return [as_dict(item) async for item in request_plane.generate(session, endpoint, request)]
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +141,7 @@ def test_client_disconnect_aborts_the_request_in_the_engine(worker):
 
     async def read_one_then_disconnect():
         async with aiohttp.ClientSession() as session:
-            stream = request_plane_client.generate(
+            stream = request_plane.generate(
                 session,
                 record.endpoint,
                 plane_request("walks-away", [5], 100_000),
@@ -174,7 +171,7 @@ def test_sigterm_removes_the_record_finishes_in_flight_requests_and_exits_0(tmp_
             async with aiohttp.ClientSession() as session:
                 items = []
                 request = plane_request("in-flight", [7, 8], 200)
-                async for item in request_plane_client.generate(session, record.endpoint, request):
+                async for item in request_plane.generate(session, record.endpoint, request):
                     items.append(as_dict(item))
                     if len(items) == 1:
                         process.signal(signal.SIGTERM)

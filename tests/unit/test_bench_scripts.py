@@ -237,6 +237,42 @@ def test_bench_gc_maintenance_smoke(tmp_path):
     assert "passes" in measured["unsettled"]
 
 
+def test_bench_routing_smoke():
+    result = subprocess.run(
+        [sys.executable, str(SCRIPTS / "bench_routing.py"), "--rounds", "1", "--refused", "20",
+         "--hanging", "2"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "| 20 refused, one address | [503] |" in result.stdout
+    assert "| idle | own time (as built) | 1 of 1 |" in result.stdout
+
+
+def test_bench_model_arrival_smoke():
+    result = subprocess.run(
+        [sys.executable, str(SCRIPTS / "bench_model_arrival.py"), "--rounds", "1", "--models",
+         "2", "--tokenizer-mb", "0.1"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "| in turn |" in result.stdout and "in turn / all at once" in result.stdout
+
+
+def test_bench_hostile_templates_smoke(tmp_path):
+    """Real processes (a frontend, a mock worker): the healthy model answered throughout, each
+    scenario measured."""
+    result = run_smoke("bench_hostile_templates.py", tmp_path, timeout_s=300)
+    assert result["benchmark"] == "hostile_templates" and result["arms"] == ["after"]
+    assert_machine(result)
+    runs = result["runs"]["after"]
+    assert [run["context"] for run in runs["output"]] == [512, 131072]
+    for run in runs["output"]:
+        assert run["healthy_statuses"] == [200] and run["healthy_ms"], run
+        assert run["rss_peak_mb"] >= run["rss_before_mb"] > 0, run
+    (compiled,) = runs["compile"]
+    assert compiled["ordinary_served_after_s"] > 0, compiled
+
+
 def test_bench_gc_soak_smoke(tmp_path):
     """The soak's arms on real processes (frontend and mock workers with the growth knob), a
     couple of seconds each: what each writes, not what it measures."""

@@ -12,7 +12,7 @@ import gc
 import aiohttp
 import pytest
 
-from dynamo.runtime import request_plane, request_plane_client
+from dynamo.runtime import request_plane
 from dynamo.runtime.request_plane import GenerateRequest, WorkerWithdrawn
 from dynamo.runtime.sampling import SamplingOptions
 from dynamo.vllm.mock_engine import MockEngine
@@ -59,7 +59,7 @@ def generate_request(index: int) -> GenerateRequest:
 
 
 async def generate(session, endpoint: str, index: int) -> list:
-    stream = request_plane_client.generate(session, endpoint, generate_request(index))
+    stream = request_plane.generate(session, endpoint, generate_request(index))
     return [item async for item in stream]
 
 

@@ -23,9 +23,10 @@ from dynamo.runtime.request_plane import (
     GenerateRequest,
     RequestRefused,
     WorkerUnavailable,
+    _refusal,
+    generate,
     validate_generate_request,
 )
-from dynamo.runtime.request_plane_client import _refusal, generate
 from dynamo.runtime.sampling import SamplingOptions
 from dynamo.vllm.request_plane_server import add_request_plane_routes
 
@@ -254,6 +255,7 @@ BAD_FIELDS = [
     ("sampling.structured_outputs", {"json_object": False}),
     ("sampling.structured_outputs", {"choice": []}),
     ("sampling.structured_outputs", {"structural_tag": "x", "regex": "a"}),
+    ("sampling.reasoning_ended", "yes"), ("sampling.reasoning_ended", 1),
     ("sampling.best_of", 2),  # not a sampling option of the wire format
 ]  # fmt: skip
 

@@ -19,12 +19,14 @@ import zlib
 import pytest
 
 from dynamo.frontend.routing.worker_router import create_worker_session
-from dynamo.runtime import request_plane_client
-from dynamo.runtime.request_plane import RequestRefused, WorkerProtocolError, WorkerUnavailable
-from dynamo.runtime.request_plane_client import (
+from dynamo.runtime import request_plane
+from dynamo.runtime.request_plane import (
     ERROR_BODY_LIMIT,
     MAX_LINE_BYTES,
     STREAM_BASE_BYTES,
+    RequestRefused,
+    WorkerProtocolError,
+    WorkerUnavailable,
     generate,
 )
 from tests.support.hostile_worker import endless, hostile_worker, raw
@@ -263,9 +265,19 @@ def test_a_stream_over_its_byte_budget_is_a_protocol_error(max_tokens):
     result, worker, peak = ask(endless([], GOOD), request)
     assert isinstance(result, WorkerProtocolError)
     assert "budget" in str(result)
-    budget = STREAM_BASE_BYTES + request_plane_client.STREAM_BYTES_PER_TOKEN * max_tokens
+    budget = STREAM_BASE_BYTES + request_plane.STREAM_BYTES_PER_TOKEN * max_tokens
     # What the client took is within its budget (the rest sits in socket buffers at most).
     assert peak < PYTHON_PEAK_LIMIT and budget < 2 * 1024 * 1024
+
+
+def test_no_stream_is_read_past_the_absolute_bound_whatever_max_tokens_allows(monkeypatch):
+    """Issue 37: max_tokens 2^31 made a budget of ~512 GiB; MAX_STREAM_BYTES ends any stream
+    (made 512 KiB here, so the test reads that much, not 256 MiB)."""
+    monkeypatch.setattr(request_plane, "MAX_STREAM_BYTES", 512 * 1024)
+    request = {**REQUEST, "sampling": {"max_tokens": 2**31 - 1}}
+    result, worker, _ = ask(endless([], GOOD * 100), request)
+    assert isinstance(result, WorkerProtocolError) and "budget" in str(result), result
+    assert worker.hung_up == 1
 
 
 def test_a_compressed_stream_is_not_inflated():

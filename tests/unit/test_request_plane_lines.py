@@ -11,8 +11,7 @@ import time
 
 import pytest
 
-from dynamo.runtime.request_plane import WorkerProtocolError
-from dynamo.runtime.request_plane_client import _lines
+from dynamo.runtime.request_plane import WorkerProtocolError, _lines
 
 
 class Chunks:

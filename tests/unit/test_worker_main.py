@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import logging
 import os
 import signal
@@ -19,9 +20,10 @@ import aiohttp
 import pytest
 
 from dynamo.common import startup_signals
-from dynamo.runtime import request_plane, request_plane_client
+from dynamo.runtime import request_plane
 from dynamo.runtime.discovery import open_discovery
 from dynamo.runtime.discovery.file_store import DiscoveryStore
+from dynamo.runtime.model_card import MAX_CONTEXT_LENGTH
 from dynamo.vllm import backend_args, engine_factory, worker_process
 from dynamo.vllm import main as worker_main
 from dynamo.vllm.mock_engine import MockEngine
@@ -29,7 +31,7 @@ from dynamo.vllm.request_plane_server import RequestPlaneServer
 from dynamo_gc import freeze, gc_state, lifecycle, pause_logger
 from tests.support import wait_until_async
 from tests.support.steps import StepRecorder
-from tests.support.tiny_model import mock_worker_env
+from tests.support.tiny_model import build_tiny_tokenizer, mock_worker_env
 
 
 def sigterm_self() -> None:
@@ -153,7 +155,7 @@ def test_the_request_plane_refuses_requests_while_engine_init_runs(discovery_dir
     async def start(self):
         (plane,) = planes
         async with aiohttp.ClientSession() as session:
-            stream = request_plane_client.generate(
+            stream = request_plane.generate(
                 session, plane.endpoint, plane_request("early", record_model=None)
             )
             with pytest.raises(request_plane.WorkerUnavailable):
@@ -391,7 +393,7 @@ def test_drain_aborts_requests_still_running_after_the_grace_period(discovery_di
         (record,) = DiscoveryStore(discovery_dir).read_all().values()
         (engine,) = engines
         async with aiohttp.ClientSession() as session:
-            stream = request_plane_client.generate(
+            stream = request_plane.generate(
                 session, record.endpoint, plane_request("slow", record.model, max_tokens=2)
             )
             first_item = asyncio.ensure_future(stream.__anext__())
@@ -431,7 +433,7 @@ def test_a_rank_that_dies_while_serving_returns_1_with_the_gc_state_put_back(
         (engine,) = engines
         victim = engine._ranks.pids[1]
         async with aiohttp.ClientSession() as session:
-            stream = request_plane_client.generate(
+            stream = request_plane.generate(
                 session, record.endpoint, plane_request("doomed", record.model, max_tokens=2)
             )
             first_item = asyncio.ensure_future(stream.__anext__())
@@ -516,6 +518,21 @@ def test_an_engine_resolved_card_a_frontend_would_refuse_is_never_registered(
     assert worker_main.main(["--discovery-dir", str(discovery_dir)]) == 2
     assert "register" not in names(steps)
     assert "card: tokenizer_path" in caplog.text and "--model / DYN_VLLM_MODEL" in caplog.text
+
+
+def test_a_model_whose_context_is_over_the_cards_bound_is_never_registered(
+    steps, discovery_dir, tmp_path, monkeypatch, caplog
+):
+    """Issue 37: a frontend refuses a card claiming more than MAX_CONTEXT_LENGTH tokens; a
+    model whose config claims 2^31 is an exit 2 naming the field, not a worker that serves a
+    model no frontend routes to (nor a traceback)."""
+    model = build_tiny_tokenizer(tmp_path / "model")
+    (model / "config.json").write_text(json.dumps({"max_position_embeddings": 2**31 - 1}))
+    monkeypatch.setenv("DYN_VLLM_MODEL", str(model))
+    assert worker_main.main(["--discovery-dir", str(discovery_dir)]) == 2
+    assert "register" not in names(steps)
+    assert "card: context_length" in caplog.text and str(MAX_CONTEXT_LENGTH) in caplog.text
+    assert "Traceback" not in caplog.text
 
 
 @pytest.mark.parametrize(

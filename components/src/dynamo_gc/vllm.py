@@ -30,6 +30,7 @@ ADAPTER = WorkerAdapter(
             name="register_model",
             caller="WorkerFactory._create_multimodal_encode_worker",
             coroutine=True,
+            compiled=True,  # ai-dynamo's Rust binding, awaited by upstream
         ),
     ),
     entry_module="dynamo.vllm",
@@ -39,6 +40,12 @@ ADAPTER = WorkerAdapter(
     # ("restore standby mode must ... hold without importing vLLM"); so does the adapter. The
     # process that serves afterwards is the restored checkpoint, wrapped as it was started.
     before_engine_import=("dynamo.common.snapshot.restore_context:maybe_run_restore_standby_mode"),
+    # Upstream's worker() installs its graceful-shutdown handlers before it builds the engine
+    # with blocking calls, so they would run only once the engine is up: the adapter's own stop
+    # start-up until the freeze point, where upstream's are installed as upstream asked.
+    signal_hook=ModuleGlobalHook(
+        module="dynamo.vllm.main", name="install_signal_handlers", caller="worker", coroutine=False
+    ),
 )
 
 

@@ -36,6 +36,7 @@ from dynamo.runtime.discovery import (
     DiscoverySetupError,
     open_discovery,
 )
+from dynamo_gc import startup_stop
 
 from . import frontend_args, sglang_checks
 from .frontend_args import PROG
@@ -77,6 +78,8 @@ def run_main(argv: Sequence[str] | None) -> int:
         sglang, problem = sglang_checks.settings_or_problem(config)
     if problem is not None:
         return launcher.usage_error(PROG, problem)
+    # The imports are done: a signal meanwhile whose exception a finalizer swallowed stops here.
+    startup_stop.check()
     process_gc = launcher.start_process_gc(config.gc, config.maintenance)
     logger.info(
         "Frontend starting: http=%s discovery=%s chat_processor=%s max_models=%d "

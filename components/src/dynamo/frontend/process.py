@@ -53,7 +53,7 @@ from dynamo.frontend.serving.http_surface import http_runner
 from dynamo.frontend.serving.request_metrics import RequestMetrics
 from dynamo.frontend.serving.stream_drain import frontend_drain
 from dynamo.runtime.discovery import STATE_DEGRADED, Discovery, RecordWatcher
-from dynamo_gc import lifecycle
+from dynamo_gc import lifecycle, startup_stop
 from dynamo_gc.admission import AdmissionGate
 from dynamo_gc.maintainer import GcMaintainer
 from dynamo_gc.metrics import DynamoMetrics
@@ -111,6 +111,7 @@ class FrontendProcess:
                 pool.start()
             except PreprocessPoolError as exc:
                 raise StartupFailed(f"Frontend start-up failed: {exc}") from None
+            startup_stop.check()  # the pool's start blocks: a signal meanwhile stops here
         sandbox = None
         if config.dyn_template_processes > 0:  # every processor's templates: docs/security.md
             sandbox = TemplateSandbox(
@@ -123,6 +124,7 @@ class FrontendProcess:
                 await asyncio.to_thread(sandbox.start)
             except RuntimeError as exc:
                 raise StartupFailed(f"Frontend start-up failed: {exc}") from None
+            startup_stop.check()
             logger.info(
                 "Template render processes ready: processes=%d pids=%s timeout_s=%g "
                 "memory_mb=%d per_model=%d",
@@ -213,6 +215,9 @@ class FrontendProcess:
     async def admit(self) -> None:
         assert self.runner is not None and self.watcher is not None, "start() has run"
         for sock in self._sockets:
+            # Right before the socket listens (no await in between): a signal recorded by now
+            # stops start-up, whether or not its cancellation reached this task.
+            startup_stop.check()
             await web.SockSite(self.runner, sock).start()
         host, port = self.runner.addresses[0][:2]
         url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"

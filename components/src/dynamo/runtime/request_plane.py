@@ -37,17 +37,25 @@ Wire format v2 (one place, used by both ends):
 Closing the connection aborts the request in the worker (the handler's generator is cancelled):
 that is how the frontend ends a completion at a stop string it matched.
 
-The frontend's side, which reads a worker's answer as a peer's words (bounded, validated,
-escaped), is :mod:`dynamo.runtime.request_plane_client`; :func:`parse_item` here is the check of
-one stream line that both it and the tests use.
+The worker is a peer (docs/security.md), so the client (:func:`generate`) reads what
+it answers as a peer's words: an error answer up to :data:`ERROR_BODY_LIMIT` bytes, never
+decompressed (the session's ``auto_decompress`` is off); a stream line by line, each at most
+:data:`MAX_LINE_BYTES`, the whole stream within a byte budget that grows with ``max_tokens``
+up to :data:`MAX_STREAM_BYTES`; every line validated as an item, its token ids within the
+model's vocabulary. A worker that breaks any of it is a :class:`WorkerProtocolError`. Every
+fragment of a worker's text an exception carries is escaped
+(:func:`dynamo.runtime.peer_text.escape`): exceptions are for log lines, never for a client.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Annotated, Any, Literal
 
+import aiohttp
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -60,6 +68,11 @@ from pydantic import (
 
 from dynamo.runtime import peer_text
 from dynamo.runtime.sampling import MAX_LOGPROBS, SamplingOptions
+from dynamo.runtime.stream_logprobs import (
+    PromptLogprobs,
+    logprobs_problem,
+    prompt_logprobs_problem,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -74,13 +87,33 @@ class GenerateRequest(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    request_id: StrictStr
+    # The frontend's completion id (and choice index): a short, plain name, safe in a log line.
+    request_id: Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9._:-]{1,128}$")]
     # The served name the frontend routed on; the worker refuses any other.
     model: Annotated[StrictStr, Field(min_length=1)]
     token_ids: Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)]
     sampling: SamplingOptions
 
 
+# How much of a worker's error answer (a non-200 status) is read: enough for a refusal naming its
+# field, never a body a worker chose to make large (or to compress).
+ERROR_BODY_LIMIT = 4096
+# The longest line of a stream. An engine step is a few ids (~10 bytes each); a line this long is
+# a worker that does not speak the wire format.
+MAX_LINE_BYTES = 64 * 1024
+# What a whole stream may take: a base, plus this much per token the request allows (an item of
+# one id is ~25 bytes; the budget is ten times that), so a worker can make the frontend read at
+# most about 64 KiB + 256 B x max_tokens for one request, whatever it sends.
+STREAM_BASE_BYTES = 64 * 1024
+STREAM_BYTES_PER_TOKEN = 256
+# With logprobs, each token carries up to k + 1 [id, logprob] pairs (~30 bytes each): the budget
+# grows by this much per pair, so asking for 20 alternatives allows ~1.6 KiB per token.
+STREAM_BYTES_PER_LOGPROB = 64
+# Whatever max_tokens and the card say, no stream (nor its first line) is read past this: what
+# one request may cost the frontend in bytes read and parsed from a worker (at ~100 MB/s of
+# parsing, seconds of CPU). vLLM streams a token a line (~25 bytes): a whole 10M-token context
+# fits, or ~400k tokens with 20 logprobs each.
+MAX_STREAM_BYTES = 256 * 1024**2
 # The bound of every count a worker reports (a 32-bit count: no context is longer).
 MAX_COUNT = 2**31 - 1
 
@@ -227,79 +260,155 @@ def parse_item(
                     f"worker sent token id {token_id}, outside the model's vocabulary (largest "
                     f"id {max_token_id})"
                 )
-    _check_logprobs(item, max_token_id, logprobs)
-    _check_prompt_logprobs(item, max_token_id, prompt)
+    problem = logprobs_problem(item, max_token_id, logprobs) or prompt_logprobs_problem(
+        item, max_token_id, prompt
+    )
+    if problem is not None:
+        raise WorkerProtocolError(problem)
     return item
 
 
-class PromptLogprobs(BaseModel):
-    """What the first item's ``prompt_logprobs`` must be: for these ``token_ids``, with at most
-    ``alternatives`` each."""
-
-    model_config = ConfigDict(frozen=True)
-
-    token_ids: tuple[int, ...]
-    alternatives: int
-
-
-def _check_prompt_logprobs(
-    item: StreamItem, max_token_id: int | None, asked: PromptLogprobs | None
-) -> None:
-    positions = getattr(item, "prompt_logprobs", None)
-    ranks = getattr(item, "prompt_ranks", None)
-    if asked is None:
-        if positions is not None or ranks is not None:
-            raise WorkerProtocolError("worker sent prompt logprobs where none belong")
-        return
-    if positions is None or len(positions) != len(asked.token_ids):
-        raise WorkerProtocolError("worker sent no prompt logprobs, or not one per prompt id")
-    if positions[0] is not None:
-        raise WorkerProtocolError("worker sent prompt logprobs for the first prompt id")
-    for token_id, position in zip(asked.token_ids[1:], positions[1:], strict=True):
-        if position is None:
-            raise WorkerProtocolError("worker sent a null prompt logprob after the first")
-        _check_position(token_id, position, asked.alternatives, max_token_id)
-    if ranks is None or [r is None for r in ranks] != [p is None for p in positions]:
-        raise WorkerProtocolError("worker sent no prompt ranks, or not one per prompt logprob")
+def _json_object(text: str) -> dict:
+    """The JSON object ``text`` holds, or an empty one (not JSON, not an object)."""
+    try:
+        body = json.loads(text)
+    except (ValueError, RecursionError):  # JSONDecodeError, UnicodeDecodeError, deep nesting
+        return {}
+    return body if isinstance(body, dict) else {}
 
 
-def _check_logprobs(item: StreamItem, max_token_id: int | None, asked: int | None) -> None:
-    """An item's logprobs are what the request asked for: one position per id, the sampled id
-    first, at most ``asked`` alternatives, every id in the vocabulary."""
-    positions = item.logprobs
-    if positions is None:
-        if asked is not None and item.token_ids:
-            raise WorkerProtocolError("worker sent token ids without the logprobs asked for")
-        return
-    if asked is None:
-        raise WorkerProtocolError("worker sent logprobs the request did not ask for")
-    if len(positions) != len(item.token_ids):
-        raise WorkerProtocolError(
-            f"worker sent {len(positions)} logprob position(s) for {len(item.token_ids)} id(s)"
+def _refusal(status: int, text: str) -> RequestRefused | None:
+    """A worker's 400 that names a request field (see :class:`RequestRefused`), else None: a
+    400 naming ``model`` or no field means the two ends disagree, which is the worker's side."""
+    if status != 400:
+        return None
+    body = _json_object(text)
+    field, error = body.get("field"), body.get("error")
+    if not isinstance(field, str) or not isinstance(error, str):
+        return None
+    if not _is_client_field(field):
+        return None
+    return RequestRefused(peer_text.escape(error), field)
+
+
+def _is_client_field(field: str) -> bool:
+    """Whether ``field`` is a request field as the wire format names them (``token_ids``,
+    ``token_ids.<index>``, ``sampling`` or ``sampling.<a SamplingOptions field>``): the field
+    a refusal names becomes the ``param`` of the client's 400, so nothing else gets through."""
+    head, _, rest = field.partition(".")
+    if head == "token_ids":
+        return not rest or (rest.isascii() and rest.isdigit() and len(rest) <= 12)
+    if head == "sampling":
+        return not rest or rest in SamplingOptions.model_fields
+    return False
+
+
+async def generate(
+    session: aiohttp.ClientSession,
+    endpoint: str,
+    request: GenerateRequest | dict,
+    *,
+    max_token_id: int | None = None,
+) -> AsyncGenerator[StreamItem, None]:
+    """Stream one request's items from a worker, each validated (:func:`parse_item`, with the
+    model's largest id ``max_token_id``). Raises :class:`WorkerUnavailable` (its subclass
+    :class:`WorkerProtocolError` for an answer that breaks the wire format), or
+    :class:`RequestRefused` before the first item for a 400 about the request itself.
+
+    ``request`` is a :class:`GenerateRequest` (or its JSON form as a dict). The session must
+    not decompress (``auto_decompress=False``: see the module docstring).
+    """
+    url = endpoint.rstrip("/") + GENERATE_PATH
+    if isinstance(request, GenerateRequest):
+        request = request.model_dump(mode="json")
+    logprobs = request["sampling"].get("logprobs")
+    per_token = STREAM_BYTES_PER_TOKEN
+    if logprobs is not None:
+        per_token += STREAM_BYTES_PER_LOGPROB * (int(logprobs) + 1)
+    budget = STREAM_BASE_BYTES + per_token * int(request["sampling"]["max_tokens"])
+    line_limit = MAX_LINE_BYTES
+    prompt: PromptLogprobs | None = None
+    if request["sampling"].get("prompt_logprobs") is not None:
+        alternatives = int(request["sampling"]["prompt_logprobs"])
+        prompt = PromptLogprobs(token_ids=tuple(request["token_ids"]), alternatives=alternatives)
+        extra = (STREAM_BYTES_PER_LOGPROB * (alternatives + 1) + 16) * len(prompt.token_ids)
+        budget += extra
+        line_limit += extra  # they all come on the first line
+    budget, line_limit = min(budget, MAX_STREAM_BYTES), min(line_limit, MAX_STREAM_BYTES)
+    try:
+        # A redirect is a peer's answer, never followed: it would re-send the prompt anywhere.
+        async with session.post(url, json=request, allow_redirects=False) as response:
+            if response.status != 200:
+                raise await _failure(response)
+            finished = False
+            async for line in _lines(response.content, budget, line_limit):
+                if finished:
+                    raise WorkerProtocolError("worker sent a line after its finish line")
+                item = parse_item(line, max_token_id, logprobs, prompt)
+                prompt = None  # the first item's only
+                finished = isinstance(item, Finish)
+                yield item
+            if not finished:
+                raise WorkerUnavailable("worker closed the stream before finishing")
+    except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as exc:
+        raise WorkerUnavailable(
+            f"worker at {peer_text.escape(endpoint)} unreachable: "
+            f"{peer_text.escape(str(exc) or type(exc).__name__)}"
+        ) from exc
+
+
+async def _failure(response: aiohttp.ClientResponse) -> Exception:
+    """What a non-200 answer means: :class:`RequestRefused` (a 400 naming a request field) or
+    :class:`WorkerUnavailable`. At most :data:`ERROR_BODY_LIMIT` bytes of it are read; a body
+    the worker says is encoded is not read at all (it would have to be inflated). A redirect
+    (never followed) is not the wire format: :class:`WorkerProtocolError`, its body unread."""
+    if 300 <= response.status < 400:
+        return WorkerProtocolError(
+            f"worker answered {response.status}, a redirect (not followed) to "
+            f"{peer_text.escape(response.headers.get('Location', ''))}"
         )
-    for token_id, position in zip(item.token_ids, positions, strict=True):
-        _check_position(token_id, position, asked, max_token_id)
+    body = b""
+    if response.headers.get("Content-Encoding", "identity").strip().lower() == "identity":
+        while len(body) < ERROR_BODY_LIMIT:
+            chunk = await response.content.read(ERROR_BODY_LIMIT - len(body))
+            if not chunk:
+                break
+            body += chunk
+    text = body.decode("utf-8", errors="replace")
+    refused = _refusal(response.status, text)
+    if refused is not None:
+        return refused
+    if response.status == 503 and _json_object(text).get(WITHDRAWN_FIELD) is True:
+        return WorkerWithdrawn("withdrawn for a GC maintenance")
+    return WorkerUnavailable(f"worker answered {response.status}: {peer_text.escape(text)}")
 
 
-def _check_position(
-    token_id: int, position: LogprobPosition, asked: int, max_token_id: int | None
-) -> None:
-    if position[0][0] != token_id:
-        raise WorkerProtocolError(
-            f"worker sent logprobs whose first id {position[0][0]} is not the sampled id {token_id}"
-        )
-    if len(position) > asked + 1:
-        raise WorkerProtocolError(
-            f"worker sent {len(position) - 1} logprob alternatives, more than the {asked} asked for"
-        )
-    ids = [alternative for alternative, _ in position]
-    if max_token_id is not None and max(ids) > max_token_id:
-        raise WorkerProtocolError(
-            f"worker sent a logprob for token id {max(ids)}, outside the model's vocabulary "
-            f"(largest id {max_token_id})"
-        )
-    # vLLM's alternatives are its top k, best first, each id once: the frontend ranks them by
-    # their order, so any other order or a repeated id would be a quietly wrong answer.
-    ranked = [logprob for _, logprob in position[1:]]
-    if len(set(ids)) != len(ids) or ranked != sorted(ranked, reverse=True):
-        raise WorkerProtocolError("worker sent logprob alternatives repeated or out of rank order")
+async def _lines(
+    content: aiohttp.StreamReader, budget: int, line_limit: int = MAX_LINE_BYTES
+) -> AsyncIterator[bytes]:
+    """The non-blank lines of a stream, each at most ``line_limit`` bytes, all of them
+    within ``budget`` bytes; raises :class:`WorkerProtocolError` past either bound."""
+    pending = bytearray()
+    searched = 0  # pending[:searched] has no newline: each byte is searched once (a line
+    # trickled in small chunks would otherwise be searched whole at each: quadratic)
+    async for chunk in content.iter_any():
+        budget -= len(chunk)
+        if budget < 0:
+            raise WorkerProtocolError(
+                "worker sent more than the stream's budget of bytes for its max_tokens"
+            )
+        pending += chunk
+        while (end := pending.find(b"\n", searched)) >= 0:
+            if end > line_limit:
+                break
+            line = bytes(pending[:end])
+            del pending[: end + 1]
+            searched = 0
+            if line.strip():
+                yield line
+        else:
+            searched = len(pending)
+        if len(pending) > line_limit and pending.find(b"\n", 0, line_limit + 1) < 0:
+            raise WorkerProtocolError(f"worker sent a line over {line_limit} bytes")
+    if pending.strip():
+        yield bytes(pending)  # the last line, without its newline

@@ -139,7 +139,9 @@ REASONING_PARSER = text_option(
     (
         "The reasoning parser the frontend runs over this model's output, published in the "
         "model card (upstream's name); the frontend's --reasoning-parser overrides it. With "
-        "--engine vllm a name vLLM's ReasoningParserManager does not have exits 2. Unset: none"
+        "--engine vllm a name vLLM's ReasoningParserManager does not have exits 2, and the "
+        "engine gets it too, as from vllm serve's --reasoning-parser: a structured output (a "
+        "forced tool call, a response_format) starts once the reasoning has ended. Unset: none"
     ),
     what="parser name",
     metavar="NAME",

@@ -39,6 +39,7 @@ from dynamo.vllm.engine import EngineInitFailed, EngineUnavailable
 from dynamo.vllm.engine_factory import EngineBuilder
 from dynamo.vllm.ranks import RankError
 from dynamo.vllm.worker_process import WorkerProcess
+from dynamo_gc import startup_stop
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +72,9 @@ def run_main(argv: Sequence[str] | None) -> int:
         engine_builder = engine_factory.prepare_engine(
             config, worker_extension_cls=worker_extension_cls
         )
+        # vLLM's import is done: a signal meanwhile whose exception a finalizer swallowed
+        # stops here (dynamo_gc.startup_stop).
+        startup_stop.check()
         return asyncio.run(run_worker(config, discovery, engine_builder))
     except SystemExit as exc:  # vLLM's --help
         return launcher.exit_code(exc)

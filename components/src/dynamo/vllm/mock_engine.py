@@ -46,6 +46,7 @@ from dynamo.runtime.model_card import ModelCard, out_of_vocabulary
 from dynamo.runtime.request_plane import BadGenerateRequest, GenerateRequest
 from dynamo.runtime.sampling import ADDED_FIELDS, SamplingOptions, is_set
 from dynamo.vllm.backend_args import WorkerConfig
+from dynamo.vllm.engine import aborted
 from dynamo.vllm.mock_growth import RequestStateCache
 from dynamo.vllm.mock_model import MockModel, load_mock_model
 
@@ -259,11 +260,7 @@ class MockEngine:
                 # GeneratorExit (the consumer closed the stream) or CancelledError (its task
                 # was cancelled): either way the request stops here, mid-stream.
                 self.requests_aborted += 1
-                logger.info(
-                    "Mock engine: request %s aborted after %d token(s)",
-                    request.request_id,
-                    produced,
-                )
+                aborted("Mock engine:", request.request_id, produced)
 
     async def wait_until_dead(self) -> str:
         """Returns when a rank process ends (without ranks: never; a cancelled wait returns

@@ -27,6 +27,7 @@ from dynamo.common.http_server import (
     is_malformed_http,
 )
 from dynamo.common.request_drain import END_BOUND_S, RequestDrain, mark_stream
+from dynamo.runtime.log_budget import CauseBudgets
 from dynamo.runtime.request_plane import (
     GENERATE_PATH,
     HEALTH_PATH,
@@ -42,6 +43,10 @@ from dynamo_gc import lifecycle
 from dynamo_gc.admission import AdmissionGate
 
 logger = logging.getLogger(__name__)
+# The lines a request causes, per cause (an abort, each exception type): whoever reaches the
+# request plane can send requests, and a line per request would be theirs to multiply.
+_aborts = CauseBudgets(logger, logging.INFO, lines=10, interval_s=10.0)
+_failures = CauseBudgets(logger, logging.ERROR, lines=1, interval_s=60.0)
 
 CUT_SHORT_MESSAGE = "worker draining: the request was cut short at the end of its drain"
 
@@ -144,10 +149,19 @@ def add_request_plane_routes(
                 # The caller hung up between two writes: the request is aborted (the stream is
                 # closed on leaving this block). An expected event, not a server error worth a
                 # traceback.
-                logger.info("Request %s aborted: the caller closed the connection", body.request_id)
+                _aborts.emit(
+                    "aborted",
+                    "Request %s aborted: the caller closed the connection",
+                    body.request_id,
+                )
                 return response
-            except Exception as exc:  # reported to the caller in-band
-                logger.exception("generate failed for request %s", body.request_id)
+            except Exception as exc:  # noqa: BLE001 - reported to the caller in-band
+                _failures.emit(
+                    type(exc).__name__,
+                    "generate failed for request %s",
+                    body.request_id,
+                    exc_info=exc,
+                )
                 await response.write(json.dumps({"error": str(exc)}).encode() + b"\n")
         await response.write_eof()
         return response

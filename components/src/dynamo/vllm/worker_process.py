@@ -42,7 +42,7 @@ from dynamo.vllm.engine import Engine
 from dynamo.vllm.engine_factory import EngineBuilder
 from dynamo.vllm.request_plane_server import RequestPlaneServer
 from dynamo.vllm.withdrawal import Peers, WithdrawQuiescence
-from dynamo_gc import lifecycle
+from dynamo_gc import lifecycle, startup_stop
 from dynamo_gc.admission import AdmissionGate
 from dynamo_gc.configuration.gc_options import MAINTENANCE_WITHDRAW
 from dynamo_gc.maintainer import GcMaintainer, Quiescence
@@ -108,6 +108,7 @@ class WorkerProcess:
         closer.push("discovery registration", registration.close)
         logger.info("Discovery: %s backend, %s", self.discovery.backend, self.discovery.describe())
         await registration.connect()
+        startup_stop.check()
 
         logger.info(
             "Engine init: starting the %s engine for model %s (served as %s)",
@@ -122,6 +123,7 @@ class WorkerProcess:
         if config.self_benchmark.enabled:
             from dynamo.vllm.self_benchmark import run_self_benchmark
 
+            startup_stop.check()  # minutes of benchmark for a process that is stopping: no
             await run_self_benchmark(engine, config)
         # After the engine's shutdown, so it closes before it: in-flight requests finish (within
         # the drain's deadline) while the engine still runs.
@@ -139,6 +141,9 @@ class WorkerProcess:
         )
         if refusal is not None:
             raise OptionUnusable(refusal)
+        # Right before the record is published (the frontend routes to it from then on): a
+        # signal recorded by now stops start-up, whether or not its cancellation got here.
+        startup_stop.check()
         record = await register_model(registration, card, self.plane.endpoint)
         # Closes first: the record goes (file: heartbeat stopped, then the file; etcd: the lease
         # revoked) before the request plane drains.

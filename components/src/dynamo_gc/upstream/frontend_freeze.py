@@ -27,7 +27,7 @@ import sys
 import threading
 from dataclasses import dataclass
 
-from dynamo_gc import lifecycle
+from dynamo_gc import lifecycle, startup_stop
 from dynamo_gc.freeze import maybe_freeze_gc_heap
 from dynamo_gc.gc_state import ProcessGcState
 from dynamo_gc.metrics import DEBUG_GC_STATE_PATH, DynamoMetrics, debug_gc_state
@@ -78,6 +78,9 @@ def gc_freeze_routes() -> list:
     the env var, before upstream opens its HTTP port and with nothing of the adapter installed.
     """
     global _activation
+    # A stop signal recorded during start-up (see dynamo_gc.upstream.interrupts): HTTP never
+    # starts. StartupInterrupted is a KeyboardInterrupt, which upstream's loader lets through.
+    startup_stop.check()
     with _lock:
         if _activation is not None:
             # Both activation ways at once (the entry point and the launcher, or the entry-point
@@ -122,12 +125,17 @@ def _activate(config: FrontendGcConfig) -> Activation:
     if config.metrics_port is not None:
         metrics_port = metrics_server.serve(metrics, config.metrics_host, config.metrics_port)
     frozen = maybe_freeze_gc_heap(settings.freeze_gc_heap, context=FREEZE_CONTEXT)
+    process_state = ProcessGcState(metrics)
+    process_state.froze = frozen is not None
+    try:
+        startup_stop.check()  # a signal during the freeze's collection
+    except startup_stop.StartupInterrupted:
+        process_state.restore()  # a stop leaves the GC state as it was
+        raise
     lifecycle.mark_serving(ADMISSION)
     # Upstream's main owns shutdown; at interpreter exit (after it returns) the heap is unfrozen,
     # so the final collections can finalize what the freeze kept (vLLM's native objects would
     # otherwise be reported as leaked), and the pause logger leaves before the last lines.
-    process_state = ProcessGcState(metrics)
-    process_state.froze = frozen is not None
     atexit.register(process_state.restore)
     return Activation(config, frozen, metrics, metrics_port, process_state)
 

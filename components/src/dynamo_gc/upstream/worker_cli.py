@@ -9,7 +9,10 @@ checkpoint/restore standby mode, which must not import vLLM: it captures the env
 resolved and checked against the installed ai-dynamo (exit 2 naming the version and the symbol),
 the pause logger and metrics are installed (and served on their own port when
 ``--gc-metrics-port`` asks: upstream's worker ``/metrics`` is its Rust runtime's), the global is
-wrapped, and upstream's ``__main__`` runs with the remaining arguments.
+wrapped, and upstream's ``__main__`` runs with the remaining arguments. An adapter whose upstream
+installs its signal handlers before a long start-up (the vLLM worker: ``signal_hook``) keeps
+SIGINT and SIGTERM from before its hooks are resolved until the freeze point
+(:mod:`.worker_signals`): a stop during start-up is one line and a prompt exit 0.
 """
 
 from __future__ import annotations
@@ -24,7 +27,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from dynamo_gc.configuration.options import Surface
-from dynamo_gc.upstream import hooks, metrics_server, versions, worker_freeze, worker_settings
+from dynamo_gc.upstream import (
+    hooks,
+    interrupts,
+    metrics_server,
+    versions,
+    worker_freeze,
+    worker_settings,
+    worker_signals,
+)
 from dynamo_gc.upstream.hooks import ModuleGlobalHook
 
 logger = logging.getLogger(__name__)
@@ -43,6 +54,15 @@ class WorkerAdapter:
     # and that returns only when the process is to go on (the vLLM worker's restore standby
     # check); resolving the hooks would import what upstream keeps out until then.
     before_engine_import: str | None = None
+    # Upstream's function that installs its shutdown signal handlers before start-up ends (the
+    # vLLM worker's ``install_signal_handlers``): deferred to the freeze point, the adapter's
+    # handlers stopping start-up meanwhile (:mod:`.worker_signals`). None: upstream's as they are.
+    signal_hook: ModuleGlobalHook | None = None
+
+    @property
+    def checked_hooks(self) -> tuple[ModuleGlobalHook, ...]:
+        """Every global the adapter wraps, all checked before anything is installed."""
+        return (*self.hooks, *((self.signal_hook,) if self.signal_hook else ()))
 
     def parse_args(
         self, argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
@@ -51,14 +71,15 @@ class WorkerAdapter:
         return worker_settings.parse_args(self.surface, argv, env)
 
     def main(self) -> None:
-        """The ``python -m`` entry point."""
-        run(self)
+        """The ``python -m`` entry point (Ctrl-C before upstream starts: :mod:`.interrupts`)."""
+        interrupts.stoppable(self.surface.program)(run)(self)
 
 
 def _run_upstream(adapter: WorkerAdapter, args: list[str]) -> None:
     # alter_sys=False: runpy would set sys.argv[0] to upstream's __main__.py, and upstream's
     # parser would head its help and its errors "usage: __main__.py"; they name this program.
     sys.argv = [adapter.surface.program, *args]
+    interrupts.hand_over()
     runpy.run_module(adapter.entry_module, run_name="__main__", alter_sys=False)
 
 
@@ -67,16 +88,36 @@ def run(adapter: WorkerAdapter, argv: Sequence[str] | None = None) -> None:
     program = adapter.surface.program
     if "--help" in args or "-h" in args:
         print(worker_settings.format_help(adapter.surface))
-        for hook in adapter.hooks:  # exit 2 here too on an unsupported version
+        for hook in adapter.checked_hooks:  # exit 2 here too on an unsupported version
             hooks.resolve(program, hook)
         print("Upstream ai-dynamo's own options follow.\n", flush=True)
         _run_upstream(adapter, ["--help"])
         return
     config, rest = worker_settings.split_args(adapter.surface, args)
+    if adapter.signal_hook is None:
+        _start(adapter, config, rest, None)
+        return
+    signals = worker_signals.StartupSignals(adapter.surface.program)
+    signals.install()
+    try:
+        _start(adapter, config, rest, signals)
+    except BaseException:
+        if signals.stopping:  # whatever the stop made start-up raise: the stop ends the process
+            signals.wait_for_stop()
+        raise
+
+
+def _start(
+    adapter: WorkerAdapter,
+    config: worker_settings.WorkerGcConfig,
+    rest: list[str],
+    signals: worker_signals.StartupSignals | None,
+) -> None:
+    program = adapter.surface.program
     settings = config.gc
     if adapter.before_engine_import is not None:
         _run_before_engine_import(adapter.before_engine_import)
-    for hook in adapter.hooks:  # all checked before anything is installed
+    for hook in adapter.checked_hooks:  # all checked before anything is installed
         hooks.resolve(program, hook)
     versions.warn_if_unchecked(program)
     metrics = worker_freeze.install_observers(settings)
@@ -88,8 +129,13 @@ def run(adapter: WorkerAdapter, argv: Sequence[str] | None = None) -> None:
             option="--gc-metrics-port / DYN_VLLM_GC_METRICS_PORT",
         )
     freeze = worker_freeze.FreezeOnce(
-        settings, context=adapter.freeze_context, admission=adapter.admission
+        settings,
+        context=adapter.freeze_context,
+        admission=adapter.admission,
+        before=signals.hand_over if signals is not None else None,
     )
+    if signals is not None and adapter.signal_hook is not None:
+        hooks.wrap(program, adapter.signal_hook, signals.defer)
     for hook in adapter.hooks:
         hooks.wrap(
             program,

@@ -5,18 +5,21 @@ call after which the frontend routes requests to the worker: everything start-up
 heap, nothing is admitted yet. The first call collects and freezes (when enabled), marks the
 process ``serving`` (so no later freeze can run: the guard in :mod:`dynamo_gc.lifecycle`), then
 calls upstream's function unchanged. Later calls (a second model, more mocker workers) only call
-upstream's function.
+upstream's function. A stop signal recorded before (:mod:`dynamo_gc.startup_stop`) raises
+``StartupInterrupted`` instead, before the freeze and again before the phase changes: upstream
+registers nothing.
 """
 
 from __future__ import annotations
 
 import functools
+import gc
 import logging
 import threading
 from collections.abc import Callable
 from typing import Any
 
-from dynamo_gc import lifecycle
+from dynamo_gc import lifecycle, startup_stop
 from dynamo_gc.configuration.gc_options import GcSettings
 from dynamo_gc.freeze import maybe_freeze_gc_heap
 from dynamo_gc.metrics import DynamoMetrics
@@ -28,20 +31,42 @@ logger = logging.getLogger(__name__)
 class FreezeOnce:
     """Runs the freeze and the phase change the first time it is called, never again."""
 
-    def __init__(self, settings: GcSettings, *, context: str, admission: str) -> None:
+    def __init__(
+        self,
+        settings: GcSettings,
+        *,
+        context: str,
+        admission: str,
+        before: Callable[[], None] | None = None,
+    ) -> None:
         self.settings = settings
         self.context = context
         self.admission = admission
+        # run first, on the first call only (the vLLM adapter hands the signals back to
+        # upstream's handlers there: from the freeze on, a stop is upstream's graceful one)
+        self.before = before
         self.frozen: int | None = None
         self._done = False
         self._lock = threading.Lock()
 
     def __call__(self) -> None:
+        # A stop signal recorded during start-up (its interruption lost on the way: see
+        # dynamo_gc.startup_stop) ends it here, before upstream registers; on every call, so a
+        # second hooked global cannot register after a stop either.
+        startup_stop.check()
         with self._lock:
             if self._done:
                 return
             self._done = True
+        if self.before is not None:
+            self.before()
         self.frozen = maybe_freeze_gc_heap(self.settings.freeze_gc_heap, context=self.context)
+        try:
+            startup_stop.check()  # a signal during the freeze's collection
+        except startup_stop.StartupInterrupted:
+            if self.frozen is not None:
+                gc.unfreeze()  # a stop leaves the GC state as it was
+            raise
         lifecycle.mark_serving(self.admission)
 
 

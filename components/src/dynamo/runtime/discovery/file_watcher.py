@@ -158,11 +158,15 @@ class DiscoveryWatcher(PeriodicDuty):
         self._over_limit = 0  # record files listed past max_records at the last poll
         # Peers trigger these lines (a record file is anyone's who can write the directory):
         # each cause gets a budget of lines a minute, whatever the number of files.
-        level = self._warn_level
-        self._malformed_lines = LogBudget(logger, level, lines=MALFORMED_LINES_PER_MINUTE)
-        self._unreadable_lines = LogBudget(logger, level)
-        self._expired_lines = LogBudget(logger, level)
-        self._over_limit_lines = LogBudget(logger, level, lines=1)
+        warn, info = self._warn_level, self._info_level
+        self._malformed_lines = LogBudget(
+            logger, warn, lines=MALFORMED_LINES_PER_MINUTE, clock=clock
+        )
+        self._unreadable_lines = LogBudget(logger, warn, clock=clock)
+        self._expired_lines = LogBudget(logger, warn, clock=clock)
+        self._renewed_lines = LogBudget(logger, info, clock=clock)
+        self._deleted_lines = LogBudget(logger, info, clock=clock)
+        self._over_limit_lines = LogBudget(logger, warn, lines=1, clock=clock)
         self._periodic = PeriodicTask("discovery-watcher", poll_interval_s, self.poll_once)
 
     # --- the scanning thread ----------------------------------------------------------------
@@ -339,8 +343,8 @@ class DiscoveryWatcher(PeriodicDuty):
             sighting = self._sightings.get(path)
             if sighting is None or sighting.digest != version.digest:
                 if sighting is not None and sighting.expired:
-                    logger.log(
-                        self._info_level, "Discovery record %s renewed after it expired", path
+                    self._renewed_lines.emit(
+                        "Discovery record %s renewed after it expired", escape(path, 300)
                     )
                 sighting = self._sightings[path] = _Sighting(version.digest, changed_at=now)
             if record.has_lease and self._expired(path, record, sighting, now):
@@ -360,7 +364,7 @@ class DiscoveryWatcher(PeriodicDuty):
                 escape(path, 300),
                 silent_s,
                 record.instance_id,
-                record.endpoint,
+                escape(record.endpoint),
             )
         return True
 
@@ -402,12 +406,12 @@ class DiscoveryWatcher(PeriodicDuty):
                 exc,
             )
             return
-        logger.info(
+        self._deleted_lines.emit(
             "Deleted discovery record %s: no heartbeat for %.0f s (worker %s at %s)",
-            path,
+            escape(path, 300),
             silent_s,
             record.instance_id,
-            record.endpoint,
+            escape(record.endpoint),
         )
 
     def _poll_files(self) -> dict[str, ModelRecord] | None:
