@@ -226,6 +226,12 @@ class GcMaintainer:
             )
         return self._task
 
+    def cancel(self) -> None:
+        """Cancel the task without waiting for it (its event loop is ending anyway)."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+
     async def stop(self) -> None:
         """Stop (first at the drain): an attempt in progress reopens admission on its way."""
         task, self._task = self._task, None
