@@ -61,7 +61,7 @@ from typing import Any
 
 import bench_common as bc
 from launcher_process import wait_until
-from serving_load import run_client
+from serving_load import run_client, summary_of
 from serving_pair import gc_counters, pauses_in, rss_mb
 from upstream_arms import UpstreamPair, frozen_at_start
 from upstream_pair import MODEL, tiny_model_dir
@@ -106,9 +106,8 @@ def run_arm(arm: str, args, model_dir: Path, work_dir: Path) -> dict:
         loadavg_at_end = list(os.getloadavg())
         after = gc_counters(metrics_url)
         pauses = pauses_in(pair.measured.log_bytes(offset, pair.measured.log_size()))
-        latencies = sorted(load.pop("latency_s"))
-        load.pop("ttft_s", None)
-        load.pop("send_lag_s", None)
+        latencies = sorted(load["latency_s"])
+        load = summary_of(load)
         return {
             "arm": arm,
             **load,

@@ -271,3 +271,40 @@ def test_bench_hostile_templates_smoke(tmp_path):
         assert run["rss_peak_mb"] >= run["rss_before_mb"] > 0, run
     (compiled,) = runs["compile"]
     assert compiled["ordinary_served_after_s"] > 0, compiled
+
+
+def test_bench_gc_soak_smoke(tmp_path):
+    """The soak's arms on real processes (frontend and mock workers with the growth knob), a
+    couple of seconds each: what each writes, not what it measures."""
+    result = run_smoke("bench_gc_soak.py", tmp_path, "--keep-logs", timeout_s=600)
+    assert result["benchmark"] == "gc_soak"
+    assert_machine(result)
+    assert result["settings"]["growth_per_request"] > 0
+    rows = {row["arm"]: row for row in result["rows"]}
+    assert set(rows) == {"once", "idle", "withdraw"}
+    assert (rows["idle"]["workers"], rows["withdraw"]["workers"]) == (1, 2)
+    for row in rows.values():
+        assert row["sent"] > 0 and row["errors"] == 0, row
+        assert row["latency"]["n"] == row["sent"]
+    for run in result["per_arm"]:
+        names = {"frontend", "worker", *(["worker1"] if run["workers"] == 2 else [])}
+        assert set(run["processes"]) == names
+        assert run["timeline"] and all(
+            sample["rss_mb"][name] > 0 for sample in run["timeline"] for name in names
+        )
+        for process in run["processes"].values():
+            assert {"serving_pauses", "maintenances", "held", "metrics"} <= set(process)
+            assert process["metrics"]["serving_all"]["count"] >= 0
+        # What the plot marks: the slowest requests with the time they were scheduled at.
+        assert 0 < len(run["slowest"]) <= 20 and "scheduled_s" not in run
+    # Every arm against `once` in its pass, and the goals the doc quotes.
+    pairs = {pair["arm"]: pair for pair in result["pairs"]}
+    assert "throughput_over_once" in pairs["idle"] and "throughput_over_once" in pairs["withdraw"]
+    assert {"withdraw_stalls_ge_50ms", "idle_stalls_ge_50ms", "once_longest_pause_ms"} <= set(
+        result["goal"]
+    )
+    # The maintenance options reached the processes they are for.
+    logs = {log.name: log.read_text(errors="replace") for log in tmp_path.glob("*.log")}
+    assert "gc_maintenance=withdraw" in logs["gc_soak-pass0-withdraw-worker1.log"]
+    assert "gc_maintenance=idle" in logs["gc_soak-pass0-idle-worker.log"]
+    assert "gc_maintenance=off" in logs["gc_soak-pass0-once-worker.log"]

@@ -24,8 +24,12 @@ from dynamo_gc.freeze import FreezeRecord, freeze_gc_heap
 from dynamo_gc.maintainer import MAINTAINED_LINE, GcMaintainer, IdleQuiescence
 from dynamo_gc.maintenance_metrics import MaintenanceMetrics
 from dynamo_gc.maintenance_trigger import (
+    AHEAD_MARGIN,
     IDLE_RECLAIM_EVERY,
+    IDLE_RECLAIM_OVERDUE,
+    IDLE_RECLAIM_OVERDUE_BUDGETS,
     IDLE_RECLAIM_QUIET_S,
+    WITHDRAW_RECLAIM_SHARE,
     MaintenanceTrigger,
     ReclaimPolicy,
 )
@@ -112,9 +116,19 @@ def test_the_estimate_is_the_last_pause_at_the_calibrated_rate_or_315s_candidate
 
 
 def test_reclaiming_policy():
-    withdraw = ReclaimPolicy(always=True, budget_s=0.05)
-    assert withdraw.decide(None, 0.0) and withdraw.decide(100.0, 0.0)
-    idle = ReclaimPolicy(always=False, budget_s=0.05)
+    clock = FakeClock()
+    withdraw = ReclaimPolicy(withdraw=True, budget_s=0.05, clock=clock)
+    assert withdraw.decide(None, 0.0) and withdraw.decide(100.0, 0.0)  # never reclaimed yet
+    withdraw.done(True)
+    # Then by its share of time: a 2 s whole walk once every 2 / WITHDRAW_RECLAIM_SHARE s.
+    assert withdraw.decide(None, 0.0)  # no estimate of the walk: reclaim
+    clock.advance(2.0 / WITHDRAW_RECLAIM_SHARE - 0.1)
+    assert not withdraw.decide(2.0, 0.0)
+    clock.advance(0.1)
+    assert withdraw.decide(2.0, 0.0)
+    withdraw.done(False)
+    assert withdraw.decide(2.0, 0.0)  # a maintenance that did not reclaim changes nothing
+    idle = ReclaimPolicy(withdraw=False, budget_s=0.05, clock=clock)
     assert idle.decide(0.04, 0.0)  # the whole walk fits the budget
     assert not idle.decide(0.5, 100.0) and not idle.decide(None, 100.0)
     for _ in range(IDLE_RECLAIM_EVERY - 1):
@@ -123,6 +137,72 @@ def test_reclaiming_policy():
     assert idle.decide(0.5, IDLE_RECLAIM_QUIET_S)
     idle.done(True)
     assert idle.since_reclaim == 0
+    # Continuous load: never an idle second. Overdue, it reclaims at an ordinary idle moment
+    # when the whole walk is within the bound of budgets; a heap past it stays pinned.
+    for _ in range(IDLE_RECLAIM_OVERDUE - 1):
+        assert not idle.overdue()
+        idle.done(False)
+    assert idle.overdue() and not withdraw.overdue()
+    assert idle.decide(IDLE_RECLAIM_OVERDUE_BUDGETS * 0.05, 0.0)
+    assert not idle.decide(IDLE_RECLAIM_OVERDUE_BUDGETS * 0.05 + 0.01, 0.0)
+    assert not idle.decide(None, 0.0)
+
+
+def test_maintenance_is_due_ahead_of_a_full_collection_predicted_at_the_due_level():
+    """Each full collection walks everything grown since the last maintenance: one cycle's
+    growth more than the last. The trigger learns one cycle's walk and, when the next full
+    collection would reach the due level, marks maintenance due before CPython's count lets
+    that one run."""
+    clock = FakeClock()
+    trigger = MaintenanceTrigger(BUDGET_MS, clock=clock)  # due at 25 ms
+    lifecycle.mark_serving("test")
+    threshold = 10
+    near = threshold + 1 - AHEAD_MARGIN  # the first count within the margin
+    trigger.look_ahead(threshold, threshold)
+    assert not trigger.due and trigger.next_full_s() is None  # nothing measured yet
+    trigger.on_collection(2, 0.010, {"generation": 2})  # the first cycle walks 10 ms
+    assert trigger.cycle_walk_s == pytest.approx(0.010)
+    trigger.look_ahead(threshold, threshold)
+    assert not trigger.due  # the next is predicted at 20 ms, under the 25 ms level
+    trigger.on_collection(2, 0.020, {"generation": 2})  # two cycles: 10 ms each
+    assert trigger.next_full_s() == pytest.approx(0.030)
+    for passes in range(near):
+        trigger.look_ahead(passes, threshold)
+        assert not trigger.due, passes
+    clock.advance(1.0)
+    trigger.look_ahead(near, threshold)
+    assert trigger.due and trigger.due_reason == "ahead" and trigger.due_for_s() == 0.0
+    assert trigger.due_pause_s is None
+    # The maintenance walked two cycles and most of a third in 28 ms: 10 ms a cycle again.
+    trigger.maintained(0.028, 2 + near / (threshold + 1))
+    assert not trigger.due and trigger.full_since_maintained == 0
+    assert trigger.next_full_s() == pytest.approx(0.010, rel=0.05)  # from zero again
+    # A workload whose one cycle walks past the level is maintained ahead of every cycle.
+    trigger.on_collection(2, 0.040, {"generation": 2})
+    assert trigger.due and trigger.due_reason == "pause"
+    trigger.maintained(0.004, 0.1)  # right after it: 4 ms for a tenth of a cycle
+    assert trigger.cycle_walk_s >= trigger.due_at_s
+    trigger.look_ahead(near, threshold)
+    assert trigger.due and trigger.due_reason == "ahead"
+
+
+def test_the_lead_grows_with_the_time_quiescence_took_to_reach():
+    """A withdrawal that waits for a peer's maintenance takes longer than young collections
+    take to come: the trigger marks it due that much earlier, at the pace CPython's count rose."""
+    clock = FakeClock()
+    trigger = MaintenanceTrigger(BUDGET_MS, clock=clock)
+    lifecycle.mark_serving("test")
+    trigger.cycle_walk_s = 1.0  # every full collection would be over the level
+    for passes in range(4):  # a generation-1 collection every 0.1 s
+        trigger.look_ahead(passes, 10)
+        clock.advance(0.1)
+    assert trigger.pass_interval_s == pytest.approx(0.1) and not trigger.due
+    trigger.reached(0.3)  # 0.3 s to a quiescent moment: a lead of 2 x 3 = 6 collections
+    trigger.look_ahead(4, 10)
+    assert not trigger.due  # 7 to go
+    clock.advance(0.1)
+    trigger.look_ahead(5, 10)
+    assert trigger.due and trigger.due_reason == "ahead"
 
 
 # -- the admission gate ------------------------------------------------------------------------
@@ -255,6 +335,39 @@ def test_under_load_admission_is_held_while_in_flight_requests_finish(serving, c
     assert "held 1 request(s) at admission for up to 20.0 ms" in waits[0].getMessage()
 
 
+def test_the_maintainer_maintains_ahead_of_cpythons_next_full_collection(serving, monkeypatch):
+    """The maintainer reads CPython's count of generation-1 collections since the last full one
+    (a counter, no walk) and, with the next full collection predicted past the due level,
+    maintains before that one may run: no serving full collection comes first."""
+    count = [0, 0, 0]
+    reads = []
+
+    def get_count() -> tuple[int, ...]:
+        reads.append(tuple(count))
+        return tuple(count)
+
+    monkeypatch.setattr(maintainer.gc, "get_count", get_count)
+    monkeypatch.setattr(maintainer.gc, "get_threshold", lambda: (700, 10, 10))
+
+    async def scenario():
+        clock = FakeClock()
+        async with idle_maintainer(clock) as (task, gate, metrics):
+            clock.advance(1.0)
+            task.trigger.cycle_walk_s = 1.0  # one cycle's growth walks past the due level
+            count[2] = 10 - AHEAD_MARGIN  # not yet within the margin
+            read = len(reads)
+            await wait_until_async(lambda: len(reads) >= read + 3, deadline_s=DEADLINE_S)
+            assert not task.trigger.due and task.maintenances == 0
+            count[2] += 1
+            await wait_until_async(lambda: task.maintenances >= 1, deadline_s=DEADLINE_S)
+            count[2] = 0  # what the maintenance's own collections do to CPython's count
+            labels = {"mode": "idle", "reason": "ahead"}
+            assert sample(metrics, "dynamo_gc_maintenance_total", **labels) >= 1
+            assert task.trigger.serving_full_collections == 0
+
+    run(scenario)
+
+
 def test_requests_that_do_not_finish_in_the_bound_reopen_admission_untouched(
     serving, mocker, caplog
 ):
@@ -314,6 +427,29 @@ def test_an_overdue_reclaim_runs_in_a_long_idle_moment(serving, caplog):
     run(scenario)
     (line,) = [r for r in caplog.records if r.msg == MAINTAINED_LINE]
     assert "mode=idle reason=reclaim " in line.getMessage()
+
+
+def test_a_heap_too_large_to_reclaim_under_load_is_said_once(serving, caplog):
+    caplog.set_level(logging.INFO, logger="dynamo_gc.maintainer")
+
+    async def scenario():
+        clock = FakeClock()
+        async with idle_maintainer(clock) as (task, gate, metrics):
+            task.reclaim.since_reclaim = IDLE_RECLAIM_OVERDUE
+            task.trigger.calibrate(1_000, 1.0)  # 1,000 objects a second: any walk is too long
+            task.frozen_estimate = 10_000
+            clock.advance(IDLE_RECLAIM_QUIET_S / 2)  # an ordinary idle moment, not a long one
+            for done in (1, 2):
+                make_due(task.trigger)
+                await wait_until_async(
+                    lambda done=done: task.maintenances == done, deadline_s=DEADLINE_S
+                )
+                assert task.last is not None and not task.last.reclaim
+
+    run(scenario)
+    said = [r for r in caplog.records if r.msg == maintainer.PINNED_LINE]
+    assert [r.levelno for r in said] == [logging.WARNING]
+    assert "Use withdraw" in said[0].getMessage()
 
 
 # -- on or off at start-up ------------------------------------------------------------------------

@@ -72,9 +72,11 @@ def test_a_withdrawn_worker_answers_the_distinct_503_and_its_health_says_withdra
         gate = AdmissionGate()
         async with worker_plane(tiny_tokenizer_dir, gate) as (engine, endpoint, session):
             assert len(await generate(session, endpoint, 0)) == 3
+            assert gate.turned_away_at is None
             gate.withdrawn = True
             with pytest.raises(WorkerWithdrawn):
                 await generate(session, endpoint, 1)
+            assert gate.turned_away_at is not None  # what the withdrawal's settle time reads
             async with session.get(endpoint + request_plane.HEALTH_PATH) as health:
                 assert (health.status, await health.json()) == (503, {"status": "withdrawn"})
             assert engine.requests_started == 1 and gate.in_flight == 0

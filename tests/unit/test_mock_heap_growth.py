@@ -11,7 +11,7 @@ from dynamo.runtime.request_plane import GenerateRequest
 from dynamo.runtime.sampling import SamplingOptions
 from dynamo.vllm import backend_args
 from dynamo.vllm.mock_engine import MockEngine
-from dynamo.vllm.mock_growth import EVICTING_CAPACITY, RequestStateCache, request_entry
+from dynamo.vllm.mock_growth import EVICTING_OBJECTS, RequestStateCache, request_entry
 from tests.support.cycles import Node
 
 
@@ -30,14 +30,18 @@ def test_an_entry_is_n_tracked_containers_in_one_cycle():
 
 
 def test_the_evicted_share_is_spread_evenly_and_the_cache_is_bounded():
-    cache = RequestStateCache(10, evict_percent=25)
+    cache = RequestStateCache(10, evict_percent=25, evicting_objects=10_000)
+    assert cache.capacity == 1000  # entries of 10 objects
     for _ in range(400):
         cache.add()
     assert (len(cache.kept), len(cache.evicting), cache.evicted) == (300, 100, 0)
-    for _ in range(4 * EVICTING_CAPACITY):
+    for _ in range(4 * cache.capacity):
         cache.add()
-    assert len(cache.evicting) == EVICTING_CAPACITY and cache.evicted == 100
-    assert cache.tracked_objects == (len(cache.kept) + EVICTING_CAPACITY) * 10
+    assert len(cache.evicting) == cache.capacity and cache.evicted == 100
+    assert cache.tracked_objects == (len(cache.kept) + cache.capacity) * 10
+    # The default bound is in objects: larger entries, fewer of them.
+    assert RequestStateCache(1000, 50).capacity == EVICTING_OBJECTS // 1000
+    assert RequestStateCache(10 * EVICTING_OBJECTS, 50).capacity == 1
     nothing = RequestStateCache(0, 50)
     nothing.add()
     assert nothing.requests == 0 and nothing.tracked_objects == 0
@@ -52,7 +56,7 @@ def test_an_entry_frozen_then_evicted_stays_until_a_reclaim():
     del marker
     gc.collect()
     gc.freeze()  # a maintenance froze it while cached
-    for _ in range(EVICTING_CAPACITY):
+    for _ in range(cache.capacity):
         cache.add()  # ... and the cache evicted it since
     gc.collect()
     assert cache.evicted == 1 and first() is not None  # pinned by the freeze

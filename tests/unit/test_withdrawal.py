@@ -31,7 +31,11 @@ class FakeWatcher:
 
 
 class FakeDiscovery:
-    def watcher(self, *, on_add, on_remove) -> FakeWatcher:
+    def __init__(self) -> None:
+        self.quiet: bool | None = None
+
+    def watcher(self, *, on_add, on_remove, quiet=False) -> FakeWatcher:
+        self.quiet = quiet
         return FakeWatcher()
 
 
@@ -70,7 +74,9 @@ class FakeLock:
 
 
 class Setup:
-    def __init__(self, *peer_states: str | None, bound_s: float = 5.0) -> None:
+    def __init__(
+        self, *peer_states: str | None, bound_s: float = 5.0, settle_s: float = 0.0
+    ) -> None:
         self.clock = FakeClock()
         self.gate = AdmissionGate(clock=self.clock)
         self.registration = FakeRegistration()
@@ -88,6 +94,7 @@ class Setup:
             idle=IdleQuiescence(self.gate, hold_bound_s=0.05, clock=self.clock),
             bound_s=bound_s,
             context="vllm worker",
+            settle_s=settle_s,
             clock=self.clock,
         )
 
@@ -195,6 +202,35 @@ def test_requests_that_outlast_the_bound_bring_it_back_unmaintained():
             assert attempt.in_flight == 1
             assert setup.back() and setup.registration.states == ["withdrawn", None]
             assert await setup.quiescence.reach("pause", 0.0) is None  # retried later, not now
+
+    asyncio.run(scenario())
+
+
+def test_it_maintains_only_once_no_request_was_turned_away_for_the_settle_time():
+    """A frontend that has not seen the record yet still sends requests: each is turned away
+    (another instance takes it) and the maintenance waits, so that none arrives while the
+    synchronous maintenance blocks the worker's event loop."""
+
+    async def scenario():
+        setup = Setup(None, bound_s=1.0, settle_s=0.3)
+        attempt = asyncio.ensure_future(setup.quiescence.reach("pause", 0.0))
+        await wait_until_async(lambda: setup.gate.withdrawn, deadline_s=10.0)
+        for _ in range(3):  # turned away at 0.2, 0.4 and 0.6 s
+            setup.clock.advance(0.2)
+            setup.gate.turn_away()
+        assert not attempt.done()
+        setup.clock.advance(0.3)  # 0.3 s since the last one, within the 1 s bound
+        quiet = await asyncio.wait_for(attempt, 10.0)
+        assert isinstance(quiet, Quiet) and quiet.mode == "withdraw"
+        await setup.quiescence.leave(quiet)
+
+        again = Setup(None, bound_s=1.0, settle_s=0.3)
+        attempt = asyncio.ensure_future(again.quiescence.reach("pause", 0.0))
+        await wait_until_async(lambda: again.gate.withdrawn, deadline_s=10.0)
+        again.clock.advance(0.8)
+        again.gate.turn_away()  # still sent at 0.8 s: settled at 1.1 s, past the bound
+        attempt_result = await asyncio.wait_for(attempt, 10.0)
+        assert isinstance(attempt_result, GaveUp) and again.back()
 
     asyncio.run(scenario())
 

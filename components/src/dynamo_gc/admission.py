@@ -10,7 +10,8 @@ stay outside). The maintainer (:mod:`dynamo_gc.maintainer`) reads :attr:`in_flig
   request saw, reported as one;
 * **withdrawn** (``withdraw``): the launcher answers a request that still reaches it at once
   (the worker: a distinct 503 that the frontend's router takes as "another instance, now");
-  the gate itself only carries the flag.
+  the gate carries the flag, and when it last turned a request away (:meth:`turn_away`): the
+  maintenance waits until the frontends have stopped sending.
 
 Everything here runs on one event loop; nothing is shared with other threads.
 """
@@ -42,6 +43,7 @@ class AdmissionGate:
         self._waiters: set[_Waiter] = set()
         self._idle: asyncio.Event | None = None  # set when in_flight reaches 0
         self._idle_since = clock()
+        self.turned_away_at: float | None = None  # clock() when a request was last turned away
 
     @property
     def held(self) -> bool:
@@ -83,6 +85,10 @@ class AdmissionGate:
                 idle, self._idle = self._idle, None
                 if idle is not None:
                     idle.set()
+
+    def turn_away(self) -> None:
+        """A request was answered as withdrawn (the launcher sent it elsewhere)."""
+        self.turned_away_at = self._clock()
 
     def hold(self) -> None:
         """New requests wait at the gate from now on (until :meth:`release`)."""

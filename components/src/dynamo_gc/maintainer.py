@@ -10,8 +10,10 @@ Two ways to reach quiescence, one per mode:
 
 * :class:`IdleQuiescence` (``idle``, here): when nothing has been in flight for
   :data:`IDLE_QUIET_S`, the admission gate is held and the maintenance runs at once. Under load
-  with no such moment, after :data:`LOAD_DEFER_S` of being due, admission is held and the
-  requests in flight get the pause budget to finish; if they do not, admission reopens (the
+  with no such moment, after :data:`LOAD_DEFER_S` of being due (:data:`AHEAD_LOAD_DEFER_S`
+  when it is due ahead of the next full collection, which is then only a few young
+  collections away), admission is held and the requests in flight get the pause budget to
+  finish; if they do not, admission reopens (the
   attempt is counted as given up) and the next try waits twice as long as the last, from
   :data:`RETRY_FIRST_S` to :data:`RETRY_MAX_S`. It never collects with anything in flight:
   a process that never has an idle moment nor requests short enough is never maintained, and
@@ -22,6 +24,7 @@ Two ways to reach quiescence, one per mode:
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from collections.abc import Callable
@@ -50,6 +53,7 @@ DUE_POLL_S = 0.005
 IDLE_QUIET_S = 0.02
 # Due for this long with no idle moment: hold admission and let the requests in flight finish.
 LOAD_DEFER_S = 1.0
+AHEAD_LOAD_DEFER_S = 0.1  # due ahead: the next full collection is a few young ones away
 # After an attempt given up, the next one waits this long, doubling up to the maximum.
 RETRY_FIRST_S = 1.0
 RETRY_MAX_S = 16.0
@@ -64,6 +68,12 @@ WAIT_LINE = "GC maintenance (%s) held %d request(s) at admission for up to %.1f 
 GAVE_UP_LINE = (
     "GC maintenance deferred (%s): mode=%s: %d request(s) still in flight after %.0f ms; "
     "admission reopened, next try in %g s"
+)
+PINNED_LINE = (
+    "GC maintenance (%s): %d maintenances without reclaiming the garbage the frozen generation "
+    "may pin; a reclaim walks the whole heap (~%.1f s), longer than a request held at an idle "
+    "maintenance should wait: it runs only in an idle second. Use withdraw where the workload "
+    "evicts what it keeps"
 )
 DUE_LINE = (
     "GC maintenance (%s) due for %.0f s and not run: no quiescent moment found (mode %s); "
@@ -149,7 +159,8 @@ class IdleQuiescence:
         if gate.in_flight == 0 and gate.idle_for_s() >= quiet:
             gate.hold()  # nothing awaits between here and the maintenance: the moment holds
             return Quiet(self.mode, self._clock(), gate.count)
-        if reason != "pause" or due_for_s < LOAD_DEFER_S or not self.retry.ready():
+        defer_s = AHEAD_LOAD_DEFER_S if reason == "ahead" else LOAD_DEFER_S
+        if reason == "reclaim" or due_for_s < defer_s or not self.retry.ready():
             return None
         gate.hold()
         began = self._clock()
@@ -167,6 +178,12 @@ class IdleQuiescence:
 
     async def leave(self, quiet: Quiet) -> list[float]:
         return self.gate.release()
+
+
+def _young_passes() -> tuple[int, int]:
+    """CPython's generation-1 collections since the last full one, and its threshold for them
+    (a full collection may run once they exceed it): two reads of counters, no walk."""
+    return gc.get_count()[2], gc.get_threshold()[2]
 
 
 class GcMaintainer:
@@ -189,7 +206,7 @@ class GcMaintainer:
         self.metrics = metrics
         self._clock = clock
         self.reclaim = ReclaimPolicy(
-            always=quiescence.mode == "withdraw", budget_s=trigger.budget_s
+            withdraw=quiescence.mode == "withdraw", budget_s=trigger.budget_s, clock=clock
         )
         start = last_freeze()
         trigger.calibrate_from_freeze(start)
@@ -197,6 +214,7 @@ class GcMaintainer:
         self.maintenances = 0
         self.last: MaintenanceRecord | None = None
         self._warned_due_at: float | None = None
+        self._pinned_said = False
         self._task: asyncio.Task | None = None
 
     # -- the task ---------------------------------------------------------------------------
@@ -207,6 +225,12 @@ class GcMaintainer:
                 self.run(), name=f"gc-maintainer-{self.quiescence.mode}"
             )
         return self._task
+
+    def cancel(self) -> None:
+        """Cancel the task without waiting for it (its event loop is ending anyway)."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
 
     async def stop(self) -> None:
         """Stop (first at the drain): an attempt in progress reopens admission on its way."""
@@ -236,12 +260,15 @@ class GcMaintainer:
             await asyncio.sleep(POLL_S)
             return
         self._warn_if_overdue()
-        quiet = await self.quiescence.reach(reason, self.trigger.due_for_s())
+        due_for_s = self.trigger.due_for_s()
+        quiet = await self.quiescence.reach(reason, due_for_s)
         if isinstance(quiet, GaveUp):
             self._gave_up(quiet)
         if not isinstance(quiet, Quiet):
-            await asyncio.sleep(DUE_POLL_S if reason == "pause" else POLL_S)
+            await asyncio.sleep(POLL_S if reason == "reclaim" else DUE_POLL_S)
             return
+        if reason != "reclaim":
+            self.trigger.reached(self.trigger.due_for_s())  # how long reaching it took
         record = None
         try:
             record = self._maintain(quiet, reason)
@@ -250,9 +277,13 @@ class GcMaintainer:
         self._report(quiet, reason, record, waits)
 
     def _reason(self) -> str | None:
-        if self.trigger.due:
-            return "pause"
-        if not self.reclaim.always and self.reclaim.since_reclaim >= IDLE_RECLAIM_EVERY:
+        trigger = self.trigger
+        if lifecycle.current_phase() is lifecycle.Phase.SERVING:
+            # CPython's own counters (no walk): how near the next full collection is.
+            trigger.look_ahead(*_young_passes())
+        if trigger.due:
+            return trigger.due_reason  # "pause" or "ahead"
+        if not self.reclaim.withdraw and self.reclaim.since_reclaim >= IDLE_RECLAIM_EVERY:
             return "reclaim"  # overdue: run at the next long idle moment
         return None
 
@@ -262,26 +293,35 @@ class GcMaintainer:
         trigger = self.trigger
         unfrozen = trigger.unfrozen_estimate()
         whole = None if unfrozen is None else self.frozen_estimate + unfrozen
+        whole_walk_s = trigger.walk_estimate_s(whole)
         reclaim = reason == "reclaim" or self.reclaim.decide(
-            trigger.walk_estimate_s(whole), self.quiescence.gate.idle_for_s()
+            whole_walk_s, self.quiescence.gate.idle_for_s()
         )
+        if not reclaim and self.reclaim.overdue() and not self._pinned_said:
+            self._pinned_said = True
+            logger.warning(
+                PINNED_LINE, self.context, self.reclaim.since_reclaim, whole_walk_s or 0.0
+            )
         trigger.maintaining_candidates = None  # set by the window's own full collections
+        passes, threshold = _young_passes()  # the share of a cycle grown since the last full
         try:
             with lifecycle.maintenance_window(reason, quiet.in_flight) as window:
                 record = maintain_gc_heap(
                     window,
                     context=self.context,
                     reclaim=reclaim,
-                    # The count walks the permanent generation: only where no client waits.
-                    count_frozen=quiet.mode == "withdraw",
+                    # The count walks the permanent generation: only where no client waits,
+                    # and only when the whole heap is walked anyway.
+                    count_frozen=quiet.mode == "withdraw" and reclaim,
                 )
         except RuntimeError:  # not serving any more (a drain began): nothing to do
             return None
         if record is not None:
-            self._learn(record)
+            cycles = trigger.full_since_maintained + passes / (threshold + 1)
+            self._learn(record, cycles)
         return record
 
-    def _learn(self, record: MaintenanceRecord) -> None:
+    def _learn(self, record: MaintenanceRecord, cycles: float) -> None:
         trigger = self.trigger
         examined_ms = record.reclaim_ms if record.reclaim else record.collect_ms
         assert examined_ms is not None
@@ -298,8 +338,10 @@ class GcMaintainer:
             garbage = record.reclaimed if record.reclaim else record.collected
             kept = max(0, (walked or 0) - garbage)
             self.frozen_estimate = kept if record.reclaim else self.frozen_estimate + kept
-        trigger.maintained()
+        trigger.maintained(record.collect_ms / 1000.0, cycles)
         self.reclaim.done(record.reclaim)
+        if record.reclaim:
+            self._pinned_said = False
         self.maintenances += 1
         self.last = record
         self._warned_due_at = None
@@ -316,7 +358,7 @@ class GcMaintainer:
             return
         frozen = str(record.frozen) if record.frozen is not None else f"~{self.frozen_estimate}"
         closed = "withdrawn" if quiet.mode == "withdraw" else "held"
-        label = "reclaim" if reason == "reclaim" else "pause"
+        label = reason  # pause, ahead or reclaim
         logger.info(
             MAINTAINED_LINE,
             self.context,

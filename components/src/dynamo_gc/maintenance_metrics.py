@@ -4,7 +4,7 @@ Registered only when maintenance is on (``off`` adds nothing to ``/metrics``). E
 set by the maintainer on its event loop, or read at scrape time from what the trigger already
 holds: nothing here walks the heap, and nothing runs inside a GC callback (so these may use
 prometheus_client's own locked types, unlike ``dynamo_gc_pause_seconds``). Label values are
-bounded: ``mode`` is ``idle`` or ``withdraw``, ``reason`` is ``pause`` or ``reclaim``.
+bounded: ``mode`` is ``idle`` or ``withdraw``, ``reason`` is ``pause``, ``ahead`` or ``reclaim``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dynamo_gc.maintenance_trigger import MaintenanceTrigger
 from dynamo_gc.metrics import PAUSE_BUCKETS_S
 
 MODES = ("idle", "withdraw")
-REASONS = ("pause", "reclaim")
+REASONS = ("pause", "ahead", "reclaim")
 
 MAINTENANCE_TOTAL_METRIC = "dynamo_gc_maintenance"  # exposed as dynamo_gc_maintenance_total
 MAINTENANCE_SECONDS_METRIC = "dynamo_gc_maintenance_seconds"
@@ -39,8 +39,9 @@ class MaintenanceMetrics:
             MAINTENANCE_TOTAL_METRIC,
             "Serving-time GC maintenances done, by mode (idle: admission held in place; "
             "withdraw: out of routing) and reason (pause: a serving full collection reached "
-            "half the pause budget; reclaim: a scheduled reclaim of the garbage the frozen "
-            "generation pinned)",
+            "half the pause budget; ahead: run before the next full collection, whose growth "
+            "alone reached half the budget in the last cycle; reclaim: a scheduled reclaim of "
+            "the garbage the frozen generation pinned)",
             labelnames=["mode", "reason"],
             registry=registry,
         )

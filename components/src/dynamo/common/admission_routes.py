@@ -32,6 +32,7 @@ def install_admission_gate(
         if not gated(request):
             return await handler(request)
         if gate.withdrawn and withdrawn is not None:
+            gate.turn_away()
             return withdrawn()
         async with gate.admitted():
             return await handler(request)

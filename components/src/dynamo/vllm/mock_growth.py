@@ -7,9 +7,10 @@ as they ask: every request served adds one entry of N tracked containers, one re
 (each container refers back to the entry), as cached request state would be.
 
 A share of the entries (``evict_percent``, spread evenly over the requests) goes to a bounded
-cache that evicts its oldest entry once it holds :data:`EVICTING_CAPACITY`: an evicted entry is
-cyclic garbage, which only the collector frees, and which it cannot free while a freeze pins it
-(entries frozen by a maintenance while cached, evicted after it: what a reclaim is for). The
+cache that evicts its oldest entry once it holds :data:`EVICTING_OBJECTS` objects (a cache is
+bounded by its size, so an entry lives longer in it when entries are smaller): an evicted entry
+is cyclic garbage, which only the collector frees, and which it cannot free while a freeze pins
+it (entries frozen by a maintenance while cached, evicted after it: what a reclaim is for). The
 rest is kept for the life of the process.
 """
 
@@ -17,8 +18,8 @@ from __future__ import annotations
 
 import collections
 
-# Entries the evicting cache holds before it evicts its oldest.
-EVICTING_CAPACITY = 1000
+# The tracked objects the evicting cache holds before it evicts its oldest entry.
+EVICTING_OBJECTS = 200_000
 
 
 def request_entry(objects: int) -> list:
@@ -34,9 +35,13 @@ def request_entry(objects: int) -> list:
 class RequestStateCache:
     """The entries the mock engine keeps per request (see the module docstring)."""
 
-    def __init__(self, per_request: int, evict_percent: int = 0) -> None:
+    def __init__(
+        self, per_request: int, evict_percent: int = 0, evicting_objects: int = EVICTING_OBJECTS
+    ) -> None:
         self.per_request = per_request
         self.evict_percent = evict_percent
+        # Entries the evicting cache holds (at least one).
+        self.capacity = max(1, evicting_objects // per_request) if per_request > 0 else 0
         self.kept: list[list] = []
         self.evicting: collections.deque[list] = collections.deque()
         self.requests = 0
@@ -53,7 +58,7 @@ class RequestStateCache:
         share = self.evict_percent
         if (self.requests * share) // 100 > ((self.requests - 1) * share) // 100:
             self.evicting.append(entry)
-            if len(self.evicting) > EVICTING_CAPACITY:
+            if len(self.evicting) > self.capacity:
                 self.evicting.popleft()
                 self.evicted += 1
         else:

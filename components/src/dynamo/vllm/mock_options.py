@@ -7,7 +7,7 @@ only with ``--mock-heap-growth`` above 0 as well.
 from __future__ import annotations
 
 from dynamo.common.configuration import count_option, milliseconds_option
-from dynamo.vllm.mock_growth import EVICTING_CAPACITY
+from dynamo.vllm.mock_growth import EVICTING_OBJECTS
 
 MOCK_TOKEN_MS = milliseconds_option(
     "mock-token-ms",
@@ -72,7 +72,8 @@ MOCK_HEAP_EVICT_PERCENT = count_option(
     0,
     (
         "Mock engine, with --mock-heap-growth: this share of the requests' entries goes to a "
-        f"bounded cache that evicts its oldest entry once it holds {EVICTING_CAPACITY}; an "
+        f"bounded cache that evicts its oldest entry once it holds {EVICTING_OBJECTS:,} "
+        "objects; an "
         "evicted entry is cyclic garbage, which a collection frees unless a freeze pinned it "
         "meanwhile (what --gc-maintenance reclaims); the rest is kept for good"
     ),

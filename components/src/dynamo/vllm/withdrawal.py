@@ -5,18 +5,23 @@ The worker's :class:`~dynamo_gc.maintainer.Quiescence` for ``withdraw``
 layer's. One attempt, when a maintenance is due:
 
 1. a peer must serve the model: another instance registered in discovery, live (its lease
-   holds) and not withdrawn itself (:class:`Peers`, a discovery watcher of the worker's own);
-   with none at all, the worker does what ``idle`` does, saying so once, since withdrawing
-   would take the model out of service; with peers that are all withdrawn, it waits;
+   holds) and not withdrawn itself (:class:`Peers`, a discovery watcher of the worker's own,
+   a quiet reader: it deletes nothing and leaves the store's bad or expired records to the
+   frontends to report); with none at all, the worker does what ``idle`` does, saying so once,
+   since withdrawing would take the model out of service; with peers that are all withdrawn,
+   it waits;
 2. the model's maintenance lock (:meth:`Discovery.maintenance_lock`, under a lease: a holder
    that dies frees it within the TTL), so at most one instance of a model is out at a time;
    with the lock held the peer check is made again, so the last one serving never leaves;
 3. out of routing: the gate answers every new generate request with the withdrawn 503 (the
    frontend's router takes another instance at once), and the record says ``withdrawn`` (the
    frontends route to it last as soon as they see it);
-4. the requests in flight get ``--drain-timeout`` to finish. If they do not, the worker comes
-   back without maintaining and tries again later (doubling waits): a maintenance never cuts
-   a request short;
+4. the requests in flight get ``--drain-timeout`` to finish, and the frontends time to stop
+   sending: no request turned away for :data:`WITHDRAW_SETTLE_S`. A request that reaches the
+   worker while its event loop runs is turned away at once; one that arrives during the
+   synchronous maintenance would wait the whole of it. If either takes longer than the bound,
+   the worker comes back without maintaining and tries again later (doubling waits): a
+   maintenance never cuts a request short;
 5. the maintenance runs (nothing in flight, checked by the operation itself), then the worker
    comes back: the gate admits, the record loses its state, the lock is released. Each of these
    also happens when the maintainer is stopped (the drain) in the middle of an attempt.
@@ -44,6 +49,10 @@ logger = logging.getLogger(__name__)
 
 # How often the model's maintenance lock is asked for while a peer holds it.
 LOCK_RETRY_S = 0.25
+# Withdrawn, with nothing in flight: no request turned away for this long before the maintenance
+# runs, so every frontend has seen the record (a frontend polling the file store sees it within
+# its 0.2 s poll; etcd's watchers are told at once) and none sends a request into it.
+WITHDRAW_SETTLE_S = 0.3
 
 ALONE_LINE = (
     "GC maintenance (%s): no other live instance of model %s is registered; maintaining in "
@@ -58,7 +67,8 @@ class Peers:
         self.model = model
         self.instance_id = instance_id
         self.records: dict[str, ModelRecord] = {}
-        self.watcher = discovery.watcher(on_add=self._add, on_remove=self._remove)
+        # A quiet reader: the frontends report and clean up the store's bad and expired records.
+        self.watcher = discovery.watcher(on_add=self._add, on_remove=self._remove, quiet=True)
 
     def _add(self, record: ModelRecord) -> None:
         if record.model == self.model and record.instance_id != self.instance_id:
@@ -100,9 +110,11 @@ class WithdrawQuiescence:
         idle: IdleQuiescence,
         bound_s: float,
         context: str,
+        settle_s: float = WITHDRAW_SETTLE_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.gate = gate
+        self.settle_s = settle_s
         self.registration = registration
         self.lock = lock
         self.peers = peers
@@ -158,13 +170,26 @@ class WithdrawQuiescence:
                 self.context,
                 exc,
             )
-        finished = await gate.until_idle(self.bound_s)
+        finished = await gate.until_idle(self.bound_s) and await self._settled(began)
         if finished and await self.lock.held():
             self.retry.reset()
             return Quiet(self.mode, began, gate.count, handle=self.mode)
         in_flight = gate.in_flight
         await self._come_back()
         return GaveUp(self.mode, in_flight, self._clock() - began, self.retry.failed(), [])
+
+    async def _settled(self, began: float) -> bool:
+        """Whether, within the bound from ``began``, no request was turned away for
+        ``settle_s`` (counted from the withdrawal at the earliest) with nothing in flight."""
+        deadline = began + self.bound_s
+        while True:
+            last = max(began, self.gate.turned_away_at or began)
+            wait = last + self.settle_s - self._clock()
+            if wait <= 0:
+                return self.gate.in_flight == 0
+            if self._clock() + wait > deadline:
+                return False
+            await asyncio.sleep(wait)  # until the settle time has passed, then look again
 
     async def leave(self, quiet: Quiet) -> list[float]:
         if quiet.handle != self.mode:

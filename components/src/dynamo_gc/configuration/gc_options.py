@@ -163,3 +163,19 @@ def maintenance_options(
         ),
     )
     return [mode, budget]
+
+
+def maintenance_problem(
+    mode: str, freeze_gc_heap: bool, *, mode_option: Option, freeze_option: Option
+) -> str | None:
+    """Why a maintenance ``mode`` cannot work with the freeze's setting (exit 2), or None: a
+    maintenance freezes again what the start-up freeze began, and with the freeze off there is
+    no frozen heap to keep small, only stock CPython to keep. The message names both options
+    (flag and env var), as each surface declares them."""
+    if mode == MAINTENANCE_OFF or freeze_gc_heap:
+        return None
+    return (
+        f"{mode_option.source_label()} is {mode!r}, which needs the start-up GC "
+        f"freeze, and {freeze_option.source_label()} is off (--no-{freeze_option.name} or "
+        f"{freeze_option.env_var}=0): set the maintenance to off, or the freeze on"
+    )

@@ -23,20 +23,23 @@ import importlib
 import logging
 import runpy
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from dynamo_gc.configuration.options import Surface
 from dynamo_gc.upstream import (
     hooks,
     interrupts,
     metrics_server,
+    served_maintenance,
     versions,
     worker_freeze,
     worker_settings,
     worker_signals,
 )
 from dynamo_gc.upstream.hooks import ModuleGlobalHook
+from dynamo_gc.upstream.request_gate import RequestPath
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +61,12 @@ class WorkerAdapter:
     # vLLM worker's ``install_signal_handlers``): deferred to the freeze point, the adapter's
     # handlers stopping start-up meanwhile (:mod:`.worker_signals`). None: upstream's as they are.
     signal_hook: ModuleGlobalHook | None = None
+    # Where each request the worker serves passes through Python (its handlers' generate
+    # methods): gated for the serving-time maintenance (:mod:`.served_maintenance`). Empty: the
+    # worker cannot host it (its surface declares no maintenance option).
+    request_paths: tuple[RequestPath, ...] = ()
+    # Why a hooked call registers something served by another path (None: by a gated one).
+    ungated: Callable[[Any], str | None] | None = None
 
     @property
     def checked_hooks(self) -> tuple[ModuleGlobalHook, ...]:
@@ -120,10 +129,17 @@ def _start(
     for hook in adapter.checked_hooks:  # all checked before anything is installed
         hooks.resolve(program, hook)
     versions.warn_if_unchecked(program)
-    metrics = worker_freeze.install_observers(settings)
+    adapter_gc = served_maintenance.observe(
+        program,
+        settings,
+        config.maintenance,
+        paths=adapter.request_paths,
+        context=adapter.freeze_context,
+        ungated=adapter.ungated,
+    )
     if config.metrics_port is not None:
         metrics_server.serve(
-            metrics,
+            adapter_gc.metrics,
             config.metrics_host,
             config.metrics_port,
             option="--gc-metrics-port / DYN_VLLM_GC_METRICS_PORT",
@@ -133,6 +149,8 @@ def _start(
         context=adapter.freeze_context,
         admission=adapter.admission,
         before=signals.hand_over if signals is not None else None,
+        after_freeze=adapter_gc.frozen,
+        on_serving=adapter_gc.serve,
     )
     if signals is not None and adapter.signal_hook is not None:
         hooks.wrap(program, adapter.signal_hook, signals.defer)

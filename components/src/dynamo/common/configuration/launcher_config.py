@@ -9,12 +9,12 @@ from dataclasses import dataclass
 from dynamo.runtime.discovery import DiscoverySettings
 from dynamo.runtime.discovery.etcd_endpoints import EtcdEndpoint
 from dynamo_gc.configuration.gc_options import (
-    MAINTENANCE_OFF,
     GcSettings,
     MaintenanceSettings,
     gc_options,
     maintenance_options,
 )
+from dynamo_gc.configuration.gc_options import maintenance_problem as gc_maintenance_problem
 from dynamo_gc.configuration.options import Option
 
 from .drain_options import drain_option
@@ -37,17 +37,15 @@ def process_options(
 
 
 def maintenance_problem(config: LauncherConfig, options: Sequence[Option]) -> str | None:
-    """Why the maintenance options cannot work together with the freeze's (exit 2), or None:
-    a maintenance freezes again what the start-up freeze began, and with the freeze off there
-    is no frozen heap to keep small, only stock CPython to keep."""
-    if config.gc_maintenance == MAINTENANCE_OFF or config.freeze_gc_heap:
-        return None
+    """Why the maintenance options cannot work together with the freeze's (exit 2), or None
+    (the layer's rule, :func:`dynamo_gc.configuration.gc_options.maintenance_problem`, which
+    the upstream adapters apply too)."""
     by_dest = {option.dest: option for option in options}
-    mode, freeze = by_dest["gc_maintenance"], by_dest["freeze_gc_heap"]
-    return (
-        f"{mode.source_label()} is {config.gc_maintenance!r}, which needs the start-up GC "
-        f"freeze, and {freeze.source_label()} is off (--no-{freeze.name} or "
-        f"{freeze.env_var}=0): set the maintenance to off, or the freeze on"
+    return gc_maintenance_problem(
+        config.gc_maintenance,
+        config.freeze_gc_heap,
+        mode_option=by_dest["gc_maintenance"],
+        freeze_option=by_dest["freeze_gc_heap"],
     )
 
 

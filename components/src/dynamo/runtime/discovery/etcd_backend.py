@@ -100,11 +100,14 @@ class EtcdDiscovery:
             self.connection(), self.namespace, model, instance_id, self.ttl_s
         )
 
-    def watcher(self, *, on_add: RecordCallback, on_remove: RecordCallback) -> EtcdWatcher:
+    def watcher(
+        self, *, on_add: RecordCallback, on_remove: RecordCallback, quiet: bool = False
+    ) -> EtcdWatcher:
         return EtcdWatcher(
             self.connection(),
             self.prefix,
             on_add=on_add,
             on_remove=on_remove,
             max_records=self.max_records,
+            quiet=quiet,
         )

@@ -181,11 +181,14 @@ class FileDiscovery:
     def maintenance_lock(self, model: str, instance_id: str) -> FileMaintenanceLock:
         return FileMaintenanceLock(self.directory, model, instance_id, ttl_s=self.ttl_s)
 
-    def watcher(self, *, on_add: RecordCallback, on_remove: RecordCallback) -> FileWatcher:
+    def watcher(
+        self, *, on_add: RecordCallback, on_remove: RecordCallback, quiet: bool = False
+    ) -> FileWatcher:
         return FileWatcher(
             self.directory,
             on_add=on_add,
             on_remove=on_remove,
             ttl_s=self.ttl_s,
             max_records=self.max_records,
+            quiet=quiet,
         )

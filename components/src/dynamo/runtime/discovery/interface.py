@@ -134,7 +134,12 @@ class Discovery(Protocol):
 
     def registration(self) -> Registration: ...
 
-    def watcher(self, *, on_add: RecordCallback, on_remove: RecordCallback) -> RecordWatcher: ...
+    def watcher(
+        self, *, on_add: RecordCallback, on_remove: RecordCallback, quiet: bool = False
+    ) -> RecordWatcher:
+        """A watcher of every record. A frontend's (the default) reports what it sees wrong
+        in the store and, on the file store, deletes long-expired records; a ``quiet`` one only
+        reads (a worker's view of its peers): it deletes nothing and logs at DEBUG."""
 
     def maintenance_lock(self, model: str, instance_id: str) -> MaintenanceLock:
         """The lock ``instance_id`` takes before it withdraws from serving ``model``."""
