@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from dynamo_gc.upstream.frontend_hooks import EXTENSION_PROGRAM
+from dynamo_gc.upstream.versions import SUPPORTED_VERSIONS
 from tests.upstream.frontend_pair import (
     FROZEN,
     HTTP_STARTED,
@@ -122,11 +124,9 @@ def test_a_changed_upstream_stops_the_frontend_with_exit_2_naming_version_and_sy
     assert frontend.process.exit_code(deadline_s=120) == 2
 
     log = frontend.process.log()
-    expected = (
-        f"dynamo_gc (gc-freeze route extension): error: ai-dynamo {version('ai-dynamo')}: {symbol}"
-    )
+    expected = f"{EXTENSION_PROGRAM}: error: ai-dynamo {version('ai-dynamo')}: {symbol}"
     assert expected in log, log
-    assert "this adapter supports ai-dynamo 1.6.1" in log
+    assert f"this adapter supports ai-dynamo {', '.join(SUPPORTED_VERSIONS)}" in log
     # never a frontend that serves unfrozen
     assert frontend.position(HTTP_STARTED) == -1
     assert frontend.process.count(FROZEN) == 0
@@ -138,7 +138,7 @@ def test_an_unlisted_version_with_its_symbols_in_place_runs_with_a_warning(front
     # whose hooked symbols are all still there looks like to the provider.
     prelude = """
         from dynamo_gc.upstream import versions
-        versions.SUPPORTED_VERSIONS = ("1.6.0",)
+        versions.SUPPORTED_VERSIONS = ("0.0.0",)
     """
     frontend = frontends(
         UPSTREAM,
@@ -149,8 +149,7 @@ def test_an_unlisted_version_with_its_symbols_in_place_runs_with_a_warning(front
     frontend.serve_a_chat()
 
     warning = re.escape(
-        f"dynamo_gc (gc-freeze route extension): ai-dynamo {version('ai-dynamo')} {UNCHECKED} "
-        "(checked: 1.6.0)"
+        f"{EXTENSION_PROGRAM}: ai-dynamo {version('ai-dynamo')} {UNCHECKED} (checked: 0.0.0)"
     )
     assert 0 <= frontend.position(warning) < frontend.position(FROZEN)
     assert frontend.position(FROZEN) < frontend.position(HTTP_STARTED)
@@ -200,5 +199,14 @@ def test_a_bad_env_value_exits_2_before_http_starts(frontends, name, value):
 
     log = frontend.process.log()
     assert name in log and repr(value) in log
+    # the operator ran upstream's command: the error names the extension and the env var that
+    # put it there, and says where the options are listed (not a --help of a program not run)
+    assert f"{EXTENSION_PROGRAM}: error: " in log
+    assert (
+        "python -m dynamo.frontend, gc-freeze route extension (DYN_FRONTEND_ROUTE_EXTENSIONS)"
+        in log
+    )
+    assert "(the gc-freeze route extension reads these env vars; " in log
+    assert "run python -m dynamo_gc.frontend --help" not in log
     assert frontend.position(HTTP_STARTED) == -1
     assert frontend.process.count(FROZEN) == 0

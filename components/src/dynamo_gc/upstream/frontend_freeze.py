@@ -32,7 +32,13 @@ from dynamo_gc.freeze import maybe_freeze_gc_heap
 from dynamo_gc.gc_state import ProcessGcState
 from dynamo_gc.metrics import DEBUG_GC_STATE_PATH, DynamoMetrics, debug_gc_state
 from dynamo_gc.pause_logger import install_gc_pause_logger
-from dynamo_gc.upstream import frontend_hooks, frontend_settings, metrics_server, preprocess_pool
+from dynamo_gc.upstream import (
+    frontend_hooks,
+    frontend_settings,
+    metrics_server,
+    preprocess_pool,
+    stand_down,
+)
 from dynamo_gc.upstream.frontend_settings import FrontendGcConfig
 
 logger = logging.getLogger(__name__)
@@ -56,6 +62,8 @@ class Activation:
 _lock = threading.Lock()
 _configured: FrontendGcConfig | None = None
 _activation: Activation | None = None
+# Upstream freezes this process itself (:mod:`.stand_down`): the provider does nothing more.
+_stood_down = False
 
 
 def configure(config: FrontendGcConfig) -> None:
@@ -63,6 +71,24 @@ def configure(config: FrontendGcConfig) -> None:
     global _configured
     with _lock:
         _configured = config
+
+
+def mark_stood_down() -> None:
+    """The launcher found upstream's own freeze and said so: the provider, if upstream calls it
+    too (the env var set as well), does nothing and logs nothing more."""
+    global _stood_down
+    with _lock:
+        _stood_down = True
+
+
+def not_served(config: FrontendGcConfig) -> list[str]:
+    """The adapter's own settings in ``config`` that nothing serves once it stands down."""
+    lost = []
+    if config.metrics_port is not None:
+        lost.append(f"--dyn-gc-metrics-port / DYN_GC_METRICS_PORT ({config.metrics_port})")
+    if config.debug_gc_endpoint:
+        lost.append("--dyn-debug-gc-endpoint / DYN_DEBUG_GC_ENDPOINT")
+    return lost
 
 
 def activation() -> Activation | None:
@@ -77,8 +103,10 @@ def gc_freeze_routes() -> list:
     does not catch: it leaves ``async_main`` and the process with status 2), naming the symbol or
     the env var, before upstream opens its HTTP port and with nothing of the adapter installed.
     """
-    global _activation
+    global _activation, _stood_down
     with _lock:
+        if _stood_down:
+            return []  # upstream freezes this process itself; the line was logged once
         if _activation is not None:
             # Both activation ways at once (the entry point and the launcher, or the entry-point
             # name and its module:function path): one freeze, one pause logger.
@@ -88,8 +116,15 @@ def gc_freeze_routes() -> list:
             config = _configured  # the launcher's flags; it checked upstream before starting it
         else:
             # Upstream's own command (the Kubernetes way): nothing has checked upstream yet.
-            frontend_hooks.checked_frontend_main(frontend_hooks.EXTENSION_PROGRAM)
+            upstream = frontend_hooks.checked_frontend_main(frontend_hooks.EXTENSION_PROGRAM)
             config = frontend_settings.from_env()
+            own_freeze = stand_down.upstream_freeze_in(upstream)
+            if own_freeze is not None:
+                stand_down.stand_down(
+                    frontend_hooks.EXTENSION_PROGRAM, own_freeze, not_served(config)
+                )
+                _stood_down = True
+                return []
         _activation = _activate(config)
     return debug_routes() if config.debug_gc_endpoint else []
 
@@ -134,12 +169,13 @@ def _activate(config: FrontendGcConfig) -> Activation:
 
 def reset_for_tests() -> None:
     """Forget this process's activation and configured settings (tests run many in one process)."""
-    global _activation, _configured
+    global _activation, _configured, _stood_down
     with _lock:
         if _activation is not None:
             atexit.unregister(_activation.process_state.restore)
             _activation.metrics.detach()
         _activation = None
         _configured = None
+        _stood_down = False
     preprocess_pool.unwrap_initializer()
     metrics_server.stop()
