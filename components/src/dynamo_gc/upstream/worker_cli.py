@@ -24,10 +24,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from dynamo_gc.configuration.options import Surface
-from dynamo_gc.upstream import hooks, metrics_server, versions, worker_freeze, worker_settings
+from dynamo_gc.upstream import (
+    embedding_children,
+    hooks,
+    metrics_server,
+    stand_down,
+    versions,
+    worker_freeze,
+    worker_settings,
+)
 from dynamo_gc.upstream.hooks import ModuleGlobalHook
 
 logger = logging.getLogger(__name__)
+
+METRICS_OPTION = "--gc-metrics-port / DYN_VLLM_GC_METRICS_PORT"
 
 
 @dataclass(frozen=True)
@@ -43,6 +53,9 @@ class WorkerAdapter:
     # and that returns only when the process is to go on (the vLLM worker's restore standby
     # check); resolving the hooks would import what upstream keeps out until then.
     before_engine_import: str | None = None
+    # Upstream's --embedding-worker-processes children (the vLLM worker's) start through the
+    # adapter too (:mod:`.embedding_children`).
+    embedding_children: bool = False
 
     def parse_args(
         self, argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
@@ -78,18 +91,39 @@ def run(adapter: WorkerAdapter, argv: Sequence[str] | None = None) -> None:
         _run_before_engine_import(adapter.before_engine_import)
     for hook in adapter.hooks:  # all checked before anything is installed
         hooks.resolve(program, hook)
+    upstream = importlib.import_module(adapter.hooks[0].module)
+    if adapter.embedding_children:
+        embedding_children.checked_function(program, upstream)
     versions.warn_if_unchecked(program)
+    own_freeze = stand_down.upstream_freeze_in(upstream)
+    if own_freeze is not None:
+        # Upstream freezes this process itself: its parser gets the GC flags (the same names),
+        # the adapter keeps only its metrics options, and installs nothing.
+        lost = [] if config.metrics_port is None else [f"{METRICS_OPTION} ({config.metrics_port})"]
+        stand_down.stand_down(program, own_freeze, lost)
+        _run_upstream(adapter, worker_settings.without_metrics_options(adapter.surface, args))
+        return
     metrics = worker_freeze.install_observers(settings)
     if config.metrics_port is not None:
         metrics_server.serve(
             metrics,
             config.metrics_host,
             config.metrics_port,
-            option="--gc-metrics-port / DYN_VLLM_GC_METRICS_PORT",
+            option=METRICS_OPTION,
         )
     freeze = worker_freeze.FreezeOnce(
         settings, context=adapter.freeze_context, admission=adapter.admission
     )
+    if adapter.embedding_children:
+        embedding_children.install(
+            program,
+            upstream,
+            freeze_gc_heap=settings.freeze_gc_heap,
+            gc_pause_log_ms=settings.gc_pause_log_ms,
+            metrics=None
+            if config.metrics_port is None
+            else (config.metrics_host, config.metrics_port),
+        )
     for hook in adapter.hooks:
         hooks.wrap(
             program,

@@ -112,6 +112,14 @@ def split_args(
     return WorkerGcConfig(gc, namespace.gc_metrics_host, namespace.gc_metrics_port), rest
 
 
+def without_metrics_options(surface: Surface, argv: Sequence[str]) -> list[str]:
+    """``argv`` without the adapter's metrics options (their values already checked), the GC
+    flags left in place: what an upstream that freezes by itself, with the same flag names, is
+    given."""
+    _, rest = _metrics_parser(surface).parse_known_args(list(argv), env_vars={})
+    return rest
+
+
 def parse_args(
     surface: Surface, argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 ) -> argparse.Namespace:
