@@ -5,7 +5,10 @@ upstream's real frontend and mocker on loopback, the official ``openai`` client.
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 import textwrap
 from importlib.metadata import version
 from pathlib import Path
@@ -210,3 +213,18 @@ def test_a_bad_env_value_exits_2_before_http_starts(frontends, name, value):
     assert "run python -m dynamo_gc.frontend --help" not in log
     assert frontend.position(HTTP_STARTED) == -1
     assert frontend.process.count(FROZEN) == 0
+
+
+def test_upstreams_own_command_takes_the_options_as_env_vars_only():
+    # README.md's table: on upstream's unchanged command the extension reads env vars; upstream's
+    # parser refuses the flags (they are python -m dynamo_gc.frontend's)
+    done = subprocess.run(
+        [sys.executable, "-m", UPSTREAM, "--dyn-freeze-gc-heap", "--http-port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "DYN_FRONTEND_ROUTE_EXTENSIONS": "gc-freeze"},
+        check=False,
+    )
+    assert done.returncode != 0
+    assert "Unknown arguments specified: ['--dyn-freeze-gc-heap']" in done.stdout + done.stderr
