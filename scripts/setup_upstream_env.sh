@@ -187,16 +187,20 @@ fi
 wheels=${UPSTREAM_WHEELS:-.upstream-wheels}
 mkdir -p "$wheels"
 mapfile -t releases < <("$python" -c 'from dynamo_gc.upstream import versions as v; print(*v.SUPPORTED_VERSIONS, v.LAST_RELEASE_WITHOUT_ROUTE_EXTENSIONS, sep="\n")')
-missing=()
-for release in "${releases[@]}"; do
-  compgen -G "$wheels/ai_dynamo-$release-*.whl" >/dev/null || missing+=("ai-dynamo==$release")
-done
-if [ "${#missing[@]}" -gt 0 ]; then
-  started=$SECONDS
-  log "downloading ${missing[*]} into $wheels (wheels the tests read, not installed)"
-  printf '%s\n' "${missing[@]}" |
-    xargs -P 4 -I {} "${pip[@]}" download --no-deps --only-binary :all: --dest "$wheels" {}
-  log "release wheels downloaded in $((SECONDS - started)) s"
-fi
+# One environment at a time fills the directory (CI builds two upstream environments at once).
+(
+  flock 9
+  missing=()
+  for release in "${releases[@]}"; do
+    compgen -G "$wheels/ai_dynamo-$release-*.whl" >/dev/null || missing+=("ai-dynamo==$release")
+  done
+  if [ "${#missing[@]}" -gt 0 ]; then
+    started=$SECONDS
+    log "downloading ${missing[*]} into $wheels (wheels the tests read, not installed)"
+    printf '%s\n' "${missing[@]}" |
+      xargs -P 4 -I {} "${pip[@]}" download --no-deps --only-binary :all: --dest "$wheels" {}
+    log "release wheels downloaded in $((SECONDS - started)) s"
+  fi
+) 9>"$wheels/.lock"
 
 echo "$python"
