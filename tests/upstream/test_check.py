@@ -52,24 +52,18 @@ def test_a_frontend_without_route_extensions_fails_the_check_by_name(tmp_path):
 
 
 def test_the_vllm_worker_is_checked_where_upstreams_worker_imports_or_refused_by_name():
-    probe = subprocess.run(
-        [sys.executable, "-c", "import dynamo.vllm.main"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
     done = check("vllm")
-    if probe.returncode == 0:
+    # where upstream's worker module imports, every hook passes; where it does not (vLLM or a
+    # dependency of upstream's worker missing), that is the one refusal allowed
+    if done.returncode != 0 and "dynamo.vllm.main cannot be imported" in done.stderr:
+        assert done.returncode == 2
+        assert "python -m dynamo_gc.check: error: " in done.stderr
+    else:
         assert done.returncode == 0, done.stderr
         assert "vllm: python -m dynamo_gc.vllm wraps dynamo.vllm.main.register_vllm_model" in (
             done.stdout
         )
         assert "--embedding-worker-processes children start through the adapter" in done.stdout
-    else:
-        assert done.returncode == 2
-        assert "python -m dynamo_gc.check: error: " in done.stderr
-        assert "dynamo.vllm.main cannot be imported" in done.stderr
 
 
 def test_an_unknown_launcher_is_an_exit_2():
