@@ -17,6 +17,9 @@ collect and freeze, and mark the process ``serving`` (so the model watcher's
 JSON, which Prometheus cannot scrape, so the ``dynamo_gc_*`` metrics get a port of their own when
 ``DYN_GC_METRICS_PORT`` asks for one (see :mod:`.metrics_server`); the only route returned is
 ``GET /debug/gc/state``, and only when ``DYN_DEBUG_GC_ENDPOINT`` asks for it.
+
+Where the installed ai-dynamo freezes its frontend itself (:mod:`.stand_down`), the provider does
+none of this: one line, no routes.
 """
 
 from __future__ import annotations

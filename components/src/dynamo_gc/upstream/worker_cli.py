@@ -9,7 +9,10 @@ checkpoint/restore standby mode, which must not import vLLM: it captures the env
 resolved and checked against the installed ai-dynamo (exit 2 naming the version and the symbol),
 the pause logger and metrics are installed (and served on their own port when
 ``--gc-metrics-port`` asks: upstream's worker ``/metrics`` is its Rust runtime's), the global is
-wrapped, and upstream's ``__main__`` runs with the remaining arguments.
+wrapped (and, for the vLLM worker, upstream's ``--embedding-worker-processes`` children routed
+through the adapter: :mod:`.embedding_children`), and upstream's ``__main__`` runs with the
+remaining arguments. Where the installed ai-dynamo freezes the worker itself
+(:mod:`.stand_down`), nothing is installed: one line, and upstream gets the GC flags too.
 """
 
 from __future__ import annotations
