@@ -76,10 +76,6 @@ def checked_frontend_main(program: str = PROGRAM) -> Any:
     return module
 
 
-def upstream_frontend_main() -> Callable[[], None]:
-    return checked_frontend_main().main
-
-
 def upstream_frontend_parse_args() -> Callable[[], Any]:
     return checked_frontend_main().parse_args
 
