@@ -185,6 +185,15 @@ class Release:
             raise LookupError(f"ai-dynamo {self.version} has no module {dotted}")
         return StaticModule(dotted, self._zip.read(name).decode("utf-8"))
 
+    def sources_under(self, package: str) -> dict[str, str]:
+        """Every ``.py`` file under ``package`` (``dynamo.frontend``): its path and its text."""
+        prefix = package.replace(".", "/") + "/"
+        return {
+            name: self._zip.read(name).decode("utf-8")
+            for name in sorted(self._names)
+            if name.startswith(prefix) and name.endswith(".py")
+        }
+
     def entry_points(self) -> str:
         """The wheel's entry_points.txt (empty when it has none)."""
         for name in self._names:

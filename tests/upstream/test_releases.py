@@ -76,6 +76,10 @@ def test_the_release_before_the_first_has_no_route_extensions():
             "DYN_FRONTEND_ROUTE_EXTENSIONS" not in old.module(frontend_hooks.FRONTEND_ARGS).source
         )
         assert frontend_hooks.ROUTE_GROUP not in old.entry_points()
+        # nor does it load any entry-point group: nothing installed beside it runs there
+        # (docs/ai-dynamo.md says why the adapter ships no .pth start-up hook instead)
+        frontend = old.sources_under("dynamo.frontend")
+        assert frontend and not [path for path, text in frontend.items() if "entry_points" in text]
     finally:
         old.close()
 
