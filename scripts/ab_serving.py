@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 import bench_common as bc
-from serving_load import run_client
+from serving_load import run_client, summary_of
 from serving_pair import MODEL, PAUSE_LOG_MS, Pair, run_rung
 
 NAME = "ab_serving"
@@ -479,10 +479,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = run_arms(args, mode, settings, rungs, work_root)
     rows = aggregate(runs, rungs)
     result["rows"] = rows
-    result["per_pass"] = [
-        {k: v for k, v in run.items() if k not in ("latency_s", "ttft_s", "send_lag_s")}
-        for run in runs
-    ]
+    result["per_pass"] = [summary_of(run) for run in runs]
     result["goal"] = judge(rows)
     print(results_table(rows))
     print(json.dumps(result["goal"], indent=1))

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""A/B of the GC freeze on upstream ai-dynamo's own heap: its frontend with
-``--dyn-chat-processor vllm`` and its mock engine, stock against frozen, through the adapter's
-real activation paths.
+"""A/B of the GC freeze on upstream ai-dynamo's own heaps, stock against frozen, through the
+adapter's real activation paths: its frontend with ``--dyn-chat-processor vllm`` and its mock
+engine (``--target frontend``, the default), or its vLLM worker on the real vLLM CPU engine
+(``--target vllm-worker``).
 
 Arms (each a fresh pair of upstream processes, run by the upstream environment's python,
 scripts/setup_upstream_env.sh): the frontend is ``python -m dynamo.frontend
@@ -15,7 +16,17 @@ more logged) and metrics port; they differ only in ``DYN_FREEZE_GC_HEAP``:
 - ``frozen``: ``DYN_FREEZE_GC_HEAP=1`` (the default, set explicitly so that an inherited value
   cannot turn it off), the start-up heap frozen before HTTP admits.
 
-The arms alternate (``stock frozen``, then ``frozen stock``), ``--passes`` times. Load: the
+``--target vllm-worker`` measures upstream's vLLM worker's parent process (vLLM's ``AsyncLLM``,
+upstream's handlers and runtime: vLLM's real heap) serving the tiny model
+(scripts/make_tiny_model.py) on the CPU engine: the worker is ``python -m dynamo_gc.vllm`` in
+both arms, with the adapter's pause logger (50 ms) and metrics port, and differs only in
+``DYN_VLLM_FREEZE_GC_HEAP`` (``stock``: 0, the adapter's ``--no-freeze-gc-heap``; ``frozen``: 1,
+frozen after engine init, before ``register_vllm_model``). Upstream's frontend runs unchanged
+with its default chat processor (Rust: little Python heap of its own); ``--speedup-ratio`` does
+not apply.
+
+The arms alternate (``stock frozen``, then ``frozen stock``), ``--passes`` times (the vLLM
+worker's ``--smoke`` runs one order only: each arm starts a real engine). Load: the
 serving A/B's open-loop Poisson client (scripts/serving_load.py, latency counted from the
 scheduled send time), ``--rate`` requests per second for ``--duration`` seconds per arm. A stock
 frontend of this kind runs a full collection only when enough per-request state survives its
@@ -25,14 +36,15 @@ one in flight) none came in 7 minutes. So an arm needs minutes: ``--probe`` firs
 arm until its first full collection of 50 ms or more and reports when it came, and what the
 collector did meanwhile.
 
-Per arm: p50/p99/p99.9/p99.99/max latency, errors, achieved RPS, the frontend's pauses of 50 ms
-or more (from its log) and its collections per generation (from its metrics), its RSS at the
-end, the objects frozen at start-up, and what the model registered while serving added to the
-unfrozen heap (``GET /debug/gc/state`` once, before the load: objects tracked in the collected
-generations).
+Per arm: p50/p99/p99.9/p99.99/max latency, errors, achieved RPS, the measured process's pauses
+of 50 ms or more (from its log) and its collections per generation (from its metrics), its RSS at
+the end, the objects frozen at start-up, and (the frontend) what the model registered while
+serving added to the unfrozen heap (``GET /debug/gc/state`` once, before the load: objects
+tracked in the collected generations).
 
-    python scripts/ab_upstream.py [--quick|--smoke] [--probe] [--way extension|launcher]
-        [--upstream-python PY] [--rate RPS] [--duration S] [--passes N] [--out DIR] [--publish]
+    python scripts/ab_upstream.py [--target frontend|vllm-worker] [--quick|--smoke] [--probe]
+        [--way extension|launcher] [--upstream-python PY] [--rate RPS] [--duration S]
+        [--passes N] [--out DIR] [--publish]
 """
 
 from __future__ import annotations
@@ -40,7 +52,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -49,89 +60,34 @@ from pathlib import Path
 from typing import Any
 
 import bench_common as bc
-from launcher_process import LauncherProcess, free_port, wait_until
-from serving_load import run_client
-from serving_pair import gc_counters, http_get, pauses_in, rss_mb
-from upstream_pair import HTTP_STARTED, MODEL, loopback_env, mocker_args, tiny_model_dir
+from launcher_process import wait_until
+from serving_load import run_client, summary_of
+from serving_pair import gc_counters, pauses_in, rss_mb
+from upstream_arms import UpstreamPair, frozen_at_start
+from upstream_pair import MODEL, tiny_model_dir
 
 NAME = "ab_upstream"
 ARMS = ("stock", "frozen")
-PAUSE_LOG_MS = "50"
-START_DEADLINE_S = 600.0
 DEFAULT_UPSTREAM_PYTHON = bc.REPO_ROOT / ".venv-upstream" / "bin" / "python"
-MODES: dict[str, dict[str, Any]] = {
-    "full": {"duration_s": 400.0, "passes": 1, "rate": 80.0},
-    "quick": {"duration_s": 60.0, "passes": 1, "rate": 80.0},
-    "smoke": {"duration_s": 3.0, "passes": 1, "rate": 5.0},
+# Per target and mode: seconds of load per arm, rounds of both orders (``orders`` 1: the first
+# order only), offered RPS. The vLLM worker's rate is where its stock parent runs full
+# collections (scripts/ab_upstream.py --target vllm-worker --probe; docs/benchmarks.md).
+VLLM_WORKER_RATE = 16.0
+MODES: dict[str, dict[str, dict[str, Any]]] = {
+    "frontend": {
+        "full": {"duration_s": 400.0, "passes": 1, "rate": 80.0},
+        "quick": {"duration_s": 60.0, "passes": 1, "rate": 80.0},
+        "smoke": {"duration_s": 3.0, "passes": 1, "rate": 5.0},
+    },
+    "vllm-worker": {
+        "full": {"duration_s": 240.0, "passes": 1, "rate": VLLM_WORKER_RATE},
+        "quick": {"duration_s": 60.0, "passes": 1, "rate": VLLM_WORKER_RATE},
+        "smoke": {"duration_s": 3.0, "passes": 1, "rate": 5.0, "orders": 1},
+    },
 }
-
-
-class UpstreamPair:
-    """Upstream's frontend (vllm processor) and mocker for one arm, serving MODEL."""
-
-    def __init__(self, arm: str, args: argparse.Namespace, model_dir: Path, work_dir: Path):
-        kv_dir = work_dir / "kv"
-        kv_dir.mkdir(parents=True)
-        env = loopback_env(kv_dir)
-        self.port = free_port()
-        self.metrics_port = free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        gc_env = {
-            "DYN_FREEZE_GC_HEAP": "1" if arm == "frozen" else "0",
-            "DYN_GC_PAUSE_LOG_MS": PAUSE_LOG_MS,
-            "DYN_GC_METRICS_PORT": str(self.metrics_port),
-            "DYN_GC_METRICS_HOST": "127.0.0.1",
-            "DYN_DEBUG_GC_ENDPOINT": "1",
-        }
-        module = "dynamo.frontend"
-        if args.way == "extension":
-            gc_env["DYN_FRONTEND_ROUTE_EXTENSIONS"] = "gc-freeze"
-        else:
-            module = "dynamo_gc.frontend"
-        frontend_args = ["--discovery-backend", "file"]
-        if args.chat_processor != "default":
-            frontend_args += ["--dyn-chat-processor", args.chat_processor]
-        frontend_args += ["--http-host", "127.0.0.1", "--http-port", str(self.port)]
-        self.frontend = LauncherProcess(
-            "frontend",
-            module,
-            frontend_args,
-            log_dir=work_dir,
-            env={**env, **gc_env},
-            python=args.upstream_python,
-        )
-        self.worker = LauncherProcess(
-            "mocker",
-            "dynamo.mocker",
-            mocker_args(model_dir, args.speedup_ratio),
-            log_dir=work_dir,
-            env=env,
-            python=args.upstream_python,
-        )
-
-    def wait_ready(self) -> None:
-        self.frontend.wait_for_log(HTTP_STARTED, deadline_s=START_DEADLINE_S)
-
-        def listed() -> bool:
-            self.frontend.check_alive()
-            self.worker.check_alive()
-            body = http_get(self.base_url + "/v1/models")
-            models = json.loads(body).get("data", []) if body else []
-            return any(model.get("id") == MODEL for model in models)
-
-        wait_until(listed, deadline_s=START_DEADLINE_S, what=f"the frontend to list {MODEL}")
-
-    def gc_state(self) -> dict:
-        return json.loads(http_get(self.base_url + "/debug/gc/state", timeout_s=60) or b"{}")
-
-    def stop(self) -> None:
-        self.frontend.stop()
-        self.worker.stop()
-
-
-def frozen_at_start(log: str) -> int | None:
-    match = re.search(r"GC heap frozen \([^)]*\): collected=\d+ frozen=(\d+)", log)
-    return int(match.group(1)) if match else None
+# The file names of the results: the frontend's keep the name section 6 of docs/benchmarks.md
+# published them under.
+RESULT_NAMES = {"frontend": NAME, "vllm-worker": f"{NAME}_vllm_worker"}
 
 
 def run_arm(arm: str, args, model_dir: Path, work_dir: Path) -> dict:
@@ -141,18 +97,17 @@ def run_arm(arm: str, args, model_dir: Path, work_dir: Path) -> dict:
         # The machine is shared: each arm records the load average around its own load window.
         loadavg_at_start = list(os.getloadavg())
         state = pair.gc_state()  # the model is registered: its per-model state is built
-        metrics_url = f"http://127.0.0.1:{pair.metrics_port}/metrics"
-        offset, before = pair.frontend.log_size(), gc_counters(metrics_url)
+        metrics_url = pair.metrics_url()
+        offset, before = pair.measured.log_size(), gc_counters(metrics_url)
         load = run_client(
             pair.base_url + "/v1/chat/completions", args.rate, args.duration, args.seed, args
         )
-        pair.frontend.check_alive()
+        pair.measured.check_alive()
         loadavg_at_end = list(os.getloadavg())
         after = gc_counters(metrics_url)
-        pauses = pauses_in(pair.frontend.log_bytes(offset, pair.frontend.log_size()))
-        latencies = sorted(load.pop("latency_s"))
-        load.pop("ttft_s", None)
-        load.pop("send_lag_s", None)
+        pauses = pauses_in(pair.measured.log_bytes(offset, pair.measured.log_size()))
+        latencies = sorted(load["latency_s"])
+        load = summary_of(load)
         return {
             "arm": arm,
             **load,
@@ -167,9 +122,11 @@ def run_arm(arm: str, args, model_dir: Path, work_dir: Path) -> dict:
                 gen: None if after[gen] is None or before[gen] is None else after[gen] - before[gen]
                 for gen in after
             },
-            "rss_mb": rss_mb(pair.frontend.pid),
-            "frozen_at_start": frozen_at_start(pair.frontend.log()),
-            "unfrozen_after_model": sum(state.get("generation_objects", [])),
+            "rss_mb": rss_mb(pair.measured.pid),
+            "frozen_at_start": frozen_at_start(pair.measured.log()),
+            "unfrozen_after_model": (
+                sum(state["generation_objects"]) if "generation_objects" in state else None
+            ),
             "loadavg": {"start": loadavg_at_start, "end": loadavg_at_end},
         }
     finally:
@@ -193,9 +150,9 @@ def probe(args, model_dir: Path, work_dir: Path) -> dict:
     pair = UpstreamPair("stock", args, model_dir, work_dir)
     try:
         pair.wait_ready()
-        metrics_url = f"http://127.0.0.1:{pair.metrics_port}/metrics"
+        metrics_url = pair.metrics_url()
         before = gc_counters(metrics_url)
-        scanned = pair.frontend.log_size()
+        scanned = pair.measured.log_size()
         started = time.monotonic()
         client = subprocess.Popen(
             client_argv(
@@ -208,8 +165,8 @@ def probe(args, model_dir: Path, work_dir: Path) -> dict:
             def first_gen2() -> float | None:
                 # Scan only the log's new complete lines: it grows by every request's lines.
                 nonlocal scanned
-                pair.frontend.check_alive()
-                chunk = complete_lines(pair.frontend.log_bytes(scanned, pair.frontend.log_size()))
+                pair.measured.check_alive()
+                chunk = complete_lines(pair.measured.log_bytes(scanned, pair.measured.log_size()))
                 scanned += len(chunk)
                 if any(pause["generation"] == 2 for pause in pauses_in(chunk)):
                     return time.monotonic() - started
@@ -245,12 +202,54 @@ def probe(args, model_dir: Path, work_dir: Path) -> dict:
         pair.stop()
 
 
+def plot(args: argparse.Namespace, name: str, runs: list[dict]) -> Path | None:
+    """Per arm, in the order run: client latency (p99, p99.9, max) and the measured process's
+    pauses of 50 ms or more (count, longest)."""
+    plt = bc.pyplot()
+    if plt is None or not runs:
+        return None
+    fig, (latency_ax, pause_ax) = plt.subplots(1, 2, figsize=(12, 4.4))
+    labels = [f"{run['arm']} ({index + 1})" for index, run in enumerate(runs)]
+    x = range(len(runs))
+    for offset, key in ((-0.25, "p99"), (0.0, "p99.9"), (0.25, "max")):
+        latency_ax.bar(
+            [i + offset for i in x], [run["latency_ms"][key] for run in runs], 0.25, label=key
+        )
+    latency_ax.set_ylabel("ms, from the scheduled send time")
+    latency_ax.set_title(f"client latency at {args.rate:g} RPS (open loop)")
+    latency_ax.legend(fontsize=8)
+    colors = ["C3" if run["arm"] == "stock" else "C2" for run in runs]
+    pause_ax.bar(x, [run["max_pause_ms"] for run in runs], 0.5, color=colors)
+    for i, run in zip(x, runs, strict=True):
+        pause_ax.annotate(
+            f"{run['pauses_ge_50ms']} >= 50 ms", (i, run["max_pause_ms"]), ha="center", fontsize=8
+        )
+    pause_ax.set_ylabel("longest GC pause, ms")
+    pause_ax.set_title(f"the {args.target}'s GC pauses during the load")
+    for ax in (latency_ax, pause_ax):
+        ax.set_xticks(list(x), labels, fontsize=8)
+        ax.grid(True, axis="y", alpha=0.3)
+    title = (
+        f"{name} ({bc.mode_name(args)}): upstream ai-dynamo, stock vs frozen through the "
+        f"adapter; {bc.cpu_model()}, {os.cpu_count()} cores"
+    )
+    return bc.save_plot(args, fig, name, title)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--upstream-python",
         default=str(DEFAULT_UPSTREAM_PYTHON),
         help="python of the upstream environment (scripts/setup_upstream_env.sh)",
+    )
+    parser.add_argument(
+        "--target",
+        choices=tuple(MODES),
+        default="frontend",
+        help="the process the adapter is on and the A/B measures: upstream's frontend (with "
+        "the mocker behind it) or upstream's vLLM worker (python -m dynamo_gc.vllm, the real "
+        "vLLM CPU engine, behind upstream's unchanged frontend)",
     )
     parser.add_argument(
         "--way",
@@ -261,14 +260,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--chat-processor",
         choices=("vllm", "default"),
-        default="vllm",
-        help="the frontend's chat processor (default: upstream's Rust one, "
-        "whose small Python heap shows little; the A/B is for vllm)",
+        help="the frontend's chat processor (default: upstream's Rust one, whose small Python "
+        "heap shows little: the frontend's A/B is for vllm, the default there; the vLLM "
+        "worker's A/B keeps the frontend on default)",
     )
     parser.add_argument(
         "--probe",
         action="store_true",
-        help="only time a stock frontend's first full collection under load",
+        help="only time a stock arm's first full collection (>= 50 ms) under load",
     )
     parser.add_argument(
         "--probe-limit", type=float, default=900.0, help="with --probe: seconds of load at most"
@@ -288,7 +287,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=30.0, help="request timeout, seconds")
     parser.add_argument("--messages", type=int, default=8, help="chat turns per request")
-    parser.add_argument("--max-tokens", type=int, default=16, help="tokens per request")
+    parser.add_argument(
+        "--max-tokens", type=int, help="tokens per request (default 16; 64 for the vLLM worker)"
+    )
+    parser.add_argument(
+        "--top-logprobs",
+        type=int,
+        help="log probabilities per token (default 0; 5 for the vLLM worker, whose parent builds "
+        "them: per-request state that lives across young collections, as real traffic's does)",
+    )
     parser.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True)
     bc.add_mode_args(parser)
     args = parser.parse_args(argv)
@@ -297,19 +304,32 @@ def main(argv: list[str] | None = None) -> int:
             f"--upstream-python {args.upstream_python} does not exist: "
             "run scripts/setup_upstream_env.sh"
         )
-    mode = MODES[bc.mode_name(args)]
+    mode = MODES[args.target][bc.mode_name(args)]
     args.rate = args.rate or mode["rate"]
     args.duration = args.duration or mode["duration_s"]
     args.passes = args.passes or mode["passes"]
+    worker_target = args.target == "vllm-worker"
+    if args.max_tokens is None:
+        args.max_tokens = 64 if worker_target else 16
+    if args.top_logprobs is None:
+        args.top_logprobs = 5 if worker_target else 0
+    if args.chat_processor is None:
+        args.chat_processor = "vllm" if args.target == "frontend" else "default"
+    orders = (ARMS, tuple(reversed(ARMS)))[: mode.get("orders", 2)]
     args.model_name = MODEL
+    name = RESULT_NAMES[args.target]
     bc.exit_cleanly_on_sigterm()
 
     work_root = Path(tempfile.mkdtemp(prefix="ab-upstream-"))
     try:
-        model_dir = tiny_model_dir(work_root / "model")
+        if args.target == "frontend":
+            model_dir = tiny_model_dir(work_root / "model")  # the mocker's: tokenizer and config
+        else:  # the engine's: weights too, built once per machine by the upstream environment
+            model_dir = Path(bc.tiny_model_dir(args.upstream_python))
         result = bc.new_result(
-            NAME,
+            name,
             bc.mode_name(args),
+            target=args.target,
             way=args.way,
             rate=args.rate,
             chat_processor=args.chat_processor,
@@ -320,19 +340,19 @@ def main(argv: list[str] | None = None) -> int:
         if args.probe:
             result["probe"] = probe(args, model_dir, work_root / "probe")
             print(json.dumps(result["probe"]))
-            return bc.finish(args, NAME + "_probe", result, None)
+            return bc.finish(args, name + "_probe", result, None)
         runs: list[dict] = []
         for index in range(args.passes):
-            for order in (ARMS, tuple(reversed(ARMS))):
+            for order in orders:
                 for arm in order:
-                    print(f"{NAME}: pass {index + 1}, arm {arm}", file=sys.stderr, flush=True)
+                    print(f"{name}: pass {index + 1}, arm {arm}", file=sys.stderr, flush=True)
                     run = run_arm(arm, args, model_dir, work_root / f"{index}-{len(runs)}-{arm}")
                     run["pass"] = index + 1
                     runs.append(run)
                     # An arm is minutes of load: keep what is measured if a later arm fails.
                     result["runs"] = runs
                     bc.write_result(
-                        argparse.Namespace(**{**vars(args), "publish": False}), NAME, result
+                        argparse.Namespace(**{**vars(args), "publish": False}), name, result
                     )
         result["runs"] = runs
         headers = [
@@ -367,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
             for r in runs
         ]
         print(bc.format_table(headers, rows))
-        return bc.finish(args, NAME, result, None)
+        return bc.finish(args, name, result, plot(args, name, runs))
     finally:
         shutil.rmtree(work_root, ignore_errors=True)
 

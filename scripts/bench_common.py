@@ -70,8 +70,15 @@ OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISAB
 def tiny_model_dir(vllm_python: str) -> str:
     """The tiny random model's directory (built by make_tiny_model.py with the vLLM environment's
     python, once per machine, then cached)."""
+    return built_model_dir([vllm_python, str(REPO_ROOT / "scripts" / "make_tiny_model.py")])
+
+
+def built_model_dir(command: Sequence[str]) -> str:
+    """Run a model builder (``command``: a python and a script that prints the directory it
+    built last), offline, with this project's sources and scripts on its path; the directory.
+    RuntimeError with the end of its stderr when it fails."""
     proc = subprocess.run(
-        [vllm_python, str(REPO_ROOT / "scripts" / "make_tiny_model.py")],
+        list(command),
         env=child_env(OFFLINE_ENV),
         capture_output=True,
         text=True,
@@ -79,7 +86,7 @@ def tiny_model_dir(vllm_python: str) -> str:
         check=False,
     )
     if proc.returncode != 0:
-        raise RuntimeError(f"make_tiny_model.py failed:\n{proc.stderr[-3000:]}")
+        raise RuntimeError(f"{Path(command[1]).name} failed:\n{proc.stderr[-3000:]}")
     return proc.stdout.strip().splitlines()[-1]
 
 

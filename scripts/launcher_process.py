@@ -188,6 +188,21 @@ class LauncherProcess:
             found, deadline_s=deadline_s, what=f"{self.name} to log {pattern!r}", poll_s=poll_s
         )
 
+    def stopped_or_logged(self, pattern: str | re.Pattern, *, deadline_s: float) -> re.Match | None:
+        """Wait until the process exits or logs ``pattern`` (whichever comes first: a test of a
+        stop fails at once when the process goes on to what the stop should have prevented),
+        then :meth:`stop` it; the match, or None when it exited without logging it."""
+        regex = re.compile(pattern)
+        try:
+            wait_until(
+                lambda: self.proc.poll() is not None or regex.search(self.log()),
+                deadline_s=deadline_s,
+                what=f"{self.name} to exit (or log {regex.pattern!r})",
+            )
+        finally:
+            self.stop()
+        return regex.search(self.log())
+
     def signal(self, signum: int = signal.SIGTERM) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signum)

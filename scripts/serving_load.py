@@ -4,12 +4,14 @@
 It sends chat requests at Poisson-scheduled times whatever the server does (open loop) and counts
 latency from the *scheduled* send time, so a stalled server is charged for the requests it
 delayed (no coordinated omission). It prints one JSON document: what it sent, the errors by kind,
-the completion rate achieved, and every latency and time to first token (seconds).
+the completion rate achieved, and every latency and time to first token (seconds) with the
+time each of those requests was scheduled at.
 
     python scripts/serving_load.py --url URL/v1/chat/completions --rate RPS --duration S
         [--seed N] [--timeout S] [--messages N] [--max-tokens N] [--model-name NAME] [--no-stream]
 
-ab_serving.py and serving_probes.py run it through :func:`run_client` / :func:`client_argv`.
+ab_serving.py and serving_probes.py run it through :func:`run_client` / :func:`client_argv`, the
+soak (bench_gc_soak.py) in the background through :func:`start_client`.
 """
 
 from __future__ import annotations
@@ -18,9 +20,20 @@ import argparse
 import asyncio
 import json
 import random
+import subprocess
 import sys
+from pathlib import Path
 
 import bench_common as bc
+
+# The per-request lists of a client's document (the rest is its summary): what a script leaves
+# out of its JSON once it has pooled them.
+PER_REQUEST_KEYS = ("latency_s", "ttft_s", "send_lag_s", "scheduled_s")
+
+
+def summary_of(load: dict) -> dict:
+    """A client's document without its per-request lists."""
+    return {key: value for key, value in load.items() if key not in PER_REQUEST_KEYS}
 
 
 def poisson_schedule(rate: float, duration_s: float, seed: int) -> list[float]:
@@ -35,13 +48,19 @@ def poisson_schedule(rate: float, duration_s: float, seed: int) -> list[float]:
         times.append(now)
 
 
-def request_body(messages: int, max_tokens: int, stream: bool, index: int, model: str) -> dict:
-    """A chat request: a few turns of conversation (the frontend parses and renders them)."""
+def request_body(
+    messages: int, max_tokens: int, stream: bool, index: int, model: str, top_logprobs: int = 0
+) -> dict:
+    """A chat request: a few turns of conversation (the frontend parses and renders them); with
+    ``top_logprobs``, each token's log probabilities too (the engine's process builds them)."""
     turns = []
     for turn in range(messages):
         role = "user" if turn % 2 == 0 else "assistant"
         turns.append({"role": role, "content": f"turn {turn} of request {index}: tell me more"})
-    return {"model": model, "messages": turns, "max_tokens": max_tokens, "stream": stream}
+    body = {"model": model, "messages": turns, "max_tokens": max_tokens, "stream": stream}
+    if top_logprobs:
+        body.update(logprobs=True, top_logprobs=top_logprobs)
+    return body
 
 
 async def _one_request(session, url: str, body: dict, scheduled: float, stream: bool, loop):
@@ -72,6 +91,7 @@ async def _one_request(session, url: str, body: dict, scheduled: float, stream: 
         end = loop.time()
         return {
             "ok": True,
+            "scheduled": scheduled,
             "latency": end - scheduled,
             "ttft": (first if first is not None else end) - scheduled,
             "lag": sent - scheduled,
@@ -97,7 +117,14 @@ async def run_load(args: argparse.Namespace) -> dict:
             delay = start + offset - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
-            body = request_body(args.messages, args.max_tokens, args.stream, index, args.model_name)
+            body = request_body(
+                args.messages,
+                args.max_tokens,
+                args.stream,
+                index,
+                args.model_name,
+                args.top_logprobs,
+            )
             tasks.append(
                 asyncio.ensure_future(
                     _one_request(session, args.url, body, start + offset, args.stream, loop)
@@ -124,6 +151,8 @@ async def run_load(args: argparse.Namespace) -> dict:
         "errors_by_kind": errors,
         "achieved_rps": achieved,
         "latency_s": [r["latency"] for r in ok],
+        # When each OK request was scheduled, in seconds from the first send (same order).
+        "scheduled_s": [r["scheduled"] - start for r in ok],
         "ttft_s": [r["ttft"] for r in ok],
         "send_lag_s": [r["lag"] for r in results],
     }
@@ -151,8 +180,34 @@ def client_argv(url: str, rate: float, duration_s: float, seed: int, args) -> li
         str(args.max_tokens),
         "--model-name",
         args.model_name,
+        "--top-logprobs",
+        str(getattr(args, "top_logprobs", 0)),
         "--stream" if args.stream else "--no-stream",
     ]
+
+
+def start_client(
+    url: str, rate: float, duration_s: float, seed: int, args, out: Path
+) -> subprocess.Popen:
+    """The client started in the background (a caller samples the servers meanwhile), its JSON
+    document written to ``out`` (a file: a pipe would fill and block it); read it with
+    :func:`client_result`."""
+    with open(out, "wb") as sink:
+        return subprocess.Popen(
+            client_argv(url, rate, duration_s, seed, args),
+            stdout=sink,
+            stderr=subprocess.PIPE,
+            env=bc.child_env(),
+            cwd=bc.REPO_ROOT,
+        )
+
+
+def client_result(proc: subprocess.Popen, out: Path, timeout_s: float) -> dict:
+    """Wait for a client :func:`start_client` started; its JSON document."""
+    _, stderr = proc.communicate(timeout=timeout_s)
+    if proc.returncode != 0:
+        raise RuntimeError(f"load client exited {proc.returncode}:\n{stderr[-4000:]!r}")
+    return json.loads(Path(out).read_text().strip().splitlines()[-1])
 
 
 def run_client(url: str, rate: float, duration_s: float, seed: int, args) -> dict:
@@ -174,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=8, help="chat turns per request")
     parser.add_argument("--max-tokens", type=int, default=16, help="tokens per request")
     parser.add_argument("--model-name", default="bench", help="the model the requests name")
+    parser.add_argument(
+        "--top-logprobs", type=int, default=0, help="log probabilities asked per token (0: none)"
+    )
     parser.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True)
     args = parser.parse_args(argv)
     # The client's own collections would add to the latencies it measures, in every arm alike:

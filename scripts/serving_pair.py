@@ -1,4 +1,5 @@
-"""The processes under test in the serving A/B: a frontend and a worker for one arm, and one rung.
+"""The processes under test in the serving A/B (and the soak): a frontend and its worker(s) for one
+arm, and one rung.
 
 :class:`Pair` starts ``python -m dynamo.frontend`` and ``python -m dynamo.vllm`` (the mock engine
 with a synthetic heap, or the real vLLM engine) through scripts/bench_launch.py, each frozen or
@@ -71,7 +72,8 @@ def pauses_in(log: bytes) -> list[dict]:
     return [{"generation": int(g), "ms": float(ms)} for g, ms in PAUSE_LINE.findall(log)]
 
 
-def _launcher(name: str, module: str, argv: list[str], work_dir: Path, env: dict, python: str):
+def launcher(name: str, module: str, argv: list[str], work_dir: Path, env: dict, python: str):
+    """``python bench_launch.py MODULE ARGV`` as a child logging to ``work_dir/<name>.log``."""
     return LauncherProcess(
         name,
         module,
@@ -84,57 +86,102 @@ def _launcher(name: str, module: str, argv: list[str], work_dir: Path, env: dict
     )
 
 
+def worker_command(
+    args: argparse.Namespace, heap: int, common: list[str], bench_env: dict[str, str]
+) -> tuple[list[str], dict[str, str], str]:
+    """A worker's ``(argv, env, python)`` on ``args.engine``, with ``common`` options: the mock
+    engine on the tiny tokenizer, serving MODEL with a synthetic start-up heap of ``heap``
+    objects at ``args.token_ms`` per token, by this python; or the real vLLM engine on
+    ``args.model_name`` with its own heap (no synthetic one), by ``args.vllm_python``."""
+    if args.engine == "vllm":
+        argv = ["--engine", "vllm", "--model", args.model_name, *common, *bc.VLLM_ARGS]
+        return argv, {**bench_env, **bc.OFFLINE_ENV}, args.vllm_python
+    argv = [
+        "--engine",
+        "mock",
+        "--model",
+        bc.tiny_tokenizer_dir(),
+        "--served-model-name",
+        MODEL,
+        *common,
+        "--mock-heap-objects",
+        str(heap),
+        "--mock-token-ms",
+        str(args.token_ms),
+    ]
+    return argv, bench_env, sys.executable
+
+
+def frontend_command(
+    args: argparse.Namespace, heap: int, argv: list[str], bench_env: dict[str, str]
+) -> tuple[list[str], dict[str, str], str]:
+    """The frontend's ``(argv, env, python)``: with ``--engine vllm`` it runs vLLM's own chat
+    processor (its real heap, imported at start-up) by ``args.vllm_python``; with the mock, a
+    synthetic start-up heap of ``heap`` objects that scripts/bench_launch.py builds."""
+    if args.engine == "vllm":
+        return (
+            [*argv, "--dyn-chat-processor", "vllm"],
+            {**bench_env, **bc.OFFLINE_ENV},
+            args.vllm_python,
+        )
+    return argv, {**bench_env, "BENCH_START_UP_HEAP_OBJECTS": str(heap)}, sys.executable
+
+
 class Pair:
-    """A frontend and a worker for one arm, up and serving MODEL."""
+    """A frontend and its worker(s) for one arm, up and serving MODEL.
+
+    ab_serving's arms name what is frozen (``ctl``, ``worker``, ``all``, ``nogc``); another
+    script gives ``frozen=(worker, frontend)`` itself, more than one worker of the model
+    (``workers``, named ``worker``, ``worker1``, ...), and options of its own for each
+    process (``worker_extra``, ``frontend_extra``).
+    """
 
     def __init__(
-        self, arm: str, heap: int, args: argparse.Namespace, work_dir: Path, debug_gc: bool = False
+        self,
+        arm: str,
+        heap: int,
+        args: argparse.Namespace,
+        work_dir: Path,
+        debug_gc: bool = False,
+        *,
+        workers: int = 1,
+        frozen: tuple[bool, bool] | None = None,
+        worker_extra: tuple[str, ...] = (),
+        frontend_extra: tuple[str, ...] = (),
+        pause_log_ms: float = PAUSE_LOG_MS,
     ) -> None:
         self.arm = arm
         discovery = work_dir / "discovery"
         discovery.mkdir(parents=True, exist_ok=True)
-        worker_frozen = arm in ("worker", "all", "nogc")
-        frontend_frozen = arm in ("all", "nogc")
+        if frozen is None:
+            frozen = (arm in ("worker", "all", "nogc"), arm in ("all", "nogc"))
+        worker_frozen, frontend_frozen = frozen
         bench_env = {"BENCH_GC_DISABLE": "1" if arm == "nogc" else "0"}
-        self.worker_metrics_port = free_port()
+        self.worker_names = ["worker", *(f"worker{i}" for i in range(1, workers))]
+        self.worker_metrics_ports = [free_port() for _ in self.worker_names]
+        self.worker_metrics_port = self.worker_metrics_ports[0]
         self.http_port = free_port()
         self.model = args.model_name
-        common = [
-            "--discovery-dir",
-            str(discovery),
-            "--request-plane-host",
-            "127.0.0.1",
-            "--gc-pause-log-ms",
-            str(PAUSE_LOG_MS),
-            "--system-host",
-            "127.0.0.1",
-            "--system-port",
-            str(self.worker_metrics_port),
-            "--freeze-gc-heap" if worker_frozen else "--no-freeze-gc-heap",
-            *(["--debug-gc-endpoint"] if debug_gc else []),
-        ]
-        if args.engine == "vllm":
-            # The real heap: vLLM's imports and AsyncLLM, no synthetic one.
-            engine_argv = ["--engine", "vllm", "--model", args.model_name, *common, *bc.VLLM_ARGS]
-            worker_env, worker_python = {**bench_env, **bc.OFFLINE_ENV}, args.vllm_python
-        else:
-            engine_argv = [
-                "--engine",
-                "mock",
-                "--model",
-                bc.tiny_tokenizer_dir(),
-                "--served-model-name",
-                MODEL,
-                *common,
-                "--mock-heap-objects",
-                str(heap),
-                "--mock-token-ms",
-                str(args.token_ms),
+        self.workers = []
+        for name, port in zip(self.worker_names, self.worker_metrics_ports, strict=True):
+            common = [
+                "--discovery-dir",
+                str(discovery),
+                "--request-plane-host",
+                "127.0.0.1",
+                "--gc-pause-log-ms",
+                str(pause_log_ms),
+                "--system-host",
+                "127.0.0.1",
+                "--system-port",
+                str(port),
+                "--freeze-gc-heap" if worker_frozen else "--no-freeze-gc-heap",
+                *(["--debug-gc-endpoint"] if debug_gc else []),
+                *worker_extra,
             ]
-            worker_env, worker_python = bench_env, sys.executable
-        self.worker = _launcher(
-            "worker", "dynamo.vllm", engine_argv, work_dir, worker_env, worker_python
-        )
+            argv, env, python = worker_command(args, heap, common, bench_env)
+            self.workers.append(launcher(name, "dynamo.vllm", argv, work_dir, env, python))
+        self.worker = self.workers[0]
         frontend_argv = [
             "--http-host",
             "127.0.0.1",
@@ -143,61 +190,70 @@ class Pair:
             "--discovery-dir",
             str(discovery),
             "--dyn-gc-pause-log-ms",
-            str(PAUSE_LOG_MS),
+            str(pause_log_ms),
             "--dyn-freeze-gc-heap" if frontend_frozen else "--no-dyn-freeze-gc-heap",
             *(["--dyn-debug-gc-endpoint"] if debug_gc else []),
+            *frontend_extra,
         ]
-        if args.engine == "vllm":
-            # The real heap: vLLM's tokenizer and chat-template rendering, imported at start-up.
-            frontend_argv += ["--dyn-chat-processor", "vllm"]
-            frontend_env, frontend_python = {**bench_env, **bc.OFFLINE_ENV}, args.vllm_python
-        else:
-            frontend_env = {**bench_env, "BENCH_START_UP_HEAP_OBJECTS": str(heap)}
-            frontend_python = sys.executable
-        self.frontend = _launcher(
+        frontend_argv, frontend_env, frontend_python = frontend_command(
+            args, heap, frontend_argv, bench_env
+        )
+        self.frontend = launcher(
             "frontend", "dynamo.frontend", frontend_argv, work_dir, frontend_env, frontend_python
         )
         self.base_url = f"http://127.0.0.1:{self.http_port}"
 
     def wait_ready(self, deadline_s: float = 300.0) -> None:
         def ready():
-            self.worker.check_alive()
-            self.frontend.check_alive()
+            for process in (*self.workers, self.frontend):
+                process.check_alive()
             body = http_get(self.base_url + "/v1/models", timeout_s=2.0)
-            return body is not None and json.dumps(self.model).encode() in body
+            if body is None or json.dumps(self.model).encode() not in body:
+                return False
+            # Every worker routed to: the frontend counts the model's instances as it adds them.
+            return len(self.workers) == 1 or f"({len(self.workers)} instances)" in (
+                self.frontend.log()
+            )
 
         wait_until(
             ready,
             deadline_s=deadline_s,
-            what=f"the {self.arm} pair to serve {self.model}",
+            what=f"the {self.arm} processes to serve {self.model}",
             poll_s=0.1,
         )
 
-    def processes(self) -> dict[str, tuple[LauncherProcess, str]]:
+    def worker_urls(self) -> dict[str, str]:
+        """Each worker's system server (its /metrics, /health and /debug/gc)."""
         return {
-            "frontend": (self.frontend, self.base_url + "/metrics"),
-            "worker": (self.worker, f"http://127.0.0.1:{self.worker_metrics_port}/metrics"),
+            name: f"http://127.0.0.1:{port}"
+            for name, port in zip(self.worker_names, self.worker_metrics_ports, strict=True)
         }
+
+    def processes(self) -> dict[str, tuple[LauncherProcess, str]]:
+        found = {"frontend": (self.frontend, self.base_url + "/metrics")}
+        for worker, (name, url) in zip(self.workers, self.worker_urls().items(), strict=True):
+            found[name] = (worker, url + "/metrics")
+        return found
 
     def debug_urls(self) -> dict[str, str]:
         """Each process's /debug/gc base URL (served with ``debug_gc=True`` only)."""
-        return {
-            "frontend": self.base_url + "/debug/gc",
-            "worker": f"http://127.0.0.1:{self.worker_metrics_port}/debug/gc",
-        }
+        urls = {"frontend": self.base_url + "/debug/gc"}
+        urls.update({name: url + "/debug/gc" for name, url in self.worker_urls().items()})
+        return urls
 
     def rss_mb(self) -> dict[str, float | None]:
-        """Resident memory now: frontend, worker main process, the worker's children (vLLM's
-        EngineCore with --engine vllm; none with the mock)."""
-        return {
-            "frontend": rss_mb(self.frontend.pid),
-            "worker": rss_mb(self.worker.pid),
-            "worker_children": rss_mb(self.worker.pid, children=True),
-        }
+        """Resident memory now: frontend, each worker's main process, the first worker's
+        children (vLLM's EngineCore with --engine vllm; none with the mock)."""
+        found = {"frontend": rss_mb(self.frontend.pid)}
+        for name, worker in zip(self.worker_names, self.workers, strict=True):
+            found[name] = rss_mb(worker.pid)
+        found["worker_children"] = rss_mb(self.worker.pid, children=True)
+        return found
 
     def stop(self) -> None:
         self.frontend.stop(STOP_DEADLINE_S)
-        self.worker.stop(STOP_DEADLINE_S)
+        for worker in self.workers:
+            worker.stop(STOP_DEADLINE_S)
 
 
 def run_rung(pair: Pair, rate: float, duration_s: float, seed: int, args) -> dict:

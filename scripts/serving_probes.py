@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import bench_common as bc
-from serving_load import client_argv, run_client
+from serving_load import client_argv, run_client, summary_of
 from serving_pair import Pair, gc_counters, http_get, pauses_in, run_rung
 
 SAMPLE_EVERY_S = 2.0
@@ -195,7 +195,7 @@ def probe_arm(arm: str, args, work_root: Path) -> dict:
         "arm": arm,
         "rate_rps": args.rate,
         "window_s": args.duration,
-        "load": {k: v for k, v in load.items() if k not in ("latency_s", "ttft_s", "send_lag_s")}
+        "load": summary_of(load)
         | {"latency": bc.summarise([load["latency_s"]]), "ttft": bc.summarise([load["ttft_s"]])},
         "processes": per_process,
         "heap_samples": heap_samples,

@@ -1,5 +1,6 @@
-"""Upstream ai-dynamo's frontend and mock engine on one machine: what both need to find each
-other on loopback, the model directory the mocker serves, and the mocker's command line.
+"""Upstream ai-dynamo's frontend and its workers on one machine: what they need to find each
+other on loopback, the model directory the mocker serves, and the mocker's and the vLLM
+worker's command lines.
 
 Shared by scripts/ab_upstream.py and tests/upstream (run with the upstream environment's Python,
 scripts/setup_upstream_env.sh). One machine, no etcd, no NATS: file discovery under a directory
@@ -15,6 +16,7 @@ import json
 from pathlib import Path
 
 import make_tiny_model
+from bench_common import VLLM_ARGS
 
 MODEL = "tiny"
 # Upstream's frontend logs this once its HTTP service is about to accept.
@@ -76,6 +78,23 @@ def mocker_args(model_dir: Path, speedup_ratio: float) -> list[str]:
         "file",
         "--speedup-ratio",
         f"{speedup_ratio:g}",
+    ]
+
+
+def vllm_worker_args(model_dir: Path | str) -> list[str]:
+    """``python -m dynamo.vllm``'s arguments (and so ``python -m dynamo_gc.vllm``'s) serving
+    :data:`MODEL` from the tiny model (scripts/make_tiny_model.py, the full model: weights
+    included) on vLLM's CPU engine, with the benchmarks' small engine footprint."""
+    return [
+        "--model",
+        str(model_dir),
+        "--served-model-name",
+        MODEL,
+        "--discovery-backend",
+        "file",
+        "--request-plane",
+        "tcp",
+        *VLLM_ARGS,
     ]
 
 

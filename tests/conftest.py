@@ -7,7 +7,7 @@ import importlib.util
 
 import pytest
 
-from dynamo_gc import gc_state, lifecycle
+from dynamo_gc import gc_state, lifecycle, startup_stop
 from dynamo_gc.bench_policy import stop_gc_policy
 
 # tests/upstream runs in an environment whose `dynamo` is upstream ai-dynamo's (.venv-upstream,
@@ -16,6 +16,7 @@ from dynamo_gc.bench_policy import stop_gc_policy
 OUR_LAUNCHERS = importlib.util.find_spec("dynamo.common.logging_setup") is not None
 if OUR_LAUNCHERS:
     from dynamo.common import logging_setup, startup_signals
+    from dynamo.runtime import log_budget
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -32,7 +33,7 @@ def empty_permanent_generation():
 @pytest.fixture(autouse=True)
 def restore_gc_state():
     """Put back freeze, thresholds, enabled flag, callbacks, pause logger, GC policy and the
-    process phase after each test.
+    process phase after each test, and forget a recorded stop signal.
 
     Also what the library keeps about them: the last freeze record (the heap is unfrozen again,
     so a later test must not see an earlier test's freeze), and freeze observers and phase
@@ -44,12 +45,16 @@ def restore_gc_state():
     stop_gc_policy()  # the benchmark policy's thread and saved thresholds are global
     gc_state.restore_gc_state(saved_gc)
     lifecycle.restore_phase_state(phase_state)
+    startup_stop.forget()  # a stop signal a test recorded (the record is per process)
     if OUR_LAUNCHERS:
         # A launcher's main() run in-process installs a stderr handler bound to this test's
         # capture.
         logging_setup.remove_logging_handler()
         # ... and, stopped by a signal during start-up, notes it for its __main__'s quick exit.
         startup_signals.forget_stop()
+        # Log budgets (module-level ones too) count what earlier tests logged: each test starts
+        # with a clean slate, as a new process does.
+        log_budget.forget_all()
 
 
 @pytest.fixture

@@ -200,6 +200,41 @@ def test_malformed_and_oversized_records_get_one_warning_each_and_are_skipped(et
     assert "copy" in duplicate and good.instance_id in duplicate
 
 
+def test_a_quiet_reader_sees_the_same_records_and_says_nothing_above_debug(etcd_server, caplog):
+    """A worker's view of its peers (``quiet``): malformed records skipped and an outage
+    survived as a frontend's watcher does, with every line at DEBUG (the frontends and the
+    worker's own registration report them)."""
+    caplog.set_level(logging.DEBUG)
+    backend = discovery(etcd_server, "quiet")
+    prefix = backend.prefix.encode()
+    seen = Seen()
+    good = ModelRecord(model="good", endpoint="http://w:1")
+
+    async def scenario():
+        async with client(etcd_server) as c:
+            await c.put(prefix + b"garbage", b"{not json")
+            watcher = backend.watcher(on_add=seen.on_add, on_remove=seen.on_remove, quiet=True)
+            watcher.start()
+            try:
+                await c.put(prefix + good.instance_id.encode(), good.to_json().encode())
+                await wait_until_async(lambda: seen.added, deadline_s=DEADLINE_S)
+                etcd_server.stop()
+                await wait_until_async(lambda: watcher.state == "degraded", deadline_s=DEADLINE_S)
+                etcd_server.start()
+                await wait_until_async(
+                    lambda: watcher.state == "ok" and watcher.lists >= 2, deadline_s=DEADLINE_S
+                )
+            finally:
+                await watcher.stop()
+
+    asyncio.run(scenario())
+    assert [r.model for r in seen.added] == ["good"] and seen.removed == []
+    ours = [r for r in caplog.records if r.name.startswith("dynamo.runtime.discovery.etcd_watcher")]
+    said = " ".join(r.getMessage() for r in ours)
+    assert "Ignoring malformed discovery record" in said and "Discovery degraded" in said
+    assert {r.levelno for r in ours} == {logging.DEBUG}
+
+
 def test_an_outage_keeps_the_known_instances_and_logs_once(etcd_server, caplog):
     caplog.set_level(logging.INFO)
     backend = discovery(etcd_server)

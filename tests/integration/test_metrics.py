@@ -41,6 +41,18 @@ FRONTEND_FAMILIES: dict[str, tuple[str, set[str]]] = {
     "dynamo_frontend_output_tokens": ("counter", {"model"}),
 }
 
+# The serving-time maintenance's, on the frontend here (started with --dyn-gc-maintenance idle).
+MAINTENANCE_FAMILIES: dict[str, tuple[str, set[str]]] = {
+    "dynamo_gc_maintenance": ("counter", {"mode", "reason"}),
+    "dynamo_gc_maintenance_seconds": ("histogram", {"mode"}),
+    "dynamo_gc_maintenance_withdrawn_seconds": ("histogram", {"mode"}),
+    "dynamo_gc_maintenance_wait_seconds": ("histogram", set()),
+    "dynamo_gc_maintenance_reclaimed_objects": ("counter", set()),
+    "dynamo_gc_maintenance_gave_up": ("counter", {"mode"}),
+    "dynamo_gc_maintenance_due": ("gauge", set()),
+    "dynamo_gc_unfrozen_objects_estimate": ("gauge", set()),
+}
+
 pytestmark = pytest.mark.integration
 
 logger = logging.getLogger(__name__)
@@ -101,7 +113,11 @@ def served(tmp_path_factory) -> Iterator[dict[str, Served]]:
         "--system-port", "0",
         "--debug-gc-endpoint",
     )  # fmt: skip
-    frontend = start_frontend("frontend", directory, discovery, "--dyn-debug-gc-endpoint")
+    # Maintenance on (its series are on the dashboard), with a budget no collection here reaches.
+    frontend = start_frontend(
+        "frontend", directory, discovery, "--dyn-debug-gc-endpoint",
+        "--dyn-gc-maintenance", "idle", "--dyn-gc-pause-budget-ms", "60000",
+    )  # fmt: skip
     try:
         worker_port = worker.wait_for_log(
             r"System server listening on http://127\.0\.0\.1:(\d+)"
@@ -148,7 +164,7 @@ def test_phase_gauge_says_serving(one):
     _, target = one
     families = target.scrape()
     phases = {s.labels["phase"]: s.value for s in families["dynamo_serving_phase"].samples}
-    assert phases == {"starting": 0, "serving": 1, "draining": 0}
+    assert phases == {"starting": 0, "serving": 1, "maintaining": 0, "draining": 0}
 
 
 def test_forced_collection_adds_one_generation_2_pause(one):
@@ -173,10 +189,13 @@ def test_forced_collection_adds_one_generation_2_pause(one):
 def test_metric_names_and_labels_are_stable(one):
     which, target = one
     families = target.scrape()
-    dynamo = {name for name in families if name.startswith("dynamo_")}
+    # prometheus_client's creation timestamps of counters and histograms (`X_created`, which
+    # the text format parses as gauges of their own) are not families of ours.
+    dynamo = {n for n in families if n.startswith("dynamo_") and not n.endswith("_created")}
     stable = dict(STABLE_FAMILIES)
     if which == "frontend":
         stable.update(FRONTEND_FAMILIES)
+        stable.update(MAINTENANCE_FAMILIES)
     assert dynamo == set(stable)
     for name, (kind, labels) in stable.items():
         assert families[name].type == kind, name
@@ -184,7 +203,7 @@ def test_metric_names_and_labels_are_stable(one):
             assert set(s.labels) - {"le"} == labels, (name, s)
     pause = families["dynamo_gc_pause_seconds"].samples
     assert {s.labels["generation"] for s in pause} == {"0", "1", "2"}
-    assert {s.labels["phase"] for s in pause} == {"starting", "serving", "draining"}
+    assert {s.labels["phase"] for s in pause} == {"starting", "serving", "maintaining", "draining"}
     bounds = sorted(
         {float(s.labels["le"]) for s in pause if s.name.endswith("_bucket")} - {float("inf")}
     )

@@ -8,6 +8,7 @@ issue-29 bombs through a real ``sglang``-processor frontend process."""
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 
 import pytest
@@ -20,6 +21,7 @@ from dynamo.frontend.processors.chat_processor import (
 from dynamo.frontend.processors.template_sandbox import TemplateSandbox
 from dynamo.vllm.mock_model import load_mock_model
 from tests.support.template_bombs import bounded_renders, check_template_bombs
+from tests.support.template_failures import check_template_answers, template_answers
 
 pytestmark = pytest.mark.sglang
 
@@ -100,3 +102,15 @@ def test_the_render_processes_render_what_sglang_renders(sglang, tiny_tokenizer,
 @pytest.mark.integration
 def test_template_bombs_through_an_sglang_processor_frontend(sglang, tmp_path):
     check_template_bombs(tmp_path, "--dyn-chat-processor", "sglang")
+
+
+@pytest.mark.parametrize("processes", [1, 0], ids=["render processes", "threads"])
+def test_failing_templates_are_the_models_502_and_a_refusal_the_clients_400(
+    sglang, tiny_tokenizer, tmp_path, caplog, processes
+):
+    """Issue 37 through the ``sglang`` processor: SGLang's path (transformers' environment) on a
+    thread, the bounded one in a render process; the same answers
+    (tests/unit/test_template_failures.py)."""
+    caplog.set_level(logging.INFO)
+    answers = template_answers(tiny_tokenizer, tmp_path, "sglang", processes=processes, repeat=2)
+    check_template_answers(answers, caplog.text)

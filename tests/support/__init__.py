@@ -9,6 +9,8 @@
 - frontend_fakes.py: an in-process frontend in front of a fake v2 worker;
 - tiny_model.py: the tiny model's tokenizer (the mock's ``--model``) and its model card;
 - clock.py: the fake clock; watched.py: a discovery watcher on it, polled by hand;
+- admission.py: requests held in flight at a maintenance's admission gate;
+- loop_hog.py: an event loop starved on purpose (load that does not depend on the machine);
 - etcd_server.py: a real etcd on loopback (the ``etcd_server`` fixture);
 - gc_trace/sitecustomize.py: logs a child's explicit ``gc.collect()`` calls.
 """

@@ -150,22 +150,24 @@ async def frontend(
 ):
     """The real service with ``card``'s model served by ``endpoints`` (processor built);
     ``request_metrics``: the service's dynamo_frontend_* metrics, for a test to read;
-    ``template_sandbox``: where templates render (None: on the service's threads)."""
+    ``template_sandbox``: where templates render (None: on the service's threads). The client's
+    ``service`` is the FrontendService."""
     registry = registry or ModelRegistry(build_chat_processor)
     for endpoint in endpoints:
         registry.add_instance(record(card, endpoint, card.served_model_name))
     await registry.wait_idle()
     session = create_worker_session()
     try:
-        app = FrontendService(
+        service = FrontendService(
             registry,
             WorkerRouter(session),
             pool,
             request_metrics,
             strict_request_fields=strict_request_fields,
             template_sandbox=template_sandbox,
-        ).build_app()
-        async with TestClient(FrontendTestServer(app, host="127.0.0.1")) as client:
+        )
+        async with TestClient(FrontendTestServer(service.build_app(), host="127.0.0.1")) as client:
+            client.service = service  # type: ignore[attr-defined]
             yield client
     finally:
         await session.close()

@@ -31,9 +31,13 @@ class HostileWorker:
         self.hung_up = 0  # answers cut short by the frontend closing the connection
         self.bytes_sent = 0  # what answers wrote, as far as the socket took it
         self.health_status = 200
+        # GET /health's answer when set (else JSON with health_status).
+        self.health_answer: Answer | None = None
+        self.cookies: list[str] = []  # the Cookie headers of every request received
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         self.requests += 1
+        self.cookies += request.headers.getall("Cookie", [])
         try:
             return await self.answer(request, self)
         except (ConnectionResetError, asyncio.CancelledError):
@@ -42,6 +46,9 @@ class HostileWorker:
 
     async def _health(self, request: web.Request) -> web.Response:
         self.health_probes += 1
+        self.cookies += request.headers.getall("Cookie", [])
+        if self.health_answer is not None:
+            return await self.health_answer(request, self)  # type: ignore[return-value]
         return web.json_response({"status": "ok"}, status=self.health_status)
 
     async def write(self, response: web.StreamResponse, data: bytes) -> None:
@@ -50,15 +57,16 @@ class HostileWorker:
 
 
 @contextlib.asynccontextmanager
-async def hostile_worker(answer: Answer):
-    """A :class:`HostileWorker` serving ``answer`` on 127.0.0.1 (an ephemeral port)."""
+async def hostile_worker(answer: Answer, *, host: str = "127.0.0.1"):
+    """A :class:`HostileWorker` serving ``answer`` on 127.0.0.1 (an ephemeral port); its
+    endpoint names the address as ``host`` (``localhost``: a host name, as a record may)."""
     worker = HostileWorker(answer)
     app = web.Application()
     app.router.add_post("/generate", worker._generate)
     app.router.add_get("/health", worker._health)
     # handler_cancellation: an answer that waits (``hold``) ends when the frontend hangs up.
     async with TestServer(app, host="127.0.0.1", handler_cancellation=True) as server:
-        worker.endpoint = f"http://127.0.0.1:{server.port}"
+        worker.endpoint = f"http://{host}:{server.port}"
         yield worker
 
 

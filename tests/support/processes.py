@@ -26,6 +26,8 @@ from tests.support.tiny_model import tiny_tokenizer_dir
 LISTENING_LINE = r"HTTP service listening on (http://127\.0\.0\.1:\d+)"
 # A directory whose sitecustomize.py logs every explicit gc.collect() of the process.
 GC_TRACE_DIR = Path(__file__).resolve().parent / "gc_trace"
+# Runs a launcher with a stop signal sent from inside a finalizer at a chosen start-up step.
+FINALIZER_SIGNAL_LAUNCH = Path(__file__).resolve().parent / "finalizer_signal.py"
 
 
 def start_worker(
@@ -38,6 +40,8 @@ def start_worker(
     mock_token_ms: float | None = None,
     vllm_model: str | None = None,
     new_session: bool = False,
+    launch: Path | None = None,
+    python: str = sys.executable,
 ) -> LauncherProcess:
     """A worker serving ``model`` (``--served-model-name``; ``None``: the engine's default
     name), publishing in ``discovery_dir`` (``None``: no ``--discovery-dir``, as with etcd), its
@@ -47,6 +51,9 @@ def start_worker(
     By default the mock engine on the tiny tokenizer (``mock_token_ms`` sets its pace). With
     ``vllm_model`` (a model directory) the real vLLM engine, with the small-footprint arguments
     and offline environment of the benchmarks (bench_common.VLLM_ARGS, OFFLINE_ENV).
+    ``launch``: a script that runs the module (:class:`LauncherProcess`), e.g.
+    :data:`FINALIZER_SIGNAL_LAUNCH`; ``python``: the interpreter (another environment's: the
+    vLLM one for a real engine behind a frontend of the SGLang one).
     """
     named = [] if model is None else ["--served-model-name", model]
     directory = [] if discovery_dir is None else ["--discovery-dir", str(discovery_dir)]
@@ -55,7 +62,13 @@ def start_worker(
         argv = ["--engine", "mock", "--model", tiny_tokenizer_dir(), *named, *directory,
                 *pace, *args]  # fmt: skip
         return LauncherProcess(
-            name, "dynamo.vllm", argv, log_dir=log_dir, env=env, new_session=new_session
+            name,
+            "dynamo.vllm",
+            argv,
+            log_dir=log_dir,
+            env=env,
+            new_session=new_session,
+            launch=launch,
         )
     argv = ["--engine", "vllm", "--model", vllm_model, *named, *directory,
             "--request-plane-host", "127.0.0.1", *args, *VLLM_ARGS]  # fmt: skip
@@ -66,6 +79,8 @@ def start_worker(
         log_dir=log_dir,
         env={**OFFLINE_ENV, **(env or {})},
         new_session=new_session,
+        launch=launch,
+        python=python,
     )
 
 
@@ -77,11 +92,13 @@ def start_frontend(
     env: Mapping[str, str] | None = None,
     trace_gc_collect: bool = False,
     new_session: bool = False,
+    launch: Path | None = None,
 ) -> LauncherProcess:
     """``python -m dynamo.frontend`` on 127.0.0.1, port 0 (see :func:`listening_url`).
 
     ``trace_gc_collect``: the process logs ``explicit gc.collect() called from FILE:LINE`` for
     every explicit collection (tests/support/gc_trace, put first on its ``PYTHONPATH``).
+    ``launch``: a script that runs the module (:class:`LauncherProcess`).
     """
     directory = [] if discovery_dir is None else ["--discovery-dir", str(discovery_dir)]
     argv = ["--http-host", "127.0.0.1", "--http-port", "0", *directory, *args]
@@ -89,7 +106,13 @@ def start_frontend(
     if trace_gc_collect:
         child_env.update(gc_trace_env(child_env))
     return LauncherProcess(
-        name, "dynamo.frontend", argv, log_dir=log_dir, env=child_env, new_session=new_session
+        name,
+        "dynamo.frontend",
+        argv,
+        log_dir=log_dir,
+        env=child_env,
+        new_session=new_session,
+        launch=launch,
     )
 
 

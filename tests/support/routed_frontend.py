@@ -24,12 +24,13 @@ LINE_LIMIT = 4096  # "no log line over a few KB"
 
 
 @contextlib.asynccontextmanager
-async def frontend(card, *endpoints: str, clock=None):
+async def frontend(card, *endpoints: str, clock=None, others=()):
     """The real service serving ``card`` through ``endpoints`` (one instance each, repeats
-    allowed), its router on ``clock``: ``(client, router)``."""
+    allowed), and each ``(card, endpoint)`` of ``others``, its router on ``clock``:
+    ``(client, router)``."""
     registry = ModelRegistry(build_chat_processor)
-    for endpoint in endpoints:
-        registry.add_instance(record(card, endpoint, card.served_model_name))
+    for model_card, endpoint in [(card, endpoint) for endpoint in endpoints] + list(others):
+        registry.add_instance(record(model_card, endpoint, model_card.served_model_name))
     await registry.wait_idle()
     session = create_worker_session()
     router = WorkerRouter(session, **({"clock": clock} if clock else {}))
@@ -52,6 +53,22 @@ def dead_endpoint() -> str:
     sock.bind(("127.0.0.1", 0))
     _DEAD_PORTS.append(sock)
     return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+@contextlib.contextmanager
+def dead_endpoints(count: int):
+    """``count`` endpoints at distinct addresses whose connections are refused (bound, never
+    listening), released when the block ends."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sockets.append(sock)
+            sock.bind(("127.0.0.1", 0))
+        yield [f"http://127.0.0.1:{sock.getsockname()[1]}" for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 def run(scenario):
@@ -94,10 +111,11 @@ class HangingConnections:
 
 
 @contextlib.asynccontextmanager
-async def hanging_endpoint():
+async def hanging_endpoint(seen: HangingConnections | None = None):
     """A real socket on 127.0.0.1 that accepts every connection and never answers (what a dead
-    pod's address often does): ``(endpoint, HangingConnections)``."""
-    seen = HangingConnections()
+    pod's address often does): ``(endpoint, HangingConnections)`` (``seen``, when given: one
+    count for several of them)."""
+    seen = seen or HangingConnections()
     writers: list[asyncio.StreamWriter] = []
 
     async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -121,3 +139,15 @@ async def hanging_endpoint():
             writer.close()
         server.close()
         await server.wait_closed()
+
+
+@contextlib.asynccontextmanager
+async def hanging_endpoints(count: int):
+    """``count`` :func:`hanging_endpoint` at distinct addresses, counted together:
+    ``(endpoints, HangingConnections)``."""
+    seen = HangingConnections()
+    async with contextlib.AsyncExitStack() as stack:
+        endpoints = [
+            (await stack.enter_async_context(hanging_endpoint(seen)))[0] for _ in range(count)
+        ]
+        yield endpoints, seen

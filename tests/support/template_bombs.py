@@ -1,17 +1,21 @@
 """Peers' chat templates in the render processes, shared by the ``hf`` tests and the ``vllm`` and
-``sglang`` processors' tests in their own environments: the issue-29 template bombs through a
-real frontend process (whichever chat processor), beside a healthy model served by a real mock
-worker; and a processor's requests rendered in real render processes."""
+``sglang`` processors' tests in their own environments: the issue-29 template bombs and the
+issue-37 failing templates through a real frontend process (whichever chat processor), beside a
+healthy model served by a real mock worker; and a processor's requests rendered in real render
+processes."""
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import openai
 
+from dynamo.frontend.processors.template_sandbox import TemplateSandbox
 from dynamo.runtime.discovery import ModelRecord
 from dynamo.runtime.discovery.file_store import DiscoveryStore
 from tests.support.processes import listening_url, start_frontend, start_worker
@@ -24,16 +28,19 @@ BOMBS = {
     "conversation": "{% set x = 'a' * (messages|length * 300000000) %}{{ x|length }}",
     "loops": "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
 }
+# Templates that fail (issue 37): the model's 502, never a 500 with a traceback.
+FAILING = {"division": "{{ 1 // 0 }}", "surrogate": "{{ 'x\\ud800y' }}"}
 
 
 def check_template_bombs(tmp_path: Path, *frontend_args: str) -> None:
     """Six requests to the nested-loops bomb while the healthy model answers, then one to each
     other bomb: every bomb a 503 ``chat_template_limit`` naming its model, never its template,
-    one WARNING for the loops' cause, both processes exiting 0."""
+    one WARNING for the loops' cause; two requests to each failing template, each a 502
+    ``chat_template_failed``, one WARNING in all; no traceback; both processes exiting 0."""
     discovery = tmp_path / "discovery"
     worker = start_worker("worker", tmp_path, discovery, HEALTHY, mock_token_ms=1)
     store = DiscoveryStore(discovery)
-    for name, source in BOMBS.items():
+    for name, source in {**BOMBS, **FAILING}.items():
         path = tmp_path / f"{name}.jinja"
         path.write_text(source, encoding="utf-8")
         card = tiny_card(tiny_tokenizer_dir(), name, chat_template_path=str(path))
@@ -43,7 +50,7 @@ def check_template_bombs(tmp_path: Path, *frontend_args: str) -> None:
     )
     try:
         url = listening_url(frontend)
-        for name in (HEALTHY, *BOMBS):
+        for name in (HEALTHY, *BOMBS, *FAILING):
             frontend.wait_for_log(rf"Model added: model={name} ")
         http = openai.DefaultHttpx2Client(trust_env=False, timeout=60.0)
         with openai.OpenAI(
@@ -62,6 +69,7 @@ def check_template_bombs(tmp_path: Path, *frontend_args: str) -> None:
                 loops_running = not all(bomb.done() for bomb in loops)
                 answers = {"loops": [bomb.result() for bomb in loops]}
             answers.update({name: [ask(name)] for name in ("folding", "conversation")})
+            failures = [ask(name) for name in FAILING for _ in range(2)]
             after = ask(HEALTHY)
     finally:
         codes = {"frontend": frontend.stop(), "worker": worker.stop()}
@@ -76,7 +84,11 @@ def check_template_bombs(tmp_path: Path, *frontend_args: str) -> None:
             assert isinstance(body, dict), body
             assert body["code"] == "chat_template_limit" and f"`{name}`" in body["message"]
             assert "range" not in body["message"]
+    for error in failures:
+        assert isinstance(error, openai.APIStatusError) and error.status_code == 502, error
+        assert isinstance(error.body, dict) and error.body["code"] == "chat_template_failed"
     log = frontend.log()
+    assert log.count("-> 502 chat_template_failed") == 1
     assert "Template render processes ready: processes=2" in log
     assert log.count("Chat template of model loops took over 3 s") == 1
     assert "Traceback" not in log
@@ -98,3 +110,16 @@ def bounded_renders(processor: Any, sandbox: Any, requests: list[Any]) -> list[s
         return rendered
 
     return asyncio.run(render_all())
+
+
+@contextlib.contextmanager
+def started_sandbox(
+    processes: int = 2, *, timeout_s: float, memory_mb: int = 256
+) -> Iterator[TemplateSandbox]:
+    """Real render processes for the block, stopped after it."""
+    sandbox = TemplateSandbox(processes, timeout_s=timeout_s, memory_mb=memory_mb)
+    sandbox.start()
+    try:
+        yield sandbox
+    finally:
+        sandbox.close()

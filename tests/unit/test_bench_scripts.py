@@ -221,3 +221,90 @@ def test_bench_template_sandbox_smoke():
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "| sandbox | 3 |" in result.stdout and "sandbox / thread: median" in result.stdout
+
+
+def test_bench_gc_maintenance_smoke(tmp_path):
+    result = run_smoke("bench_gc_maintenance.py", tmp_path)
+    assert result["benchmark"] == "gc_maintenance"
+    assert_machine(result)
+    (measured,) = result["interpreters"]
+    settled = measured["settled"]
+    assert settled["objects_per_ms_calibrated"] > 0
+    # The steps a maintenance takes or avoids, each counted and timed on the grown heap.
+    assert settled["count_unfrozen"]["objects"] >= 2 * result["start_objects"]
+    assert settled["count_frozen"]["objects"] > 0
+    assert settled["maintenance"]["took_ms"] > 0 and settled["reclaim"]["reclaim_ms"] > 0
+    assert "passes" in measured["unsettled"]
+
+
+def test_bench_routing_smoke():
+    result = subprocess.run(
+        [sys.executable, str(SCRIPTS / "bench_routing.py"), "--rounds", "1", "--refused", "20",
+         "--hanging", "2"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "| 20 refused, one address | [503] |" in result.stdout
+    assert "| idle | own time (as built) | 1 of 1 |" in result.stdout
+
+
+def test_bench_model_arrival_smoke():
+    result = subprocess.run(
+        [sys.executable, str(SCRIPTS / "bench_model_arrival.py"), "--rounds", "1", "--models",
+         "2", "--tokenizer-mb", "0.1"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "| in turn |" in result.stdout and "in turn / all at once" in result.stdout
+
+
+def test_bench_hostile_templates_smoke(tmp_path):
+    """Real processes (a frontend, a mock worker): the healthy model answered throughout, each
+    scenario measured."""
+    result = run_smoke("bench_hostile_templates.py", tmp_path, timeout_s=300)
+    assert result["benchmark"] == "hostile_templates" and result["arms"] == ["after"]
+    assert_machine(result)
+    runs = result["runs"]["after"]
+    assert [run["context"] for run in runs["output"]] == [512, 131072]
+    for run in runs["output"]:
+        assert run["healthy_statuses"] == [200] and run["healthy_ms"], run
+        assert run["rss_peak_mb"] >= run["rss_before_mb"] > 0, run
+    (compiled,) = runs["compile"]
+    assert compiled["ordinary_served_after_s"] > 0, compiled
+
+
+def test_bench_gc_soak_smoke(tmp_path):
+    """The soak's arms on real processes (frontend and mock workers with the growth knob), a
+    couple of seconds each: what each writes, not what it measures."""
+    result = run_smoke("bench_gc_soak.py", tmp_path, "--keep-logs", timeout_s=600)
+    assert result["benchmark"] == "gc_soak"
+    assert_machine(result)
+    assert result["settings"]["growth_per_request"] > 0
+    rows = {row["arm"]: row for row in result["rows"]}
+    assert set(rows) == {"once", "idle", "withdraw"}
+    assert (rows["idle"]["workers"], rows["withdraw"]["workers"]) == (1, 2)
+    for row in rows.values():
+        assert row["sent"] > 0 and row["errors"] == 0, row
+        assert row["latency"]["n"] == row["sent"]
+    for run in result["per_arm"]:
+        names = {"frontend", "worker", *(["worker1"] if run["workers"] == 2 else [])}
+        assert set(run["processes"]) == names
+        assert run["timeline"] and all(
+            sample["rss_mb"][name] > 0 for sample in run["timeline"] for name in names
+        )
+        for process in run["processes"].values():
+            assert {"serving_pauses", "maintenances", "held", "metrics"} <= set(process)
+            assert process["metrics"]["serving_all"]["count"] >= 0
+        # What the plot marks: the slowest requests with the time they were scheduled at.
+        assert 0 < len(run["slowest"]) <= 20 and "scheduled_s" not in run
+    # Every arm against `once` in its pass, and the goals the doc quotes.
+    pairs = {pair["arm"]: pair for pair in result["pairs"]}
+    assert "throughput_over_once" in pairs["idle"] and "throughput_over_once" in pairs["withdraw"]
+    assert {"withdraw_stalls_ge_50ms", "idle_stalls_ge_50ms", "once_longest_pause_ms"} <= set(
+        result["goal"]
+    )
+    # The maintenance options reached the processes they are for.
+    logs = {log.name: log.read_text(errors="replace") for log in tmp_path.glob("*.log")}
+    assert "gc_maintenance=withdraw" in logs["gc_soak-pass0-withdraw-worker1.log"]
+    assert "gc_maintenance=idle" in logs["gc_soak-pass0-idle-worker.log"]
+    assert "gc_maintenance=off" in logs["gc_soak-pass0-once-worker.log"]

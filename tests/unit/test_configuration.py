@@ -551,6 +551,10 @@ ENABLERS: dict[str, dict[str, str]] = {
     "mock_max_model_len": _MOCK,
     "mock_init_ms": _MOCK,
     "mock_heap_objects": _MOCK,
+    "mock_heap_growth": _MOCK,
+    "mock_heap_evict_percent": {**_MOCK, "DYN_VLLM_MOCK_HEAP_GROWTH": "10"},
+    # each launcher's maintenance mode (the other one's env var means nothing to it)
+    "gc_pause_budget_ms": {"DYN_VLLM_GC_MAINTENANCE": "idle", "DYN_GC_MAINTENANCE": "idle"},
     "system_host": _SYSTEM_PORT,
     "debug_gc_endpoint": _SYSTEM_PORT,
     "self_benchmark_output": _BENCH,

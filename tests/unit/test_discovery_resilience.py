@@ -398,6 +398,41 @@ def test_records_without_a_lease_are_never_deleted_nor_with_deletion_off(tmp_pat
     assert plain.exists() and not with_lease.exists()
 
 
+def test_a_quiet_reader_deletes_nothing_and_logs_only_at_debug(tmp_path, caplog):
+    """A worker's view of its peers (``quiet``): the expired and malformed records the frontends
+    report and clean up are seen the same way, but nothing is deleted and nothing is said above
+    DEBUG (each worker would otherwise repeat every frontend's lines)."""
+    caplog.set_level(logging.DEBUG, logger=LOGGER)
+    store = DiscoveryStore(tmp_path)
+    expired = store.register(leased("gone"))
+    live = leased("live", port=40002)
+    store.register(live)
+    malformed = tmp_path / "junk.json"
+    malformed.write_text("{not json")
+    quiet = Watched(tmp_path, quiet=True)
+    quiet.poll()
+    assert quiet.live() == {"gone", "live"}
+    for _ in range(2):  # the live one renews, the other is silent for many TTLs
+        quiet.clock.advance(DELETE_AFTER_TTLS * TTL_S)
+        live = store.renew(live)
+        quiet.poll()
+    assert quiet.live() == {"live"} and quiet.removed == ["gone"]
+    assert expired.exists() and malformed.exists()
+    lines = [r for r in caplog.records if r.name.startswith(LOGGER)]
+    assert {r.levelno for r in lines} == {logging.DEBUG}
+    said = " ".join(r.getMessage() for r in lines)
+    assert "expired" in said and "malformed" in said
+
+    caplog.clear()  # a frontend's watcher says both, and deletes the long-expired record
+    frontend = Watched(tmp_path)
+    frontend.poll()
+    frontend.clock.advance(DELETE_AFTER_TTLS * TTL_S + 1)
+    frontend.poll()
+    assert not expired.exists()
+    assert _logged(caplog, "Ignoring malformed discovery record")
+    assert _logged(caplog, "expired: no heartbeat")
+
+
 def test_a_failed_delete_warns_once_and_is_not_retried(tmp_path, mocker, caplog):
     store = DiscoveryStore(tmp_path)
     first = store.register(leased("a", 40001))

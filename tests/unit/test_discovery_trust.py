@@ -28,7 +28,7 @@ from dynamo.runtime.discovery import (
 from dynamo.runtime.discovery.file_backend import FileDiscovery
 from dynamo.runtime.discovery.file_store import DiscoveryStore, check_private_directory
 from dynamo.runtime.discovery.record import MAX_RECORD_BYTES, ModelRecord, record_problem
-from dynamo.runtime.model_card import ModelCard
+from dynamo.runtime.model_card import MAX_CONTEXT_LENGTH, ModelCard
 from tests.support import wait_until_async
 from tests.support.watched import Watched, leased
 
@@ -328,3 +328,23 @@ def test_record_problem_refuses_a_record_over_the_size_bound():
 
 def tiny_card_for_size(path: str) -> ModelCard:
     return ModelCard(served_model_name="m", model_path=path, tokenizer_path=path, context_length=1)
+
+
+@pytest.mark.parametrize(
+    ("context_length", "refused"),
+    [(MAX_CONTEXT_LENGTH, False), (MAX_CONTEXT_LENGTH + 1, True), (2**31 - 1, True)],
+)
+def test_a_cards_context_length_is_bounded(tmp_path, context_length, refused):
+    """Issue 37: a card claiming 2^31 tokens of context gave a request without max_tokens a
+    2^31-token budget (and its stream a ~512 GiB byte budget)."""
+    written = json.loads(
+        ModelRecord("m", "http://127.0.0.1:1", card=tiny_card_for_size("/m")).to_json()
+    )
+    written["card"]["context_length"] = context_length
+    text = json.dumps(written)
+    if not refused:
+        assert ModelRecord.from_json(text).card.context_length == context_length
+        return
+    with pytest.raises(ValueError) as refusal:
+        ModelRecord.from_json(text)
+    assert "context_length" in str(refusal.value) and str(MAX_CONTEXT_LENGTH) in str(refusal.value)

@@ -19,6 +19,7 @@ from dynamo.frontend.processors.chat_processor import (
     build_chat_processor,
 )
 from dynamo.frontend.processors.hf_processor import (
+    ChatTemplateFailed,
     HfChatTemplate,
     find_chat_template,
     special_tokens,
@@ -150,11 +151,13 @@ def test_the_environment_is_transformers_one():
 
 
 def test_the_sandbox_refuses_what_a_hostile_template_tries():
+    """What the sandbox forbids is the template failing (the model's fault), not the template
+    refusing the request."""
     template = HfChatTemplate("{{ messages.__class__.__mro__ }}", {})
-    with pytest.raises(ChatTemplateError):
+    with pytest.raises(ChatTemplateFailed, match="SecurityError"):
         template.render([{"content": "a"}])
     mutating = HfChatTemplate("{% set _ = messages.append(1) %}", {})
-    with pytest.raises(ChatTemplateError):
+    with pytest.raises(ChatTemplateFailed, match="SecurityError"):
         mutating.render([])
 
 

@@ -224,6 +224,7 @@ class _BrokenPool:
 
     healthy = True
     state = "ready"
+    workers = 2
 
     async def encode(self, card, prompt, *, add_special_tokens):
         raise ModelFilesError(

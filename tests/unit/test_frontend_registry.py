@@ -16,7 +16,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from dynamo.frontend.processors.chat_processor import ModelFilesError, build_chat_processor
-from dynamo.frontend.routing.model_registry import ModelRegistry
+from dynamo.frontend.routing.model_registry import REFUSAL_INTERVAL_S, REFUSAL_LINES, ModelRegistry
 from dynamo.frontend.routing.worker_router import WorkerRouter, create_worker_session
 from dynamo.frontend.serving.http_service import FrontendService
 from dynamo.runtime.discovery.file_store import DiscoveryStore
@@ -24,6 +24,7 @@ from dynamo.runtime.discovery.file_watcher import DiscoveryWatcher
 from dynamo.runtime.discovery.record import ModelRecord
 from dynamo_gc import lifecycle
 from tests.support import wait_until_async
+from tests.support.clock import FakeClock
 from tests.support.tiny_model import tiny_card
 
 
@@ -164,6 +165,30 @@ def test_the_model_limit_refuses_one_model_with_one_warning_then_admits_it(
     assert before == ["a", "b"] and after == ["b", "c"]
     (line,) = warnings(caplog, "--dyn-max-models / DYN_MAX_MODELS")
     assert "model=c" in line and "2 models" in line
+
+
+def test_models_refused_for_a_failed_build_are_logged_within_a_budget(make_record, mocker, caplog):
+    """A peer may register new model names without end, each with a template that does not
+    compile (issue 37): the refusals are logged within the registry's budget for their kind
+    (REFUSAL_LINES a minute), the next line counting the rest."""
+    factory = mocker.Mock(side_effect=ModelFilesError("the chat template does not compile"))
+    clock = FakeClock()
+
+    async def scenario(names: list[str]) -> None:
+        for name in names:
+            registry.add_instance(make_record(name, 1))
+        await registry.wait_idle()
+
+    registry = ModelRegistry(factory, clock=clock)
+    asyncio.run(scenario([f"m{i}" for i in range(15)]))
+    assert factory.call_count == 15
+    assert len(warnings(caplog, "chat processor failed to build")) == REFUSAL_LINES
+    clock.advance(REFUSAL_INTERVAL_S)
+    asyncio.run(scenario(["late"]))
+    lines = warnings(caplog, "chat processor failed to build")
+    assert len(lines) == REFUSAL_LINES + 1 and "model=late" in lines[-1]
+    held_back = 15 - REFUSAL_LINES
+    assert f"({held_back} more like it were not logged" in lines[-1]
 
 
 def test_an_instance_with_another_card_is_refused(factory, make_record, caplog):

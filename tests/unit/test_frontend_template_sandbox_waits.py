@@ -17,6 +17,7 @@ import pytest
 from dynamo.frontend.processors.hf_processor import HfChatTemplate, RenderOptions
 from dynamo.frontend.processors.template_sandbox import TemplateLimitExceeded, TemplateSandbox
 from tests.support import wait_until_async
+from tests.support.template_bombs import started_sandbox
 
 TIMEOUT_S = 2.0
 ONE = [{"role": "user", "content": "hi"}]
@@ -25,10 +26,8 @@ TEMPLATE = HfChatTemplate("{{ messages[0].content }}", {}, compiled=False)
 
 @pytest.fixture
 def sandbox():
-    sandbox = TemplateSandbox(2, timeout_s=TIMEOUT_S, memory_mb=256)
-    sandbox.start()
-    yield sandbox
-    sandbox.close()
+    with started_sandbox(timeout_s=TIMEOUT_S) as sandbox:
+        yield sandbox
 
 
 def sandbox_lines(caplog) -> list[str]:
@@ -53,18 +52,18 @@ def test_waiting_for_a_turn_then_a_free_process_is_one_deadline(sandbox, caplog)
 
     async def scenario():
         idle = sandbox._queue()
-        turns = sandbox._turns
-        assert turns is not None
+        share = sandbox.share
+        assert share is not None
         held = [idle.get_nowait() for _ in range(sandbox.processes)]  # every process busy
-        sandbox._in_use["a"] = sandbox.per_model  # and model a's renders all taken
+        for _ in range(sandbox.per_model):  # and model a's renders all taken
+            await share.acquire("a")
 
-        async def give_the_turn_back() -> None:
-            async with turns:
-                del sandbox._in_use["a"]
-                turns.notify_all()
+        def give_the_turn_back() -> None:
+            for _ in range(sandbox.per_model):
+                share.release("a")
 
         loop = asyncio.get_running_loop()
-        loop.call_later(0.75 * TIMEOUT_S, lambda: asyncio.ensure_future(give_the_turn_back()))
+        loop.call_later(0.75 * TIMEOUT_S, give_the_turn_back)
         loop.call_later(1.5 * TIMEOUT_S, lambda: [idle.put_nowait(p) for p in held])
         outcome = await render_timed(sandbox, "a")
         # The processes back before the fixture closes them.
@@ -84,10 +83,14 @@ def test_a_model_whose_renders_all_stay_busy_is_a_503_logged_once(sandbox, caplo
 
     async def scenario():
         sandbox._queue()
-        sandbox._in_use["a"] = sandbox.per_model  # model a's renders all taken, for good
+        share = sandbox.share
+        assert share is not None
+        for _ in range(sandbox.per_model):  # model a's renders all taken, for good
+            await share.acquire("a")
         first = await render_timed(sandbox, "a")
         second = await render_timed(sandbox, "a")
-        del sandbox._in_use["a"]
+        for _ in range(sandbox.per_model):
+            share.release("a")
         return first, second, await render_timed(sandbox, "a")
 
     (first, waited), (second, _), (fits, _) = asyncio.run(scenario())

@@ -18,7 +18,8 @@ import logging
 import pytest
 from aiohttp import web
 
-from dynamo.frontend.processors.chat_processor import build_chat_processor
+from dynamo.runtime import request_plane
+from dynamo.runtime.model_card import MAX_CONTEXT_LENGTH
 from tests.support import wait_until_async
 from tests.support.answers import assert_openai_error, streamed_text
 from tests.support.clock import FakeClock
@@ -35,18 +36,6 @@ from tests.support.routed_frontend import (
     run,
 )
 from tests.support.tiny_model import tiny_card
-
-
-@pytest.fixture
-def processor(tiny_tokenizer_dir):
-    """The tiny model's processor; its card is the one the frontend serves."""
-    return build_chat_processor(tiny_card(tiny_tokenizer_dir, MODEL))
-
-
-@pytest.fixture
-def card(processor):
-    return processor.card
-
 
 # --- a bad stream item -------------------------------------------------------------------------
 
@@ -109,19 +98,51 @@ def test_a_bad_item_mid_stream_is_an_error_event_then_done(card, processor, kind
     assert whole_status == 502 and assert_openai_error(whole)["code"] == "bad_worker_response"
 
 
-def test_what_follows_the_finish_line_is_never_read(card, processor):
-    # The finish line ends the completion: the client has its whole answer and the frontend
-    # hangs up, whatever the worker sends after it (the request plane's client would call it a
-    # protocol error, were it asked for another item).
+@pytest.mark.parametrize(
+    "after",
+    [
+        [b"garbage \x00\n", b"\xff" * 10_000],
+        [line({"token_ids": [5]})],
+        [line({"finish_reason": "stop", "prompt_tokens": 1, "completion_tokens": 1})],
+    ],
+    ids=["garbage", "an item", "a second finish line"],
+)
+def test_a_line_after_the_finish_line_is_a_broken_worker(card, processor, after):
+    """Issue 37: the finish line is the worker's last word (docs/security.md, "nothing after
+    the finish line"). A worker that sends more is broken, and its answer is not served: a 502,
+    or an error event in place of the stream's end."""
     ids = processor.encode_chat("ok")
     finish = line({"finish_reason": "stop", "prompt_tokens": 1, "completion_tokens": len(ids)})
-    lines = [line({"token_ids": ids}), finish, b"garbage \x00\n", b"\xff" * 10_000]
+    lines = [line({"token_ids": ids}), finish, *after]
 
     async def scenario():
         async with hostile_worker(raw(lines, hold=True)) as worker:
             async with frontend(card, worker.endpoint) as (client, _):
                 answers = [await answer_of(client, chat(stream=s)) for s in (False, True)]
                 await wait_until_async(lambda: worker.hung_up == 2, deadline_s=DEADLINE_S)
+                return answers
+
+    (whole_status, whole), (stream_status, events) = run(scenario)
+    assert whole_status == 502 and assert_openai_error(whole)["code"] == "bad_worker_response"
+    assert stream_status == 200 and events[-1] == "[DONE]"
+    assert assert_openai_error(events[-2])["code"] == "bad_worker_response"
+    assert not any(e["choices"][0].get("finish_reason") for e in events[:-2] if e.get("choices"))
+
+
+@pytest.mark.parametrize("hold", [False, True], ids=["then the end", "then silence"])
+def test_blank_lines_or_silence_after_the_finish_line_leave_the_answer_whole(card, processor, hold):
+    """Blank lines are no line; a worker that goes silent after its finish line without ending
+    its answer is hung up on after FINISH_END_S, the client's answer whole."""
+    ids = processor.encode_chat("ok")
+    finish = line({"finish_reason": "stop", "prompt_tokens": 1, "completion_tokens": len(ids)})
+
+    async def scenario():
+        answer = raw([line({"token_ids": ids}), finish, b"\n \n"], hold=hold)
+        async with hostile_worker(answer) as w:
+            async with frontend(card, w.endpoint) as (client, _):
+                answers = [await answer_of(client, chat(stream=s)) for s in (False, True)]
+                if hold:
+                    await wait_until_async(lambda: w.hung_up == 2, deadline_s=DEADLINE_S)
                 return answers
 
     (whole_status, whole), (stream_status, events) = run(scenario)
@@ -165,6 +186,37 @@ def test_max_tokens_is_enforced_against_a_worker_that_never_stops(
     assert text == processor.tokenizer.decode(word * max_tokens)
     assert finish == ["length"]
     assert usage["completion_tokens"] == max_tokens
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_worker_that_never_stops_is_cut_at_the_stream_bound_without_max_tokens(
+    tiny_tokenizer_dir, processor, monkeypatch, caplog, stream
+):
+    """Issue 37: a card may claim up to MAX_CONTEXT_LENGTH tokens, and a request without
+    max_tokens gets the rest of that context: the stream's byte budget from it (4 GiB) is capped
+    at MAX_STREAM_BYTES (made 2 MiB here, so the test reads that much, not 256 MiB). The
+    frontend stops reading there and hangs up: a 502, or an error event mid-stream."""
+    monkeypatch.setattr(request_plane, "MAX_STREAM_BYTES", 2 * 1024 * 1024)
+    card = tiny_card(tiny_tokenizer_dir, MODEL, context_length=MAX_CONTEXT_LENGTH)
+    word = processor.encode_chat(" word")[:1]
+    item = line({"token_ids": word * 100})
+
+    async def scenario():
+        async with hostile_worker(endless([], item)) as worker:
+            async with frontend(card, worker.endpoint) as (client, _):
+                body = chat(stream=stream, ignore_eos=True)
+                del body["max_tokens"]
+                answer = await answer_of(client, body)
+                await wait_until_async(lambda: worker.hung_up == 1, deadline_s=DEADLINE_S)
+                return answer
+
+    status, answer = run(scenario)
+    if stream:
+        assert status == 200 and answer[-1] == "[DONE]"
+        assert assert_openai_error(answer[-2])["code"] == "bad_worker_response"
+    else:
+        assert status == 502 and assert_openai_error(answer)["code"] == "bad_worker_response"
+    assert "more than the stream's budget of bytes" in caplog.text
 
 
 def test_the_workers_counts_are_not_trusted(card, processor):

@@ -1,8 +1,8 @@
 """docs/deploy/grafana-dashboard.json reads only what a frontend exports: every series name in
-every query is one of the frontend's registry's (GC metrics and dynamo_frontend_* alike), every
-label it selects or groups by is one of that series' labels (or one the scrape adds). The
-integration suite checks the same names against a live frontend after traffic
-(tests/integration/test_metrics.py)."""
+every query is one of the frontend's registry's (GC metrics, the serving-time maintenance's
+with it on, and dynamo_frontend_* alike), every label it selects or groups by is one of that
+series' labels (or one the scrape adds). The integration suite checks the same names against a
+live frontend after traffic (tests/integration/test_metrics.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import json
 import pytest
 
 from dynamo.frontend.serving.request_metrics import RequestMetrics
+from dynamo_gc.maintenance_metrics import MaintenanceMetrics
+from dynamo_gc.maintenance_trigger import MaintenanceTrigger
 from dynamo_gc.metrics import DynamoMetrics
 from tests.support import dashboard
 
@@ -18,9 +20,11 @@ from tests.support import dashboard
 @pytest.fixture(scope="module")
 def exported() -> dict[str, set[str]]:
     """Series name -> its label names, for every series a frontend's registry exports once one
-    request has been served (a labelled family has no series before its first one)."""
+    request has been served (a labelled family has no series before its first one), with
+    serving-time maintenance on (``--dyn-gc-maintenance idle``)."""
     metrics = DynamoMetrics(freeze_enabled=True)
     requests = RequestMetrics(metrics.registry)
+    MaintenanceMetrics(metrics.registry, MaintenanceTrigger(50.0))
     with requests.request("chat_completions") as track:
         track.served("a-model")
         track.sent(3)
@@ -44,6 +48,15 @@ def test_the_dashboard_is_grafana_json_with_panels():
         "dynamo_frontend_inter_token_latency_seconds_bucket",
         "dynamo_gc_pause_seconds_bucket",
         "dynamo_gc_frozen_objects",
+    } <= names
+    # The maintenance's: how often, how long, what waited, what it reclaimed.
+    assert {
+        "dynamo_gc_maintenance_total",
+        "dynamo_gc_maintenance_seconds_bucket",
+        "dynamo_gc_maintenance_withdrawn_seconds_bucket",
+        "dynamo_gc_maintenance_wait_seconds_bucket",
+        "dynamo_gc_maintenance_reclaimed_objects_total",
+        "dynamo_gc_unfrozen_objects_estimate",
     } <= names
 
 

@@ -38,7 +38,7 @@ def test_a_process_starts_in_starting_where_freezing_is_allowed():
 
 
 def test_phase_values_are_the_names_operators_see():
-    assert [p.value for p in Phase] == ["starting", "serving", "draining"]
+    assert [p.value for p in Phase] == ["starting", "serving", "maintaining", "draining"]
 
 
 @pytest.mark.parametrize(
@@ -103,7 +103,7 @@ def test_the_phase_cannot_go_back(phase_changes):
     lifecycle.mark_serving("listener open")
     lifecycle.mark_draining("SIGTERM")
 
-    with pytest.raises(RuntimeError, match="cannot go back"):
+    with pytest.raises(RuntimeError, match="cannot go from draining to serving"):
         lifecycle.mark_serving("again")
 
     assert lifecycle.current_phase() is Phase.DRAINING

@@ -40,6 +40,7 @@ UPSTREAM_ENV_VARS = {
     "DYN_SDK_DISABLE_ANSI_LOGGING": "the runtime's logging: plain text instead of colours",
     "DYN_LOG": "the runtime's log level",
     "DYN_VLLM_HEADLESS": "dynamo/vllm/backend_args.py: --headless",
+    "DYN_FPM_GC_POLICY": "dynamo/vllm/gc_policy.py: the self-benchmark's GC policy (freeze)",
 }
 # The worker adapters' env vars, from their declarations (python -m dynamo_gc.vllm / .mocker).
 WORKER_ENV_VARS = {

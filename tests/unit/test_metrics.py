@@ -153,11 +153,14 @@ def test_phase_gauge_follows_the_lifecycle(process_metrics):
     def phases():
         return {p.value: sample(m, "dynamo_serving_phase", phase=p.value) for p in lifecycle.Phase}
 
-    assert phases() == {"starting": 1, "serving": 0, "draining": 0}
+    assert phases() == {"starting": 1, "serving": 0, "maintaining": 0, "draining": 0}
     lifecycle.mark_serving("test")
-    assert phases() == {"starting": 0, "serving": 1, "draining": 0}
+    assert phases() == {"starting": 0, "serving": 1, "maintaining": 0, "draining": 0}
+    with lifecycle.maintenance_window("test", lambda: 0):
+        assert phases() == {"starting": 0, "serving": 0, "maintaining": 1, "draining": 0}
+    assert phases() == {"starting": 0, "serving": 1, "maintaining": 0, "draining": 0}
     lifecycle.mark_draining("test")
-    assert phases() == {"starting": 0, "serving": 0, "draining": 1}
+    assert phases() == {"starting": 0, "serving": 0, "maintaining": 0, "draining": 1}
 
 
 def test_detached_metrics_stop_following(process_metrics):
@@ -177,6 +180,7 @@ def test_metric_names_and_labels_are_stable(process_metrics):
     assert {s.labels["phase"] for s in families["dynamo_serving_phase"].samples} == {
         "starting",
         "serving",
+        "maintaining",
         "draining",
     }
     assert {s.labels["generation"] for s in families["dynamo_gc_pause_seconds"].samples} == {

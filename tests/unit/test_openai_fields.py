@@ -193,6 +193,38 @@ def _post(card, endpoint: str, body: dict, *, strict: bool = False) -> tuple[int
     return asyncio.run(scenario())
 
 
+# Issue 37: vLLM 0.32 refuses stream_options that ask for something without stream true; it
+# was accepted here and dropped.
+VLLM_STREAM_OPTIONS_WORDS = "Stream options can only be defined when `stream=True`."
+
+
+@pytest.mark.parametrize("endpoint", ENDPOINTS)
+@pytest.mark.parametrize("stream", [{}, {"stream": False}, {"stream": None}], ids=str)
+@pytest.mark.parametrize("options", [{"include_usage": True}, {"include_usage": False}], ids=str)
+def test_stream_options_without_stream_are_refused_in_vllms_words(endpoint, stream, options):
+    body = {**BASE[endpoint], **stream, "stream_options": options}
+    with pytest.raises(oai.ApiError) as raised:
+        oai.parse_request(MODELS[endpoint], body)
+    error = assert_openai_error(raised.value.body(), param="stream_options")
+    assert raised.value.status == 400 and error["message"] == VLLM_STREAM_OPTIONS_WORDS
+
+
+@pytest.mark.parametrize("endpoint", ENDPOINTS)
+def test_stream_options_that_ask_for_nothing_need_no_stream(endpoint):
+    # vLLM's test is the value's truth: null and an empty object ask for nothing.
+    for options in (None, {}):
+        oai.parse_request(MODELS[endpoint], {**BASE[endpoint], "stream_options": options})
+    streamed = {**BASE[endpoint], "stream": True, "stream_options": {"include_usage": True}}
+    assert oai.parse_request(MODELS[endpoint], streamed).include_usage
+
+
+def test_over_http_stream_options_without_stream_are_a_400_that_reaches_no_worker(card):
+    body = {**BASE[CHAT], "stream_options": {"include_usage": True}}
+    status, answer, worker_requests = _post(card, CHAT, body)
+    error = assert_openai_error(answer, status, 400, param="stream_options")
+    assert error["message"] == VLLM_STREAM_OPTIONS_WORDS and worker_requests == 0
+
+
 @pytest.mark.parametrize(
     "endpoint, name, value",
     [

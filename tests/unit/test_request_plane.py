@@ -255,6 +255,7 @@ BAD_FIELDS = [
     ("sampling.structured_outputs", {"json_object": False}),
     ("sampling.structured_outputs", {"choice": []}),
     ("sampling.structured_outputs", {"structural_tag": "x", "regex": "a"}),
+    ("sampling.reasoning_ended", "yes"), ("sampling.reasoning_ended", 1),
     ("sampling.best_of", 2),  # not a sampling option of the wire format
 ]  # fmt: skip
 

@@ -270,6 +270,16 @@ def test_a_stream_over_its_byte_budget_is_a_protocol_error(max_tokens):
     assert peak < PYTHON_PEAK_LIMIT and budget < 2 * 1024 * 1024
 
 
+def test_no_stream_is_read_past_the_absolute_bound_whatever_max_tokens_allows(monkeypatch):
+    """Issue 37: max_tokens 2^31 made a budget of ~512 GiB; MAX_STREAM_BYTES ends any stream
+    (made 512 KiB here, so the test reads that much, not 256 MiB)."""
+    monkeypatch.setattr(request_plane, "MAX_STREAM_BYTES", 512 * 1024)
+    request = {**REQUEST, "sampling": {"max_tokens": 2**31 - 1}}
+    result, worker, _ = ask(endless([], GOOD * 100), request)
+    assert isinstance(result, WorkerProtocolError) and "budget" in str(result), result
+    assert worker.hung_up == 1
+
+
 def test_a_compressed_stream_is_not_inflated():
     rss_before = _rss_kb()
     result, _, peak = ask(raw([bomb()], headers={"Content-Encoding": "gzip"}))

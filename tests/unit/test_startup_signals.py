@@ -15,27 +15,29 @@ import psutil
 import pytest
 
 from dynamo.common import startup_signals
-from dynamo.common.startup_signals import StartupInterrupted
 from dynamo.vllm import engine_init
+from dynamo_gc import startup_stop
+from dynamo_gc.startup_stop import StartupInterrupted
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_before_the_loop_raises_startup_interrupted(signum):
-    before = {s: signal.getsignal(s) for s in startup_signals.STOP_SIGNALS}
+    before = {s: signal.getsignal(s) for s in startup_stop.STOP_SIGNALS}
     with pytest.raises(StartupInterrupted) as caught:
-        with startup_signals.interrupting_startup():
+        with startup_stop.interrupting_startup():
             os.kill(os.getpid(), signum)
             signal.sigtimedwait([], 0)  # a pending handler runs at the next bytecode anyway
     assert caught.value.signame == signal.Signals(signum).name
     assert isinstance(caught.value, KeyboardInterrupt)  # Ctrl-C clean-up code runs for both
-    assert {s: signal.getsignal(s) for s in startup_signals.STOP_SIGNALS} == before
+    assert {s: signal.getsignal(s) for s in startup_stop.STOP_SIGNALS} == before
+    assert startup_stop.received() == signal.Signals(signum).name  # recorded, not only raised
 
 
 def test_handlers_are_left_alone_outside_the_main_thread():
     seen = []
 
     def run() -> None:
-        with startup_signals.interrupting_startup():
+        with startup_stop.interrupting_startup():
             seen.append(signal.getsignal(signal.SIGTERM))
 
     before = signal.getsignal(signal.SIGTERM)
@@ -127,6 +129,29 @@ def test_abandoning_an_init_stops_its_processes_and_ends_it():
     result, failure = asyncio.run(scenario())
     assert result is None  # the init failed because of the stop: nothing to shut down
     assert "the child ended with -9" in str(failure)  # SIGKILL
+
+
+def sigint_blocked_in(status: str) -> bool:
+    blocked = next(line for line in status.splitlines() if line.startswith("SigBlk:"))
+    return bool(int(blocked.split()[1], 16) & (1 << (signal.SIGINT - 1)))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/PID/status")
+def test_the_inits_processes_never_get_the_terminals_ctrl_c():
+    """A process the init starts begins with SIGINT blocked (vLLM's EngineCore printed its own
+    KeyboardInterrupt traceback when Ctrl-C reached it during its imports); this process's main
+    thread, which acts on Ctrl-C, keeps it."""
+    read_status = [sys.executable, "-c", "print(open('/proc/self/status').read())"]
+
+    async def scenario() -> str:
+        init = engine_init.run_in_init_thread(
+            lambda: subprocess.run(read_status, capture_output=True, text=True, check=True),
+            on_orphan=lambda _: None,
+        )
+        return (await init).stdout
+
+    assert sigint_blocked_in(asyncio.run(scenario()))
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
 
 
 def test_an_init_that_finished_meanwhile_hands_its_engine_over():

@@ -365,6 +365,32 @@ def test_parallel_tool_calls_false_answers_one_call_whatever_the_engine_wrote(ca
 def test_a_plain_request_sends_no_constraint(card):
     status, answer, bodies = chat_through_echo(card, "hello", {}, stream=False)
     assert status == 200 and "structured_outputs" not in bodies[0]["sampling"]
+    assert "reasoning_ended" not in bodies[0]["sampling"]  # no grammar: nothing to start
+
+
+@pytest.mark.parametrize(
+    "body",
+    [{"tools": TOOLS, "tool_choice": "required"}, {"response_format": JSON_SCHEMA}],
+    ids=["forced-call", "response-format"],
+)
+def test_a_processor_that_parses_no_reasoning_has_the_grammar_start_at_once(card, body):
+    """A worker whose engine has a reasoning parser holds a grammar back until the reasoning
+    ends unless told it has: ``hf`` parses no reasoning, so the output it parses must be the
+    constraint's from the first token (issue 37; vLLM's and SGLang's processors decide as their
+    servers do: tests/vllm, tests/sglang)."""
+    output = REQUIRED_OUTPUT if "tools" in body else '{"a": 7}'
+    status, answer, bodies = chat_through_echo(card, output, body, stream=False)
+    assert status == 200, answer
+    assert bodies[0]["sampling"]["reasoning_ended"] is True
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_where_the_grammar_starts_travels_only_with_a_grammar(value):
+    structured = StructuredOutputs(regex="a+")
+    sent = SamplingOptions(max_tokens=4, structured_outputs=structured, reasoning_ended=value)
+    assert sent.model_dump()["reasoning_ended"] is value
+    assert "reasoning_ended" not in SamplingOptions(max_tokens=4).model_dump()  # a worker from
+    # before the field still takes every request without it
 
 
 @pytest.mark.parametrize(

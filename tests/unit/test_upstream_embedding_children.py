@@ -17,6 +17,12 @@ import types
 
 import pytest
 
+from dynamo_gc.configuration.gc_options import (
+    MAINTENANCE_IDLE,
+    MAINTENANCE_OFF,
+    GcSettings,
+    MaintenanceSettings,
+)
 from dynamo_gc.upstream import embedding_children
 from dynamo_gc.upstream.versions import describe_installed
 
@@ -68,6 +74,10 @@ def create_shared_embedding_engine_client(process_count):
 """
 
 
+ON = GcSettings(freeze_gc_heap=True, gc_pause_log_ms=0.0)
+NO_MAINTENANCE = MaintenanceSettings(MAINTENANCE_OFF, 0.0)
+
+
 def upstream_like(tmp_path, source: str) -> types.ModuleType:
     """A module of upstream's name and shape, and a stand-in for ``dynamo.vllm.main`` holding
     its function as upstream's worker module imports it."""
@@ -86,9 +96,7 @@ def upstream_like(tmp_path, source: str) -> types.ModuleType:
 
 def refusal(capsys, worker_main) -> str:
     with pytest.raises(SystemExit) as exited:
-        embedding_children.install(
-            "prog", worker_main, freeze_gc_heap=True, gc_pause_log_ms=0.0, metrics=None
-        )
+        embedding_children.install("prog", worker_main, ON, NO_MAINTENANCE, metrics=None)
     assert exited.value.code == 2
     return capsys.readouterr().err
 
@@ -105,8 +113,8 @@ def test_the_children_run_the_adapter_with_the_first_processes_gc_settings(tmp_p
     assert embedding_children.install(
         "prog",
         worker_main,
-        freeze_gc_heap=True,
-        gc_pause_log_ms=5.0,
+        GcSettings(freeze_gc_heap=True, gc_pause_log_ms=5.0),
+        NO_MAINTENANCE,
         metrics=("127.0.0.1", 9300),
     )
 
@@ -120,6 +128,8 @@ def test_the_children_run_the_adapter_with_the_first_processes_gc_settings(tmp_p
             "--freeze-gc-heap",
             "--gc-pause-log-ms",
             "5.0",
+            "--gc-maintenance",
+            "off",  # always named: an env var the child inherits cannot turn it on
             "--gc-metrics-port",
             str(9300 + index),  # as upstream offsets DYN_SYSTEM_PORT by the index
             "--gc-metrics-host",
@@ -141,16 +151,22 @@ def test_the_children_run_the_adapter_with_the_first_processes_gc_settings(tmp_p
 def test_off_and_a_free_metrics_port_are_handed_on_as_they_are(tmp_path, upstream_argv):
     worker_main = upstream_like(tmp_path, UPSTREAM_LIKE)
     embedding_children.install(
-        "prog", worker_main, freeze_gc_heap=False, gc_pause_log_ms=0.0, metrics=("0.0.0.0", 0)
+        "prog",
+        worker_main,
+        GcSettings(freeze_gc_heap=False, gc_pause_log_ms=0.0),
+        NO_MAINTENANCE,
+        metrics=("0.0.0.0", 0),
     )
 
     (child,) = worker_main.create_shared_embedding_engine_client(2)
     child.communicate(timeout=120)
 
-    assert child.args[3:9] == [
+    assert child.args[3:11] == [
         "--no-freeze-gc-heap",
         "--gc-pause-log-ms",
         "0.0",
+        "--gc-maintenance",
+        "off",
         "--gc-metrics-port",
         "0",  # each child picks a free port and logs it
         "--gc-metrics-host",
@@ -159,9 +175,7 @@ def test_off_and_a_free_metrics_port_are_handed_on_as_they_are(tmp_path, upstrea
 
 def test_other_commands_of_the_module_are_left_alone(tmp_path, upstream_argv):
     worker_main = upstream_like(tmp_path, UPSTREAM_LIKE)
-    embedding_children.install(
-        "prog", worker_main, freeze_gc_heap=True, gc_pause_log_ms=0.0, metrics=None
-    )
+    embedding_children.install("prog", worker_main, ON, NO_MAINTENANCE, metrics=None)
     module = sys.modules.get(embedding_children.MODULE)
     assert module is None  # the real upstream module is not touched here
     globals_ = worker_main.create_shared_embedding_engine_client.__globals__
@@ -179,9 +193,7 @@ def test_other_commands_of_the_module_are_left_alone(tmp_path, upstream_argv):
 def test_uninstall_puts_the_real_subprocess_back(tmp_path):
     worker_main = upstream_like(tmp_path, UPSTREAM_LIKE)
     globals_ = worker_main.create_shared_embedding_engine_client.__globals__
-    embedding_children.install(
-        "prog", worker_main, freeze_gc_heap=True, gc_pause_log_ms=0.0, metrics=None
-    )
+    embedding_children.install("prog", worker_main, ON, NO_MAINTENANCE, metrics=None)
     assert globals_["subprocess"] is not subprocess
 
     embedding_children.uninstall(worker_main)
@@ -191,14 +203,52 @@ def test_uninstall_puts_the_real_subprocess_back(tmp_path):
 
 def test_a_child_without_its_index_cannot_get_a_metrics_port_of_its_own():
     with pytest.raises(RuntimeError, match="DYN_VLLM_EMBEDDING_PROCESS_INDEX"):
-        embedding_children.child_flags(True, 0.0, ("127.0.0.1", 9300), env={})
+        embedding_children.child_flags(ON, NO_MAINTENANCE, ("127.0.0.1", 9300), env={})
+
+
+def test_the_maintenance_is_handed_on_with_its_budget():
+    flags = embedding_children.child_flags(
+        ON, MaintenanceSettings(MAINTENANCE_IDLE, 25.0), None, env=None
+    )
+
+    assert flags == [
+        "--freeze-gc-heap",
+        "--gc-pause-log-ms",
+        "0.0",
+        "--gc-maintenance",
+        "idle",
+        "--gc-pause-budget-ms",
+        "25.0",
+    ]
+
+
+def test_the_childs_maintenance_flags_are_what_the_adapter_parses_back():
+    # what the child's own parser makes of them: the first process's settings, whatever the
+    # child inherits in its env (DYN_VLLM_GC_MAINTENANCE=idle here, overridden by the flag)
+    from dynamo_gc.upstream import worker_settings
+
+    for maintenance in (NO_MAINTENANCE, MaintenanceSettings(MAINTENANCE_IDLE, 40.0)):
+        flags = embedding_children.child_flags(
+            ON, maintenance, ("127.0.0.1", 9300), env={"DYN_VLLM_EMBEDDING_PROCESS_INDEX": "2"}
+        )
+        config, rest = worker_settings.split_args(
+            worker_settings.VLLM_SURFACE,
+            [*flags, "--model", "unused"],
+            env={"DYN_VLLM_GC_MAINTENANCE": "idle", "DYN_VLLM_GC_PAUSE_BUDGET_MS": "5"},
+        )
+        assert (config.gc, config.maintenance.mode, rest) == (
+            ON,
+            maintenance.mode,
+            ["--model", "unused"],
+        )
+        if maintenance.enabled:  # off: the inherited budget is ignored (one WARNING)
+            assert config.maintenance.pause_budget_ms == maintenance.pause_budget_ms
+        assert (config.metrics_host, config.metrics_port) == ("127.0.0.1", 9302)
 
 
 def test_a_release_without_the_function_has_nothing_to_reach():
     worker_main = types.ModuleType(embedding_children.WORKER_MAIN)  # ai-dynamo 1.4.x
-    assert not embedding_children.install(
-        "prog", worker_main, freeze_gc_heap=True, gc_pause_log_ms=0.0, metrics=None
-    )
+    assert not embedding_children.install("prog", worker_main, ON, NO_MAINTENANCE, metrics=None)
 
 
 @pytest.mark.parametrize(

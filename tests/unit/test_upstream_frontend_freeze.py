@@ -29,6 +29,7 @@ from dynamo_gc.upstream import (
     preprocess_pool,
     stand_down,
 )
+from tests.support.scrape import sample
 
 ENV_VARS = (
     "DYN_FREEZE_GC_HEAP",
@@ -214,7 +215,7 @@ def test_the_metrics_port_serves_the_gc_metrics(monkeypatch):
     with urllib.request.urlopen(url, timeout=10) as answer:
         text = answer.read().decode()
 
-    assert f"dynamo_gc_frozen_objects {float(activation.frozen or 0)}" in text
+    assert sample(text, "dynamo_gc_frozen_objects") == (activation.frozen or 0)
     assert "dynamo_gc_freeze_enabled 1.0" in text
     assert 'dynamo_serving_phase{phase="serving"} 1.0' in text
     assert "dynamo_gc_pause_seconds_bucket" in text
@@ -349,6 +350,66 @@ def test_the_launcher_hands_an_upstream_that_freezes_itself_the_gc_flags(
     # upstream calling the provider as well (the env var also set) adds nothing
     assert frontend_freeze.gc_freeze_routes() == []
     assert len([r for r in caplog.records if "stands down" in r.getMessage()]) == 1
+
+
+def test_where_upstream_freezes_itself_the_maintenance_stands_down_too(
+    frontend_that_freezes_itself, monkeypatch, caplog
+):
+    # the maintenance would unfreeze and re-freeze the heap upstream froze: it does not run,
+    # and the line says so (its env vars are the adapter's alone: upstream reads none of them)
+    monkeypatch.setenv("DYN_GC_MAINTENANCE", "idle")
+    monkeypatch.setenv("DYN_GC_PAUSE_BUDGET_MS", "20")
+    caplog.set_level(logging.INFO)
+
+    assert frontend_freeze.gc_freeze_routes() == []
+
+    (line,) = [r for r in caplog.records if "stands down" in r.getMessage()]
+    assert line.levelno == logging.WARNING
+    assert line.getMessage().endswith(
+        "not served: --dyn-gc-maintenance / DYN_GC_MAINTENANCE (idle)"
+    )
+    assert frontend_freeze.activation() is None  # no maintainer, no gate, no pause logger
+    assert installed_gc_pause_logger() is None
+    assert gc.get_freeze_count() == 0
+
+
+def test_the_launcher_takes_the_maintenance_flags_out_for_an_upstream_that_freezes_itself(
+    frontend_that_freezes_itself, monkeypatch, caplog
+):
+    started = []
+    frontend_that_freezes_itself.main = lambda: started.append(list(sys.argv))
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    caplog.set_level(logging.INFO)
+    monkeypatch.setattr(
+        frontend_cli.frontend_hooks,
+        "checked_frontend_main",
+        lambda program=None: frontend_that_freezes_itself,
+    )
+
+    frontend_cli.main(
+        [
+            "--dyn-chat-processor",
+            "vllm",
+            "--dyn-gc-maintenance",
+            "idle",
+            "--dyn-gc-pause-budget-ms=20",
+            "--dyn-gc-pause-log-ms",
+            "5",
+        ]
+    )
+
+    # upstream's parser has no maintenance option (it would refuse one): taken out
+    assert started == [
+        [
+            frontend_cli.UPSTREAM_PROGRAM,
+            "--dyn-chat-processor",
+            "vllm",
+            "--dyn-gc-pause-log-ms",
+            "5",
+        ]
+    ]
+    (line,) = [r for r in caplog.records if "stands down" in r.getMessage()]
+    assert "not served: --dyn-gc-maintenance / DYN_GC_MAINTENANCE (idle)" in line.getMessage()
 
 
 def test_a_release_without_upstreams_freeze_module_is_not_taken_for_one():

@@ -105,6 +105,23 @@ def test_a_changed_global_exits_2_naming_version_and_symbol(module, capsys, chan
     assert f"supports ai-dynamo {', '.join(versions.SUPPORTED_VERSIONS)}" in err
 
 
+def test_a_compiled_awaitable_global_is_checked_as_a_builtin(module, capsys):
+    # ai-dynamo's `dynamo.llm.register_model` (what the encode worker awaits) is a pyo3 builtin:
+    # not a coroutine function, though it returns an awaitable
+    compiled = ModuleGlobalHook(
+        module.__name__, "register", "worker", coroutine=True, compiled=True
+    )
+    module.register = len  # a builtin, as the binding is
+    assert hooks.resolve("prog", compiled) is module
+    module.register = module.serve  # a Python function that is not async: refused all the same
+    err = refusal(capsys, hooks.resolve, "prog", compiled)
+    assert f"{module.__name__}.register is no longer an async function" in err
+    # a plain (not compiled) async hook still refuses a builtin
+    module.register = len
+    err = refusal(capsys, hooks.resolve, "prog", hook(module))
+    assert f"{module.__name__}.register is no longer an async function" in err
+
+
 def test_a_module_that_cannot_import_exits_2_with_the_import_error(capsys):
     missing = ModuleGlobalHook("no_such_upstream_module", "f", "g", coroutine=False)
     err = refusal(capsys, hooks.resolve, "prog", missing)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import logging
 import os
 import signal
@@ -22,6 +23,7 @@ from dynamo.common import startup_signals
 from dynamo.runtime import request_plane
 from dynamo.runtime.discovery import open_discovery
 from dynamo.runtime.discovery.file_store import DiscoveryStore
+from dynamo.runtime.model_card import MAX_CONTEXT_LENGTH
 from dynamo.vllm import backend_args, engine_factory, worker_process
 from dynamo.vllm import main as worker_main
 from dynamo.vllm.mock_engine import MockEngine
@@ -29,7 +31,7 @@ from dynamo.vllm.request_plane_server import RequestPlaneServer
 from dynamo_gc import freeze, gc_state, lifecycle, pause_logger
 from tests.support import wait_until_async
 from tests.support.steps import StepRecorder
-from tests.support.tiny_model import mock_worker_env
+from tests.support.tiny_model import build_tiny_tokenizer, mock_worker_env
 
 
 def sigterm_self() -> None:
@@ -516,6 +518,21 @@ def test_an_engine_resolved_card_a_frontend_would_refuse_is_never_registered(
     assert worker_main.main(["--discovery-dir", str(discovery_dir)]) == 2
     assert "register" not in names(steps)
     assert "card: tokenizer_path" in caplog.text and "--model / DYN_VLLM_MODEL" in caplog.text
+
+
+def test_a_model_whose_context_is_over_the_cards_bound_is_never_registered(
+    steps, discovery_dir, tmp_path, monkeypatch, caplog
+):
+    """Issue 37: a frontend refuses a card claiming more than MAX_CONTEXT_LENGTH tokens; a
+    model whose config claims 2^31 is an exit 2 naming the field, not a worker that serves a
+    model no frontend routes to (nor a traceback)."""
+    model = build_tiny_tokenizer(tmp_path / "model")
+    (model / "config.json").write_text(json.dumps({"max_position_embeddings": 2**31 - 1}))
+    monkeypatch.setenv("DYN_VLLM_MODEL", str(model))
+    assert worker_main.main(["--discovery-dir", str(discovery_dir)]) == 2
+    assert "register" not in names(steps)
+    assert "card: context_length" in caplog.text and str(MAX_CONTEXT_LENGTH) in caplog.text
+    assert "Traceback" not in caplog.text
 
 
 @pytest.mark.parametrize(

@@ -23,13 +23,6 @@ FROZEN = r"GC heap frozen \(upstream frontend, before HTTP admits requests\)"
 START_DEADLINE_S = 120.0
 
 
-def sample(metrics: str, name: str) -> float:
-    """The value of an unlabelled sample in a Prometheus text scrape."""
-    return next(
-        float(line.split()[1]) for line in metrics.splitlines() if line.startswith(name + " ")
-    )
-
-
 def start_mocker(model_dir: Path, kv_dir: Path, log_dir: Path) -> LauncherProcess:
     mocker = LauncherProcess(
         "mocker",

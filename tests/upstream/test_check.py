@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from importlib.metadata import version
+from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,13 @@ def test_the_frontend_and_the_mocker_pass_on_the_installed_release():
     assert lines[1].startswith(
         "  frontend: dynamo.frontend.main.load_frontend_route_extensions is called before HTTP"
     )
+    # the frontend's maintenance request paths: checked where their processor imports, named
+    # as not checked where it does not (vLLM or SGLang missing)
+    assert "; maintenance request paths checked: " in lines[1]
+    if find_spec("vllm") is not None:
+        assert "checked: vllm" in lines[1]
+    else:
+        assert "not checked, their modules do not import here: vllm (" in lines[1]
     assert lines[2] == "  mocker: python -m dynamo_gc.mocker wraps dynamo.mocker.main.run_input"
 
 
@@ -63,6 +71,12 @@ def test_the_vllm_worker_is_checked_where_upstreams_worker_imports_or_refused_by
         assert "vllm: python -m dynamo_gc.vllm wraps dynamo.vllm.main.register_vllm_model" in (
             done.stdout
         )
+        # the signal-handler installer it defers, and the handlers the maintenance gates
+        assert "dynamo.vllm.main.install_signal_handlers" in done.stdout
+        assert (
+            "--gc-maintenance gates dynamo.vllm.handlers.DecodeWorkerHandler.generate, "
+            "dynamo.vllm.handlers.PrefillWorkerHandler.generate"
+        ) in done.stdout
         assert "--embedding-worker-processes children start through the adapter" in done.stdout
 
 

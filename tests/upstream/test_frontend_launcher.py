@@ -9,11 +9,8 @@ import sys
 
 import pytest
 
-from tests.upstream.frontend_pair import (
-    FROZEN,
-    HTTP_STARTED,
-    sample,
-)
+from tests.support.scrape import sample
+from tests.upstream.frontend_pair import FROZEN, HTTP_STARTED
 
 pytestmark = [pytest.mark.upstream, pytest.mark.integration]
 

@@ -17,11 +17,8 @@ import pytest
 
 from dynamo_gc.upstream.frontend_hooks import EXTENSION_PROGRAM
 from dynamo_gc.upstream.versions import SUPPORTED_VERSIONS
-from tests.upstream.frontend_pair import (
-    FROZEN,
-    HTTP_STARTED,
-    sample,
-)
+from tests.support.scrape import sample
+from tests.upstream.frontend_pair import FROZEN, HTTP_STARTED
 
 pytestmark = [pytest.mark.upstream, pytest.mark.integration]
 

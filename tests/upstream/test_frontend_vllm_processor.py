@@ -11,30 +11,15 @@ preprocessing"), so the pool processes freeze with the ``sglang`` processor only
 
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import pytest
 
 from tests.upstream.frontend_pair import (
     FROZEN,
     HTTP_STARTED,
 )
+from tests.upstream.needs_vllm import NEEDS_VLLM
 
-REQUIRE_ENV = "DYNAMO_REQUIRE_UPSTREAM_VLLM"
-_MISSING = importlib.util.find_spec("vllm") is None
-if _MISSING and os.environ.get(REQUIRE_ENV) == "1":
-    raise RuntimeError(f"{REQUIRE_ENV}=1 but vLLM is not installed in this environment")
-
-pytestmark = [
-    pytest.mark.upstream,
-    pytest.mark.integration,
-    pytest.mark.skipif(
-        _MISSING,
-        reason="vLLM is not in this environment (scripts/setup_upstream_env.sh without "
-        "UPSTREAM_VLLM=0 installs it)",
-    ),
-]
+pytestmark = [pytest.mark.upstream, pytest.mark.integration, NEEDS_VLLM]
 
 VLLM_ARGS = ["--dyn-chat-processor", "vllm"]
 START_DEADLINE_S = 300.0  # vLLM's imports and its model inspection, on a loaded 2-core machine

@@ -19,12 +19,19 @@ A wheel that is not there skips with the command that downloads it; in CI
 
 from __future__ import annotations
 
+import inspect
 import os
 
 import pytest
 
 from dynamo_gc import mocker, vllm
-from dynamo_gc.upstream import embedding_children, frontend_hooks, preprocess_pool, stand_down
+from dynamo_gc.upstream import (
+    embedding_children,
+    frontend_freeze,
+    frontend_hooks,
+    preprocess_pool,
+    stand_down,
+)
 from dynamo_gc.upstream.hooks import ModuleGlobalHook, looks_up_global
 from dynamo_gc.upstream.versions import (
     LAST_RELEASE_WITHOUT_ROUTE_EXTENSIONS,
@@ -36,7 +43,13 @@ from tests.upstream.conftest import REQUIRE_ENV
 
 pytestmark = pytest.mark.upstream
 
-WORKER_HOOKS = [*vllm.ADAPTER.hooks, *mocker.ADAPTER.hooks]
+# every global the worker adapters wrap: the freeze points and the vLLM worker's signal-handler
+# installer (deferred to the freeze point, dynamo_gc.upstream.worker_signals)
+WORKER_HOOKS = [*vllm.ADAPTER.checked_hooks, *mocker.ADAPTER.checked_hooks]
+# every request path the serving-time maintenance gates (dynamo_gc.upstream.request_gate): the
+# frontend's chat processors' and the vLLM worker's handlers'
+REQUEST_PATHS = [*vllm.ADAPTER.request_paths]
+REQUEST_PATHS += [path for paths in frontend_freeze.REQUEST_PATHS.values() for path in paths]
 
 
 def open_release(version: str) -> Release:
@@ -128,10 +141,17 @@ def test_each_worker_hook_is_where_the_adapter_wraps_it(release, hook: ModuleGlo
     defined = module.function(hook.name)
     if defined is not None:
         assert module.is_async(hook.name) == hook.coroutine
-    else:
+    elif module.imports.get(hook.name) == "dynamo.llm":
         # imported from upstream's Rust bindings (dynamo.llm, in ai-dynamo-runtime's wheel):
         # their kind is checked at start-up, on the installed module
-        assert module.imports.get(hook.name) == "dynamo.llm", hook.symbol
+        pass
+    else:
+        # imported from another Python module of the wheel (the worker's signal-handler
+        # installer: dynamo.common.utils.graceful_shutdown): defined there, of the same kind
+        source = module.imports.get(hook.name)
+        assert source is not None and release.has_module(source), hook.symbol
+        assert release.module(source).function(hook.name) is not None, f"{source}.{hook.name}"
+        assert release.module(source).is_async(hook.name) == hook.coroutine, hook.symbol
     caller = module.caller(hook.caller)
     assert caller is not None, f"{hook.module}.{hook.caller}"
     assert looks_up_global(caller, hook.name)
@@ -174,3 +194,12 @@ def test_no_listed_release_freezes_by_itself(release):
     # the adapters run in full on every listed release; a release with upstream's own freeze
     # module is one they stand down on (dynamo_gc.upstream.stand_down)
     assert not release.has_module(stand_down.UPSTREAM_FREEZE_MODULE)
+
+
+@pytest.mark.parametrize("path", REQUEST_PATHS, ids=lambda path: path.symbol)
+def test_each_request_path_the_maintenance_gates_is_an_async_generator_method(release, path):
+    # what request_gate.resolve checks at start-up on the installed class: defined by the class
+    # itself, an async generator (the gate counts a request from its first item to its end)
+    method = release.module(path.module).method(path.class_name, path.method)
+    assert method is not None, path.symbol
+    assert method.co_flags & inspect.CO_ASYNC_GENERATOR, path.symbol

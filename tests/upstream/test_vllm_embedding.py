@@ -34,13 +34,18 @@ try:
 except ImportError as exc:  # vLLM missing, or without what upstream's module imports from it
     print(f"CANNOT IMPORT {{type(exc).__name__}}: {{exc}}")
     sys.exit(CANNOT_IMPORT)
+from dynamo_gc.configuration.gc_options import GcSettings, MaintenanceSettings
 from dynamo_gc.upstream import embedding_children
 
 worker_main = types.ModuleType("dynamo.vllm.main")
 function = upstream.create_shared_embedding_engine_client
 worker_main.create_shared_embedding_engine_client = function
 assert embedding_children.install(
-    "test", worker_main, freeze_gc_heap=False, gc_pause_log_ms=7.0, metrics=("127.0.0.1", 9400)
+    "test",
+    worker_main,
+    GcSettings(freeze_gc_heap=False, gc_pause_log_ms=7.0),
+    MaintenanceSettings("off", 0.0),
+    metrics=("127.0.0.1", 9400),
 )
 sys.argv = ["python -m dynamo_gc.vllm", "--help"]
 env = upstream._child_environment(
@@ -82,6 +87,8 @@ def test_upstreams_child_starts_through_the_adapter_with_the_first_processes_set
             "--no-freeze-gc-heap",
             "--gc-pause-log-ms",
             "7.0",
+            "--gc-maintenance",
+            "off",
             "--gc-metrics-port",
             "9402",  # the metrics port offset by the child's index, as DYN_SYSTEM_PORT is
             "--gc-metrics-host",

@@ -8,14 +8,14 @@ Tests in this folder without the marker (argument handling that needs no vLLM) r
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from bench_common import OFFLINE_ENV, VLLM_ARGS
+from bench_common import OFFLINE_ENV, VLLM_ARGS, built_model_dir
 
 from tests.support.environments import package_gate
+from tests.support.thinking_model import build_with
 
 # OFFLINE_ENV (nothing may come from a hub: the model is built locally) and VLLM_ARGS (the real
 # engine's small footprint) are the benchmarks' own (scripts/bench_common.py), re-exported here.
@@ -31,14 +31,11 @@ pytest_collection_modifyitems = package_gate("vllm", "vLLM", Path(__file__).pare
 def tiny_model() -> str:
     """The tiny random Llama's directory, built once per machine (a cache) and reused."""
     out = os.environ.get("DYNAMO_TINY_MODEL_DIR")
-    command = [sys.executable, str(MAKE_TINY_MODEL)] + (["--out", out] if out else [])
-    result = subprocess.run(
-        command,
-        env={**os.environ, **OFFLINE_ENV},
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert result.returncode == 0, f"make_tiny_model failed:\n{result.stderr}"
-    return result.stdout.strip().splitlines()[-1]
+    return built_model_dir([sys.executable, str(MAKE_TINY_MODEL)] + (["--out", out] if out else []))
+
+
+@pytest.fixture(scope="session")
+def thinking_model(tmp_path_factory) -> str:
+    """The tiny model that reasons, then calls (tests/support/thinking_model.py), built once
+    per session in a process of its own, offline."""
+    return build_with(sys.executable, tmp_path_factory.mktemp("thinking-model") / "model")

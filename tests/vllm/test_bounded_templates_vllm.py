@@ -8,12 +8,15 @@ while a healthy model answers."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from dynamo.frontend.openai.protocol import parse_chat_request
 from dynamo.frontend.processors.chat_processor import build_chat_processor
 from dynamo.frontend.processors.template_sandbox import TemplateSandbox
 from tests.support.template_bombs import bounded_renders, check_template_bombs
+from tests.support.template_failures import check_template_answers, template_answers
 from tests.vllm.test_chat_template_parity import CHATML, CONVERSATIONS, LLAMA3, card
 
 pytestmark = pytest.mark.vllm
@@ -105,3 +108,14 @@ def test_without_render_processes_the_vllm_template_renders_on_a_thread(tiny_mod
 @pytest.mark.integration
 def test_template_bombs_through_a_vllm_processor_frontend(tmp_path):
     check_template_bombs(tmp_path, "--dyn-chat-processor", "vllm")
+
+
+@pytest.mark.parametrize("processes", [1, 0], ids=["render processes", "threads"])
+def test_failing_templates_are_the_models_502_and_a_refusal_the_clients_400(
+    tiny_model, tmp_path, caplog, processes
+):
+    """Issue 37 through the ``vllm`` processor: transformers' environment on a thread, the
+    bounded one in a render process; the same answers (tests/unit/test_template_failures.py)."""
+    caplog.set_level(logging.INFO)
+    answers = template_answers(tiny_model, tmp_path, "vllm", processes=processes, repeat=2)
+    check_template_answers(answers, caplog.text)

@@ -248,6 +248,30 @@ def test_a_forced_call_goes_through_the_reasoning_parser_and_streams_its_argumen
     assert sent["sampling"]["structured_outputs"].get("json_schema") is None
 
 
+@pytest.mark.parametrize(
+    "extra, ended",
+    [({}, False), ({"include_reasoning": False}, True)],
+    ids=["thinking", "include-reasoning-false"],
+)
+def test_the_worker_is_told_whether_the_grammar_waits_for_the_reasoning(
+    tiny_tokenizer_dir, extra, ended
+):
+    """As vLLM's server tells its engine (``resolve_reasoning_ended``): a prompt that leaves
+    the model thinking has the forced call's grammar start once the reasoning ends (False);
+    with ``include_reasoning`` false it starts at the first token (True). Without a reasoning
+    parser the frontend parses none, and the grammar starts at once too."""
+    card = tiny_card(tiny_tokenizer_dir, MODEL)
+    request = {**body(), "tool_choice": "required", **extra}
+    status, answer, bodies = ask_recorded(card, request, registry("hermes", "qwen3"))
+    assert status == 200, answer
+    (sent,) = bodies
+    assert sent["sampling"]["reasoning_ended"] is ended
+    status, answer, bodies = ask_recorded(card, request, registry("hermes", None))
+    assert status == 200, answer
+    (sent,) = bodies
+    assert sent["sampling"]["reasoning_ended"] is True
+
+
 def test_a_forced_call_without_a_tool_call_parser_keeps_the_tools_json_schema(
     tiny_tokenizer_dir,
 ):

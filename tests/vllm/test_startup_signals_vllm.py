@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from tests.support import LauncherProcess, wait_until
-from tests.support.processes import start_frontend, start_worker
+from tests.support.processes import FINALIZER_SIGNAL_LAUNCH, start_frontend, start_worker
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration]
 
@@ -80,6 +80,8 @@ def assert_stopped_promptly(process: LauncherProcess, signame: str, token: str) 
     # (its timing, not ours); a traceback anywhere is checked above.
     ours = re.compile(r"^\S+ \S+ (WARNING|ERROR|CRITICAL) pid=", re.MULTILINE)
     assert ours.search(after) is None, after
+    # vLLM's processes never get the terminal's Ctrl-C: the launcher stops them itself.
+    assert "trigger received signal=SIGINT" not in log, log
     wait_until(
         lambda: not processes_with(token),
         deadline_s=STOP_DEADLINE_S,
@@ -133,19 +135,86 @@ def test_a_signal_during_the_self_benchmark_stops_the_worker(tiny_model, tmp_pat
         process.stop()
 
 
+def vllm_frontend(tmp_path, token: str, **launch) -> LauncherProcess:
+    """The frontend with the ``vllm`` chat processor, in a process group of its own; ``launch``:
+    ``env`` added to the token's, and ``launch`` (the script that runs it)."""
+    env = {TOKEN_VAR: token, **launch.pop("env", {})}
+    return start_frontend(
+        "frontend", tmp_path, tmp_path / "discovery", "--dyn-chat-processor", "vllm",
+        env=env, new_session=True, **launch,
+    )  # fmt: skip
+
+
 def test_a_signal_while_the_frontend_imports_vllm_stops_it(tmp_path, token):
-    process = start_frontend(
-        "frontend",
-        tmp_path,
-        tmp_path / "discovery",
-        "--dyn-chat-processor",
-        "vllm",
-        env={TOKEN_VAR: token},
-        new_session=True,
-    )
+    process = vllm_frontend(tmp_path, token)
     try:
         process.wait_for_log(r"Chat processor vllm: importing", deadline_s=PHASE_DEADLINE_S)
         assert_stopped_promptly(process, ctrl_c(process), token)
         assert "HTTP service listening" not in process.log()
+    finally:
+        process.stop()
+
+
+def init_processes(process: LauncherProcess) -> list[psutil.Process]:
+    """The processes vLLM's engine init has spawned (EngineCore, before and after it names
+    itself), multiprocessing's resource tracker aside."""
+    found = []
+    for child in psutil.Process(process.pid).children(recursive=True):
+        try:
+            command = " ".join(child.cmdline())
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if "resource_tracker" not in command:
+            found.append(child)
+    return found
+
+
+def blocks_sigint(pid: int) -> bool:
+    """Whether SIGINT is blocked in ``pid``'s main thread (``SigBlk`` in /proc/PID/status)."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("SigBlk:"):
+                return bool(int(line.split()[1], 16) & (1 << (signal.SIGINT - 1)))
+    raise AssertionError(f"no SigBlk line for {pid}")
+
+
+def test_ctrl_c_as_enginecore_starts_leaves_the_stop_to_the_worker(tiny_model, tmp_path, token):
+    """Ctrl-C the moment EngineCore's process exists, while it still imports (before vLLM's
+    own handler): it has SIGINT blocked from its first instruction, so the group's Ctrl-C is
+    the worker's alone to act on. One line, no EngineCore traceback, nothing left running."""
+    process = worker("worker", tmp_path, tiny_model, token)
+    try:
+        process.wait_for_log(r"Engine init: starting", deadline_s=PHASE_DEADLINE_S)
+        spawned = wait_until(
+            lambda: init_processes(process),
+            deadline_s=PHASE_DEADLINE_S,
+            what="vLLM's EngineCore process to be spawned",
+        )
+        assert all(blocks_sigint(child.pid) for child in spawned)
+        assert_stopped_promptly(process, ctrl_c(process), token)
+        assert "vLLM AsyncLLM started" not in process.log()
+    finally:
+        process.stop()
+
+
+def test_a_signal_lost_in_a_finalizer_while_the_frontend_imports_vllm_stops_it(tmp_path, token):
+    """Issue 37's case: the handler's exception is raised inside a finalizer a collection
+    runs while the ``vllm`` chat processor is imported, and Python drops it there. The record
+    stops the frontend once the import is done: it never listens."""
+    process = vllm_frontend(
+        tmp_path,
+        token,
+        env={"FINALIZER_SIGNAL_AT": "dynamo.frontend.main:import_processor_libraries"},
+        launch=FINALIZER_SIGNAL_LAUNCH,
+    )
+    try:
+        code = process.wait_exit(PHASE_DEADLINE_S)
+        log = process.log()
+        assert code == 0, log
+        assert "finalizer: sending SIGINT" in log, log
+        assert len(re.findall(r"Received SIGINT during start-up", log)) == 1, log
+        assert "Chat processor vllm: imported" in log, log  # the import went on, then it stopped
+        assert "Traceback" not in log and "Exception ignored" not in log, log
+        assert "HTTP service listening" not in log and "GC heap frozen" not in log, log
     finally:
         process.stop()

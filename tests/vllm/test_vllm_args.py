@@ -315,3 +315,45 @@ def test_help_piped_to_head_prints_the_workers_options_fast_and_without_a_traceb
     assert "Traceback" not in stderr and "BrokenPipeError" not in stderr, stderr
     imported = [line.rsplit("|", 1)[-1].strip() for line in stderr.splitlines() if "|" in line]
     assert "vllm" not in imported, "vLLM was imported for a help nobody reads"
+
+
+@pytest.mark.vllm
+def test_the_workers_reasoning_parser_is_the_engines_as_vllm_serve_makes_it():
+    """vllm serve's --reasoning-parser reaches the engine's structured-output configuration, so
+    a forced call's grammar waits for the reasoning to end; --dyn-reasoning-parser does the
+    same (issue 37), alone or beside vLLM's own flag naming the same parser."""
+    for argv in (
+        ["--dyn-reasoning-parser", "qwen3"],
+        ["--dyn-reasoning-parser", "qwen3", "--reasoning-parser", "qwen3"],
+    ):
+        args = _engine_args("--model", "/m", *argv)
+        assert args.reasoning_parser == "qwen3"
+        assert args.create_structured_outputs_config().reasoning_parser == "qwen3"
+    assert not _engine_args("--model", "/m").reasoning_parser
+    # vLLM's own flag alone stays vLLM's (the frontend then parses no reasoning of the card's).
+    assert _engine_args("--model", "/m", "--reasoning-parser", "qwen3").reasoning_parser == "qwen3"
+
+
+@pytest.mark.vllm
+def test_vllms_reasoning_parser_naming_another_is_refused_naming_both():
+    with pytest.raises(EngineUnavailable) as refused:
+        _engine_args(
+            "--model", "/m", "--dyn-reasoning-parser", "qwen3", "--reasoning-parser", "deepseek_r1"
+        )
+    message = str(refused.value)
+    assert "--dyn-reasoning-parser / DYN_REASONING_PARSER" in message
+    assert "'qwen3'" in message and "--reasoning-parser is 'deepseek_r1'" in message
+
+
+@pytest.mark.vllm
+def test_where_the_grammar_starts_reaches_vllms_generate_only_with_a_grammar():
+    from dynamo.runtime.sampling import SamplingOptions, StructuredOutputs
+    from dynamo.vllm.vllm_sampling import generate_kwargs
+
+    regex = StructuredOutputs(regex="a+")
+    assert generate_kwargs(SamplingOptions(max_tokens=1)) == {}
+    assert generate_kwargs(SamplingOptions(max_tokens=1, structured_outputs=regex)) == {}
+    for value in (True, False):
+        options = SamplingOptions(max_tokens=1, structured_outputs=regex, reasoning_ended=value)
+        assert generate_kwargs(options) == {"reasoning_ended": value}
+    assert generate_kwargs(SamplingOptions(max_tokens=1, reasoning_ended=True)) == {}

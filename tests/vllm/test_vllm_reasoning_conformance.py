@@ -11,29 +11,32 @@ The tiny model's random weights never write ``<think>`` or ``<tool_call>`` by th
 synthetic outputs are forced by the engine on both sides alike (a regex that writes the
 markers, the structural tag vLLM forces a call with). Both servers run the grammar from the
 first token (``--structured-outputs-config`` ``enable_in_reasoning``), so that a grammar forces
-the markers whether the reasoning parser is in its thinking phase or not.
+the markers whether the reasoning parser is in its thinking phase or not; that takes the
+question of where a grammar starts out of these cases, which the thinking model below answers.
 
 Deliberate differences, listed here with their reasons:
 
 * ``usage.completion_tokens_details`` (vLLM counts the reasoning's tokens there when a reasoning
   parser is set): ours reports no details; see :data:`IGNORED_KEYS`.
-* Whether the reasoning has ended: vLLM's engine holds a grammar back until the reasoning ends,
-  and vLLM's server hands its engine the request's template variables to decide whether the
-  prompt already ended it; our worker decides from the prompt alone (the request plane carries
-  no template variables). Both servers run here with ``enable_in_reasoning`` (the grammar from
-  the first token), which takes that decision out of the comparison.
+
+A model whose greedy output reasons before it calls (tests/support/thinking_model.py: the tiny
+model's recipe with its weights set to write ``<think> the weather is sunny</think>``, then the
+shortest call a grammar admits) shows forced calls after reasoning (issue 37): both servers with
+their defaults (the grammar waits for the reasoning to end), ours given only the worker's
+``--dyn-reasoning-parser``, ``tool_choice`` required and named, thinking or told not to think,
+``include_reasoning`` false (vLLM's server then starts the grammar at the first token, and so
+does ours), a ``response_format`` after the reasoning, whole and streamed alike
+(:class:`TestForcedCallsAfterReasoning`).
 
 What these cases do not show, and where it is shown instead:
 
-* A forced call after reasoning (``required-thinking``): the grammar runs from the first token,
-  so the tiny model writes the call at once on both servers and neither has reasoning; the
-  reasoning parsed before a forced call is checked against a worker streaming a known output
-  (tests/vllm/test_frontend_vllm_parsers.py).
 * A call's arguments streamed piece by piece: streamed answers are compared joined here; the
   pieces are checked in tests/vllm/test_frontend_vllm_parsers.py.
 * ``tool_choice`` auto without a constraint: the tiny model never writes ``<tool_call>`` by
   itself, so ``auto-plain`` and ``auto-one-call`` compare text only, though the second sends
   the worker vLLM's one-call structural tag (asserted in test_frontend_vllm_parsers.py).
+* The ``sglang`` processor's forced calls after reasoning (no SGLang server runs here: SGLang's
+  answer is the reference there): tests/sglang/test_sglang_forced_calls_vllm.py.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from bench_common import OFFLINE_ENV, VLLM_ARGS
 from launcher_process import LauncherProcess, free_port
 
 from tests.support.processes import LISTENING_LINE, start_frontend, start_worker
+from tests.support.thinking_model import REASONING
 from tests.vllm.test_pair_real_model import SERVED
 from tests.vllm.test_vllm_conformance import CHAT, call, differences
 from tests.vllm.test_vllm_conformance import IGNORED_KEYS as BASE_IGNORED
@@ -241,6 +245,102 @@ def clients(vllm_server, tiny_model, template, tmp_path_factory):
             base_url=vllm_server + "/v1", api_key="none", max_retries=0, timeout=120
         )
         yield ours, theirs
+
+
+SCHEMA_ANSWER = {"response_format": {"type": "json_schema", "json_schema": {
+    "name": "weather", "schema": {"type": "object",
+                                  "properties": {"sky": {"type": "string"}}}}}}  # fmt: skip
+
+
+def _thinking_case(name: str, body: dict) -> Any:
+    return pytest.param({**CHAT_BODY, "max_tokens": 60, **body}, id=name)
+
+
+THINKING_CASES = [
+    _thinking_case("required", {"tools": [WEATHER], "tool_choice": "required"}),
+    _thinking_case("named", {"tools": [WEATHER], "tool_choice": NAMED}),
+    _thinking_case("required-one-call", {"tools": [WEATHER], "tool_choice": "required",
+                                         "parallel_tool_calls": False}),
+    _thinking_case("required-not-thinking",
+                   {**NO_THINKING, "tools": [WEATHER], "tool_choice": "required"}),
+    _thinking_case("named-not-thinking", {**NO_THINKING, "tools": [WEATHER], "tool_choice": NAMED}),
+    _thinking_case("required-include-reasoning-false",
+                   {"tools": [WEATHER], "tool_choice": "required", "include_reasoning": False}),
+    _thinking_case("response-format", SCHEMA_ANSWER),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="class")
+def thinking_clients(thinking_model, tmp_path_factory):
+    """(ours, vLLM's) on the thinking model (see :class:`TestForcedCallsAfterReasoning`)."""
+    port = free_port()
+    argv = ["--model", thinking_model, "--served-model-name", SERVED, "--host", "127.0.0.1",
+            "--port", str(port), "--tool-call-parser", "hermes", "--enable-auto-tool-choice",
+            "--reasoning-parser", "qwen3", *VLLM_ARGS]  # fmt: skip
+    server = LauncherProcess(
+        "vllm-thinking-server", "vllm.entrypoints.openai.api_server", argv,
+        log_dir=tmp_path_factory.mktemp("vllm-thinking-server"), env=OFFLINE_ENV,
+        python=sys.executable,
+    )  # fmt: skip
+    directory = tmp_path_factory.mktemp("thinking-pair")
+    worker = start_worker(
+        "worker", directory, directory / "discovery", SERVED,
+        "--dyn-tool-call-parser", "hermes", "--dyn-reasoning-parser", "qwen3",
+        vllm_model=thinking_model,
+    )  # fmt: skip
+    frontend = start_frontend(
+        "frontend", directory, directory / "discovery", "--dyn-chat-processor", "vllm"
+    )
+    try:
+        server.wait_for_log(r"Application startup complete", deadline_s=START_DEADLINE_S)
+        url = frontend.wait_for_log(LISTENING_LINE, deadline_s=START_DEADLINE_S).group(1)
+        frontend.wait_for_log(
+            r"Model added: model=" + re.escape(SERVED), deadline_s=START_DEADLINE_S
+        )
+        ours = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
+        theirs = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120
+        )
+        yield ours, theirs
+    finally:
+        frontend.stop()
+        worker.stop(deadline_s=60)
+        server.stop(deadline_s=60)
+
+
+class TestForcedCallsAfterReasoning:
+    """``vllm serve --reasoning-parser qwen3 --tool-call-parser hermes --enable-auto-tool-choice``
+    and our pair (the worker with ``--dyn-reasoning-parser qwen3 --dyn-tool-call-parser
+    hermes`` and nothing of vLLM's reasoning flags, the frontend with ``--dyn-chat-processor
+    vllm``) on the thinking model. First in the module, so its two engines are stopped before
+    the others start (class-scoped)."""
+
+    @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+    @pytest.mark.parametrize("body", THINKING_CASES)
+    def test_the_same_answer_as_vllms_server(self, thinking_clients, body, stream):
+        ours, theirs = thinking_clients
+        answer = joined if stream else whole
+        assert_same(answer(ours, body), answer(theirs, body))
+
+    def test_vllms_answers_reason_then_call(self, thinking_clients):
+        """The cases above compare what they are for: vLLM's server answers the model's
+        reasoning, then the call, and the call alone where the grammar starts at once."""
+        _, theirs = thinking_clients
+        tools = {"tools": [WEATHER], "tool_choice": "required"}
+        for body, reasoning in [
+            (tools, REASONING),
+            ({**tools, **NO_THINKING}, None),
+            ({**tools, "include_reasoning": False}, None),
+        ]:
+            answer = whole(theirs, {**CHAT_BODY, "max_tokens": 60, **body})
+            message = answer["choices"][0]["message"]
+            assert message.get("reasoning") == reasoning, answer
+            calls = [(c["function"]["name"], c["function"]["arguments"])
+                     for c in message["tool_calls"]]  # fmt: skip
+            assert calls == [("get_weather", "{}")], answer
+        answer = whole(theirs, {**CHAT_BODY, "max_tokens": 60, **SCHEMA_ANSWER})
+        message = answer["choices"][0]["message"]
+        assert message.get("reasoning") == REASONING and json.loads(message["content"]) == {}
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])

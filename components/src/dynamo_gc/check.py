@@ -9,7 +9,10 @@ nothing there can say it serves unfrozen; this check says so at build time (exit
 missing route hook).
 
 One line per launcher checked on stdout; a refusal is the adapters' own (exit 2, the version and
-the symbol). The ``vllm`` check imports upstream's worker module, so vLLM must import there.
+the symbol). The ``vllm`` check imports upstream's worker module, so vLLM must import there. The
+request paths the serving-time maintenance gates are checked too: the worker's handlers, and the
+frontend's chat processors where their module imports (the ``vllm`` and ``sglang`` processors
+need vLLM and SGLang; one that does not import is named as not checked).
 """
 
 from __future__ import annotations
@@ -18,7 +21,15 @@ import argparse
 import importlib
 from collections.abc import Sequence
 
-from dynamo_gc.upstream import embedding_children, frontend_hooks, hooks, stand_down, versions
+from dynamo_gc.upstream import (
+    embedding_children,
+    frontend_freeze,
+    frontend_hooks,
+    hooks,
+    request_gate,
+    stand_down,
+    versions,
+)
 
 PROGRAM = "python -m dynamo_gc.check"
 LAUNCHERS = ("frontend", "vllm", "mocker")
@@ -32,14 +43,35 @@ def _check_frontend() -> str:
     return (
         f"frontend: {frontend_hooks.FRONTEND_MAIN}.{frontend_hooks.ROUTE_HOOK} is called before "
         "HTTP starts: DYN_FRONTEND_ROUTE_EXTENSIONS=gc-freeze and python -m dynamo_gc.frontend "
-        "freeze there"
+        f"freeze there; {_check_processors()}"
     )
+
+
+def _check_processors() -> str:
+    """The chat processors' request paths (the frontend's maintenance), where they import."""
+    checked, not_checked = [], []
+    for processor, paths in frontend_freeze.REQUEST_PATHS.items():
+        try:
+            for path in paths:
+                importlib.import_module(path.module)
+        except ImportError as exc:
+            not_checked.append(f"{processor} ({type(exc).__name__}: {exc})")
+            continue
+        for path in paths:
+            request_gate.resolve(PROGRAM, path)  # exit 2 when it moved
+        checked.append(processor)
+    line = f"maintenance request paths checked: {', '.join(checked) or 'none'}"
+    if not_checked:
+        line += f"; not checked, their modules do not import here: {', '.join(not_checked)}"
+    return line
 
 
 def _check_worker(name: str) -> str:
     adapter = importlib.import_module(f"dynamo_gc.{name}").ADAPTER
-    for hook in adapter.hooks:
+    for hook in adapter.checked_hooks:
         hooks.resolve(PROGRAM, hook)
+    for path in adapter.request_paths:
+        request_gate.resolve(PROGRAM, path)
     upstream = importlib.import_module(adapter.hooks[0].module)
     children = ""
     if adapter.embedding_children and embedding_children.checked_function(PROGRAM, upstream):
@@ -47,8 +79,11 @@ def _check_worker(name: str) -> str:
     own = stand_down.upstream_freeze_in(upstream)
     if own is not None:
         return f"{name}: upstream freezes it itself ({own}); the adapter would stand down"
-    wrapped = ", ".join(hook.symbol for hook in adapter.hooks)
-    return f"{name}: python -m dynamo_gc.{name} wraps {wrapped}{children}"
+    wrapped = ", ".join(hook.symbol for hook in adapter.checked_hooks)
+    gated = ""
+    if adapter.request_paths:
+        gated = "; --gc-maintenance gates " + ", ".join(p.symbol for p in adapter.request_paths)
+    return f"{name}: python -m dynamo_gc.{name} wraps {wrapped}{gated}{children}"
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -33,6 +33,9 @@ class FreezeRecord:
     collected: int
     frozen: int
     took_ms: float
+    # The collection alone (without the freeze and the count): with collected + frozen, the
+    # objects a full walk examines per millisecond here (the maintenance trigger's estimate).
+    collect_ms: float | None = None
 
 
 # Observers of successful freezes (metrics). They get the FreezeRecord and must not block.
@@ -61,7 +64,6 @@ def freeze_gc_heap(*, context: str) -> int | None:
     blocking full collection then would stall every request in flight, which is the very pause
     this project exists to remove.
     """
-    global _last_freeze
     if not lifecycle.freeze_allowed():
         # The issue's exact line in every non-starting phase: a draining process still serves
         # the requests in flight. The phase itself is in the lifecycle's own log.
@@ -69,13 +71,14 @@ def freeze_gc_heap(*, context: str) -> int | None:
         return None
     started = time.perf_counter()
     collected = gc.collect()  # every generation: garbage must not be frozen
+    collect_ms = (time.perf_counter() - started) * 1000.0
     gc.freeze()
     frozen = gc.get_freeze_count()  # one heap walk per freeze, for the log line and metrics
     # took_ms is everything the process paid before admission, the count's walk included
     # (~130 ms of a real vLLM parent's ~600 ms).
     took_ms = (time.perf_counter() - started) * 1000.0
-    record = FreezeRecord(context=context, collected=collected, frozen=frozen, took_ms=took_ms)
-    _last_freeze = record
+    record = FreezeRecord(context, collected, frozen, took_ms, collect_ms)
+    _set_last_freeze(record)
     logger.info(
         "GC heap frozen (%s): collected=%d frozen=%d took_ms=%.1f",
         context,
@@ -83,6 +86,19 @@ def freeze_gc_heap(*, context: str) -> int | None:
         frozen,
         took_ms,
     )
+    tell_freeze_observers(record)
+    return frozen
+
+
+def _set_last_freeze(record: FreezeRecord) -> None:
+    global _last_freeze
+    _last_freeze = record
+
+
+def tell_freeze_observers(record: FreezeRecord) -> None:
+    """Make ``record`` the last freeze and tell every observer (the start-up freeze, and a
+    maintenance that counted what it froze: :mod:`dynamo_gc.maintenance`)."""
+    _set_last_freeze(record)
     for observer in list(_freeze_observers):
         # The freeze has happened; a broken metrics observer must not fail the launcher's
         # start-up or keep the other observers from hearing about it.
@@ -90,7 +106,6 @@ def freeze_gc_heap(*, context: str) -> int | None:
             observer(record)
         except Exception:  # see above
             logger.exception("GC freeze observer %r failed", observer)
-    return frozen
 
 
 def maybe_freeze_gc_heap(enabled: bool, *, context: str) -> int | None:

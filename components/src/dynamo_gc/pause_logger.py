@@ -29,12 +29,15 @@ class GcPauseLogger:
 
     ``threshold_ms <= 0`` records every pause without logging any (metrics only).
     ``on_pause(generation, seconds)`` runs for every collection, after the counters; it must be
-    as cheap as the callback itself (a histogram ``observe``).
+    as cheap as the callback itself (a histogram ``observe``). ``on_collection(generation,
+    seconds, info)`` runs after it, with CPython's ``info`` (the serving-time maintenance's
+    trigger: it sets a few attributes, nothing more).
 
     Long pauses log at WARNING once the process admits requests, and at INFO while it is still
     ``starting``: imports, engine init and the freeze's own collection pause a process that
     serves nothing yet, and an operator alerting on WARNING lines should not be paged by every
-    pod start.
+    pod start. A serving-time maintenance's own collections (``maintaining``: nothing in flight,
+    nothing admitted) log at INFO too.
 
     The pause is ours on every version: two timestamps around the collection, so the work of
     the other callbacks that run with it (another library's GC logger walking the heap) counts,
@@ -54,6 +57,7 @@ class GcPauseLogger:
         threshold_ms: float,
         log: logging.Logger | None = None,
         on_pause: Callable[[int, float], None] | None = None,
+        on_collection: Callable[[int, float, dict], None] | None = None,
     ) -> None:
         self.threshold_ms = float(threshold_ms)
         # round, not int: 4.1 * 1e6 is 4099999.9999..., and truncating it would log a pause one
@@ -61,6 +65,7 @@ class GcPauseLogger:
         self._threshold_ns = round(self.threshold_ms * 1e6) if self.threshold_ms > 0 else None
         self._log = log if log is not None else logger
         self._on_pause = on_pause
+        self._on_collection = on_collection
         self._start_ns: int | None = None
         self.collections = [0] * GENERATIONS
         self.pauses_logged = [0] * GENERATIONS
@@ -100,13 +105,16 @@ class GcPauseLogger:
             # Last, so a failing sink (metrics) cannot swallow the WARNING above.
             if self._on_pause is not None:
                 self._on_pause(generation, pause_ns / 1e9)
+            if self._on_collection is not None:
+                self._on_collection(generation, pause_ns / 1e9, info)
         except Exception as exc:  # noqa: BLE001 - see above
             self.callback_errors += 1
             if self.callback_errors == 1:
                 self._warn_callback_failed(exc)
 
     def _log_pause(self, generation: int, pause_ns: int, info: dict) -> None:
-        level = logging.INFO if lifecycle.freeze_allowed() else logging.WARNING
+        quiet = lifecycle.current_phase() in (lifecycle.Phase.STARTING, lifecycle.Phase.MAINTAINING)
+        level = logging.INFO if quiet else logging.WARNING
         counts = (
             generation,
             pause_ns / 1e6,
@@ -153,17 +161,19 @@ def install_gc_pause_logger(
     threshold_ms: float,
     *,
     on_pause: Callable[[int, float], None] | None = None,
+    on_collection: Callable[[int, float, dict], None] | None = None,
 ) -> GcPauseLogger | None:
     """Install the process's pause logger (replacing an earlier one: one callback at most).
 
-    ``threshold_ms <= 0`` with no ``on_pause`` installs nothing and returns ``None``.
+    ``threshold_ms <= 0`` with no ``on_pause`` nor ``on_collection`` installs nothing and
+    returns ``None``.
     """
     global _installed
     with _install_lock:
         _remove_installed()
-        if threshold_ms <= 0 and on_pause is None:
+        if threshold_ms <= 0 and on_pause is None and on_collection is None:
             return None
-        pause_logger = GcPauseLogger(threshold_ms, on_pause=on_pause)
+        pause_logger = GcPauseLogger(threshold_ms, on_pause=on_pause, on_collection=on_collection)
         gc.callbacks.append(pause_logger)
         _installed = pause_logger
     if threshold_ms > 0:

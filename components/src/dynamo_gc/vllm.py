@@ -8,16 +8,55 @@ beside the freeze, but no request is routed to it before the card is registered)
 multimodal encode worker registers its card with ``dynamo.llm.register_model`` directly, the
 ``worker_factory`` module's global: that one is wrapped too, with the same one freeze.
 See :mod:`dynamo_gc.upstream.worker_cli`.
+
+With ``--gc-maintenance idle`` every request the aggregated, decode and prefill workers serve
+passes through their handlers' ``generate`` (``DecodeWorkerHandler``, ``PrefillWorkerHandler``
+in ``dynamo.vllm.handlers``), which the adapter puts through the maintenance's admission gate
+(:mod:`dynamo_gc.upstream.served_maintenance`). Upstream's other workers (realtime, embedding,
+classify, the multimodal encode worker) serve through handlers the adapter does not count: with
+the maintenance on, such a worker exits 2 at its freeze point, before it registers.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from dynamo_gc.upstream.hooks import ModuleGlobalHook
+from dynamo_gc.upstream.request_gate import RequestPath
 from dynamo_gc.upstream.worker_cli import WorkerAdapter
 from dynamo_gc.upstream.worker_settings import VLLM_SURFACE
 
 # The options this program declares (docs/configuration/ is generated from it).
 SURFACE = VLLM_SURFACE
+
+# Upstream's Config flags (dynamo/vllm/worker_factory.py's WorkerFactory.create) that select a
+# worker whose requests go to a handler the adapter does not gate.
+UNGATED_WORKERS = ("realtime", "embedding_worker", "classify_worker")
+
+
+def ungated(call: Any) -> str | None:
+    """Why the worker a hooked call registers serves requests the gate does not count, or None.
+
+    ``register_vllm_model(model_input, model_type, generate_endpoint, config, ...)``: its
+    ``config`` says which worker upstream built. The encode worker registers through
+    ``register_model`` instead (the second hook), without a ``config``: not gated either.
+    """
+    args, kwargs = call if call is not None else ((), {})
+    config = kwargs.get("config", args[3] if len(args) > 3 else None)
+    if config is None or not all(hasattr(config, flag) for flag in UNGATED_WORKERS):
+        return (
+            "this worker registers without upstream's worker Config (the multimodal encode "
+            "worker, or a changed register_vllm_model), so the adapter cannot tell that its "
+            "requests pass through a handler it counts"
+        )
+    for flag in UNGATED_WORKERS:
+        if getattr(config, flag):
+            return (
+                f"upstream's {flag.replace('_', ' ')} serves its requests through a handler the "
+                "adapter does not count (only DecodeWorkerHandler and PrefillWorkerHandler)"
+            )
+    return None
+
 
 ADAPTER = WorkerAdapter(
     surface=SURFACE,
@@ -30,6 +69,7 @@ ADAPTER = WorkerAdapter(
             name="register_model",
             caller="WorkerFactory._create_multimodal_encode_worker",
             coroutine=True,
+            compiled=True,  # ai-dynamo's Rust binding, awaited by upstream
         ),
     ),
     entry_module="dynamo.vllm",
@@ -42,6 +82,17 @@ ADAPTER = WorkerAdapter(
     # --embedding-worker-processes N: upstream starts processes 2..N as `python -m dynamo.vllm`;
     # the adapter makes that `python -m dynamo_gc.vllm` with the same GC settings.
     embedding_children=True,
+    # Upstream's worker() installs its graceful-shutdown handlers before it builds the engine
+    # with blocking calls, so they would run only once the engine is up: the adapter's own stop
+    # start-up until the freeze point, where upstream's are installed as upstream asked.
+    signal_hook=ModuleGlobalHook(
+        module="dynamo.vllm.main", name="install_signal_handlers", caller="worker", coroutine=False
+    ),
+    request_paths=(
+        RequestPath("dynamo.vllm.handlers", "DecodeWorkerHandler", "generate"),
+        RequestPath("dynamo.vllm.handlers", "PrefillWorkerHandler", "generate"),
+    ),
+    ungated=ungated,
 )
 
 

@@ -22,6 +22,12 @@ What they bound, and why (docs/operator-guide.md lists them for operators):
   it is the client's mistake (or a scanner's), not the server's. Both kinds of line are rate
   limited, so a flood of bad clients cannot flood the log. An exception in our own code keeps
   its traceback.
+* **Transfer codings** other than chunked (``Transfer-Encoding: gzip, chunked``) are answered
+  501 and the connection closed (RFC 9112, 6.1): aiohttp's parser reads such a body as if the
+  other codings were not there.
+* **A request marked close** is answered, and whatever follows it on the connection is never
+  read (RFC 9112, 9.6; :mod:`.request_framing`): aiohttp answered 400 in its place when a client
+  pipelined after it in the same packet.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from typing import Any
 from aiohttp import web
 
 from dynamo.common import aiohttp_hooks
+from dynamo.common.request_framing import RequestFraming
 from dynamo.runtime import peer_text
 
 logger = logging.getLogger(__name__)
@@ -128,15 +135,18 @@ class RequestBodyTimeout(asyncio.TimeoutError):
 
 class _Watched(asyncio.Protocol):
     """Stands between a connection's transport and aiohttp's handler (``set_protocol``, public
-    asyncio API): sees each chunk of bytes as it arrives, then hands it on unchanged."""
+    asyncio API): sees each chunk of bytes as it arrives, then hands it on, unchanged but for
+    what follows a request marked close (never handed on: :mod:`.request_framing`)."""
 
     def __init__(self, handler: asyncio.Protocol, on_data) -> None:
         self._handler = handler
         self._on_data = on_data
+        self._framing = RequestFraming()
 
     def data_received(self, data: bytes) -> None:
-        self._on_data(data)
-        self._handler.data_received(data)
+        for piece in self._framing.split(data):
+            self._on_data(piece)
+            self._handler.data_received(piece)
 
     def eof_received(self):
         return self._handler.eof_received()
@@ -345,6 +355,40 @@ def shape_protocol_errors(server: web.Server, error_body: ErrorBody) -> None:
     aiohttp_hooks.replace_error_answer(server, answer)
 
 
+# The one transfer coding aiohttp's parser decodes.
+TRANSFER_CODINGS = frozenset({"chunked"})
+
+
+def unknown_transfer_coding(request: web.BaseRequest) -> str | None:
+    """The first transfer coding of the request's that this server does not decode, if any
+    (a coding's parameters aside; the client's text, escaped and bounded)."""
+    for value in request.headers.getall("Transfer-Encoding", ()):
+        for coding in value.split(","):
+            name = coding.split(";", 1)[0].strip().lower()
+            if name and name not in TRANSFER_CODINGS:
+                return peer_text.escape(name, 64)
+    return None
+
+
+def refuse_transfer_codings(error_body: ErrorBody | None):
+    """The middleware that answers a request with a transfer coding other than chunked 501
+    (RFC 9112, 6.1), its body unread and its connection closed, in ``error_body``'s shape
+    (None: ``{"error": message}``, the request plane's)."""
+
+    @web.middleware
+    async def transfer_codings(request: web.Request, handler) -> web.StreamResponse:
+        coding = unknown_transfer_coding(request)
+        if coding is None:
+            return await handler(request)
+        message = f"Transfer-Encoding {coding} is not implemented by this server (only chunked is)"
+        body = error_body(501, message) if error_body else {"error": message}
+        response = web.json_response(body, status=501)
+        response.force_close()  # its body is unread, and unreadable
+        return response
+
+    return transfer_codings
+
+
 class GuardedRunner(web.AppRunner):
     """``web.AppRunner`` with the settings above (and no access log); ``error_body`` shapes
     the errors aiohttp answers itself (see :func:`shape_protocol_errors`)."""
@@ -360,6 +404,8 @@ class GuardedRunner(web.AppRunner):
         kwargs.setdefault("access_log", None)
         kwargs.setdefault("keepalive_timeout", KEEPALIVE_TIMEOUT_S)
         kwargs.setdefault("logger", ProtocolLogger(what))
+        # Outermost: before any route or other middleware reads the body.
+        app.middlewares.insert(0, refuse_transfer_codings(error_body))
         super().__init__(app, **kwargs)
         self.deadlines = RequestDeadlines(what)
         self._error_body = error_body

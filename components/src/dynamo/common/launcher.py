@@ -13,6 +13,9 @@ steps around those are the same, and are here:
    * the service builds everything static (``Service.start``), registering each part it opens
      with the :class:`Closer`; a SIGTERM/SIGINT meanwhile cancels start-up (engine init and a
      self-benchmark can take minutes, and nothing is admitted yet, so there is nothing to drain);
+     the signal is recorded first, and start-up checks the record at every phase boundary and
+     right before each step that admits, so a stop whose exception or cancellation was lost on
+     its way is acted on all the same (:mod:`dynamo_gc.startup_stop`);
    * **the quiescent point**: the GC heap is frozen, then the phase becomes ``serving`` (from
      here on any freeze is refused);
    * the service admits requests (``Service.admit``) and serves until a signal (or until it
@@ -35,8 +38,9 @@ from typing import Protocol
 
 from dynamo.common import logging_setup, startup_signals
 from dynamo.common.configuration import Option, prerequisites, upstream
-from dynamo_gc import freeze, lifecycle
+from dynamo_gc import freeze, lifecycle, startup_stop
 from dynamo_gc.configuration.gc_options import GcSettings
+from dynamo_gc.maintenance import settle_after_freeze
 from dynamo_gc.process_gc import ProcessGc
 
 # The GC layer's start-up step, named here too: each launcher's main takes its steps from here.
@@ -44,7 +48,7 @@ from dynamo_gc.process_gc import start_process_gc as start_process_gc
 
 logger = logging.getLogger(__name__)
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+STOP_SIGNALS = startup_stop.STOP_SIGNALS
 
 
 class UsageError(Exception):
@@ -130,10 +134,14 @@ class Closer:
 class StopSignals:
     """SIGTERM/SIGINT for one run of a launcher.
 
+    Each signal is recorded the moment it arrives (:func:`dynamo_gc.startup_stop.record`, in
+    the Python part of the handler, which runs between two bytecodes even while the loop is
+    busy with a synchronous step such as the freeze's collection), then acted on by the loop.
     During start-up a signal cancels the start-up task (nothing is registered or listening yet,
-    so there is nothing to drain). Once serving, it sets the stop that :meth:`wait` returns.
-    Further signals while stopping are logged and otherwise ignored: the drain is already
-    bounded by its deadline.
+    so there is nothing to drain); the start-up's checks (:meth:`stopping_for`) stop it all the
+    same where the cancellation was caught on its way, or has not arrived yet. Once serving, a
+    signal sets the stop that :meth:`wait` returns. Further signals while stopping are logged
+    and otherwise ignored: the drain is already bounded by its deadline.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, startup_task: asyncio.Task) -> None:
@@ -141,18 +149,33 @@ class StopSignals:
         self._startup_task = startup_task
         self._serving = False
         self._stop = asyncio.Event()
+        self._previous: dict[int, object] = {}
+        # Signals recorded since install() whose loop callbacks are still to come when a
+        # check acted on their record first (each is the same stop, not another one).
+        self._recorded_at_install = 0
+        self._absorbed = 0
         self.received: str | None = None
 
     def install(self) -> None:
+        self._recorded_at_install = startup_stop.deliveries()
         for signum in STOP_SIGNALS:
+            self._previous[signum] = signal.getsignal(signum)
             self._loop.add_signal_handler(signum, self._on_signal, signum)
+            # asyncio's own Python-level handler does nothing (the loop acts when it next
+            # runs): this one records at once.
+            signal.signal(signum, startup_stop.record_only)
 
     def uninstall(self) -> None:
         for signum in STOP_SIGNALS:
             self._loop.remove_signal_handler(signum)
+            previous = self._previous.pop(signum, None)
+            if previous is not None:  # the start-up handlers, until the process ends
+                signal.signal(signum, previous)  # type: ignore[arg-type]
 
     def serving(self) -> None:
         self._serving = True
+        if self.received is not None:  # came after the last check: serve drains at once
+            self._stop.set()
 
     async def wait(self) -> str:
         """The name of the signal that stopped the process, once one has."""
@@ -160,7 +183,19 @@ class StopSignals:
         assert self.received is not None, "the stop is set by a signal"
         return self.received
 
+    def stopping_for(self, signame: str) -> None:
+        """A start-up check found the record of ``signame``: the one line, unless the loop has
+        acted on it already."""
+        if self.received is not None:
+            return
+        self.received = signame
+        self._absorbed = startup_stop.deliveries() - self._recorded_at_install
+        logger.info("Received %s during start-up: stopping", signame)
+
     def _on_signal(self, signum: int) -> None:
+        if self._absorbed > 0:  # a check acted on this signal's record already
+            self._absorbed -= 1
+            return
         name = signal.Signals(signum).name
         if self.received is not None:
             logger.info("Received %s while stopping (after %s): ignored", name, self.received)
@@ -204,23 +239,41 @@ async def run_lifecycle(service: Service, *, gc: GcSettings, process_gc: Process
     closer = Closer()
     try:
         try:
+            # Each check stops start-up on a signal recorded by then, wherever its exception
+            # or cancellation went (see dynamo_gc.startup_stop): one before anything starts
+            # (a signal before the loop), one after every start-up phase, one before each step
+            # that admits (the services check again right before they open).
+            startup_stop.check()
             await service.start(closer)
+            startup_stop.check()
             # The quiescent point: everything static is built, nothing is admitted yet.
             froze = freeze.maybe_freeze_gc_heap(gc.freeze_gc_heap, context=service.freeze_context)
-            process_gc.state.froze = froze is not None
+            process_gc.state.froze = froze is not None  # unfrozen at the end, stopped or not
+            if froze is not None and process_gc.maintenance is not None:
+                # The maintenance's trigger must see the serving heap's full collections from
+                # the start (dynamo_gc.maintenance: the 25% rule, counted from what stays unfrozen).
+                settle_after_freeze()
+            startup_stop.check()  # a signal during the freeze's collection
             lifecycle.mark_serving(service.admission)
             await service.admit()
             signals.serving()
             code = await service.serve(signals)
+        except startup_stop.StartupInterrupted as exc:
+            signals.stopping_for(exc.signame)  # its one line, before the parts close
+            raise
         finally:
             await closer.aclose()
-    except asyncio.CancelledError:
+    except (asyncio.CancelledError, startup_stop.StartupInterrupted) as exc:
         if signals.received is None:
             raise
         _consume_cancellation()
         startup_signals.stopped_during_startup()
         # DEBUG: the signal's own line said it all (one line per stop).
-        logger.debug("Stopped during start-up (%s): nothing was admitted", signals.received)
+        logger.debug(
+            "Stopped during start-up (%s, %s): nothing was admitted",
+            signals.received,
+            type(exc).__name__,
+        )
         return 1 if closer.failed else 0
     finally:
         signals.uninstall()
@@ -234,8 +287,8 @@ def _current_task() -> asyncio.Task:
 
 
 def _consume_cancellation() -> None:
-    """Mark the start-up cancellation as handled (3.11+ counts pending cancellations)."""
+    """Mark the start-up cancellation as handled (3.11+ counts pending cancellations); none
+    when a check stopped start-up before the loop acted on the signal."""
     task = asyncio.current_task()
-    uncancel = getattr(task, "uncancel", None)
-    if uncancel is not None:
-        uncancel()
+    if task is not None and task.cancelling():
+        task.uncancel()

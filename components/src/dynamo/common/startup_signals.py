@@ -5,12 +5,15 @@ SGLang) and parsing vLLM's arguments. Python's own handling of a signal there is
 operator: Ctrl-C raises ``KeyboardInterrupt`` wherever the import happens to be (an 89-line
 traceback through vLLM's modules), and SIGTERM ends the process with nothing logged.
 
-While :func:`interrupting_startup` is active both signals raise :class:`StartupInterrupted` (a
-``KeyboardInterrupt``, so code that cleans up on Ctrl-C does so for SIGTERM too), which the
-launcher's ``main`` catches and reports with :func:`report_interrupted` as one line; nothing has
-started by then (no child process, no listener, the GC state untouched), so nothing needs
-stopping. Once the event loop runs, :class:`dynamo.common.launcher.StopSignals` replaces these
-handlers with the loop's own.
+While :func:`~dynamo_gc.startup_stop.interrupting_startup` is active both signals are recorded
+and raise :class:`~dynamo_gc.startup_stop.StartupInterrupted` (a ``KeyboardInterrupt``, so code
+that cleans up on Ctrl-C does so for SIGTERM too), which the launcher's ``main`` catches and
+reports with :func:`report_interrupted` as one line; nothing has started by then (no child
+process, no listener, the GC state untouched), so nothing needs stopping. Where the exception is
+swallowed on its way (raised inside a finalizer, Python prints it and carries on), the record
+stops start-up at its next check (:mod:`dynamo_gc.startup_stop`). Once the event loop runs,
+:class:`dynamo.common.launcher.StopSignals` replaces these handlers with the loop's own, which
+record the same way.
 
 A process stopped during start-up ends with :func:`exit_process`: without the interpreter's
 teardown, which for vLLM's import heap is seconds of garbage collection on a CPU (6 s measured
@@ -23,52 +26,25 @@ import atexit
 import contextlib
 import logging
 import os
-import signal
 import sys
-import threading
-from collections.abc import Callable, Iterator, Sequence
-from types import FrameType
+from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+from dynamo_gc import startup_stop
+from dynamo_gc.startup_stop import StartupInterrupted
 
 # Set when a signal stopped this process's start-up (see exit_process).
 _stopped_during_startup = False
-
-
-class StartupInterrupted(KeyboardInterrupt):
-    """SIGINT or SIGTERM arrived before the event loop: the launcher stops at once."""
-
-    def __init__(self, signame: str) -> None:
-        super().__init__(signame)
-        self.signame = signame
-
-
-def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
-    raise StartupInterrupted(signal.Signals(signum).name)
-
-
-@contextlib.contextmanager
-def interrupting_startup() -> Iterator[None]:
-    """SIGINT and SIGTERM raise :class:`StartupInterrupted` in the main thread meanwhile; the
-    previous handlers come back afterwards. Elsewhere than the main thread (a test calling a
-    ``main``) Python lets no handler be set: nothing changes."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {signum: signal.signal(signum, _raise_interrupted) for signum in STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 def report_interrupted(logger: logging.Logger, exc: KeyboardInterrupt) -> int:
     """The one line saying start-up stopped, and the exit code (0, as after any stop by a
     signal). Before logging is configured the line goes to stderr as it is."""
     stopped_during_startup()
-    signame = exc.signame if isinstance(exc, StartupInterrupted) else "SIGINT"
+    if isinstance(exc, StartupInterrupted):
+        signame = exc.signame
+    else:  # Python's own KeyboardInterrupt (a handler that was not ours): Ctrl-C, as a rule
+        signame = startup_stop.received() or "SIGINT"
     message = f"Received {signame} during start-up: stopped before anything started"
     if logging.getLogger().handlers:
         logger.info("%s", message)
@@ -85,7 +61,7 @@ def run_stoppable(
     """A launcher's ``main``: ``run_main(argv)`` with Ctrl-C and SIGTERM before the event loop
     (vLLM's or SGLang's import takes seconds) ending it with one line and exit 0, no traceback."""
     try:
-        with interrupting_startup():
+        with startup_stop.interrupting_startup():
             return run_main(argv)
     except KeyboardInterrupt as exc:
         return report_interrupted(logger, exc)
@@ -102,9 +78,11 @@ def was_stopped_during_startup() -> bool:
 
 
 def forget_stop() -> None:
-    """Forget a stop during start-up (a test that ran a launcher's ``main`` in its process)."""
+    """Forget a stop during start-up, and the signal's record (a test that ran a launcher's
+    ``main`` in its process)."""
     global _stopped_during_startup
     _stopped_during_startup = False
+    startup_stop.forget()
 
 
 def exit_process(code: int) -> NoReturn:

@@ -44,7 +44,7 @@ NotReadyCheck = Callable[[], str | None]
 
 def _not_ready_reason(check: NotReadyCheck | None) -> str | None:
     phase = lifecycle.current_phase()
-    if phase is not lifecycle.Phase.SERVING:
+    if not lifecycle.serving():
         return f"the process is {phase.value}, not serving"
     return None if check is None else check()
 

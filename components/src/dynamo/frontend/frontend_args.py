@@ -11,6 +11,7 @@ from dynamo.common.configuration import (
     Choice,
     Option,
     Surface,
+    build_parser,
     choice_option,
     count_option,
     host_option,
@@ -18,10 +19,18 @@ from dynamo.common.configuration import (
     port_option,
     prerequisites,
 )
-from dynamo.common.configuration.launcher_config import LauncherConfig, process_options
+from dynamo.common.configuration.launcher_config import (
+    LauncherConfig,
+    maintenance_problem,
+    process_options,
+)
+from dynamo.common.configuration.prerequisites import Requires
 from dynamo.common.configuration.runtime_options import DISCOVERY_OPTIONS, DISCOVERY_REQUIREMENTS
 from dynamo.frontend.processors.model_files import ModelDirectories
-from dynamo_gc.configuration.gc_options import debug_gc_endpoint_option
+from dynamo_gc.configuration.gc_options import (
+    FRONTEND_MAINTENANCE_MODES,
+    debug_gc_endpoint_option,
+)
 from dynamo_gc.configuration.typed import typed_config
 
 from .sglang_options import SGLANG_OPTIONS
@@ -71,6 +80,16 @@ CHAT_PROCESSOR = choice_option(
     ),
     kind=Choice(("hf", "vllm", "sglang")),
     metavar="NAME",
+)
+
+# The process's own: the GC options, the serving-time maintenance's (idle only: the frontend has
+# no peer to withdraw to) and the drain deadline.
+PROCESS_OPTIONS = process_options(
+    flag_prefix="dyn-", env_prefix="DYN_", maintenance_modes=FRONTEND_MAINTENANCE_MODES
+)
+GC_MAINTENANCE, GC_PAUSE_BUDGET_MS = (
+    next(o for o in PROCESS_OPTIONS if o.dest == dest)
+    for dest in ("gc_maintenance", "gc_pause_budget_ms")
 )
 
 OPTIONS = [
@@ -140,7 +159,7 @@ OPTIONS = [
         ),
         kind=Choice(("round-robin",)),
     ),
-    *process_options(flag_prefix="dyn-", env_prefix="DYN_"),
+    *PROCESS_OPTIONS,
     debug_gc_endpoint_option(
         name="dyn-debug-gc-endpoint",
         env_var="DYN_DEBUG_GC_ENDPOINT",
@@ -163,7 +182,14 @@ SURFACE = Surface(
 
 # Options that act only with another one (see dynamo.common.configuration.prerequisites); the
 # sglang processor's options are refused outright with another processor (see sglang_checks).
-REQUIREMENTS = [*DISCOVERY_REQUIREMENTS]
+REQUIREMENTS = [
+    *DISCOVERY_REQUIREMENTS,
+    Requires(
+        GC_PAUSE_BUDGET_MS,
+        f"{GC_MAINTENANCE.source_label()} idle",
+        lambda c: c.gc_maintenance != "off",
+    ),
+]
 
 
 def listen_option_at_fault(exc: OSError) -> Option:
@@ -218,6 +244,9 @@ def parse_args(
 ) -> FrontendConfig:
     """The frontend's configuration; bad input exits 2 (the parser says why), --help exits 0."""
     config = typed_config(FrontendConfig, parse_surface(SURFACE, argv, env))
+    problem = maintenance_problem(config, OPTIONS)
+    if problem is not None:
+        build_parser(SURFACE).error(problem)
     given = sys.argv[1:] if argv is None else argv
     prerequisites.refuse_command_line_problem(SURFACE, REQUIREMENTS, config, given)
     return config

@@ -36,6 +36,7 @@ from dynamo.runtime.discovery import (
     DiscoverySetupError,
     open_discovery,
 )
+from dynamo_gc import startup_stop
 
 from . import frontend_args, sglang_checks
 from .frontend_args import PROG
@@ -77,7 +78,9 @@ def run_main(argv: Sequence[str] | None) -> int:
         sglang, problem = sglang_checks.settings_or_problem(config)
     if problem is not None:
         return launcher.usage_error(PROG, problem)
-    process_gc = launcher.start_process_gc(config.gc)
+    # The imports are done: a signal meanwhile whose exception a finalizer swallowed stops here.
+    startup_stop.check()
+    process_gc = launcher.start_process_gc(config.gc, config.maintenance)
     logger.info(
         "Frontend starting: http=%s discovery=%s chat_processor=%s max_models=%d "
         "ready_min_models=%d preprocess_workers=%d freeze_gc_heap=%s",
@@ -89,7 +92,9 @@ def run_main(argv: Sequence[str] | None) -> int:
         config.dyn_preprocess_workers,
         "on" if config.freeze_gc_heap else "off",
     )
-    frontend = FrontendProcess(config, discovery, process_gc.metrics, sglang)
+    frontend = FrontendProcess(
+        config, discovery, process_gc.metrics, sglang, process_gc.maintenance
+    )
     try:
         code = asyncio.run(
             launcher.run_lifecycle(

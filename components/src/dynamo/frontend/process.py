@@ -18,6 +18,11 @@
   deadline, cuts the rest short (a stream ends with an SSE error event and ``[DONE]``, see
   :mod:`dynamo.frontend.serving.stream_drain`), then stops the preprocess pool and the client
   session.
+
+With ``--dyn-gc-maintenance idle`` the OpenAI API requests (``/v1/...``) go through an admission
+gate, the maintainer starts with the listener and is stopped when the signal comes, before the
+drain. It maintains this process only: the preprocess pool's workers and the template render
+processes are processes of their own (each frozen at its start), which it does not reach.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from aiohttp import web
 from prometheus_client import Gauge
 
 from dynamo.common import logging_setup
+from dynamo.common.admission_routes import install_admission_gate
 from dynamo.common.http_server import GuardedRunner
 from dynamo.common.launcher import Closer, OptionUnusable, StartupFailed, StopSignals
 from dynamo.common.listener_socket import bound_sockets
@@ -47,8 +53,11 @@ from dynamo.frontend.serving.http_surface import http_runner
 from dynamo.frontend.serving.request_metrics import RequestMetrics
 from dynamo.frontend.serving.stream_drain import frontend_drain
 from dynamo.runtime.discovery import STATE_DEGRADED, Discovery, RecordWatcher
-from dynamo_gc import lifecycle
+from dynamo_gc import lifecycle, startup_stop
+from dynamo_gc.admission import AdmissionGate
+from dynamo_gc.maintainer import GcMaintainer
 from dynamo_gc.metrics import DynamoMetrics
+from dynamo_gc.process_gc import GcMaintenance
 
 from . import frontend_args
 from .frontend_args import FrontendConfig
@@ -56,6 +65,7 @@ from .frontend_args import FrontendConfig
 logger = logging.getLogger(__name__)
 
 DISCOVERY_DEGRADED_METRIC = "dynamo_discovery_degraded"
+API_PREFIX = "/v1/"  # the OpenAI API: what a maintenance's admission gate counts and holds
 
 
 class FrontendProcess:
@@ -68,11 +78,15 @@ class FrontendProcess:
         discovery: Discovery,
         metrics: DynamoMetrics | None = None,
         sglang: SglangSettings | None = None,
+        maintenance: GcMaintenance | None = None,
     ) -> None:
         self.config = config
         self.discovery = discovery
         self.metrics = metrics
         self.sglang = sglang
+        self.maintenance = maintenance
+        self.gate = AdmissionGate() if maintenance is not None else None
+        self.maintainer: GcMaintainer | None = None
         self.drain = frontend_drain()
         self.service: FrontendService | None = None
         self.watcher: RecordWatcher | None = None
@@ -97,6 +111,7 @@ class FrontendProcess:
                 pool.start()
             except PreprocessPoolError as exc:
                 raise StartupFailed(f"Frontend start-up failed: {exc}") from None
+            startup_stop.check()  # the pool's start blocks: a signal meanwhile stops here
         sandbox = None
         if config.dyn_template_processes > 0:  # every processor's templates: docs/security.md
             sandbox = TemplateSandbox(
@@ -109,6 +124,7 @@ class FrontendProcess:
                 await asyncio.to_thread(sandbox.start)
             except RuntimeError as exc:
                 raise StartupFailed(f"Frontend start-up failed: {exc}") from None
+            startup_stop.check()
             logger.info(
                 "Template render processes ready: processes=%d pids=%s timeout_s=%g "
                 "memory_mb=%d per_model=%d",
@@ -159,6 +175,10 @@ class FrontendProcess:
         if config.debug_gc_endpoint:
             debug_gc_route(app)  # POST /debug/gc/collect: off unless the operator asks
         self.drain.install(app)
+        if self.gate is not None:  # the OpenAI API only: probes and /metrics answer regardless
+            install_admission_gate(
+                app, self.gate, gated=lambda request: request.path.startswith(API_PREFIX)
+            )
         self.runner = http_runner(
             app,
             handler_cancellation=True,  # a client that hangs up aborts its request in the worker
@@ -195,6 +215,9 @@ class FrontendProcess:
     async def admit(self) -> None:
         assert self.runner is not None and self.watcher is not None, "start() has run"
         for sock in self._sockets:
+            # Right before the socket listens (no await in between): a signal recorded by now
+            # stops start-up, whether or not its cancellation reached this task.
+            startup_stop.check()
             await web.SockSite(self.runner, sock).start()
         host, port = self.runner.addresses[0][:2]
         url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
@@ -205,9 +228,18 @@ class FrontendProcess:
             self.discovery.describe(),
             self.config.discovery_ttl,
         )
+        if self.maintenance is not None and self.gate is not None:
+            self.maintainer = self.maintenance.maintainer(
+                self.maintenance.idle_quiescence(self.gate),
+                context=self.freeze_context,
+                pause_log_ms=self.config.gc_pause_log_ms,
+            )
+            self.maintainer.start()
 
     async def serve(self, signals: StopSignals) -> int:
         await signals.wait()
+        if self.maintainer is not None:
+            await self.maintainer.stop()  # first: no maintenance once serving ends
         self.drain.start(self.config.drain_timeout)  # one deadline, from the signal, for it all
         lifecycle.mark_draining("signal")
         logger.info(

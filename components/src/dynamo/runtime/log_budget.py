@@ -10,11 +10,22 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Callable, Hashable
 from typing import Any
 
 DEFAULT_LINES = 10
 DEFAULT_INTERVAL_S = 60.0
+
+# Every budget made, to put them all back to a clean slate at once (forget_all).
+_ALL: weakref.WeakSet[LogBudget | CauseBudgets] = weakref.WeakSet()
+
+
+def forget_all() -> None:
+    """Every budget back to where a new process starts: what it counted is forgotten. For tests,
+    so that each starts as if alone, whatever ran before it in the process."""
+    for budget in list(_ALL):
+        budget.forget()
 
 
 class LogBudget:
@@ -32,12 +43,17 @@ class LogBudget:
         self.lines = lines
         self.interval_s = interval_s
         self._clock = clock
+        self.forget()
+        _ALL.add(self)
+
+    def forget(self) -> None:
         self._window_start = float("-inf")
         self._spent = 0
         self.held_back = 0  # occurrences not logged since the last line that was
 
-    def emit(self, message: str, *args: Any) -> bool:
-        """Log ``message % args`` if the budget allows; True when it was logged."""
+    def emit(self, message: str, *args: Any, exc_info: BaseException | None = None) -> bool:
+        """Log ``message % args`` (with ``exc_info``'s traceback, if given) if the budget
+        allows; True when it was logged."""
         now = self._clock()
         if now - self._window_start >= self.interval_s:
             self._window_start, self._spent = now, 0
@@ -49,7 +65,7 @@ class LogBudget:
             message += " (%d more like it were not logged: at most %d such lines per %g s)"
             args = (*args, self.held_back, self.lines, self.interval_s)
             self.held_back = 0
-        self._log.log(self._level, message, *args)
+        self._log.log(self._level, message, *args, exc_info=exc_info)
         return True
 
 
@@ -71,11 +87,19 @@ class CauseBudgets:
         self._make = lambda: LogBudget(log, level, lines=lines, interval_s=interval_s, clock=clock)
         self._budgets: dict[Hashable, LogBudget] = {}
         self._causes = causes
+        _ALL.add(self)
 
-    def emit(self, cause: Hashable, message: str, *args: Any) -> bool:
-        """Log ``message % args`` if ``cause``'s budget allows; True when it was logged."""
+    def forget(self) -> None:
+        self._budgets.clear()
+
+    def emit(
+        self, cause: Hashable, message: str, *args: Any, exc_info: BaseException | None = None
+    ) -> bool:
+        """Log ``message % args`` (and ``exc_info``) if ``cause``'s budget allows; True when
+        it was logged. ``cause`` is a kind of event, from a bounded set: a key of a peer's
+        text (a model name) would give every new name a budget of its own."""
         budget = self._budgets.pop(cause, None) or self._make()
         self._budgets[cause] = budget  # most recently used last
         while len(self._budgets) > self._causes:
             del self._budgets[next(iter(self._budgets))]
-        return budget.emit(message, *args)
+        return budget.emit(message, *args, exc_info=exc_info)

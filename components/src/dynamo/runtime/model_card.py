@@ -20,6 +20,14 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 NonEmptyStr = Annotated[StrictStr, Field(min_length=1)]
+# The longest context a card may claim: 2^24 = 16,777,216 tokens. The longest context window a
+# released model has is Llama 4 Scout's 10M tokens (MiniMax-Text-01: 4M); most top out at
+# 128k-1M. A card is a peer's word, and a request without max_tokens gets the rest of the
+# context as its budget (and the whole stream a byte budget derived from it), so an unbounded
+# claim (2147483647) would be a budget no frontend can spend; this bound is a power of two above
+# every real model, with room for the next. A worker whose engine claims more is refused by the
+# same schema at start-up (exit 2), before any frontend sees its record.
+MAX_CONTEXT_LENGTH = 2**24
 # A parser's name as the registries spell them (qwen25, deepseek-r1, deepseek_r1, llama3_json):
 # a peer's word, so held to that shape; whether the frontend knows it is the frontend's call.
 ParserName = Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
@@ -38,7 +46,7 @@ class ModelCard(BaseModel):
     # model has them): --tokenizer when given, else the model directory.
     tokenizer_path: NonEmptyStr
     # The longest sequence (prompt + completion) the engine accepts, in the model's tokens.
-    context_length: Annotated[StrictInt, Field(ge=1)]
+    context_length: Annotated[StrictInt, Field(ge=1, le=MAX_CONTEXT_LENGTH)]
     # Token ids that end a completion (finish_reason "stop"), from the model's generation
     # config and tokenizer; empty for a model without an end-of-sequence token.
     eos_token_ids: tuple[Annotated[StrictInt, Field(ge=0)], ...] = ()

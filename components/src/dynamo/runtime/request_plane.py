@@ -30,7 +30,9 @@ Wire format v2 (one place, used by both ends):
   prompt id among the vocabulary's (null for the first; the alternatives are ranks 1..k, the
   prompt's own id left out of them when it is one). Each line
   is one of the item models below (:class:`TokenStep`, :class:`Finish`, :class:`StreamError`).
-* ``GET <endpoint>/health`` answers 200 while the worker serves, 503 while it drains.
+* ``GET <endpoint>/health`` answers 200 while the worker serves, 503 while it drains (and while
+  it is withdrawn for a GC maintenance). A withdrawn worker answers ``POST /generate`` with 503
+  ``{"error": str, "withdrawn": true}``: :class:`WorkerWithdrawn`, "another instance, now".
 
 Closing the connection aborts the request in the worker (the handler's generator is cancelled):
 that is how the frontend ends a completion at a stop string it matched.
@@ -38,11 +40,11 @@ that is how the frontend ends a completion at a stop string it matched.
 The worker is a peer (docs/security.md), so the client (:func:`generate`) reads what
 it answers as a peer's words: an error answer up to :data:`ERROR_BODY_LIMIT` bytes, never
 decompressed (the session's ``auto_decompress`` is off); a stream line by line, each at most
-:data:`MAX_LINE_BYTES`, the whole stream within a byte budget that grows with ``max_tokens``;
-every line validated as an item, its token ids within the model's vocabulary. A worker that
-breaks any of it is a :class:`WorkerProtocolError`. Every fragment of a worker's text an
-exception carries is escaped (:func:`dynamo.runtime.peer_text.escape`): exceptions are for log
-lines, never for a client.
+:data:`MAX_LINE_BYTES`, the whole stream within a byte budget that grows with ``max_tokens``
+up to :data:`MAX_STREAM_BYTES`; every line validated as an item, its token ids within the
+model's vocabulary. A worker that breaks any of it is a :class:`WorkerProtocolError`. Every
+fragment of a worker's text an exception carries is escaped
+(:func:`dynamo.runtime.peer_text.escape`): exceptions are for log lines, never for a client.
 """
 
 from __future__ import annotations
@@ -66,11 +68,18 @@ from pydantic import (
 
 from dynamo.runtime import peer_text
 from dynamo.runtime.sampling import MAX_LOGPROBS, SamplingOptions
+from dynamo.runtime.stream_logprobs import (
+    PromptLogprobs,
+    logprobs_problem,
+    prompt_logprobs_problem,
+)
 
 logger = logging.getLogger(__name__)
 
 GENERATE_PATH = "/generate"
 HEALTH_PATH = "/health"
+WITHDRAWN_FIELD = "withdrawn"
+WITHDRAWN_MESSAGE = "worker withdrawn for GC maintenance: send the request to another instance"
 
 
 class GenerateRequest(BaseModel):
@@ -78,7 +87,8 @@ class GenerateRequest(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    request_id: StrictStr
+    # The frontend's completion id (and choice index): a short, plain name, safe in a log line.
+    request_id: Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9._:-]{1,128}$")]
     # The served name the frontend routed on; the worker refuses any other.
     model: Annotated[StrictStr, Field(min_length=1)]
     token_ids: Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)]
@@ -99,6 +109,11 @@ STREAM_BYTES_PER_TOKEN = 256
 # With logprobs, each token carries up to k + 1 [id, logprob] pairs (~30 bytes each): the budget
 # grows by this much per pair, so asking for 20 alternatives allows ~1.6 KiB per token.
 STREAM_BYTES_PER_LOGPROB = 64
+# Whatever max_tokens and the card say, no stream (nor its first line) is read past this: what
+# one request may cost the frontend in bytes read and parsed from a worker (at ~100 MB/s of
+# parsing, seconds of CPU). vLLM streams a token a line (~25 bytes): a whole 10M-token context
+# fits, or ~400k tokens with 20 logprobs each.
+MAX_STREAM_BYTES = 256 * 1024**2
 # The bound of every count a worker reports (a 32-bit count: no context is longer).
 MAX_COUNT = 2**31 - 1
 
@@ -153,6 +168,11 @@ StreamItem = TokenStep | Finish
 class WorkerUnavailable(Exception):
     """The worker could not be reached, or went away before the stream finished. Its message
     is for the log (escaped); a client is told no more than that the worker failed."""
+
+
+class WorkerWithdrawn(WorkerUnavailable):
+    """The worker is withdrawn for a GC maintenance: alive, not failing; another instance of the
+    model takes the request now (it is neither benched nor a client's error)."""
 
 
 class WorkerProtocolError(WorkerUnavailable):
@@ -240,82 +260,21 @@ def parse_item(
                     f"worker sent token id {token_id}, outside the model's vocabulary (largest "
                     f"id {max_token_id})"
                 )
-    _check_logprobs(item, max_token_id, logprobs)
-    _check_prompt_logprobs(item, max_token_id, prompt)
+    problem = logprobs_problem(item, max_token_id, logprobs) or prompt_logprobs_problem(
+        item, max_token_id, prompt
+    )
+    if problem is not None:
+        raise WorkerProtocolError(problem)
     return item
 
 
-class PromptLogprobs(BaseModel):
-    """What the first item's ``prompt_logprobs`` must be: for these ``token_ids``, with at most
-    ``alternatives`` each."""
-
-    model_config = ConfigDict(frozen=True)
-
-    token_ids: tuple[int, ...]
-    alternatives: int
-
-
-def _check_prompt_logprobs(
-    item: StreamItem, max_token_id: int | None, asked: PromptLogprobs | None
-) -> None:
-    positions = getattr(item, "prompt_logprobs", None)
-    ranks = getattr(item, "prompt_ranks", None)
-    if asked is None:
-        if positions is not None or ranks is not None:
-            raise WorkerProtocolError("worker sent prompt logprobs where none belong")
-        return
-    if positions is None or len(positions) != len(asked.token_ids):
-        raise WorkerProtocolError("worker sent no prompt logprobs, or not one per prompt id")
-    if positions[0] is not None:
-        raise WorkerProtocolError("worker sent prompt logprobs for the first prompt id")
-    for token_id, position in zip(asked.token_ids[1:], positions[1:], strict=True):
-        if position is None:
-            raise WorkerProtocolError("worker sent a null prompt logprob after the first")
-        _check_position(token_id, position, asked.alternatives, max_token_id)
-    if ranks is None or [r is None for r in ranks] != [p is None for p in positions]:
-        raise WorkerProtocolError("worker sent no prompt ranks, or not one per prompt logprob")
-
-
-def _check_logprobs(item: StreamItem, max_token_id: int | None, asked: int | None) -> None:
-    """An item's logprobs are what the request asked for: one position per id, the sampled id
-    first, at most ``asked`` alternatives, every id in the vocabulary."""
-    positions = item.logprobs
-    if positions is None:
-        if asked is not None and item.token_ids:
-            raise WorkerProtocolError("worker sent token ids without the logprobs asked for")
-        return
-    if asked is None:
-        raise WorkerProtocolError("worker sent logprobs the request did not ask for")
-    if len(positions) != len(item.token_ids):
-        raise WorkerProtocolError(
-            f"worker sent {len(positions)} logprob position(s) for {len(item.token_ids)} id(s)"
-        )
-    for token_id, position in zip(item.token_ids, positions, strict=True):
-        _check_position(token_id, position, asked, max_token_id)
-
-
-def _check_position(
-    token_id: int, position: LogprobPosition, asked: int, max_token_id: int | None
-) -> None:
-    if position[0][0] != token_id:
-        raise WorkerProtocolError(
-            f"worker sent logprobs whose first id {position[0][0]} is not the sampled id {token_id}"
-        )
-    if len(position) > asked + 1:
-        raise WorkerProtocolError(
-            f"worker sent {len(position) - 1} logprob alternatives, more than the {asked} asked for"
-        )
-    ids = [alternative for alternative, _ in position]
-    if max_token_id is not None and max(ids) > max_token_id:
-        raise WorkerProtocolError(
-            f"worker sent a logprob for token id {max(ids)}, outside the model's vocabulary "
-            f"(largest id {max_token_id})"
-        )
-    # vLLM's alternatives are its top k, best first, each id once: the frontend ranks them by
-    # their order, so any other order or a repeated id would be a quietly wrong answer.
-    ranked = [logprob for _, logprob in position[1:]]
-    if len(set(ids)) != len(ids) or ranked != sorted(ranked, reverse=True):
-        raise WorkerProtocolError("worker sent logprob alternatives repeated or out of rank order")
+def _json_object(text: str) -> dict:
+    """The JSON object ``text`` holds, or an empty one (not JSON, not an object)."""
+    try:
+        body = json.loads(text)
+    except (ValueError, RecursionError):  # JSONDecodeError, UnicodeDecodeError, deep nesting
+        return {}
+    return body if isinstance(body, dict) else {}
 
 
 def _refusal(status: int, text: str) -> RequestRefused | None:
@@ -323,12 +282,7 @@ def _refusal(status: int, text: str) -> RequestRefused | None:
     400 naming ``model`` or no field means the two ends disagree, which is the worker's side."""
     if status != 400:
         return None
-    try:
-        body = json.loads(text)
-    except (ValueError, RecursionError):  # JSONDecodeError, UnicodeDecodeError, deep nesting
-        return None
-    if not isinstance(body, dict):
-        return None
+    body = _json_object(text)
     field, error = body.get("field"), body.get("error")
     if not isinstance(field, str) or not isinstance(error, str):
         return None
@@ -380,8 +334,10 @@ async def generate(
         extra = (STREAM_BYTES_PER_LOGPROB * (alternatives + 1) + 16) * len(prompt.token_ids)
         budget += extra
         line_limit += extra  # they all come on the first line
+    budget, line_limit = min(budget, MAX_STREAM_BYTES), min(line_limit, MAX_STREAM_BYTES)
     try:
-        async with session.post(url, json=request) as response:
+        # A redirect is a peer's answer, never followed: it would re-send the prompt anywhere.
+        async with session.post(url, json=request, allow_redirects=False) as response:
             if response.status != 200:
                 raise await _failure(response)
             finished = False
@@ -404,7 +360,13 @@ async def generate(
 async def _failure(response: aiohttp.ClientResponse) -> Exception:
     """What a non-200 answer means: :class:`RequestRefused` (a 400 naming a request field) or
     :class:`WorkerUnavailable`. At most :data:`ERROR_BODY_LIMIT` bytes of it are read; a body
-    the worker says is encoded is not read at all (it would have to be inflated)."""
+    the worker says is encoded is not read at all (it would have to be inflated). A redirect
+    (never followed) is not the wire format: :class:`WorkerProtocolError`, its body unread."""
+    if 300 <= response.status < 400:
+        return WorkerProtocolError(
+            f"worker answered {response.status}, a redirect (not followed) to "
+            f"{peer_text.escape(response.headers.get('Location', ''))}"
+        )
     body = b""
     if response.headers.get("Content-Encoding", "identity").strip().lower() == "identity":
         while len(body) < ERROR_BODY_LIMIT:
@@ -416,6 +378,8 @@ async def _failure(response: aiohttp.ClientResponse) -> Exception:
     refused = _refusal(response.status, text)
     if refused is not None:
         return refused
+    if response.status == 503 and _json_object(text).get(WITHDRAWN_FIELD) is True:
+        return WorkerWithdrawn("withdrawn for a GC maintenance")
     return WorkerUnavailable(f"worker answered {response.status}: {peer_text.escape(text)}")
 
 

@@ -60,6 +60,7 @@ ADDED_FIELDS = (
     "structured_outputs",
     "logprobs",
     "prompt_logprobs",
+    "reasoning_ended",
 )
 # A schema, regex or grammar is text the worker's engine compiles: each is bounded (in UTF-8
 # bytes, as it travels), and so are a choice's options (docs/security.md).
@@ -175,6 +176,12 @@ class SamplingOptions(SamplerFields):
     # The same for each prompt token (vLLM's SamplingParams.prompt_logprobs: a completion's
     # echo with logprobs); None: none are returned.
     prompt_logprobs: LogprobCount | None = None
+    # Where structured_outputs' grammar starts, as vLLM's generate() takes it (its OpenAI server
+    # decides it per request, with the chat template's variables): True, from the first token;
+    # False, once the output has ended its reasoning; None, the engine decides from the prompt
+    # with its own reasoning parser. Read only with structured_outputs, by an engine that has a
+    # reasoning parser (the worker's --dyn-reasoning-parser).
+    reasoning_ended: StrictBool | None = None
 
     @model_serializer(mode="wrap")
     def _without_unset_additions(self, handler: Any) -> Any:

@@ -14,17 +14,24 @@ from dynamo.common.configuration import (
     choice_option,
     count_option,
     host_option,
-    milliseconds_option,
     parse_surface,
     port_option,
     prerequisites,
     text_option,
 )
-from dynamo.common.configuration.launcher_config import LauncherConfig, process_options
+from dynamo.common.configuration.launcher_config import (
+    LauncherConfig,
+    maintenance_problem,
+    process_options,
+)
 from dynamo.common.configuration.prerequisites import Requires
 from dynamo.common.configuration.runtime_options import DISCOVERY_OPTIONS, DISCOVERY_REQUIREMENTS
 from dynamo.vllm import self_benchmark_args
-from dynamo_gc.configuration.gc_options import debug_gc_endpoint_option
+from dynamo.vllm.mock_options import MOCK_HEAP_EVICT_PERCENT, MOCK_HEAP_GROWTH, MOCK_OPTIONS
+from dynamo_gc.configuration.gc_options import (
+    WORKER_MAINTENANCE_MODES,
+    debug_gc_endpoint_option,
+)
 from dynamo_gc.configuration.typed import typed_config
 
 PROG = "python -m dynamo.vllm"
@@ -132,24 +139,21 @@ REASONING_PARSER = text_option(
     (
         "The reasoning parser the frontend runs over this model's output, published in the "
         "model card (upstream's name); the frontend's --reasoning-parser overrides it. With "
-        "--engine vllm a name vLLM's ReasoningParserManager does not have exits 2. Unset: none"
+        "--engine vllm a name vLLM's ReasoningParserManager does not have exits 2, and the "
+        "engine gets it too, as from vllm serve's --reasoning-parser: a structured output (a "
+        "forced tool call, a response_format) starts once the reasoning has ended. Unset: none"
     ),
     what="parser name",
     metavar="NAME",
 )
 
-MOCK_MAX_MODEL_LEN = count_option(
-    "mock-max-model-len",
-    "DYN_VLLM_MOCK_MAX_MODEL_LEN",
-    None,
-    (
-        "Mock engine: the context length (prompt + completion) it serves and publishes in the "
-        "model card (unset: the model directory's config.json max_position_embeddings, else "
-        "tokenizer_config.json model_max_length)"
-    ),
-    low=1,
-    high=10_000_000,
-    metavar="TOKENS",
+# The process's own: the GC options, the serving-time maintenance's and the drain deadline.
+PROCESS_OPTIONS = process_options(
+    flag_prefix="", env_prefix="DYN_VLLM_", maintenance_modes=WORKER_MAINTENANCE_MODES
+)
+GC_MAINTENANCE, GC_PAUSE_BUDGET_MS = (
+    next(o for o in PROCESS_OPTIONS if o.dest == dest)
+    for dest in ("gc_maintenance", "gc_pause_budget_ms")
 )
 
 ENGINE = choice_option(
@@ -174,34 +178,8 @@ OPTIONS = [
     *DISCOVERY_OPTIONS,
     REQUEST_PLANE_HOST,
     REQUEST_PLANE_PORT,
-    MOCK_TOKEN_MS := milliseconds_option(
-        "mock-token-ms",
-        "DYN_VLLM_MOCK_TOKEN_MS",
-        5.0,
-        "Mock engine: time per generated token, in milliseconds",
-    ),
-    MOCK_MAX_MODEL_LEN,
-    MOCK_INIT_MS := milliseconds_option(
-        "mock-init-ms",
-        "DYN_VLLM_MOCK_INIT_MS",
-        0.0,
-        (
-            "Mock engine: how long engine init takes, in milliseconds, like a real engine "
-            "loading its weights (to rehearse start-up probes: /live answers, /health is 503)"
-        ),
-    ),
-    MOCK_HEAP_OBJECTS := count_option(
-        "mock-heap-objects",
-        "DYN_VLLM_MOCK_HEAP_OBJECTS",
-        0,
-        (
-            "Mock engine: build a synthetic long-lived heap of about N tracked objects at engine "
-            "init, shaped like engine imports and tokenizer tables (for demos and benchmarks)"
-        ),
-        low=0,
-        high=50_000_000,
-    ),
-    *process_options(flag_prefix="", env_prefix="DYN_VLLM_"),
+    *MOCK_OPTIONS,
+    *PROCESS_OPTIONS,
     SYSTEM_HOST,
     SYSTEM_PORT,
     DEBUG_GC_ENDPOINT := debug_gc_endpoint_option(
@@ -237,9 +215,16 @@ REQUIREMENTS = [
     *DISCOVERY_REQUIREMENTS,
     Requires(DEBUG_GC_ENDPOINT, _SYSTEM_PORT_SET, lambda c: c.system_port is not None),
     Requires(SYSTEM_HOST, _SYSTEM_PORT_SET, lambda c: c.system_port is not None),
-    *(
-        Requires(option, _MOCK_ENGINE, lambda c: c.engine == "mock")
-        for option in (MOCK_TOKEN_MS, MOCK_MAX_MODEL_LEN, MOCK_INIT_MS, MOCK_HEAP_OBJECTS)
+    *(Requires(option, _MOCK_ENGINE, lambda c: c.engine == "mock") for option in MOCK_OPTIONS),
+    Requires(
+        MOCK_HEAP_EVICT_PERCENT,
+        f"{MOCK_HEAP_GROWTH.source_label()} above 0",
+        lambda c: c.mock_heap_growth > 0,
+    ),
+    Requires(
+        GC_PAUSE_BUDGET_MS,
+        f"{GC_MAINTENANCE.source_label()} idle or withdraw",
+        lambda c: c.gc_maintenance != "off",
     ),
     *(
         Requires(option, _SELF_BENCHMARK, lambda c: c.self_benchmark_points > 0)
@@ -297,6 +282,8 @@ class WorkerConfig(LauncherConfig):
     mock_max_model_len: int | None
     mock_init_ms: float
     mock_heap_objects: int
+    mock_heap_growth: int
+    mock_heap_evict_percent: int
     system_host: str
     system_port: int | None
     self_benchmark_points: int
@@ -351,6 +338,9 @@ def parse_args(
             "directory or a Hugging Face id), with --engine mock a tokenizer directory"
         )
     config = typed_config(WorkerConfig, parsed, vllm_args=tuple(rest))
+    problem = maintenance_problem(config, OPTIONS)
+    if problem is not None:
+        build_parser(_PARSED).error(problem)
     prerequisites.refuse_command_line_problem(_PARSED, REQUIREMENTS, config, argv)
     return config
 

@@ -7,11 +7,23 @@ interchangeable.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any, Protocol
 
+from dynamo.runtime.log_budget import CauseBudgets
 from dynamo.runtime.model_card import ModelCard
 from dynamo.runtime.request_plane import GenerateRequest, StreamFailed
+
+# An engine's line for each request aborted mid-stream, within a budget: whoever reaches the
+# request plane sends requests (a stop string the frontend matched aborts one, too), and a line
+# per request would be theirs to multiply.
+_aborts = CauseBudgets(logging.getLogger(__name__), logging.INFO, lines=10, interval_s=10.0)
+
+
+def aborted(engine: str, request_id: str, produced: int) -> None:
+    """``<engine> request <id> aborted after <n> token(s)``, within the budget."""
+    _aborts.emit("aborted", "%s request %s aborted after %d token(s)", engine, request_id, produced)
 
 
 class EngineUnavailable(Exception):

@@ -11,6 +11,12 @@ A signal during the init (:func:`abandon_init`) kills the processes the init sta
 so the thread ends; the wait for it is bounded all the same. Whatever the init starts after
 that (it was still before its spawn) is killed the same way until the deadline. No child
 process of the init is left behind.
+
+The processes the init starts never get the terminal's Ctrl-C (:func:`sparing_children_ctrl_c`):
+a SIGINT to the process group is this process's to act on, and it stops them itself (killed
+during the init, shut down by vLLM after it). Left to them, EngineCore took it during its
+imports, before it installs its own handler, and printed a ``KeyboardInterrupt`` traceback of
+its own (once in two runs); after that its own shutdown began under the worker's drain.
 """
 
 from __future__ import annotations
@@ -66,6 +72,7 @@ def run_in_init_thread(create: Callable[[], Any], on_orphan: Callable[[Any], Non
 
     def run() -> None:
         try:
+            sparing_children_ctrl_c()
             result = create()
         except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody awaits
@@ -78,6 +85,22 @@ def run_in_init_thread(create: Callable[[], Any], on_orphan: Callable[[Any], Non
 
     threading.Thread(target=run, name="vllm-engine-init", daemon=True).start()
     return future
+
+
+def sparing_children_ctrl_c() -> None:
+    """Block SIGINT in the calling thread (the init's own), so that every process it starts
+    begins with SIGINT blocked: the signal mask is inherited through fork and exec, and Python
+    does not unblock it at start-up. A handler EngineCore installs later changes nothing then:
+    the signal stays pending until the process ends. This process still gets Ctrl-C: its main
+    thread, which runs its handlers, does not block it.
+
+    multiprocessing's resource tracker is started first: starting it unblocks SIGINT in the
+    thread that starts it (it blocks SIGINT and SIGTERM around its own spawn, then unblocks
+    both), and vLLM's first spawn would start it after the block otherwise."""
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
 
 
 async def abandon_init(init: asyncio.Future, spared: Collection[int]) -> Any:

@@ -39,6 +39,7 @@ from dynamo.vllm.engine import EngineInitFailed, EngineUnavailable
 from dynamo.vllm.engine_factory import EngineBuilder
 from dynamo.vllm.ranks import RankError
 from dynamo.vllm.worker_process import WorkerProcess
+from dynamo_gc import startup_stop
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +72,9 @@ def run_main(argv: Sequence[str] | None) -> int:
         engine_builder = engine_factory.prepare_engine(
             config, worker_extension_cls=worker_extension_cls
         )
+        # vLLM's import is done: a signal meanwhile whose exception a finalizer swallowed
+        # stops here (dynamo_gc.startup_stop).
+        startup_stop.check()
         return asyncio.run(run_worker(config, discovery, engine_builder))
     except SystemExit as exc:  # vLLM's --help
         return launcher.exit_code(exc)
@@ -94,9 +98,11 @@ async def run_worker(
     config: WorkerConfig, discovery: Discovery, engine_builder: EngineBuilder
 ) -> int:
     """Everything after the checks, on the event loop; the exit code (0 after a signal)."""
-    process_gc = launcher.start_process_gc(config.gc)
+    process_gc = launcher.start_process_gc(config.gc, config.maintenance)
     try:
-        worker = WorkerProcess(config, discovery, engine_builder, process_gc.metrics)
+        worker = WorkerProcess(
+            config, discovery, engine_builder, process_gc.metrics, process_gc.maintenance
+        )
         code = await launcher.run_lifecycle(
             worker,
             gc=config.gc,
@@ -128,7 +134,7 @@ def log_options(config: WorkerConfig) -> None:
     logger.info(
         "Worker options: model=%s served_model_name=%s engine=%s discovery_backend=%s "
         "discovery_dir=%s discovery_ttl=%g request_plane=%s:%s freeze_gc_heap=%s "
-        "gc_pause_log_ms=%g self_benchmark_points=%d",
+        "gc_pause_log_ms=%g gc_maintenance=%s self_benchmark_points=%d",
         config.model,
         config.served_name,
         config.engine,
@@ -139,5 +145,6 @@ def log_options(config: WorkerConfig) -> None:
         config.request_plane_port,
         config.freeze_gc_heap,
         config.gc_pause_log_ms,
+        config.gc_maintenance,
         config.self_benchmark_points,
     )

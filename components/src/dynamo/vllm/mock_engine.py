@@ -22,6 +22,9 @@ tokenizes with DIR's own tokenizer and detokenizes what the mock streams.
 * ``start`` (engine init) takes ``--mock-init-ms`` (default 0), then builds the optional
   synthetic long-lived heap of ``--mock-heap-objects`` tracked objects and keeps it on the
   engine for the life of the process, like a real engine's imports and tokenizer tables.
+* ``--mock-heap-growth`` N: each request adds N tracked objects that stay (a cache of request
+  state), a ``--mock-heap-evict-percent`` share of them evicted later as cyclic garbage
+  (:mod:`dynamo.vllm.mock_growth`): a heap that grows after the start-up freeze.
 * ``forward_pass`` / ``collective_rpc`` run on lockstep rank processes
   (:mod:`dynamo.vllm.ranks`), started only when the self-benchmark is configured or
   ``--tensor-parallel-size`` > 1. While serving, ``wait_until_dead`` watches them: a rank that
@@ -43,6 +46,8 @@ from dynamo.runtime.model_card import ModelCard, out_of_vocabulary
 from dynamo.runtime.request_plane import BadGenerateRequest, GenerateRequest
 from dynamo.runtime.sampling import ADDED_FIELDS, SamplingOptions, is_set
 from dynamo.vllm.backend_args import WorkerConfig
+from dynamo.vllm.engine import aborted
+from dynamo.vllm.mock_growth import RequestStateCache
 from dynamo.vllm.mock_model import MockModel, load_mock_model
 
 logger = logging.getLogger(__name__)
@@ -146,6 +151,8 @@ class MockEngine:
         *,
         token_ms: float = 5.0,
         heap_objects: int = 0,
+        heap_growth: int = 0,
+        heap_evict_percent: int = 0,
         init_ms: float = 0.0,
         tensor_parallel_size: int = 1,
         use_ranks: bool = False,
@@ -154,6 +161,7 @@ class MockEngine:
         self.model = model
         self.token_s = token_ms / 1000.0
         self.heap_objects = heap_objects
+        self.request_state = RequestStateCache(heap_growth, heap_evict_percent)
         self.init_s = init_ms / 1000.0
         self.tensor_parallel_size = tensor_parallel_size
         # Rank processes cost a spawn each; only the self-benchmark and lockstep TP need them.
@@ -180,6 +188,8 @@ class MockEngine:
             model if model is not None else load_mock_config_model(config),
             token_ms=config.mock_token_ms,
             heap_objects=config.mock_heap_objects,
+            heap_growth=config.mock_heap_growth,
+            heap_evict_percent=config.mock_heap_evict_percent,
             init_ms=config.mock_init_ms,
             tensor_parallel_size=config.tensor_parallel_size,
             use_ranks=config.self_benchmark.enabled,
@@ -230,6 +240,7 @@ class MockEngine:
         completion = MockCompletion(self.model, request.token_ids, request.sampling)
         completion.check_prompt()  # before the first item: the request plane answers 400
         self.requests_started += 1
+        self.request_state.add()
         produced = 0
         finished = False
         try:
@@ -249,11 +260,7 @@ class MockEngine:
                 # GeneratorExit (the consumer closed the stream) or CancelledError (its task
                 # was cancelled): either way the request stops here, mid-stream.
                 self.requests_aborted += 1
-                logger.info(
-                    "Mock engine: request %s aborted after %d token(s)",
-                    request.request_id,
-                    produced,
-                )
+                aborted("Mock engine:", request.request_id, produced)
 
     async def wait_until_dead(self) -> str:
         """Returns when a rank process ends (without ranks: never; a cancelled wait returns

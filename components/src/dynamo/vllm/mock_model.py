@@ -141,7 +141,9 @@ def load_mock_model(
     if not ordinary_ids:
         raise BadModelDirectory(f"{tokenizer_file} has no ordinary (non-special) token")
     resolved = str(directory.resolve())
-    card = ModelCard(
+    # Built unchecked: a value a frontend would refuse (a config's context over the card's
+    # bound) is the registration check's to report, exit 2 naming it (startup_checks).
+    card = ModelCard.model_construct(
         served_model_name=served_model_name or model_dir,
         model_path=resolved,
         tokenizer_path=resolved,

@@ -19,6 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
+from dynamo.common.admission_routes import install_admission_gate
 from dynamo.common.http_server import (
     REQUEST_PLANE_MAX_BODY_BYTES,
     GuardedRunner,
@@ -26,9 +27,12 @@ from dynamo.common.http_server import (
     is_malformed_http,
 )
 from dynamo.common.request_drain import END_BOUND_S, RequestDrain, mark_stream
+from dynamo.runtime.log_budget import CauseBudgets
 from dynamo.runtime.request_plane import (
     GENERATE_PATH,
     HEALTH_PATH,
+    WITHDRAWN_FIELD,
+    WITHDRAWN_MESSAGE,
     BadGenerateRequest,
     GenerateRequest,
     StreamFailed,
@@ -36,8 +40,13 @@ from dynamo.runtime.request_plane import (
 )
 from dynamo.vllm.engine import Engine
 from dynamo_gc import lifecycle
+from dynamo_gc.admission import AdmissionGate
 
 logger = logging.getLogger(__name__)
+# The lines a request causes, per cause (an abort, each exception type): whoever reaches the
+# request plane can send requests, and a line per request would be theirs to multiply.
+_aborts = CauseBudgets(logger, logging.INFO, lines=10, interval_s=10.0)
+_failures = CauseBudgets(logger, logging.ERROR, lines=1, interval_s=60.0)
 
 CUT_SHORT_MESSAGE = "worker draining: the request was cut short at the end of its drain"
 
@@ -78,6 +87,7 @@ def add_request_plane_routes(
     is_healthy: Callable[[], bool],
     *,
     served_model_name: str | Callable[[], str],
+    is_withdrawn: Callable[[], bool] = lambda: False,
 ) -> None:
     """Mount the worker side of the request plane on an aiohttp app.
 
@@ -139,15 +149,28 @@ def add_request_plane_routes(
                 # The caller hung up between two writes: the request is aborted (the stream is
                 # closed on leaving this block). An expected event, not a server error worth a
                 # traceback.
-                logger.info("Request %s aborted: the caller closed the connection", body.request_id)
+                _aborts.emit(
+                    "aborted",
+                    "Request %s aborted: the caller closed the connection",
+                    body.request_id,
+                )
                 return response
-            except Exception as exc:  # reported to the caller in-band
-                logger.exception("generate failed for request %s", body.request_id)
+            except Exception as exc:  # noqa: BLE001 - reported to the caller in-band
+                _failures.emit(
+                    type(exc).__name__,
+                    "generate failed for request %s",
+                    body.request_id,
+                    exc_info=exc,
+                )
                 await response.write(json.dumps({"error": str(exc)}).encode() + b"\n")
         await response.write_eof()
         return response
 
     async def handle_health(request: web.Request) -> web.Response:
+        # Withdrawn for a maintenance: alive (a stream in flight goes on), but not an instance
+        # for a new request (the frontend's scout takes only a non-5xx answer).
+        if is_withdrawn():
+            return web.json_response({"status": "withdrawn"}, status=503)
         healthy = is_healthy()
         return web.json_response(
             {"status": "ok" if healthy else "draining"}, status=200 if healthy else 503
@@ -157,10 +180,28 @@ def add_request_plane_routes(
     app.router.add_get(HEALTH_PATH, handle_health)
 
 
-class RequestPlaneServer:
-    """The worker's request-plane listener (aiohttp), counting the requests in flight."""
+def withdrawn_response() -> web.Response:
+    """What a worker withdrawn for a GC maintenance answers a generate request that still
+    reaches it: a 503 the frontend's router tells apart (another instance, at once)."""
+    return web.json_response({"error": WITHDRAWN_MESSAGE, WITHDRAWN_FIELD: True}, status=503)
 
-    def __init__(self, engine: Engine, host: str, port: int, *, drain_grace_s: float) -> None:
+
+class RequestPlaneServer:
+    """The worker's request-plane listener (aiohttp), counting the requests in flight.
+
+    ``gate`` (serving-time maintenance on): generate requests go through it, so a maintenance
+    can hold them or answer them as withdrawn (:mod:`dynamo.common.admission_routes`).
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        host: str,
+        port: int,
+        *,
+        drain_grace_s: float,
+        gate: AdmissionGate | None = None,
+    ) -> None:
         self._engine = engine
         self._host = host
         self._port = port
@@ -170,9 +211,14 @@ class RequestPlaneServer:
         self.finished = 0
         self.aborted = 0
         self._closed = False
+        self.gate = gate
         app = web.Application(client_max_size=REQUEST_PLANE_MAX_BODY_BYTES)
         add_request_plane_routes(
-            app, self._generate, self._admitting, served_model_name=engine.served_model_name
+            app,
+            self._generate,
+            self._admitting,
+            served_model_name=engine.served_model_name,
+            is_withdrawn=lambda: gate is not None and gate.withdrawn,
         )
         # Our drain (one deadline; a cut stream ends with an in-band error line) finishes every
         # request before aiohttp's cleanup, whose timeout then only bounds closing connections.
@@ -182,12 +228,19 @@ class RequestPlaneServer:
             what="request plane", end_stream=self._end_cut_stream, refuse=self._refuse_cut_request
         )
         self.drain.install(app)
+        if gate is not None:
+            install_admission_gate(
+                app,
+                gate,
+                gated=lambda request: request.path == GENERATE_PATH,
+                withdrawn=withdrawn_response,
+            )
         self._runner = GuardedRunner(app, what="request plane", shutdown_timeout=END_BOUND_S / 2)
 
     @staticmethod
     def _admitting() -> bool:
         # Nothing is admitted before the phase is `serving` (see run_worker) nor while draining.
-        return lifecycle.current_phase() is lifecycle.Phase.SERVING
+        return lifecycle.serving()
 
     async def _generate(self, request: GenerateRequest) -> AsyncGenerator[dict, None]:
         self.in_flight += 1

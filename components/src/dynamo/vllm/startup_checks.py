@@ -195,6 +195,7 @@ def _options_of_fields(config: WorkerConfig) -> dict[str, Option]:
         "card.served_model_name": named,
         "card.model_path": MODEL,
         "card.tokenizer_path": MODEL,
+        "card.context_length": MODEL,  # the model's config (or the engine's max length)
         "card.chat_template_path": CHAT_TEMPLATE,
         "card.tool_call_parser": TOOL_CALL_PARSER,
         "card.reasoning_parser": REASONING_PARSER,

@@ -7,10 +7,11 @@ vLLM's flags work as they are::
     python -m dynamo.vllm --engine vllm --model PATH --max-model-len 256 \\
         --kv-cache-memory-bytes 64M --enforce-eager
 
-Four of the worker's options are vLLM's too and reach it from the worker: ``--model`` (the
+Five of the worker's options are vLLM's too and reach it from the worker: ``--model`` (the
 model to load), ``--served-model-name`` (the name the worker registers; unset: ``--model``),
-``--tensor-parallel-size`` (passed on when not 1) and ``--worker-extension-cls``. With the
-self-benchmark, vLLM's ``--scheduler-cls`` is the GC policy's scheduler
+``--tensor-parallel-size`` (passed on when not 1), ``--worker-extension-cls`` and
+``--dyn-reasoning-parser`` (vLLM's ``--reasoning-parser``: :func:`reasoning_parser_for_engine`).
+With the self-benchmark, vLLM's ``--scheduler-cls`` is the GC policy's scheduler
 (:mod:`dynamo.vllm.gc_scheduler`).
 
 Importing this module imports vLLM (seconds): the worker does it only for ``--engine vllm``.
@@ -22,7 +23,7 @@ from collections.abc import Sequence
 
 from vllm.engine.arg_utils import AsyncEngineArgs
 
-from dynamo.vllm.backend_args import WorkerConfig
+from dynamo.vllm.backend_args import REASONING_PARSER, WorkerConfig
 from dynamo.vllm.engine import EngineUnavailable
 from dynamo.vllm.vllm_help import vllm_arg_parser
 
@@ -54,6 +55,7 @@ def engine_args_from_config(
             raise
         # vLLM's parser has printed the reason; the worker's usual exit path turns this into 2.
         raise EngineUnavailable(f"--engine vllm: invalid vLLM arguments {rest}") from None
+    reasoning_parser_for_engine(config, engine_args)
     if worker_extension_cls is not None:
         engine_args.worker_extension_cls = worker_extension_cls
     if config.self_benchmark.enabled:
@@ -63,6 +65,26 @@ def engine_args_from_config(
 
         engine_args.scheduler_cls = resolve_scheduler_cls(config, engine_args.scheduler_cls)
     return engine_args
+
+
+def reasoning_parser_for_engine(config: WorkerConfig, engine_args: AsyncEngineArgs) -> None:
+    """``--dyn-reasoning-parser`` is the engine's reasoning parser too, as ``vllm serve
+    --reasoning-parser`` makes it: vLLM hands it to its structured-output configuration, and a
+    grammar (a forced tool call's, a response_format's) then starts only once the reasoning
+    has ended; without it the grammar applies from the first token and the model never
+    reasons. vLLM's own ``--reasoning-parser`` naming another parser is refused (exit 2)."""
+    name = config.dyn_reasoning_parser
+    if name is None:
+        return
+    given = engine_args.reasoning_parser
+    if given and given != name:
+        raise EngineUnavailable(
+            f"{REASONING_PARSER.source_label()} is {name!r} but vLLM's --reasoning-parser is "
+            f"{given!r}: the frontend would parse the output with one and the engine's "
+            "structured outputs wait for the other; give one name (--dyn-reasoning-parser "
+            "alone is enough)"
+        )
+    engine_args.reasoning_parser = name
 
 
 def served_name_of(engine_args: AsyncEngineArgs) -> str:

@@ -6,9 +6,8 @@ Requests arrive as the model's own token ids (the frontend tokenized them with t
 the model card names) and are handed to vLLM unchanged, as a ``TokensPrompt``; their
 :class:`~dynamo.runtime.sampling.SamplingOptions` become ``SamplingParams`` (DELTA output), with
 the model's generation-config defaults for the fields a request leaves unset, as ``vllm serve``
-applies them. After engine init the model card is read from what vLLM resolved: the served
-name, the tokenizer directory (``--tokenizer``, else the model's), ``max_model_len`` and the EOS
-ids of the tokenizer and generation config.
+applies them. After engine init the model card is read from what vLLM resolved
+(:mod:`dynamo.vllm.vllm_card`).
 
 This process embeds ``AsyncLLM``: it is the parent whose heap (torch, transformers, vLLM, the
 engine client: ~600k tracked objects) the worker freezes after engine init. vLLM freezes its own
@@ -24,7 +23,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import os
 import time
 import uuid
 from collections.abc import AsyncGenerator, Sequence
@@ -53,10 +51,16 @@ from dynamo.runtime.request_plane import BadGenerateRequest, GenerateRequest
 from dynamo.runtime.sampling import SamplingOptions
 from dynamo.vllm import engine_init
 from dynamo.vllm.backend_args import WorkerConfig
-from dynamo.vllm.engine import EngineDied, EngineInitFailed
+from dynamo.vllm.engine import EngineDied, EngineInitFailed, aborted
 from dynamo.vllm.process_watch import ending_stuck_children, first_exit
 from dynamo.vllm.vllm_args import engine_args_from_config, served_name_of
-from dynamo.vllm.vllm_sampling import sampling_params, wire_logprobs, wire_ranks
+from dynamo.vllm.vllm_card import one_line, read_model_card
+from dynamo.vllm.vllm_sampling import (
+    generate_kwargs,
+    sampling_params,
+    wire_logprobs,
+    wire_ranks,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -77,11 +81,6 @@ def build_vllm_engine(
     return VllmEngine(engine_args, chat_template=config.chat_template)
 
 
-def one_line(exc: BaseException) -> str:
-    """An exception's message on one log line (pydantic's and vLLM's span several)."""
-    return " ".join(str(exc).split()) or type(exc).__name__
-
-
 def engine_core_processes(engine: Any) -> list[tuple[str, Any]]:
     """vLLM's EngineCore processes behind an ``AsyncLLM``, as ``(label, process)`` pairs; none
     when the core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) or elsewhere (Ray).
@@ -95,22 +94,6 @@ def engine_core_processes(engine: Any) -> list[tuple[str, Any]]:
 def _shut_down(engine: Any) -> None:
     """An engine whose init ended after the process stopped waiting for it."""
     engine.shutdown()
-
-
-def resolve_tokenizer_dir(tokenizer: str, revision: str | None) -> str:
-    """The local directory of vLLM's resolved tokenizer (a directory already, or a Hugging Face
-    id vLLM has downloaded into the hub cache)."""
-    if os.path.isdir(tokenizer):
-        return os.path.abspath(tokenizer)
-    from huggingface_hub import snapshot_download
-
-    try:
-        return snapshot_download(tokenizer, revision=revision, local_files_only=True)
-    except Exception as exc:  # noqa: BLE001 - any hub error means: no local copy
-        raise EngineInitFailed(
-            f"the tokenizer {tokenizer!r} has no local directory the frontend could read "
-            f"({one_line(exc)}); pass a model directory as --model (or vLLM's --tokenizer)"
-        ) from None
 
 
 class VllmEngine:
@@ -211,7 +194,12 @@ class VllmEngine:
             )
             self._max_model_len = model_config.max_model_len
             self._model_defaults = dict(model_config.get_diff_sampling_param())
-            self._card = self._read_card(engine)
+            self._card = read_model_card(
+                engine,
+                served_model_name=self.served_model_name,
+                chat_template=self.chat_template,
+                max_token_id=self._max_token_id,
+            )
         except BaseException:
             engine.shutdown()  # its processes are running: stop them before reporting
             raise
@@ -225,34 +213,6 @@ class VllmEngine:
             self.engine_args.worker_extension_cls or "none",
         )
         return engine
-
-    def _read_card(self, engine: Any) -> ModelCard:
-        model_config = engine.model_config
-        tokenizer = engine.tokenizer
-        eos_ids: list[int] = []
-        if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
-            eos_ids.append(tokenizer.eos_token_id)
-        generation_eos = model_config.try_get_generation_config().get("eos_token_id")
-        if isinstance(generation_eos, int):
-            generation_eos = [generation_eos]
-        eos_ids += [i for i in generation_eos or () if isinstance(i, int)]
-        tokenizer_dir = resolve_tokenizer_dir(
-            model_config.tokenizer, getattr(model_config, "tokenizer_revision", None)
-        )
-        model_path = model_config.model
-        if os.path.isdir(model_path):
-            model_path = os.path.abspath(model_path)
-        return ModelCard(
-            served_model_name=self.served_model_name,
-            model_path=model_path,
-            tokenizer_path=tokenizer_dir,
-            context_length=model_config.max_model_len,
-            eos_token_ids=tuple(dict.fromkeys(i for i in eos_ids if i >= 0)),
-            chat_template_path=(
-                os.path.abspath(self.chat_template) if self.chat_template else None
-            ),
-            max_token_id=self._max_token_id,
-        )
 
     def _check_prompt(self, prompt: Sequence[int]) -> None:
         """What vLLM would refuse, refused before the first item (a 400 on the request plane)."""
@@ -288,7 +248,12 @@ class VllmEngine:
             # aclosing: leaving early closes vLLM's generator now (its own cleanup aborts the
             # request), not whenever the garbage collector finalises it.
             async with contextlib.aclosing(
-                engine.generate(TokensPrompt(prompt_token_ids=prompt), params, request_id)
+                engine.generate(
+                    TokensPrompt(prompt_token_ids=prompt),
+                    params,
+                    request_id,
+                    **generate_kwargs(request.sampling),
+                )
             ) as outputs:
                 async for output in outputs:
                     completion = output.outputs[0]
@@ -340,7 +305,7 @@ class VllmEngine:
                 except Exception:  # a dead engine must not mask the first error
                     logger.exception("Aborting vLLM request %s failed", request_id)
                 else:
-                    logger.info("vLLM request %s aborted after %d token(s)", request_id, produced)
+                    aborted("vLLM", request_id, produced)
 
     def _report_dead(self, reason: str) -> None:
         if not self._reported_dead.is_set():

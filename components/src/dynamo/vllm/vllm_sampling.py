@@ -86,3 +86,13 @@ def wire_ranks(positions: Any) -> list[int | None]:
     return [
         None if position is None else next(iter(position.values())).rank for position in positions
     ]
+
+
+def generate_kwargs(options: SamplingOptions) -> dict[str, Any]:
+    """What ``AsyncLLM.generate`` takes beside the ``SamplingParams``: ``reasoning_ended``,
+    which tells its structured outputs whether the grammar waits for the reasoning to end
+    (vLLM's OpenAI server passes it the same way), when the request has a grammar and the
+    frontend decided it; else nothing (the engine decides from the prompt)."""
+    if options.structured_outputs is None or options.reasoning_ended is None:
+        return {}
+    return {"reasoning_ended": options.reasoning_ended}

@@ -19,6 +19,11 @@
    the engine dies (exit 1: requests in flight end with an in-band error at once). Closing (the
    launcher's, last opened first) removes the record, lets in-flight requests finish, shuts the
    engine down and closes the system port.
+
+With ``--gc-maintenance`` (idle or withdraw), generate requests go through an admission gate
+from the start, the maintainer starts once the model is registered, and it is stopped first
+when serving ends, before the drain begins (an attempt in progress comes back on its way:
+admission reopened, the record's state cleared, the model's maintenance lock released).
 """
 
 from __future__ import annotations
@@ -36,8 +41,13 @@ from dynamo.vllm.backend_args import WorkerConfig
 from dynamo.vllm.engine import Engine
 from dynamo.vllm.engine_factory import EngineBuilder
 from dynamo.vllm.request_plane_server import RequestPlaneServer
-from dynamo_gc import lifecycle
+from dynamo.vllm.withdrawal import Peers, WithdrawQuiescence
+from dynamo_gc import lifecycle, startup_stop
+from dynamo_gc.admission import AdmissionGate
+from dynamo_gc.configuration.gc_options import MAINTENANCE_WITHDRAW
+from dynamo_gc.maintainer import GcMaintainer, Quiescence
 from dynamo_gc.metrics import DynamoMetrics
+from dynamo_gc.process_gc import GcMaintenance
 
 logger = logging.getLogger(__name__)
 
@@ -52,11 +62,15 @@ class WorkerProcess:
         discovery: Discovery,
         engine_builder: EngineBuilder,
         metrics: DynamoMetrics,
+        maintenance: GcMaintenance | None = None,
     ) -> None:
         self.config = config
         self.discovery = discovery
         self.engine_builder = engine_builder
         self.metrics = metrics
+        self.maintenance = maintenance
+        self.gate = AdmissionGate() if maintenance is not None else None
+        self.maintainer: GcMaintainer | None = None
         self.engine: Engine | None = None
         self.plane: RequestPlaneServer | None = None
         self.registration: Registration | None = None
@@ -75,6 +89,7 @@ class WorkerProcess:
             config.request_plane_host,
             config.request_plane_port,
             drain_grace_s=config.drain_timeout,
+            gate=self.gate,
         )
         # Closes the listener if start-up fails or is cancelled; once serving, the close pushed
         # after the engine's shutdown (below) drains first, and this one is a no-op.
@@ -93,6 +108,7 @@ class WorkerProcess:
         closer.push("discovery registration", registration.close)
         logger.info("Discovery: %s backend, %s", self.discovery.backend, self.discovery.describe())
         await registration.connect()
+        startup_stop.check()
 
         logger.info(
             "Engine init: starting the %s engine for model %s (served as %s)",
@@ -107,6 +123,7 @@ class WorkerProcess:
         if config.self_benchmark.enabled:
             from dynamo.vllm.self_benchmark import run_self_benchmark
 
+            startup_stop.check()  # minutes of benchmark for a process that is stopping: no
             await run_self_benchmark(engine, config)
         # After the engine's shutdown, so it closes before it: in-flight requests finish (within
         # the drain's deadline) while the engine still runs.
@@ -124,12 +141,44 @@ class WorkerProcess:
         )
         if refusal is not None:
             raise OptionUnusable(refusal)
+        # Right before the record is published (the frontend routes to it from then on): a
+        # signal recorded by now stops start-up, whether or not its cancellation got here.
+        startup_stop.check()
         record = await register_model(registration, card, self.plane.endpoint)
         # Closes first: the record goes (file: heartbeat stopped, then the file; etcd: the lease
         # revoked) before the request plane drains.
         self._closer.push("model registration", lambda: unregister_model(registration, record))
         self.registered = True
         logger.info("Worker serving model %s; stop it with SIGTERM or SIGINT", record.model)
+        if self.maintenance is not None:
+            self.maintainer = self._maintainer(record, self._closer)
+            self._closer.push("GC maintainer", self.maintainer.stop)  # closes first
+            self.maintainer.start()
+
+    def _maintainer(self, record: ModelRecord, closer: Closer) -> GcMaintainer:
+        """The serving-time maintainer of ``--gc-maintenance``: idle on the gate, or withdraw
+        (its peers watched, the model's maintenance lock in the store)."""
+        maintenance, gate = self.maintenance, self.gate
+        assert maintenance is not None and gate is not None and self.registration is not None
+        quiescence: Quiescence = maintenance.idle_quiescence(gate)
+        if maintenance.settings.mode == MAINTENANCE_WITHDRAW:
+            peers = Peers(self.discovery, record.model, record.instance_id)
+            lock = self.discovery.maintenance_lock(record.model, record.instance_id)
+            closer.push("GC maintenance lock", lock.close)
+            closer.push("GC maintenance peers", peers.stop)
+            peers.start()
+            quiescence = WithdrawQuiescence(
+                gate,
+                registration=self.registration,
+                lock=lock,
+                peers=peers,
+                idle=maintenance.idle_quiescence(gate),
+                bound_s=self.config.drain_timeout,
+                context=self.freeze_context,
+            )
+        return maintenance.maintainer(
+            quiescence, context=self.freeze_context, pause_log_ms=self.config.gc_pause_log_ms
+        )
 
     def not_ready_reason(self) -> str | None:
         """Why /health is not ready once the phase is ``serving``: the frontend routes to this
@@ -139,6 +188,8 @@ class WorkerProcess:
     async def serve(self, signals: StopSignals) -> int:
         assert self.plane is not None and self.engine is not None, "start() has run"
         death = await serve_until_stopped(signals, self.engine)
+        if self.maintainer is not None:
+            await self.maintainer.stop()  # first: no maintenance once serving ends
         if death is not None:
             # The one ERROR line. Then, as for a drain but with no grace period: new requests
             # are refused, the record goes at once, the requests in flight end with an in-band

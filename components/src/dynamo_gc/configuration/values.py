@@ -134,6 +134,22 @@ class FiniteFloat(_Bounded):
 
 
 @dataclass(frozen=True)
+class PositiveFloat(FiniteFloat):
+    """A finite number above 0 (0 itself refused), no larger than ``maximum`` if set."""
+
+    def parse(self, text: str) -> float:
+        value = super().parse(text)
+        if value <= 0.0:
+            raise ValueError(f"must be {self.describe_range()}")
+        return value
+
+    def describe_range(self) -> str:
+        if self.maximum is None:
+            return "above 0"
+        return f"above 0 and at most {self._render(self.maximum)}"
+
+
+@dataclass(frozen=True)
 class IntRange(_Bounded):
     """A whole number in ``[minimum, maximum]``."""
 

@@ -33,6 +33,7 @@ import types
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from dynamo_gc.configuration.gc_options import GcSettings, MaintenanceSettings
 from dynamo_gc.upstream.versions import refuse
 
 # Where upstream's worker module imports the function from, and the function.
@@ -94,17 +95,24 @@ def command_problem(code: types.CodeType) -> str | None:
 
 
 def child_flags(
-    freeze_gc_heap: bool,
-    gc_pause_log_ms: float,
+    gc: GcSettings,
+    maintenance: MaintenanceSettings,
     metrics: tuple[str, int] | None,
     env: Mapping[str, str] | None,
 ) -> list[str]:
-    """The first process's GC settings as the adapter's flags, for one child."""
+    """The first process's GC settings as the adapter's flags, for one child: the freeze, the
+    pause log, the maintenance (its mode always, so an env var the child inherits cannot turn on
+    what the first process's flag turned off; its budget only with it on, where the child's own
+    check judges it as the first process's did) and the metrics port."""
     flags = [
-        "--freeze-gc-heap" if freeze_gc_heap else "--no-freeze-gc-heap",
+        "--freeze-gc-heap" if gc.freeze_gc_heap else "--no-freeze-gc-heap",
         "--gc-pause-log-ms",
-        repr(gc_pause_log_ms),
+        repr(gc.gc_pause_log_ms),
+        "--gc-maintenance",
+        maintenance.mode,
     ]
+    if maintenance.enabled:
+        flags += ["--gc-pause-budget-ms", repr(maintenance.pause_budget_ms)]
     if metrics is not None:
         host, port = metrics
         if port > 0:
@@ -127,14 +135,14 @@ def adapter_command(args: Sequence[str], flags: Sequence[str]) -> list[str] | No
 
 
 def subprocess_for_children(
-    freeze_gc_heap: bool, gc_pause_log_ms: float, metrics: tuple[str, int] | None
+    gc: GcSettings, maintenance: MaintenanceSettings, metrics: tuple[str, int] | None
 ) -> types.ModuleType:
     """A stand-in for upstream's ``subprocess`` global: the real module, but for ``Popen``."""
 
     class ChildPopen(subprocess.Popen):
         def __init__(self, args: Any, *rest: Any, **kwargs: Any) -> None:
             if isinstance(args, (list, tuple)):
-                flags = child_flags(freeze_gc_heap, gc_pause_log_ms, metrics, kwargs.get("env"))
+                flags = child_flags(gc, maintenance, metrics, kwargs.get("env"))
                 args = adapter_command(args, flags) or args
             super().__init__(args, *rest, **kwargs)
 
@@ -166,9 +174,9 @@ def checked_function(program: str, worker_main: types.ModuleType) -> Any | None:
 def install(
     program: str,
     worker_main: types.ModuleType,
+    gc: GcSettings,
+    maintenance: MaintenanceSettings,
     *,
-    freeze_gc_heap: bool,
-    gc_pause_log_ms: float,
     metrics: tuple[str, int] | None,
 ) -> bool:
     """Route upstream's embedding children through the adapter; whether there was anything to
@@ -176,9 +184,7 @@ def install(
     function = checked_function(program, worker_main)
     if function is None:
         return False
-    function.__globals__["subprocess"] = subprocess_for_children(
-        freeze_gc_heap, gc_pause_log_ms, metrics
-    )
+    function.__globals__["subprocess"] = subprocess_for_children(gc, maintenance, metrics)
     return True
 
 

@@ -13,7 +13,13 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from dynamo_gc.upstream import frontend_freeze, frontend_hooks, frontend_settings, stand_down
+from dynamo_gc.upstream import (
+    frontend_freeze,
+    frontend_hooks,
+    frontend_settings,
+    interrupts,
+    stand_down,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +39,7 @@ def upstream_argv(rest: Sequence[str], non_http_mode: str | None) -> list[str]:
     return [*args, ROUTE_EXTENSION_FLAG, frontend_freeze.EXTENSION_NAME]
 
 
+@interrupts.stoppable(UPSTREAM_PROGRAM)
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if "--help" in args or "-h" in args:
@@ -64,4 +71,5 @@ def main(argv: Sequence[str] | None = None) -> None:
             mode,
         )
     sys.argv = [UPSTREAM_PROGRAM, *upstream_args]
+    interrupts.hand_over()
     upstream_main()

@@ -19,7 +19,16 @@ JSON, which Prometheus cannot scrape, so the ``dynamo_gc_*`` metrics get a port 
 ``GET /debug/gc/state``, and only when ``DYN_DEBUG_GC_ENDPOINT`` asks for it.
 
 Where the installed ai-dynamo freezes its frontend itself (:mod:`.stand_down`), the provider does
-none of this: one line, no routes.
+none of this: one line, no routes, no maintenance (upstream's freeze is the only one).
+
+With ``--dyn-gc-maintenance idle`` / ``DYN_GC_MAINTENANCE=idle`` the frontend also runs the
+serving-time maintenance (:mod:`.served_maintenance`): each request's way through the chat
+processor's ``generator`` (``VllmProcessor``, ``SglangProcessor``) is counted in flight and
+held while a maintenance runs, and the maintainer runs on upstream's event loop, which the
+provider is called on. Upstream's default chat processor serves requests in Rust, where
+nothing can count them: with it, maintenance on is an exit 2 here, before anything is
+installed. The processors are built by the model watcher once HTTP is up, after this point,
+so every one of them takes the gated method.
 """
 
 from __future__ import annotations
@@ -30,19 +39,21 @@ import sys
 import threading
 from dataclasses import dataclass
 
-from dynamo_gc import lifecycle
+from dynamo_gc import lifecycle, startup_stop
 from dynamo_gc.freeze import maybe_freeze_gc_heap
 from dynamo_gc.gc_state import ProcessGcState
 from dynamo_gc.metrics import DEBUG_GC_STATE_PATH, DynamoMetrics, debug_gc_state
-from dynamo_gc.pause_logger import install_gc_pause_logger
 from dynamo_gc.upstream import (
     frontend_hooks,
     frontend_settings,
     metrics_server,
     preprocess_pool,
+    request_gate,
+    served_maintenance,
     stand_down,
 )
 from dynamo_gc.upstream.frontend_settings import FrontendGcConfig
+from dynamo_gc.upstream.request_gate import RequestPath
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +71,7 @@ class Activation:
     metrics: DynamoMetrics
     metrics_port: int | None
     process_state: ProcessGcState  # undone at interpreter exit
+    gc: served_maintenance.AdapterGc | None = None  # the maintenance's parts, when on
 
 
 _lock = threading.Lock()
@@ -91,6 +103,9 @@ def not_served(config: FrontendGcConfig) -> list[str]:
         lost.append(f"--dyn-gc-metrics-port / DYN_GC_METRICS_PORT ({config.metrics_port})")
     if config.debug_gc_endpoint:
         lost.append("--dyn-debug-gc-endpoint / DYN_DEBUG_GC_ENDPOINT")
+    if config.maintenance.enabled:
+        mode = config.maintenance.mode
+        lost.append(f"--dyn-gc-maintenance / DYN_GC_MAINTENANCE ({mode})")
     return lost
 
 
@@ -107,6 +122,9 @@ def gc_freeze_routes() -> list:
     the env var, before upstream opens its HTTP port and with nothing of the adapter installed.
     """
     global _activation, _stood_down
+    # A stop signal recorded during start-up (see dynamo_gc.upstream.interrupts): HTTP never
+    # starts. StartupInterrupted is a KeyboardInterrupt, which upstream's loader lets through.
+    startup_stop.check()
     with _lock:
         if _stood_down:
             return []  # upstream freezes this process itself; the line was logged once
@@ -145,6 +163,34 @@ def debug_routes() -> list:
     return [FrontendRoute("GET", DEBUG_GC_STATE_PATH, state)]
 
 
+# Where each request of a chat processor passes through Python (upstream's default processor
+# has none: it serves in Rust).
+REQUEST_PATHS = {
+    "vllm": (RequestPath("dynamo.frontend.vllm_processor", "VllmProcessor", "generator"),),
+    "sglang": (RequestPath("dynamo.frontend.sglang_processor", "SglangProcessor", "generator"),),
+}
+
+
+def _maintained_paths(config: FrontendGcConfig) -> tuple[RequestPath, ...]:
+    """The request paths the maintenance gates; exit 2 when the processor has none."""
+    if not config.maintenance.enabled:
+        return ()
+    program = frontend_hooks.EXTENSION_PROGRAM
+    processor = frontend_hooks.chat_processor(sys.argv[1:], program)
+    paths = REQUEST_PATHS.get(processor)
+    if paths is None:
+        mode = config.maintenance.mode
+        print(
+            f"{program}: error: --dyn-gc-maintenance {mode} / DYN_GC_MAINTENANCE={mode} needs "
+            f"--dyn-chat-processor vllm or sglang: with the {processor!r} processor upstream's "
+            "frontend serves requests in Rust, where the adapter cannot count them in flight",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise SystemExit(2)
+    return paths
+
+
 def _activate(config: FrontendGcConfig) -> Activation:
     settings = config.gc
     # First, so that a pool the adapter cannot find is an exit 2 with nothing installed. sys.argv
@@ -153,21 +199,35 @@ def _activate(config: FrontendGcConfig) -> Activation:
     requested = frontend_hooks.preprocess_pool_requested(
         sys.argv[1:], frontend_hooks.EXTENSION_PROGRAM
     )
+    paths = _maintained_paths(config)
     preprocess_pool.wrap_initializer(settings, requested_workers=requested)
-    metrics = DynamoMetrics(freeze_enabled=settings.freeze_gc_heap).attach()
-    install_gc_pause_logger(settings.gc_pause_log_ms, on_pause=metrics.observe_pause)
+    adapter_gc = served_maintenance.observe(
+        frontend_hooks.EXTENSION_PROGRAM,
+        settings,
+        config.maintenance,
+        paths=paths,
+        context="upstream frontend",
+    )
+    metrics = adapter_gc.metrics
     metrics_port = None
     if config.metrics_port is not None:
         metrics_port = metrics_server.serve(metrics, config.metrics_host, config.metrics_port)
     frozen = maybe_freeze_gc_heap(settings.freeze_gc_heap, context=FREEZE_CONTEXT)
+    process_state = ProcessGcState(metrics)
+    process_state.froze = frozen is not None
+    try:
+        startup_stop.check()  # a signal during the freeze's collection
+    except startup_stop.StartupInterrupted:
+        process_state.restore()  # a stop leaves the GC state as it was
+        raise
+    adapter_gc.frozen(frozen)
     lifecycle.mark_serving(ADMISSION)
+    adapter_gc.serve()  # the maintainer, on upstream's loop (the provider is called on it)
     # Upstream's main owns shutdown; at interpreter exit (after it returns) the heap is unfrozen,
     # so the final collections can finalize what the freeze kept (vLLM's native objects would
     # otherwise be reported as leaked), and the pause logger leaves before the last lines.
-    process_state = ProcessGcState(metrics)
-    process_state.froze = frozen is not None
     atexit.register(process_state.restore)
-    return Activation(config, frozen, metrics, metrics_port, process_state)
+    return Activation(config, frozen, metrics, metrics_port, process_state, adapter_gc)
 
 
 def reset_for_tests() -> None:
@@ -177,8 +237,13 @@ def reset_for_tests() -> None:
         if _activation is not None:
             atexit.unregister(_activation.process_state.restore)
             _activation.metrics.detach()
+            maintainer = None if _activation.gc is None else _activation.gc.maintainer
+            if maintainer is not None:
+                maintainer.cancel()  # its loop is the test's, which ends with the test
         _activation = None
         _configured = None
         _stood_down = False
     preprocess_pool.unwrap_initializer()
+    for paths in REQUEST_PATHS.values():
+        request_gate.ungate(paths)
     metrics_server.stop()

@@ -113,6 +113,13 @@ def non_http_mode(upstream_args: Sequence[str]) -> str | None:
     return None
 
 
+def chat_processor(upstream_args: Sequence[str], program: str) -> str:
+    """The chat processor upstream's frontend will run (``--dyn-chat-processor`` /
+    ``DYN_CHAT_PROCESSOR``, upstream's default when unset), as upstream reads it."""
+    parsed = upstream_frontend_options(upstream_args, program)
+    return str(_declared(parsed, "chat_processor", "--dyn-chat-processor", program))
+
+
 def preprocess_pool_requested(upstream_args: Sequence[str], program: str) -> int:
     """How many ``--dyn-preprocess-workers`` upstream's ``sglang`` processor will start (0 with
     another processor, which has no pool in 1.6.1): the pool the adapter must find and wrap."""

@@ -3,22 +3,34 @@
 ``python -m dynamo_gc.frontend`` takes them as flags (``--dyn-freeze-gc-heap``, ...) out of the
 command line and hands the rest to upstream; the ``gc-freeze`` route extension, named in an
 unchanged upstream command, reads the same options from their env vars (``DYN_FREEZE_GC_HEAP``,
-...). The names and meanings are those of this project's own frontend; the metrics port is the
-adapter's own (upstream's ``/metrics`` is served by its Rust HTTP service, which a Python
-extension cannot add to).
+...). The names and meanings are those of this project's own frontend, the serving-time
+maintenance's included (``--dyn-gc-maintenance {off,idle}`` / ``DYN_GC_MAINTENANCE``,
+``--dyn-gc-pause-budget-ms`` / ``DYN_GC_PAUSE_BUDGET_MS``, judged as our frontend judges them);
+the metrics port is the adapter's own (upstream's ``/metrics`` is served by its Rust HTTP
+service, which a Python extension cannot add to).
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from dynamo_gc.configuration.gc_options import GcSettings, debug_gc_endpoint_option, gc_options
+from dynamo_gc.configuration.gc_options import (
+    MAINTENANCE_OFF,
+    GcSettings,
+    MaintenanceSettings,
+    debug_gc_endpoint_option,
+    maintenance_problem,
+)
+from dynamo_gc.configuration.gc_surfaces import FRONTEND_GC
 from dynamo_gc.configuration.options import Surface, host_option, port_option
 from dynamo_gc.configuration.parser import DynamoArgParser, build_parser
 from dynamo_gc.upstream.versions import EXTENSION_NAME_IN_ERRORS
+
+logger = logging.getLogger(__name__)
 
 PROGRAM = "python -m dynamo_gc.frontend"
 # The route-extension path's errors name what the operator ran (upstream's command, with the
@@ -60,11 +72,13 @@ SURFACE = Surface(
     title="Upstream ai-dynamo frontend (python -m dynamo_gc.frontend, gc-freeze extension)",
     program=PROGRAM,
     description=(
-        "Upstream ai-dynamo's frontend with its GC heap frozen before HTTP admits requests. "
-        "Every argument not listed here is upstream's (listed after these)."
+        "Upstream ai-dynamo's frontend with its GC heap frozen before HTTP admits requests, and "
+        "optionally its serving-time GC maintenance (idle; with --dyn-chat-processor vllm or "
+        "sglang, whose requests pass through Python). Every argument not listed here is "
+        "upstream's (listed after these)."
     ),
     options=[
-        *gc_options(flag_prefix="dyn-", env_prefix="DYN_"),
+        *FRONTEND_GC.options,
         GC_METRICS_PORT,
         GC_METRICS_HOST,
         DEBUG_GC_ENDPOINT,
@@ -80,6 +94,7 @@ class FrontendGcConfig:
     metrics_host: str
     metrics_port: int | None
     debug_gc_endpoint: bool = False
+    maintenance: MaintenanceSettings = MaintenanceSettings(MAINTENANCE_OFF, 0.0)
 
 
 def _parser(program: str) -> DynamoArgParser:
@@ -90,15 +105,47 @@ def _parser(program: str) -> DynamoArgParser:
     return parser
 
 
-def _config(namespace: argparse.Namespace) -> FrontendGcConfig:
-    return FrontendGcConfig(
+def _config(
+    namespace: argparse.Namespace,
+    program: str,
+    env: Mapping[str, str],
+    argv: Sequence[str] = (),
+) -> FrontendGcConfig:
+    """The options as a config, once the maintenance's work together (our frontend's rules: a
+    maintenance with the freeze off, or a budget given on the command line with the maintenance
+    off, exit 2 naming the options; a budget set through its env var only is ignored with one
+    WARNING)."""
+    config = FrontendGcConfig(
         gc=GcSettings(
             freeze_gc_heap=namespace.freeze_gc_heap, gc_pause_log_ms=namespace.gc_pause_log_ms
         ),
         metrics_host=namespace.dyn_gc_metrics_host,
         metrics_port=namespace.dyn_gc_metrics_port,
         debug_gc_endpoint=namespace.debug_gc_endpoint,
+        maintenance=MaintenanceSettings(namespace.gc_maintenance, namespace.gc_pause_budget_ms),
     )
+    mode, budget = FRONTEND_GC.maintenance
+    problem = maintenance_problem(
+        config.maintenance.mode,
+        config.gc.freeze_gc_heap,
+        mode_option=mode,
+        freeze_option=FRONTEND_GC.freeze,
+    )
+    if problem is not None:
+        _parser(program).error(problem)
+    if not config.maintenance.enabled:
+        if any(word.partition("=")[0] == budget.flag for word in argv):
+            _parser(program).error(
+                f"{budget.source_label()} acts only with {mode.source_label()} set"
+            )
+        if budget.env_var in env:
+            logger.warning(
+                "%s=%s ignored: it acts only with %s set",
+                budget.env_var,
+                env[budget.env_var],
+                mode.source_label(),
+            )
+    return config
 
 
 def parse_args(
@@ -112,7 +159,8 @@ def parse_args(
 def from_env(env: Mapping[str, str] | None = None) -> FrontendGcConfig:
     """The options from their env vars; a bad value exits 2 naming the env var and the flag."""
     env_vars = dict(os.environ if env is None else env)
-    return _config(_parser(EXTENSION_PROGRAM).parse_args([], env_vars=env_vars))
+    namespace = _parser(EXTENSION_PROGRAM).parse_args([], env_vars=env_vars)
+    return _config(namespace, EXTENSION_PROGRAM, env_vars)
 
 
 def split_args(
@@ -124,11 +172,18 @@ def split_args(
     """
     env_vars = dict(os.environ if env is None else env)
     namespace, rest = _parser(PROGRAM).parse_known_args(list(argv), env_vars=env_vars)
-    return _config(namespace), rest
+    given = [word for word in argv if word not in rest]
+    return _config(namespace, PROGRAM, env_vars, given), rest
 
 
-# The options that are the adapter's alone (upstream's own GC-freeze change has none of them).
-ADAPTER_ONLY_OPTIONS = [GC_METRICS_PORT, GC_METRICS_HOST, DEBUG_GC_ENDPOINT]
+# The options that are the adapter's alone (upstream's own GC-freeze change has none of them: no
+# metrics port, no debug route, no serving-time maintenance).
+ADAPTER_ONLY_OPTIONS = [
+    *FRONTEND_GC.maintenance,
+    GC_METRICS_PORT,
+    GC_METRICS_HOST,
+    DEBUG_GC_ENDPOINT,
+]
 
 
 def without_adapter_options(argv: Sequence[str]) -> list[str]:

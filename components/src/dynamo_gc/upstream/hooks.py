@@ -32,6 +32,11 @@ class ModuleGlobalHook:
     name: str  # "register_vllm_model"
     caller: str  # a function of the same module that looks ``name`` up at call time: "worker"
     coroutine: bool  # the global must be an ``async def`` (its wrapper is one too)
+    # With ``coroutine``: the global is a compiled function of ai-dynamo's Rust bindings (pyo3)
+    # that returns an awaitable, which upstream awaits (``dynamo.llm.register_model``). Such a
+    # function reads as a builtin, async or not, until it is called: it must still be one (or
+    # have become an ``async def``).
+    compiled: bool = False
 
     @property
     def symbol(self) -> str:
@@ -56,6 +61,12 @@ def looks_up_global(function: Any, name: str) -> bool:
     return any(name in each.co_names for each in _code_objects(code))
 
 
+def _awaitable(function: Any, hook: ModuleGlobalHook) -> bool:
+    if inspect.iscoroutinefunction(function):
+        return True
+    return hook.compiled and inspect.isbuiltin(function)
+
+
 def resolve(program: str, hook: ModuleGlobalHook) -> types.ModuleType:
     """The real module, once the hook's global and its caller are what the adapter expects."""
     try:
@@ -68,7 +79,7 @@ def resolve(program: str, hook: ModuleGlobalHook) -> types.ModuleType:
     original = getattr(target, "__wrapped__", target) if is_wrapped(target) else target
     if not callable(original):
         refuse(program, hook.symbol, f"is not callable (a {type(original).__name__})")
-    if hook.coroutine and not inspect.iscoroutinefunction(original):
+    if hook.coroutine and not _awaitable(original, hook):
         refuse(program, hook.symbol, "is no longer an async function")
     caller: Any = module
     for part in hook.caller.split("."):  # a function, or a class's method: "Factory.create"

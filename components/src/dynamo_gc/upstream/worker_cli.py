@@ -10,9 +10,13 @@ resolved and checked against the installed ai-dynamo (exit 2 naming the version 
 the pause logger and metrics are installed (and served on their own port when
 ``--gc-metrics-port`` asks: upstream's worker ``/metrics`` is its Rust runtime's), the global is
 wrapped (and, for the vLLM worker, upstream's ``--embedding-worker-processes`` children routed
-through the adapter: :mod:`.embedding_children`), and upstream's ``__main__`` runs with the
-remaining arguments. Where the installed ai-dynamo freezes the worker itself
-(:mod:`.stand_down`), nothing is installed: one line, and upstream gets the GC flags too.
+through the adapter with the same GC and maintenance settings: :mod:`.embedding_children`), and
+upstream's ``__main__`` runs with the remaining arguments. An adapter whose upstream installs its
+signal handlers before a long start-up (the vLLM worker: ``signal_hook``) keeps SIGINT and
+SIGTERM from before its hooks are resolved until the freeze point (:mod:`.worker_signals`): a stop
+during start-up is one line and a prompt exit 0. Where the installed ai-dynamo freezes the worker
+itself (:mod:`.stand_down`), nothing is installed (no freeze, no pause logger, no maintenance, no
+signal handling of the adapter's): one line, and upstream gets the GC flags it shares.
 """
 
 from __future__ import annotations
@@ -23,20 +27,25 @@ import importlib
 import logging
 import runpy
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from dynamo_gc.configuration.options import Surface
 from dynamo_gc.upstream import (
     embedding_children,
     hooks,
+    interrupts,
     metrics_server,
+    served_maintenance,
     stand_down,
     versions,
     worker_freeze,
     worker_settings,
+    worker_signals,
 )
 from dynamo_gc.upstream.hooks import ModuleGlobalHook
+from dynamo_gc.upstream.request_gate import RequestPath
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +68,21 @@ class WorkerAdapter:
     # Upstream's --embedding-worker-processes children (the vLLM worker's) start through the
     # adapter too (:mod:`.embedding_children`).
     embedding_children: bool = False
+    # Upstream's function that installs its shutdown signal handlers before start-up ends (the
+    # vLLM worker's ``install_signal_handlers``): deferred to the freeze point, the adapter's
+    # handlers stopping start-up meanwhile (:mod:`.worker_signals`). None: upstream's as they are.
+    signal_hook: ModuleGlobalHook | None = None
+    # Where each request the worker serves passes through Python (its handlers' generate
+    # methods): gated for the serving-time maintenance (:mod:`.served_maintenance`). Empty: the
+    # worker cannot host it (its surface declares no maintenance option).
+    request_paths: tuple[RequestPath, ...] = ()
+    # Why a hooked call registers something served by another path (None: by a gated one).
+    ungated: Callable[[Any], str | None] | None = None
+
+    @property
+    def checked_hooks(self) -> tuple[ModuleGlobalHook, ...]:
+        """Every global the adapter wraps, all checked before anything is installed."""
+        return (*self.hooks, *((self.signal_hook,) if self.signal_hook else ()))
 
     def parse_args(
         self, argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
@@ -67,14 +91,15 @@ class WorkerAdapter:
         return worker_settings.parse_args(self.surface, argv, env)
 
     def main(self) -> None:
-        """The ``python -m`` entry point."""
-        run(self)
+        """The ``python -m`` entry point (Ctrl-C before upstream starts: :mod:`.interrupts`)."""
+        interrupts.stoppable(self.surface.program)(run)(self)
 
 
 def _run_upstream(adapter: WorkerAdapter, args: list[str]) -> None:
     # alter_sys=False: runpy would set sys.argv[0] to upstream's __main__.py, and upstream's
     # parser would head its help and its errors "usage: __main__.py"; they name this program.
     sys.argv = [adapter.surface.program, *args]
+    interrupts.hand_over()
     runpy.run_module(adapter.entry_module, run_name="__main__", alter_sys=False)
 
 
@@ -83,16 +108,37 @@ def run(adapter: WorkerAdapter, argv: Sequence[str] | None = None) -> None:
     program = adapter.surface.program
     if "--help" in args or "-h" in args:
         print(worker_settings.format_help(adapter.surface))
-        for hook in adapter.hooks:  # exit 2 here too on an unsupported version
+        for hook in adapter.checked_hooks:  # exit 2 here too on an unsupported version
             hooks.resolve(program, hook)
         print("Upstream ai-dynamo's own options follow.\n", flush=True)
         _run_upstream(adapter, ["--help"])
         return
     config, rest = worker_settings.split_args(adapter.surface, args)
+    if adapter.signal_hook is None:
+        _start(adapter, config, args, rest, None)
+        return
+    signals = worker_signals.StartupSignals(adapter.surface.program)
+    signals.install()
+    try:
+        _start(adapter, config, args, rest, signals)
+    except BaseException:
+        if signals.stopping:  # whatever the stop made start-up raise: the stop ends the process
+            signals.wait_for_stop()
+        raise
+
+
+def _start(
+    adapter: WorkerAdapter,
+    config: worker_settings.WorkerGcConfig,
+    args: list[str],
+    rest: list[str],
+    signals: worker_signals.StartupSignals | None,
+) -> None:
+    program = adapter.surface.program
     settings = config.gc
     if adapter.before_engine_import is not None:
         _run_before_engine_import(adapter.before_engine_import)
-    for hook in adapter.hooks:  # all checked before anything is installed
+    for hook in adapter.checked_hooks:  # all checked before anything is installed
         hooks.resolve(program, hook)
     upstream = importlib.import_module(adapter.hooks[0].module)
     if adapter.embedding_children:
@@ -100,33 +146,49 @@ def run(adapter: WorkerAdapter, argv: Sequence[str] | None = None) -> None:
     versions.warn_if_unchecked(program)
     own_freeze = stand_down.upstream_freeze_in(upstream)
     if own_freeze is not None:
-        # Upstream freezes this process itself: its parser gets the GC flags (the same names),
-        # the adapter keeps only its metrics options, and installs nothing.
-        lost = [] if config.metrics_port is None else [f"{METRICS_OPTION} ({config.metrics_port})"]
-        stand_down.stand_down(program, own_freeze, lost)
-        _run_upstream(adapter, worker_settings.without_metrics_options(adapter.surface, args))
+        # Upstream freezes this process itself: its parser gets the GC flags it shares (the same
+        # names), the adapter's own (metrics, maintenance) are taken out, nothing is installed,
+        # and upstream's signal handlers are its own again.
+        stand_down.stand_down(program, own_freeze, worker_settings.not_served(config))
+        if signals is not None:
+            signals.hand_over()
+        _run_upstream(adapter, worker_settings.without_adapter_options(adapter.surface, args))
         return
-    metrics = worker_freeze.install_observers(settings)
+    adapter_gc = served_maintenance.observe(
+        program,
+        settings,
+        config.maintenance,
+        paths=adapter.request_paths,
+        context=adapter.freeze_context,
+        ungated=adapter.ungated,
+    )
     if config.metrics_port is not None:
         metrics_server.serve(
-            metrics,
+            adapter_gc.metrics,
             config.metrics_host,
             config.metrics_port,
             option=METRICS_OPTION,
         )
     freeze = worker_freeze.FreezeOnce(
-        settings, context=adapter.freeze_context, admission=adapter.admission
+        settings,
+        context=adapter.freeze_context,
+        admission=adapter.admission,
+        before=signals.hand_over if signals is not None else None,
+        after_freeze=adapter_gc.frozen,
+        on_serving=adapter_gc.serve,
     )
     if adapter.embedding_children:
         embedding_children.install(
             program,
             upstream,
-            freeze_gc_heap=settings.freeze_gc_heap,
-            gc_pause_log_ms=settings.gc_pause_log_ms,
+            settings,
+            config.maintenance,
             metrics=None
             if config.metrics_port is None
             else (config.metrics_host, config.metrics_port),
         )
+    if signals is not None and adapter.signal_hook is not None:
+        hooks.wrap(program, adapter.signal_hook, signals.defer)
     for hook in adapter.hooks:
         hooks.wrap(
             program,

@@ -2,12 +2,14 @@
 
 The names and meanings are those of this project's own vLLM worker (``--freeze-gc-heap`` /
 ``--no-freeze-gc-heap`` / ``DYN_VLLM_FREEZE_GC_HEAP``, default on; ``--gc-pause-log-ms`` /
-``DYN_VLLM_GC_PAUSE_LOG_MS``). The mocker stands in for the vLLM worker, so it reads the same.
+``DYN_VLLM_GC_PAUSE_LOG_MS``; for the vLLM worker ``--gc-maintenance {off,idle}`` /
+``DYN_VLLM_GC_MAINTENANCE`` and ``--gc-pause-budget-ms`` / ``DYN_VLLM_GC_PAUSE_BUDGET_MS``).
+The mocker stands in for the vLLM worker, so it reads the same GC options, but not the
+maintenance's: its requests are served in Rust, where nothing could count them in flight.
 They are taken out of the command line before upstream sees it (exactly our flags, nothing else:
-:func:`dynamo_gc.configuration.gc_surfaces.split_gc_args`); a bad value exits 2 naming the flag and
-the env var, before upstream is imported. The surfaces below are what docs/configuration/ and the
-configuration tests read.
-"""
+:func:`dynamo_gc.configuration.gc_surfaces.split_surface_args`); a bad value exits 2 naming the
+flag and the env var, before upstream is imported. The surfaces below are what
+docs/configuration/ and the configuration tests read."""
 
 from __future__ import annotations
 
@@ -16,8 +18,14 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from dynamo_gc.configuration.gc_options import GcSettings
-from dynamo_gc.configuration.gc_surfaces import WORKER_GC, gc_help, split_gc_args
+from dynamo_gc.configuration.gc_options import MAINTENANCE_OFF, GcSettings, MaintenanceSettings
+from dynamo_gc.configuration.gc_surfaces import (
+    VLLM_WORKER_GC,
+    WORKER_GC,
+    GcSurface,
+    gc_help,
+    split_surface_args,
+)
 from dynamo_gc.configuration.options import Surface, host_option, port_option
 from dynamo_gc.configuration.parser import DynamoArgParser, HelpFormatter, build_parser
 
@@ -43,6 +51,9 @@ GC_METRICS_HOST = host_option(
 # The metrics port is the adapter's own: upstream's worker /metrics is served by its Rust
 # runtime from its own registry.
 METRICS_OPTIONS = [GC_METRICS_PORT, GC_METRICS_HOST]
+# The vLLM worker's requests pass through Python (its handlers' generate), so it can host the
+# serving-time maintenance (idle); the mocker's are served in Rust, so it cannot.
+VLLM_GC_OPTIONS = [*VLLM_WORKER_GC.options, *METRICS_OPTIONS]
 WORKER_GC_OPTIONS = [*WORKER_GC.options, *METRICS_OPTIONS]
 
 VLLM_SURFACE = Surface(
@@ -51,9 +62,10 @@ VLLM_SURFACE = Surface(
     program=VLLM_PROGRAM,
     description=(
         "Upstream ai-dynamo's vLLM worker with its GC heap frozen after engine init, before the "
-        "model is registered. Every argument not listed here is upstream's (listed after these)."
+        "model is registered, and optionally its serving-time GC maintenance (idle). Every "
+        "argument not listed here is upstream's (listed after these)."
     ),
-    options=WORKER_GC_OPTIONS,
+    options=VLLM_GC_OPTIONS,
 )
 
 MOCKER_SURFACE = Surface(
@@ -75,6 +87,12 @@ class WorkerGcConfig:
     gc: GcSettings
     metrics_host: str
     metrics_port: int | None
+    maintenance: MaintenanceSettings = MaintenanceSettings(MAINTENANCE_OFF, 0.0)
+
+
+def gc_surface_of(surface: Surface) -> GcSurface:
+    """The GC options a worker adapter's surface declares (with the maintenance's or not)."""
+    return VLLM_WORKER_GC if surface.name == VLLM_SURFACE.name else WORKER_GC
 
 
 def _parser(surface: Surface) -> DynamoArgParser:
@@ -107,17 +125,50 @@ def split_args(
     with the strict parser, from what is left. A bad value exits 2 naming flag and env var.
     """
     env_vars = dict(os.environ if env is None else env)
-    gc, rest = split_gc_args(argv, WORKER_GC, env_vars, prog=surface.program)
+    settings, rest = split_surface_args(
+        argv, gc_surface_of(surface), env_vars, prog=surface.program
+    )
     namespace, rest = _metrics_parser(surface).parse_known_args(rest, env_vars=env_vars)
-    return WorkerGcConfig(gc, namespace.gc_metrics_host, namespace.gc_metrics_port), rest
+    config = WorkerGcConfig(
+        settings.gc, namespace.gc_metrics_host, namespace.gc_metrics_port, settings.maintenance
+    )
+    return config, rest
 
 
-def without_metrics_options(surface: Surface, argv: Sequence[str]) -> list[str]:
-    """``argv`` without the adapter's metrics options (their values already checked), the GC
-    flags left in place: what an upstream that freezes by itself, with the same flag names, is
-    given."""
-    _, rest = _metrics_parser(surface).parse_known_args(list(argv), env_vars={})
+def _adapter_only_parser(surface: Surface) -> DynamoArgParser:
+    """The options upstream's own GC-freeze change does not have (the metrics port and host, and
+    the maintenance's), without -h."""
+    options = [*gc_surface_of(surface).maintenance, *METRICS_OPTIONS]
+    parser = DynamoArgParser(
+        prog=surface.program,
+        usage=argparse.SUPPRESS,
+        add_help=False,
+        options=options,
+        formatter_class=HelpFormatter,
+        auto_env_var_prefix=None,
+        args_for_setting_config_path=[],
+    )
+    for option in options:
+        option.add_to(parser)
+    return parser
+
+
+def without_adapter_options(surface: Surface, argv: Sequence[str]) -> list[str]:
+    """``argv`` without the adapter's own options (metrics, maintenance; their values already
+    checked), the GC flags upstream shares left in place: what an upstream that freezes by
+    itself, with the same flag names, is given."""
+    _, rest = _adapter_only_parser(surface).parse_known_args(list(argv), env_vars={})
     return rest
+
+
+def not_served(config: WorkerGcConfig) -> list[str]:
+    """The adapter's own settings in ``config`` that nothing serves once it stands down."""
+    lost = []
+    if config.metrics_port is not None:
+        lost.append(f"--gc-metrics-port / DYN_VLLM_GC_METRICS_PORT ({config.metrics_port})")
+    if config.maintenance.enabled:
+        lost.append(f"--gc-maintenance / DYN_VLLM_GC_MAINTENANCE ({config.maintenance.mode})")
+    return lost
 
 
 def parse_args(
@@ -133,12 +184,16 @@ def parse_args(
     config, rest = split_args(surface, args, env)
     if rest:
         _parser(surface).error(f"unrecognized arguments: {' '.join(rest)}")
-    return argparse.Namespace(
+    parsed = argparse.Namespace(
         freeze_gc_heap=config.gc.freeze_gc_heap,
         gc_pause_log_ms=config.gc.gc_pause_log_ms,
         gc_metrics_host=config.metrics_host,
         gc_metrics_port=config.metrics_port,
     )
+    if gc_surface_of(surface).maintenance:
+        parsed.gc_maintenance = config.maintenance.mode
+        parsed.gc_pause_budget_ms = config.maintenance.pause_budget_ms
+    return parsed
 
 
 def format_help(surface: Surface) -> str:
@@ -146,4 +201,5 @@ def format_help(surface: Surface) -> str:
     usage = f"usage: {surface.program} [GC options] <upstream's arguments>"
     # the parser closes every help with its precedence note, which gc_help's block already has
     metrics = _metrics_parser(surface).format_help().split("\n\n In general")[0].strip("\n")
-    return f"{usage}\n\n{surface.description}\n\n{gc_help(WORKER_GC)}\n{metrics}\n"
+    gc_block = gc_help(gc_surface_of(surface))
+    return f"{usage}\n\n{surface.description}\n\n{gc_block}\n{metrics}\n"

@@ -51,6 +51,10 @@ class FieldRule:
     # REFUSED only: the values that ask for nothing (vLLM's default), accepted; null always is.
     neutral: tuple[Any, ...] = ()
     endpoints: tuple[str, ...] = _BOTH
+    # APPLIED only: (another field, vLLM's words) when this one may ask for something only with
+    # the other true: a value that asks (vLLM's test: any value but null, false or empty)
+    # without it is refused with those words, never applied to nothing or dropped.
+    needs: tuple[str, str] | None = None
 
     def asks_for_something(self, value: Any) -> bool:
         """Whether ``value`` asks this refused field for an effect (not null, not neutral).
@@ -60,8 +64,14 @@ class FieldRule:
         return not any(type(value) is type(n) and value == n for n in self.neutral)
 
 
-def applied(name: str, reason: str, endpoints: tuple[str, ...] = _BOTH) -> FieldRule:
-    return FieldRule(name, Treatment.APPLIED, reason, endpoints=endpoints)
+def applied(
+    name: str,
+    reason: str,
+    endpoints: tuple[str, ...] = _BOTH,
+    *,
+    needs: tuple[str, str] | None = None,
+) -> FieldRule:
+    return FieldRule(name, Treatment.APPLIED, reason, endpoints=endpoints, needs=needs)
 
 
 def refused(name: str, reason: str, *neutral: Any, endpoints: tuple[str, ...] = _BOTH) -> FieldRule:
@@ -190,7 +200,10 @@ RULES: tuple[FieldRule, ...] = (
     applied("stream", "server-sent events, as vLLM sends them"),
     applied(
         "stream_options",
-        "include_usage; continuous_usage_stats: true is refused by name",
+        "include_usage; continuous_usage_stats: true is refused by name; only with stream "
+        "true, else refused by name as vLLM 0.32 refuses it (an empty object or null asks for "
+        "nothing and is accepted)",
+        needs=("stream", "Stream options can only be defined when `stream=True`."),
     ),
     applied("ignore_eos", "the model's EOS ids are then not sent as stop ids"),
     applied(
@@ -402,6 +415,8 @@ def screen(endpoint: str, body: dict[str, Any], *, strict: bool) -> dict[str, An
                 )
             kept[name] = None
         elif rule.treatment is Treatment.APPLIED:
+            if rule.needs is not None and value and not body.get(rule.needs[0]):
+                raise FieldRefused(name, rule.needs[1], "invalid_value")
             kept[name] = value
         elif rule.treatment is Treatment.REFUSED and rule.asks_for_something(value):
             raise FieldRefused(

@@ -81,16 +81,25 @@ def render() -> str:
         "stands alone, or joined with the calls where vLLM's parser joins them); a reasoning "
         "parser that reads its markers in the text turns `skip_special_tokens` off, as "
         "vLLM's does. Except: no `usage.completion_tokens_details` (vLLM counts the "
-        "reasoning's tokens there); the worker's engine, started with vLLM's "
-        "`--reasoning-parser`, holds a grammar back until the reasoning ends as vLLM's does, "
-        "but decides whether the prompt ended it from the prompt alone (vLLM's server also "
-        "hands its engine the request's template variables). "
+        "reasoning's tokens there). "
+        "A forced call (or a `response_format`) on a reasoning model comes after the "
+        "reasoning, as from `vllm serve --reasoning-parser`: the worker's "
+        "`--dyn-reasoning-parser` is its engine's reasoning parser too, so the engine holds "
+        "the grammar back until the reasoning ends, and the frontend tells it per request "
+        "whether the prompt already ended it, as vLLM's server does (its "
+        "`resolve_reasoning_ended`: the reasoning parser built with the template's variables, "
+        "so `enable_thinking` false starts the grammar at once; `include_reasoning` false "
+        "too); tests/vllm/test_vllm_reasoning_conformance.py shows it on a tiny model built to "
+        "reason before it calls. "
         "With `sglang`, SGLang's parsers are built per request as SGLang's server builds "
         "them: whether the output starts in the reasoning follows the request's "
         "`chat_template_kwargs` and `reasoning_effort` (SGLang's `_get_reasoning_from_request`); "
         "a forced call is forced and parsed as SGLang's server does it (a JSON array of "
         "calls, for a named function too, by SGLang's `get_json_schema_constraint`; its "
-        "reasoning parser first, by SGLang's rule; the calls handed out whole at the end).",
+        "reasoning parser first, by SGLang's rule; the calls handed out whole at the end), "
+        "and its grammar waits for the reasoning when the request thinks, as SGLang's "
+        "grammar backend does (`require_reasoning`), else starts at once. With `hf`, which "
+        "parses no reasoning, a grammar starts at the first token.",
     ]
     for endpoint, path in _ENDPOINTS:
         lines += ["", f"## `{path}`", "", "| field | treatment | accepted values | why |"]

@@ -1,7 +1,8 @@
-"""What a request may cost its worker, decided before it is sent: the prompt cut as the client
-asked (``truncate_prompt_tokens``), the completion's ``max_tokens`` within the model's context
-(vLLM's rules and wording for the 400s), the ids a request names within the model's vocabulary,
-and which OpenAI field a worker's refusal is about."""
+"""What a request may cost its worker, decided before it is sent: a prompt's text within what
+the model's context could hold, before it is tokenised; the prompt cut as the client asked
+(``truncate_prompt_tokens``), the completion's ``max_tokens`` within the model's context (vLLM's
+rules and wording for the 400s), the ids a request names within the model's vocabulary, and
+which OpenAI field a worker's refusal is about."""
 
 from __future__ import annotations
 
@@ -18,6 +19,37 @@ def refused_param(field: str, prompt_param: str) -> str | None:
     if head == "token_ids":
         return prompt_param
     return rest.split(".", 1)[0] or None
+
+
+# The most characters one token is taken to hold, to refuse a prompt before tokenising it.
+# Generous: text averages 3-5 characters a token, and the longest tokens of real vocabularies
+# (runs of spaces or punctuation) hold a few dozen; a prompt made only of those is no real
+# prompt. Tokenising costs time and memory per character (the worst text here: ~5 us and
+# ~200 B a character), and a chat's prompt is as long as the model's template makes it.
+MAX_CHARS_PER_TOKEN = 32
+
+
+def prompt_within_context(prompt: str, context_length: int, *, param: str, chat: bool) -> None:
+    """A 400 (vLLM's ``context_length_exceeded``) for a prompt longer than ``context_length``
+    tokens could hold at :data:`MAX_CHARS_PER_TOKEN` characters each, before it is tokenised
+    (whatever ``truncate_prompt_tokens`` says: it cuts tokens, after tokenising); ``chat``: the
+    prompt is the one the model's chat template rendered from the messages."""
+    limit = context_length * MAX_CHARS_PER_TOKEN
+    if len(prompt) <= limit:
+        return
+    what = (
+        "the prompt the model's chat template renders from your messages"
+        if chat
+        else ("your prompt")
+    )
+    raise oai.invalid_request(
+        f"This model's maximum context length is {context_length} tokens. However, {what} is "
+        f"{len(prompt)} characters long, more than {context_length} tokens hold (at most "
+        f"{MAX_CHARS_PER_TOKEN} characters a token): it was not tokenized. Please reduce the "
+        "length of the input prompt.",
+        param=param,
+        code="context_length_exceeded",
+    )
 
 
 def truncated_prompt(req: oai._SamplingRequest, ids: list[int], context: int) -> list[int]:

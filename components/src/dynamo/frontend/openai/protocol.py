@@ -131,6 +131,8 @@ class _SamplingRequest(OutputFields, SamplerFields):
     response_format: structured_output.ResponseFormat | None = None
     structured_outputs: structured_output.StructuredOutputsRequest | None = None
     _structured: tuple[str, StructuredOutputs] | None = None
+    # Where the constraint's grammar starts (SamplingOptions.reasoning_ended): the processor's.
+    _reasoning_ended: bool | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -155,6 +157,11 @@ class _SamplingRequest(OutputFields, SamplerFields):
         """The constraint the model's parsers force instead of the one derived here (vLLM's
         ``adjust_request``: a forced tool call's structural tag), set by ``field``."""
         self._structured = (field, structured) if structured is not None else None
+
+    def grammar_starts(self, reasoning_ended: bool | None) -> None:
+        """Where the constraint's grammar starts, as the processor's engine server decides it
+        (``SamplingOptions.reasoning_ended``; parsed_output.decide_grammar_start)."""
+        self._reasoning_ended = reasoning_ended
 
     @property
     def unknown_fields(self) -> tuple[str, ...]:
@@ -193,6 +200,7 @@ class _SamplingRequest(OutputFields, SamplerFields):
             logprobs=self.logprobs_asked(),  # type: ignore[attr-defined]  # each endpoint's mixin
             prompt_logprobs=self.prompt_logprobs_asked(),  # type: ignore[attr-defined]  # idem
             structured_outputs=self._structured[1] if self._structured else None,
+            reasoning_ended=self._reasoning_ended if self._structured else None,
         )
 
     def logit_bias_pairs(self) -> tuple[tuple[int, float], ...]:

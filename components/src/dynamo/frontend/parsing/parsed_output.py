@@ -122,6 +122,26 @@ def adjust_for_parsers(processor_factory: Any, chat: oai.ChatCompletionRequest) 
     chat.force_constraint(field, structured)
 
 
+def decide_grammar_start(
+    processor_factory: Any, chat: oai.ChatCompletionRequest, prompt_ids: Sequence[int]
+) -> None:
+    """Where the request's constraint (a forced call's, a response_format's) starts, once its
+    prompt is rendered: the worker's engine holds the grammar back until the output ends its
+    reasoning (its reasoning parser, from the worker's --dyn-reasoning-parser) unless told the
+    reasoning has ended. The processor decides as its engine's server does (its factory's
+    ``reasoning_ended``: vLLM's from the reasoning parser and the prompt, SGLang's from whether
+    the request thinks); a processor that parses no reasoning (``hf``) has the grammar start
+    at the first token, so the output it parses is the constraint's from the start."""
+    if chat.structured_field is None:
+        return  # no grammar
+    decide = getattr(processor_factory, "reasoning_ended", None)
+    if decide is None:
+        chat.grammar_starts(True)
+        return
+    (tools, choice, messages, stream), keywords = parser_request(chat, prompt_ids)
+    chat.grammar_starts(decide(ParserRequest(tools, choice, messages, stream, **keywords)))
+
+
 def _client_constraint(chat: oai.ChatCompletionRequest) -> dict[str, Any]:
     """The client's ``response_format`` / ``structured_outputs``, as vLLM's request takes them."""
     return {

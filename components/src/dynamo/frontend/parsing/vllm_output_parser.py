@@ -55,7 +55,8 @@ from dynamo.runtime.log_budget import CauseBudgets
 from .output_parser import OutputParser, OutputParsers, ParsedDelta, ParserRequest
 
 logger = logging.getLogger(__name__)
-_unusable = CauseBudgets(logger, lines=1, interval_s=60.0)
+# One budget for the line, not one per model: a model's name is a peer's to invent.
+_unusable = CauseBudgets(logger, lines=5, interval_s=60.0)
 
 
 def tool_call_parser_problem(name: str) -> str | None:
@@ -94,7 +95,7 @@ def vllm_output_parsers(
         )
     except Exception as exc:  # noqa: BLE001 - vLLM raises TypeError, KeyError, ValueError
         _unusable.emit(
-            (model, tool_call_parser, reasoning_parser),
+            "unusable parsers",
             "Model %s: vLLM's parsers (tool-call %s, reasoning %s) cannot be used with its "
             "tokenizer (%s); the model is served without parsing",
             peer_text.escape(model),
@@ -130,8 +131,6 @@ class VllmOutputParsers(OutputParsers):
         ``skip_special_tokens`` to decode with (a reasoning parser that reads its markers in
         the text sets it false). The constraint is None when vLLM leaves the client's (or
         none) in place. None: vLLM leaves the request alone."""
-        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
-
         tools, tool_choice = request.tools, request.tool_choice
         if not (
             self._parser_cls.always_adjust_request
@@ -139,11 +138,40 @@ class VllmOutputParsers(OutputParsers):
             or (tools and tool_choice != "none")
         ):
             return None
+        chat, _, before = self._adjusted_request(request, skip_special_tokens)
+        # vLLM replaces the object when it constrains the request; else the client's stands.
+        changed = chat.structured_outputs is not before
+        return (chat.structured_outputs if changed else None), chat.skip_special_tokens
+
+    def reasoning_ended(self, request: ParserRequest) -> bool | None:
+        """Where the request's grammar starts (the worker hands it to vLLM's ``generate``), as
+        vLLM's server decides it after ``adjust_request``
+        (``ChatCompletionRequest.resolve_reasoning_ended``): from the first token (True) when
+        ``include_reasoning`` is false or the parser's grammar covers the reasoning itself;
+        else whether the rendered prompt already ended the reasoning, by the reasoning parser
+        built with the template's variables (so ``enable_thinking`` false ends it). False: the
+        grammar starts once the output ends its reasoning. Without a reasoning parser here the
+        output is parsed as content from the first token, and the grammar starts there too."""
+        if not self._parses_reasoning:
+            return True
+        chat, parser, _ = self._adjusted_request(request, None)
+        return chat.resolve_reasoning_ended(parser, list(request.prompt_ids))
+
+    def _adjusted_request(
+        self, request: ParserRequest, skip_special_tokens: bool | None
+    ) -> tuple[Any, Any, Any]:
+        """vLLM's request for ``request`` after its parser's ``adjust_request``, that parser,
+        and the request's constraint before the adjustment."""
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+        tools, tool_choice = request.tools, request.tool_choice
         body: dict[str, Any] = {"model": "model", "messages": [{"role": "user", "content": ""}]}
         if tools:
             body |= {"tools": list(tools), "tool_choice": tool_choice}
             if request.fields.get("parallel_tool_calls") is not None:
                 body["parallel_tool_calls"] = request.fields["parallel_tool_calls"]
+        if request.fields.get("include_reasoning") is not None:
+            body["include_reasoning"] = request.fields["include_reasoning"]
         if skip_special_tokens is not None:
             body["skip_special_tokens"] = skip_special_tokens
         for name in ("response_format", "structured_outputs"):  # the client's own constraint
@@ -154,10 +182,7 @@ class VllmOutputParsers(OutputParsers):
             self._tokenizer, chat.tools, chat_template_kwargs=dict(request.variables)
         )
         before = chat.structured_outputs
-        chat = parser.adjust_request(chat)
-        # vLLM replaces the object when it constrains the request; else the client's stands.
-        changed = chat.structured_outputs is not before
-        return (chat.structured_outputs if changed else None), chat.skip_special_tokens
+        return parser.adjust_request(chat), parser, before
 
     def build(self, request: ParserRequest) -> OutputParser | None:
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest

@@ -29,7 +29,9 @@ from . import sglang_processor
 logger = logging.getLogger(__name__)
 
 LOG_INTERVAL_S = 60.0
-_unknown = CauseBudgets(logger, lines=1, interval_s=LOG_INTERVAL_S)
+# Per kind of problem, not per model or parser name: those are a peer's to invent, and a line
+# per new name would be a line per record.
+_unknown = CauseBudgets(logger, lines=5, interval_s=LOG_INTERVAL_S)
 
 
 def _from_card(
@@ -41,7 +43,7 @@ def _from_card(
     if found is None:
         return name
     _unknown.emit(
-        (card.served_model_name, what, name),
+        ("unusable parser", what),
         "Model %s: its worker names %s parser %s, which this frontend cannot use (%s); the "
         "model is served without it (give the frontend its own --%s-parser to override)",
         peer_text.escape(card.served_model_name),
@@ -85,7 +87,7 @@ def warn_unparsed(card: ModelCard, kind: str) -> None:
     for what, name in (("tool-call", card.tool_call_parser), ("reasoning", card.reasoning_parser)):
         if name is not None:
             _unknown.emit(
-                (card.served_model_name, kind, what, name),
+                ("unparsed", what),
                 "Model %s: its worker names %s parser %s, but --dyn-chat-processor %s parses "
                 "no output; the model is served without it",
                 peer_text.escape(card.served_model_name),

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from dynamo.runtime import peer_text
+from dynamo.runtime.log_budget import CauseBudgets
 from dynamo.runtime.model_card import ModelCard, out_of_vocabulary
 from dynamo.runtime.template_files import MAX_TEMPLATE_BYTES
 
@@ -46,6 +47,7 @@ from .hf_processor import (
     ModelFilesError,
     RenderOptions,
     StreamDetokenizer,
+    check_rendered,
     find_chat_template,
     read_tokenizer_config,
     rendering_errors,
@@ -55,6 +57,7 @@ from .library_templates import TemplateCheck, TemplateForms, template_forms, tra
 from .model_files import ModelFiles
 
 logger = logging.getLogger(__name__)
+_built_lines = CauseBudgets(logger, logging.INFO, lines=64, interval_s=10.0)  # per record's model
 
 CHAT_PROCESSORS = ("hf", "vllm", "sglang")
 DEFAULT_CHAT_PROCESSOR = "hf"
@@ -160,7 +163,7 @@ class ChatProcessor:
         return self.card.served_model_name
 
     def render(self, messages: Sequence[Mapping[str, Any]], options: RenderOptions = PLAIN) -> str:
-        """The chat prompt; raises NoChatTemplate or ChatTemplateError (the client's 400)."""
+        """The chat prompt; raises NoChatTemplate, ChatTemplateError or ChatTemplateFailed."""
         if self.template is None:
             raise NoChatTemplate(
                 f"the model `{self.model}` has no chat template, so it cannot serve chat "
@@ -172,8 +175,9 @@ class ChatProcessor:
     def render_chat(self, chat: ChatCompletionRequest) -> str:
         """The prompt of a chat request, with its ``add_generation_prompt``,
         ``chat_template_kwargs`` and ``reasoning_effort``. A template that joins content parts
-        its own way (SGLang's) takes the messages as sent; the others take them joined."""
-        return self.render(*self.render_inputs(chat))
+        its own way (SGLang's) takes the messages as sent; the others take them joined. A
+        prompt that is no text is ChatTemplateFailed too (:func:`.hf_processor.check_rendered`)."""
+        return check_rendered(self.render(*self.render_inputs(chat)))
 
     def render_inputs(
         self, chat: ChatCompletionRequest
@@ -437,7 +441,8 @@ def build_chat_processor(
     processor = ChatProcessor(
         card, kind, tokenizer, template, parsers, parses_tool_calls=parses_tool_calls
     )
-    logger.info(
+    _built_lines.emit(
+        "built",
         "Chat processor built: model=%s processor=%s tokenizer=%s chat_template=%s took_ms=%.1f",
         peer_text.escape(card.served_model_name),
         kind,

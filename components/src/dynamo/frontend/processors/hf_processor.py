@@ -21,6 +21,7 @@ templates of which ``default`` is used, as ``transformers`` does).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ from .model_files import (
     ModelFilesError,
     as_files,
 )
+from .native_calls import native_call
 
 __all__ = ["ModelFilesError"]  # re-exported: where the processors have always raised it from
 
@@ -62,7 +64,16 @@ SPECIAL_TOKEN_NAMES = (
 
 
 class ChatTemplateError(ValueError):
-    """The template rejected the conversation (its ``raise_exception``) or failed to render."""
+    """The template rejected the conversation: its ``raise_exception``, or a request the
+    library refuses to render (``continue_final_message`` with no text to continue). The
+    client's 400, as vLLM answers it."""
+
+
+class ChatTemplateFailed(Exception):
+    """The template failed: it raised anything but its ``raise_exception`` (a division by zero,
+    an attribute a message does not have, what the sandbox forbids), or rendered text that is
+    no prompt (a lone surrogate). The model's fault, not the request's: a 502
+    (docs/security.md). ``str()`` is the error's type and text, the template's to choose."""
 
 
 @dataclass(frozen=True)
@@ -93,18 +104,55 @@ PLAIN = RenderOptions()
 
 @contextmanager
 def rendering_errors() -> Iterator[None]:
-    """What a chat template raises while it renders, as the client's :class:`ChatTemplateError`:
-    its own ``raise_exception``, or a template that assumes a message shape the request does not
-    have (every processor renders through this, whichever library runs the template)."""
+    """What a chat template raises while it renders, sorted by whose fault it is (every
+    processor renders through this, whichever library runs the template):
+
+    * the template's own ``raise_exception`` (a bare ``jinja2.TemplateError``, in transformers'
+      environment as in ours; Jinja itself raises only its subclasses), and a ``ValueError`` the
+      library raised outside the template (transformers' checks of ``continue_final_message``):
+      :class:`ChatTemplateError`, the client's 400;
+    * a bound of the frontend's (:class:`TemplateValueTooLarge`) and ``MemoryError``: as they are;
+    * anything else: :class:`ChatTemplateFailed`, the model's fault.
+    """
     try:
         yield
-    except TemplateValueTooLarge:
-        raise  # a bound of the frontend's, not the template rejecting the request
-    except jinja2.exceptions.TemplateError as exc:
-        raise ChatTemplateError(str(exc)) from None
-    except (TypeError, ValueError, LookupError, AttributeError, RecursionError) as exc:
-        # RecursionError: a macro that calls itself without end (Python's own depth bound).
-        raise ChatTemplateError(f"{type(exc).__name__}: {exc}") from None
+    except (TemplateValueTooLarge, MemoryError, ChatTemplateError, ChatTemplateFailed):
+        raise
+    except Exception as exc:  # noqa: BLE001 - sorted below, every kind answered
+        if type(exc) is jinja2.exceptions.TemplateError:
+            raise ChatTemplateError(str(exc)) from None
+        if isinstance(exc, ValueError) and not _raised_in_template(exc):
+            raise ChatTemplateError(str(exc)) from None
+        raise ChatTemplateFailed(f"{type(exc).__name__}: {exc}") from None
+
+
+def _raised_in_template(exc: BaseException) -> bool:
+    """Whether the template's code was running when ``exc`` was raised (Jinja names the
+    frames of a template compiled from a string ``<template>``)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == "<template>":
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def check_rendered(text: str) -> str:
+    """``text``, a rendered prompt, if it is text a tokenizer takes; else ChatTemplateFailed. A
+    lone surrogate (``{{ '\\ud800' }}``, ``'%c' % 56320``) is no Unicode text: the tokenizer
+    raises TypeError on it. Clients cannot send one (the request body refuses it), so one in a
+    prompt is the template's."""
+    if not text.isascii():
+        found = _SURROGATE.search(text)
+        if found is not None:
+            raise ChatTemplateFailed(
+                f"the rendered prompt is not valid Unicode: a lone surrogate "
+                f"(U+{ord(found.group()):04X}) at character {found.start()}"
+            )
+    return text
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def read_tokenizer_config(tokenizer_dir: str | Path | ModelFiles) -> dict:
@@ -257,12 +305,14 @@ class HfTokenizer:
         # Read here (confined, regular, bounded), parsed from memory: nothing is reopened.
         text = files.read_text(path, MAX_TOKENIZER_BYTES)
         try:
-            self._tokenizer = Tokenizer.from_str(text)
+            # Both hold the GIL for long on a big tokenizer: in turn (native_calls).
+            self._tokenizer = native_call(Tokenizer.from_str, text)
         except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception
             raise ModelFilesError(f"cannot load {path}: {exc}") from None
         # The largest id a prompt may hold, as vLLM computes it (added tokens included; ids
         # need not be contiguous). Read once: the vocabulary dict is built for it and dropped.
-        self.max_token_id = max(self._tokenizer.get_vocab(with_added_tokens=True).values())
+        vocab = native_call(self._tokenizer.get_vocab, with_added_tokens=True)
+        self.max_token_id = max(vocab.values())
 
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
         # encode_batch, not encode: the same ids, but it releases the GIL while it works, so

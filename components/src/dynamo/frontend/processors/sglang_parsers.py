@@ -44,6 +44,11 @@ class SglangOutputParsers(OutputParsers):
         self._reasoning_defaults = (
             ReasoningDefaults.detect(reasoning_parser, template_text) if reasoning_parser else None
         )
+        # SGLang's scheduler defers a grammar to the reasoning's end only when the parser's
+        # think-end token encodes to ids (OpenAIServingChat._set_json_grammar_start).
+        self._grammar_waits_for_reasoning = bool(
+            reasoning_parser and _think_end_ids(reasoning_parser, tokenizer)
+        )
         # A forced call (tool_choice required or named) is parsed here, as SGLang's server
         # parses it (its reasoning parser first, by SGLang's rule, then the JSON array the
         # schema constraint makes the model write): not by the frontend's ForcedToolCalls.
@@ -68,6 +73,17 @@ class SglangOutputParsers(OutputParsers):
         if schema is None:  # a name no tool has: refused before, as the client's 400
             return None
         return from_json_schema(schema, "tool_choice"), skip_special_tokens
+
+    def reasoning_ended(self, request: ParserRequest) -> bool:
+        """Where the request's grammar starts, as SGLang decides it: its grammar backend (with
+        ``--reasoning-parser``) holds a grammar back until the think-end token when the request
+        requires reasoning (``require_reasoning``: the template opens the reasoning, or the
+        request's ``chat_template_kwargs`` / ``reasoning_effort`` turn thinking on, by SGLang's
+        rules), else applies it from the first token. The worker's vLLM engine does the same
+        with ``reasoning_ended`` False (after the reasoning) or True (from the start)."""
+        if self._reasoning_defaults is None or not self._grammar_waits_for_reasoning:
+            return True
+        return not self._reasoning_defaults.force_reasoning(request.fields)
 
     def build(self, request: ParserRequest) -> OutputParser | None:
         """The request's parser, or None when it has nothing to parse (no reasoning parser, and
@@ -126,6 +142,15 @@ class SglangOutputParsers(OutputParsers):
             history_tool_calls=_earlier_tool_calls(messages),
             stream=stream,
         )
+
+
+def _think_end_ids(reasoning_parser: str, tokenizer: Any) -> list[int]:
+    """The ids of SGLang's think-end token for this parser and tokenizer (its detector's
+    ``get_think_end_token_ids``), as SGLang's server reads them."""
+    from sglang.srt.parser.reasoning_parser import ReasoningParser
+
+    detector = ReasoningParser(model_type=reasoning_parser, tokenizer=tokenizer).detector
+    return list(detector.get_think_end_token_ids(tokenizer))
 
 
 def _earlier_tool_calls(messages: Sequence[Mapping[str, Any]]) -> int:

@@ -6,8 +6,11 @@ Trying them one request at a time would make requests fail until round-robin rea
 one. When a request's first attempt failed and no instance is known to serve, the router asks
 the scout instead: it sends ``GET /health`` to the model's untried instances (in random order,
 the router's suspects last) and hands back the first that answers without a 5xx (a draining
-worker answers 503); each that does not answer within :data:`SCOUT_PROBE_TIMEOUT_S` is reported
-dead (the router benches it, so the next requests skip it).
+worker answers 503) or a redirect (never followed); each that does not answer within
+:data:`SCOUT_PROBE_TIMEOUT_S` of the frontend's own time (its event-loop lag does not count:
+:mod:`.loop_lag`), or answers so, is reported dead (the router benches it, so the next requests
+skip it). Records that name the same endpoint share one probe per sweep: a peer's thousands of
+records pointing at one address cost that address one probe, not thousands.
 
 A dead pod's address often accepts a connection and never answers, so a probe of a dead
 instance can cost its whole deadline: the sweep starts :data:`FIRST_PROBERS` probes, each dead
@@ -16,7 +19,7 @@ instance starts two more (the probes in flight double every deadline), up to
 and the sweep finishes probing the rest, so every dead instance is benched once and the next
 requests do not try it. One sweep per model at a time, shared by every request that needs it,
 so the work is per instance (each probed at most once per sweep), not per request; a request
-waits for a sweep at most :data:`SCOUT_WAIT_S`.
+waits for a sweep at most :data:`SCOUT_WAIT_S` (of the frontend's own time, as the probes).
 """
 
 from __future__ import annotations
@@ -29,7 +32,9 @@ import aiohttp
 
 from dynamo.runtime.discovery import ModelRecord
 from dynamo.runtime.peer_text import escape
-from dynamo.runtime.request_plane import HEALTH_PATH
+
+from .health_probe import describe, is_redirect, probe_health
+from .loop_lag import LoopLag
 
 # Health probes in flight at once, per sweep (each holds a socket): with every probe hanging
 # for its deadline, a ramped-up sweep still gets through this many instances a second.
@@ -37,12 +42,12 @@ SCOUT_CONCURRENCY = 256
 # Probes a sweep starts with; each instance found dead starts two more, up to SCOUT_CONCURRENCY.
 FIRST_PROBERS = 32
 PROBERS_PER_DEAD = 2
-# How long a probe waits to connect and be answered: a live worker's /health answers in
-# milliseconds (its event loop does nothing slow); a dead address that accepts and never
-# answers costs this much.
+# How long a probe waits to connect and be answered, in the frontend's own time (wall time
+# less its event loop's lag): a live worker's /health answers in milliseconds (its event loop
+# does nothing slow); a dead address that accepts and never answers costs this much.
 SCOUT_PROBE_TIMEOUT_S = 1.0
 # How long a request waits for a sweep to find a live instance before it is a 503 (the sweep
-# goes on for the requests after it).
+# goes on for the requests after it), in the frontend's own time as the probes are.
 SCOUT_WAIT_S = 10.0
 # Instances a sweep found dead that a failed request's log line names (the rest are counted).
 NAMED_DEAD = 5
@@ -75,20 +80,22 @@ class _Sweep:
 class InstanceScout:
     """Per-model sweeps of health probes (see the module docstring).
 
-    ``timeout_s``: how long one probe waits to connect and be answered; ``is_benched``: the
-    router's bench (an instance on it is not probed); ``on_dead``: told of each instance whose
-    probe went unanswered, with why."""
+    ``timeout_s``: how long one probe waits to connect and be answered, on ``lag``'s clock;
+    ``is_benched``: the router's bench (an instance on it is not probed); ``on_dead``: told of
+    each instance whose probe went unanswered (or answered a 5xx or a redirect), with why."""
 
     def __init__(
         self,
         session: aiohttp.ClientSession,
         *,
         timeout_s: float,
+        lag: LoopLag,
         is_benched: Callable[[ModelRecord], bool],
         on_dead: Callable[[ModelRecord, str], None],
     ) -> None:
         self._session = session
         self._timeout_s = timeout_s
+        self._lag = lag
         self._is_benched = is_benched
         self._on_dead = on_dead
         self._sweeps: dict[str, _Sweep] = {}
@@ -127,9 +134,9 @@ class InstanceScout:
 
         waiter = asyncio.ensure_future(until_usable())
         try:
-            await asyncio.wait(
-                {waiter, sweep.task}, timeout=SCOUT_WAIT_S, return_when=asyncio.FIRST_COMPLETED
-            )
+            either = asyncio.wait({waiter, sweep.task}, return_when=asyncio.FIRST_COMPLETED)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await self._lag.within(either, SCOUT_WAIT_S)
         finally:
             waiter.cancel()
         result = SweepResult(usable())
@@ -153,9 +160,13 @@ class InstanceScout:
                 await task
 
     async def _sweep(self, candidates: list[ModelRecord], result: _Sweep) -> None:
-        """Probe every candidate once, telling the waiting requests of each that answers; the
-        rest are probed all the same (so each dead one is benched once per sweep)."""
-        queue = iter(candidates)  # shared by the probers: each instance is probed once
+        """Probe every candidate's endpoint once, telling the waiting requests of each instance
+        that answers; the rest are probed all the same (so each dead one is benched once per
+        sweep)."""
+        by_endpoint: dict[str, list[ModelRecord]] = {}
+        for record in candidates:
+            by_endpoint.setdefault(record.endpoint, []).append(record)
+        queue = iter(by_endpoint.values())  # shared by the probers: each endpoint probed once
         probers: set[asyncio.Task[None]] = set()
         all_done = asyncio.Event()
 
@@ -172,26 +183,29 @@ class InstanceScout:
                 all_done.set()
 
         async def prober() -> None:
-            for record in queue:
-                if self._is_benched(record):
+            for group in queue:
+                records = [record for record in group if not self._is_benched(record)]
+                if not records:
                     continue
-                if await self._ready(record.endpoint):
+                why_dead = await self._why_dead(records[0].endpoint)
+                if why_dead is None:
                     async with result.changed:
-                        result.live.append(record)
+                        result.live.extend(records)
                         result.changed.notify_all()
                     continue
-                self._on_dead(record, "its health probe went unanswered or answered 5xx")
-                result.dead_count += 1
-                if len(result.dead) < NAMED_DEAD:
-                    result.dead.append(f"{record.instance_id} at {escape(record.endpoint)}")
-                # Each dead instance starts more probers, up to the bound: a live one among the
+                for record in records:
+                    self._on_dead(record, why_dead)
+                    result.dead_count += 1
+                    if len(result.dead) < NAMED_DEAD:
+                        result.dead.append(f"{record.instance_id} at {escape(record.endpoint)}")
+                # Each dead endpoint starts more probers, up to the bound: a live one among the
                 # first costs a few probes, while the probes in flight double every probe
                 # deadline when the dead hang.
                 for _ in range(PROBERS_PER_DEAD):
                     if len(probers) < SCOUT_CONCURRENCY:
                         start_prober()
 
-        for _ in range(min(FIRST_PROBERS, len(candidates))):
+        for _ in range(min(FIRST_PROBERS, len(by_endpoint))):
             start_prober()
         if not probers:
             all_done.set()
@@ -202,11 +216,10 @@ class InstanceScout:
                 task.cancel()
             await asyncio.gather(*probers, return_exceptions=True)
 
-    async def _ready(self, endpoint: str) -> bool:
-        url = endpoint.rstrip("/") + HEALTH_PATH
-        try:
-            timeout = aiohttp.ClientTimeout(total=self._timeout_s)
-            async with self._session.get(url, timeout=timeout) as response:
-                return response.status < 500
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
-            return False
+    async def _why_dead(self, endpoint: str) -> str | None:
+        """None when ``endpoint`` answered its health probe in time without a 5xx or a
+        redirect; else why not, for the log line."""
+        status = await probe_health(self._session, endpoint, self._timeout_s, self._lag)
+        if status is not None and status < 500 and not is_redirect(status):
+            return None
+        return describe(status, self._timeout_s)

@@ -13,7 +13,12 @@ without a model card (an older worker: serving it with a tokenizer that is not t
 would return garbage), a model over ``--dyn-max-models``, a model whose processor fails to
 build (its files missing or broken on this host), and an instance whose card differs from the
 one its model is served with. What a record says (names, endpoints, paths) is a peer's text:
-escaped and bounded in every log line (:mod:`dynamo.runtime.peer_text`).
+escaped and bounded in every log line (:mod:`dynamo.runtime.peer_text`). Records are a peer's
+to multiply (a thousand over ``--dyn-max-models``, new names for ever), so every line they
+cause is budgeted per cause (:class:`~dynamo.runtime.log_budget.CauseBudgets`): at most
+:data:`REFUSAL_LINES` refusals of each kind a minute, and :data:`CHANGE_LINES` INFO lines of
+each kind (a model or an instance added or removed) per :data:`CHANGE_INTERVAL_S`, the next line
+counting those held back.
 
 A model is *known* while its processor is built and for :data:`GONE_MODEL_MEMORY_S` after its
 last instance went (a worker killed, stopped, or whose heartbeat failed, and not back yet): the
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +38,7 @@ from dataclasses import dataclass, field
 from dynamo.frontend.processors.chat_processor import ChatProcessor
 from dynamo.runtime import peer_text
 from dynamo.runtime.discovery import ModelRecord
+from dynamo.runtime.log_budget import CauseBudgets
 from dynamo.runtime.model_card import ModelCard
 
 logger = logging.getLogger(__name__)
@@ -43,6 +50,14 @@ DEFAULT_MAX_MODELS = 64
 # remembered at most (the oldest forgotten first).
 GONE_MODEL_MEMORY_S = 600.0
 MAX_GONE_MODELS = 1024
+# Refusals (WARNING) logged per kind per REFUSAL_INTERVAL_S; a model or an instance added or
+# removed (INFO) per kind per CHANGE_INTERVAL_S: as many as the default --dyn-max-models, so a
+# deployment's models starting together are each named (operators and scripts wait for "Model
+# added: model=M"), and a bounded log whatever a peer writes.
+REFUSAL_LINES = 5
+REFUSAL_INTERVAL_S = 60.0
+CHANGE_LINES = DEFAULT_MAX_MODELS
+CHANGE_INTERVAL_S = 10.0
 _escape = peer_text.escape
 
 
@@ -59,7 +74,9 @@ class ModelEntry:
         return self.processor.card
 
     def route_order(self) -> list[ModelRecord]:
-        """Every instance once, starting with the one whose turn it is (round-robin).
+        """Every instance once, starting with the one whose turn it is (round-robin), those
+        withdrawn for a GC maintenance last (tried only when no other one could take it: the
+        record may lag behind an instance that is back).
 
         The caller tries them in this order, so one dead instance costs a retry, not a request.
         """
@@ -68,7 +85,8 @@ class ModelEntry:
             return []
         start = self._turn % len(records)
         self._turn += 1
-        return records[start:] + records[:start]
+        turn = records[start:] + records[:start]
+        return [r for r in turn if not r.withdrawn] + [r for r in turn if r.withdrawn]
 
 
 @dataclass
@@ -104,6 +122,12 @@ class ModelRegistry:
         # Instances refused for the model limit, by instance id: admitted, oldest first, when
         # a model goes and makes room.
         self._over_limit: dict[str, ModelRecord] = {}
+        self._refusals = CauseBudgets(
+            logger, lines=REFUSAL_LINES, interval_s=REFUSAL_INTERVAL_S, clock=clock
+        )
+        self._changes = CauseBudgets(
+            logger, logging.INFO, lines=CHANGE_LINES, interval_s=CHANGE_INTERVAL_S, clock=clock
+        )
 
     def get(self, model: str) -> ModelEntry | None:
         return self._models.get(model)
@@ -154,18 +178,20 @@ class ModelRegistry:
         )
         self._pending.clear()
 
-    def _refuse(self, record: ModelRecord, message: str, *args) -> None:
+    def _refuse(self, record: ModelRecord, cause: str, message: str, *args) -> None:
+        """One refusal of ``cause``'s kind, logged once per instance and within the budget."""
         refused = self._refused.setdefault(record.model, set())
         if record.instance_id in refused:
             return
         refused.add(record.instance_id)
-        logger.warning(message, *args)
+        self._refusals.emit(cause, message, *args)
 
     def add_instance(self, record: ModelRecord) -> None:
         card = record.card
         if card is None:
             self._refuse(
                 record,
+                "no card",
                 "Model instance refused: instance=%s endpoint=%s model=%s has no model card "
                 "(a worker older than the frontend?); its model is not served through it",
                 record.instance_id,
@@ -177,8 +203,19 @@ class ModelRegistry:
         if entry is not None:
             if not self._same_card(entry.card, record):
                 return
+            previous = entry.instances.get(record.instance_id)
             entry.instances[record.instance_id] = record
-            logger.info(
+            if previous is not None:  # the same instance, its routing state moved
+                self._changes.emit(
+                    "instance state",
+                    "Model instance %s: model=%s instance=%s",
+                    record.state or "serving again",
+                    _escape(record.model),
+                    record.instance_id,
+                )
+                return
+            self._changes.emit(
+                "instance added",
                 "Model instance added: model=%s instance=%s endpoint=%s (%d instances)",
                 _escape(record.model),
                 record.instance_id,
@@ -194,6 +231,7 @@ class ModelRegistry:
         if record.model in self._failed:
             self._refuse(
                 record,
+                "processor failed",
                 "Model instance refused: instance=%s model=%s: its chat processor failed to "
                 "build (%s)",
                 record.instance_id,
@@ -205,6 +243,7 @@ class ModelRegistry:
             self._over_limit[record.instance_id] = record
             self._refuse(
                 record,
+                "over the limit",
                 "Model refused: model=%s instance=%s endpoint=%s: the frontend already serves "
                 "%d models, the limit of --dyn-max-models / DYN_MAX_MODELS (it is served once "
                 "another model goes)",
@@ -240,6 +279,7 @@ class ModelRegistry:
             return True
         self._refuse(
             record,
+            "card differs",
             "Model instance refused: instance=%s endpoint=%s model=%s: its model card differs "
             "from the one the model is served with (tokenizer %s, context %d vs tokenizer %s, "
             "context %d); give every instance of a model the same model files",
@@ -256,7 +296,7 @@ class ModelRegistry:
     async def _build(self, model: str, pending: _PendingModel) -> None:
         try:
             # Off the event loop: /health and every stream keep being served meanwhile.
-            processor = await asyncio.to_thread(self._factory, pending.card)
+            processor = await _in_a_thread_of_its_own(self._factory, pending.card, model)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - the model is refused, with the reason
@@ -265,7 +305,8 @@ class ModelRegistry:
             reason = _escape(str(exc) or type(exc).__name__, 1000)
             self._failed[model] = reason
             self._refused.setdefault(model, set()).update(pending.instances)
-            logger.warning(
+            self._refusals.emit(
+                "processor failed",
                 "Model refused: model=%s instances=%s: its chat processor failed to build: %s",
                 _escape(model),
                 _escape(",".join(pending.instances), 300),
@@ -278,7 +319,11 @@ class ModelRegistry:
         del self._pending[model]
         if not pending.instances:
             # Every instance went while the processor was built: drop it (it is freed here).
-            logger.info("Model %s went away while its chat processor was built", _escape(model))
+            self._changes.emit(
+                "model gone",
+                "Model %s went away while its chat processor was built",
+                _escape(model),
+            )
             self._went(model)
             self._make_room()
             return
@@ -286,7 +331,8 @@ class ModelRegistry:
         self._models[model] = entry
         self._gone.pop(model, None)
         first = next(iter(entry.instances.values()))
-        logger.info(
+        self._changes.emit(
+            "model added",
             "Model added: model=%s instance=%s endpoint=%s (%d instances)",
             _escape(model),
             first.instance_id,
@@ -307,7 +353,8 @@ class ModelRegistry:
         entry = self._models.get(record.model)
         if entry is None or entry.instances.pop(record.instance_id, None) is None:
             return
-        logger.info(
+        self._changes.emit(
+            "instance removed",
             "Model instance removed: model=%s instance=%s endpoint=%s",
             _escape(record.model),
             record.instance_id,
@@ -316,10 +363,47 @@ class ModelRegistry:
         if not entry.instances:
             del self._models[record.model]
             self._went(record.model)
-            logger.info(
+            self._changes.emit(
+                "model gone",
                 "Model removed: model=%s (no instance left; answered 503 for up to %g s while "
                 "none comes back)",
                 _escape(record.model),
                 GONE_MODEL_MEMORY_S,
             )
             self._make_room()
+
+
+async def _in_a_thread_of_its_own(factory: ChatEngineFactory, card: ModelCard, model: str):
+    """``factory(card)`` in a thread started for it (off the event loop), which ends with it.
+
+    Not the loop's default executor: its few threads (six on two cores) would be held by builds
+    waiting on a slow one's resources (a peer's template in its compile check), and a later
+    model's build would queue behind them. At most ``max_models`` builds pend at once, so at
+    most that many threads; a daemon, so that the process never waits at exit for a build
+    whose result nobody wants any more (the template checks are stopped with the render
+    processes)."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[ChatProcessor] = loop.create_future()
+
+    def settle(outcome: ChatProcessor | BaseException) -> None:
+        if future.done():  # the build was cancelled meanwhile
+            return
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
+
+    def build() -> None:
+        outcome: ChatProcessor | BaseException
+        try:
+            outcome = factory(card)
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
+            outcome = exc
+        try:
+            loop.call_soon_threadsafe(settle, outcome)
+        except RuntimeError:  # the loop is closed: nobody waits for it
+            pass
+
+    name = f"chat-processor-build-{_escape(model, 40)}"
+    threading.Thread(target=build, name=name, daemon=True).start()
+    return await future

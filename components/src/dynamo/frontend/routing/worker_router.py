@@ -19,15 +19,22 @@ log's, however many instances a model has and however many of them are dead:
 * **Deadlines.** A connection must be accepted within :data:`WORKER_CONNECT_TIMEOUT_S`. A worker
   that says nothing for :data:`PROBE_AFTER_S` (before its first item, or between two) is asked
   ``GET /health`` (one probe per instance at a time, shared by its requests): no answer within
-  :data:`PROBE_TIMEOUT_S` means the process is stopped or gone (SIGSTOP, a frozen host) and the
-  request fails over or fails; any answer means it is alive and merely slow (a long prefill,
-  a queue), and the wait goes on. An instance not known to serve (none of its last requests
-  served: new, or failed before) is asked sooner, after :data:`UNPROVEN_PROBE_AFTER_S`, with
-  the scout's probe deadline: a dead address that accepts and never answers costs a request
-  two seconds, not ten. Each item must come within :data:`WORKER_READ_TIMEOUT_S` of
+  :data:`PROBE_TIMEOUT_S` (of the frontend's own time: its event-loop lag does not count,
+  :mod:`.loop_lag`) means the process is stopped or gone (SIGSTOP, a frozen host) and the
+  request fails over or fails, and so does a redirect (never followed: :mod:`.health_probe`);
+  any other answer means it is alive and merely slow (a long prefill, a queue), and the wait
+  goes on. An instance not known to serve (none of its last requests served: new, or failed
+  before) is asked sooner, after :data:`UNPROVEN_PROBE_AFTER_S`, with the scout's probe
+  deadline: a dead address that accepts and never answers costs a request two seconds, not
+  ten. Each item must come within :data:`WORKER_READ_TIMEOUT_S` of
   the previous one (of the request, for the first), whatever else arrives meanwhile: bytes that
   are not an item (blank lines, a line that never ends, an error body sent a byte at a time)
   and answered probes do not extend it.
+* **Withdrawn instances.** A worker withdrawn for a GC maintenance answers a distinct 503
+  (:class:`~dynamo.runtime.request_plane.WorkerWithdrawn`): the request goes to the next
+  instance at once; the withdrawn one is not benched (it is alive, and back in a moment) and
+  counts as one of the request's attempts. The registry routes to withdrawn instances last,
+  once discovery says so; this covers the moments before it does.
 * **Log lines.** An instance going on the bench is one WARNING, coming back one INFO, both
   budgeted per cause (:class:`~dynamo.runtime.log_budget.CauseBudgets`); worker text in them is
   escaped and bounded (:mod:`dynamo.runtime.peer_text`).
@@ -49,14 +56,16 @@ from dynamo.runtime import peer_text, request_plane
 from dynamo.runtime.discovery import ModelRecord
 from dynamo.runtime.log_budget import CauseBudgets
 from dynamo.runtime.request_plane import (
-    HEALTH_PATH,
     GenerateRequest,
     StreamItem,
     WorkerProtocolError,
     WorkerUnavailable,
+    WorkerWithdrawn,
 )
 
+from .health_probe import describe, is_redirect, probe_health
 from .instance_scout import SCOUT_PROBE_TIMEOUT_S, InstanceScout
+from .loop_lag import LoopLag
 from .model_registry import ModelEntry
 
 logger = logging.getLogger(__name__)
@@ -85,8 +94,12 @@ LOG_INTERVAL_S = 10.0
 
 
 def create_worker_session() -> aiohttp.ClientSession:
-    """The frontend's one client session to its workers (call inside the running loop)."""
+    """The frontend's one client session to its workers (call inside the running loop).
+
+    Workers are peers: no cookie jar (a Set-Cookie from one worker would go to the next on the
+    same host), and every request made on it says ``allow_redirects=False``."""
     return aiohttp.ClientSession(
+        cookie_jar=aiohttp.DummyCookieJar(),
         # limit=0: no client-side cap on concurrent streams; the workers apply backpressure.
         connector=aiohttp.TCPConnector(limit=0),
         timeout=aiohttp.ClientTimeout(
@@ -160,9 +173,11 @@ class WorkerRouter:
         self._info = CauseBudgets(
             logger, logging.INFO, lines=1, interval_s=LOG_INTERVAL_S, clock=clock
         )
+        self._lag = LoopLag()
         self._scout = InstanceScout(
             session,
             timeout_s=SCOUT_PROBE_TIMEOUT_S,
+            lag=self._lag,
             is_benched=self._is_benched,
             on_dead=self._failed,
         )
@@ -220,7 +235,8 @@ class WorkerRouter:
                 await stream.aclose()
                 protocol_errors += isinstance(exc, WorkerProtocolError)
                 reason = str(exc) or "empty stream"
-                self._failed(record, reason)
+                if not isinstance(exc, WorkerWithdrawn):  # alive, out for a GC maintenance
+                    self._failed(record, reason)
                 failures.append(
                     f"{record.instance_id} at {peer_text.escape(record.endpoint)}: {reason}"
                 )
@@ -280,11 +296,11 @@ class WorkerRouter:
                     return waiting.result()
                 if loop.time() >= deadline:
                     continue  # the deadline's own message, not a probe's
-                if not await self._alive(record.endpoint, probe_timeout):
+                status = await self._alive(record.endpoint, probe_timeout)
+                if status is None or is_redirect(status):
                     raise WorkerUnavailable(
                         f"worker at {peer_text.escape(record.endpoint)} silent for "
-                        f"{silence:g} s and its health probe unanswered within "
-                        f"{probe_timeout:g} s (stopped or gone)"
+                        f"{silence:g} s and {describe(status, probe_timeout)} (stopped or gone)"
                     )
                 silence, probe_timeout = PROBE_AFTER_S, PROBE_TIMEOUT_S  # it answers: alive
         finally:
@@ -292,10 +308,10 @@ class WorkerRouter:
                 waiting.cancel()  # the generator ends with it: its connection is closed
                 await asyncio.wait({waiting})
 
-    async def _alive(self, endpoint: str, timeout_s: float) -> bool:
-        """Whether the worker's process answers at all within ``timeout_s`` (any status: a
-        draining worker is alive). One probe per endpoint and deadline at a time; a request
-        that asks meanwhile shares it."""
+    async def _alive(self, endpoint: str, timeout_s: float) -> int | None:
+        """The status the worker's process answers within ``timeout_s`` (any answer but a
+        redirect means alive: a draining worker is), or None. One probe per endpoint and
+        deadline at a time; a request that asks meanwhile shares it."""
         key = (endpoint, timeout_s)
         probe = self._probes.get(key)
         if probe is None:
@@ -304,14 +320,8 @@ class WorkerRouter:
             probe.add_done_callback(lambda _: self._probes.pop(key, None))
         return await asyncio.shield(probe)
 
-    async def _probe(self, endpoint: str, timeout_s: float) -> bool:
-        url = endpoint.rstrip("/") + HEALTH_PATH
-        try:
-            timeout = aiohttp.ClientTimeout(total=timeout_s)
-            async with self.session.get(url, timeout=timeout) as response:
-                return response.status > 0
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
-            return False
+    async def _probe(self, endpoint: str, timeout_s: float) -> int | None:
+        return await probe_health(self.session, endpoint, timeout_s, self._lag)
 
     def _failed(self, record: ModelRecord, reason: str) -> None:
         key = _key(record)

@@ -13,15 +13,26 @@ A per-request output parser (tool calls, reasoning) is fed with the text pieces 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any
 
 from dynamo.frontend.openai import protocol as oai
 from dynamo.frontend.processors.chat_processor import ChatProcessor
-from dynamo.runtime.request_plane import Finish, LogprobPosition, StreamItem
+from dynamo.runtime.request_plane import (
+    Finish,
+    LogprobPosition,
+    StreamItem,
+    WorkerProtocolError,
+    WorkerUnavailable,
+)
 from dynamo.runtime.sampling import SamplingOptions
 
 from .stop_strings import StopStringMatcher
+
+# How long the end of a worker's stream may take after its finish line (the chunked answer's
+# last bytes, sent at once by a worker that is done).
+FINISH_END_S = 1.0
 
 
 class Generation:
@@ -31,7 +42,8 @@ class Generation:
     Ids are decoded one at a time, so the completion's token count stops at the token that
     ended it (a stop string, a stop token, ``max_tokens``) even when the worker sent several in
     one item; whatever the worker sends after that is never read (the caller closes the stream,
-    which aborts the request in the worker).
+    which aborts the request in the worker). A finish line is the worker's end: nothing may
+    follow it but the stream's end (:meth:`_stream_ends`).
     """
 
     def __init__(
@@ -159,6 +171,7 @@ class Generation:
                     yield "".join(pieces)
                     return
             if isinstance(item, Finish):
+                await self._stream_ends()
                 pieces.append(self._end())
                 self.finish_reason = item.finish_reason
                 self._stopped_by_string()
@@ -166,6 +179,21 @@ class Generation:
                 return
             yield "".join(pieces)
             item = await self._stream.__anext__()
+
+    async def _stream_ends(self) -> None:
+        """After the finish line, the stream's end: a worker that sends anything more (but
+        blank lines) is broken, and its answer is not the client's (a 502, or an error event
+        mid-stream). The end must come within :data:`FINISH_END_S`; a worker that keeps its
+        connection open past it is hung up on, its answer whole."""
+        try:
+            await asyncio.wait_for(self._stream.__anext__(), FINISH_END_S)
+        except (StopAsyncIteration, asyncio.TimeoutError):
+            return
+        except WorkerProtocolError:
+            raise  # a line after the finish line (request_plane.generate)
+        except WorkerUnavailable:
+            return  # gone after its finish line (no chunked end): the answer is whole
+        raise WorkerProtocolError("worker sent an item after its finish line")
 
     def _stopped_by_string(self) -> None:
         """A stop string found in the text (the one held back, at the end, too) ends the output

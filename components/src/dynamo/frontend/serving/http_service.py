@@ -28,6 +28,7 @@ from dynamo.frontend.openai import protocol as oai
 from dynamo.frontend.openai.fields import FieldRefused, UnknownFieldLog
 from dynamo.frontend.openai.prompt_budget import (
     completion_budget,
+    prompt_within_context,
     refused_param,
     token_ids_within_vocabulary,
     truncated_prompt,
@@ -41,12 +42,17 @@ from dynamo.frontend.openai.responses import (
 )
 from dynamo.frontend.openai.tools import check_tool_choice
 from dynamo.frontend.parsing.output_parser import OutputParser
-from dynamo.frontend.parsing.parsed_output import adjust_for_parsers, output_parser
+from dynamo.frontend.parsing.parsed_output import (
+    adjust_for_parsers,
+    decide_grammar_start,
+    output_parser,
+)
 from dynamo.frontend.processors.chat_processor import (
     ChatTemplateError,
     NoChatTemplate,
     OutOfVocabulary,
 )
+from dynamo.frontend.processors.hf_processor import ChatTemplateFailed
 from dynamo.frontend.processors.preprocess_pool import PreprocessPool
 from dynamo.frontend.processors.preprocessing import Preprocessing
 from dynamo.frontend.processors.template_sandbox import TemplateLimitExceeded, TemplateSandbox
@@ -76,7 +82,14 @@ from .choices import (
     whole_body,
 )
 from .generation import Generation
-from .http_surface import bad_worker_response, failure_log, openai_errors, worker_failure
+from .http_surface import (
+    TEMPLATE_ERROR_LIMIT,
+    bad_worker_response,
+    failure_log,
+    openai_errors,
+    template_failed,
+    worker_failure,
+)
 from .probes import Probes
 from .request_metrics import RequestMetrics, RequestTrack
 
@@ -84,8 +97,6 @@ logger = logging.getLogger(__name__)
 
 
 MODELS_PATH = "/v1/models"
-# How much of a chat template's error (its raise_exception text) a client's 400 quotes.
-TEMPLATE_ERROR_LIMIT = 500
 CHAT_COMPLETIONS_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
 
@@ -152,6 +163,8 @@ class FrontendService:
         """The prompt's ids; special tokens added as the request says (vLLM's defaults: not
         for a chat, whose template wrote them, but for a completion's text)."""
         special = req.add_special_tokens if req.add_special_tokens is not None else not chat
+        param = "messages" if chat else "prompt"
+        prompt_within_context(prompt, entry.card.context_length, param=param, chat=chat)
         return await self.preprocessing.encode(entry.processor, prompt, add_special_tokens=special)
 
     def _entry(self, model: str, track: RequestTrack) -> ModelEntry:
@@ -224,7 +237,15 @@ class FrontendService:
                     param="messages",
                     code="chat_template_error",
                 ) from None
+            except ChatTemplateFailed as exc:
+                raise template_failed(entry.name, exc) from None
             prompt_ids = await self._encode(entry, prompt, chat, chat=True)
+            if chat.structured_field is not None:
+                # Whether its grammar waits for the reasoning to end (vLLM's parsers are built
+                # for it: off the loop).
+                await self._off_loop(
+                    decide_grammar_start, entry.processor.output_parser, chat, prompt_ids
+                )
             # One parser per choice: each parses its own text (it is given the prompt's ids,
             # as vLLM's server gives its parsers).
             parsers = [

@@ -66,7 +66,7 @@ class Probes:
 
     def _not_ready_reason(self, served: int, watcher: RecordWatcher | None) -> str | None:
         phase = lifecycle.current_phase()
-        if phase is not lifecycle.Phase.SERVING:
+        if not lifecycle.serving():
             return f"the frontend is {phase.value}, not serving"
         # A preprocess pool whose rebuild failed will never tokenise again: the pod must leave
         # the load balancer (readiness) rather than answer 503 to every request. A pool being

@@ -8,12 +8,18 @@ from dynamo.runtime.discovery.interface import (
     DiscoveryDirError,
     DiscoverySettings,
     DiscoverySetupError,
+    MaintenanceLock,
     RecordCallback,
     RecordWatcher,
     Registration,
 )
 from dynamo.runtime.discovery.opening import open_discovery
-from dynamo.runtime.discovery.record import DEFAULT_LEASE_TTL_S, MAX_RECORD_BYTES, ModelRecord
+from dynamo.runtime.discovery.record import (
+    DEFAULT_LEASE_TTL_S,
+    MAX_RECORD_BYTES,
+    STATE_WITHDRAWN,
+    ModelRecord,
+)
 
 __all__ = [
     "DEFAULT_LEASE_TTL_S",
@@ -21,10 +27,12 @@ __all__ = [
     "STATE_CONNECTING",
     "STATE_DEGRADED",
     "STATE_OK",
+    "STATE_WITHDRAWN",
     "Discovery",
     "DiscoveryDirError",
     "DiscoverySettings",
     "DiscoverySetupError",
+    "MaintenanceLock",
     "ModelRecord",
     "RecordCallback",
     "RecordWatcher",

@@ -36,6 +36,7 @@ from dynamo.runtime.discovery.etcd_client import (
     EtcdCredentials,
 )
 from dynamo.runtime.discovery.etcd_endpoints import EtcdEndpoint
+from dynamo.runtime.discovery.etcd_lock import EtcdMaintenanceLock
 from dynamo.runtime.discovery.etcd_registration import EtcdRegistration
 from dynamo.runtime.discovery.etcd_watcher import EtcdWatcher
 from dynamo.runtime.discovery.interface import (
@@ -94,11 +95,19 @@ class EtcdDiscovery:
     def registration(self) -> EtcdRegistration:
         return EtcdRegistration(self.connection(), self.prefix, self.ttl_s)
 
-    def watcher(self, *, on_add: RecordCallback, on_remove: RecordCallback) -> EtcdWatcher:
+    def maintenance_lock(self, model: str, instance_id: str) -> EtcdMaintenanceLock:
+        return EtcdMaintenanceLock(
+            self.connection(), self.namespace, model, instance_id, self.ttl_s
+        )
+
+    def watcher(
+        self, *, on_add: RecordCallback, on_remove: RecordCallback, quiet: bool = False
+    ) -> EtcdWatcher:
         return EtcdWatcher(
             self.connection(),
             self.prefix,
             on_add=on_add,
             on_remove=on_remove,
             max_records=self.max_records,
+            quiet=quiet,
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 
 from dynamo.runtime.discovery.etcd_client import (
@@ -32,6 +33,7 @@ class EtcdRegistration:
         self.record: ModelRecord | None = None
         self.lease_id: int | None = None
         self._task: asyncio.Task | None = None
+        self._unwritten = False  # a state change the store has not taken yet
 
     def key(self, record: ModelRecord) -> bytes:
         return (self.prefix + record.instance_id).encode()
@@ -84,6 +86,7 @@ class EtcdRegistration:
             self.lease_id = None
             raise
         self.lease_id = lease.id
+        self._unwritten = self.record is not record
         # etcd raises a TTL under its minimum (1.5 election timeouts: 2 s by default) without
         # saying so but in its answer: the lines that quote the TTL say what etcd granted. The
         # keep-alives stay paced on the TTL asked for, which is the shorter.
@@ -97,6 +100,26 @@ class EtcdRegistration:
             self._keep_alive(), name="discovery-lease"
         )
         return record
+
+    async def set_state(self, state: str | None) -> None:
+        """Put the record with this routing state, under the lease it has; on a failure the
+        keep-alive puts it at its next tick."""
+        assert self.record is not None, "register() runs first"
+        self.record = dataclasses.replace(self.record, state=state)
+        self._unwritten = True
+        if self.lease_id is None:
+            return  # the lease is lost: the keep-alive puts the record (as it is now) again
+        await self._put_record()
+
+    async def _put_record(self) -> None:
+        record = self.record
+        assert record is not None and self.lease_id is not None
+        client = await self.connection.client()
+        await asyncio.wait_for(
+            client.put(self.key(record), record.to_json().encode(), lease=self.lease_id),
+            CALL_BOUND_S,
+        )
+        self._unwritten = self.record is not record  # changed again meanwhile
 
     def describe_lease(self) -> str:
         return f"etcd lease {self.lease_ttl_s} s, kept alive every {self.keepalive_interval_s:g} s"
@@ -119,6 +142,8 @@ class EtcdRegistration:
                 return
             try:
                 if self.lease_id is not None and await self._refresh():
+                    if self._unwritten:
+                        await self._put_record()
                     if lost:
                         logger.info(
                             "Discovery: etcd at %s reachable again; lease %x still held",

@@ -43,6 +43,11 @@ class EtcdWatcher:
 
     ``state`` is ``connecting`` until the first list succeeds (the frontend is not ready), then
     ``ok``, or ``degraded`` while etcd cannot be reached (``known`` keeps the last view).
+
+    ``quiet``: a reader for a process that only needs to know the records (a worker watching
+    its peers): every line it would log (malformed records, etcd's outages, lists and
+    recoveries) is DEBUG. The frontends report the records, and the worker's own registration
+    reports its outages; the same lines from each worker would only repeat them.
     """
 
     def __init__(
@@ -53,8 +58,11 @@ class EtcdWatcher:
         on_add: RecordCallback,
         on_remove: RecordCallback,
         max_records: int = DEFAULT_MAX_RECORDS,
+        quiet: bool = False,
     ) -> None:
         self.connection = connection
+        self._warn_level = logging.DEBUG if quiet else logging.WARNING
+        self._info_level = logging.DEBUG if quiet else logging.INFO
         self.prefix = prefix.encode()
         self.on_add = on_add
         self.on_remove = on_remove
@@ -63,8 +71,9 @@ class EtcdWatcher:
         self._rejected: dict[bytes, int] = {}  # key -> mod revision last warned about
         self.max_records = max_records
         # Peers trigger these lines (a key under the prefix is anyone's who can write it).
-        self._malformed_lines = LogBudget(logger, lines=MALFORMED_LINES_PER_MINUTE)
-        self._over_limit_lines = LogBudget(logger, lines=1)
+        level = self._warn_level
+        self._malformed_lines = LogBudget(logger, level, lines=MALFORMED_LINES_PER_MINUTE)
+        self._over_limit_lines = LogBudget(logger, level, lines=1)
         self.state = STATE_CONNECTING
         self.lists = 0  # full lists done (the first, and one per re-list)
         self._connect_warned = False
@@ -101,6 +110,12 @@ class EtcdWatcher:
     async def _set(self, key: bytes, record: ModelRecord | None, mod_revision: int = 0) -> None:
         old = self._by_key.get(key)
         if old == record:
+            return
+        if old is not None and record is not None and record.serves_like(old):
+            # Only the routing state moved (withdrawn for a GC maintenance, or back): an update.
+            self._by_key[key] = record
+            self.known[record.instance_id] = record
+            await notify(self.on_add, record)
             return
         if old is not None:
             # Gone, or put again to serve otherwise: the old one goes, the new one comes.
@@ -190,7 +205,8 @@ class EtcdWatcher:
         """One WARNING per outage (and one while never connected), then quiet retries."""
         if self.state == STATE_OK:
             self.state = STATE_DEGRADED
-            logger.warning(
+            logger.log(
+                self._warn_level,
                 DEGRADED_LINE,
                 self.connection.url,
                 describe_error(exc),
@@ -198,7 +214,8 @@ class EtcdWatcher:
             )
         elif self.state == STATE_CONNECTING and not self._connect_warned:
             self._connect_warned = True
-            logger.warning(
+            logger.log(
+                self._warn_level,
                 "Discovery: cannot reach etcd at %s (%s); not ready, retrying with back-off",
                 self.connection.url,
                 describe_error(exc),
@@ -219,13 +236,15 @@ class EtcdWatcher:
                 await self._reconcile(listing)
                 backoff.reset()
                 if was == STATE_DEGRADED:
-                    logger.info(
+                    logger.log(
+                        self._info_level,
                         "Discovery recovered: etcd at %s reachable again; %d instance(s) listed",
                         self.connection.url,
                         len(self.known),
                     )
                 elif self.lists == 1:
-                    logger.info(
+                    logger.log(
+                        self._info_level,
                         "Discovery: connected to etcd at %s; %d instance(s) listed",
                         self.connection.url,
                         len(self.known),
@@ -245,20 +264,25 @@ class EtcdWatcher:
                         pass
                 if events:
                     quiet_ends.reset()
-                    logger.info("Discovery: etcd watch stream ended; listing again")
+                    logger.log(
+                        self._info_level, "Discovery: etcd watch stream ended; listing again"
+                    )
                     continue
                 delay = quiet_ends.next()
                 # The first of a run at INFO; the rest (ever further apart) at DEBUG.
-                (logger.info if delay == quiet_ends.initial_s else logger.debug)(
-                    QUIET_END_LINE, delay
-                )
+                level = self._info_level if delay == quiet_ends.initial_s else logging.DEBUG
+                logger.log(level, QUIET_END_LINE, delay)
                 await asyncio.sleep(delay)
             except asyncio.CancelledError:
                 raise
             except aetcd.exceptions.RevisionCompactedError as exc:
                 # The revision after our list is gone (compaction): list again at the current
                 # one and reconcile; nothing is missed, the list is the whole truth.
-                logger.info("Discovery: etcd compacted past our revision (%s); listing again", exc)
+                logger.log(
+                    self._info_level,
+                    "Discovery: etcd compacted past our revision (%s); listing again",
+                    exc,
+                )
                 continue
             except Exception as exc:  # noqa: BLE001 - an outage, never a crash
                 self._went_down(exc)

@@ -7,7 +7,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import threading
 
+from dynamo.runtime.discovery.file_lock import FileMaintenanceLock
 from dynamo.runtime.discovery.file_store import (
     DiscoveryStore,
     check_private_directory,
@@ -54,14 +56,24 @@ class RecordHeartbeat(PeriodicDuty):
         self.record = record
         self.interval_s = interval_s
         self._failing = False
+        # A renewal and a state change (each in a thread of its own) write one at a time.
+        self._writing = threading.Lock()
         self._periodic = PeriodicTask(
             "discovery-heartbeat", interval_s, self._beat_off_loop, delay_first=True
         )
 
+    def set_state(self, state: str | None) -> None:
+        """Write the record with this routing state now (synchronous; raises when the write
+        fails, and the next renewal writes it)."""
+        with self._writing:
+            self.record = dataclasses.replace(self.record, state=state)
+            self.record = self.store.renew(self.record)
+
     def beat(self) -> None:
         """One renewal, synchronous (the periodic task runs it in a worker thread)."""
         try:
-            self.record = self.store.renew(self.record)
+            with self._writing:
+                self.record = self.store.renew(self.record)
         except Exception as exc:  # noqa: BLE001 - the lease must outlive a bad write
             if not self._failing:
                 logger.warning(
@@ -107,6 +119,14 @@ class FileRegistration:
             await self._heartbeat.stop()
         if self.record is not None:
             self.store.unregister(self.record.instance_id)
+
+    async def set_state(self, state: str | None) -> None:
+        heartbeat = self._heartbeat
+        assert heartbeat is not None, "register() runs first"
+        try:
+            await run_off_loop(heartbeat.set_state, state)
+        finally:
+            self.record = heartbeat.record
 
     def describe_lease(self) -> str:
         return f"heartbeat every {self.interval_s:g} s"
@@ -158,11 +178,17 @@ class FileDiscovery:
     def registration(self) -> FileRegistration:
         return FileRegistration(self.directory, self.ttl_s)
 
-    def watcher(self, *, on_add: RecordCallback, on_remove: RecordCallback) -> FileWatcher:
+    def maintenance_lock(self, model: str, instance_id: str) -> FileMaintenanceLock:
+        return FileMaintenanceLock(self.directory, model, instance_id, ttl_s=self.ttl_s)
+
+    def watcher(
+        self, *, on_add: RecordCallback, on_remove: RecordCallback, quiet: bool = False
+    ) -> FileWatcher:
         return FileWatcher(
             self.directory,
             on_add=on_add,
             on_remove=on_remove,
             ttl_s=self.ttl_s,
             max_records=self.max_records,
+            quiet=quiet,
         )

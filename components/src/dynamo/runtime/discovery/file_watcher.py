@@ -118,6 +118,11 @@ class DiscoveryWatcher(PeriodicDuty):
     WARNING; it is reported added again if its content changes again. The TTL applied is never
     shorter than ``MIN_HEARTBEATS_PER_TTL`` of the interval the record says it is renewed at.
     A record expired for ``delete_after_ttls`` TTLs is deleted (None: never).
+
+    ``quiet``: a reader for a process that only needs to know the records (a worker watching
+    its peers): it deletes nothing, and every line it would log (malformed, unreadable and
+    expired records, the directory's errors) is DEBUG. Those are the frontends' to report and
+    act on; the same lines from every worker would repeat each one per worker.
     """
 
     def __init__(
@@ -131,13 +136,16 @@ class DiscoveryWatcher(PeriodicDuty):
         clock: Callable[[], float] = time.monotonic,
         delete_after_ttls: float | None = DELETE_AFTER_TTLS,
         max_records: int = DEFAULT_MAX_RECORDS,
+        quiet: bool = False,
     ) -> None:
         self.directory = Path(directory)
         self.on_add = on_add
         self.on_remove = on_remove
         self.poll_interval_s = poll_interval_s
         self.ttl_s = ttl_s
-        self.delete_after_ttls = delete_after_ttls
+        self.delete_after_ttls = None if quiet else delete_after_ttls
+        self._warn_level = logging.DEBUG if quiet else logging.WARNING
+        self._info_level = logging.DEBUG if quiet else logging.INFO
         self._clock = clock
         self.known: dict[str, ModelRecord] = {}
         # Owned by the scanning thread (one scan at a time, see poll_once).
@@ -150,10 +158,15 @@ class DiscoveryWatcher(PeriodicDuty):
         self._over_limit = 0  # record files listed past max_records at the last poll
         # Peers trigger these lines (a record file is anyone's who can write the directory):
         # each cause gets a budget of lines a minute, whatever the number of files.
-        self._malformed_lines = LogBudget(logger, lines=MALFORMED_LINES_PER_MINUTE)
-        self._unreadable_lines = LogBudget(logger)
-        self._expired_lines = LogBudget(logger)
-        self._over_limit_lines = LogBudget(logger, lines=1)
+        warn, info = self._warn_level, self._info_level
+        self._malformed_lines = LogBudget(
+            logger, warn, lines=MALFORMED_LINES_PER_MINUTE, clock=clock
+        )
+        self._unreadable_lines = LogBudget(logger, warn, clock=clock)
+        self._expired_lines = LogBudget(logger, warn, clock=clock)
+        self._renewed_lines = LogBudget(logger, info, clock=clock)
+        self._deleted_lines = LogBudget(logger, info, clock=clock)
+        self._over_limit_lines = LogBudget(logger, warn, lines=1, clock=clock)
         self._periodic = PeriodicTask("discovery-watcher", poll_interval_s, self.poll_once)
 
     # --- the scanning thread ----------------------------------------------------------------
@@ -173,7 +186,8 @@ class DiscoveryWatcher(PeriodicDuty):
             error = f"{type(exc).__name__}: {exc}"
             if error != self._directory_error:
                 self._directory_error = error
-                logger.warning(
+                logger.log(
+                    self._warn_level,
                     "Cannot list the discovery directory %s (%s): keeping the %d record(s) "
                     "last seen until it can be read again",
                     self.directory,
@@ -208,8 +222,10 @@ class DiscoveryWatcher(PeriodicDuty):
         for sighting in self._sightings.values():
             if not sighting.expired:
                 sighting.changed_at = now
-        logger.info(
-            "Discovery directory %s readable again: leases restart from now", self.directory
+        logger.log(
+            self._info_level,
+            "Discovery directory %s readable again: leases restart from now",
+            self.directory,
         )
 
     def _read(self, path: Path, now: float) -> _FileVersion | None:
@@ -327,7 +343,9 @@ class DiscoveryWatcher(PeriodicDuty):
             sighting = self._sightings.get(path)
             if sighting is None or sighting.digest != version.digest:
                 if sighting is not None and sighting.expired:
-                    logger.info("Discovery record %s renewed after it expired", path)
+                    self._renewed_lines.emit(
+                        "Discovery record %s renewed after it expired", escape(path, 300)
+                    )
                 sighting = self._sightings[path] = _Sighting(version.digest, changed_at=now)
             if record.has_lease and self._expired(path, record, sighting, now):
                 self._collect(path, version, record, sighting, now)
@@ -346,7 +364,7 @@ class DiscoveryWatcher(PeriodicDuty):
                 escape(path, 300),
                 silent_s,
                 record.instance_id,
-                record.endpoint,
+                escape(record.endpoint),
             )
         return True
 
@@ -388,12 +406,12 @@ class DiscoveryWatcher(PeriodicDuty):
                 exc,
             )
             return
-        logger.info(
+        self._deleted_lines.emit(
             "Deleted discovery record %s: no heartbeat for %.0f s (worker %s at %s)",
-            path,
+            escape(path, 300),
             silent_s,
             record.instance_id,
-            record.endpoint,
+            escape(record.endpoint),
         )
 
     def _poll_files(self) -> dict[str, ModelRecord] | None:
@@ -414,7 +432,8 @@ class DiscoveryWatcher(PeriodicDuty):
                 del self.known[instance_id]
                 await notify(self.on_remove, known)
         for instance_id, record in current.items():
-            if instance_id not in self.known:
+            seen = self.known.get(instance_id)
+            if seen is None or seen.state != record.state:  # new, or its routing state moved
                 self.known[instance_id] = record
                 await notify(self.on_add, record)
 

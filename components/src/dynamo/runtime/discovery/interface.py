@@ -65,6 +65,11 @@ class Registration(Protocol):
     async def unregister(self) -> None:
         """Stop keeping the record alive and remove it (the frontend stops routing at once)."""
 
+    async def set_state(self, state: str | None) -> None:
+        """Publish the registered record with this routing state (``withdrawn``, or None: takes
+        requests). Raises when the store cannot be written now; the record is then written with
+        the state at the lease's next renewal."""
+
     async def close(self) -> None:
         """Release the connection; idempotent."""
 
@@ -73,7 +78,12 @@ class Registration(Protocol):
 
 
 class RecordWatcher(Protocol):
-    """The frontend's side: reports records appearing and disappearing."""
+    """The frontend's side: reports records appearing and disappearing.
+
+    ``on_add`` also reports a known record whose routing state changed (withdrawn for a GC
+    maintenance, or back): the record as it now is, under the same instance id, without an
+    ``on_remove`` before it.
+    """
 
     known: dict[str, ModelRecord]
 
@@ -84,6 +94,23 @@ class RecordWatcher(Protocol):
     def start(self) -> object: ...
 
     async def stop(self) -> None: ...
+
+
+class MaintenanceLock(Protocol):
+    """One model's GC maintenance lock in the store: at most one instance of the model holds
+    it, under a lease (a holder that dies frees it within the TTL)."""
+
+    async def acquire(self) -> bool:
+        """Take the lock; False when another instance holds it (or the store cannot say)."""
+
+    async def held(self) -> bool:
+        """Whether this instance still holds it (it took it and nobody broke it since)."""
+
+    async def release(self) -> None:
+        """Give it back (bounded; a store that cannot be reached lets its lease expire)."""
+
+    async def close(self) -> None:
+        """Release it if held, and the connection it used; idempotent."""
 
 
 class Discovery(Protocol):
@@ -107,4 +134,12 @@ class Discovery(Protocol):
 
     def registration(self) -> Registration: ...
 
-    def watcher(self, *, on_add: RecordCallback, on_remove: RecordCallback) -> RecordWatcher: ...
+    def watcher(
+        self, *, on_add: RecordCallback, on_remove: RecordCallback, quiet: bool = False
+    ) -> RecordWatcher:
+        """A watcher of every record. A frontend's (the default) reports what it sees wrong
+        in the store and, on the file store, deletes long-expired records; a ``quiet`` one only
+        reads (a worker's view of its peers): it deletes nothing and logs at DEBUG."""
+
+    def maintenance_lock(self, model: str, instance_id: str) -> MaintenanceLock:
+        """The lock ``instance_id`` takes before it withdraws from serving ``model``."""

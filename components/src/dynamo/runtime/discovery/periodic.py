@@ -28,6 +28,8 @@ from dynamo.runtime.discovery.interface import (
 from dynamo.runtime.discovery.record import (
     ModelRecord,
 )
+from dynamo.runtime.log_budget import CauseBudgets
+from dynamo.runtime.peer_text import escape
 
 T = TypeVar("T")
 
@@ -35,6 +37,9 @@ T = TypeVar("T")
 STOP_BOUND_S = 5.0
 
 logger = logging.getLogger(__name__)
+# A callback's failure, per callback and exception type, a minute: whatever a record makes fail,
+# it fails at every poll that brings it (and records are a peer's to multiply).
+_callback_failures = CauseBudgets(logger, logging.ERROR, lines=1, interval_s=60.0)
 
 
 async def run_off_loop(function: Callable[..., T], *args: object) -> T:
@@ -196,5 +201,11 @@ async def notify(callback: RecordCallback, record: ModelRecord) -> None:
         result = callback(record)
         if asyncio.iscoroutine(result):
             await result
-    except Exception:
-        logger.exception("Discovery callback failed for %s (%s)", record.model, record.endpoint)
+    except Exception as exc:  # noqa: BLE001 - one bad model must not blind the watcher
+        _callback_failures.emit(
+            (getattr(callback, "__name__", "callback"), type(exc).__name__),
+            "Discovery callback failed for %s (%s)",
+            escape(record.model),
+            escape(record.endpoint),
+            exc_info=exc,
+        )

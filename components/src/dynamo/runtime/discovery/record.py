@@ -8,7 +8,10 @@ not validate is skipped by the watchers with one WARNING.
 
 A record carries only what a frontend needs to route to the instance: the served model name,
 the request plane's endpoint, the instance id (the record's key in either store), the lease
-(a heartbeat counter and the interval it is renewed at) and the model card. Fields that older
+(a heartbeat counter and the interval it is renewed at), the model card, and a routing state:
+absent while the instance takes requests, ``withdrawn`` while it is out for a GC maintenance
+(frontends route to it last; it answers a distinct 503 meanwhile). A state this schema does not
+know refuses the record, like any other invalid field. Fields that older
 workers wrote for humans (``pid``, ``registered_at``, ``heartbeat_at``) are ignored when read and
 no longer written: a frontend must not depend on what it cannot check.
 """
@@ -20,7 +23,7 @@ import ipaddress
 import json
 import uuid
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
 import pydantic
@@ -56,6 +59,11 @@ class _RecordSchema(BaseModel):
     heartbeat: Annotated[StrictInt, Field(ge=0)] | None = None
     heartbeat_interval_s: Annotated[StrictFloat, Field(gt=0.0, le=3600.0)] | None = None
     card: ModelCard | None = None
+    state: Literal["withdrawn"] | None = None
+
+
+# The routing state of an instance out for a GC maintenance (dynamo.vllm.withdrawal).
+STATE_WITHDRAWN = "withdrawn"
 
 
 @dataclass(frozen=True)
@@ -72,15 +80,22 @@ class ModelRecord:
     # What a frontend needs to serve the model (None: a record from an older worker, which a
     # frontend refuses to serve rather than guess a tokenizer for).
     card: ModelCard | None = None
+    # None: takes requests; STATE_WITHDRAWN: out for a GC maintenance (routed to last).
+    state: str | None = None
 
     @property
     def has_lease(self) -> bool:
         return self.heartbeat is not None
 
+    @property
+    def withdrawn(self) -> bool:
+        return self.state is not None
+
     def serves_like(self, other: ModelRecord) -> bool:
         """Whether requests routed by ``other`` would go where they go by this record (same
-        model, endpoint and card; the lease may differ). A record rewritten under the same
-        instance id that does not serve like the one known replaces it."""
+        model, endpoint and card; the lease and the routing state may differ). A record
+        rewritten under the same instance id that does not serve like the one known replaces
+        it; one that only changed its state updates it."""
         return (self.model, self.endpoint, self.card) == (other.model, other.endpoint, other.card)
 
     def to_json(self) -> str:
@@ -115,6 +130,7 @@ class ModelRecord:
             heartbeat=parsed.heartbeat,
             heartbeat_interval_s=parsed.heartbeat_interval_s,
             card=parsed.card,
+            state=parsed.state,
         )
 
 
