@@ -61,6 +61,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         upstream.main()
         return
     upstream_main = upstream.main
+    # a maintenance the chat processor cannot host: exit 2 now, before upstream builds anything
+    frontend_freeze.maintained_paths(config, UPSTREAM_PROGRAM, rest)
     frontend_freeze.configure(config)
     mode = frontend_hooks.non_http_mode(rest)
     upstream_args = upstream_argv(rest, mode)

@@ -135,7 +135,9 @@ def gc_freeze_routes() -> list:
             return []
         if _configured is not None:
             config = _configured  # the launcher's flags; it checked upstream before starting it
+            program = frontend_settings.PROGRAM  # what the operator ran
         else:
+            program = frontend_hooks.EXTENSION_PROGRAM
             # Upstream's own command (the Kubernetes way): nothing has checked upstream yet.
             upstream = frontend_hooks.checked_frontend_main(frontend_hooks.EXTENSION_PROGRAM)
             config = frontend_settings.from_env()
@@ -146,7 +148,7 @@ def gc_freeze_routes() -> list:
                 )
                 _stood_down = True
                 return []
-        _activation = _activate(config)
+        _activation = _activate(config, program)
     return debug_routes() if config.debug_gc_endpoint else []
 
 
@@ -171,12 +173,14 @@ REQUEST_PATHS = {
 }
 
 
-def _maintained_paths(config: FrontendGcConfig) -> tuple[RequestPath, ...]:
-    """The request paths the maintenance gates; exit 2 when the processor has none."""
+def maintained_paths(
+    config: FrontendGcConfig, program: str, upstream_args: list[str]
+) -> tuple[RequestPath, ...]:
+    """The request paths the maintenance gates; exit 2 when the processor has none (called by
+    the launcher before upstream starts too, so that refusal comes before the engine is built)."""
     if not config.maintenance.enabled:
         return ()
-    program = frontend_hooks.EXTENSION_PROGRAM
-    processor = frontend_hooks.chat_processor(sys.argv[1:], program)
+    processor = frontend_hooks.chat_processor(upstream_args, program)
     paths = REQUEST_PATHS.get(processor)
     if paths is None:
         mode = config.maintenance.mode
@@ -191,18 +195,16 @@ def _maintained_paths(config: FrontendGcConfig) -> tuple[RequestPath, ...]:
     return paths
 
 
-def _activate(config: FrontendGcConfig) -> Activation:
+def _activate(config: FrontendGcConfig, program: str) -> Activation:
     settings = config.gc
     # First, so that a pool the adapter cannot find is an exit 2 with nothing installed. sys.argv
     # is upstream's command line here, in both activation ways (upstream's parse_args reads it,
     # and the launcher hands upstream its arguments through it).
-    requested = frontend_hooks.preprocess_pool_requested(
-        sys.argv[1:], frontend_hooks.EXTENSION_PROGRAM
-    )
-    paths = _maintained_paths(config)
+    requested = frontend_hooks.preprocess_pool_requested(sys.argv[1:], program)
+    paths = maintained_paths(config, program, sys.argv[1:])
     preprocess_pool.wrap_initializer(settings, requested_workers=requested)
     adapter_gc = served_maintenance.observe(
-        frontend_hooks.EXTENSION_PROGRAM,
+        program,
         settings,
         config.maintenance,
         paths=paths,
