@@ -323,10 +323,10 @@ def test_the_stand_down_line_names_the_adapters_settings_nothing_serves(
     )
 
 
-def test_the_launcher_hands_an_upstream_that_freezes_itself_the_gc_flags(
-    frontend_that_freezes_itself, monkeypatch, caplog
-):
-    started = []
+@pytest.fixture
+def launched_on_it(frontend_that_freezes_itself, monkeypatch, caplog):
+    """The command lines python -m dynamo_gc.frontend starts that upstream frontend with."""
+    started: list[list[str]] = []
     frontend_that_freezes_itself.main = lambda: started.append(list(sys.argv))
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     caplog.set_level(logging.INFO)
@@ -335,7 +335,11 @@ def test_the_launcher_hands_an_upstream_that_freezes_itself_the_gc_flags(
         "checked_frontend_main",
         lambda program=None: frontend_that_freezes_itself,
     )
+    return started
 
+
+def test_the_launcher_hands_an_upstream_that_freezes_itself_the_gc_flags(launched_on_it, caplog):
+    started = launched_on_it
     frontend_cli.main(
         ["--http-port", "8000", "--no-dyn-freeze-gc-heap", "--dyn-gc-metrics-port", "9092"]
     )
@@ -374,18 +378,9 @@ def test_where_upstream_freezes_itself_the_maintenance_stands_down_too(
 
 
 def test_the_launcher_takes_the_maintenance_flags_out_for_an_upstream_that_freezes_itself(
-    frontend_that_freezes_itself, monkeypatch, caplog
+    launched_on_it, caplog
 ):
-    started = []
-    frontend_that_freezes_itself.main = lambda: started.append(list(sys.argv))
-    monkeypatch.setattr(sys, "argv", list(sys.argv))
-    caplog.set_level(logging.INFO)
-    monkeypatch.setattr(
-        frontend_cli.frontend_hooks,
-        "checked_frontend_main",
-        lambda program=None: frontend_that_freezes_itself,
-    )
-
+    started = launched_on_it
     frontend_cli.main(
         [
             "--dyn-chat-processor",

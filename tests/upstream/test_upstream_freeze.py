@@ -112,12 +112,14 @@ def launch_script(tmp_path: Path, change: str) -> Path:
             "not served: --dyn-gc-metrics-port / DYN_GC_METRICS_PORT (0)",
         ),
         (
-            # the adapter's own option is taken out (upstream's parser would refuse it), the
-            # extension is not added
+            # the adapter's own options are taken out (upstream's parser would refuse them), the
+            # extension is not added; the maintenance stands down with the freeze (it would
+            # unfreeze upstream's), so the default processor is no refusal here
             "dynamo_gc.frontend",
-            ["--dyn-gc-metrics-port", "0"],
+            ["--dyn-gc-metrics-port", "0", "--dyn-gc-maintenance", "idle"],
             {"DYN_GC_PAUSE_LOG_MS": "1"},
-            "not served: --dyn-gc-metrics-port / DYN_GC_METRICS_PORT (0)",
+            "not served: --dyn-gc-metrics-port / DYN_GC_METRICS_PORT (0), "
+            "--dyn-gc-maintenance / DYN_GC_MAINTENANCE (idle)",
         ),
         (
             # the launcher and the env var at once: still one line
