@@ -58,6 +58,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         stand_down.stand_down(UPSTREAM_PROGRAM, own_freeze, frontend_freeze.not_served(config))
         frontend_freeze.mark_stood_down()
         sys.argv = [UPSTREAM_PROGRAM, *frontend_settings.without_adapter_options(args)]
+        interrupts.hand_over()  # a stop recorded meanwhile stops here; then signals are upstream's
         upstream.main()
         return
     upstream_main = upstream.main
