@@ -10,11 +10,16 @@
 #
 # Environment:
 #   UPSTREAM_VENV=path     where the venv goes (default: .venv-upstream in the checkout)
+#   UPSTREAM_DYNAMO_VERSION=X.Y.Z  the ai-dynamo and ai-dynamo-runtime release (default 1.6.1;
+#                          CI also builds 1.6.0 without vLLM into .venv-upstream-1.6.0, to run
+#                          the frontend and mocker adapters on an older supported release)
 #   UPSTREAM_PYTHON=path   a Python 3.11 interpreter (default: pyenv's newest 3.11, else
 #                          python3.11): the CUDA wheels on this machine's disk are for 3.11
 #   UPSTREAM_VLLM=0        leave vLLM out (step 2): no vLLM worker and no `--dyn-chat-processor
 #                          vllm` frontend then, and the tests that need them skip (CI keeps the
 #                          default, 1)
+#   UPSTREAM_WHEELS=dir    where step 4 puts the release wheels (default: .upstream-wheels in the
+#                          checkout; the tests read DYNAMO_UPSTREAM_WHEELS, same default)
 #
 # What it does, and why (measured on a 2-core, no-GPU machine; issue 28):
 #   1. ai-dynamo-runtime==1.6.1 (with its dependencies), then ai-dynamo==1.6.1 with --no-deps,
@@ -79,6 +84,11 @@
 #   3. this repository's root distribution (the `dynamo-gc` layer only), editable, with its test
 #      extra; NOT components/ (our own `dynamo` launchers), which would shadow upstream's
 #      `dynamo` package. Checked after the install: `dynamo.frontend` must still be upstream's.
+#   4. the wheels of the ai-dynamo releases the adapters are checked against, downloaded (not
+#      installed) into .upstream-wheels/ for tests/upstream/test_releases.py.
+#
+# Another release: UPSTREAM_DYNAMO_VERSION=1.6.0 UPSTREAM_VLLM=0 UPSTREAM_VENV=.venv-upstream-1.6.0
+# (what CI builds beside the default, to run the frontend and mocker adapters on 1.6.0 too).
 #
 # pip warns that ai-dynamo requires aisimulate, which is not installed: expected (step 1).
 #
@@ -92,7 +102,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DYNAMO_VERSION=1.6.1
+DYNAMO_VERSION=${UPSTREAM_DYNAMO_VERSION:-1.6.1}
 VLLM_VERSION=0.32.0
 TORCH_VERSION=2.13.0
 TORCHVISION_VERSION=0.28.0
@@ -246,5 +256,30 @@ EOF
   rm -f "$VENV"/.project-*
   touch "$project_stamp"
 fi
+
+# Step 4: the wheel of every ai-dynamo release the adapters list as supported, and of the one
+# before the first (tests/upstream/test_releases.py reads them, without installing them), into a
+# cache directory shared by every environment of the checkout. Only those missing are fetched,
+# four at a time (~3 MB each, but one pip each: pip cannot download two versions of one
+# distribution in one call; one after another they took 3 minutes here, mostly pip's start-up
+# and index look-ups). The list is dynamo_gc.upstream.versions's.
+wheels=${UPSTREAM_WHEELS:-.upstream-wheels}
+mkdir -p "$wheels"
+mapfile -t releases < <("$python" -c 'from dynamo_gc.upstream import versions as v; print(*v.SUPPORTED_VERSIONS, v.LAST_RELEASE_WITHOUT_ROUTE_EXTENSIONS, sep="\n")')
+# One environment at a time fills the directory (CI builds two upstream environments at once).
+(
+  flock 9
+  missing=()
+  for release in "${releases[@]}"; do
+    compgen -G "$wheels/ai_dynamo-$release-*.whl" >/dev/null || missing+=("ai-dynamo==$release")
+  done
+  if [ "${#missing[@]}" -gt 0 ]; then
+    started=$SECONDS
+    log "downloading ${missing[*]} into $wheels (wheels the tests read, not installed)"
+    printf '%s\n' "${missing[@]}" |
+      xargs -P 4 -I {} "${pip[@]}" download --no-deps --only-binary :all: --dest "$wheels" {}
+    log "release wheels downloaded in $((SECONDS - started)) s"
+  fi
+) 9>"$wheels/.lock"
 
 echo "$python"

@@ -96,3 +96,19 @@ def vllm_worker_args(model_dir: Path | str) -> list[str]:
         "tcp",
         *VLLM_ARGS,
     ]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python scripts/upstream_pair.py model DIR``: write the tiny model's directory (what
+    upstream's mocker serves as :data:`MODEL`) into DIR and print it (docs/ai-dynamo.md)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("what", choices=["model"])
+    parser.add_argument("dir", type=Path)
+    args = parser.parse_args(argv)
+    print(tiny_model_dir(args.dir))
+
+
+if __name__ == "__main__":
+    main()

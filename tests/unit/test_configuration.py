@@ -255,6 +255,21 @@ def test_finite_float_bounds():
         bounded.parse("3600.5")
 
 
+@pytest.mark.parametrize("gc_surface", GC_SURFACES, ids=GC_IDS)
+def test_the_pause_log_threshold_stops_at_an_hour_and_says_why(gc_surface, capsys):
+    # 9223372036000 ms (threading's longest wait) was the limit once: no operator could tell
+    # what it was, and a GC pause log threshold is not a wait
+    assert gc_surface.parse([gc_surface.pause_flag, "3600000"], {}).gc_pause_log_ms == 3_600_000
+    err = expect_exit_2(capsys, gc_surface.parse, [], {gc_surface.pause_env: "3600001"})
+    assert_names_flag_env_and_value(err, gc_surface.pause_flag, gc_surface.pause_env, "3600001")
+    assert "must be between 0 and 3600000 (one hour: no GC pause comes near it" in err
+
+
+def test_a_wait_past_threadings_limit_says_what_the_limit_is(capsys):
+    err = expect_exit_2(capsys, PARSERS["python -m dynamo.vllm"], ["--drain-timeout", "1e10"], {})
+    assert "between 0 and 9223372036 (about 292 years: the longest wait Python's threading" in err
+
+
 def test_a_discovery_ttl_no_lease_store_can_hold_exits_2(capsys):
     """etcd refuses a lease over 9e9 s and aetcd cannot encode one over 2**63: such a TTL left
     the worker retrying its registration for ever (not ready, a WARNING naming etcd, not the

@@ -22,6 +22,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 SOURCES = REPO / "components" / "src"
 LAYER = SOURCES / "dynamo_gc"
+BACKEND = REPO / "components" / "build_backend"
 # What the layer may import beyond the standard library: its distribution's dependencies.
 LAYER_DEPENDENCIES = {"configargparse", "prometheus_client"}
 # What only our launchers use, and dynamo.* (ai-dynamo's namespace where an operator installs us).
@@ -41,16 +42,24 @@ def _is_adapter(name: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
-    """The dynamo-gc wheel, built from a copy of the sources (the build writes egg-info and
-    build/ next to them; the checkout stays as it is), the launchers' package included in the
-    copy so the wheel's file selection is what keeps it out."""
+def source_tree(tmp_path_factory) -> Path:
+    """What a checkout holds for the root distribution, copied (the checkout's own build/ and
+    egg-info come from the editable installs of the development environments), the launchers'
+    package included so the wheel's file selection is what keeps it out."""
     root = tmp_path_factory.mktemp("dynamo-gc-src")
     shutil.copy(REPO / "pyproject.toml", root)
     shutil.copy(REPO / "README.md", root)
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
     for package in ("dynamo_gc", "dynamo"):
         shutil.copytree(SOURCES / package, root / "components" / "src" / package, ignore=ignore)
+    shutil.copytree(BACKEND, root / "components" / "build_backend", ignore=ignore)
+    return root
+
+
+@pytest.fixture(scope="module")
+def wheel(source_tree, tmp_path_factory) -> Path:
+    """The dynamo-gc wheel, built as `pip wheel .` builds it from a checkout."""
+    root = source_tree
     out = tmp_path_factory.mktemp("wheels")
     # No build isolation: the backend comes from the test extra, so no index is needed.
     done = subprocess.run(
@@ -76,6 +85,18 @@ def test_the_wheel_holds_dynamo_gc_and_its_dist_info_only(wheel):
     assert not any(name.startswith("dynamo/") for name in names)
     assert "dynamo_gc/__init__.py" in names
     assert "dynamo_gc/freeze.py" in names and "dynamo_gc/configuration/__init__.py" in names
+
+
+def test_building_leaves_no_build_dir_and_no_egg_info_in_the_sources(source_tree, wheel):
+    # `pip install .` from a checkout used to leave both (and build/lib kept deleted modules for
+    # the next wheel): the backend builds from a temporary copy
+    left = sorted(
+        str(path.relative_to(source_tree))
+        for path in source_tree.rglob("*")
+        if path.name == "build" or path.name.endswith(".egg-info")
+    )
+    assert left == []
+    assert wheel.exists()
 
 
 def test_the_wheel_depends_only_on_what_the_layer_imports(wheel):

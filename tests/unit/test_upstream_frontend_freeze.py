@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import logging
 import sys
+import types
 import urllib.request
 
 import pytest
@@ -21,7 +22,13 @@ from dynamo_gc import lifecycle
 from dynamo_gc.configuration.gc_options import GcSettings
 from dynamo_gc.freeze import freeze_gc_heap, last_freeze
 from dynamo_gc.pause_logger import installed_gc_pause_logger
-from dynamo_gc.upstream import frontend_cli, frontend_freeze, frontend_settings, preprocess_pool
+from dynamo_gc.upstream import (
+    frontend_cli,
+    frontend_freeze,
+    frontend_settings,
+    preprocess_pool,
+    stand_down,
+)
 from tests.support.scrape import sample
 
 ENV_VARS = (
@@ -29,7 +36,21 @@ ENV_VARS = (
     "DYN_GC_PAUSE_LOG_MS",
     "DYN_GC_METRICS_PORT",
     "DYN_GC_METRICS_HOST",
+    "DYN_DEBUG_GC_ENDPOINT",
 )
+# What the provider finds as upstream's frontend module: a release without a freeze of its own.
+STOCK_FRONTEND = types.ModuleType("dynamo.frontend.main")
+
+
+def upstream_freeze_function():
+    """A function of upstream's freeze module as its unmerged change names it (the module of
+    that shape is tests/upstream/fixtures/; here only where the function comes from matters)."""
+
+    def maybe_freeze_gc_heap(enabled, *, context):
+        raise AssertionError("the adapter never calls upstream's freeze")
+
+    maybe_freeze_gc_heap.__module__ = stand_down.UPSTREAM_FREEZE_MODULE
+    return maybe_freeze_gc_heap
 
 
 @pytest.fixture(autouse=True)
@@ -43,7 +64,7 @@ def clean(monkeypatch):
         frontend_freeze.frontend_hooks, "preprocess_pool_requested", lambda args, program: 0
     )
     monkeypatch.setattr(
-        frontend_freeze.frontend_hooks, "checked_frontend_main", lambda program: None
+        frontend_freeze.frontend_hooks, "checked_frontend_main", lambda program: STOCK_FRONTEND
     )
     frontend_freeze.reset_for_tests()
     yield
@@ -252,3 +273,142 @@ def test_only_our_exact_flags_are_taken_out(argv, rest):
     config, left = frontend_settings.split_args(argv, env={})
     assert left == rest
     assert config.gc == GcSettings(freeze_gc_heap=True, gc_pause_log_ms=0.0)
+
+
+@pytest.fixture
+def frontend_that_freezes_itself(monkeypatch):
+    """Upstream's frontend module as in upstream's own GC-freeze change: it calls a function of
+    dynamo.common.utils.gc_freeze."""
+    module = types.ModuleType("dynamo.frontend.main")
+    module.maybe_freeze_gc_heap = upstream_freeze_function()
+    monkeypatch.setattr(
+        frontend_freeze.frontend_hooks, "checked_frontend_main", lambda program: module
+    )
+    return module
+
+
+def test_where_upstream_freezes_itself_the_provider_stands_down_with_one_line(
+    frontend_that_freezes_itself, monkeypatch, caplog
+):
+    caplog.set_level(logging.INFO)
+    monkeypatch.setenv("DYN_GC_PAUSE_LOG_MS", "5")  # upstream's own pause logger reads it
+
+    assert frontend_freeze.gc_freeze_routes() == []
+    assert frontend_freeze.gc_freeze_routes() == []  # the env var and the flag both name it
+
+    lines = [r for r in caplog.records if "stands down" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].levelno == logging.INFO
+    assert "(dynamo.common.utils.gc_freeze: maybe_freeze_gc_heap)" in lines[0].getMessage()
+    assert "no second freeze and no second pause logger" in lines[0].getMessage()
+    assert gc.get_freeze_count() == 0 and last_freeze() is None
+    assert installed_gc_pause_logger() is None
+    assert lifecycle.current_phase() is lifecycle.Phase.STARTING  # upstream's to decide
+    assert frontend_freeze.activation() is None
+
+
+def test_the_stand_down_line_names_the_adapters_settings_nothing_serves(
+    frontend_that_freezes_itself, monkeypatch, caplog
+):
+    monkeypatch.setenv("DYN_GC_METRICS_PORT", "9092")
+    monkeypatch.setenv("DYN_DEBUG_GC_ENDPOINT", "1")
+    caplog.set_level(logging.INFO)
+
+    assert frontend_freeze.gc_freeze_routes() == []  # no debug route either
+
+    (line,) = [r for r in caplog.records if "stands down" in r.getMessage()]
+    assert line.levelno == logging.WARNING
+    assert line.getMessage().endswith(
+        "not served: --dyn-gc-metrics-port / DYN_GC_METRICS_PORT (9092), "
+        "--dyn-debug-gc-endpoint / DYN_DEBUG_GC_ENDPOINT"
+    )
+
+
+@pytest.fixture
+def launched_on_it(frontend_that_freezes_itself, monkeypatch, caplog):
+    """The command lines python -m dynamo_gc.frontend starts that upstream frontend with."""
+    started: list[list[str]] = []
+    frontend_that_freezes_itself.main = lambda: started.append(list(sys.argv))
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    caplog.set_level(logging.INFO)
+    monkeypatch.setattr(
+        frontend_cli.frontend_hooks,
+        "checked_frontend_main",
+        lambda program=None: frontend_that_freezes_itself,
+    )
+    return started
+
+
+def test_the_launcher_hands_an_upstream_that_freezes_itself_the_gc_flags(launched_on_it, caplog):
+    started = launched_on_it
+    frontend_cli.main(
+        ["--http-port", "8000", "--no-dyn-freeze-gc-heap", "--dyn-gc-metrics-port", "9092"]
+    )
+
+    # upstream's parser reads the GC flags (the same names); the adapter's own option is gone,
+    # and so is the extension
+    assert started == [
+        [frontend_cli.UPSTREAM_PROGRAM, "--http-port", "8000", "--no-dyn-freeze-gc-heap"]
+    ]
+    (line,) = [r for r in caplog.records if "stands down" in r.getMessage()]
+    assert "not served: --dyn-gc-metrics-port / DYN_GC_METRICS_PORT (9092)" in line.getMessage()
+    # upstream calling the provider as well (the env var also set) adds nothing
+    assert frontend_freeze.gc_freeze_routes() == []
+    assert len([r for r in caplog.records if "stands down" in r.getMessage()]) == 1
+
+
+def test_where_upstream_freezes_itself_the_maintenance_stands_down_too(
+    frontend_that_freezes_itself, monkeypatch, caplog
+):
+    # the maintenance would unfreeze and re-freeze the heap upstream froze: it does not run,
+    # and the line says so (its env vars are the adapter's alone: upstream reads none of them)
+    monkeypatch.setenv("DYN_GC_MAINTENANCE", "idle")
+    monkeypatch.setenv("DYN_GC_PAUSE_BUDGET_MS", "20")
+    caplog.set_level(logging.INFO)
+
+    assert frontend_freeze.gc_freeze_routes() == []
+
+    (line,) = [r for r in caplog.records if "stands down" in r.getMessage()]
+    assert line.levelno == logging.WARNING
+    assert line.getMessage().endswith(
+        "not served: --dyn-gc-maintenance / DYN_GC_MAINTENANCE (idle)"
+    )
+    assert frontend_freeze.activation() is None  # no maintainer, no gate, no pause logger
+    assert installed_gc_pause_logger() is None
+    assert gc.get_freeze_count() == 0
+
+
+def test_the_launcher_takes_the_maintenance_flags_out_for_an_upstream_that_freezes_itself(
+    launched_on_it, caplog
+):
+    started = launched_on_it
+    frontend_cli.main(
+        [
+            "--dyn-chat-processor",
+            "vllm",
+            "--dyn-gc-maintenance",
+            "idle",
+            "--dyn-gc-pause-budget-ms=20",
+            "--dyn-gc-pause-log-ms",
+            "5",
+        ]
+    )
+
+    # upstream's parser has no maintenance option (it would refuse one): taken out
+    assert started == [
+        [
+            frontend_cli.UPSTREAM_PROGRAM,
+            "--dyn-chat-processor",
+            "vllm",
+            "--dyn-gc-pause-log-ms",
+            "5",
+        ]
+    ]
+    (line,) = [r for r in caplog.records if "stands down" in r.getMessage()]
+    assert "not served: --dyn-gc-maintenance / DYN_GC_MAINTENANCE (idle)" in line.getMessage()
+
+
+def test_a_release_without_upstreams_freeze_module_is_not_taken_for_one():
+    module = types.ModuleType("dynamo.frontend.main")
+    module.make_engine = lambda: None  # upstream's other globals come from elsewhere
+    module.gc_freeze = types.ModuleType(stand_down.UPSTREAM_FREEZE_MODULE)  # a module, not called
+    assert stand_down.upstream_freeze_in(module) is None

@@ -26,7 +26,13 @@ from dynamo_gc.configuration.gc_surfaces import (
     surface_settings_from_env,
 )
 from dynamo_gc.freeze import freeze_gc_heap
-from dynamo_gc.upstream import frontend_freeze, frontend_settings, request_gate, served_maintenance
+from dynamo_gc.upstream import (
+    frontend_cli,
+    frontend_freeze,
+    frontend_settings,
+    request_gate,
+    served_maintenance,
+)
 from dynamo_gc.upstream.request_gate import RequestPath
 from dynamo_gc.vllm import ADAPTER as VLLM_ADAPTER
 from dynamo_gc.vllm import ungated
@@ -261,9 +267,34 @@ def test_the_frontend_refuses_maintenance_with_a_processor_that_serves_in_rust(m
     monkeypatch.setattr(frontend_freeze.frontend_hooks, "chat_processor", lambda a, p: "dynamo")
     config = frontend_settings.from_env({"DYN_GC_MAINTENANCE": "idle"})
     with pytest.raises(SystemExit) as exited:
-        frontend_freeze._maintained_paths(config)
+        frontend_freeze.maintained_paths(config, "prog", [])
     assert exited.value.code == 2
     error = capsys.readouterr().err
-    assert "--dyn-chat-processor vllm or sglang" in error and "DYN_GC_MAINTENANCE" in error
+    assert error.startswith("prog: error: --dyn-gc-maintenance idle / DYN_GC_MAINTENANCE=idle")
+    assert "--dyn-chat-processor vllm or sglang" in error
     monkeypatch.setattr(frontend_freeze.frontend_hooks, "chat_processor", lambda a, p: "vllm")
-    assert frontend_freeze._maintained_paths(config) == frontend_freeze.REQUEST_PATHS["vllm"]
+    assert (
+        frontend_freeze.maintained_paths(config, "prog", [])
+        == (frontend_freeze.REQUEST_PATHS["vllm"])
+    )
+
+
+def test_the_launcher_refuses_that_maintenance_before_upstream_starts(monkeypatch, capsys):
+    # python -m dynamo_gc.frontend: the refusal names the program the operator ran, and comes
+    # before upstream's main (which would build the engine first)
+    started = []
+    upstream = types.ModuleType("dynamo.frontend.main")
+    upstream.main = lambda: started.append(True)
+    monkeypatch.setattr(
+        frontend_cli.frontend_hooks, "checked_frontend_main", lambda p=None: upstream
+    )
+    monkeypatch.setattr(frontend_cli.frontend_hooks, "chat_processor", lambda a, p: "dynamo")
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+
+    with pytest.raises(SystemExit) as exited:
+        frontend_cli.main(["--dyn-gc-maintenance", "idle", "--http-port", "8000"])
+
+    assert exited.value.code == 2 and started == []
+    assert capsys.readouterr().err.startswith(
+        "python -m dynamo_gc.frontend: error: --dyn-gc-maintenance idle"
+    )

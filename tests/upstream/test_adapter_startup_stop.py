@@ -63,7 +63,7 @@ def test_a_lost_ctrl_c_stops_the_frontend_adapter_before_upstream_starts(tmp_pat
         [],
         kv_dir=kv_dir,
         log_dir=tmp_path,
-        env={"FINALIZER_SIGNAL_AT": ("dynamo_gc.upstream.frontend_hooks:upstream_frontend_main")},
+        env={"FINALIZER_SIGNAL_AT": "dynamo_gc.upstream.frontend_hooks:checked_frontend_main"},
         launch=FINALIZER_SIGNAL_LAUNCH,
     )
     assert_stopped_before_upstream(frontend.process, "python -m dynamo_gc.frontend")

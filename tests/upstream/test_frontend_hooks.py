@@ -21,7 +21,7 @@ def upstream_main():
 
 def test_the_real_upstream_passes_the_checks(upstream_main):
     assert frontend_hooks.checked_frontend_main() is upstream_main
-    assert frontend_hooks.upstream_frontend_main() is upstream_main.main
+    assert frontend_hooks.upstream_frontend_parse_args() is upstream_main.parse_args
 
 
 def refused(capsys) -> str:

@@ -5,13 +5,18 @@ upstream's real frontend and mocker on loopback, the official ``openai`` client.
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 import textwrap
 from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 
+from dynamo_gc.upstream.frontend_hooks import EXTENSION_PROGRAM
+from dynamo_gc.upstream.versions import SUPPORTED_VERSIONS
 from tests.support.scrape import sample
 from tests.upstream.frontend_pair import FROZEN, HTTP_STARTED
 
@@ -119,11 +124,9 @@ def test_a_changed_upstream_stops_the_frontend_with_exit_2_naming_version_and_sy
     assert frontend.process.exit_code(deadline_s=120) == 2
 
     log = frontend.process.log()
-    expected = (
-        f"dynamo_gc (gc-freeze route extension): error: ai-dynamo {version('ai-dynamo')}: {symbol}"
-    )
+    expected = f"{EXTENSION_PROGRAM}: error: ai-dynamo {version('ai-dynamo')}: {symbol}"
     assert expected in log, log
-    assert "this adapter supports ai-dynamo 1.6.1" in log
+    assert f"this adapter supports ai-dynamo {', '.join(SUPPORTED_VERSIONS)}" in log
     # never a frontend that serves unfrozen
     assert frontend.position(HTTP_STARTED) == -1
     assert frontend.process.count(FROZEN) == 0
@@ -135,7 +138,7 @@ def test_an_unlisted_version_with_its_symbols_in_place_runs_with_a_warning(front
     # whose hooked symbols are all still there looks like to the provider.
     prelude = """
         from dynamo_gc.upstream import versions
-        versions.SUPPORTED_VERSIONS = ("1.6.0",)
+        versions.SUPPORTED_VERSIONS = ("0.0.0",)
     """
     frontend = frontends(
         UPSTREAM,
@@ -146,8 +149,7 @@ def test_an_unlisted_version_with_its_symbols_in_place_runs_with_a_warning(front
     frontend.serve_a_chat()
 
     warning = re.escape(
-        f"dynamo_gc (gc-freeze route extension): ai-dynamo {version('ai-dynamo')} {UNCHECKED} "
-        "(checked: 1.6.0)"
+        f"{EXTENSION_PROGRAM}: ai-dynamo {version('ai-dynamo')} {UNCHECKED} (checked: 0.0.0)"
     )
     assert 0 <= frontend.position(warning) < frontend.position(FROZEN)
     assert frontend.position(FROZEN) < frontend.position(HTTP_STARTED)
@@ -197,5 +199,29 @@ def test_a_bad_env_value_exits_2_before_http_starts(frontends, name, value):
 
     log = frontend.process.log()
     assert name in log and repr(value) in log
+    # the operator ran upstream's command: the error names the extension and the env var that
+    # put it there, and says where the options are listed (not a --help of a program not run)
+    assert f"{EXTENSION_PROGRAM}: error: " in log
+    assert (
+        "python -m dynamo.frontend, gc-freeze route extension (DYN_FRONTEND_ROUTE_EXTENSIONS)"
+        in log
+    )
+    assert "(the gc-freeze route extension reads these env vars; " in log
+    assert "run python -m dynamo_gc.frontend --help" not in log
     assert frontend.position(HTTP_STARTED) == -1
     assert frontend.process.count(FROZEN) == 0
+
+
+def test_upstreams_own_command_takes_the_options_as_env_vars_only():
+    # README.md's table: on upstream's unchanged command the extension reads env vars; upstream's
+    # parser refuses the flags (they are python -m dynamo_gc.frontend's)
+    done = subprocess.run(
+        [sys.executable, "-m", UPSTREAM, "--dyn-freeze-gc-heap", "--http-port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "DYN_FRONTEND_ROUTE_EXTENSIONS": "gc-freeze"},
+        check=False,
+    )
+    assert done.returncode != 0
+    assert "Unknown arguments specified: ['--dyn-freeze-gc-heap']" in done.stdout + done.stderr

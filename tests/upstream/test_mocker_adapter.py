@@ -16,6 +16,7 @@ import pytest
 from launcher_process import LauncherProcess
 from upstream_pair import loopback_env, mocker_args, tiny_model_dir
 
+from dynamo_gc.upstream.versions import SUPPORTED_VERSIONS
 from tests.upstream.frontend_pair import Frontend
 
 pytestmark = [pytest.mark.upstream, pytest.mark.integration]
@@ -205,7 +206,7 @@ def test_a_changed_upstream_exits_2_naming_the_version_and_the_symbol(tmp_path, 
     assert result.returncode == 2, result.stderr
     assert f"ai-dynamo {version('ai-dynamo')}:" in result.stderr
     assert re.search(problem, result.stderr), result.stderr
-    assert "this adapter supports ai-dynamo 1.6.1" in result.stderr
+    assert f"this adapter supports ai-dynamo {', '.join(SUPPORTED_VERSIONS)}" in result.stderr
     assert "Creating mocker worker" not in result.stderr + result.stdout
 
 

@@ -79,6 +79,9 @@ ADAPTER = WorkerAdapter(
     # ("restore standby mode must ... hold without importing vLLM"); so does the adapter. The
     # process that serves afterwards is the restored checkpoint, wrapped as it was started.
     before_engine_import=("dynamo.common.snapshot.restore_context:maybe_run_restore_standby_mode"),
+    # --embedding-worker-processes N: upstream starts processes 2..N as `python -m dynamo.vllm`;
+    # the adapter makes that `python -m dynamo_gc.vllm` with the same GC settings.
+    embedding_children=True,
     # Upstream's worker() installs its graceful-shutdown handlers before it builds the engine
     # with blocking calls, so they would run only once the engine is up: the adapter's own stop
     # start-up until the freeze point, where upstream's are installed as upstream asked.

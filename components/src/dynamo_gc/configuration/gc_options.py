@@ -35,11 +35,19 @@ FREEZE_GC_HEAP = Option(
     ),
 )
 
+# The pause log's threshold is not a wait: its limit is what a GC pause can be. The longest
+# reported are tens of seconds (SGLang #28067: 46 s on a heap grown for 6.5 hours); a threshold
+# above an hour could never log anything, so it is taken for a typo (a unit mix-up, a stray
+# digit) rather than accepted.
+MAX_PAUSE_LOG_MS = 3_600_000.0
+
 GC_PAUSE_LOG_MS = milliseconds_option(
     "gc-pause-log-ms",
     "GC_PAUSE_LOG_MS",
     0.0,
     "Log a WARNING for every GC pause at least this many milliseconds long; 0 turns the log off.",
+    maximum=MAX_PAUSE_LOG_MS,
+    maximum_reason="one hour: no GC pause comes near it, so a larger threshold would never log",
 )
 
 

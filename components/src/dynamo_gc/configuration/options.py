@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from .values import (
     MAX_WAIT_MS,
+    MAX_WAIT_REASON,
     MAX_WAIT_S,
     Choice,
     FiniteFloat,
@@ -177,12 +178,24 @@ def seconds_option(
     maximum: float = MAX_WAIT_S,
 ) -> Option:
     """A duration in seconds: a finite number, by default at most what ``threading`` waits."""
-    return Option(name, env_var, default, help, FiniteFloat(minimum, maximum), metavar="SECONDS")
+    reason = MAX_WAIT_REASON if maximum == MAX_WAIT_S else None
+    kind = FiniteFloat(minimum, maximum, reason)
+    return Option(name, env_var, default, help, kind, metavar="SECONDS")
 
 
-def milliseconds_option(name: str, env_var: str, default: float, help: str) -> Option:
-    """A duration in milliseconds, from 0 to what ``threading`` waits."""
-    return Option(name, env_var, default, help, FiniteFloat(0.0, MAX_WAIT_MS), metavar="MS")
+def milliseconds_option(
+    name: str,
+    env_var: str,
+    default: float,
+    help: str,
+    *,
+    maximum: float = MAX_WAIT_MS,
+    maximum_reason: str = MAX_WAIT_REASON,
+) -> Option:
+    """A duration in milliseconds, from 0 to what ``threading`` waits unless ``maximum`` says
+    less (with ``maximum_reason``: why, in words the error and the docs show)."""
+    kind = FiniteFloat(0.0, maximum, maximum_reason)
+    return Option(name, env_var, default, help, kind, metavar="MS")
 
 
 def text_option(name: str, env_var: str, help: str, *, what: str, metavar: str) -> Option:

@@ -33,6 +33,10 @@ class DynamoArgParser(configargparse.ArgParser):
     vLLM, would take an abbreviation meant for vLLM (``--tensor-parallel``) as its own.
     """
 
+    # Where an error sends the reader instead of ``run PROG --help`` (a program that has no
+    # --help of its own: the gc-freeze route extension inside upstream's frontend).
+    help_pointer: str | None = None
+
     def __init__(self, *args, options: Sequence[Option] = (), **kwargs):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
@@ -153,7 +157,8 @@ def short_usage_error(parser: argparse.ArgumentParser, message: str) -> NoReturn
     reads (or cut off by ``| head`` and log viewers that show the first lines). The error comes
     first and alone; ``--help`` lists every option.
     """
-    parser.exit(2, f"{parser.prog}: error: {message}\n(run {parser.prog} --help for the options)\n")
+    pointer = getattr(parser, "help_pointer", None) or f"run {parser.prog} --help for the options"
+    parser.exit(2, f"{parser.prog}: error: {message}\n({pointer})\n")
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):

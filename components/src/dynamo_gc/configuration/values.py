@@ -60,6 +60,11 @@ def undecodable_problem(text: str) -> str | None:
 # given it would die with an OverflowError long after start-up, silently.
 MAX_WAIT_S = float(threading.TIMEOUT_MAX)
 MAX_WAIT_MS = MAX_WAIT_S * 1000.0
+# What an error and the docs say about that limit: the bare number (9223372036000 ms) reads like a
+# mistake of ours, so they say what it is.
+MAX_WAIT_REASON = (
+    f"about {MAX_WAIT_S / (365.25 * 86400):.0f} years: the longest wait Python's threading accepts"
+)
 
 
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
@@ -82,6 +87,8 @@ class _Bounded:
 
     minimum: Any
     maximum: Any = None
+    # What the maximum is, in words, when the number alone does not say (errors and docs add it).
+    maximum_reason: str | None = None
     NUMBER_FORMAT: ClassVar[str] = "g"
 
     def checked(self, value: Any) -> Any:
@@ -93,7 +100,8 @@ class _Bounded:
         low = self._render(self.minimum)
         if self.maximum is None:
             return f">= {low}"
-        return f"between {low} and {self._render(self.maximum)}"
+        reason = f" ({self.maximum_reason})" if self.maximum_reason else ""
+        return f"between {low} and {self._render(self.maximum)}{reason}"
 
     def _render(self, number: Any) -> str:
         # A whole number as one (the longest wait is 9223372036 s, not 9.22337e+09).
@@ -108,6 +116,7 @@ class FiniteFloat(_Bounded):
 
     minimum: float = 0.0
     maximum: float | None = None
+    maximum_reason: str | None = None
 
     def parse(self, text: str) -> float:
         word = text.strip(_ASCII_BLANKS)
@@ -146,6 +155,7 @@ class IntRange(_Bounded):
 
     minimum: int
     maximum: int | None = None
+    maximum_reason: str | None = None
     NUMBER_FORMAT: ClassVar[str] = "d"
 
     def parse(self, text: str) -> int:

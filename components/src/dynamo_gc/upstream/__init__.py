@@ -8,6 +8,8 @@ or names a route extension so the freeze runs at upstream's own quiescent point:
 * :mod:`.versions`: which ai-dynamo is installed, which versions were checked;
 * :mod:`.hooks`: resolve, check and wrap a hooked module global;
 * :mod:`.worker_settings`, :mod:`.worker_freeze`, :mod:`.worker_cli`: the workers' adapters
-  (``python -m dynamo_gc.vllm``, ``python -m dynamo_gc.mocker``);
-* the frontend's adapter (``python -m dynamo_gc.frontend`` and the ``gc-freeze`` route extension).
+  (``python -m dynamo_gc.vllm``, ``python -m dynamo_gc.mocker``); :mod:`.embedding_children`:
+  upstream's ``--embedding-worker-processes`` children started through the vLLM adapter;
+* the frontend's adapter (``python -m dynamo_gc.frontend`` and the ``gc-freeze`` route extension);
+* :mod:`.stand_down`: where the installed ai-dynamo freezes a process itself, the adapters do not.
 """

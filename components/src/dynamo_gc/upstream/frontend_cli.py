@@ -13,7 +13,13 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from dynamo_gc.upstream import frontend_freeze, frontend_hooks, frontend_settings, interrupts
+from dynamo_gc.upstream import (
+    frontend_freeze,
+    frontend_hooks,
+    frontend_settings,
+    interrupts,
+    stand_down,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +50,20 @@ def main(argv: Sequence[str] | None = None) -> None:
         parse_upstream_args()  # prints upstream's help and exits 0
         return
     config, rest = frontend_settings.split_args(args)
-    upstream_main = frontend_hooks.upstream_frontend_main()  # exit 2 on an unsupported version
+    upstream = frontend_hooks.checked_frontend_main()  # exit 2 on an unsupported version
+    own_freeze = stand_down.upstream_freeze_in(upstream)
+    if own_freeze is not None:
+        # Upstream freezes this process itself: its parser gets the GC flags (the same names),
+        # the adapter keeps only its own options, and adds no extension.
+        stand_down.stand_down(UPSTREAM_PROGRAM, own_freeze, frontend_freeze.not_served(config))
+        frontend_freeze.mark_stood_down()
+        sys.argv = [UPSTREAM_PROGRAM, *frontend_settings.without_adapter_options(args)]
+        interrupts.hand_over()  # a stop recorded meanwhile stops here; then signals are upstream's
+        upstream.main()
+        return
+    upstream_main = upstream.main
+    # a maintenance the chat processor cannot host: exit 2 now, before upstream builds anything
+    frontend_freeze.maintained_paths(config, UPSTREAM_PROGRAM, rest)
     frontend_freeze.configure(config)
     mode = frontend_hooks.non_http_mode(rest)
     upstream_args = upstream_argv(rest, mode)

@@ -18,6 +18,9 @@ JSON, which Prometheus cannot scrape, so the ``dynamo_gc_*`` metrics get a port 
 ``DYN_GC_METRICS_PORT`` asks for one (see :mod:`.metrics_server`); the only route returned is
 ``GET /debug/gc/state``, and only when ``DYN_DEBUG_GC_ENDPOINT`` asks for it.
 
+Where the installed ai-dynamo freezes its frontend itself (:mod:`.stand_down`), the provider does
+none of this: one line, no routes, no maintenance (upstream's freeze is the only one).
+
 With ``--dyn-gc-maintenance idle`` / ``DYN_GC_MAINTENANCE=idle`` the frontend also runs the
 serving-time maintenance (:mod:`.served_maintenance`): each request's way through the chat
 processor's ``generator`` (``VllmProcessor``, ``SglangProcessor``) is counted in flight and
@@ -47,6 +50,7 @@ from dynamo_gc.upstream import (
     preprocess_pool,
     request_gate,
     served_maintenance,
+    stand_down,
 )
 from dynamo_gc.upstream.frontend_settings import FrontendGcConfig
 from dynamo_gc.upstream.request_gate import RequestPath
@@ -73,6 +77,8 @@ class Activation:
 _lock = threading.Lock()
 _configured: FrontendGcConfig | None = None
 _activation: Activation | None = None
+# Upstream freezes this process itself (:mod:`.stand_down`): the provider does nothing more.
+_stood_down = False
 
 
 def configure(config: FrontendGcConfig) -> None:
@@ -80,6 +86,27 @@ def configure(config: FrontendGcConfig) -> None:
     global _configured
     with _lock:
         _configured = config
+
+
+def mark_stood_down() -> None:
+    """The launcher found upstream's own freeze and said so: the provider, if upstream calls it
+    too (the env var set as well), does nothing and logs nothing more."""
+    global _stood_down
+    with _lock:
+        _stood_down = True
+
+
+def not_served(config: FrontendGcConfig) -> list[str]:
+    """The adapter's own settings in ``config`` that nothing serves once it stands down."""
+    lost = []
+    if config.metrics_port is not None:
+        lost.append(f"--dyn-gc-metrics-port / DYN_GC_METRICS_PORT ({config.metrics_port})")
+    if config.debug_gc_endpoint:
+        lost.append("--dyn-debug-gc-endpoint / DYN_DEBUG_GC_ENDPOINT")
+    if config.maintenance.enabled:
+        mode = config.maintenance.mode
+        lost.append(f"--dyn-gc-maintenance / DYN_GC_MAINTENANCE ({mode})")
+    return lost
 
 
 def activation() -> Activation | None:
@@ -94,11 +121,13 @@ def gc_freeze_routes() -> list:
     does not catch: it leaves ``async_main`` and the process with status 2), naming the symbol or
     the env var, before upstream opens its HTTP port and with nothing of the adapter installed.
     """
-    global _activation
+    global _activation, _stood_down
     # A stop signal recorded during start-up (see dynamo_gc.upstream.interrupts): HTTP never
     # starts. StartupInterrupted is a KeyboardInterrupt, which upstream's loader lets through.
     startup_stop.check()
     with _lock:
+        if _stood_down:
+            return []  # upstream freezes this process itself; the line was logged once
         if _activation is not None:
             # Both activation ways at once (the entry point and the launcher, or the entry-point
             # name and its module:function path): one freeze, one pause logger.
@@ -106,11 +135,20 @@ def gc_freeze_routes() -> list:
             return []
         if _configured is not None:
             config = _configured  # the launcher's flags; it checked upstream before starting it
+            program = frontend_settings.PROGRAM  # what the operator ran
         else:
+            program = frontend_hooks.EXTENSION_PROGRAM
             # Upstream's own command (the Kubernetes way): nothing has checked upstream yet.
-            frontend_hooks.checked_frontend_main(frontend_hooks.EXTENSION_PROGRAM)
+            upstream = frontend_hooks.checked_frontend_main(frontend_hooks.EXTENSION_PROGRAM)
             config = frontend_settings.from_env()
-        _activation = _activate(config)
+            own_freeze = stand_down.upstream_freeze_in(upstream)
+            if own_freeze is not None:
+                stand_down.stand_down(
+                    frontend_hooks.EXTENSION_PROGRAM, own_freeze, not_served(config)
+                )
+                _stood_down = True
+                return []
+        _activation = _activate(config, program)
     return debug_routes() if config.debug_gc_endpoint else []
 
 
@@ -135,12 +173,14 @@ REQUEST_PATHS = {
 }
 
 
-def _maintained_paths(config: FrontendGcConfig) -> tuple[RequestPath, ...]:
-    """The request paths the maintenance gates; exit 2 when the processor has none."""
+def maintained_paths(
+    config: FrontendGcConfig, program: str, upstream_args: list[str]
+) -> tuple[RequestPath, ...]:
+    """The request paths the maintenance gates; exit 2 when the processor has none (called by
+    the launcher before upstream starts too, so that refusal comes before the engine is built)."""
     if not config.maintenance.enabled:
         return ()
-    program = frontend_hooks.EXTENSION_PROGRAM
-    processor = frontend_hooks.chat_processor(sys.argv[1:], program)
+    processor = frontend_hooks.chat_processor(upstream_args, program)
     paths = REQUEST_PATHS.get(processor)
     if paths is None:
         mode = config.maintenance.mode
@@ -155,18 +195,16 @@ def _maintained_paths(config: FrontendGcConfig) -> tuple[RequestPath, ...]:
     return paths
 
 
-def _activate(config: FrontendGcConfig) -> Activation:
+def _activate(config: FrontendGcConfig, program: str) -> Activation:
     settings = config.gc
     # First, so that a pool the adapter cannot find is an exit 2 with nothing installed. sys.argv
     # is upstream's command line here, in both activation ways (upstream's parse_args reads it,
     # and the launcher hands upstream its arguments through it).
-    requested = frontend_hooks.preprocess_pool_requested(
-        sys.argv[1:], frontend_hooks.EXTENSION_PROGRAM
-    )
-    paths = _maintained_paths(config)
+    requested = frontend_hooks.preprocess_pool_requested(sys.argv[1:], program)
+    paths = maintained_paths(config, program, sys.argv[1:])
     preprocess_pool.wrap_initializer(settings, requested_workers=requested)
     adapter_gc = served_maintenance.observe(
-        frontend_hooks.EXTENSION_PROGRAM,
+        program,
         settings,
         config.maintenance,
         paths=paths,
@@ -196,7 +234,7 @@ def _activate(config: FrontendGcConfig) -> Activation:
 
 def reset_for_tests() -> None:
     """Forget this process's activation and configured settings (tests run many in one process)."""
-    global _activation, _configured
+    global _activation, _configured, _stood_down
     with _lock:
         if _activation is not None:
             atexit.unregister(_activation.process_state.restore)
@@ -206,6 +244,7 @@ def reset_for_tests() -> None:
                 maintainer.cancel()  # its loop is the test's, which ends with the test
         _activation = None
         _configured = None
+        _stood_down = False
     preprocess_pool.unwrap_initializer()
     for paths in REQUEST_PATHS.values():
         request_gate.ungate(paths)

@@ -17,15 +17,32 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from dynamo_gc.upstream.hooks import looks_up_global
-from dynamo_gc.upstream.versions import refuse, warn_if_unchecked
+from dynamo_gc.upstream.versions import (
+    EXTENSION_NAME_IN_ERRORS,
+    ROUTE_EXTENSIONS_SINCE,
+    refuse,
+    warn_if_unchecked,
+)
 
 PROGRAM = "python -m dynamo_gc.frontend"
-# The name refusals and warnings carry when upstream's own command reached the provider.
-EXTENSION_PROGRAM = "dynamo_gc (gc-freeze route extension)"
+# The name refusals and warnings carry when upstream's own command reached the provider: what
+# the operator ran, and how the adapter got into it.
+EXTENSION_PROGRAM = EXTENSION_NAME_IN_ERRORS
 FRONTEND_MAIN = "dynamo.frontend.main"
 FRONTEND_ARGS = "dynamo.frontend.frontend_args"
 ROUTE_GROUP = "dynamo.frontend.routes"
 ROUTE_HOOK = "load_frontend_route_extensions"
+# The functions of upstream's frontend module the adapter relies on (the launcher calls main and
+# parse_args; async_main calls the route hook, where the freeze runs).
+FRONTEND_FUNCTIONS = ("main", "parse_args", "async_main", ROUTE_HOOK)
+# The options of upstream's FrontendArgGroup the adapter reads, by dest: its modes without HTTP
+# (no route extension there) and the sglang processor's preprocess pool.
+FRONTEND_OPTIONS = {
+    "interactive": "--interactive",
+    "kserve_grpc_server": "--kserve-grpc-server",
+    "chat_processor": "--dyn-chat-processor",
+    "preprocess_workers": "--dyn-preprocess-workers",
+}
 
 
 def checked_frontend_main(program: str = PROGRAM) -> Any:
@@ -38,9 +55,10 @@ def checked_frontend_main(program: str = PROGRAM) -> Any:
         module = importlib.import_module(FRONTEND_MAIN)
     except ImportError as exc:
         refuse(program, FRONTEND_MAIN, f"cannot be imported ({type(exc).__name__}: {exc})")
-    for name in ("main", "parse_args", "async_main", ROUTE_HOOK):
+    for name in FRONTEND_FUNCTIONS:
         if not callable(getattr(module, name, None)):
-            refuse(program, f"{FRONTEND_MAIN}.{name}", "is missing")
+            since = f" (upstream's frontend has route extensions since {ROUTE_EXTENSIONS_SINCE})"
+            refuse(program, f"{FRONTEND_MAIN}.{name}", "is missing" + since * (name == ROUTE_HOOK))
     if not looks_up_global(module.async_main, ROUTE_HOOK):
         refuse(
             program,
@@ -56,10 +74,6 @@ def checked_frontend_main(program: str = PROGRAM) -> Any:
         )
     warn_if_unchecked(program)
     return module
-
-
-def upstream_frontend_main() -> Callable[[], None]:
-    return checked_frontend_main().main
 
 
 def upstream_frontend_parse_args() -> Callable[[], Any]:
@@ -93,12 +107,9 @@ def non_http_mode(upstream_args: Sequence[str]) -> str | None:
     """The mode flag when upstream will serve no HTTP (``--interactive``, ``--kserve-grpc-server``),
     which upstream refuses a route extension in."""
     parsed = upstream_frontend_options(upstream_args)
-    for dest, flag in (
-        ("interactive", "--interactive"),
-        ("kserve_grpc_server", "--kserve-grpc-server"),
-    ):
-        if _declared(parsed, dest, flag, PROGRAM):
-            return flag
+    for dest in ("interactive", "kserve_grpc_server"):
+        if _declared(parsed, dest, FRONTEND_OPTIONS[dest], PROGRAM):
+            return FRONTEND_OPTIONS[dest]
     return None
 
 
@@ -113,6 +124,8 @@ def preprocess_pool_requested(upstream_args: Sequence[str], program: str) -> int
     """How many ``--dyn-preprocess-workers`` upstream's ``sglang`` processor will start (0 with
     another processor, which has no pool in 1.6.1): the pool the adapter must find and wrap."""
     parsed = upstream_frontend_options(upstream_args, program)
-    processor = _declared(parsed, "chat_processor", "--dyn-chat-processor", program)
-    workers = _declared(parsed, "preprocess_workers", "--dyn-preprocess-workers", program)
+    processor = _declared(parsed, "chat_processor", FRONTEND_OPTIONS["chat_processor"], program)
+    workers = _declared(
+        parsed, "preprocess_workers", FRONTEND_OPTIONS["preprocess_workers"], program
+    )
     return int(workers or 0) if processor == "sglang" else 0

@@ -28,13 +28,20 @@ from dynamo_gc.configuration.gc_options import (
 from dynamo_gc.configuration.gc_surfaces import FRONTEND_GC
 from dynamo_gc.configuration.options import Surface, host_option, port_option
 from dynamo_gc.configuration.parser import DynamoArgParser, build_parser
+from dynamo_gc.upstream.versions import EXTENSION_NAME_IN_ERRORS
 
 logger = logging.getLogger(__name__)
 
 PROGRAM = "python -m dynamo_gc.frontend"
-# The route-extension path's errors name the adapter's launcher too: the operator ran upstream's
-# command, and `python -m dynamo_gc.frontend --help` is where the options are listed.
-EXTENSION_PROGRAM = PROGRAM
+# The route-extension path's errors name what the operator ran (upstream's command, with the
+# extension named in its env var or flag), and say where the options are listed: the extension
+# has no --help of its own.
+EXTENSION_PROGRAM = EXTENSION_NAME_IN_ERRORS
+EXTENSION_HELP_POINTER = (
+    "the gc-freeze route extension reads these env vars; python -m dynamo_gc.frontend --help "
+    "lists them. Without gc-freeze in DYN_FRONTEND_ROUTE_EXTENSIONS upstream's frontend runs "
+    "without the adapter"
+)
 
 GC_METRICS_PORT = port_option(
     "dyn-gc-metrics-port",
@@ -93,6 +100,8 @@ class FrontendGcConfig:
 def _parser(program: str) -> DynamoArgParser:
     parser = build_parser(SURFACE)
     parser.prog = program
+    if program == EXTENSION_PROGRAM:
+        parser.help_pointer = EXTENSION_HELP_POINTER
     return parser
 
 
@@ -165,6 +174,30 @@ def split_args(
     namespace, rest = _parser(PROGRAM).parse_known_args(list(argv), env_vars=env_vars)
     given = [word for word in argv if word not in rest]
     return _config(namespace, PROGRAM, env_vars, given), rest
+
+
+# The options that are the adapter's alone (upstream's own GC-freeze change has none of them: no
+# metrics port, no debug route, no serving-time maintenance).
+ADAPTER_ONLY_OPTIONS = [
+    *FRONTEND_GC.maintenance,
+    GC_METRICS_PORT,
+    GC_METRICS_HOST,
+    DEBUG_GC_ENDPOINT,
+]
+
+
+def without_adapter_options(argv: Sequence[str]) -> list[str]:
+    """``argv`` without the adapter's own options (their values already checked), the GC flags
+    left in place: what an upstream that freezes by itself, with the same flag names, is given."""
+    surface = Surface(
+        name="upstream-frontend-own",
+        title="",
+        program=PROGRAM,
+        description="",
+        options=ADAPTER_ONLY_OPTIONS,
+    )
+    _, rest = build_parser(surface).parse_known_args(list(argv), env_vars={})
+    return rest
 
 
 def format_help() -> str:

@@ -16,9 +16,21 @@ from typing import NoReturn
 logger = logging.getLogger(__name__)
 
 DISTRIBUTION = "ai-dynamo"
-# 1.6.1: read from the wheel and run in tests/upstream. 1.7.0 was released upstream but is not on
-# PyPI (`pip download ai-dynamo==1.7.0`: no matching distribution), so it could not be checked.
-SUPPORTED_VERSIONS = ("1.6.1",)
+# Every release on PyPI since upstream's frontend has route extensions (1.4.0; 1.3.1 and older have
+# none and ignore DYN_FRONTEND_ROUTE_EXTENSIONS): each one's hooked symbols are read from its wheel
+# by tests/upstream/test_releases.py, and CI runs the adapters end to end on 1.6.1 (frontend,
+# mocker, the vLLM worker) and 1.6.0 (frontend and mocker). 1.7.0 was released upstream but is not
+# on PyPI (`pip download ai-dynamo==1.7.0`: no matching distribution), so it could not be checked.
+SUPPORTED_VERSIONS = ("1.4.0", "1.4.1", "1.4.2", "1.5.0", "1.5.1", "1.6.0", "1.6.1")
+# The first release whose frontend calls route extensions (the `gc-freeze` way in), and the last
+# one before it (the wheel tests read it too, to keep "first" true).
+ROUTE_EXTENSIONS_SINCE = "1.4.0"
+LAST_RELEASE_WITHOUT_ROUTE_EXTENSIONS = "1.3.1"
+# How an error or a warning from the `gc-freeze` route extension names its program: the operator
+# ran upstream's command, and the extension got into it by the env var (or upstream's flag).
+EXTENSION_NAME_IN_ERRORS = (
+    "python -m dynamo.frontend, gc-freeze route extension (DYN_FRONTEND_ROUTE_EXTENSIONS)"
+)
 
 
 def installed_version() -> str | None:

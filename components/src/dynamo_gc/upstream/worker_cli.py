@@ -9,10 +9,14 @@ checkpoint/restore standby mode, which must not import vLLM: it captures the env
 resolved and checked against the installed ai-dynamo (exit 2 naming the version and the symbol),
 the pause logger and metrics are installed (and served on their own port when
 ``--gc-metrics-port`` asks: upstream's worker ``/metrics`` is its Rust runtime's), the global is
-wrapped, and upstream's ``__main__`` runs with the remaining arguments. An adapter whose upstream
-installs its signal handlers before a long start-up (the vLLM worker: ``signal_hook``) keeps
-SIGINT and SIGTERM from before its hooks are resolved until the freeze point
-(:mod:`.worker_signals`): a stop during start-up is one line and a prompt exit 0.
+wrapped (and, for the vLLM worker, upstream's ``--embedding-worker-processes`` children routed
+through the adapter with the same GC and maintenance settings: :mod:`.embedding_children`), and
+upstream's ``__main__`` runs with the remaining arguments. An adapter whose upstream installs its
+signal handlers before a long start-up (the vLLM worker: ``signal_hook``) keeps SIGINT and
+SIGTERM from before its hooks are resolved until the freeze point (:mod:`.worker_signals`): a stop
+during start-up is one line and a prompt exit 0. Where the installed ai-dynamo freezes the worker
+itself (:mod:`.stand_down`), nothing is installed (no freeze, no pause logger, no maintenance, no
+signal handling of the adapter's): one line, and upstream gets the GC flags it shares.
 """
 
 from __future__ import annotations
@@ -29,10 +33,12 @@ from typing import Any
 
 from dynamo_gc.configuration.options import Surface
 from dynamo_gc.upstream import (
+    embedding_children,
     hooks,
     interrupts,
     metrics_server,
     served_maintenance,
+    stand_down,
     versions,
     worker_freeze,
     worker_settings,
@@ -42,6 +48,8 @@ from dynamo_gc.upstream.hooks import ModuleGlobalHook
 from dynamo_gc.upstream.request_gate import RequestPath
 
 logger = logging.getLogger(__name__)
+
+METRICS_OPTION = "--gc-metrics-port / DYN_VLLM_GC_METRICS_PORT"
 
 
 @dataclass(frozen=True)
@@ -57,6 +65,9 @@ class WorkerAdapter:
     # and that returns only when the process is to go on (the vLLM worker's restore standby
     # check); resolving the hooks would import what upstream keeps out until then.
     before_engine_import: str | None = None
+    # Upstream's --embedding-worker-processes children (the vLLM worker's) start through the
+    # adapter too (:mod:`.embedding_children`).
+    embedding_children: bool = False
     # Upstream's function that installs its shutdown signal handlers before start-up ends (the
     # vLLM worker's ``install_signal_handlers``): deferred to the freeze point, the adapter's
     # handlers stopping start-up meanwhile (:mod:`.worker_signals`). None: upstream's as they are.
@@ -104,12 +115,12 @@ def run(adapter: WorkerAdapter, argv: Sequence[str] | None = None) -> None:
         return
     config, rest = worker_settings.split_args(adapter.surface, args)
     if adapter.signal_hook is None:
-        _start(adapter, config, rest, None)
+        _start(adapter, config, args, rest, None)
         return
     signals = worker_signals.StartupSignals(adapter.surface.program)
     signals.install()
     try:
-        _start(adapter, config, rest, signals)
+        _start(adapter, config, args, rest, signals)
     except BaseException:
         if signals.stopping:  # whatever the stop made start-up raise: the stop ends the process
             signals.wait_for_stop()
@@ -119,6 +130,7 @@ def run(adapter: WorkerAdapter, argv: Sequence[str] | None = None) -> None:
 def _start(
     adapter: WorkerAdapter,
     config: worker_settings.WorkerGcConfig,
+    args: list[str],
     rest: list[str],
     signals: worker_signals.StartupSignals | None,
 ) -> None:
@@ -128,7 +140,20 @@ def _start(
         _run_before_engine_import(adapter.before_engine_import)
     for hook in adapter.checked_hooks:  # all checked before anything is installed
         hooks.resolve(program, hook)
+    upstream = importlib.import_module(adapter.hooks[0].module)
+    if adapter.embedding_children:
+        embedding_children.checked_function(program, upstream)
     versions.warn_if_unchecked(program)
+    own_freeze = stand_down.upstream_freeze_in(upstream)
+    if own_freeze is not None:
+        # Upstream freezes this process itself: its parser gets the GC flags it shares (the same
+        # names), the adapter's own (metrics, maintenance) are taken out, nothing is installed,
+        # and upstream's signal handlers are its own again.
+        stand_down.stand_down(program, own_freeze, worker_settings.not_served(config))
+        if signals is not None:
+            signals.hand_over()
+        _run_upstream(adapter, worker_settings.without_adapter_options(adapter.surface, args))
+        return
     adapter_gc = served_maintenance.observe(
         program,
         settings,
@@ -142,7 +167,7 @@ def _start(
             adapter_gc.metrics,
             config.metrics_host,
             config.metrics_port,
-            option="--gc-metrics-port / DYN_VLLM_GC_METRICS_PORT",
+            option=METRICS_OPTION,
         )
     freeze = worker_freeze.FreezeOnce(
         settings,
@@ -152,6 +177,16 @@ def _start(
         after_freeze=adapter_gc.frozen,
         on_serving=adapter_gc.serve,
     )
+    if adapter.embedding_children:
+        embedding_children.install(
+            program,
+            upstream,
+            settings,
+            config.maintenance,
+            metrics=None
+            if config.metrics_port is None
+            else (config.metrics_host, config.metrics_port),
+        )
     if signals is not None and adapter.signal_hook is not None:
         hooks.wrap(program, adapter.signal_hook, signals.defer)
     for hook in adapter.hooks:

@@ -26,7 +26,7 @@ from dynamo_gc.configuration.gc_surfaces import (
     gc_help,
     split_surface_args,
 )
-from dynamo_gc.configuration.options import Surface, host_option, port_option
+from dynamo_gc.configuration.options import Option, Surface, host_option, port_option
 from dynamo_gc.configuration.parser import DynamoArgParser, HelpFormatter, build_parser
 
 VLLM_PROGRAM = "python -m dynamo_gc.vllm"
@@ -99,21 +99,25 @@ def _parser(surface: Surface) -> DynamoArgParser:
     return build_parser(surface)
 
 
-def _metrics_parser(surface: Surface) -> DynamoArgParser:
-    """The metrics options alone, without -h (``--help`` is the adapter's, before upstream's)."""
+def _options_parser(surface: Surface, options: Sequence[Option], title: str) -> DynamoArgParser:
+    """``options`` alone, without -h (``--help`` is the adapter's, before upstream's)."""
     parser = DynamoArgParser(
         prog=surface.program,
         usage=argparse.SUPPRESS,
         add_help=False,
-        options=METRICS_OPTIONS,
+        options=list(options),
         formatter_class=HelpFormatter,
         auto_env_var_prefix=None,
         args_for_setting_config_path=[],
     )
-    group = parser.add_argument_group("GC metrics port (dynamo_gc)")
-    for option in METRICS_OPTIONS:
+    group = parser.add_argument_group(title)
+    for option in options:
         option.add_to(group)
     return parser
+
+
+def _metrics_parser(surface: Surface) -> DynamoArgParser:
+    return _options_parser(surface, METRICS_OPTIONS, "GC metrics port (dynamo_gc)")
 
 
 def split_args(
@@ -133,6 +137,27 @@ def split_args(
         settings.gc, namespace.gc_metrics_host, namespace.gc_metrics_port, settings.maintenance
     )
     return config, rest
+
+
+def without_adapter_options(surface: Surface, argv: Sequence[str]) -> list[str]:
+    """``argv`` without the adapter's own options (metrics, maintenance; their values already
+    checked), the GC flags upstream shares left in place: what an upstream that freezes by
+    itself, with the same flag names, is given."""
+    # the options upstream's own GC-freeze change does not have
+    options = [*gc_surface_of(surface).maintenance, *METRICS_OPTIONS]
+    parser = _options_parser(surface, options, "the adapter's own options")
+    _, rest = parser.parse_known_args(list(argv), env_vars={})
+    return rest
+
+
+def not_served(config: WorkerGcConfig) -> list[str]:
+    """The adapter's own settings in ``config`` that nothing serves once it stands down."""
+    lost = []
+    if config.metrics_port is not None:
+        lost.append(f"--gc-metrics-port / DYN_VLLM_GC_METRICS_PORT ({config.metrics_port})")
+    if config.maintenance.enabled:
+        lost.append(f"--gc-maintenance / DYN_VLLM_GC_MAINTENANCE ({config.maintenance.mode})")
+    return lost
 
 
 def parse_args(
