@@ -23,7 +23,7 @@ import functools
 import importlib
 import inspect
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,7 +63,7 @@ def resolve(program: str, path: RequestPath) -> type:
     return cls
 
 
-def gated(original: Callable[..., AsyncIterator[Any]], gate: AdmissionGate) -> Callable:
+def gated(original: Callable[..., AsyncGenerator[Any, None]], gate: AdmissionGate) -> Callable:
     """``original`` (an async generator method) with each call counted in flight by ``gate``,
     waiting first while it is held."""
 
