@@ -209,7 +209,7 @@ def table(rows: list[dict]) -> str:
     """One Markdown row per arm (docs/benchmarks.md quotes it)."""
     cells = []
     for row in rows:
-        took = row["maintenance_took_ms"]
+        took, closed = row["maintenance_took_ms"], row["maintenance_closed_ms"]
         cells.append(
             [
                 row["arm"],
@@ -225,6 +225,7 @@ def table(rows: list[dict]) -> str:
                 f"{row['waits']} / {row['longest_wait_ms']:.0f}",
                 row["maintenances"],
                 f"{took.get('median', 0):.0f} / {took.get('max', 0):.0f}",
+                closed.get("max", 0.0),
                 row["reclaimed"],
                 _mean(row["rss_worker_end_mb"]),
                 _mean(row["loadavg_mean"]),
@@ -233,7 +234,8 @@ def table(rows: list[dict]) -> str:
     return bc.format_table(
         ["arm", "workers", "requests", "failed", "RPS/worker", "p99 ms", "p99.9 ms", "max ms",
          "pauses >= 50 ms", "longest pause ms", "held waits / longest ms", "maintenances",
-         "GC work ms median / max", "reclaimed objects", "RSS/worker MiB", "load avg"],
+         "GC work ms median / max", "admission closed ms max", "reclaimed objects",
+         "RSS/worker MiB", "load avg"],
         cells,
     )  # fmt: skip
 
