@@ -257,6 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     print(soak_report.table(rows))
     print(json.dumps(result["goal"], indent=1))
     name = NAME if not real else f"{NAME}_vllm"
+    pauses_plot = soak_report.plot_pauses(args, runs, name, PAUSE_LOG_MS)
+    result["pauses_plot"] = bc.repo_relative(pauses_plot) if pauses_plot else None
+    bc.publish_plot(args, pauses_plot)
     return bc.finish(args, name, result, soak_report.plot(args, runs, name, PAUSE_LOG_MS))
 
 
