@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Literal
 
 NAME = "gc_pause"
 
@@ -182,16 +183,20 @@ def plot(args, results: list[dict]):
     fig, (pause_ax, cost_ax) = plt.subplots(1, 2, figsize=(12, 4.8))
     from matplotlib.lines import Line2D
 
-    arms = (
-        ("stock_ms_median", "o-", "stock"),
-        ("frozen_ms_median", "s--", "frozen"),
-        ("frozen_with_live_ms_median", "^:", None),
+    # (median's key, marker, line style, label): the line style a Literal, as matplotlib's
+    # stubs (3.10+) type it.
+    arms: tuple[tuple[str, str, Literal["-", "--", ":"], str | None], ...] = (
+        ("stock_ms_median", "o", "-", "stock"),
+        ("frozen_ms_median", "s", "--", "frozen"),
+        ("frozen_with_live_ms_median", "^", ":", None),
     )
     for index, result in enumerate(results):
         color = f"C{index}"
         x = [row["tracked"] for row in result["rows"]]
-        for key, style, _ in arms:
-            pause_ax.plot(x, [r[key] for r in result["rows"]], style, color=color)
+        for key, marker, linestyle, _ in arms:
+            pause_ax.plot(
+                x, [r[key] for r in result["rows"]], marker=marker, linestyle=linestyle, color=color
+            )
         cost_ax.plot(
             x,
             [r["freeze_call_over_collect_median"] for r in result["rows"]],
@@ -209,11 +214,11 @@ def plot(args, results: list[dict]):
             [],
             [],
             color="black",
-            linestyle=style[1:],
-            marker=style[0],
+            linestyle=linestyle,
+            marker=marker,
             label=label or f"frozen + {live} unfrozen live objects",
         )
-        for _, style, label in arms
+        for _, marker, linestyle, label in arms
     ]
     pause_ax.legend(handles=handles, fontsize=7, loc="center left")
     pause_ax.set_xscale("log")

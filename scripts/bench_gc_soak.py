@@ -79,15 +79,16 @@ MAIN_ARMS = ("stock", "once", "idle", "withdraw")
 BUSY_ARMS = ("once-busy", "idle-busy")
 
 # Per worker: `rate` requests per second, each keeping `growth` objects: rate x growth x duration
-# objects grown (full: 10 x 3,000 x 120 = 3.6M per worker). Half of the entries go to the
-# evicting cache (200k objects: 66 entries of 3,000), so from the 133rd request on each worker
-# turns 15k objects a second into cyclic garbage, each having lived ~13 s (long enough to be
-# frozen by a maintenance first: what a reclaim is for).
+# objects grown (full: 10 x 6,000 x 200 = 12M per worker, what days of serving leave). Half of
+# the entries go to the evicting cache (200k objects: 33 entries of 6,000), so from the 66th
+# request on each worker turns 30k objects a second into cyclic garbage, each having lived
+# ~7 s (long enough to be frozen by a maintenance first: what a reclaim is for). The busy arms'
+# requests take 8 x 100 ms: ~8 in flight at any time, never an idle moment.
 MODES: dict[str, dict[str, Any]] = {
-    "full": {"heap": 600_000, "growth": 3000, "evict": 50, "rate": 10.0, "duration_s": 120.0,
-             "passes": 2, "token_ms": 5.0, "busy_token_ms": 25.0, "max_tokens": 8},
+    "full": {"heap": 600_000, "growth": 6000, "evict": 50, "rate": 10.0, "duration_s": 200.0,
+             "passes": 2, "token_ms": 5.0, "busy_token_ms": 100.0, "max_tokens": 8},
     "quick": {"heap": 200_000, "growth": 1500, "evict": 50, "rate": 10.0, "duration_s": 30.0,
-              "passes": 1, "token_ms": 5.0, "busy_token_ms": 25.0, "max_tokens": 8},
+              "passes": 1, "token_ms": 5.0, "busy_token_ms": 100.0, "max_tokens": 8},
     "smoke": {"heap": 10_000, "growth": 50, "evict": 50, "rate": 4.0, "duration_s": 2.0,
               "passes": 1, "token_ms": 1.0, "busy_token_ms": 5.0, "max_tokens": 4,
               "arms": ("once", "idle", "withdraw")},
@@ -256,6 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     print(soak_report.table(rows))
     print(json.dumps(result["goal"], indent=1))
     name = NAME if not real else f"{NAME}_vllm"
+    pauses_plot = soak_report.plot_pauses(args, runs, name, PAUSE_LOG_MS)
+    result["pauses_plot"] = bc.repo_relative(pauses_plot) if pauses_plot else None
+    bc.publish_plot(args, pauses_plot)
     return bc.finish(args, name, result, soak_report.plot(args, runs, name, PAUSE_LOG_MS))
 
 

@@ -209,7 +209,7 @@ def table(rows: list[dict]) -> str:
     """One Markdown row per arm (docs/benchmarks.md quotes it)."""
     cells = []
     for row in rows:
-        took = row["maintenance_took_ms"]
+        took, closed = row["maintenance_took_ms"], row["maintenance_closed_ms"]
         cells.append(
             [
                 row["arm"],
@@ -225,6 +225,7 @@ def table(rows: list[dict]) -> str:
                 f"{row['waits']} / {row['longest_wait_ms']:.0f}",
                 row["maintenances"],
                 f"{took.get('median', 0):.0f} / {took.get('max', 0):.0f}",
+                closed.get("max", 0.0),
                 row["reclaimed"],
                 _mean(row["rss_worker_end_mb"]),
                 _mean(row["loadavg_mean"]),
@@ -233,7 +234,8 @@ def table(rows: list[dict]) -> str:
     return bc.format_table(
         ["arm", "workers", "requests", "failed", "RPS/worker", "p99 ms", "p99.9 ms", "max ms",
          "pauses >= 50 ms", "longest pause ms", "held waits / longest ms", "maintenances",
-         "GC work ms median / max", "reclaimed objects", "RSS/worker MiB", "load avg"],
+         "GC work ms median / max", "admission closed ms max", "reclaimed objects",
+         "RSS/worker MiB", "load avg"],
         cells,
     )  # fmt: skip
 
@@ -292,3 +294,39 @@ def plot(args, runs: list[dict], name: str, pause_log_ms: float):
         f"{bc.cpu_model()}, {os.cpu_count()} cores"
     )
     return bc.save_plot(args, fig, name, title)
+
+
+PROCESS_MARKERS = {"frontend": "s", "worker": "o", "worker1": "^"}
+
+
+def plot_pauses(args, runs: list[dict], name: str, pause_log_ms: float):
+    """One panel per arm: every serving GC pause the arm's processes logged, over the run (each
+    process its own marker, each pass its colour), and when its maintenances ran. Reads only
+    what the result's JSON keeps too (``per_arm``), so it can be drawn again from there."""
+    plt = bc.pyplot()
+    if plt is None:
+        return None
+    arms = list(dict.fromkeys(run["arm"] for run in runs))
+    fig, axes = plt.subplots(len(arms), 1, figsize=(12, 2.6 * len(arms)), sharex=True,
+                             sharey=True, squeeze=False)  # fmt: skip
+    for ax, arm in zip(axes[:, 0], arms, strict=True):
+        for run in (r for r in runs if r["arm"] == arm):
+            color = f"C{run['pass']}"
+            for process, figures_of in run["processes"].items():
+                pauses = figures_of["serving_pauses"]
+                ax.scatter([p["t"] for p in pauses], [p["ms"] for p in pauses], s=12,
+                           marker=PROCESS_MARKERS.get(process, "x"), color=color,
+                           label=f"pass {run['pass'] + 1}, {process}")  # fmt: skip
+                for m in figures_of["maintenances"]:
+                    ax.axvline(m["t"], color=color, lw=0.3, alpha=0.25)
+        ax.axhline(STALL_MS, color="black", ls=":", lw=1)
+        ax.set_yscale("log")
+        ax.set_ylim(bottom=pause_log_ms * 0.9)
+        ax.set_ylabel("pause ms (log)")
+        ax.set_title(f"{arm}: serving GC pauses >= {pause_log_ms:g} ms (thin lines: maintenances)",
+                     fontsize=9)  # fmt: skip
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=6, loc="upper left", ncol=3)
+    axes[-1, 0].set_xlabel("seconds of load")
+    title = f"{name} ({bc.mode_name(args)}): serving pauses per arm, dotted line 50 ms"
+    return bc.save_plot(args, fig, f"{name}-pauses", title)

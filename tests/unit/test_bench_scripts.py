@@ -308,3 +308,6 @@ def test_bench_gc_soak_smoke(tmp_path):
     assert "gc_maintenance=withdraw" in logs["gc_soak-pass0-withdraw-worker1.log"]
     assert "gc_maintenance=idle" in logs["gc_soak-pass0-idle-worker.log"]
     assert "gc_maintenance=off" in logs["gc_soak-pass0-once-worker.log"]
+    # The per-arm pause plot, drawn from what the JSON keeps (when matplotlib is there).
+    if result["pauses_plot"] is not None:
+        assert (tmp_path / "gc_soak-pauses-smoke.png").stat().st_size > 0

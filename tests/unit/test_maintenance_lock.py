@@ -57,7 +57,7 @@ def test_one_instance_of_a_model_holds_it_at_a_time(tmp_path):
     assert not acquire(second) and not held(second)
     assert acquire(other_model)  # each model has its own
     content = json.loads(lock_path(tmp_path, "m").read_text())
-    assert content == {"instance_id": "a", "beat": 0}
+    assert content == {"instance_id": "a", "taken": first._token, "beat": 0}
     release(first)
     assert not lock_path(tmp_path, "m").exists()
     assert acquire(second) and held(second)
@@ -98,6 +98,38 @@ def test_a_renewed_lock_is_never_broken(tmp_path):
         holder._renew()  # the holder's renewal: its content changes
     assert held(holder)
     release(holder)
+
+
+def test_a_lock_taken_again_and_again_within_the_ttl_is_never_broken(tmp_path):
+    """A worker maintained at every cycle lets go and takes the lock again within the TTL, never
+    renewing: each taking is a new file, which ext4 gives the inode just freed, with the same
+    beat; its token makes it read as changed (the soak saw a live lock broken without it)."""
+    holder = lock(tmp_path, "busy")
+    clock = FakeClock()
+    waiting = lock(tmp_path, "next", clock)
+    for _ in range(10):
+        assert acquire(holder)
+        assert not acquire(waiting)
+        clock.advance(TTL_S * 0.9)
+        release(holder)
+    assert acquire(holder)
+    assert not acquire(waiting) and held(holder)
+    release(holder)
+
+
+def test_a_holder_whose_file_was_broken_and_replaced_in_its_inode_sees_it_lost(tmp_path):
+    """Whoever took the lock after a break may have a file with the broken one's inode number:
+    the old holder still sees it lost (the token), and its release leaves the new lock alone."""
+    stalled = lock(tmp_path, "stalled")
+    assert acquire(stalled)
+    path = lock_path(tmp_path, "m")
+    newer = lock(tmp_path, "newer")
+    # The break and the new taking, in the same file (the same inode), as a reused inode looks.
+    newer._token = "0" * 32
+    path.write_text(json.dumps({"instance_id": "newer", "taken": newer._token, "beat": 0}))
+    assert not held(stalled)
+    release(stalled)
+    assert path.exists() and json.loads(path.read_text())["instance_id"] == "newer"
 
 
 def test_a_lock_taken_anew_between_the_judgement_and_the_break_is_put_back(tmp_path):

@@ -4,17 +4,22 @@ held, stale after the TTL on the reader's clock.
 ``<directory>/.maintenance-<digest of the model name>.lock`` (a dot-file: watchers never read
 it as a record). Taking it is ``open(O_CREAT | O_EXCL)``: of two workers that try at once,
 exactly one creates it. The holder keeps the file open and rewrites its content in place every
-fifth of the TTL (a counter), so a reader sees it change. A worker that finds the lock held
-remembers what it read and when, on its own monotonic clock, as the watchers judge records: a
-lock whose content has not changed for longer than the TTL belongs to a holder that died (or
-stalled that long), and is broken.
+fifth of the TTL (a counter), so a reader sees it change. Each taking writes a token of its own:
+a holder that lets go and takes the lock again within the TTL (a worker maintained at every
+cycle) makes a new file that file systems like ext4 give the inode just freed, and without the
+token it would read as the same file unchanged since the first taking, and be broken while
+held. The token is also how a holder knows the file at the path is still its own.
+
+A worker that finds the lock held remembers what it read and when, on its own monotonic clock,
+as the watchers judge records: a lock whose content has not changed for longer than the TTL
+belongs to a holder that died (or stalled that long), and is broken.
 
 Breaking is safe against a second breaker and a late renewal: the stale file is renamed away to
 a name of the breaker's own (atomic), and only if what was renamed is still the very file judged
 stale (same inode and content) is it deleted and the lock taken by a new exclusive create;
 otherwise the file is put back where it was with ``link`` (which fails rather than replace a
 newer lock). A holder whose file was broken sees it (:meth:`held`: the path no longer names the
-file it has open) before it collects.
+file it has open with its token) before it collects.
 
 Every file-system call runs off the event loop (a network volume can block).
 """
@@ -33,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dynamo.runtime.discovery.periodic import PeriodicTask, run_off_loop
-from dynamo.runtime.discovery.record_files import content_digest, read_record_file, stat_key
+from dynamo.runtime.discovery.record_files import content_digest, read_record_file
 from dynamo.runtime.peer_text import escape
 
 logger = logging.getLogger(__name__)
@@ -76,13 +81,16 @@ class FileMaintenanceLock:
         self._clock = clock
         self._fd: int | None = None
         self._beat = 0
+        self._token = ""  # this taking's own (see the module docstring)
         self._seen: _Sighting | None = None
         self._renewal: PeriodicTask | None = None
 
     # -- taking and breaking (in a thread) ----------------------------------------------------
 
     def _content(self) -> bytes:
-        return json.dumps({"instance_id": self.instance_id, "beat": self._beat}).encode()
+        return json.dumps(
+            {"instance_id": self.instance_id, "taken": self._token, "beat": self._beat}
+        ).encode()
 
     def _create(self) -> bool:
         try:
@@ -90,6 +98,7 @@ class FileMaintenanceLock:
         except FileExistsError:
             return False
         self._beat = 0
+        self._token = uuid.uuid4().hex
         os.write(fd, self._content())
         self._fd = fd
         self._seen = None
@@ -159,21 +168,30 @@ class FileMaintenanceLock:
         os.pwrite(fd, content, 0)
         os.ftruncate(fd, len(content))
 
-    def _holds(self) -> bool:
-        fd = self._fd
-        if fd is None:
-            return False
+    def _owns_path(self, fd: int) -> bool:
+        """Whether the file at the path is the one this taking opened: the same inode and this
+        taking's token (an inode number alone is reused once a broken file is deleted)."""
         try:
-            return stat_key(os.stat(self.path))[0] == os.fstat(fd).st_ino
+            read = read_record_file(self.path)
         except FileNotFoundError:
             return False
+        if isinstance(read, str) or read[0][0] != os.fstat(fd).st_ino:
+            return False
+        try:
+            return json.loads(read[1]).get("taken") == self._token
+        except (ValueError, AttributeError):
+            return False
+
+    def _holds(self) -> bool:
+        fd = self._fd
+        return fd is not None and self._owns_path(fd)
 
     def _let_go(self) -> None:
         fd, self._fd = self._fd, None
         if fd is None:
             return
         try:
-            if stat_key(os.stat(self.path))[0] == os.fstat(fd).st_ino:
+            if self._owns_path(fd):
                 os.unlink(self.path)
         except FileNotFoundError:
             pass
