@@ -36,9 +36,10 @@ import urllib.request
 from pathlib import Path
 
 import bench_common as bc
-from launcher_process import LauncherProcess, free_port, wait_until
+from launcher_process import LauncherProcess, wait_until
 from serving_pair import rss_mb
 
+LISTENING = r"HTTP service listening on (http://127\.0\.0\.1:\d+)"
 HEALTHY = "healthy"
 ORDINARY = "[{{ messages[0].content }}]"
 SLOW_TO_COMPILE = "{{ x }}" * 140_000  # ~1 MB: seconds to compile
@@ -86,8 +87,7 @@ class Frontend:
     def __init__(self, work_dir: Path, src: str | None, *frontend_args: str) -> None:
         self.discovery = work_dir / "discovery"
         self.discovery.mkdir(parents=True)
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self._url: str | None = None
         common = ["--discovery-dir", str(self.discovery)]
         self.worker = LauncherProcess(
             "worker", "dynamo.vllm",
@@ -100,10 +100,18 @@ class Frontend:
             env["PYTHONPATH"] = f"{src}:{env['PYTHONPATH']}"
         self.frontend = LauncherProcess(
             "frontend", "dynamo.frontend",
-            ["--http-host", "127.0.0.1", "--http-port", str(self.port), "--discovery-ttl",
+            ["--http-host", "127.0.0.1", "--http-port", "0", "--discovery-ttl",
              "3600", *common, *frontend_args],
             log_dir=work_dir, env=env, cwd=bc.REPO_ROOT,
         )  # fmt: skip
+
+    @property
+    def url(self) -> str:
+        """Where the frontend listens: it binds port 0 and logs the port it got (a port picked
+        free beforehand can be taken by another process before the frontend binds it)."""
+        if self._url is None:
+            self._url = self.frontend.wait_for_log(LISTENING).group(1)
+        return self._url
 
     def served(self) -> set[str]:
         try:

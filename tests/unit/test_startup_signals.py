@@ -199,13 +199,25 @@ def test_a_process_orphaned_during_the_init_is_still_stopped(tmp_path):
         subprocess.run([sys.executable, "-c", spawn_grandchild], check=True)
         stop.wait(60)
 
+    from tests.support import wait_until
+
     async def scenario() -> int:
         with engine_init.adopting_orphans():
             spared = engine_init.child_pids()
             init = engine_init.run_in_init_thread(create, on_orphan=lambda _: None)
             await asyncio.to_thread(lambda: wait_for_file(pid_file))
             grandchild = int(pid_file.read_text())
-            assert grandchild in engine_init.child_pids()  # adopted, not init's
+            # Adopted, not init's: once its parent has exited it is this process's child. Waited
+            # for, not read once: the file is written before that parent exits, and a scan of
+            # /proc that reads the grandchild while its parent lives and the parent after it
+            # was reaped sees the grandchild under neither (pids wrap: it can be the lower one).
+            await asyncio.to_thread(
+                lambda: wait_until(
+                    lambda: grandchild in engine_init.child_pids(),
+                    deadline_s=60,
+                    what=f"process {grandchild} adopted by this process",
+                )
+            )
             abandoning = asyncio.ensure_future(engine_init.abandon_init(init, spared))
             await asyncio.to_thread(lambda: wait_gone(grandchild))
             stop.set()  # the init ends too
