@@ -231,19 +231,15 @@ def test_the_extension_is_injected_in_both_arms_of_the_benchmark_and_never_outsi
     assert resolve_worker_extension(config_for()) is None
 
 
-def test_policy_env_is_given_to_the_ranks_in_benchmark_mode_only(mocker):
-    import os
-
+def test_policy_env_is_given_to_the_ranks_in_benchmark_mode_only(monkeypatch):
     config = config_for(*BENCH_FREEZE, "--fpm-gc-freeze-interval-s", "2.5")
     expected = {"DYN_FPM_GC_POLICY": "freeze", "DYN_FPM_GC_FREEZE_INTERVAL_S": "2.5"}
     assert self_benchmark_hooks.policy_env_for(config) == expected
     outside = config_for(env={"DYN_FPM_GC_POLICY": "freeze"})
     assert self_benchmark_hooks.policy_env_for(outside) == {}
-    # The whole environment back after the test: what the export writes must not reach the
-    # processes later tests start (monkeypatch.delenv records nothing for an absent variable).
-    mocker.patch.dict(os.environ)
     for name in expected:
-        os.environ.pop(name, None)
+        monkeypatch.delenv(name, raising=False)
     self_benchmark_hooks.export_policy_env(config)
+    import os
 
     assert {name: os.environ[name] for name in expected} == expected

@@ -239,9 +239,8 @@ def test_the_discovery_dir_is_created_before_anything_runs(steps, tmp_path, mock
 
 
 def test_a_benchmark_output_in_a_missing_directory_exits_2_before_anything_runs(
-    steps, discovery_dir, tmp_path, capsys, mocker
+    steps, discovery_dir, tmp_path, capsys
 ):
-    mocker.patch.dict(os.environ)  # main exports the ranks' policy env: none of it may outlast us
     output = tmp_path / "missing" / "points.jsonl"
     argv = ["--discovery-dir", str(discovery_dir), "--self-benchmark-points", "3"]
     assert worker_main.main([*argv, "--self-benchmark-output", str(output)]) == 2
