@@ -302,6 +302,19 @@ def measure_each(
     return results
 
 
+def measure_children(
+    args: argparse.Namespace, script: str, *, prefer_venvs: bool = False
+) -> list[dict]:
+    """:func:`measure_each` of the interpreters to measure (:func:`interpreters_to_measure`),
+    each running ``script --child`` in this run's mode and printing its JSON result."""
+    mode = mode_name(args)
+    child = [script, "--child", *([] if mode == "full" else [f"--{mode}"])]
+    return measure_each(
+        interpreters_to_measure(args, prefer_venvs=prefer_venvs),
+        lambda python: run_json_child([python, *child], timeout_s=1800),
+    )
+
+
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a measurement child: the project's sources first on PYTHONPATH."""
     env = dict(os.environ)

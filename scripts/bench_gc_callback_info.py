@@ -182,11 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(measure(OBJECTS[mode], REPS[mode], REQUESTS[mode])))
         return 0
 
-    mode_flag = [] if mode == "full" else [f"--{mode}"]
-    measured = bc.measure_each(
-        bc.interpreters_to_measure(args),
-        lambda python: bc.run_json_child([python, __file__, "--child", *mode_flag], timeout_s=1800),
-    )
+    measured = bc.measure_children(args, __file__)
     facts, loops = [], []
     for m in measured:
         unfrozen, frozen = m["explicit"]["unfrozen"], m["explicit"]["frozen"]

@@ -139,11 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         print(json.dumps(measure(START_OBJECTS[mode])))
         return 0
-    mode_flag = [] if mode == "full" else [f"--{mode}"]
-    measured = bc.measure_each(
-        bc.interpreters_to_measure(args),
-        lambda python: bc.run_json_child([python, __file__, "--child", *mode_flag], timeout_s=1800),
-    )
+    measured = bc.measure_children(args, __file__)
     trigger_rows, cost_rows = [], []
     for m in measured:
         for arm in ("settled", "unsettled"):

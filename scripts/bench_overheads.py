@@ -290,11 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         interpreters=[],
         goal={"logger_cost_pct_below": GOAL_LOGGER_PCT, "tick_ratio_below": GOAL_TICK_RATIO},
     )
-    child_args = ["--child"] + ([f"--{mode}"] if mode != "full" else [])
-    result["interpreters"] = bc.measure_each(
-        bc.interpreters_to_measure(args, prefer_venvs=True),
-        lambda python: bc.run_json_child([python, __file__, *child_args], timeout_s=1800),
-    )
+    result["interpreters"] = bc.measure_children(args, __file__, prefer_venvs=True)
 
     logger_rows, tick_rows, verdicts = [], [], []
     for measured in result["interpreters"]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gc
 import importlib.util
+import os
+from unittest import mock
 
 import pytest
 
@@ -28,6 +30,17 @@ def empty_permanent_generation():
     before it in the same process (under xdist, whichever test a worker runs first failed).
     """
     gc.unfreeze()
+
+
+@pytest.fixture(autouse=True)
+def restore_environment():
+    """Put back ``os.environ`` after each test. Code under test writes it (the worker exports the
+    self-benchmark's policy for its ranks; upstream's policy API is driven through it), and
+    every process a later test starts in the same worker inherits it: a leaked
+    ``DYN_FPM_GC_POLICY=freeze`` met a prerequisite that test_startup_validation expects unmet.
+    ``monkeypatch.delenv`` of an absent variable records nothing to undo, so it is no guard."""
+    with mock.patch.dict(os.environ):
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -56,6 +56,17 @@ async def stop_and_withdraw(registration, *watchers) -> None:
     await registration.close()
 
 
+async def outage_and_relist(server, watcher) -> None:
+    """etcd stops (the watch stream breaks) and comes back: returns once ``watcher`` has seen the
+    outage and listed the keys again."""
+    server.stop()
+    await wait_until_async(lambda: watcher.state == "degraded", deadline_s=DEADLINE_S)
+    server.start()
+    await wait_until_async(
+        lambda: watcher.state == "ok" and watcher.lists >= 2, deadline_s=DEADLINE_S
+    )
+
+
 def warnings(caplog, text: str) -> list[str]:
     return [
         r.getMessage()
@@ -181,12 +192,7 @@ def test_malformed_and_oversized_records_get_one_warning_each_and_are_skipped(et
                 )
                 # The watch stream breaks (etcd restarts): the re-list must not warn again
                 # about the same versions of the same keys.
-                etcd_server.stop()
-                await wait_until_async(lambda: watcher.state == "degraded", deadline_s=DEADLINE_S)
-                etcd_server.start()
-                await wait_until_async(
-                    lambda: watcher.state == "ok" and watcher.lists >= 2, deadline_s=DEADLINE_S
-                )
+                await outage_and_relist(etcd_server, watcher)
             finally:
                 await watcher.stop()
 
@@ -218,12 +224,7 @@ def test_a_quiet_reader_sees_the_same_records_and_says_nothing_above_debug(etcd_
             try:
                 await c.put(prefix + good.instance_id.encode(), good.to_json().encode())
                 await wait_until_async(lambda: seen.added, deadline_s=DEADLINE_S)
-                etcd_server.stop()
-                await wait_until_async(lambda: watcher.state == "degraded", deadline_s=DEADLINE_S)
-                etcd_server.start()
-                await wait_until_async(
-                    lambda: watcher.state == "ok" and watcher.lists >= 2, deadline_s=DEADLINE_S
-                )
+                await outage_and_relist(etcd_server, watcher)
             finally:
                 await watcher.stop()
 

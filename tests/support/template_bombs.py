@@ -2,14 +2,14 @@
 ``sglang`` processors' tests in their own environments: the issue-29 template bombs and the
 issue-37 failing templates through a real frontend process (whichever chat processor), beside a
 healthy model served by a real mock worker; and a processor's requests rendered in real render
-processes."""
+processes, compared with a reference's renders."""
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +110,20 @@ def bounded_renders(processor: Any, sandbox: Any, requests: list[Any]) -> list[s
         return rendered
 
     return asyncio.run(render_all())
+
+
+def assert_renders_match(
+    requests: list[Any], got: list[str | Exception], reference: Callable[[Any], str]
+) -> None:
+    """Each of ``got`` (:func:`bounded_renders`' results for ``requests``) is the prompt
+    ``reference`` renders for its request, or an exception where the reference refuses too."""
+    for request, text in zip(requests, got, strict=True):
+        try:
+            want = reference(request)
+        except Exception:  # noqa: BLE001 - a refusal of the reference's must be ours too
+            assert isinstance(text, Exception), (request, text)
+            continue
+        assert text == want, request
 
 
 @contextlib.contextmanager

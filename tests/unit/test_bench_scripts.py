@@ -18,7 +18,11 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO_ROOT / "scripts"
 
 
-def run_smoke(script: str, out_dir: Path, *extra: str, timeout_s: float = 120) -> dict:
+def run_smoke(
+    script: str, out_dir: Path, *extra: str, benchmark: str, timeout_s: float = 120
+) -> dict:
+    """``script --smoke`` (then ``extra``): its one JSON result, checked to be ``benchmark``'s
+    smoke result with the machine described (see :func:`assert_machine`)."""
     proc = subprocess.run(
         [sys.executable, str(SCRIPTS / script), "--smoke", "--out", str(out_dir), *extra],
         capture_output=True,
@@ -30,7 +34,10 @@ def run_smoke(script: str, out_dir: Path, *extra: str, timeout_s: float = 120) -
     results = list(out_dir.glob("*-smoke.json"))
     assert len(results) == 1, f"expected one smoke JSON in {out_dir}, found {results}"
     assert "|" in proc.stdout, f"{script} printed no table:\n{proc.stdout}"
-    return json.loads(results[0].read_text())
+    result = json.loads(results[0].read_text())
+    assert result["benchmark"] == benchmark
+    assert_machine(result)
+    return result
 
 
 def assert_machine(result: dict) -> None:
@@ -41,9 +48,7 @@ def assert_machine(result: dict) -> None:
 
 
 def test_bench_gc_pause_smoke(tmp_path):
-    result = run_smoke("bench_gc_pause.py", tmp_path)
-    assert result["benchmark"] == "gc_pause"
-    assert_machine(result)
+    result = run_smoke("bench_gc_pause.py", tmp_path, benchmark="gc_pause")
     (measured,) = result["interpreters"]
     assert measured["python"] == "{}.{}.{}".format(*sys.version_info[:3])
     # Importing the GC core must pull in nothing but the lifecycle module (and stdlib).
@@ -61,9 +66,7 @@ def test_bench_gc_pause_smoke(tmp_path):
 
 
 def test_bench_overheads_smoke(tmp_path):
-    result = run_smoke("bench_overheads.py", tmp_path)
-    assert result["benchmark"] == "overheads"
-    assert_machine(result)
+    result = run_smoke("bench_overheads.py", tmp_path, benchmark="overheads")
     (measured,) = result["interpreters"]
     logger = measured["logger"]
     # The test venv has prometheus_client and aiohttp: the metrics arm must be measured too.
@@ -92,9 +95,7 @@ def test_bench_overheads_smoke(tmp_path):
 
 @pytest.mark.integration  # a real frontend and worker on loopback
 def test_ab_serving_smoke(tmp_path):
-    result = run_smoke("ab_serving.py", tmp_path, timeout_s=180)
-    assert result["benchmark"] == "ab_serving"
-    assert_machine(result)
+    result = run_smoke("ab_serving.py", tmp_path, benchmark="ab_serving", timeout_s=180)
     rows = result["rows"]
     assert [(row["arm"], row["offered_rps"]) for row in rows] == [
         ("ctl", rate) for rate in result["rungs"]
@@ -121,9 +122,9 @@ def test_ab_serving_smoke(tmp_path):
 
 @pytest.mark.integration  # real worker processes with their rank processes
 def test_ab_self_benchmark_smoke(tmp_path):
-    result = run_smoke("ab_self_benchmark.py", tmp_path, timeout_s=180)
-    assert result["benchmark"] == "ab_self_benchmark"
-    assert_machine(result)
+    result = run_smoke(
+        "ab_self_benchmark.py", tmp_path, benchmark="ab_self_benchmark", timeout_s=180
+    )
     points = result["settings"]["points"]
     runs = result["runs"]
     assert sorted((run["ranks"], run["policy"]) for run in runs) == [(1, "freeze"), (1, "off")]
@@ -174,9 +175,7 @@ def test_ab_self_benchmark_counts_a_pause_only_in_the_windows_it_overlaps():
 
 
 def test_bench_gc_callback_info_smoke(tmp_path):
-    result = run_smoke("bench_gc_callback_info.py", tmp_path)
-    assert result["benchmark"] == "gc_callback_info"
-    assert_machine(result)
+    result = run_smoke("bench_gc_callback_info.py", tmp_path, benchmark="gc_callback_info")
     (measured,) = result["interpreters"]
     assert measured["thresholds_round_trip_exact"]
     assert measured["bare_freeze_us_median"] > 0
@@ -188,9 +187,9 @@ def test_bench_gc_callback_info_smoke(tmp_path):
 
 
 def test_bench_pool_start_smoke(tmp_path):
-    result = run_smoke("bench_pool_start.py", tmp_path, "--workers", "1", timeout_s=300)
-    assert result["benchmark"] == "pool_start"
-    assert_machine(result)
+    result = run_smoke(
+        "bench_pool_start.py", tmp_path, "--workers", "1", benchmark="pool_start", timeout_s=300
+    )
     for method in ("spawn", "forkserver"):
         (start_s,) = result["methods"][method]["start_s"]
         assert start_s > 0
@@ -224,9 +223,7 @@ def test_bench_template_sandbox_smoke():
 
 
 def test_bench_gc_maintenance_smoke(tmp_path):
-    result = run_smoke("bench_gc_maintenance.py", tmp_path)
-    assert result["benchmark"] == "gc_maintenance"
-    assert_machine(result)
+    result = run_smoke("bench_gc_maintenance.py", tmp_path, benchmark="gc_maintenance")
     (measured,) = result["interpreters"]
     settled = measured["settled"]
     assert settled["objects_per_ms_calibrated"] > 0
@@ -261,9 +258,10 @@ def test_bench_model_arrival_smoke():
 def test_bench_hostile_templates_smoke(tmp_path):
     """Real processes (a frontend, a mock worker): the healthy model answered throughout, each
     scenario measured."""
-    result = run_smoke("bench_hostile_templates.py", tmp_path, timeout_s=300)
-    assert result["benchmark"] == "hostile_templates" and result["arms"] == ["after"]
-    assert_machine(result)
+    result = run_smoke(
+        "bench_hostile_templates.py", tmp_path, benchmark="hostile_templates", timeout_s=300
+    )
+    assert result["arms"] == ["after"]
     runs = result["runs"]["after"]
     assert [run["context"] for run in runs["output"]] == [512, 131072]
     for run in runs["output"]:
@@ -276,9 +274,9 @@ def test_bench_hostile_templates_smoke(tmp_path):
 def test_bench_gc_soak_smoke(tmp_path):
     """The soak's arms on real processes (frontend and mock workers with the growth knob), a
     couple of seconds each: what each writes, not what it measures."""
-    result = run_smoke("bench_gc_soak.py", tmp_path, "--keep-logs", timeout_s=600)
-    assert result["benchmark"] == "gc_soak"
-    assert_machine(result)
+    result = run_smoke(
+        "bench_gc_soak.py", tmp_path, "--keep-logs", benchmark="gc_soak", timeout_s=600
+    )
     assert result["settings"]["growth_per_request"] > 0
     rows = {row["arm"]: row for row in result["rows"]}
     assert set(rows) == {"once", "idle", "withdraw"}

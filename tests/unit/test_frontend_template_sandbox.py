@@ -7,6 +7,7 @@ answers while the bombs are still running."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 import pytest
@@ -68,30 +69,39 @@ def _cards(tokenizer_dir, tmp_path, templates: dict[str, str]) -> dict:
     return cards
 
 
+@contextlib.asynccontextmanager
+async def serving_cards(cards: dict, sandbox: TemplateSandbox):
+    """(registry, client): a frontend on ``sandbox`` in front of one echo worker that serves every
+    card of ``cards`` (each registered and built before the frontend starts; ``healthy`` is the
+    frontend's own)."""
+    async with echo_worker() as (_, endpoint):
+        registry = ModelRegistry(build_chat_processor)
+        for card in cards.values():
+            registry.add_instance(record(card, endpoint, card.served_model_name))
+        await registry.wait_idle()
+        async with frontend(
+            cards["healthy"], registry=registry, template_sandbox=sandbox
+        ) as client:
+            yield registry, client
+
+
 def test_template_bombs_are_bounded_and_isolated(tiny_tokenizer_dir, tmp_path, sandbox, caplog):
     caplog.set_level(logging.INFO)
     cards = _cards(tiny_tokenizer_dir, tmp_path, {"healthy": FITS, **BOMBS})
 
     async def scenario():
-        async with echo_worker() as (_, endpoint):
-            registry = ModelRegistry(build_chat_processor)
-            for card in cards.values():
-                registry.add_instance(record(card, endpoint, card.served_model_name))
-            await registry.wait_idle()
+        async with serving_cards(cards, sandbox) as (registry, client):
             assert {e.name for e in registry.entries()} == set(cards)  # every bomb registered
-            async with frontend(
-                cards["healthy"], registry=registry, template_sandbox=sandbox
-            ) as client:
-                answers = {name: await post(client, name, TWO) for name in BOMBS if name != "loops"}
-                # The loops bomb six times at once; the healthy model answers meanwhile.
-                bombs = [asyncio.ensure_future(post(client, "loops", TWO)) for _ in range(6)]
-                healthy = await post(client, "healthy", TWO)
-                bombs_running = not all(bomb.done() for bomb in bombs)
-                answers["loops"] = (await asyncio.gather(*bombs))[0]
-                loops_all = [status for status, _ in await asyncio.gather(*bombs)]
-                # Every model is still served for a conversation that fits.
-                fits = {name: (await post(client, name, ONE))[0] for name in cards}
-                return answers, healthy, bombs_running, loops_all, fits
+            answers = {name: await post(client, name, TWO) for name in BOMBS if name != "loops"}
+            # The loops bomb six times at once; the healthy model answers meanwhile.
+            bombs = [asyncio.ensure_future(post(client, "loops", TWO)) for _ in range(6)]
+            healthy = await post(client, "healthy", TWO)
+            bombs_running = not all(bomb.done() for bomb in bombs)
+            answers["loops"] = (await asyncio.gather(*bombs))[0]
+            loops_all = [status for status, _ in await asyncio.gather(*bombs)]
+            # Every model is still served for a conversation that fits.
+            fits = {name: (await post(client, name, ONE))[0] for name in cards}
+            return answers, healthy, bombs_running, loops_all, fits
 
     answers, healthy, bombs_running, loops_all, fits = asyncio.run(
         asyncio.wait_for(scenario(), DEADLINE_S)
@@ -204,27 +214,20 @@ def test_many_hostile_models_leave_a_process_to_the_others(tiny_tokenizer_dir, t
     cards = _cards(tiny_tokenizer_dir, tmp_path, {"healthy": FITS, **loops})
 
     async def scenario():
-        async with echo_worker() as (_, endpoint):
-            registry = ModelRegistry(build_chat_processor)
-            for card in cards.values():
-                registry.add_instance(record(card, endpoint, card.served_model_name))
-            await registry.wait_idle()
-            async with frontend(
-                cards["healthy"], registry=registry, template_sandbox=sandbox
-            ) as client:
-                first = await post(client, "healthy", TWO)
-                # Each hostile model's first slow render makes it a suspect.
-                firsts = [post(client, f"loops{i}", TWO) for i in range(3)]
-                assert {status for status, _ in await asyncio.gather(*firsts)} == {503}
-                bombs = [
-                    asyncio.ensure_future(post(client, f"loops{i}", TWO))
-                    for i in range(3)
-                    for _ in range(2)
-                ]
-                healthy = await post(client, "healthy", TWO)
-                bombs_running = not all(bomb.done() for bomb in bombs)
-                statuses = [status for status, _ in await asyncio.gather(*bombs)]
-                return first[0], healthy[0], bombs_running, statuses
+        async with serving_cards(cards, sandbox) as (_, client):
+            first = await post(client, "healthy", TWO)
+            # Each hostile model's first slow render makes it a suspect.
+            firsts = [post(client, f"loops{i}", TWO) for i in range(3)]
+            assert {status for status, _ in await asyncio.gather(*firsts)} == {503}
+            bombs = [
+                asyncio.ensure_future(post(client, f"loops{i}", TWO))
+                for i in range(3)
+                for _ in range(2)
+            ]
+            healthy = await post(client, "healthy", TWO)
+            bombs_running = not all(bomb.done() for bomb in bombs)
+            statuses = [status for status, _ in await asyncio.gather(*bombs)]
+            return first[0], healthy[0], bombs_running, statuses
 
     try:
         first, healthy, bombs_running, statuses = asyncio.run(

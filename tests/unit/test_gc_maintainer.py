@@ -285,6 +285,20 @@ def make_due(trigger: MaintenanceTrigger) -> None:
     assert trigger.due
 
 
+@contextlib.asynccontextmanager
+async def due_under_load(clock, **options):
+    """An idle maintainer (``options`` as :func:`idle_maintainer`'s) whose maintenance has been
+    due for ``LOAD_DEFER_S`` while one request stays in flight: it never saw an idle moment."""
+    async with (
+        idle_maintainer(clock, **options) as (task, gate, metrics),
+        in_flight(gate) as requests,
+    ):
+        await requests.admitted()
+        make_due(task.trigger)
+        clock.advance(maintainer.LOAD_DEFER_S)
+        yield task, gate, metrics, requests
+
+
 def test_an_idle_moment_is_held_maintained_and_reported(serving, caplog):
     caplog.set_level(logging.INFO, logger="dynamo_gc.maintainer")
 
@@ -312,13 +326,8 @@ def test_an_idle_moment_is_held_maintained_and_reported(serving, caplog):
 def test_under_load_admission_is_held_while_in_flight_requests_finish(serving, caplog):
     async def scenario():
         clock = FakeClock()
-        async with (
-            idle_maintainer(clock, pause_log_ms=0.001) as (task, gate, metrics),
-            in_flight(gate) as requests,
-        ):
-            await requests.admitted()
-            make_due(task.trigger)
-            clock.advance(maintainer.LOAD_DEFER_S)  # due for long, never idle
+        # due for long, never idle
+        async with due_under_load(clock, pause_log_ms=0.001) as (task, gate, metrics, requests):
             await wait_until_async(lambda: gate.held, deadline_s=DEADLINE_S)
             requests.arrive()  # arrives while held: waits
             await wait_until_async(lambda: gate.waiting == 1, deadline_s=DEADLINE_S)
@@ -376,13 +385,7 @@ def test_requests_that_do_not_finish_in_the_bound_reopen_admission_untouched(
 
     async def scenario():
         clock = FakeClock()
-        async with (
-            idle_maintainer(clock, hold_bound_s=0.01) as (task, gate, metrics),
-            in_flight(gate) as requests,
-        ):
-            await requests.admitted()
-            make_due(task.trigger)
-            clock.advance(maintainer.LOAD_DEFER_S)
+        async with due_under_load(clock, hold_bound_s=0.01) as (task, gate, metrics, requests):
             gave_up = "dynamo_gc_maintenance_gave_up_total"
             await wait_until_async(
                 lambda: sample(metrics, gave_up, mode="idle") == 1, deadline_s=DEADLINE_S
@@ -398,13 +401,7 @@ def test_requests_that_do_not_finish_in_the_bound_reopen_admission_untouched(
 def test_stopping_the_maintainer_while_it_holds_admission_reopens_it(serving):
     async def scenario():
         clock = FakeClock()
-        async with (
-            idle_maintainer(clock, hold_bound_s=30.0) as (task, gate, _),
-            in_flight(gate) as requests,
-        ):
-            await requests.admitted()
-            make_due(task.trigger)
-            clock.advance(maintainer.LOAD_DEFER_S)
+        async with due_under_load(clock, hold_bound_s=30.0) as (task, gate, _, requests):
             await wait_until_async(lambda: gate.held, deadline_s=DEADLINE_S)
             await task.stop()  # the drain begins
             assert not gate.held

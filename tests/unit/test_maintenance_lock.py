@@ -47,6 +47,15 @@ def held(each: FileMaintenanceLock) -> bool:
     return asyncio.run(each.held())
 
 
+def held_and_waiting(directory, holder_id: str, waiter_id: str):
+    """(holder, waiter, waiter's clock): model m's lock taken by ``holder_id`` (its renewals
+    stopped: see :func:`acquire`), and ``waiter_id``'s on a fake clock of its own, not yet tried."""
+    holder = lock(directory, holder_id)
+    assert acquire(holder)
+    clock = FakeClock()
+    return holder, lock(directory, waiter_id, clock), clock
+
+
 def test_one_instance_of_a_model_holds_it_at_a_time(tmp_path):
     first, second, other_model = (
         lock(tmp_path, "a"),
@@ -71,10 +80,7 @@ def test_the_lock_file_is_a_dot_file_no_watcher_reads_as_a_record(tmp_path):
 
 
 def test_a_dead_holders_lock_is_broken_after_the_ttl_on_the_readers_clock(tmp_path, caplog):
-    dead = lock(tmp_path, "dead")
-    assert acquire(dead)  # and never renewed nor released again
-    clock = FakeClock()
-    waiting = lock(tmp_path, "next", clock)
+    dead, waiting, clock = held_and_waiting(tmp_path, "dead", "next")  # dead: never renewed
     assert not acquire(waiting)  # first sighting: the clock starts now
     clock.advance(TTL_S)
     assert not acquire(waiting)  # unchanged for exactly the TTL: not yet
@@ -88,10 +94,7 @@ def test_a_dead_holders_lock_is_broken_after_the_ttl_on_the_readers_clock(tmp_pa
 
 
 def test_a_renewed_lock_is_never_broken(tmp_path):
-    holder = lock(tmp_path, "alive")
-    assert acquire(holder)
-    clock = FakeClock()
-    waiting = lock(tmp_path, "next", clock)
+    holder, waiting, clock = held_and_waiting(tmp_path, "alive", "next")
     for _ in range(10):
         assert not acquire(waiting)
         clock.advance(TTL_S * 0.9)
@@ -133,10 +136,7 @@ def test_a_holder_whose_file_was_broken_and_replaced_in_its_inode_sees_it_lost(t
 
 
 def test_a_lock_taken_anew_between_the_judgement_and_the_break_is_put_back(tmp_path):
-    dead = lock(tmp_path, "dead")
-    assert acquire(dead)
-    clock = FakeClock()
-    breaker = lock(tmp_path, "breaker", clock)
+    dead, breaker, clock = held_and_waiting(tmp_path, "dead", "breaker")
     assert not acquire(breaker)
     clock.advance(TTL_S + 1)
     assert breaker._stale()  # judged stale ...

@@ -14,8 +14,12 @@ import pytest
 
 from dynamo.frontend.openai.protocol import parse_chat_request
 from dynamo.frontend.processors.chat_processor import build_chat_processor
-from dynamo.frontend.processors.template_sandbox import TemplateSandbox
-from tests.support.template_bombs import bounded_renders, check_template_bombs
+from tests.support.template_bombs import (
+    assert_renders_match,
+    bounded_renders,
+    check_template_bombs,
+    started_sandbox,
+)
 from tests.support.template_failures import check_template_answers, template_answers
 from tests.vllm.test_chat_template_parity import CHATML, CONVERSATIONS, LLAMA3, card
 
@@ -77,25 +81,16 @@ def test_the_render_processes_render_what_transformers_renders(
     if source is not None:
         path = tmp_path / f"{name}.jinja"
         path.write_text(source, encoding="utf-8")
-    sandbox = TemplateSandbox(1, timeout_s=30.0, memory_mb=256)
-    sandbox.start()
-    try:
+    requests = [parse_chat_request({"model": "tiny", **body}) for body in BODIES]
+    with started_sandbox(1, timeout_s=30.0) as sandbox:
         processor = build_chat_processor(
             card(tiny_model, None if path is None else str(path)), "vllm",
             template_check=sandbox.check_compiles,
         )  # fmt: skip
-        requests = [parse_chat_request({"model": "tiny", **body}) for body in BODIES]
-
         got = bounded_renders(processor, sandbox, requests)
-    finally:
-        sandbox.close()
-    for request, text in zip(requests, got, strict=True):
-        try:
-            want = transformers_renders(reference, source, processor, request)
-        except Exception:  # noqa: BLE001 - a refusal of the reference's must be ours too
-            assert isinstance(text, Exception), (request, text)
-            continue
-        assert text == want, request
+    assert_renders_match(
+        requests, got, lambda request: transformers_renders(reference, source, processor, request)
+    )
 
 
 def test_without_render_processes_the_vllm_template_renders_on_a_thread(tiny_model):

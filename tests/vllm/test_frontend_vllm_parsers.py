@@ -58,19 +58,9 @@ def output_ids(card) -> list[int]:
 
 
 def ask(card, body: dict, models: ModelRegistry):
-    ids = output_ids(card)
-
-    async def scenario():
-        async with (
-            echo_worker(output=[*ids, *card.eos_token_ids], chunk=3) as (_, endpoint),
-            frontend(card, endpoint, registry=models) as client,
-        ):
-            response = await client.post("/v1/chat/completions", json=body)
-            if body.get("stream"):
-                return response.status, await sse_events(response)
-            return response.status, await response.json()
-
-    return asyncio.run(scenario())
+    """(status, answer): :func:`ask_recorded` without the worker's bodies."""
+    status, answer, _ = ask_recorded(card, body, models)
+    return status, answer
 
 
 def body(model: str = MODEL, *, stream: bool = False, tools=(WEATHER,)) -> dict:

@@ -11,6 +11,7 @@ import json
 import re
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 
 import pytest
 
@@ -42,14 +43,12 @@ def tiny_processor(model: str):
 
 
 @contextlib.contextmanager
-def serving(tiny_model: str, directory, *worker_args: str):
-    """A real-vLLM worker (``worker_args`` after the starter's) and a frontend; yields the
-    frontend's URL once it serves the model."""
+def serving(model: str, directory, *worker_args: str, frontend_args: Sequence[str] = ()):
+    """A real-vLLM worker on ``model`` (``worker_args`` after the starter's) and a frontend (with
+    ``frontend_args``); yields the frontend's URL once it serves the model."""
     discovery = directory / "discovery"
-    worker = start_worker(
-        "worker", directory, discovery, SERVED, *worker_args, vllm_model=tiny_model
-    )
-    frontend = start_frontend("frontend", directory, discovery)
+    worker = start_worker("worker", directory, discovery, SERVED, *worker_args, vllm_model=model)
+    frontend = start_frontend("frontend", directory, discovery, *frontend_args)
     try:
         url = frontend.wait_for_log(LISTENING_LINE, deadline_s=START_DEADLINE_S).group(1)
         frontend.wait_for_log(

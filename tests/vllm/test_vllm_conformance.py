@@ -11,10 +11,12 @@ module, the suite's CPU settings (bench_common.VLLM_ARGS), about thirty short re
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import sys
 from collections.abc import Iterator
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import openai
@@ -195,15 +197,17 @@ def joined(client: openai.OpenAI, endpoint: str, body: dict) -> dict:
     return {"choices": [choices[i] for i in sorted(choices)], "usage": usage}
 
 
-def comparable(value: Any) -> Any:
-    """``value`` without :data:`IGNORED_KEYS` and without keys whose value is null (the client
+def comparable(value: Any, ignored: AbstractSet[str] = IGNORED_KEYS) -> Any:
+    """``value`` without the ``ignored`` keys and without keys whose value is null (the client
     reads an absent field as null too)."""
     if isinstance(value, dict):
         return {
-            k: comparable(v) for k, v in value.items() if k not in IGNORED_KEYS and v is not None
+            k: comparable(v, ignored)
+            for k, v in value.items()
+            if k not in ignored and v is not None
         }
     if isinstance(value, list):
-        return [comparable(v) for v in value]
+        return [comparable(v, ignored) for v in value]
     return value
 
 
@@ -227,37 +231,58 @@ def differences(ours: Any, theirs: Any, path: str = "") -> Iterator[str]:
         yield f"{path}: ours {str(ours)[:120]!r} vLLM {str(theirs)[:120]!r}"
 
 
-def assert_same(ours: Any, theirs: Any) -> None:
-    found = list(differences(comparable(ours), comparable(theirs)))
+def assert_same(ours: Any, theirs: Any, ignored: AbstractSet[str] = IGNORED_KEYS) -> None:
+    found = list(differences(comparable(ours, ignored), comparable(theirs, ignored)))
     assert not found, "\n".join(found)
+
+
+def start_vllm_server(
+    model: str, log_dir, *server_args: str, name: str = "vllm-server"
+) -> tuple[LauncherProcess, str]:
+    """vLLM's own OpenAI server on ``model`` (``server_args`` before the suite's CPU settings),
+    loopback, started (not yet waited for: see :func:`wait_started`); and its URL."""
+    port = free_port()
+    argv = ["--model", model, "--served-model-name", SERVED, "--host", "127.0.0.1",
+            "--port", str(port), *server_args, *VLLM_ARGS]  # fmt: skip
+    server = LauncherProcess(
+        name, "vllm.entrypoints.openai.api_server", argv,
+        log_dir=log_dir, env=OFFLINE_ENV, python=sys.executable,
+    )  # fmt: skip
+    return server, f"http://127.0.0.1:{port}"
+
+
+def wait_started(server: LauncherProcess) -> None:
+    server.wait_for_log(r"Application startup complete", deadline_s=START_DEADLINE_S)
+
+
+@contextlib.contextmanager
+def vllm_openai_server(model: str, log_dir, *server_args: str) -> Iterator[str]:
+    """:func:`start_vllm_server`'s server; yields its URL once it has started."""
+    server, url = start_vllm_server(model, log_dir, *server_args)
+    try:
+        wait_started(server)
+        yield url
+    finally:
+        server.stop(deadline_s=60)
+
+
+def official_client(url: str) -> openai.OpenAI:
+    """The official client on the server at ``url`` (no retries: a failure shows as it is)."""
+    return openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
 
 
 @pytest.fixture(scope="module")
 def vllm_server(tiny_model, tmp_path_factory) -> Iterator[str]:
     """vLLM's own OpenAI server on the tiny model, the suite's CPU settings, loopback."""
-    port = free_port()
-    argv = ["--model", tiny_model, "--served-model-name", SERVED, "--host", "127.0.0.1",
-            "--port", str(port), *VLLM_ARGS]  # fmt: skip
-    server = LauncherProcess(
-        "vllm-server", "vllm.entrypoints.openai.api_server", argv,
-        log_dir=tmp_path_factory.mktemp("vllm-server"), env=OFFLINE_ENV, python=sys.executable,
-    )  # fmt: skip
-    try:
-        server.wait_for_log(r"Application startup complete", deadline_s=START_DEADLINE_S)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.stop(deadline_s=60)
+    with vllm_openai_server(tiny_model, tmp_path_factory.mktemp("vllm-server")) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
 def clients(vllm_server, tiny_model, tmp_path_factory):
     """(ours, vLLM's): official clients on our pair and on vLLM's server."""
     with serving(tiny_model, tmp_path_factory.mktemp("conformance-pair")) as url:
-        ours = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
-        theirs = openai.OpenAI(
-            base_url=vllm_server + "/v1", api_key="none", max_retries=0, timeout=120
-        )
-        yield ours, theirs
+        yield official_client(url), official_client(vllm_server)
 
 
 def test_the_two_servers_are_on_one_model(clients):

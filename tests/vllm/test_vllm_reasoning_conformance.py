@@ -41,27 +41,28 @@ What these cases do not show, and where it is shown instead:
 
 from __future__ import annotations
 
-import contextlib
 import json
-import re
-import sys
 from collections.abc import Iterator
 from typing import Any
 
 import openai
 import pytest
-from bench_common import OFFLINE_ENV, VLLM_ARGS
-from launcher_process import LauncherProcess, free_port
 
-from tests.support.processes import LISTENING_LINE, start_frontend, start_worker
 from tests.support.thinking_model import REASONING
-from tests.vllm.test_pair_real_model import SERVED
-from tests.vllm.test_vllm_conformance import CHAT, call, differences
+from tests.vllm.test_pair_real_model import serving
+from tests.vllm.test_vllm_conformance import (
+    CHAT,
+    call,
+    official_client,
+    start_vllm_server,
+    vllm_openai_server,
+    wait_started,
+)
 from tests.vllm.test_vllm_conformance import IGNORED_KEYS as BASE_IGNORED
+from tests.vllm.test_vllm_conformance import assert_same as base_assert_same
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration]
 
-START_DEADLINE_S = 360.0
 IGNORED_KEYS = BASE_IGNORED | {
     # vLLM's reasoning-token count (see the module docstring): not reported by ours.
     "completion_tokens_details",
@@ -176,19 +177,8 @@ def joined(client: openai.OpenAI, body: dict) -> dict:
     return {"choices": [choices[i] for i in sorted(choices)], "usage": usage}
 
 
-def comparable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {
-            k: comparable(v) for k, v in value.items() if k not in IGNORED_KEYS and v is not None
-        }
-    if isinstance(value, list):
-        return [comparable(v) for v in value]
-    return value
-
-
 def assert_same(ours: Any, theirs: Any) -> None:
-    found = list(differences(comparable(ours), comparable(theirs)))
-    assert not found, "\n".join(found)
+    base_assert_same(ours, theirs, IGNORED_KEYS)
 
 
 @pytest.fixture(scope="module")
@@ -200,51 +190,23 @@ def template(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def vllm_server(tiny_model, template, tmp_path_factory) -> Iterator[str]:
-    port = free_port()
-    argv = ["--model", tiny_model, "--served-model-name", SERVED, "--host", "127.0.0.1",
-            "--port", str(port), "--chat-template", template, "--tool-call-parser", "hermes",
-            "--enable-auto-tool-choice", *SHARED_ARGS, *VLLM_ARGS]  # fmt: skip
-    server = LauncherProcess(
-        "vllm-server", "vllm.entrypoints.openai.api_server", argv,
-        log_dir=tmp_path_factory.mktemp("vllm-reasoning-server"), env=OFFLINE_ENV,
-        python=sys.executable,
-    )  # fmt: skip
-    try:
-        server.wait_for_log(r"Application startup complete", deadline_s=START_DEADLINE_S)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.stop(deadline_s=60)
-
-
-@contextlib.contextmanager
-def reasoning_pair(tiny_model: str, template: str, directory) -> Iterator[str]:
-    discovery = directory / "discovery"
-    worker = start_worker(
-        "worker", directory, discovery, SERVED, "--chat-template", template,
-        "--dyn-tool-call-parser", "hermes", "--dyn-reasoning-parser", "qwen3", *SHARED_ARGS,
-        vllm_model=tiny_model,
-    )  # fmt: skip
-    frontend = start_frontend("frontend", directory, discovery, "--dyn-chat-processor", "vllm")
-    try:
-        url = frontend.wait_for_log(LISTENING_LINE, deadline_s=START_DEADLINE_S).group(1)
-        frontend.wait_for_log(
-            r"Model added: model=" + re.escape(SERVED), deadline_s=START_DEADLINE_S
-        )
+    with vllm_openai_server(
+        tiny_model, tmp_path_factory.mktemp("vllm-reasoning-server"),
+        "--chat-template", template, "--tool-call-parser", "hermes",
+        "--enable-auto-tool-choice", *SHARED_ARGS,
+    ) as url:  # fmt: skip
         yield url
-    finally:
-        frontend.stop()
-        worker.stop(deadline_s=60)
 
 
 @pytest.fixture(scope="module")
 def clients(vllm_server, tiny_model, template, tmp_path_factory):
     """(ours, vLLM's): official clients on our pair and on vLLM's server."""
-    with reasoning_pair(tiny_model, template, tmp_path_factory.mktemp("reasoning-pair")) as url:
-        ours = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
-        theirs = openai.OpenAI(
-            base_url=vllm_server + "/v1", api_key="none", max_retries=0, timeout=120
-        )
-        yield ours, theirs
+    with serving(
+        tiny_model, tmp_path_factory.mktemp("reasoning-pair"), "--chat-template", template,
+        "--dyn-tool-call-parser", "hermes", "--dyn-reasoning-parser", "qwen3", *SHARED_ARGS,
+        frontend_args=("--dyn-chat-processor", "vllm"),
+    ) as url:  # fmt: skip
+        yield official_client(url), official_client(vllm_server)
 
 
 SCHEMA_ANSWER = {"response_format": {"type": "json_schema", "json_schema": {
@@ -272,39 +234,22 @@ THINKING_CASES = [
 
 @pytest.fixture(scope="class")
 def thinking_clients(thinking_model, tmp_path_factory):
-    """(ours, vLLM's) on the thinking model (see :class:`TestForcedCallsAfterReasoning`)."""
-    port = free_port()
-    argv = ["--model", thinking_model, "--served-model-name", SERVED, "--host", "127.0.0.1",
-            "--port", str(port), "--tool-call-parser", "hermes", "--enable-auto-tool-choice",
-            "--reasoning-parser", "qwen3", *VLLM_ARGS]  # fmt: skip
-    server = LauncherProcess(
-        "vllm-thinking-server", "vllm.entrypoints.openai.api_server", argv,
-        log_dir=tmp_path_factory.mktemp("vllm-thinking-server"), env=OFFLINE_ENV,
-        python=sys.executable,
+    """(ours, vLLM's) on the thinking model (see :class:`TestForcedCallsAfterReasoning`); vLLM's
+    server starts while our pair does."""
+    server, server_url = start_vllm_server(
+        thinking_model, tmp_path_factory.mktemp("vllm-thinking-server"),
+        "--tool-call-parser", "hermes", "--enable-auto-tool-choice", "--reasoning-parser", "qwen3",
+        name="vllm-thinking-server",
     )  # fmt: skip
-    directory = tmp_path_factory.mktemp("thinking-pair")
-    worker = start_worker(
-        "worker", directory, directory / "discovery", SERVED,
-        "--dyn-tool-call-parser", "hermes", "--dyn-reasoning-parser", "qwen3",
-        vllm_model=thinking_model,
-    )  # fmt: skip
-    frontend = start_frontend(
-        "frontend", directory, directory / "discovery", "--dyn-chat-processor", "vllm"
-    )
     try:
-        server.wait_for_log(r"Application startup complete", deadline_s=START_DEADLINE_S)
-        url = frontend.wait_for_log(LISTENING_LINE, deadline_s=START_DEADLINE_S).group(1)
-        frontend.wait_for_log(
-            r"Model added: model=" + re.escape(SERVED), deadline_s=START_DEADLINE_S
-        )
-        ours = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
-        theirs = openai.OpenAI(
-            base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120
-        )
-        yield ours, theirs
+        with serving(
+            thinking_model, tmp_path_factory.mktemp("thinking-pair"),
+            "--dyn-tool-call-parser", "hermes", "--dyn-reasoning-parser", "qwen3",
+            frontend_args=("--dyn-chat-processor", "vllm"),
+        ) as url:  # fmt: skip
+            wait_started(server)
+            yield official_client(url), official_client(server_url)
     finally:
-        frontend.stop()
-        worker.stop(deadline_s=60)
         server.stop(deadline_s=60)
 
 

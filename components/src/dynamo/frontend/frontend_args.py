@@ -21,10 +21,10 @@ from dynamo.common.configuration import (
 )
 from dynamo.common.configuration.launcher_config import (
     LauncherConfig,
+    budget_requirement,
     maintenance_problem,
     process_options,
 )
-from dynamo.common.configuration.prerequisites import Requires
 from dynamo.common.configuration.runtime_options import DISCOVERY_OPTIONS, DISCOVERY_REQUIREMENTS
 from dynamo.frontend.processors.model_files import ModelDirectories
 from dynamo_gc.configuration.gc_options import (
@@ -87,11 +87,6 @@ CHAT_PROCESSOR = choice_option(
 PROCESS_OPTIONS = process_options(
     flag_prefix="dyn-", env_prefix="DYN_", maintenance_modes=FRONTEND_MAINTENANCE_MODES
 )
-GC_MAINTENANCE, GC_PAUSE_BUDGET_MS = (
-    next(o for o in PROCESS_OPTIONS if o.dest == dest)
-    for dest in ("gc_maintenance", "gc_pause_budget_ms")
-)
-
 OPTIONS = [
     HTTP_HOST,
     HTTP_PORT,
@@ -184,11 +179,7 @@ SURFACE = Surface(
 # sglang processor's options are refused outright with another processor (see sglang_checks).
 REQUIREMENTS = [
     *DISCOVERY_REQUIREMENTS,
-    Requires(
-        GC_PAUSE_BUDGET_MS,
-        f"{GC_MAINTENANCE.source_label()} idle",
-        lambda c: c.gc_maintenance != "off",
-    ),
+    budget_requirement(PROCESS_OPTIONS, FRONTEND_MAINTENANCE_MODES),
 ]
 
 

@@ -21,6 +21,7 @@ from dynamo.common.configuration import (
 )
 from dynamo.common.configuration.launcher_config import (
     LauncherConfig,
+    budget_requirement,
     maintenance_problem,
     process_options,
 )
@@ -151,11 +152,6 @@ REASONING_PARSER = text_option(
 PROCESS_OPTIONS = process_options(
     flag_prefix="", env_prefix="DYN_VLLM_", maintenance_modes=WORKER_MAINTENANCE_MODES
 )
-GC_MAINTENANCE, GC_PAUSE_BUDGET_MS = (
-    next(o for o in PROCESS_OPTIONS if o.dest == dest)
-    for dest in ("gc_maintenance", "gc_pause_budget_ms")
-)
-
 ENGINE = choice_option(
     "engine",
     "DYN_VLLM_ENGINE",
@@ -221,11 +217,7 @@ REQUIREMENTS = [
         f"{MOCK_HEAP_GROWTH.source_label()} above 0",
         lambda c: c.mock_heap_growth > 0,
     ),
-    Requires(
-        GC_PAUSE_BUDGET_MS,
-        f"{GC_MAINTENANCE.source_label()} idle or withdraw",
-        lambda c: c.gc_maintenance != "off",
-    ),
+    budget_requirement(PROCESS_OPTIONS, WORKER_MAINTENANCE_MODES),
     *(
         Requires(option, _SELF_BENCHMARK, lambda c: c.self_benchmark_points > 0)
         for option in (

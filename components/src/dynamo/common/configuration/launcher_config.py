@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from dynamo.runtime.discovery import DiscoverySettings
 from dynamo.runtime.discovery.etcd_endpoints import EtcdEndpoint
 from dynamo_gc.configuration.gc_options import (
+    MAINTENANCE_OFF,
     GcSettings,
     MaintenanceSettings,
     gc_options,
@@ -18,6 +19,7 @@ from dynamo_gc.configuration.gc_options import maintenance_problem as gc_mainten
 from dynamo_gc.configuration.options import Option
 
 from .drain_options import drain_option
+from .prerequisites import Requires
 from .runtime_options import discovery_settings
 
 
@@ -34,6 +36,18 @@ def process_options(
         ),
         drain_option(flag_prefix=flag_prefix, env_prefix=env_prefix),
     ]
+
+
+def budget_requirement(options: Sequence[Option], maintenance_modes: tuple[str, ...]) -> Requires:
+    """The pause budget among ``options`` (a launcher's :func:`process_options`) acts only with a
+    maintenance mode other than off (named from ``maintenance_modes``, the launcher's offer)."""
+    by_dest = {option.dest: option for option in options}
+    modes_on = " or ".join(mode for mode in maintenance_modes if mode != MAINTENANCE_OFF)
+    return Requires(
+        by_dest["gc_pause_budget_ms"],
+        f"{by_dest['gc_maintenance'].source_label()} {modes_on}",
+        lambda c: c.gc_maintenance != MAINTENANCE_OFF,
+    )
 
 
 def maintenance_problem(config: LauncherConfig, options: Sequence[Option]) -> str | None:
