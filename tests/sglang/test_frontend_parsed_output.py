@@ -254,13 +254,14 @@ def test_a_card_name_sglang_lacks_is_logged_and_the_model_served_without_it(tiny
     )
     n = len(output_ids(card, OUTPUT))
     body = {"model": model, "messages": MESSAGES, "tools": [WEATHER], "max_tokens": n}
+    registry = card_registry()  # one frontend: it warns once for the model, not per request
     with caplog.at_level(logging.WARNING, logger="dynamo.frontend.processors.card_parsers"):
-        status, answer = ask(card, {**body, "ignore_eos": True}, registry=card_registry())
+        status, answer = ask(card, {**body, "ignore_eos": True}, registry=registry)
         # Served without a tool-call parser: tool_choice auto (the default with tools) would be
         # a quietly unparsed answer, so it is refused by name; "none" is served.
         assert status == 400 and answer["error"]["param"] == "tool_choice", answer
         status, answer = ask(
-            card, {**body, "ignore_eos": True, "tool_choice": "none"}, registry=card_registry()
+            card, {**body, "ignore_eos": True, "tool_choice": "none"}, registry=registry
         )
     assert status == 200, answer
     message = answer["choices"][0]["message"]
