@@ -25,6 +25,7 @@ from dynamo_gc.maintainer import MAINTAINED_LINE, GcMaintainer, IdleQuiescence
 from dynamo_gc.maintenance_metrics import MaintenanceMetrics
 from dynamo_gc.maintenance_trigger import (
     AHEAD_MARGIN,
+    AHEAD_MIN_GROWTH,
     IDLE_RECLAIM_EVERY,
     IDLE_RECLAIM_OVERDUE,
     IDLE_RECLAIM_OVERDUE_BUDGETS,
@@ -198,10 +199,46 @@ def test_the_lead_grows_with_the_time_quiescence_took_to_reach():
         clock.advance(0.1)
     assert trigger.pass_interval_s == pytest.approx(0.1) and not trigger.due
     trigger.reached(0.3)  # 0.3 s to a quiescent moment: a lead of 2 x 3 = 6 collections
-    trigger.look_ahead(4, 10)
-    assert not trigger.due  # 7 to go
-    clock.advance(0.1)
-    trigger.look_ahead(5, 10)
+    for passes in range(4, 7):  # a cycle of 12 + 1: 9 to 7 to go
+        trigger.look_ahead(passes, 12)
+        assert not trigger.due, passes
+        clock.advance(0.1)
+    trigger.look_ahead(7, 12)  # 6 to go, within the lead (the margin alone: 4)
+    assert trigger.due and trigger.due_reason == "ahead"
+
+
+def test_right_after_a_maintenance_nothing_is_due_ahead_until_half_a_cycle_grew():
+    """The soak's storm: reaching quiescence took so long against the young collections' pace
+    that the lead was longer than a whole cycle, and a maintenance was due again the moment one
+    ended. An ``ahead`` maintenance now waits for half a cycle of growth since the last one,
+    however long the lead; a pause at the due level still makes it due at once."""
+    clock = FakeClock()
+    trigger = MaintenanceTrigger(BUDGET_MS, clock=clock)
+    lifecycle.mark_serving("test")
+    threshold = 10
+    trigger.cycle_walk_s = 1.0  # every full collection would be over the level
+    for passes in range(4):  # a generation-1 collection every 0.1 s
+        trigger.look_ahead(passes, threshold)
+        clock.advance(0.1)
+    trigger.reached(5.0)  # 5 s to reach quiescence: a lead of 100 collections, > a cycle
+    trigger.maintained(0.010, 1.0)
+    assert trigger.cycle_walk_s >= trigger.due_at_s
+    for passes in range(6):  # under half of the cycle's 11 since the maintenance
+        trigger.look_ahead(passes, threshold)
+        assert not trigger.due, passes
+        clock.advance(0.1)
+    assert trigger.cycles_since_maintained(5, threshold) < AHEAD_MIN_GROWTH
+    trigger.look_ahead(6, threshold)  # half a cycle grown: the lead applies again
+    assert trigger.due and trigger.due_reason == "ahead"
+    trigger.maintained(0.010, 6 / (threshold + 1))
+    trigger.look_ahead(0, threshold)
+    assert not trigger.due
+    trigger.on_collection(2, 0.030, {"generation": 2})  # a pause at the due level: at once
+    assert trigger.due and trigger.due_reason == "pause"
+    # A serving full collection since the maintenance is a whole cycle grown.
+    trigger.maintained(0.010, 1.0)
+    trigger.on_collection(2, 0.001, {"generation": 2})
+    trigger.look_ahead(0, threshold)
     assert trigger.due and trigger.due_reason == "ahead"
 
 

@@ -75,9 +75,13 @@ class FakeLock:
 
 class Setup:
     def __init__(
-        self, *peer_states: str | None, bound_s: float = 5.0, settle_s: float = 0.0
+        self,
+        *peer_states: str | None,
+        bound_s: float = 5.0,
+        settle_s: float = 0.0,
+        clock: FakeClock | None = None,
     ) -> None:
-        self.clock = FakeClock()
+        self.clock = clock or FakeClock()
         self.gate = AdmissionGate(clock=self.clock)
         self.registration = FakeRegistration()
         self.lock = FakeLock()
@@ -263,3 +267,94 @@ def test_a_store_that_cannot_be_written_still_withdraws_and_comes_back(caplog):
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 2 and "could not say withdrawn" in warnings[0]
     assert "could not say serving again" in warnings[1]
+
+
+def test_a_worker_that_just_let_go_asks_for_the_lock_again_only_after_the_yield():
+    async def scenario():
+        setup = Setup(None)
+        quiet = await setup.quiescence.reach("ahead", 0.0)
+        assert isinstance(quiet, Quiet)
+        await setup.quiescence.leave(quiet)
+        setup.clock.advance(withdrawal.LOCK_RETRY_S)  # its own retry pace allows it: not yet
+        assert await setup.quiescence.reach("ahead", 0.0) is None
+        assert setup.lock.asked == 1
+        setup.clock.advance(withdrawal.LOCK_YIELD_S - withdrawal.LOCK_RETRY_S)
+        assert isinstance(await setup.quiescence.reach("pause", 0.0), Quiet)
+        assert setup.lock.asked == 2
+
+    asyncio.run(scenario())
+
+
+class SharedLock:
+    """One model's lock in a store both instances share: at most one holder."""
+
+    def __init__(self) -> None:
+        self.holder: str | None = None
+
+    def handle(self, name: str) -> FakeLock:
+        shared = self
+
+        class Handle(FakeLock):
+            async def acquire(self) -> bool:
+                self.asked += 1
+                if shared.holder is None:
+                    shared.holder = name
+                self.holding = shared.holder == name
+                return self.holding
+
+            async def held(self) -> bool:
+                return shared.holder == name
+
+            async def release(self) -> None:
+                if shared.holder == name:
+                    shared.holder = None
+                await super().release()
+
+        return Handle()
+
+
+def test_two_workers_both_due_take_turns_at_the_lock():
+    """The soak's storm: both workers due at every cycle; the one just back re-took the lock at
+    once, before its peer's watcher (the file store's, polling every 0.2 s) saw it serving
+    again, so the peer never had a turn. With the yield, the one just out lets the waiting one
+    go first: they alternate, one out at a time."""
+
+    async def scenario():
+        clock = FakeClock()
+        shared = SharedLock()
+        workers = {name: Setup(clock=clock) for name in ("a", "b")}
+        seen: list[tuple[float, Setup, ModelRecord]] = []  # published, not yet seen by the peer
+        for name, setup in workers.items():
+            setup.lock = shared.handle(name)
+            setup.quiescence.lock = setup.lock
+        for name, setup in workers.items():  # each one's record, as its peer's watcher sees it
+            other = workers["b" if name == "a" else "a"]
+            url = f"http://127.0.0.1:{1 if name == 'a' else 2}"
+
+            async def publish(state, other=other, name=name, url=url, setup=setup):
+                setup.registration.states.append(state)
+                seen.append((clock() + 0.2, other, ModelRecord(MODEL, url, name, state=state)))
+
+            setup.registration.set_state = publish  # type: ignore[method-assign]
+            other.peers._add(ModelRecord(MODEL, url, name))
+        order: list[str] = []
+        for _ in range(200):  # 10 s of the maintainers' polls, both due throughout
+            for at, peer, record in [entry for entry in seen if entry[0] <= clock()]:
+                peer.peers._add(record)  # the watcher's poll
+                seen.remove((at, peer, record))
+            for name, setup in workers.items():
+                quiet = await setup.quiescence.reach("ahead", 0.0)
+                if not isinstance(quiet, Quiet):
+                    continue
+                assert shared.holder == name
+                out = [n for n, s in workers.items() if s.gate.withdrawn]
+                assert out == [name]  # at most one out, never the last one serving
+                order.append(name)
+                clock.advance(0.4)  # withdrawn, settled, maintained
+                await setup.quiescence.leave(quiet)
+                assert shared.holder is None and not setup.gate.withdrawn
+            clock.advance(0.05)
+        assert len(order) >= 6
+        assert order == ["a", "b"] * (len(order) // 2) + ["a"] * (len(order) % 2), order
+
+    asyncio.run(scenario())

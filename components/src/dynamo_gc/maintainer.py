@@ -317,7 +317,7 @@ class GcMaintainer:
         except RuntimeError:  # not serving any more (a drain began): nothing to do
             return None
         if record is not None:
-            cycles = trigger.full_since_maintained + passes / (threshold + 1)
+            cycles = trigger.cycles_since_maintained(passes, threshold)
             self._learn(record, cycles)
         return record
 

@@ -31,6 +31,21 @@ whose single cycle already walks past the due level is then maintained every cyc
 full collection can run; one that grows slowly, every few cycles; the full collections that do
 run stay under the due level.
 
+**Only after growth.** An ``ahead`` maintenance is due only once at least
+:data:`AHEAD_MIN_GROWTH` of a cycle has grown since the last maintenance (the serving full
+collections since it, plus CPython's generation-1 count over threshold + 1: counters, no walk);
+a ``pause`` still makes it due at once. Why: the lead is in generation-1 collections, and when
+reaching quiescence takes long against the young collections' pace (a withdrawal, on a busy
+machine) it grows past a whole cycle (threshold + 1 of them), so without this bound a
+maintenance was due again the moment one ended, before anything had grown: the soak's
+``withdraw`` arm ran hundreds of maintenances that collected nothing (a storm) and kept one worker
+out of routing most of the run. Half a cycle, because a maintenance that ran earlier than that
+would collect less than half of what the next full collection walks anyway, while a bound of a
+whole cycle would let that full collection run before any ``ahead`` maintenance could: at half,
+each maintenance has at least half a cycle's growth to collect, and the lead keeps the other
+half (a workload that needs more lead than that meets the next full collection, one cycle's walk
+at most since the maintenance, which a ``pause`` then answers).
+
 **The estimate of the unfrozen heap**, for the ``dynamo_gc_unfrozen_objects_estimate`` gauge
 and the reclaim policy: on CPython 3.15 the collector reports the objects a collection examined
 (``info["candidates"]``), which for a full collection is the unfrozen heap; before 3.15, the
@@ -75,6 +90,9 @@ DUE_FRACTION = 0.5
 # Ahead: due when the earliest next full collection is this many generation-1 collections away
 # (each is threshold0 x threshold1 net allocations: 7k objects on 3.10-3.12, 20k on 3.13+).
 AHEAD_MARGIN = 4
+# Ahead: due only once this share of a cycle (threshold + 1 generation-1 collections) has grown
+# since the last maintenance (the module docstring: no storm of maintenances that collect nothing).
+AHEAD_MIN_GROWTH = 0.5
 # How much a new sample moves an estimate (an exponential average): one cycle's walk, the time
 # between two generation-1 collections.
 CYCLE_WEIGHT = 0.5
@@ -174,7 +192,7 @@ class MaintenanceTrigger:
         if young_passes != self._passes_seen or self._passes_at is None:
             # Risen, or back to 0 after a full collection (or the first look).
             self._passes_seen, self._passes_at = young_passes, now
-        if self.due:
+        if self.due or self.cycles_since_maintained(young_passes, threshold) < AHEAD_MIN_GROWTH:
             return
         lead = AHEAD_MARGIN
         if self.pass_interval_s and self.reach_s is not None:
@@ -187,6 +205,12 @@ class MaintenanceTrigger:
             self.due_pause_s = None
             self.due_since = self._clock()
             self.due = True
+
+    def cycles_since_maintained(self, young_passes: int, threshold: int) -> float:
+        """The growth since the last maintenance (or the start-up freeze), in cycles: the
+        serving full collections since it, and the share of one the generation-1 collections
+        since the last full one make (``young_passes`` of ``threshold`` + 1)."""
+        return self.full_since_maintained + young_passes / (threshold + 1)
 
     def due_for_s(self) -> float:
         """How long maintenance has been due (0 when it is not)."""

@@ -25,6 +25,19 @@ layer's. One attempt, when a maintenance is due:
 5. the maintenance runs (nothing in flight, checked by the operation itself), then the worker
    comes back: the gate admits, the record loses its state, the lock is released. Each of these
    also happens when the maintainer is stopped (the drain) in the middle of an attempt.
+
+**Turns.** A worker that has just released the lock (after a maintenance or an attempt given
+up) does not ask for it again for :data:`LOCK_YIELD_S`, longer than a waiting peer takes to see
+it serving again and take the lock: its watcher sees the record (the file store's watchers poll
+every 0.2 s; etcd's are told at once), and its next ask comes within :data:`LOCK_RETRY_S`. So of
+two workers both due, the one just out lets the other go first and they take turns: in the soak,
+a worker maintained at every cycle re-took the lock the moment it let go, hundreds of times, and
+its peer, asking every 0.25 s, never got it (its heap went unmaintained, its full collections
+grew to seconds). The yield is the releasing worker's own and needs nothing new in the store, so
+it holds on the file and etcd backends alike; the lock still decides who is out, so at most one
+is, and the peer check still keeps the last one serving. Its cost: a worker alone in being due
+waits that long before its next maintenance, against a trigger whose margin is several full
+collections.
 """
 
 from __future__ import annotations
@@ -49,6 +62,10 @@ logger = logging.getLogger(__name__)
 
 # How often the model's maintenance lock is asked for while a peer holds it.
 LOCK_RETRY_S = 0.25
+# After releasing the lock, not asked for again for this long: a waiting peer goes first (Turns).
+# Four of a waiter's asks: its watcher's 0.2 s poll, one ask and the time to take it, with margin
+# for a loaded machine.
+LOCK_YIELD_S = 4 * LOCK_RETRY_S
 # Withdrawn, with nothing in flight: no request turned away for this long before the maintenance
 # runs, so every frontend has seen the record (a frontend polling the file store sees it within
 # its 0.2 s poll; etcd's watchers are told at once) and none sends a request into it.
@@ -125,6 +142,7 @@ class WithdrawQuiescence:
         self.retry = Retry(clock)
         self._alone_said = False
         self._lock_tried = float("-inf")
+        self._released_at = float("-inf")  # when this worker last let go of the lock
 
     async def reach(self, reason: str, due_for_s: float) -> Quiet | GaveUp | None:
         if not self.peers.listed:
@@ -134,7 +152,12 @@ class WithdrawQuiescence:
                 return None  # a peer is out for its own maintenance: after it is back
             return await self._alone(reason, due_for_s)
         self._alone_said = False
-        if not self.retry.ready() or self._clock() < self._lock_tried + LOCK_RETRY_S:
+        now = self._clock()
+        if (
+            not self.retry.ready()
+            or now < self._lock_tried + LOCK_RETRY_S
+            or now < self._released_at + LOCK_YIELD_S  # a waiting peer's turn first
+        ):
             return None
         self._lock_tried = self._clock()
         if not await self.lock.acquire():
@@ -211,4 +234,7 @@ class WithdrawQuiescence:
                 exc,
             )
         finally:
-            await asyncio.shield(self.lock.release())
+            try:
+                await asyncio.shield(self.lock.release())
+            finally:
+                self._released_at = self._clock()
