@@ -207,14 +207,20 @@ def test_a_request_path_that_moved_exits_2_naming_it(upstream_module, path, says
 # -- what an adapter starts ----------------------------------------------------------------------
 
 
-def test_an_adapter_maintains_its_process_once_a_maintenance_is_due(upstream_module):
-    adapter_gc = served_maintenance.observe(
+def observed_idle(**extra):
+    """The stand-in's adapter with the freeze and ``idle`` maintenance on (a 50 ms budget)."""
+    return served_maintenance.observe(
         PROG,
         GcSettings(freeze_gc_heap=True, gc_pause_log_ms=0.0),
         MaintenanceSettings("idle", 50.0),
         paths=(PATH,),
         context="upstream stand-in",
+        **extra,
     )
+
+
+def test_an_adapter_maintains_its_process_once_a_maintenance_is_due(upstream_module):
+    adapter_gc = observed_idle()
     assert adapter_gc.gate is not None and adapter_gc.maintenance is not None
     adapter_gc.frozen(freeze_gc_heap(context="start-up"))
     lifecycle.mark_serving("test")
@@ -236,14 +242,7 @@ def test_an_adapter_maintains_its_process_once_a_maintenance_is_due(upstream_mod
 
 
 def test_a_worker_registering_what_no_gated_path_serves_exits_2(upstream_module, capsys):
-    adapter_gc = served_maintenance.observe(
-        PROG,
-        GcSettings(freeze_gc_heap=True, gc_pause_log_ms=0.0),
-        MaintenanceSettings("idle", 50.0),
-        paths=(PATH,),
-        context="upstream stand-in",
-        ungated=ungated,
-    )
+    adapter_gc = observed_idle(ungated=ungated)
     embedding = SimpleNamespace(realtime=False, embedding_worker=True, classify_worker=False)
     with pytest.raises(SystemExit) as exited:
         adapter_gc.serve(((None, None, None, embedding), {}))
