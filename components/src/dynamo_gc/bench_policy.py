@@ -52,6 +52,7 @@ import time
 from dataclasses import dataclass, field
 
 from dynamo_gc.bench_policy_config import (
+    GEN2_NEVER,
     policy_config_from_env,
     threshold2_ignored_reason,
     unsound_build_reason,
@@ -60,8 +61,6 @@ from dynamo_gc.pause_logger import installed_gc_pause_logger
 
 logger = logging.getLogger(__name__)
 
-# gc.set_threshold() parses C ints: this is the largest threshold2 it accepts.
-GEN2_NEVER = 2**31 - 1
 FREEZE_THREAD_NAME = "dynamo-gc-policy-freeze"
 
 

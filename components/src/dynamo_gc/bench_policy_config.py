@@ -25,6 +25,10 @@ from dynamo_gc.configuration.values import Choice
 
 logger = logging.getLogger("dynamo_gc.bench_policy")  # the policy's lines, wherever they start
 
+# gc.set_threshold() parses C ints: the largest third threshold it accepts, which turns CPython's
+# automatic full collections off (2**31 generation-1 collections first: never).
+GEN2_NEVER = 2**31 - 1
+
 POLICY_OFF = "off"
 POLICY_FREEZE = "freeze"
 

@@ -34,6 +34,7 @@ from typing import Protocol
 from dynamo_gc import lifecycle
 from dynamo_gc.admission import AdmissionGate
 from dynamo_gc.freeze import last_freeze
+from dynamo_gc.full_collection_hold import FullCollectionHold
 from dynamo_gc.maintenance import MaintenanceRecord, maintain_gc_heap
 from dynamo_gc.maintenance_metrics import MaintenanceMetrics
 from dynamo_gc.maintenance_trigger import (
@@ -78,6 +79,18 @@ PINNED_LINE = (
 DUE_LINE = (
     "GC maintenance (%s) due for %.0f s and not run: no quiescent moment found (mode %s); "
     "serving full collections keep growing meanwhile"
+)
+HELD_LINE = (
+    "GC maintenance (%s): CPython's automatic full collections held off while serving "
+    "(thresholds %s -> %s); the maintainer runs them at quiescent moments"
+)
+NOT_HELD_LINE = (
+    "GC maintenance (%s): automatic full collections cannot be held off here (%s); "
+    "maintenance runs ahead of them as predicted, and a late prediction is a serving pause"
+)
+GIVEN_BACK_LINE = (
+    "GC maintenance (%s): CPython's automatic full collections run again (%s) until the next "
+    "maintenance"
 )
 
 
@@ -180,10 +193,12 @@ class IdleQuiescence:
         return self.gate.release()
 
 
-def _young_passes() -> tuple[int, int]:
-    """CPython's generation-1 collections since the last full one, and its threshold for them
-    (a full collection may run once they exceed it): two reads of counters, no walk."""
-    return gc.get_count()[2], gc.get_threshold()[2]
+def _young_passes(hold: FullCollectionHold | None) -> tuple[int, int]:
+    """CPython's generation-1 collections since the last full one, and its own threshold for
+    them (a full collection may run once they exceed it; while ``hold`` holds, the saved one):
+    two reads of counters, no walk."""
+    threshold = hold.threshold() if hold is not None else gc.get_threshold()[2]
+    return gc.get_count()[2], threshold
 
 
 class GcMaintainer:
@@ -197,9 +212,14 @@ class GcMaintainer:
         context: str,
         pause_log_ms: float = 0.0,
         metrics: MaintenanceMetrics | None = None,
+        hold: FullCollectionHold | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.trigger = trigger
+        # CPython's automatic full collections, held off while serving (None: left to CPython).
+        self.hold = hold
+        self._hold_paused = False  # given back (overdue, failed): taken again after a maintenance
+        self._hold_said = False
         self.quiescence = quiescence
         self.context = context
         self.pause_log_ms = pause_log_ms
@@ -231,6 +251,7 @@ class GcMaintainer:
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
+        self._give_back(None)  # now: the task's own ``finally`` may never run
 
     async def stop(self) -> None:
         """Stop (first at the drain): an attempt in progress reopens admission on its way."""
@@ -241,18 +262,57 @@ class GcMaintainer:
 
     async def run(self) -> None:
         failing = False
-        while True:
-            try:
-                await self._step()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # a maintainer that dies silently maintains nothing
-                if not failing:
-                    logger.exception("GC maintainer (%s) failed; trying again", self.context)
-                failing = True
-                await asyncio.sleep(RETRY_MAX_S)
-            else:
-                failing = False
+        try:
+            while True:
+                try:
+                    await self._step()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # a maintainer that dies silently maintains nothing
+                    if not failing:
+                        logger.exception("GC maintainer (%s) failed; trying again", self.context)
+                    failing = True
+                    # Nobody would run the held-off full collections meanwhile: CPython does.
+                    self._give_back("the maintainer failed")
+                    await asyncio.sleep(RETRY_MAX_S)
+                else:
+                    failing = False
+        finally:
+            self._give_back(None)  # stopped (the drain, shutdown): stock collections again
+
+    # -- the hold on CPython's full collections --------------------------------------------
+
+    def _hold_while_serving(self) -> bool:
+        """Hold CPython's automatic full collections off while serving (unless given back
+        until the next maintenance); whether they are held."""
+        hold = self.hold
+        if hold is None:
+            return False
+        if not hold.held and not self._hold_paused:
+            before = gc.get_threshold()
+            if hold.take():
+                if not self._hold_said:
+                    self._hold_said = True
+                    logger.info(HELD_LINE, self.context, before, gc.get_threshold())
+            elif not self._hold_said:
+                self._hold_said = True
+                reason = hold.unavailable or "automatic collection is off or already held"
+                logger.info(NOT_HELD_LINE, self.context, reason)
+        return hold.held
+
+    def _give_back(self, why: str | None) -> None:
+        """CPython's own full collections again: ``why`` given, until the next maintenance
+        (said once per hold); None, for good (stopped)."""
+        hold = self.hold
+        if hold is None:
+            return
+        if why is not None:
+            if hold.held:
+                logger.warning(GIVEN_BACK_LINE, self.context, why)
+            self._hold_paused = True
+        hold.give_back()
+        if self.metrics is not None:
+            self.metrics.observe_held(False)
 
     async def _step(self) -> None:
         reason = self._reason()
@@ -279,8 +339,14 @@ class GcMaintainer:
     def _reason(self) -> str | None:
         trigger = self.trigger
         if lifecycle.current_phase() is lifecycle.Phase.SERVING:
-            # CPython's own counters (no walk): how near the next full collection is.
-            trigger.look_ahead(*_young_passes())
+            held = self._hold_while_serving()
+            if self.metrics is not None:
+                self.metrics.observe_held(held)
+            # CPython's own counters (no walk): how much has grown, how near its next full one.
+            if held:
+                trigger.look_held(*_young_passes(self.hold))
+            else:
+                trigger.look_ahead(*_young_passes(self.hold))
         if trigger.due:
             return trigger.due_reason  # "pause" or "ahead"
         if not self.reclaim.withdraw and self.reclaim.since_reclaim >= IDLE_RECLAIM_EVERY:
@@ -303,7 +369,7 @@ class GcMaintainer:
                 PINNED_LINE, self.context, self.reclaim.since_reclaim, whole_walk_s or 0.0
             )
         trigger.maintaining_candidates = None  # set by the window's own full collections
-        passes, threshold = _young_passes()  # the share of a cycle grown since the last full
+        passes, threshold = _young_passes(self.hold)  # a cycle's share grown since the last full
         try:
             with lifecycle.maintenance_window(reason, quiet.in_flight) as window:
                 record = maintain_gc_heap(
@@ -345,6 +411,7 @@ class GcMaintainer:
         self.maintenances += 1
         self.last = record
         self._warned_due_at = None
+        self._hold_paused = False  # maintained again: the hold may be taken again
 
     # -- reports ------------------------------------------------------------------------------
 
@@ -407,3 +474,5 @@ class GcMaintainer:
         if due_for >= DUE_WARNING_S and self._warned_due_at is None:
             self._warned_due_at = self._clock()
             logger.warning(DUE_LINE, self.context, due_for, self.quiescence.mode)
+            # The heap grows unwalked while held: past this long, CPython collects it again.
+            self._give_back(f"no maintenance for {due_for:.0f} s")

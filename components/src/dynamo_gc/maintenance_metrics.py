@@ -25,6 +25,7 @@ RECLAIMED_METRIC = "dynamo_gc_maintenance_reclaimed_objects"  # ..._total
 GAVE_UP_METRIC = "dynamo_gc_maintenance_gave_up"  # ..._total
 DUE_METRIC = "dynamo_gc_maintenance_due"
 UNFROZEN_ESTIMATE_METRIC = "dynamo_gc_unfrozen_objects_estimate"
+HELD_METRIC = "dynamo_gc_full_collections_held"
 
 # How long the process took no new requests: from a few milliseconds (an idle moment) to the
 # withdrawal's bound (in-flight requests finishing, up to the drain timeout).
@@ -39,9 +40,9 @@ class MaintenanceMetrics:
             MAINTENANCE_TOTAL_METRIC,
             "Serving-time GC maintenances done, by mode (idle: admission held in place; "
             "withdraw: out of routing) and reason (pause: a serving full collection reached "
-            "half the pause budget; ahead: run before the next full collection, whose growth "
-            "alone reached half the budget in the last cycle; reclaim: a scheduled reclaim of "
-            "the garbage the frozen generation pinned)",
+            "half the pause budget; ahead: run before any full collection did, when the "
+            "unfrozen heap's estimated walk reached half the budget; reclaim: a scheduled "
+            "reclaim of the garbage the frozen generation pinned)",
             labelnames=["mode", "reason"],
             registry=registry,
         )
@@ -90,12 +91,20 @@ class MaintenanceMetrics:
         due.set_function(lambda: 1.0 if trigger.due else 0.0)
         estimate = Gauge(
             UNFROZEN_ESTIMATE_METRIC,
-            "Estimated objects outside the frozen generation, as the last serving full "
+            "Estimated objects outside the frozen generation: as the last serving full "
             "collection saw them (its pause at the calibrated walk rate; CPython 3.15: the "
-            "objects it examined); 0 until one has run",
+            "objects it examined), or, with full collections held off, the walk estimated "
+            "from CPython's counters since at that rate; 0 until known",
             registry=registry,
         )
         estimate.set_function(lambda: float(trigger.unfrozen_estimate() or 0))
+        self.held = Gauge(
+            HELD_METRIC,
+            "1 while CPython's automatic full collections are held off for the maintainer to "
+            "run at quiescent moments, else 0 (not serving yet, given back after a minute "
+            "without a maintenance or a failure, or a build that cannot hold them)",
+            registry=registry,
+        )
         for mode in MODES:  # every series from the start, so a rate() sees the first one
             self.duration.labels(mode=mode)
             self.withdrawn.labels(mode=mode)
@@ -115,6 +124,9 @@ class MaintenanceMetrics:
     def observe_waits(self, waits: list[float]) -> None:
         for wait in waits:
             self.waits.observe(wait)
+
+    def observe_held(self, held: bool) -> None:
+        self.held.set(1.0 if held else 0.0)
 
     def observe_gave_up(self, mode: str) -> None:
         self.gave_up.labels(mode=mode).inc()

@@ -78,6 +78,7 @@ maintenances. A heap too large for that is left pinned, and the maintainer says 
 
 from __future__ import annotations
 
+import gc
 import math
 import time
 from collections.abc import Callable
@@ -142,6 +143,8 @@ class MaintenanceTrigger:
         self.last_full_candidates: int | None = None  # its examined objects (3.15+)
         self.maintaining_candidates: int | None = None  # the last maintenance collection's
         self.objects_per_s: float | None = None  # calibrated walk rate
+        # With full collections held off: the unfrozen heap's walk now, as last estimated.
+        self.predicted_walk_s: float | None = None
 
     # -- inside the collector (any thread): plain attributes only ------------------------------
 
@@ -185,6 +188,7 @@ class MaintenanceTrigger:
         (``young_passes``, CPython's ``gc.get_count()[2]``) are near the earliest next full
         collection (after ``threshold`` + 1 of them): within :data:`AHEAD_MARGIN`, or within
         :data:`AHEAD_LEAD` times the time to reach quiescence at their recent pace."""
+        self.predicted_walk_s = None  # CPython's full collections run: they measure the heap
         now = self._clock()
         if young_passes > self._passes_seen and self._passes_at is not None:
             interval = (now - self._passes_at) / (young_passes - self._passes_seen)
@@ -205,6 +209,40 @@ class MaintenanceTrigger:
             self.due_pause_s = None
             self.due_since = self._clock()
             self.due = True
+
+    def look_held(self, young_passes: int, threshold: int) -> None:
+        """While CPython's automatic full collections are held off
+        (:mod:`dynamo_gc.full_collection_hold`): due (``ahead``) once the walk the unfrozen
+        heap would take now (:meth:`held_walk_s`) reaches the due level. No lead is needed: no
+        full collection runs before the maintenance, so the walk only grows while the
+        maintainer reaches a quiescent moment. With no estimate at all, due where CPython would
+        have run its own full collection (``young_passes`` past ``threshold``)."""
+        walk = self.held_walk_s(young_passes, threshold)
+        self.predicted_walk_s = walk
+        if self.due:
+            return
+        if (walk is None and young_passes > threshold) or (
+            walk is not None and walk >= self.due_at_s
+        ):
+            self.due_reason = "ahead"
+            self.due_pause_s = None
+            self.due_since = self._clock()
+            self.due = True
+
+    def held_walk_s(self, young_passes: int, threshold: int) -> float | None:
+        """The walk of the unfrozen heap now, with full collections held off: the last full
+        collection's (0 after a maintenance) plus the share of a cycle grown since
+        (``young_passes`` generation-1 collections of ``threshold`` + 1 a cycle) at one cycle's
+        walk. Before any cycle is measured, one cycle is taken as every allocation it counts
+        surviving, at the calibrated walk rate: an upper bound, so the first maintenance
+        comes early and measures the real one. None: neither is known."""
+        cycle = self.cycle_walk_s
+        if cycle is None and self.objects_per_s:
+            young, middle = gc.get_threshold()[:2]
+            cycle = young * middle * (threshold + 1) / self.objects_per_s
+        if cycle is None:
+            return None
+        return (self.last_full_pause_s or 0.0) + cycle * young_passes / (threshold + 1)
 
     def cycles_since_maintained(self, young_passes: int, threshold: int) -> float:
         """The growth since the last maintenance (or the start-up freeze), in cycles: the
@@ -230,9 +268,12 @@ class MaintenanceTrigger:
 
     def unfrozen_estimate(self) -> int | None:
         """Objects outside the permanent generation, as the last serving full collection saw
-        them (None: no estimate yet)."""
+        them, or with full collections held off as the walk estimated since would find them
+        (None: no estimate yet)."""
         if self.last_full_candidates is not None:
             return self.last_full_candidates
+        if self.predicted_walk_s is not None and self.objects_per_s is not None:
+            return round(self.predicted_walk_s * self.objects_per_s)
         if self.last_full_pause_s is None or self.objects_per_s is None:
             return None
         return round(self.last_full_pause_s * self.objects_per_s)

@@ -20,6 +20,7 @@ from dynamo_gc import pause_logger
 from dynamo_gc.admission import AdmissionGate
 from dynamo_gc.bench_policy_config import unsound_build_reason
 from dynamo_gc.configuration.gc_options import GcSettings, MaintenanceSettings
+from dynamo_gc.full_collection_hold import FullCollectionHold
 from dynamo_gc.gc_state import ProcessGcState
 from dynamo_gc.maintainer import GcMaintainer, IdleQuiescence, Quiescence
 from dynamo_gc.maintenance_metrics import MaintenanceMetrics
@@ -53,6 +54,7 @@ class GcMaintenance:
             context=context,
             pause_log_ms=pause_log_ms,
             metrics=self.metrics,
+            hold=FullCollectionHold(context),
         )
 
     def idle_quiescence(self, gate: AdmissionGate) -> IdleQuiescence:
@@ -92,8 +94,8 @@ def start_process_gc(gc: GcSettings, maintenance: MaintenanceSettings | None = N
         )
     if parts is not None:
         logger.info(
-            "GC maintenance %s: a serving full collection of %g ms (half the %g ms budget) "
-            "makes one due",
+            "GC maintenance %s: due when the unfrozen heap's walk reaches %g ms (half the %g ms "
+            "budget)",
             parts.settings.mode,
             parts.trigger.due_at_s * 1000.0,
             parts.settings.pause_budget_ms,
