@@ -51,6 +51,7 @@ MAINTENANCE_FAMILIES: dict[str, tuple[str, set[str]]] = {
     "dynamo_gc_maintenance_gave_up": ("counter", {"mode"}),
     "dynamo_gc_maintenance_due": ("gauge", set()),
     "dynamo_gc_unfrozen_objects_estimate": ("gauge", set()),
+    "dynamo_gc_full_collections_held": ("gauge", set()),
 }
 
 pytestmark = pytest.mark.integration
