@@ -117,9 +117,26 @@ def test_thresholds_changed_while_held_are_kept_and_said_once(thresholds, hold, 
     assert line.levelno == logging.WARNING
     message = line.getMessage()
     assert message.startswith("GC maintenance (worker): the GC thresholds were changed to ")
-    assert str(theirs) in message
+    assert f"changed to {theirs} " in message and f"; keeping {theirs} " in message
     hold.give_back()
     assert len(changed_lines(caplog)) == 1 and gc.get_threshold() == theirs
+
+
+def test_a_change_that_copied_the_held_third_threshold_gets_the_saved_third_back(
+    thresholds, hold, caplog
+):
+    """A library that sets threshold0 the usual way (``t0, t1, t2 = gc.get_threshold()``,
+    then ``gc.set_threshold(new_t0, t1, t2)``) while held copies GEN2_NEVER along: its first
+    two are kept, the third is the saved one, else full collections stay off after the hold."""
+    hold.take()
+    _, t1, t2 = gc.get_threshold()
+    gc.set_threshold(1000, t1, t2)
+    hold.give_back()
+    assert gc.get_threshold() == (1000, 7, 9)
+    (line,) = changed_lines(caplog)
+    assert line.levelno == logging.WARNING
+    assert f"changed to {(1000, 7, GEN2_NEVER)} " in line.getMessage()
+    assert "; keeping (1000, 7, 9) " in line.getMessage()
 
 
 # -- take refused -------------------------------------------------------------------------------
