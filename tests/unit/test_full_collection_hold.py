@@ -326,3 +326,8 @@ def test_the_held_estimate_feeds_the_unfrozen_estimate_and_look_ahead_clears_it(
     assert trigger.unfrozen_estimate() is None  # no serving full collection seen yet
     trigger.on_collection(2, 1 / 64, {"generation": 2})
     assert trigger.unfrozen_estimate() == 50_000  # the last full pause's, as before the hold
+    # A maintenance walked it all: until the next look, the estimate is zero, not the
+    # walk predicted before it (the gauge is read between the maintainer's polls).
+    trigger.look_held(6, 7)
+    trigger.maintained()
+    assert trigger.unfrozen_estimate() == 0
