@@ -12,6 +12,8 @@
 - admission.py: requests held in flight at a maintenance's admission gate;
 - loop_hog.py: an event loop starved on purpose (load that does not depend on the machine);
 - etcd_server.py: a real etcd on loopback (the ``etcd_server`` fixture);
+- cycles.py: cyclic garbage watched by a weakref; gc_churn.py: allocation that drives CPython's
+  automatic collections by counts, and a ``gc.callbacks`` counter of them;
 - gc_trace/sitecustomize.py: logs a child's explicit ``gc.collect()`` calls.
 """
 

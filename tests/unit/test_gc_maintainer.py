@@ -17,11 +17,21 @@ import sysconfig
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dynamo_gc import lifecycle, maintainer
+from dynamo_gc import full_collection_hold, lifecycle, maintainer
 from dynamo_gc.admission import AdmissionGate
+from dynamo_gc.bench_policy_config import GEN2_NEVER
 from dynamo_gc.configuration.gc_options import GcSettings, MaintenanceSettings
 from dynamo_gc.freeze import FreezeRecord, freeze_gc_heap
-from dynamo_gc.maintainer import MAINTAINED_LINE, GcMaintainer, IdleQuiescence
+from dynamo_gc.full_collection_hold import FullCollectionHold
+from dynamo_gc.maintainer import (
+    DUE_LINE,
+    GIVEN_BACK_LINE,
+    HELD_LINE,
+    MAINTAINED_LINE,
+    NOT_HELD_LINE,
+    GcMaintainer,
+    IdleQuiescence,
+)
 from dynamo_gc.maintenance_metrics import MaintenanceMetrics
 from dynamo_gc.maintenance_trigger import (
     AHEAD_MARGIN,
@@ -297,7 +307,7 @@ def test_until_idle_times_out_and_a_cancelled_wait_is_not_counted():
 
 
 @contextlib.asynccontextmanager
-async def idle_maintainer(clock, *, hold_bound_s=1.0, pause_log_ms=0.0):
+async def idle_maintainer(clock, *, hold_bound_s=1.0, pause_log_ms=0.0, hold=None):
     metrics = DynamoMetrics(freeze_enabled=True, process_collectors=False)
     trigger = MaintenanceTrigger(BUDGET_MS, clock=clock)
     gate = AdmissionGate(clock=clock)
@@ -308,6 +318,7 @@ async def idle_maintainer(clock, *, hold_bound_s=1.0, pause_log_ms=0.0):
         context="frontend",
         pause_log_ms=pause_log_ms,
         metrics=MaintenanceMetrics(metrics.registry, trigger),
+        hold=hold,
         clock=clock,
     )
     task.start()
@@ -556,3 +567,260 @@ def test_a_failing_step_is_logged_once_and_the_maintainer_goes_on(serving, monke
     run(scenario)
     failures = [r for r in caplog.records if "GC maintainer (frontend) failed" in r.getMessage()]
     assert len(failures) == 1
+
+
+# -- the hold on CPython's automatic full collections ---------------------------------------------
+
+# Thresholds set by the tests below (not any interpreter's stock ones, so a restore that
+# hard-codes those reads back differently). Threshold0 is so large that no young collection
+# runs during a test: CPython's count of generation-1 collections stays where the last full
+# collection left it (0 after the ``serving`` fixture's freeze), so the held trigger's walk
+# estimate stays at zero and only the test makes a maintenance due.
+HOLDABLE = (55_555, 7, 9)
+HELD = (55_555, 7, GEN2_NEVER)
+HELD_METRIC = "dynamo_gc_full_collections_held"
+
+
+@pytest.fixture
+def holdable():
+    """The collector at :data:`HOLDABLE`, enabled, for the test; put back as it was."""
+    saved, enabled = gc.get_threshold(), gc.isenabled()
+    gc.set_threshold(*HOLDABLE)
+    gc.enable()
+    try:
+        yield
+    finally:
+        gc.set_threshold(*saved)
+        (gc.enable if enabled else gc.disable)()
+
+
+@pytest.fixture
+def hold(monkeypatch) -> FullCollectionHold:
+    """A hold on a build that can hold (patched so, on every interpreter: what the maintainer
+    does with it does not depend on the build)."""
+    monkeypatch.setattr(full_collection_hold, "threshold2_ignored_reason", lambda: None)
+    return FullCollectionHold("frontend")
+
+
+def lines(caplog, msg: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.msg == msg]
+
+
+@pytest.mark.parametrize("phase", ["starting", "draining"])
+def test_the_hold_is_taken_only_while_serving(phase, holdable, hold, mocker, caplog):
+    caplog.set_level(logging.INFO, logger="dynamo_gc.maintainer")
+    gc.collect()  # CPython's count of generation-1 collections from 0: nothing due by itself
+    if phase == "draining":
+        lifecycle.mark_serving("test")
+        lifecycle.mark_draining("test")
+
+    async def scenario():
+        clock = FakeClock()
+        async with idle_maintainer(clock, hold=hold) as (task, gate, metrics):
+            looks = mocker.spy(task, "_reason")
+            await wait_until_async(lambda: looks.call_count >= 3, deadline_s=DEADLINE_S)
+            assert not hold.held and gc.get_threshold() == HOLDABLE
+            assert sample(metrics, HELD_METRIC) == 0
+            if phase == "draining":
+                return
+            lifecycle.mark_serving("test")
+            await wait_until_async(lambda: hold.held, deadline_s=DEADLINE_S)
+            assert gc.get_threshold() == HELD and sample(metrics, HELD_METRIC) == 1
+            seen = looks.call_count
+            await wait_until_async(lambda: looks.call_count >= seen + 3, deadline_s=DEADLINE_S)
+            assert hold.held and gc.get_threshold() == HELD
+
+    run(scenario)
+    assert gc.get_threshold() == HOLDABLE and not hold.held
+    said = lines(caplog, HELD_LINE)
+    if phase == "draining":
+        assert said == []
+        return
+    assert [r.levelno for r in said] == [logging.INFO]  # once, however many polls held it
+    message = said[0].getMessage()
+    assert message.startswith("GC maintenance (frontend): CPython's automatic full collections")
+    assert f"(thresholds {HOLDABLE} -> {HELD})" in message
+    assert lines(caplog, NOT_HELD_LINE) == []
+
+
+def test_while_held_the_trigger_is_told_cpythons_own_threshold(serving, holdable, hold, mocker):
+    assert maintainer._young_passes(None) == (gc.get_count()[2], 9)
+    assert maintainer._young_passes(hold) == (gc.get_count()[2], 9)
+    assert hold.take()
+    assert gc.get_threshold()[2] == GEN2_NEVER
+    assert maintainer._young_passes(hold) == (gc.get_count()[2], 9)  # the saved one
+    hold.give_back()
+
+    async def scenario():
+        clock = FakeClock()
+        async with idle_maintainer(clock, hold=hold) as (task, gate, metrics):
+            held = mocker.spy(task.trigger, "look_held")
+            ahead = mocker.spy(task.trigger, "look_ahead")
+            await wait_until_async(lambda: held.call_count >= 3, deadline_s=DEADLINE_S)
+            assert {call.args[1] for call in held.call_args_list} == {9}
+            assert ahead.call_count == 0  # held: the held mode only
+            assert task.maintenances == 0 and not task.trigger.due
+
+    run(scenario)
+
+
+def test_stop_gives_the_hold_back_exactly(serving, holdable, hold, caplog):
+    caplog.set_level(logging.INFO, logger="dynamo_gc.maintainer")
+
+    async def scenario():
+        clock = FakeClock()
+        async with idle_maintainer(clock, hold=hold) as (task, gate, metrics):
+            await wait_until_async(lambda: hold.held, deadline_s=DEADLINE_S)
+            assert gc.get_threshold() == HELD and sample(metrics, HELD_METRIC) == 1
+            lifecycle.mark_draining("test")
+            await task.stop()  # first at the drain
+            assert gc.get_threshold() == HOLDABLE and not hold.held
+            assert sample(metrics, HELD_METRIC) == 0
+
+    run(scenario)
+    assert lines(caplog, GIVEN_BACK_LINE) == []  # for good, not "until the next maintenance"
+
+
+def test_cancel_gives_the_hold_back_at_once(serving, holdable, hold):
+    async def scenario():
+        clock = FakeClock()
+        async with idle_maintainer(clock, hold=hold) as (task, gate, metrics):
+            await wait_until_async(lambda: hold.held, deadline_s=DEADLINE_S)
+            running = task._task
+            assert running is not None
+            task.cancel()  # the event loop is ending: the task's own finally may never run
+            assert gc.get_threshold() == HOLDABLE and not hold.held
+            assert sample(metrics, HELD_METRIC) == 0
+            await asyncio.gather(running, return_exceptions=True)
+            assert running.cancelled() and gc.get_threshold() == HOLDABLE
+
+    run(scenario)
+
+
+def test_a_failing_step_gives_the_hold_back_until_the_next_maintenance(
+    serving, holdable, hold, monkeypatch, mocker, caplog
+):
+    caplog.set_level(logging.INFO, logger="dynamo_gc.maintainer")
+    monkeypatch.setattr(maintainer, "RETRY_MAX_S", 0.001)
+
+    async def scenario():
+        clock = FakeClock()
+        async with idle_maintainer(clock, hold=hold) as (task, gate, metrics):
+            await wait_until_async(lambda: hold.held, deadline_s=DEADLINE_S)
+            working = task.quiescence.reach
+            calls = []
+
+            async def broken(reason, due_for_s):
+                calls.append(reason)
+                raise OSError("a store that broke")
+
+            monkeypatch.setattr(task.quiescence, "reach", broken)
+            make_due(task.trigger)
+            await wait_until_async(lambda: len(calls) >= 3, deadline_s=DEADLINE_S)
+            # Nobody runs the held-off full collections while the maintainer fails: CPython
+            # does, and the hold is not taken again while it keeps failing.
+            assert not hold.held and gc.get_threshold() == HOLDABLE
+            assert sample(metrics, HELD_METRIC) == 0
+            monkeypatch.setattr(task.quiescence, "reach", working)
+            taken = mocker.spy(hold, "take")
+            clock.advance(1.0)  # an idle moment
+            await wait_until_async(lambda: task.maintenances == 1, deadline_s=DEADLINE_S)
+            await wait_until_async(lambda: hold.held, deadline_s=DEADLINE_S)
+            assert taken.call_count == 1  # taken again after the maintenance, not before
+            assert gc.get_threshold() == HELD and sample(metrics, HELD_METRIC) == 1
+
+    run(scenario)
+    (given_back,) = lines(caplog, GIVEN_BACK_LINE)  # once, however many steps failed
+    assert given_back.levelno == logging.WARNING
+    assert given_back.getMessage() == (
+        "GC maintenance (frontend): CPython's automatic full collections run again (the "
+        "maintainer failed) until the next maintenance"
+    )
+    assert len(lines(caplog, HELD_LINE)) == 1  # said for the first hold only
+
+
+def test_overdue_gives_the_hold_back_until_the_next_maintenance(
+    serving, holdable, hold, mocker, caplog
+):
+    """Due for DUE_WARNING_S without a quiescent moment (a request always in flight): the
+    heap has grown unwalked long enough, CPython collects it again until a maintenance runs."""
+    caplog.set_level(logging.INFO, logger="dynamo_gc.maintainer")
+
+    async def scenario():
+        clock = FakeClock()
+        async with (
+            idle_maintainer(clock, hold_bound_s=0.01, hold=hold) as (task, gate, metrics),
+            in_flight(gate) as requests,
+        ):
+            await requests.admitted()
+            await wait_until_async(lambda: hold.held, deadline_s=DEADLINE_S)
+            held = mocker.spy(task.trigger, "look_held")
+            ahead = mocker.spy(task.trigger, "look_ahead")
+            make_due(task.trigger)
+            clock.advance(maintainer.DUE_WARNING_S - 0.5)
+            seen = held.call_count
+            await wait_until_async(lambda: held.call_count >= seen + 3, deadline_s=DEADLINE_S)
+            assert hold.held and ahead.call_count == 0  # due for 59.5 s: still held
+            clock.advance(0.5)
+            await wait_until_async(lambda: not hold.held, deadline_s=DEADLINE_S)
+            assert gc.get_threshold() == HOLDABLE and sample(metrics, HELD_METRIC) == 0
+            # Given back until the next maintenance: polls go on, not held, the stock mode.
+            await wait_until_async(lambda: ahead.call_count >= 3, deadline_s=DEADLINE_S)
+            assert not hold.held and task.maintenances == 0
+            requests.finish()
+            await wait_until_async(lambda: gate.in_flight == 0, deadline_s=DEADLINE_S)
+            clock.advance(1.0)  # an idle moment at last
+            await wait_until_async(lambda: task.maintenances == 1, deadline_s=DEADLINE_S)
+            await wait_until_async(lambda: hold.held, deadline_s=DEADLINE_S)
+            assert gc.get_threshold() == HELD and sample(metrics, HELD_METRIC) == 1
+
+    run(scenario)
+    assert gc.get_threshold() == HOLDABLE
+    assert len(lines(caplog, DUE_LINE)) == 1
+    (given_back,) = lines(caplog, GIVEN_BACK_LINE)
+    assert given_back.levelno == logging.WARNING
+    assert "run again (no maintenance for 60 s) until the next maintenance" in (
+        given_back.getMessage()
+    )
+
+
+def test_where_the_build_cannot_hold_the_maintainer_says_so_once(
+    serving, holdable, monkeypatch, mocker, caplog
+):
+    caplog.set_level(logging.INFO, logger="dynamo_gc.maintainer")
+    reason = "CPython 3.14.2 (incremental GC) ignores the third threshold"
+    monkeypatch.setattr(full_collection_hold, "threshold2_ignored_reason", lambda: reason)
+
+    async def scenario():
+        clock = FakeClock()
+        async with idle_maintainer(clock, hold=FullCollectionHold("frontend")) as (
+            task,
+            gate,
+            metrics,
+        ):
+            held = mocker.spy(task.trigger, "look_held")
+            ahead = mocker.spy(task.trigger, "look_ahead")
+            await wait_until_async(lambda: ahead.call_count >= 3, deadline_s=DEADLINE_S)
+            assert held.call_count == 0 and gc.get_threshold() == HOLDABLE
+            assert sample(metrics, HELD_METRIC) == 0
+            assert {call.args[1] for call in ahead.call_args_list} == {9}
+
+    run(scenario)
+    (said,) = lines(caplog, NOT_HELD_LINE)
+    assert said.levelno == logging.INFO and reason in said.getMessage()
+    assert lines(caplog, HELD_LINE) == []
+
+
+def test_the_process_maintainer_holds_full_collections_in_its_context():
+    process = start_process_gc(GcSettings(True, 0.0), MaintenanceSettings("idle", BUDGET_MS))
+    try:
+        parts = process.maintenance
+        assert parts is not None
+        task = parts.maintainer(
+            parts.idle_quiescence(AdmissionGate()), context="worker", pause_log_ms=0.0
+        )
+        assert isinstance(task.hold, FullCollectionHold) and task.hold.context == "worker"
+        assert not task.hold.held
+        assert HELD_METRIC in families(process.metrics)
+    finally:
+        process.state.restore()

@@ -13,55 +13,11 @@ import pytest
 from dynamo_gc import bench_policy, bench_policy_config
 from tests.support import wait_until
 from tests.support.cycles import dead_cycle
-
-
-class GenerationCounter:
-    """A gc.callbacks entry counting collections per generation (no heap walk)."""
-
-    def __init__(self) -> None:
-        self.counts = [0, 0, 0]
-
-    def __call__(self, phase: str, info: dict) -> None:
-        if phase == "start":
-            self.counts[info["generation"]] += 1
-
-
-def collections_during_churn(iterations: int) -> list[int]:
-    """Collections per generation while :func:`churn_with_survivors` runs (its survivors are
-    kept until the count is taken)."""
-    counter = GenerationCounter()
-    gc.callbacks.append(counter)
-    kept = churn_with_survivors(iterations)
-    gc.callbacks.remove(counter)
-    del kept
-    return counter.counts
+from tests.support.gc_churn import churn_length, collections_during_churn
 
 
 def policy_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == bench_policy.FREEZE_THREAD_NAME]
-
-
-def churn_length() -> int:
-    """Iterations that, with stock thresholds, must end in an automatic gen2 collection.
-
-    Call it before changing thresholds. Enough gen1 collections to pass threshold2, and
-    survivors well past a quarter of today's heap (CPython's 25% rule). Each iteration leaves
-    one tracked object alive on average, and only survivors pace young collections (freeing a
-    tracked object decrements the gen0 count).
-    """
-    gc.collect()  # long_lived_total := today's heap
-    t0, t1, t2 = gc.get_threshold()
-    return max(len(gc.get_objects()) * 3, 2 * t0 * t1 * (t2 + 2))
-
-
-def churn_with_survivors(iterations: int) -> list:
-    """Allocate like a growing long-lived heap: one in three items survives."""
-    kept = []
-    for i in range(iterations):
-        item = {"i": [i], "meta": {}}
-        if i % 3 == 0:
-            kept.append(item)
-    return kept
 
 
 def test_start_and_stop_are_idempotent_and_restartable():

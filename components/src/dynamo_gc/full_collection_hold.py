@@ -28,7 +28,9 @@ is no hold, and maintenance relies on the prediction alone.
 
 Giving back restores the saved thresholds exactly (never a hard-coded 700: 3.13 uses 2000), but
 only if they are still the held ones: if something else set the thresholds meanwhile (an
-operator's code, a library), that setting is kept and the hold says so once.
+operator's code, a library), that setting is kept and the hold says so once. Only the held
+third threshold is never kept: a library that changed the first two by reading the thresholds
+while held copied it along, and keeping it would leave full collections off for good.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ logger = logging.getLogger(__name__)
 
 CHANGED_LINE = (
     "GC maintenance (%s): the GC thresholds were changed to %s while the maintainer held "
-    "automatic full collections off; keeping them (CPython's own full collections run again "
+    "automatic full collections off; keeping %s (CPython's own full collections run again "
     "as they say)"
 )
 
@@ -86,8 +88,13 @@ class FullCollectionHold:
         saved, self._saved = self._saved, None
         if saved is None:
             return
-        now = gc.get_threshold()
-        if tuple(now) == (saved[0], saved[1], GEN2_NEVER):
+        now = tuple(gc.get_threshold())
+        if now == (saved[0], saved[1], GEN2_NEVER):
             gc.set_threshold(*saved)
-        else:
-            logger.warning(CHANGED_LINE, self.context, tuple(now))
+            return
+        if now[2] == GEN2_NEVER:
+            # Their first two, with the held third copied along (``t0, t1, t2 =
+            # gc.get_threshold()`` and a new t0, while held): kept as it is, that would leave
+            # automatic full collections off for good, with nobody left to give them back.
+            gc.set_threshold(now[0], now[1], saved[2])
+        logger.warning(CHANGED_LINE, self.context, now, tuple(gc.get_threshold()))

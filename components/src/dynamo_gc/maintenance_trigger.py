@@ -301,6 +301,7 @@ class MaintenanceTrigger:
         self.full_since_maintained = 0
         self.last_full_pause_s = 0.0
         self.last_full_candidates = None
+        self.predicted_walk_s = None  # held: walked now, not what was predicted before it
 
 
 def _averaged(known: float | None, sample: float) -> float:
