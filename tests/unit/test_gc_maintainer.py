@@ -824,3 +824,25 @@ def test_the_process_maintainer_holds_full_collections_in_its_context():
         assert HELD_METRIC in families(process.metrics)
     finally:
         process.state.restore()
+
+
+def test_a_hold_refused_at_first_and_taken_later_says_both(serving, holdable, hold, caplog):
+    """Somebody else held the third threshold when serving began (a refused take: one
+    NOT_HELD line); once they gave it back, the maintainer's own take succeeds and says so."""
+    caplog.set_level(logging.INFO, logger="dynamo_gc.maintainer")
+    gc.set_threshold(HOLDABLE[0], HOLDABLE[1], GEN2_NEVER)  # another holder's
+
+    async def scenario():
+        clock = FakeClock()
+        async with idle_maintainer(clock, hold=hold) as (task, gate, metrics):
+            await wait_until_async(
+                lambda: lines(caplog, NOT_HELD_LINE) != [], deadline_s=DEADLINE_S
+            )
+            assert not hold.held
+            gc.set_threshold(*HOLDABLE)  # the other holder gives it back
+            await wait_until_async(lambda: hold.held, deadline_s=DEADLINE_S)
+            assert gc.get_threshold() == HELD
+
+    run(scenario)
+    assert len(lines(caplog, NOT_HELD_LINE)) == 1 and len(lines(caplog, HELD_LINE)) == 1
+    assert gc.get_threshold() == HOLDABLE

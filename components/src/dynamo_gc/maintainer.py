@@ -219,7 +219,7 @@ class GcMaintainer:
         # CPython's automatic full collections, held off while serving (None: left to CPython).
         self.hold = hold
         self._hold_paused = False  # given back (overdue, failed): taken again after a maintenance
-        self._hold_said = False
+        self._hold_said: set[str] = set()  # the lines said once: "held", "not held"
         self.quiescence = quiescence
         self.context = context
         self.pause_log_ms = pause_log_ms
@@ -291,11 +291,11 @@ class GcMaintainer:
         if not hold.held and not self._hold_paused:
             before = gc.get_threshold()
             if hold.take():
-                if not self._hold_said:
-                    self._hold_said = True
+                if "held" not in self._hold_said:
+                    self._hold_said.add("held")
                     logger.info(HELD_LINE, self.context, before, gc.get_threshold())
-            elif not self._hold_said:
-                self._hold_said = True
+            elif "not held" not in self._hold_said:
+                self._hold_said.add("not held")
                 reason = hold.unavailable or "automatic collection is off or already held"
                 logger.info(NOT_HELD_LINE, self.context, reason)
         return hold.held
