@@ -37,7 +37,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dynamo_gc.bench_policy_config import GEN2_NEVER
+from dynamo_gc.gc_builds import GEN2_NEVER
 from tests.support import LauncherProcess, wait_until
 from tests.support.processes import listening_url, start_frontend, start_worker
 

@@ -234,6 +234,23 @@ def test_bench_gc_maintenance_smoke(tmp_path):
     assert "passes" in measured["unsettled"]
 
 
+def test_bench_gc_hold_smoke(tmp_path):
+    result = run_smoke("bench_gc_hold.py", tmp_path, benchmark="gc_hold")
+    (measured,) = result["interpreters"]
+    held, stock = measured["held"], measured["not_held"]
+    assert [r["round"] for r in held["rounds"]] == ["1 boot", "1 after 1", "1", "2 after 1", "2"]
+    # Grown alike, request for request; while held no automatic full collection ran.
+    assert [r["requests"] for r in held["rounds"]] == [r["requests"] for r in stock["rounds"]]
+    assert all(r["full_collections"] == 0 for r in held["rounds"])
+    if held["hold_unavailable"] is None:
+        semantics = held["semantics"]
+        assert semantics["taken"] and semantics["restored_exactly"]
+        # CPython's count of generation-1 collections went on past the (held) third threshold.
+        assert semantics["max_passes"] > held["thresholds"][2]
+    # Each round's held estimate and its maintenance's collection were measured.
+    assert all(r["estimate_ms"] > 0 and r["collect_ms"] > 0 for r in held["rounds"])
+
+
 def test_bench_routing_smoke():
     result = subprocess.run(
         [sys.executable, str(SCRIPTS / "bench_routing.py"), "--rounds", "1", "--refused", "20",

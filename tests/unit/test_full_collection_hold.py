@@ -16,8 +16,8 @@ from collections.abc import Iterator
 import pytest
 
 from dynamo_gc import full_collection_hold, lifecycle
-from dynamo_gc.bench_policy_config import GEN2_NEVER, threshold2_ignored_reason
 from dynamo_gc.full_collection_hold import CHANGED_LINE, FullCollectionHold
+from dynamo_gc.gc_builds import GEN2_NEVER, threshold2_ignored_reason
 from dynamo_gc.maintenance_trigger import MaintenanceTrigger
 from tests.support.clock import FakeClock
 from tests.support.gc_churn import churn_with_survivors, counted_collections

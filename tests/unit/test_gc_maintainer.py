@@ -19,10 +19,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dynamo_gc import full_collection_hold, lifecycle, maintainer
 from dynamo_gc.admission import AdmissionGate
-from dynamo_gc.bench_policy_config import GEN2_NEVER
 from dynamo_gc.configuration.gc_options import GcSettings, MaintenanceSettings
 from dynamo_gc.freeze import FreezeRecord, freeze_gc_heap
 from dynamo_gc.full_collection_hold import FullCollectionHold
+from dynamo_gc.gc_builds import GEN2_NEVER
 from dynamo_gc.maintainer import (
     DUE_LINE,
     GIVEN_BACK_LINE,
@@ -32,6 +32,7 @@ from dynamo_gc.maintainer import (
     GcMaintainer,
     IdleQuiescence,
 )
+from dynamo_gc.maintenance import maintain_gc_heap
 from dynamo_gc.maintenance_metrics import MaintenanceMetrics
 from dynamo_gc.maintenance_trigger import (
     AHEAD_MARGIN,
@@ -45,7 +46,7 @@ from dynamo_gc.maintenance_trigger import (
     ReclaimPolicy,
 )
 from dynamo_gc.metrics import DynamoMetrics
-from dynamo_gc.pause_logger import installed_gc_pause_logger
+from dynamo_gc.pause_logger import install_gc_pause_logger, installed_gc_pause_logger
 from dynamo_gc.process_gc import UNSOUND_BUILD_LINE, start_process_gc
 from tests.support import wait_until_async
 from tests.support.admission import in_flight
@@ -108,6 +109,39 @@ def test_full_collections_outside_serving_never_make_it_due(phase):
     trigger.on_collection(2, 10.0, {"generation": 2, "candidates": 123})
     assert not trigger.due and trigger.serving_full_collections == 0
     assert trigger.maintaining_candidates == (123 if phase == "maintaining" else None)
+
+
+@pytest.mark.parametrize(
+    ("window", "walked"),
+    [
+        ([200_000, 0], 200_000),  # collect, settle (an empty heap: 0 examined)
+        ([200_000, 3], 200_000),  # collect, settle (three objects made after the freeze)
+        ([200_000, 1_200_000, 0], 1_200_000),  # collect, reclaim (the whole heap), settle
+    ],
+)
+def test_a_maintenance_calibrates_from_its_walk_not_the_settling_pass(window, walked):
+    """3.15's ``candidates``: the maintainer pairs the window's count with its collect's (or
+    reclaim's) time; the settling pass after the freeze must not overwrite it with its own
+    (bench_gc_hold.py saw None after every 3.15.2 maintenance before)."""
+    trigger = MaintenanceTrigger(BUDGET_MS)
+    lifecycle.mark_serving("test")
+    with lifecycle.maintenance_window("test", lambda: 0):
+        for candidates in window:
+            trigger.on_collection(2, 0.001, {"generation": 2, "candidates": candidates})
+    assert trigger.maintaining_candidates == walked
+
+
+@pytest.mark.skipif(sys.version_info < (3, 15), reason="CPython 3.15 added candidates")
+def test_a_real_maintenance_reports_the_candidates_of_its_collect():
+    trigger = MaintenanceTrigger(BUDGET_MS)
+    install_gc_pause_logger(0, on_collection=trigger.on_collection)
+    freeze_gc_heap(context="start-up")
+    lifecycle.mark_serving("test")
+    grown = [[index] for index in range(50_000)]  # tracked, made after the freeze
+    with lifecycle.maintenance_window("test", lambda: 0) as window:
+        assert maintain_gc_heap(window, context="test") is not None
+    assert trigger.maintaining_candidates is not None
+    assert trigger.maintaining_candidates >= len(grown)
 
 
 def test_the_estimate_is_the_last_pause_at_the_calibrated_rate_or_315s_candidates():

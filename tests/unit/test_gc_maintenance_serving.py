@@ -20,9 +20,9 @@ from dynamo.vllm.mock_model import load_mock_model
 from dynamo.vllm.request_plane_server import RequestPlaneServer
 from dynamo_gc import lifecycle, maintainer
 from dynamo_gc.admission import AdmissionGate
-from dynamo_gc.bench_policy_config import GEN2_NEVER, threshold2_ignored_reason
 from dynamo_gc.configuration.gc_options import GcSettings, MaintenanceSettings
 from dynamo_gc.freeze import freeze_gc_heap
+from dynamo_gc.gc_builds import GEN2_NEVER, threshold2_ignored_reason
 from dynamo_gc.maintenance import settle_after_freeze
 from dynamo_gc.pause_logger import installed_gc_pause_logger
 from dynamo_gc.process_gc import start_process_gc

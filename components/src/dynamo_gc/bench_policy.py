@@ -51,12 +51,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from dynamo_gc.bench_policy_config import (
-    GEN2_NEVER,
-    policy_config_from_env,
-    threshold2_ignored_reason,
-    unsound_build_reason,
-)
+from dynamo_gc.bench_policy_config import policy_config_from_env
+from dynamo_gc.gc_builds import GEN2_NEVER, threshold2_ignored_reason, unsound_build_reason
 from dynamo_gc.pause_logger import installed_gc_pause_logger
 
 logger = logging.getLogger(__name__)

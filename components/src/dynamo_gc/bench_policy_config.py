@@ -5,17 +5,14 @@ Its two options (``--fpm-gc-policy`` / ``DYN_FPM_GC_POLICY`` and
 policy; a worker adds them to its own surface and reads the policy from its options; a rank (a
 process vLLM starts, which never sees the command line) reads it from the environment the worker
 exports (:func:`policy_env`), where a bad value is warned about and the default used rather than
-killing the rank. Whether the periodic freeze is sound here, and whether raising the third
-threshold stops automatic full collections, depends on the interpreter build (free-threaded,
-CPython 3.14.0-3.14.4's incremental collector).
+killing the rank. What the interpreter build lets the policy do (free-threaded, CPython
+3.14.0-3.14.4's incremental collector) is :mod:`dynamo_gc.gc_builds`'s to say.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import sys
-import sysconfig
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -25,9 +22,6 @@ from dynamo_gc.configuration.values import Choice
 
 logger = logging.getLogger("dynamo_gc.bench_policy")  # the policy's lines, wherever they start
 
-# gc.set_threshold() parses C ints: the largest third threshold it accepts, which turns CPython's
-# automatic full collections off (2**31 generation-1 collections first: never).
-GEN2_NEVER = 2**31 - 1
 
 POLICY_OFF = "off"
 POLICY_FREEZE = "freeze"
@@ -123,30 +117,3 @@ def policy_env(config: PolicyConfig) -> dict[str, str]:
         FPM_GC_POLICY.env_var: config.policy,
         FPM_GC_FREEZE_INTERVAL_S.env_var: repr(float(config.interval_s)),
     }
-
-
-def unsound_build_reason() -> str | None:
-    """Why this interpreter cannot run the periodic freeze soundly, or ``None``."""
-    if sysconfig.get_config_var("Py_GIL_DISABLED"):
-        return (
-            "free-threaded build: gc.freeze() is a stop-the-world walk of the whole heap, not a "
-            "list splice"
-        )
-    major, minor, micro = sys.version_info[:3]
-    if (major, minor) == (3, 14) and micro <= 4:
-        return (
-            f"CPython {major}.{minor}.{micro} (incremental GC): the third GC threshold is "
-            "ignored and gc.freeze() walks part of the heap"
-        )
-    return None
-
-
-def threshold2_ignored_reason() -> str | None:
-    """Why raising the third threshold does not stop automatic full collections here, or
-    ``None`` where it does (standard builds of 3.10-3.13 and 3.14.5+)."""
-    if sysconfig.get_config_var("Py_GIL_DISABLED"):
-        return "free-threaded build: its collector is not generational, every collection is full"
-    major, minor, micro = sys.version_info[:3]
-    if (major, minor) == (3, 14) and micro <= 4:
-        return f"CPython {major}.{minor}.{micro} (incremental GC) ignores the third threshold"
-    return None

@@ -38,7 +38,7 @@ from __future__ import annotations
 import gc
 import logging
 
-from dynamo_gc.bench_policy_config import GEN2_NEVER, threshold2_ignored_reason
+from dynamo_gc.gc_builds import GEN2_NEVER, threshold2_ignored_reason
 
 logger = logging.getLogger(__name__)
 

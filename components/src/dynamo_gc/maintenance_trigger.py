@@ -141,7 +141,7 @@ class MaintenanceTrigger:
         self.serving_full_collections = 0
         self.last_full_pause_s: float | None = None  # the last serving full collection's
         self.last_full_candidates: int | None = None  # its examined objects (3.15+)
-        self.maintaining_candidates: int | None = None  # the last maintenance collection's
+        self.maintaining_candidates: int | None = None  # the window's largest collection's
         self.objects_per_s: float | None = None  # calibrated walk rate
         # With full collections held off: the unfrozen heap's walk now, as last estimated.
         self.predicted_walk_s: float | None = None
@@ -155,7 +155,13 @@ class MaintenanceTrigger:
         candidates = info.get("candidates")
         counted = candidates if isinstance(candidates, int) and candidates > 0 else None
         if phase is lifecycle.Phase.MAINTAINING:
-            self.maintaining_candidates = counted
+            # The window's largest: its collect (the unfrozen heap) or its reclaim (the whole
+            # heap), the walk the maintainer times; never the settling pass after the freeze,
+            # which examines nothing (0: it erased the count on 3.15) or a handful (a rate from
+            # those over the collect's time would be thousands of times too slow).
+            known = self.maintaining_candidates
+            if counted is not None and (known is None or counted > known):
+                self.maintaining_candidates = counted
             return
         if phase is not lifecycle.Phase.SERVING:
             return

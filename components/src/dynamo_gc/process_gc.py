@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 from dynamo_gc import pause_logger
 from dynamo_gc.admission import AdmissionGate
-from dynamo_gc.bench_policy_config import unsound_build_reason
 from dynamo_gc.configuration.gc_options import GcSettings, MaintenanceSettings
 from dynamo_gc.full_collection_hold import FullCollectionHold
+from dynamo_gc.gc_builds import unsound_build_reason
 from dynamo_gc.gc_state import ProcessGcState
 from dynamo_gc.maintainer import GcMaintainer, IdleQuiescence, Quiescence
 from dynamo_gc.maintenance_metrics import MaintenanceMetrics
