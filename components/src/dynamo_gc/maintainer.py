@@ -6,6 +6,13 @@ moment, runs :func:`dynamo_gc.maintenance.maintain_gc_heap` inside a maintenance
 admission again, and reports: one log line, the metrics. The launcher starts it once serving
 and stops it first at the drain.
 
+While serving, it holds CPython's automatic full collections off
+(:mod:`dynamo_gc.full_collection_hold`), so the heap grown since the last maintenance is walked
+only by the next one, at a quiescent moment, and the trigger reads the growth from CPython's
+counters (``look_held``). It gives the hold back for good when it stops, and until its next
+maintenance when a step fails or a maintenance has been due for :data:`DUE_WARNING_S` (nobody
+would collect that growth otherwise).
+
 Two ways to reach quiescence, one per mode:
 
 * :class:`IdleQuiescence` (``idle``, here): when nothing has been in flight for
@@ -16,8 +23,8 @@ Two ways to reach quiescence, one per mode:
   finish; if they do not, admission reopens (the
   attempt is counted as given up) and the next try waits twice as long as the last, from
   :data:`RETRY_FIRST_S` to :data:`RETRY_MAX_S`. It never collects with anything in flight:
-  a process that never has an idle moment nor requests short enough is never maintained, and
-  says so (:data:`DUE_WARNING_S`).
+  a process that never has an idle moment nor requests short enough is never maintained, says
+  so (:data:`DUE_WARNING_S`) and hands its full collections back to CPython.
 * ``withdraw`` (the worker's, with its discovery peers: :mod:`dynamo.vllm.withdrawal`).
 """
 
