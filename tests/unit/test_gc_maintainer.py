@@ -367,6 +367,19 @@ def make_due(trigger: MaintenanceTrigger) -> None:
     assert trigger.due
 
 
+def break_reach(task: GcMaintainer, monkeypatch) -> list[str]:
+    """Make the maintainer's quiescence fail at every attempt (a store that broke); the reasons
+    it was asked with."""
+    calls: list[str] = []
+
+    async def broken(reason, due_for_s):
+        calls.append(reason)
+        raise OSError("a store that broke")
+
+    monkeypatch.setattr(task.quiescence, "reach", broken)
+    return calls
+
+
 @contextlib.asynccontextmanager
 async def due_under_load(clock, **options):
     """An idle maintainer (``options`` as :func:`idle_maintainer`'s) whose maintenance has been
@@ -587,13 +600,7 @@ def test_a_failing_step_is_logged_once_and_the_maintainer_goes_on(serving, monke
     async def scenario():
         clock = FakeClock()
         async with idle_maintainer(clock) as (task, _gate, _metrics):
-            calls = []
-
-            async def broken(reason, due_for_s):
-                calls.append(reason)
-                raise OSError("a store that broke")
-
-            monkeypatch.setattr(task.quiescence, "reach", broken)
+            calls = break_reach(task, monkeypatch)
             make_due(task.trigger)
             await wait_until_async(lambda: len(calls) >= 3, deadline_s=DEADLINE_S)
             assert task._task is not None and not task._task.done()
@@ -742,13 +749,7 @@ def test_a_failing_step_gives_the_hold_back_until_the_next_maintenance(
         async with idle_maintainer(clock, hold=hold) as (task, gate, metrics):
             await wait_until_async(lambda: hold.held, deadline_s=DEADLINE_S)
             working = task.quiescence.reach
-            calls = []
-
-            async def broken(reason, due_for_s):
-                calls.append(reason)
-                raise OSError("a store that broke")
-
-            monkeypatch.setattr(task.quiescence, "reach", broken)
+            calls = break_reach(task, monkeypatch)
             make_due(task.trigger)
             await wait_until_async(lambda: len(calls) >= 3, deadline_s=DEADLINE_S)
             # Nobody runs the held-off full collections while the maintainer fails: CPython
