@@ -46,6 +46,12 @@ each maintenance has at least half a cycle's growth to collect, and the lead kee
 half (a workload that needs more lead than that meets the next full collection, one cycle's walk
 at most since the maintenance, which a ``pause`` then answers).
 
+**With full collections held off** (:mod:`dynamo_gc.full_collection_hold`, the maintainer's
+while it serves), no full collection runs to time or to get ahead of: :meth:`look_held` makes a
+maintenance due (``ahead``) once the walk of what has grown since the last one, estimated from
+the same counter and the measured walk of one cycle (:meth:`held_walk_s`), reaches the due
+level. The lead and the half-cycle bound above are for the unheld case only.
+
 **The estimate of the unfrozen heap**, for the ``dynamo_gc_unfrozen_objects_estimate`` gauge
 and the reclaim policy: on CPython 3.15 the collector reports the objects a collection examined
 (``info["candidates"]``), which for a full collection is the unfrozen heap; before 3.15, the
