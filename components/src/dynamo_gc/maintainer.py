@@ -231,6 +231,8 @@ class GcMaintainer:
         self.context = context
         self.pause_log_ms = pause_log_ms
         self.metrics = metrics
+        if metrics is not None and hold is not None:
+            metrics.watch_hold(hold)
         self._clock = clock
         self.reclaim = ReclaimPolicy(
             withdraw=quiescence.mode == "withdraw", budget_s=trigger.budget_s, clock=clock
@@ -318,8 +320,6 @@ class GcMaintainer:
                 logger.warning(GIVEN_BACK_LINE, self.context, why)
             self._hold_paused = True
         hold.give_back()
-        if self.metrics is not None:
-            self.metrics.observe_held(False)
 
     async def _step(self) -> None:
         reason = self._reason()
@@ -347,8 +347,6 @@ class GcMaintainer:
         trigger = self.trigger
         if lifecycle.current_phase() is lifecycle.Phase.SERVING:
             held = self._hold_while_serving()
-            if self.metrics is not None:
-                self.metrics.observe_held(held)
             # CPython's own counters (no walk): how much has grown, how near its next full one.
             if held:
                 trigger.look_held(*_young_passes(self.hold))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from dynamo_gc.full_collection_hold import FullCollectionHold
 from dynamo_gc.maintenance_trigger import MaintenanceTrigger
 from dynamo_gc.metrics import PAUSE_BUCKETS_S
 
@@ -105,6 +106,7 @@ class MaintenanceMetrics:
             "without a maintenance or a failure, or a build that cannot hold them)",
             registry=registry,
         )
+        self.held.set_function(lambda: 0.0)  # until a maintainer's hold is watched
         for mode in MODES:  # every series from the start, so a rate() sees the first one
             self.duration.labels(mode=mode)
             self.withdrawn.labels(mode=mode)
@@ -125,8 +127,9 @@ class MaintenanceMetrics:
         for wait in waits:
             self.waits.observe(wait)
 
-    def observe_held(self, held: bool) -> None:
-        self.held.set(1.0 if held else 0.0)
+    def watch_hold(self, hold: FullCollectionHold) -> None:
+        """The held gauge reads ``hold`` at scrape time (a maintainer's, once it exists)."""
+        self.held.set_function(lambda: 1.0 if hold.held else 0.0)
 
     def observe_gave_up(self, mode: str) -> None:
         self.gave_up.labels(mode=mode).inc()
